@@ -1,0 +1,3 @@
+from muster.cli import main
+
+main()

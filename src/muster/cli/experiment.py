@@ -1,0 +1,100 @@
+"""`muster experiment ...` (alias `muster e`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from muster.cli import render
+from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+from muster.config import load_config_file
+
+app = typer.Typer(help="Create, list, describe and kill experiments.", no_args_is_help=True)
+
+TERMINAL_OK = "SUCCEEDED"
+
+
+@app.command()
+def create(
+    config: Annotated[Path, typer.Argument(help="experiment config (YAML)")],
+    context_dir: Annotated[Path | None, typer.Argument(
+        help="directory snapshotted as the trial's working directory "
+             "(default: the config's directory)")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream the log")] = False,
+    wait: Annotated[bool, typer.Option(
+        help="wait for the end; exit 0 only if every trial SUCCEEDED")] = False,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Submit an experiment: validate the config, upload the context, queue its trial."""
+    load_config_file(config)  # fail fast, with the same message the server would give
+    with client(home, url) as c:
+        exp = c.create_experiment(config.read_text(), context_dir or config.parent)
+        if not as_json:
+            render.err_console.print(f"created experiment {exp['id']} ({exp['name']})")
+        if follow:
+            for chunk in c.follow_logs(exp["trials"][0]["id"], attempt=1):
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+        if follow or wait:
+            exp = c.wait_experiment(exp["id"])
+    _report_created(exp, as_json, follow or wait)
+    if wait and not all(t["state"] == TERMINAL_OK for t in exp["trials"]):
+        raise typer.Exit(1)
+
+
+def _report_created(exp: dict[str, object], as_json: bool, ended: bool) -> None:
+    if as_json:
+        render.print_json(exp)
+    elif ended:
+        render.err_console.print(f"experiment {exp['id']} ended {render.state(str(exp['state']))}")
+        for trial in exp["trials"]:  # type: ignore[attr-defined]
+            for line in render.ended_replicas(trial):
+                render.err_console.print(f"  trial {trial['id']} {line}")
+
+
+@app.command("list")
+def list_(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
+    """List experiments."""
+    with client(home, url) as c:
+        rows = c.list_experiments()
+    render.print_json(rows) if as_json else render.console.print(render.experiments_table(rows))
+
+
+@app.command()
+def describe(
+    experiment_id: int, as_json: JsonOption = False, home: HomeOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Show an experiment, its trials and how every process ended."""
+    with client(home, url) as c:
+        exp = c.get_experiment(experiment_id)
+    if as_json:
+        render.print_json(exp)
+        return
+    render.console.print(f"Experiment {exp['id']} [bold]{exp['name']}[/]: "
+                         f"{render.state(exp['state'])}")
+    render.console.print(render.trials_table(exp["trials"]))
+    for trial in exp["trials"]:
+        if trial["attempts"]:
+            render.console.print(f"Trial {trial['id']}")
+            render.console.print(render.attempts_table(trial))
+            for line in render.ended_replicas(trial):
+                render.console.print(f"  {line}", markup=False)
+
+
+@app.command()
+def kill(
+    experiment_id: int, as_json: JsonOption = False, home: HomeOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Stop every trial of an experiment (SIGTERM, grace period, SIGKILL)."""
+    with client(home, url) as c:
+        exp = c.kill_experiment(experiment_id)
+    if as_json:
+        render.print_json(exp)
+    else:
+        render.console.print(f"experiment {experiment_id}: kill requested; "
+                             "running trials get SIGTERM, then SIGKILL after the grace period")

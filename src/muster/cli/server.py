@@ -1,0 +1,130 @@
+"""`muster up` and `muster down`: run the server in the foreground, detached, or stop it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+from muster.atomic import atomic_write_json, read_json
+from muster.cli.options import HomeOption
+from muster.client import Client
+from muster.errors import MusterError, ServerUnavailable
+from muster.home import Home
+from muster.launch.base import ProcessIdentity
+from muster.launch.identity import is_alive, own_identity, read_identity
+
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+
+
+def up(
+    home: HomeOption = None,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
+    db: Annotated[str | None, typer.Option(
+        "--db", envvar="MUSTER_DB", help="database URL (default: SQLite in the home)")] = None,
+    slots: Annotated[int | None, typer.Option(
+        help="trials that may run at once (default: CPU count)")] = None,
+    detach: Annotated[bool, typer.Option(help="run in the background")] = False,
+) -> None:
+    """Start the muster server (and its supervisor) on this machine."""
+    where = Home.resolve(home).ensure()
+    _refuse_second_server(where)
+    if detach:
+        _start_detached(where, host, port, db, slots)
+        return
+    _serve(where, host, port, db, slots)
+
+
+def down(home: HomeOption = None) -> None:
+    """Stop the server of this home. Running trials keep running and are reattached by the
+    next `muster up`."""
+    where = Home.resolve(home)
+    running = _running_server(where)
+    if running is None:
+        typer.echo(f"no muster server is running for {where.root}")
+        return
+    os.kill(running.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while is_alive(running) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if is_alive(running):
+        raise MusterError(f"the server (pid {running.pid}) did not stop within "
+                          f"{STOP_TIMEOUT:.0f}s; it is still running")
+    typer.echo(f"muster server (pid {running.pid}) stopped")
+
+
+def _serve(home: Home, host: str, port: int, db: str | None, slots: int | None) -> None:
+    import uvicorn
+
+    from muster.server.app import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                        "%(message)s")
+    me = own_identity()
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    atomic_write_json(home.server_file, {"pid": me.pid, "start_ticks": me.start_ticks,
+                                         "url": url})
+    try:
+        config = uvicorn.Config(create_app(home, db, slots), host=host, port=port,
+                                timeout_graceful_shutdown=5, log_level="info")
+        uvicorn.Server(config).run()
+    finally:
+        if _running_server(home) == me:
+            home.server_file.unlink(missing_ok=True)
+
+
+def _start_detached(home: Home, host: str, port: int, db: str | None, slots: int | None) -> None:
+    argv = [sys.executable, "-m", "muster", "up", "--home", str(home.root), "--host", host,
+            "--port", str(port)]
+    argv += ["--db", db] if db else []
+    argv += ["--slots", str(slots)] if slots else []
+    log_path = home.root / "server.log"
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    with open(log_path, "ab") as server_log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=server_log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    _wait_healthy(home, url, proc, log_path)
+    typer.echo(f"muster server running at {url} (pid {proc.pid}); "
+               f"log: {log_path}")
+
+
+def _wait_healthy(
+    home: Home, url: str, proc: subprocess.Popen[bytes], log_path: os.PathLike[str]
+) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise MusterError(f"the server exited with status {proc.returncode} while "
+                              f"starting; see {log_path}")
+        try:
+            with Client(url=url, home=home) as c:
+                c.health()
+            if _running_server(home) is not None:
+                return
+        except ServerUnavailable:
+            pass  # not listening yet: keep waiting
+        time.sleep(0.1)
+    raise MusterError(f"the server did not answer within {START_TIMEOUT:.0f}s; see {log_path}")
+
+
+def _running_server(home: Home) -> ProcessIdentity | None:
+    record = read_json(home.server_file)
+    if not isinstance(record, dict):
+        return None
+    ident = ProcessIdentity(int(record["pid"]), int(record["start_ticks"]))
+    return ident if is_alive(ident) else None
+
+
+def _refuse_second_server(home: Home) -> None:
+    running = _running_server(home)
+    if running is not None and read_identity(running.pid) == running:
+        raise MusterError(f"a muster server (pid {running.pid}) is already running for "
+                          f"{home.root}; stop it with `muster down`")

@@ -1,0 +1,200 @@
+"""The muster SDK: what the CLI, the web UI's tests and users' scripts call.
+
+```python
+from muster.client import Client
+c = Client()                       # MUSTER_URL / $MUSTER_HOME/server.json / 127.0.0.1:8080
+exp = c.create_experiment(Path("exp.yaml").read_text(), Path("."))
+for chunk in c.follow_logs(exp["trials"][0]["id"], attempt=1):
+    sys.stdout.buffer.write(chunk)
+```
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from muster import errors
+from muster.atomic import read_json
+from muster.home import Home
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+API = "/api/v1"
+CONTEXT_EXCLUDES = frozenset({".git", "__pycache__", ".venv", "muster-run", ".mypy_cache"})
+MAX_CONTEXT_BYTES = 256 * 1024**2
+
+_BY_STATUS: dict[int, type[errors.MusterError]] = {
+    400: errors.InvalidRequest,
+    401: errors.Unauthorized,
+    404: errors.NotFound,
+    409: errors.Conflict,
+    422: errors.ConfigError,
+    503: errors.StoreError,
+}
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    data: bytes
+    attempt: int
+    next_offset: int
+
+
+def resolve_url(home: Home, url: str | None = None) -> str:
+    """`url`, else `$MUSTER_URL`, else the URL of the server running on `home`, else 8080."""
+    if url or os.environ.get("MUSTER_URL"):
+        return (url or os.environ["MUSTER_URL"]).rstrip("/")
+    running = read_json(home.server_file)
+    if isinstance(running, dict) and isinstance(running.get("url"), str):
+        return str(running["url"]).rstrip("/")
+    return DEFAULT_URL
+
+
+class Client:
+    def __init__(
+        self, url: str | None = None, token: str | None = None, home: Home | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.home = home or Home.resolve()
+        self.url = resolve_url(self.home, url)
+        self._token = token
+        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- calls -------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self._json("GET", "/health", auth=False)  # type: ignore[no-any-return]
+
+    def create_experiment(self, config_text: str, context_dir: Path | None) -> dict[str, Any]:
+        files: dict[str, Any] = {}
+        if context_dir is not None:
+            files["context"] = ("context.tar.gz", pack_context(context_dir), "application/gzip")
+        return self._json(  # type: ignore[no-any-return]
+            "POST", "/experiments", data={"config": config_text}, files=files or None
+        )
+
+    def list_experiments(self) -> list[dict[str, Any]]:
+        return self._json("GET", "/experiments")  # type: ignore[no-any-return]
+
+    def get_experiment(self, experiment_id: int) -> dict[str, Any]:
+        return self._json("GET", f"/experiments/{experiment_id}")  # type: ignore[no-any-return]
+
+    def kill_experiment(self, experiment_id: int) -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            "POST", f"/experiments/{experiment_id}/kill"
+        )
+
+    def get_trial(self, trial_id: int) -> dict[str, Any]:
+        return self._json("GET", f"/trials/{trial_id}")  # type: ignore[no-any-return]
+
+    def read_logs(
+        self, trial_id: int, *, attempt: int | None = None, rank: int = 0, offset: int = 0,
+        limit: int | None = None, tail: int | None = None,
+    ) -> LogChunk:
+        params = _params(attempt=attempt, rank=rank, offset=offset, limit=limit, tail=tail)
+        response = self._request("GET", f"/trials/{trial_id}/logs", params=params)
+        return LogChunk(
+            data=response.content,
+            attempt=int(response.headers["X-Muster-Attempt"]),
+            next_offset=int(response.headers["X-Muster-Next-Offset"]),
+        )
+
+    def follow_logs(
+        self, trial_id: int, *, attempt: int | None = None, rank: int = 0,
+        tail: int | None = None,
+    ) -> Iterator[bytes]:
+        """The log's bytes as they are written, until the trial ends."""
+        params = _params(attempt=attempt, rank=rank, tail=tail, follow="true")
+        with self._http.stream(
+            "GET", API + f"/trials/{trial_id}/logs", params=params, headers=self._auth(),
+            timeout=httpx.Timeout(30.0, read=None),
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                _raise_for(response)
+            yield from response.iter_raw()
+
+    def wait_experiment(self, experiment_id: int, poll: float = 0.5) -> dict[str, Any]:
+        """Block until the experiment has reached a terminal state; return it."""
+        terminal = {"COMPLETED", "CANCELED", "ERROR"}
+        while (exp := self.get_experiment(experiment_id))["state"] not in terminal:
+            time.sleep(poll)
+        return exp
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _auth(self) -> dict[str, str]:
+        if self._token is None:
+            try:
+                self._token = self.home.token_path.read_text().strip()
+            except FileNotFoundError as exc:
+                raise errors.Unauthorized(
+                    f"no API token at {self.home.token_path}; the server creates it on first "
+                    "start (`muster up`), or set MUSTER_HOME to the server's home"
+                ) from exc
+        return {"Authorization": f"Bearer {self._token}"}
+
+    def _request(self, method: str, path: str, auth: bool = True, **kw: Any) -> httpx.Response:
+        headers = self._auth() if auth else {}
+        try:
+            response = self._http.request(method, API + path, headers=headers, **kw)
+        except httpx.TransportError as exc:
+            raise errors.ServerUnavailable(
+                f"cannot reach the muster server at {self.url} ({exc}); start it with "
+                "`muster up --detach` or set MUSTER_URL"
+            ) from exc
+        if response.status_code >= 400:
+            _raise_for(response)
+        return response
+
+    def _json(self, method: str, path: str, auth: bool = True, **kw: Any) -> Any:
+        return self._request(method, path, auth=auth, **kw).json()
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _raise_for(response: httpx.Response) -> None:
+    try:
+        message = str(response.json()["message"])
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:500] or response.reason_phrase
+    raise _BY_STATUS.get(response.status_code, errors.MusterError)(message)
+
+
+def pack_context(directory: Path, max_bytes: int = MAX_CONTEXT_BYTES) -> bytes:
+    """The directory as an in-memory tar.gz, without VCS and cache folders."""
+    if not directory.is_dir():
+        raise errors.InvalidRequest(f"context directory {directory} does not exist")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
+        tar.add(directory, arcname=".", filter=_exclude)
+    if buffer.tell() > max_bytes:
+        raise errors.InvalidRequest(
+            f"context directory {directory} packs to {buffer.tell() // 1024**2} MiB, over the "
+            f"{max_bytes // 1024**2} MiB limit; move data sets out of it"
+        )
+    return buffer.getvalue()
+
+
+def _exclude(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    parts = Path(info.name).parts
+    return None if any(p in CONTEXT_EXCLUDES for p in parts) else info

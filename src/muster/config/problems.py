@@ -1,0 +1,191 @@
+"""Turn pydantic validation errors into config problems a person can act on.
+
+Each problem is one line, `<key path>: <what is wrong>`, e.g.
+`failure_policy.trial_retries: must be >= 0, got -1`. pydantic's own wording and its
+documentation URLs never reach the user: they name pydantic's concepts, not the config's.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar, get_args
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from muster.errors import ConfigError
+
+__all__ = ["config_error", "describe_error", "key_path", "show_value", "validate_config_data"]
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+_EXPECTED = {
+    "string_type": "a string",
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "list_type": "a list",
+    "dict_type": "a mapping (key: value pairs)",
+    "model_type": "a mapping (key: value pairs)",
+    "model_attributes_type": "a mapping (key: value pairs)",
+}
+_BOUNDS = {
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
+}
+
+
+def validate_config_data(model: type[ModelT], data: object, source: str) -> ModelT:
+    """Validate plain data (parsed YAML or stored JSON) into `model`.
+
+    Raises:
+        ConfigError: listing every problem, one `<key path>: <problem>` line each.
+    """
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise config_error(source, [describe_error(e, model) for e in exc.errors()]) from None
+
+
+def config_error(source: str, problems: Iterable[str]) -> ConfigError:
+    """One ConfigError for all problems, so a person fixes them in one go, not one per run."""
+    unique = list(dict.fromkeys(problems))
+    return ConfigError("\n".join([f"{source}: invalid experiment config:", *unique]))
+
+
+def key_path(loc: Sequence[int | str]) -> str:
+    """A pydantic location as the person reads it: `failure_policy.transient_exit_codes[0]`."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part != "[key]":  # pydantic's marker for "the problem is this dict key"
+            path += f".{part}" if path else part
+    return path or "(top level)"
+
+
+def describe_error(error: ErrorDetails, root: type[BaseModel]) -> str:
+    """One `<key path>: <problem>` line for one pydantic error found validating `root`."""
+    loc = tuple(error["loc"])
+    if error["type"] == "extra_forbidden":
+        problem = _unknown_key(str(loc[-1]), _section_at(root, loc[:-1]), error["input"])
+    else:
+        problem = _problem(error)
+    return f"{key_path(loc)}: {problem}"
+
+
+def _problem(error: ErrorDetails) -> str:
+    kind, ctx, value = error["type"], error.get("ctx", {}), error["input"]
+    describe = _DESCRIBERS.get(kind)
+    if describe is not None:
+        return describe(ctx, value)
+    if kind == "string_type" and isinstance(value, int | float):
+        return f"must be a string, got {show_value(value)}; put it in quotes"
+    if kind in _EXPECTED:
+        return f"must be {_EXPECTED[kind]}, got {show_value(value)}"
+    if kind in _BOUNDS:
+        symbol, bound = _BOUNDS[kind]
+        return f"must be {symbol} {ctx[bound]}, got {show_value(value)}"
+    return f"invalid value {show_value(value)}"
+
+
+def _missing(ctx: dict[str, Any], value: object) -> str:
+    return "required key is missing"
+
+
+def _value_error(ctx: dict[str, Any], value: object) -> str:
+    return str(ctx["error"])  # our own validators' messages, already written for people
+
+
+def _literal(ctx: dict[str, Any], value: object) -> str:
+    return f"must be {ctx['expected']}, got {show_value(value)}"
+
+
+def _too_short(ctx: dict[str, Any], value: object) -> str:
+    if ctx["min_length"] == 1:
+        return "must not be empty"
+    return f"must have at least {ctx['min_length']} items"
+
+
+def _string_too_short(ctx: dict[str, Any], value: object) -> str:
+    if ctx["min_length"] == 1:
+        return "must not be empty"
+    return f"must be at least {ctx['min_length']} characters long"
+
+
+def _string_too_long(ctx: dict[str, Any], value: object) -> str:
+    length = len(value) if isinstance(value, str) else "more"
+    return f"must be at most {ctx['max_length']} characters long, got {length}"
+
+
+def _too_long(ctx: dict[str, Any], value: object) -> str:
+    return f"must have at most {ctx['max_length']} items"
+
+
+_DESCRIBERS: dict[str, Callable[[dict[str, Any], object], str]] = {
+    "missing": _missing,
+    "value_error": _value_error,
+    "assertion_error": _value_error,
+    "literal_error": _literal,
+    "too_short": _too_short,
+    "too_long": _too_long,
+    "string_too_short": _string_too_short,
+    "string_too_long": _string_too_long,
+}
+
+
+def _unknown_key(key: str, section: type[BaseModel] | None, value: object) -> str:
+    planned: frozenset[str] = getattr(section, "PLANNED_KEYS", frozenset())
+    if key in planned:
+        noun = "section" if value is None or isinstance(value, dict) else "setting"
+        return f"this {noun} is not supported by this version of muster yet; remove it"
+    valid = sorted(section.model_fields) if section is not None else []
+    close = difflib.get_close_matches(key, valid, n=1)
+    if close:
+        return f"unknown key; did you mean {close[0]!r}?"
+    if valid:
+        return f"unknown key; the keys allowed here are {', '.join(valid)}"
+    return "unknown key"
+
+
+def _section_at(root: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The model that validates the mapping found at `loc`, to know which keys it allows."""
+    section: type[BaseModel] | None = root
+    for part in loc:
+        if section is None:
+            return None
+        if isinstance(part, str):
+            field = section.model_fields.get(part)
+            section = _model_in(field.annotation) if field is not None else None
+    return section
+
+
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def show_value(value: object) -> str:
+    """A value as the person wrote it in YAML, short enough for one line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

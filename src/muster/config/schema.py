@@ -1,0 +1,137 @@
+"""The experiment config: what a person writes in YAML, validated into frozen models.
+
+Models are strict (no silent `"5"` -> 5 or `true` -> 1) and forbid unknown keys, so a typo
+is an error, never a default quietly used. Keys that ARCHITECTURE.md plans but this version
+does not implement are listed in each model's `PLANNED_KEYS`; they are rejected with a
+message that says so (see `muster.config.problems`), not as unknown keys.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from muster.config.problems import show_value, validate_config_data
+from muster.config.units import parse_duration
+
+__all__ = ["EnvironmentConfig", "ExperimentConfig", "FailurePolicy"]
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset()
+
+
+class EnvironmentConfig(_Section):
+    """Extra environment variables for every replica, on top of muster's own."""
+
+    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset({"python"})
+
+    variables: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("variables", mode="before")
+    @classmethod
+    def _scalars_to_strings(cls, value: object) -> object:
+        """YAML reads `OMP_NUM_THREADS: 1` as an int; the environment only holds strings."""
+        if not isinstance(value, Mapping):
+            return value
+        return {_env_text(k): _env_text(v) for k, v in value.items()}
+
+    @field_validator("variables")
+    @classmethod
+    def _valid_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a valid environment variable name "
+                    "(letters, digits and '_', not starting with a digit)"
+                )
+        return value
+
+
+class FailurePolicy(_Section):
+    """How many times each kind of failure is retried; see ARCHITECTURE.md's table."""
+
+    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset({"heartbeat_timeout"})
+
+    replica_restarts: int = Field(default=5, ge=0)
+    trial_retries: int = Field(default=3, ge=0)
+    internal_retries: int = Field(default=2, ge=0)
+    retry_user_errors: int = Field(default=0, ge=0)
+    restart_scope: Literal["trial", "replica"] = "trial"
+    transient_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(default_factory=list)
+    stop_grace: float = Field(default=30.0, ge=0)
+
+    @field_validator("stop_grace", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> float:
+        return parse_duration(value)
+
+
+class ExperimentConfig(_Section):
+    """One experiment: what to run, in which environment, and how to handle failures."""
+
+    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "resources",
+            "hyperparameters",
+            "searcher",
+            "data",
+            "verify",
+            "checkpoint_storage",
+            "reproducibility",
+        }
+    )
+
+    name: str = Field(min_length=1, max_length=128)
+    description: str = ""
+    labels: list[str] = Field(default_factory=list)
+    entrypoint: list[str] = Field(min_length=1)
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+
+    @field_validator("entrypoint", mode="before")
+    @classmethod
+    def _argv(cls, value: object) -> object:
+        """A string is split like a shell would split it, but never run by a shell."""
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as exc:
+                raise ValueError(f"cannot be split into arguments: {exc}") from None
+        if not isinstance(value, list):
+            raise ValueError(
+                f"must be a command line string or a list of arguments, got {show_value(value)}"
+            )
+        return value
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data, for the store and the API; `from_json_dict` reads it back."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_json_dict(
+        cls, data: Mapping[str, Any], source: str = "<stored config>"
+    ) -> ExperimentConfig:
+        """Rebuild a config from `to_json_dict` output (or any plain data).
+
+        Raises:
+            ConfigError: the data is not a valid config, one problem per line.
+        """
+        return validate_config_data(cls, dict(data), source)
+
+
+def _env_text(value: object) -> object:
+    """YAML scalars as the person wrote them: `true` -> "true" (not "True"), 1.5 -> "1.5"."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value

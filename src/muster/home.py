@@ -1,0 +1,60 @@
+"""Where muster keeps its files: `$MUSTER_HOME` (default `~/.muster`) and its layout."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Home:
+    """The layout of one muster home directory.
+
+    ```
+    $MUSTER_HOME/muster.db                       embedded SQLite store (WAL)
+    $MUSTER_HOME/token                           API bearer token (0600)
+    $MUSTER_HOME/server.json                     pid, start time and URL of a running server
+    $MUSTER_HOME/experiments/<uuid>/context/     snapshot of the submitted context directory
+    $MUSTER_HOME/runs/<trial-uuid>/attempt-<n>/  shim files and rank-<r>.log per attempt
+    ```
+    """
+
+    root: Path
+
+    @classmethod
+    def resolve(cls, override: str | os.PathLike[str] | None = None) -> Home:
+        """The home named by `override`, else `$MUSTER_HOME`, else `~/.muster`."""
+        raw = override or os.environ.get("MUSTER_HOME") or "~/.muster"
+        return cls(Path(raw).expanduser().resolve())
+
+    def ensure(self) -> Home:
+        for path in (self.root, self.runs_dir, self.experiments_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        return self
+
+    @property
+    def default_db_url(self) -> str:
+        return f"sqlite:///{self.root / 'muster.db'}"
+
+    @property
+    def token_path(self) -> Path:
+        return self.root / "token"
+
+    @property
+    def server_file(self) -> Path:
+        return self.root / "server.json"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def experiments_dir(self) -> Path:
+        return self.root / "experiments"
+
+    def context_dir(self, experiment_uuid: str) -> Path:
+        return self.experiments_dir / experiment_uuid / "context"
+
+    def attempt_dir(self, trial_uuid: str, attempt: int) -> Path:
+        return self.runs_dir / trial_uuid / f"attempt-{attempt}"

@@ -1,0 +1,1 @@
+"""Launchers: start, observe and stop replicas (local shims now, Ray later)."""

@@ -1,0 +1,112 @@
+"""The Launcher interface: how the supervisor starts, observes and stops replicas.
+
+Planning is separate from doing: the supervisor builds a `ReplicaSpec` (plain data, easy to
+test and to show as a dry run) and a launcher executes it. Every backend (local shims now,
+Ray actors later) implements the same four methods.
+
+Ownership: a launcher owns processes and files under the attempt directory; it never
+touches the store. The supervisor owns every state change.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """A process as (pid, start time in clock ticks since boot, from /proc/<pid>/stat).
+
+    A PID alone is recycled by the kernel; the pair never is (invariant 5).
+    """
+
+    pid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """Everything needed to start one replica of one attempt: the launch plan."""
+
+    trial_uuid: str
+    attempt: int
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    attempt_dir: Path
+    stop_grace: float = 30.0
+
+    @property
+    def log_path(self) -> Path:
+        return self.attempt_dir / f"rank-{self.rank}.log"
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """What the shim wrote to `rank-<r>.exit.json` when the training process ended.
+
+    `returncode` is Python-style (negative = killed by that signal); `exit_code` is
+    shell-style (128+N for a signal) and `signal` the signal's name, e.g. "SIGKILL".
+    `spawn_error` is set (and the codes are None) when the entrypoint could not start.
+    """
+
+    returncode: int | None
+    exit_code: int | None
+    signal: str | None
+    pid: int | None
+    start_ticks: int | None
+    started_at: float | None
+    ended_at: float
+    max_rss_bytes: int | None
+    stop_requested: bool = False
+    signals_sent: list[str] = field(default_factory=list)
+    spawn_error: str | None = None
+    spawn_errno: int | None = None
+    log_bytes: int = 0
+
+
+class ReplicaPhase(str, Enum):
+    STARTING = "STARTING"  # shim launched, training process not started yet
+    RUNNING = "RUNNING"  # training process alive
+    EXITED = "EXITED"  # exit record written
+    LOST = "LOST"  # no exit record and no live shim/process with the recorded identity
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    rank: int
+    phase: ReplicaPhase
+    shim: ProcessIdentity | None = None
+    child: ProcessIdentity | None = None
+    exit: ExitRecord | None = None
+    stop_requested: bool = False
+
+
+class Launcher(abc.ABC):
+    """Starts, observes and stops replicas. Implementations must be safe to call again
+    after a server restart: everything they need is in the attempt directory."""
+
+    @abc.abstractmethod
+    def submit(self, spec: ReplicaSpec) -> ProcessIdentity:
+        """Start the replica; return the identity of the process that owns it (the shim).
+
+        Raises `muster.errors.LaunchError` if nothing could be started.
+        """
+
+    @abc.abstractmethod
+    def describe(self, attempt_dir: Path, rank: int) -> ReplicaStatus:
+        """The replica's current phase, from its files and process identities. No side effects."""
+
+    @abc.abstractmethod
+    def cancel(self, attempt_dir: Path, rank: int) -> None:
+        """Ask the replica to stop: SIGTERM to its group, grace, SIGKILL. Idempotent; returns
+        at once (the exit arrives later through `describe`)."""
+
+    @abc.abstractmethod
+    def log_iter(self, attempt_dir: Path, rank: int, offset: int = 0) -> Iterator[bytes]:
+        """The log's bytes from `offset` to the current end, in chunks; does not wait."""

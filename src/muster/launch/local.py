@@ -1,0 +1,209 @@
+"""LocalLauncher: one shim process per replica on this machine (see `muster.launch.shim`).
+
+The launcher starts shims and reads their files; it keeps no state that matters. A new
+instance in a restarted server describes and cancels replicas it never started, from the
+attempt directory and process identities alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from muster.atomic import atomic_write_bytes, atomic_write_json, read_json
+from muster.errors import LaunchError
+from muster.launch.base import (
+    Launcher,
+    ProcessIdentity,
+    ReplicaPhase,
+    ReplicaSpec,
+    ReplicaStatus,
+)
+from muster.launch.identity import group_members, is_alive, read_identity, send_signal
+from muster.launch.logs import log_size, read_range
+from muster.launch.shim import ReplicaFiles, exit_record_from_json, spec_to_json
+
+__all__ = ["LocalLauncher"]
+
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+_LOG_CHUNK_BYTES = 1 << 20
+
+
+class LocalLauncher(Launcher):
+    """Runs each replica under its own shim, in its own session, on this machine."""
+
+    # A live shim that has not published its child this long after launch is reported LOST.
+    STARTUP_WINDOW_S = 30.0
+
+    def __init__(self) -> None:
+        self._shims: dict[tuple[Path, int], subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, spec: ReplicaSpec) -> ProcessIdentity:
+        """Write the spec, start its shim, record the shim's identity; returns that identity."""
+        files = ReplicaFiles(spec.attempt_dir, spec.rank)
+        where = f"rank {spec.rank} of trial {spec.trial_uuid} attempt {spec.attempt}"
+        try:
+            self._prepare(spec, files)
+            proc = self._start_shim(files)
+        except OSError as exc:
+            raise LaunchError(f"Could not launch {where} in {spec.attempt_dir}: {exc}") from exc
+        with self._lock:
+            self._shims[(files.attempt_dir, files.rank)] = proc
+        return self._record_launch(proc, files, where)
+
+    def describe(self, attempt_dir: Path, rank: int) -> ReplicaStatus:
+        """The replica's phase from its files and the identities they name (no pids alone)."""
+        self._reap_shims()
+        files = ReplicaFiles(attempt_dir, rank)
+        status = read_json(files.status)
+        shim = _identity(status, "shim") or _identity(read_json(files.launch), "shim")
+        child = _identity(status, "child")
+        alive = _alive(shim) or _alive(child)
+        # Read the exit record after the liveness check: a shim writes it before it dies, so
+        # a dead shim without a record here really ended without one.
+        exit_data = read_json(files.exit)
+        stop = files.stop.exists()
+        if exit_data is not None:
+            record = exit_record_from_json(exit_data)
+            stop = stop or record.stop_requested
+            return ReplicaStatus(rank, ReplicaPhase.EXITED, shim, child, record, stop)
+        phase = self._live_phase(files, status, shim, alive)
+        return ReplicaStatus(rank, phase, shim, child, None, stop)
+
+    def cancel(self, attempt_dir: Path, rank: int) -> None:
+        """Mark the replica stopped and SIGTERM its shim (which runs the grace and SIGKILL).
+
+        Idempotent and immediate. If the shim is gone but its child's group lives on, nobody
+        is left to run a grace period, so the group gets SIGKILL at once.
+        """
+        files = ReplicaFiles(attempt_dir, rank)
+        if not attempt_dir.is_dir():
+            return
+        if not files.stop.exists():
+            atomic_write_bytes(files.stop, b"")
+        status = read_json(files.status)
+        shim = _identity(status, "shim") or _identity(read_json(files.launch), "shim")
+        if shim is not None and send_signal(shim, signal.SIGTERM):
+            return
+        child = _identity(status, "child")
+        if shim is not None and child is not None:
+            _kill_orphaned_group(shim, child)
+
+    def log_iter(self, attempt_dir: Path, rank: int, offset: int = 0) -> Iterator[bytes]:
+        """The log from `offset` to its size at the time of the call, in chunks of <= 1 MiB."""
+        path = ReplicaFiles(attempt_dir, rank).log
+        end = log_size(path)
+        while offset < end:
+            data, offset = read_range(path, offset, min(_LOG_CHUNK_BYTES, end - offset))
+            if not data:
+                return
+            yield data
+
+    def _prepare(self, spec: ReplicaSpec, files: ReplicaFiles) -> None:
+        """Create the attempt directory and the spec; refuse to launch a replica twice."""
+        spec.attempt_dir.mkdir(parents=True, exist_ok=True)
+        if files.launch.exists() or files.exit.exists():
+            raise LaunchError(
+                f"Rank {spec.rank} was already launched in {spec.attempt_dir}; "
+                "start a new attempt in a new directory."
+            )
+        atomic_write_json(files.spec, spec_to_json(spec))
+
+    def _start_shim(self, files: ReplicaFiles) -> subprocess.Popen[bytes]:
+        """Start the shim in its own session with SIGTERM/SIGINT blocked.
+
+        The shim inherits the blocked mask and unblocks it once its handlers are installed,
+        so a cancel that arrives while its interpreter starts is delivered, not lost.
+        `-P` keeps the attempt directory (its cwd) off `sys.path`.
+        """
+        argv = [sys.executable, "-P", "-m", "muster.launch.shim", str(files.spec)]
+        with files.shim_log.open("ab") as shim_log:
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+            try:
+                return subprocess.Popen(
+                    argv,
+                    cwd=files.attempt_dir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=shim_log,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def _record_launch(
+        self, proc: subprocess.Popen[bytes], files: ReplicaFiles, where: str
+    ) -> ProcessIdentity:
+        """Write `launch.json` (the shim's identity) so a restarted server can find the shim."""
+        # Not yet reaped by us, the shim keeps its /proc entry even if it already exited.
+        identity = read_identity(proc.pid)
+        if identity is None:
+            raise LaunchError(f"The shim for {where} vanished right after it was started.")
+        launch = {
+            "shim_pid": identity.pid,
+            "shim_start_ticks": identity.start_ticks,
+            "launched_at": time.time(),
+        }
+        try:
+            atomic_write_json(files.launch, launch)
+        except OSError as exc:
+            proc.terminate()  # the shim stops its child itself; it must not run untracked
+            raise LaunchError(f"Could not record the launch of {where}: {exc}") from exc
+        return identity
+
+    def _live_phase(
+        self, files: ReplicaFiles, status: Any, shim: ProcessIdentity | None, alive: bool
+    ) -> ReplicaPhase:
+        if status is not None:
+            return ReplicaPhase.RUNNING if alive else ReplicaPhase.LOST
+        launch = read_json(files.launch)
+        launched_at = float(launch["launched_at"]) if launch is not None else 0.0
+        if alive and time.time() - launched_at < self.STARTUP_WINDOW_S:
+            return ReplicaPhase.STARTING
+        return ReplicaPhase.LOST
+
+    def _reap_shims(self) -> None:
+        """Collect the exit status of shims this process started, so none stays a zombie."""
+        with self._lock:
+            ended = [key for key, proc in self._shims.items() if proc.poll() is not None]
+            for key in ended:
+                del self._shims[key]
+
+
+def _identity(data: Any, role: str) -> ProcessIdentity | None:
+    """The `<role>_pid`/`<role>_start_ticks` pair from a shim or launch file, if present."""
+    if not isinstance(data, dict) or data.get(f"{role}_pid") is None:
+        return None
+    return ProcessIdentity(int(data[f"{role}_pid"]), int(data[f"{role}_start_ticks"]))
+
+
+def _alive(identity: ProcessIdentity | None) -> bool:
+    return identity is not None and is_alive(identity)
+
+
+def _kill_orphaned_group(shim: ProcessIdentity, child: ProcessIdentity) -> None:
+    """SIGKILL the child's group if it still holds processes of this replica.
+
+    The group's number may have been recycled once it emptied, so only members that belong
+    to the shim's (or the child's own) session and started no earlier than the child count.
+    """
+    members = [
+        m
+        for m in group_members(child.pid)
+        if m.session in (shim.pid, child.pid) and m.start_ticks >= child.start_ticks
+    ]
+    if not members:
+        return
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return  # the group emptied after the scan: nothing is left to kill

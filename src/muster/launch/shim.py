@@ -1,0 +1,525 @@
+"""The per-replica shim: owns the training process's pipe and exit status (see "Why a shim").
+
+Run as `python -m muster.launch.shim SPEC_JSON_PATH` in its own session, it starts the
+training command in its own process group, copies every byte of its merged stdout+stderr to
+`rank-<r>.log` without ever blocking it, and writes `rank-<r>.exit.json` atomically when it
+ends. It does not need the server that started it, so a server crash or restart loses
+neither output nor exit code. Its own diagnostics go to stderr (`rank-<r>.shim.log`), never
+into the training log.
+
+Files in the attempt directory, per rank r (names in `ReplicaFiles`; writer in brackets):
+  rank-r.spec.json    the ReplicaSpec [launcher]
+  rank-r.launch.json  the shim's identity and launch time [launcher]
+  rank-r.shim.json    shim and child identity, process group, start time [shim]
+  rank-r.log          the training output, byte-exact [shim]
+  rank-r.index        one "<log offset> <unix time>" line per chunk read [shim]
+  rank-r.exit.json    the ExitRecord [shim]
+  rank-r.shim.log     the shim's own diagnostics (its stderr) [launcher opens, shim writes]
+  rank-r.stop         the cancel marker [launcher]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from muster.atomic import atomic_write_json, read_json
+from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaSpec
+from muster.launch.identity import group_members, own_identity, read_identity
+
+__all__ = [
+    "LogPump",
+    "ReplicaFiles",
+    "Shim",
+    "StopFlag",
+    "exit_record_from_json",
+    "main",
+    "signal_name",
+    "spec_from_json",
+    "spec_to_json",
+]
+
+log = logging.getLogger("muster.shim")
+
+CHUNK_BYTES = 1 << 20
+PIPE_BYTES = 1 << 20
+POLL_MS = 100
+DRAIN_SILENCE_S = 2.0
+DRAIN_LIMIT_S = 30.0
+COALESCE_BELOW_BYTES = 256 * 1024
+COALESCE_S = 0.002
+MARKER_CHECK_S = 0.25
+
+
+@dataclass(frozen=True)
+class ReplicaFiles:
+    """The names of one replica's files in its attempt directory (shared by shim and launcher)."""
+
+    attempt_dir: Path
+    rank: int
+
+    def _named(self, suffix: str) -> Path:
+        return self.attempt_dir / f"rank-{self.rank}{suffix}"
+
+    @property
+    def log(self) -> Path:
+        return self._named(".log")
+
+    @property
+    def index(self) -> Path:
+        return self._named(".index")
+
+    @property
+    def spec(self) -> Path:
+        return self._named(".spec.json")
+
+    @property
+    def launch(self) -> Path:
+        return self._named(".launch.json")
+
+    @property
+    def status(self) -> Path:
+        return self._named(".shim.json")
+
+    @property
+    def shim_log(self) -> Path:
+        return self._named(".shim.log")
+
+    @property
+    def exit(self) -> Path:
+        return self._named(".exit.json")
+
+    @property
+    def stop(self) -> Path:
+        return self._named(".stop")
+
+
+def spec_to_json(spec: ReplicaSpec) -> dict[str, Any]:
+    """The spec as JSON-ready data (paths as strings)."""
+    data = dataclasses.asdict(spec)
+    data["cwd"] = str(spec.cwd)
+    data["attempt_dir"] = str(spec.attempt_dir)
+    return data
+
+
+def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
+    """The inverse of `spec_to_json`."""
+    return ReplicaSpec(
+        trial_uuid=str(data["trial_uuid"]),
+        attempt=int(data["attempt"]),
+        rank=int(data["rank"]),
+        argv=[str(arg) for arg in data["argv"]],
+        env={str(k): str(v) for k, v in data["env"].items()},
+        cwd=Path(data["cwd"]),
+        attempt_dir=Path(data["attempt_dir"]),
+        stop_grace=float(data["stop_grace"]),
+    )
+
+
+def exit_record_from_json(data: dict[str, Any]) -> ExitRecord:
+    """Parse `rank-<r>.exit.json`; unknown keys (from a newer shim) are ignored."""
+    names = {f.name for f in dataclasses.fields(ExitRecord)}
+    return ExitRecord(**{k: v for k, v in data.items() if k in names})
+
+
+def signal_name(signum: int) -> str:
+    """The signal's name, e.g. SIGSEGV for 11; an unnamed real-time signal reads SIG<n>."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT or the `.stop` marker; the pump loop acts on it.
+
+    The signal handler only flips a flag: logging or signalling from inside a handler is not
+    reentrant-safe, and the child may not exist yet when the signal arrives.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.cause = ""
+
+    def request(self, cause: str) -> None:
+        if not self.requested:
+            self.requested, self.cause = True, cause
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request(signal_name(signum))
+
+
+def _ignore_hangup(signum: int, frame: FrameType | None) -> None:
+    """SIGHUP must not end the shim. A handler rather than SIG_IGN, because an ignored signal
+    would stay ignored in the training process across exec; a handled one resets to default."""
+
+
+def install_signal_handlers(stop: StopFlag) -> None:
+    """Install the handlers, then unblock what the launcher blocked during our start-up."""
+    signal.signal(signal.SIGTERM, stop.on_signal)
+    signal.signal(signal.SIGINT, stop.on_signal)
+    signal.signal(signal.SIGHUP, _ignore_hangup)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+
+
+def _write_all(fd: int, data: memoryview | bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class LogPump:
+    """Copies the child's pipe into the log byte for byte, and notes when each chunk arrived.
+
+    Reads go into one preallocated buffer (no per-chunk allocation). After a small chunk the
+    pump naps for a moment so the next read takes many writes at once: a child printing line
+    by line would otherwise cost a wake-up, a read and two writes per line. The enlarged pipe
+    holds far more than a child writes in that moment, so it does not block. A failing log write
+    (disk full) is reported once in the shim log and the pipe keeps draining: blocking the
+    child would be worse than losing the bytes the disk cannot take.
+    """
+
+    def __init__(self, read_fd: int, log_fd: int, index_fd: int) -> None:
+        self._read_fd, self._log_fd, self._index_fd = read_fd, log_fd, index_fd
+        self._buf = bytearray(CHUNK_BYTES)
+        self._view = memoryview(self._buf)
+        self._poller = select.poll()
+        self._poller.register(read_fd, select.POLLIN)
+        self.offset = os.fstat(log_fd).st_size
+        self.eof = False
+        self.lost_bytes = 0
+        self._index_failed = False
+
+    def pump_once(self, timeout_ms: int) -> int:
+        """Wait up to `timeout_ms` for output and copy one chunk; returns the bytes copied."""
+        if not self._poller.poll(timeout_ms) or self.eof:
+            return 0
+        n = os.readv(self._read_fd, [self._buf])
+        if n == 0:
+            self.eof = True
+            self._poller.unregister(self._read_fd)
+            return 0
+        self._copy(n)
+        if n < COALESCE_BELOW_BYTES:
+            time.sleep(COALESCE_S)
+        return n
+
+    def _copy(self, n: int) -> None:
+        stamp = time.time()
+        try:
+            _write_all(self._log_fd, self._view[:n])
+        except OSError as exc:
+            if not self.lost_bytes:
+                log.error("cannot write the training log (%s); output is being dropped", exc)
+            self.lost_bytes += n
+            self.offset = os.fstat(self._log_fd).st_size
+            return
+        try:
+            _write_all(self._index_fd, f"{self.offset} {stamp:.6f}\n".encode())
+        except OSError as exc:
+            if not self._index_failed:
+                log.error("cannot write the log index (%s); the log itself is intact", exc)
+            self._index_failed = True
+        self.offset += n
+
+    def drain(self, silence_s: float, limit_s: float) -> bool:
+        """Copy until EOF; False if the pipe stayed open but silent for `silence_s`, or still
+        delivered output after `limit_s` (a process that left the group keeps writing)."""
+        started = last_data = time.monotonic()
+        while not self.eof:
+            now = time.monotonic()
+            if now - last_data >= silence_s or now - started >= limit_s:
+                return False
+            if self.pump_once(POLL_MS):
+                last_data = time.monotonic()
+        return True
+
+
+def _open_append(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+
+def _make_pipe() -> tuple[int, int]:
+    """A pipe enlarged to 1 MiB where allowed, so a bursty child rarely waits for us."""
+    read_fd, write_fd = os.pipe()
+    try:
+        fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError as exc:
+        log.warning(
+            "could not enlarge the pipe to %d bytes (%s); using the default", PIPE_BYTES, exc
+        )
+    return read_fd, write_fd
+
+
+def _spawn_message(argv: list[str], cwd: Path, exc: OSError) -> str:
+    """A sentence naming the program, the reason and, when different, the path at fault."""
+    program = argv[0]
+    reason = exc.strerror or str(exc)
+    code = errno.errorcode.get(exc.errno or 0, "")
+    culprit = f" ({exc.filename})" if exc.filename and str(exc.filename) != program else ""
+    return (
+        f"Could not start the training program {program!r} in {cwd}: "
+        f"{reason}{culprit} [{code or 'errno ' + str(exc.errno)}]."
+    )
+
+
+class Shim:
+    """Runs one replica's training process to its end and records how it ended."""
+
+    def __init__(self, spec: ReplicaSpec, stop: StopFlag) -> None:
+        self.spec = spec
+        self.files = ReplicaFiles(spec.attempt_dir, spec.rank)
+        self.stop = stop
+        self.signals_sent: list[str] = []
+        self._term_sent_at: float | None = None
+        self._next_marker_check = 0.0
+
+    def run(self) -> int:
+        """Start, pump, stop on request, reap, record. Returns the shim's own exit status."""
+        self._check_marker()
+        log_fd = _open_append(self.files.log)
+        try:
+            if self.stop.requested:
+                return self._record_stopped_before_start(log_fd)
+            return self._run_child(log_fd)
+        finally:
+            os.close(log_fd)
+
+    def _run_child(self, log_fd: int) -> int:
+        if not self.spec.argv:
+            return self._record_spawn_error(log_fd, "The replica has an empty command.", None)
+        read_fd, write_fd = _make_pipe()
+        try:
+            try:
+                proc = self._spawn(write_fd)
+            except OSError as exc:
+                message = _spawn_message(self.spec.argv, self.spec.cwd, exc)
+                return self._record_spawn_error(log_fd, message, exc.errno)
+            finally:
+                os.close(write_fd)
+            return self._supervise(proc, read_fd, log_fd)
+        finally:
+            os.close(read_fd)
+
+    def _spawn(self, write_fd: int) -> subprocess.Popen[bytes]:
+        """Start the command without a shell, in its own process group, output merged."""
+        proc = subprocess.Popen(
+            self.spec.argv,
+            cwd=self.spec.cwd,
+            env=self.spec.env,
+            stdin=subprocess.DEVNULL,
+            stdout=write_fd,
+            stderr=write_fd,
+            process_group=0,
+            close_fds=True,
+        )
+        log.info("started pid %d: %s", proc.pid, self.spec.argv)
+        return proc
+
+    def _supervise(self, proc: subprocess.Popen[bytes], read_fd: int, log_fd: int) -> int:
+        started_at = time.time()
+        try:
+            child, ended_at = self._watch(proc.pid, started_at, read_fd, log_fd)
+        except BaseException:
+            # Never leave an unsupervised training process behind (invariant 4).
+            log.exception("shim failed while the child ran; killing its process group")
+            self._killpg(proc.pid, signal.SIGKILL)
+            raise
+        returncode, max_rss = self._reap(proc)
+        os.fsync(log_fd)
+        self._write_exit(self._record(returncode, child, started_at, ended_at, max_rss, log_fd))
+        return 0
+
+    def _watch(
+        self, pid: int, started_at: float, read_fd: int, log_fd: int
+    ) -> tuple[ProcessIdentity, float]:
+        """Publish the child's identity, pump until it exits, clean up its group."""
+        child = read_identity(pid)
+        if child is None:  # an unreaped child keeps its /proc entry, even as a zombie
+            raise RuntimeError(f"/proc/{pid}/stat vanished before the child was reaped")
+        self._write_status(child, started_at)
+        index_fd = _open_append(self.files.index)
+        try:
+            pump = LogPump(read_fd, log_fd, index_fd)
+            ended_at = self._pump_until_exit(pid, pump)
+            self._end_group(pid, pump)
+        finally:
+            os.close(index_fd)
+        return child, ended_at
+
+    def _write_status(self, child: ProcessIdentity, started_at: float) -> None:
+        shim = own_identity()
+        status = {
+            "shim_pid": shim.pid,
+            "shim_start_ticks": shim.start_ticks,
+            "child_pid": child.pid,
+            "child_start_ticks": child.start_ticks,
+            "pgid": child.pid,
+            "started_at": started_at,
+        }
+        atomic_write_json(self.files.status, status)
+
+    def _pump_until_exit(self, pid: int, pump: LogPump) -> float:
+        """Copy output until the child exits; returns when it ended (Unix time).
+
+        WNOWAIT leaves the child a zombie, so its pid and process group stay reserved until
+        `_reap`: signalling the group can never hit a process that reused the number.
+        """
+        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            self._enforce_stop(pid)
+            pump.pump_once(POLL_MS)
+        return time.time()
+
+    def _check_marker(self) -> None:
+        now = time.monotonic()
+        if self.stop.requested or now < self._next_marker_check:
+            return
+        self._next_marker_check = now + MARKER_CHECK_S
+        if self.files.stop.exists():
+            self.stop.request("stop marker")
+
+    def _enforce_stop(self, pgid: int) -> None:
+        """On a stop request: SIGTERM the group once, SIGKILL it once the grace has passed."""
+        self._check_marker()
+        if not self.stop.requested:
+            return
+        if self._term_sent_at is None:
+            log.info("stop requested (%s): SIGTERM to group %d", self.stop.cause, pgid)
+            self._signal_group(pgid, signal.SIGTERM)
+            self._term_sent_at = time.monotonic()
+        elif self._grace_is_over() and "SIGKILL" not in self.signals_sent:
+            log.info("still running after %.1f s of grace: SIGKILL", self.spec.stop_grace)
+            self._signal_group(pgid, signal.SIGKILL)
+
+    def _grace_is_over(self) -> bool:
+        started = self._term_sent_at
+        return started is not None and time.monotonic() - started >= self.spec.stop_grace
+
+    def _signal_group(self, pgid: int, signum: signal.Signals) -> None:
+        self.signals_sent.append(signum.name)
+        self._killpg(pgid, signum)
+
+    def _killpg(self, pgid: int, signum: signal.Signals) -> None:
+        try:
+            os.killpg(pgid, signum)
+        except ProcessLookupError:
+            # Only possible if the child moved itself out of its group and the group emptied.
+            log.warning("%s to group %d: no such process group", signum.name, pgid)
+
+    def _end_group(self, pgid: int, pump: LogPump) -> None:
+        """Kill what is left of the group (invariant 4), then read the pipe to its end."""
+        leftovers = [m.pid for m in group_members(pgid) if m.pid != pgid]
+        if leftovers:
+            log.warning(
+                "child exited; killing %d processes left in its group: %s",
+                len(leftovers),
+                leftovers,
+            )
+        self._killpg(pgid, signal.SIGKILL)
+        if not pump.drain(DRAIN_SILENCE_S, DRAIN_LIMIT_S):
+            log.warning(
+                "gave up reading the log pipe after the child's group died: a process that "
+                "left the group still holds it open; its later output is not logged"
+            )
+        if pump.lost_bytes:
+            log.error("%d bytes of output could not be written to the log", pump.lost_bytes)
+
+    def _reap(self, proc: subprocess.Popen[bytes]) -> tuple[int, int]:
+        """Reap the child; returns (Python-style returncode, max RSS in bytes)."""
+        _, status, rusage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        log.info("pid %d ended with returncode %d", proc.pid, proc.returncode)
+        return proc.returncode, rusage.ru_maxrss * 1024  # ru_maxrss is KiB on Linux
+
+    def _record(
+        self,
+        returncode: int,
+        child: ProcessIdentity,
+        started_at: float,
+        ended_at: float,
+        max_rss: int,
+        log_fd: int,
+    ) -> ExitRecord:
+        return ExitRecord(
+            returncode=returncode,
+            exit_code=128 - returncode if returncode < 0 else returncode,
+            signal=signal_name(-returncode) if returncode < 0 else None,
+            pid=child.pid,
+            start_ticks=child.start_ticks,
+            started_at=started_at,
+            ended_at=ended_at,
+            max_rss_bytes=max_rss,
+            stop_requested=self.stop.requested,
+            signals_sent=list(self.signals_sent),
+            log_bytes=os.fstat(log_fd).st_size,
+        )
+
+    def _record_spawn_error(self, log_fd: int, message: str, code: int | None) -> int:
+        log.error("%s", message)
+        self._write_exit(self._record_without_child(log_fd, message, code))
+        return 0
+
+    def _record_stopped_before_start(self, log_fd: int) -> int:
+        """A stop that came before the child started: nothing is started, nothing is killed."""
+        log.info("stop requested (%s) before the training process started", self.stop.cause)
+        self._write_exit(self._record_without_child(log_fd, None, None))
+        return 0
+
+    def _record_without_child(self, log_fd: int, error: str | None, code: int | None) -> ExitRecord:
+        return ExitRecord(
+            returncode=None,
+            exit_code=None,
+            signal=None,
+            pid=None,
+            start_ticks=None,
+            started_at=None,
+            ended_at=time.time(),
+            max_rss_bytes=None,
+            stop_requested=self.stop.requested,
+            spawn_error=error,
+            spawn_errno=code,
+            log_bytes=os.fstat(log_fd).st_size,
+        )
+
+    def _write_exit(self, record: ExitRecord) -> None:
+        atomic_write_json(self.files.exit, dataclasses.asdict(record))
+
+
+def load_spec(path: Path) -> ReplicaSpec:
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise SystemExit(f"muster shim: no replica spec at {path}")
+    return spec_from_json(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m muster.launch.shim SPEC_JSON_PATH`."""
+    stop = StopFlag()
+    install_signal_handlers(stop)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s shim[%(process)d] %(levelname)s %(message)s",
+    )
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        log.error("usage: python -m muster.launch.shim SPEC_JSON_PATH")
+        return 2
+    return Shim(load_spec(Path(args[0])), stop).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

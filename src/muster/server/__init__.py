@@ -1,0 +1,1 @@
+"""The HTTP server (FastAPI): routes over services, the orchestrator loop."""

@@ -1,0 +1,108 @@
+"""The FastAPI application: wiring of store, supervisor, routes and error handling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from muster import __version__
+from muster.errors import MusterError
+from muster.home import Home
+from muster.launch.local import LocalLauncher
+from muster.server.auth import ensure_token
+from muster.store import Store
+from muster.supervise.reconcile import reconcile_attempts
+from muster.supervise.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.2
+
+
+@dataclass
+class Orchestrator:
+    """Runs the supervisor's ticks on the server's event loop (one at a time, in a thread)."""
+
+    supervisor: Supervisor
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        await asyncio.to_thread(reconcile_attempts, self.supervisor)
+        while True:
+            try:
+                await asyncio.to_thread(self.supervisor.tick)
+            except MusterError as exc:
+                log.error("supervisor pass failed: %s", exc)
+            except Exception:
+                log.exception("supervisor pass failed unexpectedly; retrying")
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), TICK_SECONDS)
+
+
+@dataclass
+class ServerState:
+    home: Home
+    store: Store
+    token: str
+    orchestrator: Orchestrator
+
+
+def create_app(home: Home, db_url: str | None = None, slots: int | None = None) -> FastAPI:
+    """The muster server for `home`, storing in `db_url` (default: the home's SQLite)."""
+    from muster.server.routes import public, router
+
+    home.ensure()
+    store = Store(db_url or home.default_db_url)
+    supervisor = Supervisor(store=store, launcher=LocalLauncher(), home=home)
+    if slots is not None:
+        supervisor.slots = slots
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(store.upgrade)
+        orchestrator = Orchestrator(supervisor)
+        app.state.muster = ServerState(home, store, ensure_token(home.token_path), orchestrator)
+        task = asyncio.create_task(orchestrator.run(), name="muster-orchestrator")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            store.dispose()
+
+    app = FastAPI(title="muster", version=__version__, lifespan=lifespan)
+    app.include_router(public)
+    app.include_router(router)
+    _install_error_handlers(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(MusterError)
+    async def muster_error(request: Request, exc: MusterError) -> JSONResponse:
+        return _error(exc.http_status, type(exc).__name__, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        return _error(422, "InvalidRequest", problems)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return _error(500, "InternalError", "internal server error; the server log has details")
+
+
+def _error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": kind, "message": message})

@@ -1,0 +1,122 @@
+"""Experiment and trial services: what the routes call, and what tests call directly."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from muster.config import load_config
+from muster.errors import Conflict, NotFound
+from muster.home import Home
+from muster.server import views
+from muster.server.uploads import extract_context
+from muster.states import ExperimentState, TrialState
+from muster.store import Event, Experiment, Store, Trial, record_event, transition
+
+USER = "user"
+
+
+def create_experiment(store: Store, home: Home, config_text: str, archive: Path | None) -> int:
+    """Validate the config, snapshot the context, record the experiment and its trial."""
+    config = load_config(config_text, source="the uploaded config")
+    exp_uuid = str(uuid.uuid4())
+    context = home.context_dir(exp_uuid)
+    if archive is not None:
+        extract_context(archive, context)
+    else:
+        context.mkdir(parents=True)
+    try:
+        return _insert_experiment(store, exp_uuid, config_text, config.to_json_dict(), context)
+    except BaseException:
+        shutil.rmtree(context.parent, ignore_errors=True)
+        raise
+
+
+def _insert_experiment(
+    store: Store, exp_uuid: str, text: str, config: dict[str, Any], context: Path
+) -> int:
+    with store.session_scope() as s:
+        exp = Experiment(
+            uuid=exp_uuid, name=config["name"], description=config.get("description", ""),
+            labels=config.get("labels", []), config=config, config_yaml=text,
+            context_dir=str(context), state=ExperimentState.ACTIVE.value,
+        )
+        trial = Trial(uuid=str(uuid.uuid4()), experiment=exp, state=TrialState.QUEUED.value)
+        s.add_all([exp, trial])
+        s.flush()
+        record_event(s, entity="experiment", entity_id=exp.id, reason="created", actor=USER,
+                     message=f"experiment {exp.name!r} created", experiment_id=exp.id)
+        record_event(s, entity="trial", entity_id=trial.id, reason="created", actor=USER,
+                     message="trial queued", experiment_id=exp.id, trial_id=trial.id)
+        return exp.id
+
+
+def list_experiments(store: Store) -> list[dict[str, Any]]:
+    with store.session_scope() as s:
+        return [views.experiment_summary(e) for e in s.scalars(select(Experiment).order_by(
+            Experiment.id))]
+
+
+def describe_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
+    with store.session_scope() as s:
+        return views.experiment_detail(_experiment_or_404(s, experiment_id))
+
+
+def describe_trial(store: Store, trial_id: int) -> dict[str, Any]:
+    with store.session_scope() as s:
+        trial = _trial_or_404(s, trial_id)
+        view = views.trial_detail(trial)
+        events = s.scalars(select(Event).where(Event.trial_id == trial_id).order_by(Event.id))
+        view["events"] = [views.event_view(e) for e in events]
+        return view
+
+
+def kill_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
+    """Ask every trial to stop. Queued trials end at once; running ones through the
+    supervisor (SIGTERM, grace, SIGKILL). Killing twice is harmless."""
+    with store.session_scope() as s:
+        exp = _experiment_or_404(s, experiment_id)
+        if ExperimentState(exp.state).is_terminal():
+            raise Conflict(f"experiment {experiment_id} is already {exp.state}; nothing to kill")
+        if not exp.stop_requested:
+            exp.stop_requested = True
+            record_event(s, entity="experiment", entity_id=exp.id, reason="kill requested",
+                         actor=USER, message="stopping every trial", experiment_id=exp.id)
+        for trial in exp.trials:
+            _stop_trial(s, trial)
+        return views.experiment_detail(exp)
+
+
+def _stop_trial(s: Session, trial: Trial) -> None:
+    if TrialState(trial.state).is_terminal():
+        return
+    trial.stop_requested = True
+    if trial.state in (TrialState.QUEUED.value, TrialState.PAUSED.value):
+        transition(s, trial, TrialState.CANCELED, reason="killed", actor=USER,
+                   message="killed before it started")
+
+
+def trial_exists(store: Store, trial_id: int) -> None:
+    with store.session_scope() as s:
+        _trial_or_404(s, trial_id)
+
+
+def _experiment_or_404(s: Session, experiment_id: int) -> Experiment:
+    exp = s.get(Experiment, experiment_id)
+    if exp is None:
+        raise NotFound(f"experiment {experiment_id} does not exist; `muster experiment list` "
+                       "shows the experiments there are")
+    return exp
+
+
+def _trial_or_404(s: Session, trial_id: int) -> Trial:
+    trial = s.get(Trial, trial_id)
+    if trial is None:
+        raise NotFound(f"trial {trial_id} does not exist; `muster experiment describe ID` "
+                       "lists an experiment's trials")
+    return trial

@@ -1,0 +1,128 @@
+"""HTTP routes: thin adapters from requests to the services in `muster.server.*`."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
+from fastapi.responses import Response, StreamingResponse
+
+from muster import __version__
+from muster.errors import InvalidRequest
+from muster.server import experiments, logs
+from muster.server.app import ServerState
+from muster.server.auth import check_bearer
+from muster.server.uploads import MAX_UPLOAD_BYTES
+
+PREFIX = "/api/v1"
+
+
+def server_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.muster
+    return state
+
+
+def require_token(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> ServerState:
+    state = server_state(request)
+    check_bearer(authorization, state.token)
+    return state
+
+
+public = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, dependencies=[Depends(require_token)])
+State = Annotated[ServerState, Depends(server_state)]
+
+
+@public.get("/health")
+def health() -> dict[str, str]:
+    return {"status": "ok", "version": __version__}
+
+
+@router.post("/experiments", status_code=201)
+async def create_experiment(
+    state: State,
+    config: Annotated[str, Form(description="the experiment config, YAML")],
+    context: Annotated[UploadFile | None, File(description="the context dir, tar.gz")] = None,
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp:
+        archive = await _save_upload(context, Path(tmp)) if context is not None else None
+        exp_id = await asyncio.to_thread(
+            experiments.create_experiment, state.store, state.home, config, archive
+        )
+    state.orchestrator.wake.set()
+    return await asyncio.to_thread(experiments.describe_experiment, state.store, exp_id)
+
+
+async def _save_upload(upload: UploadFile, folder: Path) -> Path:
+    path = folder / "context.tar.gz"
+    size = 0
+    with path.open("wb") as out:
+        while chunk := await upload.read(1024**2):
+            size += len(chunk)
+            if size > MAX_UPLOAD_BYTES:
+                raise InvalidRequest(
+                    f"context upload is larger than {MAX_UPLOAD_BYTES // 1024**2} MiB; "
+                    "keep data sets out of the context directory"
+                )
+            out.write(chunk)
+    return path
+
+
+@router.get("/experiments")
+def list_experiments(state: State) -> list[dict[str, Any]]:
+    return experiments.list_experiments(state.store)
+
+
+@router.get("/experiments/{experiment_id}")
+def get_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+    return experiments.describe_experiment(state.store, experiment_id)
+
+
+@router.post("/experiments/{experiment_id}/kill")
+async def kill_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+    view = await asyncio.to_thread(experiments.kill_experiment, state.store, experiment_id)
+    state.orchestrator.wake.set()
+    return view
+
+
+@router.get("/trials/{trial_id}")
+def get_trial(state: State, trial_id: int) -> dict[str, Any]:
+    return experiments.describe_trial(state.store, trial_id)
+
+
+@router.get("/trials/{trial_id}/logs", response_model=None)
+async def get_trial_logs(
+    state: State,
+    trial_id: int,
+    attempt: Annotated[int | None, Query(ge=1)] = None,
+    rank: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=logs.MAX_LIMIT)] = logs.DEFAULT_LIMIT,
+    tail: Annotated[int | None, Query(ge=0)] = None,
+    follow: bool = False,
+) -> Response:
+    """Raw log bytes. Headers carry the cursor: X-Muster-Attempt, X-Muster-Next-Offset."""
+    if follow:
+        await asyncio.to_thread(experiments.trial_exists, state.store, trial_id)
+        stream = logs.follow_log(
+            state.store, trial_id, attempt=attempt, rank=rank, offset=offset, tail=tail
+        )
+        return StreamingResponse(stream, media_type="application/octet-stream")
+    piece = await asyncio.to_thread(
+        logs.read_log, state.store, trial_id, attempt=attempt, rank=rank, offset=offset,
+        limit=limit, tail=tail,
+    )
+    headers = {
+        "X-Muster-Attempt": str(piece.attempt),
+        "X-Muster-Offset": str(piece.offset),
+        "X-Muster-Next-Offset": str(piece.next_offset),
+    }
+    return Response(piece.data, media_type="application/octet-stream", headers=headers)
+
+
+__all__ = ["public", "router"]

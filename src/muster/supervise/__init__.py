@@ -1,0 +1,1 @@
+"""Supervision: attempts, the failure policy and reconciliation after a restart."""

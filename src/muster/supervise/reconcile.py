@@ -1,0 +1,50 @@
+"""Reconciliation on server start: settle every non-terminal attempt before new work starts.
+
+For each live attempt in the store: an exit record on disk → finalise it; a shim or
+training process alive with the recorded (pid, start time) → reattach (keep following it);
+otherwise → LOST, and the failure policy decides. Identities come from the attempt's files,
+so a PID that now belongs to an unrelated process is never taken for the shim.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+
+from muster.launch.base import ReplicaPhase
+from muster.store import Attempt, record_event
+from muster.supervise.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+_VERB = {
+    ReplicaPhase.EXITED: "finalised from its exit record",
+    ReplicaPhase.RUNNING: "reattached to its running process",
+    ReplicaPhase.STARTING: "reattached to its starting shim",
+    ReplicaPhase.LOST: "lost: no exit record and no live process with its identity",
+}
+
+
+def reconcile_attempts(supervisor: Supervisor) -> Counter[ReplicaPhase]:
+    """Settle every live attempt once; returns how many were found in each phase."""
+    found: Counter[ReplicaPhase] = Counter()
+    for attempt_id in supervisor.active_attempt_ids():
+        phase = _note_phase(supervisor, attempt_id)
+        found[phase] += 1
+        supervisor.settle_attempt(attempt_id)
+    if found:
+        log.info("reconciled attempts: %s", {p.value: n for p, n in found.items()})
+    return found
+
+
+def _note_phase(supervisor: Supervisor, attempt_id: int) -> ReplicaPhase:
+    with supervisor.store.session_scope() as s:
+        attempt = s.get_one(Attempt, attempt_id)
+        status = supervisor.launcher.describe(Path(attempt.run_dir), attempt.replicas[0].rank)
+        record_event(
+            s, entity="attempt", entity_id=attempt.id, reason="reconcile", actor="server-start",
+            message=f"attempt {attempt.number} {_VERB[status.phase]}",
+            experiment_id=attempt.trial.experiment_id, trial_id=attempt.trial_id,
+        )
+        return status.phase

@@ -1,0 +1,280 @@
+"""The supervisor: starts queued trials, follows their attempts, applies the failure policy.
+
+Each `tick()` is one pass over the store; the server's orchestrator calls it in a loop and
+tests call it directly. Every state change goes through `muster.store.transition`; every
+process action goes through the `Launcher`. The order of a pass is chosen for crash
+safety: a decision is committed before the side effect it leads to, so a server killed
+between the two finds the decision on restart and carries it out (see `reconcile`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from muster.atomic import atomic_write_json
+from muster.config import ExperimentConfig
+from muster.errors import LaunchError
+from muster.home import Home
+from muster.launch.base import Launcher, ReplicaPhase, ReplicaSpec, ReplicaStatus
+from muster.launch.environment import ReplicaContext, build_env, free_port
+from muster.launch.exits import Classification, ExitObservation, classify_exit
+from muster.launch.logs import tail_text
+from muster.states import AttemptState, ExperimentState, Reason, TrialState
+from muster.store import Attempt, Experiment, Replica, Store, Trial, record_event, transition
+from muster.store.models import now
+from muster.supervise.policy import Action, Budgets, decide
+
+log = logging.getLogger(__name__)
+
+ACTOR = "supervisor"
+TAIL_LINES = 20
+
+_ATTEMPT_END = {
+    Reason.OK: AttemptState.SUCCEEDED,
+    Reason.STOPPED: AttemptState.CANCELED,
+}
+
+
+@dataclass
+class Supervisor:
+    store: Store
+    launcher: Launcher
+    home: Home
+    slots: int = os.cpu_count() or 1
+    host: str = socket.gethostname()
+
+    def tick(self) -> None:
+        """One pass: settle running attempts, start what may start, close finished experiments."""
+        for attempt_id in self.active_attempt_ids():
+            self.settle_attempt(attempt_id)
+        self._launch_restarting()
+        self._admit_queued()
+        self._close_experiments()
+
+    # -- following attempts ------------------------------------------------------------
+
+    def active_attempt_ids(self) -> list[int]:
+        live = [AttemptState.STARTING.value, AttemptState.RUNNING.value]
+        with self.store.session_scope() as s:
+            return list(s.scalars(select(Attempt.id).where(Attempt.state.in_(live))))
+
+    def settle_attempt(self, attempt_id: int) -> None:
+        """Look at one live attempt's replica and record whatever has happened to it."""
+        with self.store.session_scope() as s:
+            attempt = s.get_one(Attempt, attempt_id)
+            replica = attempt.replicas[0]
+            run_dir, stop = Path(attempt.run_dir), attempt.trial.stop_requested
+        status = self.launcher.describe(run_dir, replica.rank)
+        if stop and not status.stop_requested and status.phase is not ReplicaPhase.EXITED:
+            self.launcher.cancel(run_dir, replica.rank)
+        if status.phase is ReplicaPhase.RUNNING or (
+            status.phase is ReplicaPhase.EXITED and status.exit and status.exit.pid is not None
+        ):
+            self._mark_running(attempt_id, status)
+        if status.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST):
+            self._finish_attempt(attempt_id, status)
+
+    def _mark_running(self, attempt_id: int, status: ReplicaStatus) -> None:
+        with self.store.session_scope() as s:
+            attempt = s.get_one(Attempt, attempt_id)
+            if attempt.state != AttemptState.STARTING.value:
+                return
+            replica = attempt.replicas[0]
+            child = status.child
+            if child is None and status.exit is not None:
+                replica.pid, replica.start_ticks = status.exit.pid, status.exit.start_ticks
+            elif child is not None:
+                replica.pid, replica.start_ticks = child.pid, child.start_ticks
+            replica.started_at = status.exit.started_at if status.exit else None
+            transition(s, attempt, AttemptState.RUNNING, reason="started", actor=ACTOR)
+            if attempt.trial.state == TrialState.STARTING.value:
+                transition(s, attempt.trial, TrialState.RUNNING, reason="started", actor=ACTOR)
+
+    def _finish_attempt(
+        self, attempt_id: int, status: ReplicaStatus, launch_error: str | None = None
+    ) -> None:
+        with self.store.session_scope() as s:
+            attempt = s.get_one(Attempt, attempt_id)
+            trial = attempt.trial
+            policy = ExperimentConfig.model_validate(trial.experiment.config).failure_policy
+            replica = attempt.replicas[0]
+            verdict = classify_exit(
+                ExitObservation(
+                    rank=replica.rank,
+                    exit=status.exit,
+                    lost=status.phase is ReplicaPhase.LOST and launch_error is None,
+                    launch_error=launch_error,
+                    log_tail=tail_text(Path(replica.log_path), TAIL_LINES),
+                    transient_exit_codes=frozenset(policy.transient_exit_codes),
+                    stop_requested=trial.stop_requested or status.stop_requested,
+                )
+            )
+            _record_replica_end(replica, status, verdict)
+            end = _ATTEMPT_END.get(verdict.reason, AttemptState.FAILED)
+            transition(
+                s, attempt, end, reason=verdict.reason.value, actor=ACTOR, message=verdict.message
+            )
+            self._apply_policy(s, trial, verdict)
+
+    def _apply_policy(self, s: Session, trial: Trial, verdict: Classification) -> None:
+        policy = ExperimentConfig.model_validate(trial.experiment.config).failure_policy
+        decision = decide(verdict.reason, _budgets(trial), policy)
+        reason = verdict.reason.value
+        if trial.stop_requested and decision.action is not Action.SUCCEED:
+            transition(s, trial, TrialState.CANCELED, reason="killed", actor=ACTOR,
+                       message=verdict.message)
+        elif decision.action is Action.SUCCEED:
+            transition(s, trial, TrialState.SUCCEEDED, reason=reason, actor=ACTOR,
+                       message=verdict.message)
+        elif decision.action is Action.CANCEL:
+            transition(s, trial, TrialState.CANCELED, reason=reason, actor=ACTOR,
+                       message=verdict.message)
+        elif decision.action is Action.FAIL:
+            message = _failure_message(verdict, decision.message)
+            transition(s, trial, TrialState.FAILED, reason=reason, actor=ACTOR, message=message)
+        else:
+            assert decision.charge is not None, "a RETRY decision always names its budget"
+            setattr(trial, decision.charge, getattr(trial, decision.charge) + 1)
+            record_event(s, entity="trial", entity_id=trial.id, reason=reason, actor=ACTOR,
+                         message=decision.message, experiment_id=trial.experiment_id,
+                         trial_id=trial.id)
+            transition(s, trial, TrialState.RESTARTING, reason=reason, actor=ACTOR,
+                       message=decision.message)
+
+    # -- starting attempts -------------------------------------------------------------
+
+    def _launch_restarting(self) -> None:
+        """Start the next attempt of every RESTARTING trial (it keeps the slot it held)."""
+        with self.store.session_scope() as s:
+            ids = list(s.scalars(
+                select(Trial.id).where(Trial.state == TrialState.RESTARTING.value)
+            ))
+        for trial_id in ids:
+            self.start_attempt(trial_id)
+
+    def _admit_queued(self) -> None:
+        with self.store.session_scope() as s:
+            busy = len(list(s.scalars(select(Trial.id).where(Trial.state.in_(_HOLDING_SLOT)))))
+            queued = list(s.scalars(
+                select(Trial.id).where(Trial.state == TrialState.QUEUED.value).order_by(Trial.id)
+            ))
+        for trial_id in queued[: max(0, self.slots - busy)]:
+            self.start_attempt(trial_id)
+
+    def start_attempt(self, trial_id: int) -> None:
+        """Record a new attempt (committed first), then launch its replica."""
+        spec, attempt_id = self._plan_attempt(trial_id)
+        if spec is None:
+            return
+        try:
+            shim = self.launcher.submit(spec)
+        except LaunchError as exc:
+            log.error("launch of trial %s attempt %s failed: %s", trial_id, spec.attempt, exc)
+            status = ReplicaStatus(rank=spec.rank, phase=ReplicaPhase.LOST)
+            self._finish_attempt(attempt_id, status, launch_error=str(exc))
+            return
+        with self.store.session_scope() as s:
+            replica = s.get_one(Attempt, attempt_id).replicas[0]
+            replica.shim_pid, replica.shim_start_ticks = shim.pid, shim.start_ticks
+
+    def _plan_attempt(self, trial_id: int) -> tuple[ReplicaSpec | None, int]:
+        with self.store.session_scope() as s:
+            trial = s.get_one(Trial, trial_id)
+            if trial.state not in (TrialState.QUEUED.value, TrialState.RESTARTING.value):
+                return None, 0
+            if trial.stop_requested:
+                transition(s, trial, TrialState.CANCELED, reason="killed", actor=ACTOR)
+                return None, 0
+            number = len(trial.attempts) + 1
+            attempt_dir = self.home.attempt_dir(trial.uuid, number)
+            attempt = Attempt(trial=trial, number=number, state=AttemptState.STARTING.value,
+                              run_dir=str(attempt_dir))
+            replica = Replica(attempt=attempt, rank=0, host=self.host,
+                              log_path=str(attempt_dir / "rank-0.log"))
+            s.add_all([attempt, replica])
+            transition(s, trial, TrialState.STARTING, reason="launching", actor=ACTOR,
+                       message=f"starting attempt {number}")
+            s.flush()
+            spec = self._replica_spec(trial, number, attempt_dir)
+            return spec, attempt.id
+
+    def _replica_spec(self, trial: Trial, number: int, attempt_dir: Path) -> ReplicaSpec:
+        config = ExperimentConfig.model_validate(trial.experiment.config)
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        hparams_path = attempt_dir / "hparams.json"
+        atomic_write_json(hparams_path, trial.hparams)
+        ctx = ReplicaContext(
+            run_dir=attempt_dir.parent, trial_id=trial.id, attempt=number, rank=0,
+            world_size=1, master_addr="127.0.0.1", master_port=free_port(),
+            hparams_path=hparams_path,
+        )
+        return ReplicaSpec(
+            trial_uuid=trial.uuid, attempt=number, rank=0, argv=list(config.entrypoint),
+            env=build_env(os.environ, config.environment.variables, ctx),
+            cwd=Path(trial.experiment.context_dir), attempt_dir=attempt_dir,
+            stop_grace=config.failure_policy.stop_grace,
+        )
+
+    # -- experiments -------------------------------------------------------------------
+
+    def _close_experiments(self) -> None:
+        with self.store.session_scope() as s:
+            active = s.scalars(
+                select(Experiment).where(Experiment.state == ExperimentState.ACTIVE.value)
+            )
+            for experiment in active:
+                states = [TrialState(t.state) for t in experiment.trials]
+                if states and all(st.is_terminal() for st in states):
+                    end, why = _experiment_end(experiment, states)
+                    transition(s, experiment, end, reason=why, actor=ACTOR)
+
+
+_HOLDING_SLOT = [TrialState.STARTING.value, TrialState.RUNNING.value,
+                 TrialState.RESTARTING.value]
+
+
+def _experiment_end(
+    experiment: Experiment, states: list[TrialState]
+) -> tuple[ExperimentState, str]:
+    if experiment.stop_requested:
+        return ExperimentState.CANCELED, "killed"
+    if any(st is TrialState.SUCCEEDED for st in states):
+        return ExperimentState.COMPLETED, "trials finished"
+    return ExperimentState.ERROR, "no trial succeeded"
+
+
+def _budgets(trial: Trial) -> Budgets:
+    return Budgets(
+        replica_restarts=trial.replica_restarts,
+        trial_retries=trial.trial_retries,
+        internal_retries=trial.internal_retries,
+        user_error_retries=trial.user_error_retries,
+    )
+
+
+def _failure_message(verdict: Classification, decision_message: str) -> str:
+    if verdict.reason is Reason.INTERNAL:
+        return f"{decision_message}: {verdict.message}"
+    return verdict.message
+
+
+def _record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classification) -> None:
+    """Every ended replica explains itself (invariant 7)."""
+    replica.exit_code = verdict.exit_code
+    replica.signal = verdict.signal
+    replica.reason = verdict.reason.value
+    replica.message = verdict.message
+    replica.log_tail = tail_text(Path(replica.log_path), TAIL_LINES)
+    if status.exit is not None:
+        replica.max_rss_bytes = status.exit.max_rss_bytes
+        replica.started_at = status.exit.started_at
+        replica.ended_at = status.exit.ended_at
+    else:
+        replica.ended_at = now()

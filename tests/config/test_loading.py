@@ -1,0 +1,348 @@
+"""Loading configs from YAML: one ConfigError, one `<key path>: <problem>` line per problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from muster.config import ExperimentConfig, load_config, load_config_file
+from muster.errors import ConfigError
+
+GOOD = """\
+name: digits-search
+description: tiny CNN on sklearn digits
+labels: [cnn, digits]
+entrypoint: python train.py --epochs 5
+environment: {variables: {OMP_NUM_THREADS: 1, LR: 0.5, DEBUG: true}}
+failure_policy: {replica_restarts: 1, trial_retries: 2, internal_retries: 0,
+                 retry_user_errors: 1, restart_scope: replica,
+                 transient_exit_codes: [75, 143], stop_grace: 1m30s}
+"""
+
+
+def problems(text: str) -> list[str]:
+    """The problem lines of the ConfigError that loading `text` raises (after the header)."""
+    with pytest.raises(ConfigError) as info:
+        load_config(text, source="exp.yaml")
+    header, *lines = str(info.value).splitlines()
+    assert header == "exp.yaml: invalid experiment config:"
+    return lines
+
+
+def one_problem(body: str) -> str:
+    lines = problems("name: x\nentrypoint: python t.py\n" + body)
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_loads_a_full_config() -> None:
+    config = load_config(GOOD)
+    assert config.name == "digits-search"
+    assert config.labels == ["cnn", "digits"]
+    assert config.entrypoint == ["python", "train.py", "--epochs", "5"]
+    assert config.environment.variables == {"OMP_NUM_THREADS": "1", "LR": "0.5", "DEBUG": "true"}
+    policy = config.failure_policy
+    assert (policy.replica_restarts, policy.trial_retries, policy.internal_retries) == (1, 2, 0)
+    assert policy.retry_user_errors == 1
+    assert policy.restart_scope == "replica"
+    assert policy.transient_exit_codes == [75, 143]
+    assert policy.stop_grace == 90.0
+
+
+def test_loads_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text(GOOD, encoding="utf-8")
+    assert load_config_file(path) == load_config(GOOD)
+
+
+def test_file_errors_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text("name: x\nentrypoint: t\nfailure_polcy: {}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{path}: invalid experiment config:\n"):
+        load_config_file(path)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(
+        ConfigError, match=r"cannot read the config file /nonexistent/x.yaml: No such"
+    ):
+        load_config_file("/nonexistent/x.yaml")
+
+
+def test_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_bytes(b"name: \xff\n")
+    with pytest.raises(ConfigError, match=r"not UTF-8 text"):
+        load_config_file(path)
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        # unknown keys, with and without a close valid name
+        ("failure_polcy: {}", "failure_polcy: unknown key; did you mean 'failure_policy'?"),
+        ("enviroment: {}", "enviroment: unknown key; did you mean 'environment'?"),
+        ("label: [a]", "label: unknown key; did you mean 'labels'?"),
+        (
+            "zzz: 1",
+            "zzz: unknown key; the keys allowed here are description, entrypoint, environment, "
+            "failure_policy, labels, name",
+        ),
+        (
+            "failure_policy: {trial_retry: 1}",
+            "failure_policy.trial_retry: unknown key; did you mean 'trial_retries'?",
+        ),
+        (
+            "environment: {variable: {}}",
+            "environment.variable: unknown key; did you mean 'variables'?",
+        ),
+        (
+            "environment: {qqq: 1}",
+            "environment.qqq: unknown key; the keys allowed here are variables",
+        ),
+        # numbers and their bounds, in nested sections
+        (
+            "failure_policy: {trial_retries: -1}",
+            "failure_policy.trial_retries: must be >= 0, got -1",
+        ),
+        (
+            "failure_policy: {replica_restarts: -2}",
+            "failure_policy.replica_restarts: must be >= 0, got -2",
+        ),
+        (
+            "failure_policy: {internal_retries: many}",
+            "failure_policy.internal_retries: must be a whole number, got 'many'",
+        ),
+        (
+            "failure_policy: {retry_user_errors: 1.5}",
+            "failure_policy.retry_user_errors: must be a whole number, got 1.5",
+        ),
+        (
+            "failure_policy: {trial_retries: true}",
+            "failure_policy.trial_retries: must be a whole number, got true",
+        ),
+        (
+            "failure_policy: {transient_exit_codes: [75, 0]}",
+            "failure_policy.transient_exit_codes[1]: must be >= 1, got 0",
+        ),
+        (
+            "failure_policy: {transient_exit_codes: [256]}",
+            "failure_policy.transient_exit_codes[0]: must be <= 255, got 256",
+        ),
+        (
+            "failure_policy: {transient_exit_codes: 75}",
+            "failure_policy.transient_exit_codes: must be a list, got 75",
+        ),
+        (
+            "failure_policy: {restart_scope: node}",
+            "failure_policy.restart_scope: must be 'trial' or 'replica', got 'node'",
+        ),
+        (
+            "failure_policy: {stop_grace: soon}",
+            "failure_policy.stop_grace: must look like '30s', '500ms', '5m' or '1h30m' "
+            "(or a number of seconds), got 'soon'",
+        ),
+        (
+            "failure_policy: {stop_grace: -1}",
+            "failure_policy.stop_grace: must be a number of seconds >= 0, got -1",
+        ),
+        ("failure_policy: 3", "failure_policy: must be a mapping (key: value pairs), got 3"),
+        ("failure_policy: [a]", "failure_policy: must be a mapping (key: value pairs), got a list"),
+        # strings and lists
+        ("description: 5", "description: must be a string, got 5; put it in quotes"),
+        ("labels: a", "labels: must be a list, got 'a'"),
+        ("labels: [a, 2]", "labels[1]: must be a string, got 2; put it in quotes"),
+        ("labels: [a, [b]]", "labels[1]: must be a string, got a list"),
+        # environment variables
+        (
+            "environment: {variables: {1BAD: x}}",
+            "environment.variables: '1BAD' is not a valid environment variable name "
+            "(letters, digits and '_', not starting with a digit)",
+        ),
+        (
+            "environment: {variables: {A-B: x}}",
+            "environment.variables: 'A-B' is not a valid environment variable name "
+            "(letters, digits and '_', not starting with a digit)",
+        ),
+        (
+            "environment: {variables: {A: null}}",
+            "environment.variables.A: must be a string, got null",
+        ),
+        (
+            "environment: {variables: {A: [1]}}",
+            "environment.variables.A: must be a string, got a list",
+        ),
+        (
+            "environment: {variables: [A]}",
+            "environment.variables: must be a mapping (key: value pairs), got a list",
+        ),
+    ],
+)
+def test_one_problem_per_line_with_its_key_path(body: str, problem: str) -> None:
+    assert one_problem(body) == problem
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        ("entrypoint: t", "name: required key is missing"),
+        ("name: x", "entrypoint: required key is missing"),
+        ("name: ''\nentrypoint: t", "name: must not be empty"),
+        (
+            "name: " + "n" * 129 + "\nentrypoint: t",
+            "name: must be at most 128 characters long, got 129",
+        ),
+        ("name: 2024\nentrypoint: t", "name: must be a string, got 2024; put it in quotes"),
+        ("name: x\nentrypoint: ''", "entrypoint: must not be empty"),
+        ("name: x\nentrypoint: []", "entrypoint: must not be empty"),
+        ("name: x\nentrypoint: '   '", "entrypoint: must not be empty"),
+        (
+            'name: x\nentrypoint: "python \'unclosed"',
+            "entrypoint: cannot be split into arguments: No closing quotation",
+        ),
+        (
+            "name: x\nentrypoint: 5",
+            "entrypoint: must be a command line string or a list of arguments, got 5",
+        ),
+        (
+            "name: x\nentrypoint: {python: t.py}",
+            "entrypoint: must be a command line string or a list of arguments, got a mapping",
+        ),
+        (
+            "name: x\nentrypoint: [python, 5]",
+            "entrypoint[1]: must be a string, got 5; put it in quotes",
+        ),
+    ],
+)
+def test_name_and_entrypoint_problems(config: str, problem: str) -> None:
+    assert problems(config) == [problem]
+
+
+_UNSUPPORTED = "not supported by this version of muster yet; remove it"
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (
+            "resources: {replicas: 2, memory_limit: 4GiB}",
+            f"resources: this section is {_UNSUPPORTED}",
+        ),
+        ("hyperparameters: {lr: 0.1}", f"hyperparameters: this section is {_UNSUPPORTED}"),
+        ("searcher: {name: single}", f"searcher: this section is {_UNSUPPORTED}"),
+        ("data: {path: ./data}", f"data: this section is {_UNSUPPORTED}"),
+        ("verify: {require_checkpoint: true}", f"verify: this section is {_UNSUPPORTED}"),
+        (
+            "checkpoint_storage: {type: shared_fs}",
+            f"checkpoint_storage: this section is {_UNSUPPORTED}",
+        ),
+        (
+            "reproducibility: {experiment_seed: 1}",
+            f"reproducibility: this section is {_UNSUPPORTED}",
+        ),
+        ("resources:", f"resources: this section is {_UNSUPPORTED}"),
+        (
+            "failure_policy: {heartbeat_timeout: 300s}",
+            f"failure_policy.heartbeat_timeout: this setting is {_UNSUPPORTED}",
+        ),
+        (
+            "environment: {python: /usr/bin/python3}",
+            f"environment.python: this setting is {_UNSUPPORTED}",
+        ),
+    ],
+)
+def test_planned_sections_say_they_are_not_supported_yet(body: str, problem: str) -> None:
+    assert one_problem(body) == problem
+
+
+def test_every_problem_is_reported_at_once_in_field_order() -> None:
+    text = """\
+name: x
+entrypoint: python t.py
+failure_polcy: {}
+resources: {replicas: 2}
+labels: [a, 1]
+failure_policy: {trial_retries: -1, restart_scope: all, heartbeat_timeout: 5m}
+"""
+    assert problems(text) == [
+        "labels[1]: must be a string, got 1; put it in quotes",
+        "failure_policy.trial_retries: must be >= 0, got -1",
+        "failure_policy.restart_scope: must be 'trial' or 'replica', got 'all'",
+        f"failure_policy.heartbeat_timeout: this setting is {_UNSUPPORTED}",
+        "failure_polcy: unknown key; did you mean 'failure_policy'?",
+        f"resources: this section is {_UNSUPPORTED}",
+    ]
+
+
+def test_pydantic_wording_never_reaches_the_user() -> None:
+    text = "name: 5\nentrypoint: {}\nfailure_policy: {trial_retries: x, bogus: 1}\nextra: 1\n"
+    message = "\n".join(problems(text))
+    for leak in ("pydantic", "errors.pydantic.dev", "Input should", "Extra inputs", "Value error"):
+        assert leak not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x\n  bad: [\n", r"^exp\.yaml, line 2, column 6: invalid YAML: mapping values"),
+        ("name: [x\n", r"^exp\.yaml, line 2, column 1: invalid YAML: .*flow sequence, line 1, col"),
+        ("name: 'x\n", r"^exp\.yaml, line 2, column 1: invalid YAML: .*quoted scalar, line 1"),
+        ("name: x\n\tentrypoint: t\n", r"^exp\.yaml, line 2, column 1: invalid YAML: .*'\\t'"),
+        ("name: x\nname: y\n", r"^exp\.yaml, line 2, column 1: invalid YAML: duplicate key 'name'"),
+        (
+            "name: x\nfailure_policy: {trial_retries: 1, trial_retries: 2}\n",
+            r"^exp\.yaml, line 2, column 36: invalid YAML: duplicate key 'trial_retries'",
+        ),
+        (
+            "!!python/object:os.system x\n",
+            r"^exp\.yaml, line 1, column 1: invalid YAML: .*constructor",
+        ),
+    ],
+)
+def test_yaml_syntax_errors_name_line_and_column(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(text, source="exp.yaml")
+
+
+def test_yaml_merge_keys_are_not_duplicates() -> None:
+    text = """\
+base: &base {trial_retries: 1, replica_restarts: 1}
+"""
+    merged = "name: x\nentrypoint: t\nfailure_policy:\n  <<: {trial_retries: 1, stop_grace: 5}\n"
+    merged += "  trial_retries: 2\n"
+    config = load_config(merged)
+    assert config.failure_policy.trial_retries == 2
+    assert config.failure_policy.stop_grace == 5.0
+    assert problems(text + merged)[0] == "base: unknown key; the keys allowed here are " + (
+        "description, entrypoint, environment, failure_policy, labels, name"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("", "(top level): the config is empty; it needs at least 'name' and 'entrypoint'"),
+        (
+            "# only a comment\n",
+            "(top level): the config is empty; it needs at least 'name' and 'entrypoint'",
+        ),
+        (
+            "- a\n- b\n",
+            "(top level): must be a mapping of keys such as 'name:' and 'entrypoint:', got a list",
+        ),
+        (
+            "just text",
+            "(top level): must be a mapping of keys such as 'name:' and 'entrypoint:', "
+            "got 'just text'",
+        ),
+        ("42", "(top level): must be a mapping of keys such as 'name:' and 'entrypoint:', got 42"),
+    ],
+)
+def test_top_level_must_be_a_mapping(text: str, problem: str) -> None:
+    assert problems(text) == [problem]
+
+
+def test_loaded_config_survives_the_store_round_trip() -> None:
+    config = load_config(GOOD)
+    assert ExperimentConfig.from_json_dict(config.to_json_dict()) == config

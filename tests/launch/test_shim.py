@@ -1,0 +1,199 @@
+"""The shim's file formats and entry point (its lifecycle is covered in test_local.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from muster.atomic import atomic_write_json
+from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaPhase, ReplicaSpec
+from muster.launch.identity import own_identity
+from muster.launch.local import LocalLauncher
+from muster.launch.shim import (
+    LogPump,
+    ReplicaFiles,
+    exit_record_from_json,
+    signal_name,
+    spec_from_json,
+    spec_to_json,
+)
+
+
+def test_a_spec_survives_a_json_round_trip(tmp_path: Path) -> None:
+    spec = ReplicaSpec(
+        trial_uuid="t-1",
+        attempt=2,
+        rank=3,
+        argv=["python", "train.py", "--lr", "0.1"],
+        env={"PATH": "/usr/bin", "MUSTER_RUN_DIR": "/runs/1"},
+        cwd=tmp_path,
+        attempt_dir=tmp_path / "attempt-2",
+        stop_grace=1.5,
+    )
+    assert spec_from_json(json.loads(json.dumps(spec_to_json(spec)))) == spec
+
+
+def test_an_exit_record_parses_and_ignores_unknown_keys() -> None:
+    record = ExitRecord(
+        returncode=-9,
+        exit_code=137,
+        signal="SIGKILL",
+        pid=10,
+        start_ticks=20,
+        started_at=1.0,
+        ended_at=2.0,
+        max_rss_bytes=4096,
+        stop_requested=True,
+        signals_sent=["SIGTERM", "SIGKILL"],
+        log_bytes=12,
+    )
+    data = dataclasses.asdict(record) | {"added_by_a_newer_shim": 1}
+    assert exit_record_from_json(json.loads(json.dumps(data))) == record
+
+
+@pytest.mark.parametrize(
+    ("signum", "name"), [(9, "SIGKILL"), (11, "SIGSEGV"), (6, "SIGABRT"), (40, "SIG40")]
+)
+def test_signal_name(signum: int, name: str) -> None:
+    assert signal_name(signum) == name
+
+
+def test_replica_files_are_named_by_rank(tmp_path: Path) -> None:
+    files = ReplicaFiles(tmp_path, 2)
+    names = [files.log, files.index, files.spec, files.launch, files.status, files.exit]
+    assert [p.name for p in names] == [
+        "rank-2.log",
+        "rank-2.index",
+        "rank-2.spec.json",
+        "rank-2.launch.json",
+        "rank-2.shim.json",
+        "rank-2.exit.json",
+    ]
+    assert (files.shim_log.name, files.stop.name) == ("rank-2.shim.log", "rank-2.stop")
+
+
+def test_the_shim_explains_its_usage() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "muster.launch.shim"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2
+    assert "usage: python -m muster.launch.shim SPEC_JSON_PATH" in result.stderr
+
+
+def _write_launch(files: ReplicaFiles, shim: ProcessIdentity, launched_at: float) -> None:
+    files.attempt_dir.mkdir(exist_ok=True)
+    launch = {
+        "shim_pid": shim.pid,
+        "shim_start_ticks": shim.start_ticks,
+        "launched_at": launched_at,
+    }
+    atomic_write_json(files.launch, launch)
+
+
+def test_a_live_shim_without_a_child_yet_is_starting(tmp_path: Path) -> None:
+    files = ReplicaFiles(tmp_path / "attempt-1", 0)
+    _write_launch(files, own_identity(), time.time())
+    assert LocalLauncher().describe(files.attempt_dir, 0).phase is ReplicaPhase.STARTING
+
+
+def test_a_shim_that_never_started_its_child_is_lost(tmp_path: Path) -> None:
+    files = ReplicaFiles(tmp_path / "attempt-1", 0)
+    _write_launch(files, own_identity(), time.time() - LocalLauncher.STARTUP_WINDOW_S - 1)
+    assert LocalLauncher().describe(files.attempt_dir, 0).phase is ReplicaPhase.LOST
+
+
+def test_recorded_processes_that_are_gone_are_lost(tmp_path: Path) -> None:
+    me = own_identity()
+    stale = ProcessIdentity(me.pid, me.start_ticks + 1)  # this pid, but another process
+    files = ReplicaFiles(tmp_path / "attempt-1", 0)
+    _write_launch(files, stale, time.time())
+    status = {
+        "shim_pid": stale.pid,
+        "shim_start_ticks": stale.start_ticks,
+        "child_pid": stale.pid,
+        "child_start_ticks": stale.start_ticks,
+        "pgid": stale.pid,
+        "started_at": time.time(),
+    }
+    atomic_write_json(files.status, status)
+    described = LocalLauncher().describe(files.attempt_dir, 0)
+    assert described.phase is ReplicaPhase.LOST
+    assert described.shim == stale and described.child == stale
+
+
+def test_nothing_at_all_is_lost(tmp_path: Path) -> None:
+    described = LocalLauncher().describe(tmp_path / "attempt-9", 0)
+    assert described.phase is ReplicaPhase.LOST and described.shim is None
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    read_fd, write_fd = os.pipe()
+    yield read_fd, write_fd
+    for fd in (read_fd, write_fd):
+        with contextlib.suppress(OSError):  # the test may have closed it already
+            os.close(fd)
+
+
+def _open(path: Path | str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def test_the_pump_copies_chunks_and_indexes_them(tmp_path: Path, pipe: tuple[int, int]) -> None:
+    read_fd, write_fd = pipe
+    log_fd, index_fd = _open(tmp_path / "rank-0.log"), _open(tmp_path / "rank-0.index")
+    pump = LogPump(read_fd, log_fd, index_fd)
+    for chunk in (b"first\n", b"\xff second"):
+        os.write(write_fd, chunk)
+        assert pump.pump_once(1000) == len(chunk)
+    os.close(write_fd)
+    assert pump.drain(silence_s=60, limit_s=60)
+    os.close(log_fd)
+    os.close(index_fd)
+    assert (tmp_path / "rank-0.log").read_bytes() == b"first\n\xff second"
+    offsets = [line.split()[0] for line in (tmp_path / "rank-0.index").read_text().splitlines()]
+    assert offsets == ["0", "6"]
+
+
+def test_a_full_disk_drops_output_but_keeps_draining(tmp_path: Path, pipe: tuple[int, int]) -> None:
+    read_fd, write_fd = pipe
+    log_fd, index_fd = _open("/dev/full"), _open(tmp_path / "rank-0.index")
+    pump = LogPump(read_fd, log_fd, index_fd)
+    os.write(write_fd, b"lost line\n")
+    assert pump.pump_once(1000) == 10
+    os.close(log_fd)
+    os.close(index_fd)
+    assert pump.lost_bytes == 10
+    assert (tmp_path / "rank-0.index").read_text() == ""
+
+
+def test_a_full_disk_for_the_index_keeps_the_log(tmp_path: Path, pipe: tuple[int, int]) -> None:
+    read_fd, write_fd = pipe
+    log_fd, index_fd = _open(tmp_path / "rank-0.log"), _open("/dev/full")
+    pump = LogPump(read_fd, log_fd, index_fd)
+    os.write(write_fd, b"kept line\n")
+    assert pump.pump_once(1000) == 10
+    os.close(log_fd)
+    os.close(index_fd)
+    assert pump.lost_bytes == 0 and pump.offset == 10
+    assert (tmp_path / "rank-0.log").read_bytes() == b"kept line\n"
+
+
+def test_drain_gives_up_on_a_silent_pipe_held_open(tmp_path: Path, pipe: tuple[int, int]) -> None:
+    read_fd, write_fd = pipe
+    log_fd, index_fd = _open(tmp_path / "rank-0.log"), _open(tmp_path / "rank-0.index")
+    pump = LogPump(read_fd, log_fd, index_fd)
+    os.write(write_fd, b"before\n")
+    assert not pump.drain(silence_s=0.3, limit_s=60)
+    os.close(log_fd)
+    os.close(index_fd)
+    assert (tmp_path / "rank-0.log").read_bytes() == b"before\n"

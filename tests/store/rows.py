@@ -1,0 +1,43 @@
+"""Minimal valid rows for store tests, created directly (test setup, not transitions)."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from muster.store import Attempt, Experiment, Replica, Trial
+
+
+def add_experiment(session: Session, state: str = "ACTIVE", name: str = "exp") -> Experiment:
+    experiment = Experiment(
+        name=name,
+        config={"name": name},
+        config_yaml=f"name: {name}\n",
+        context_dir="/tmp/context",
+        state=state,
+    )
+    session.add(experiment)
+    session.flush()
+    return experiment
+
+
+def add_trial(session: Session, experiment: Experiment, state: str = "QUEUED") -> Trial:
+    trial = Trial(experiment=experiment, state=state, hparams={"lr": 0.1})
+    session.add(trial)
+    session.flush()
+    return trial
+
+
+def add_attempt(
+    session: Session, trial: Trial, state: str = "STARTING", number: int = 1
+) -> Attempt:
+    attempt = Attempt(trial=trial, number=number, state=state, run_dir=f"/tmp/run/{number}")
+    session.add(attempt)
+    session.flush()
+    return attempt
+
+
+def add_replica(session: Session, attempt: Attempt, rank: int = 0) -> Replica:
+    replica = Replica(attempt=attempt, rank=rank, host="localhost", log_path=f"rank-{rank}.log")
+    session.add(replica)
+    session.flush()
+    return replica
