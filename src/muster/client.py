@@ -16,6 +16,7 @@ import os
 import tarfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,13 +123,14 @@ class Client:
     ) -> Iterator[bytes]:
         """The log's bytes as they are written, until the trial ends."""
         params = _params(attempt=attempt, rank=rank, tail=tail, follow="true")
-        with self._http.stream(
-            "GET", API + f"/trials/{trial_id}/logs", params=params, headers=self._auth(),
+        headers = self._auth()
+        with self._reaching(), self._http.stream(
+            "GET", API + f"/trials/{trial_id}/logs", params=params, headers=headers,
             timeout=httpx.Timeout(30.0, read=None),
         ) as response:
             if response.status_code >= 400:
                 response.read()
-                _raise_for(response)
+                self._raise_for(response, headers)
             yield from response.iter_raw()
 
     def wait_experiment(self, experiment_id: int, poll: float = 0.5) -> dict[str, Any]:
@@ -141,28 +143,40 @@ class Client:
     # -- plumbing ----------------------------------------------------------------------
 
     def _auth(self) -> dict[str, str]:
+        """The bearer header; empty when the home has no token yet (see `_raise_for`)."""
         if self._token is None:
             try:
                 self._token = self.home.token_path.read_text().strip()
-            except FileNotFoundError as exc:
-                raise errors.Unauthorized(
-                    f"no API token at {self.home.token_path}; the server creates it on first "
-                    "start (`muster up`), or set MUSTER_HOME to the server's home"
-                ) from exc
+            except FileNotFoundError:
+                # Ask anyway: with no server there, "cannot reach" is the message that helps.
+                return {}
         return {"Authorization": f"Bearer {self._token}"}
 
-    def _request(self, method: str, path: str, auth: bool = True, **kw: Any) -> httpx.Response:
-        headers = self._auth() if auth else {}
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
         try:
-            response = self._http.request(method, API + path, headers=headers, **kw)
+            yield
         except httpx.TransportError as exc:
             raise errors.ServerUnavailable(
                 f"cannot reach the muster server at {self.url} ({exc}); start it with "
                 "`muster up --detach` or set MUSTER_URL"
             ) from exc
+
+    def _request(self, method: str, path: str, auth: bool = True, **kw: Any) -> httpx.Response:
+        headers = self._auth() if auth else {}
+        with self._reaching():
+            response = self._http.request(method, API + path, headers=headers, **kw)
         if response.status_code >= 400:
-            _raise_for(response)
+            self._raise_for(response, headers)
         return response
+
+    def _raise_for(self, response: httpx.Response, headers: dict[str, str]) -> None:
+        if response.status_code == 401 and "Authorization" not in headers:
+            raise errors.Unauthorized(
+                f"no API token at {self.home.token_path}; the server creates it on first "
+                "start (`muster up`), or set MUSTER_HOME to the server's home"
+            )
+        _raise_for(response)
 
     def _json(self, method: str, path: str, auth: bool = True, **kw: Any) -> Any:
         return self._request(method, path, auth=auth, **kw).json()

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
+import random
 import subprocess
 import sys
+import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +26,7 @@ from muster.launch.shim import (
     LogPump,
     ReplicaFiles,
     exit_record_from_json,
+    load_spec,
     signal_name,
     spec_from_json,
     spec_to_json,
@@ -197,3 +202,152 @@ def test_drain_gives_up_on_a_silent_pipe_held_open(tmp_path: Path, pipe: tuple[i
     os.close(log_fd)
     os.close(index_fd)
     assert (tmp_path / "rank-0.log").read_bytes() == b"before\n"
+
+
+def _odd_bytes(size: int) -> bytes:
+    """`size` bytes no text codec passes through untouched: every byte value, NULs, invalid
+    UTF-8, CRs, and no newline at the end."""
+    body = random.Random(size).randbytes(size - 4)
+    return body + b"\x00\xff\r!"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _feed(write_fd: int, data: bytes) -> threading.Thread:
+    """Write `data` into the pipe in writes of uneven sizes from a thread (it is larger than
+    the pipe, so the pump must drain it meanwhile), then close the pipe."""
+
+    def write() -> None:
+        view, sizes, turn = memoryview(data), [1, 100, 4097, 65536, 333_333], 0
+        while view:
+            view = view[os.write(write_fd, view[: sizes[turn % len(sizes)]]) :]
+            turn += 1
+        os.close(write_fd)
+
+    thread = threading.Thread(target=write, daemon=True)  # a stuck pump must not hang pytest
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(
+    ("how", "log_flags", "splice"),
+    [
+        pytest.param("splice", os.O_WRONLY | os.O_CREAT, True, id="splice"),
+        pytest.param(
+            "refused", os.O_WRONLY | os.O_CREAT | os.O_APPEND, True, id="O_APPEND-log-refuses"
+        ),
+        pytest.param("forced", os.O_WRONLY | os.O_CREAT, False, id="read-write-forced"),
+    ],
+)
+def test_the_pump_copies_byte_exactly_by_either_path(
+    tmp_path: Path, pipe: tuple[int, int], how: str, log_flags: int, splice: bool
+) -> None:
+    read_fd, write_fd = pipe
+    log_path = tmp_path / "rank-0.log"
+    log_fd, index_fd = os.open(log_path, log_flags, 0o644), _open(tmp_path / "rank-0.index")
+    payload = _odd_bytes(3 * 1024 * 1024 + 12_345)  # many chunks, none aligned to a page
+    pump = LogPump(read_fd, log_fd, index_fd, splice=splice)
+    writer = _feed(write_fd, payload)
+    assert pump.drain(silence_s=10, limit_s=60)
+    writer.join(timeout=30)
+    assert not writer.is_alive(), "the writer is stuck: the pump stopped reading the pipe"
+    os.close(log_fd)
+    os.close(index_fd)
+    assert _sha256(log_path.read_bytes()) == _sha256(payload)
+    assert pump.offset == len(payload) and pump.lost_bytes == 0
+    # Splice into a plain file works on Linux (tmp_path's file system included); the pump
+    # falls back to its buffer only when told to or when the kernel refuses (O_APPEND).
+    assert pump.splicing is (how == "splice")
+    index = (tmp_path / "rank-0.index").read_text()
+    offsets = [int(line.split()[0]) for line in index.splitlines()]
+    assert offsets[0] == 0 and offsets == sorted(set(offsets)) and offsets[-1] < len(payload)
+
+
+_WRITE_ERROR_SCRIPT = textwrap.dedent(
+    """
+    import json, os, resource, signal, sys
+    from muster.launch.shim import LogPump
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    log_fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+    index_fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    read_fd, write_fd = os.pipe()
+    pump = LogPump(read_fd, log_fd, index_fd)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
+    for size in (40960, 40960, 10000):
+        os.write(write_fd, bytes(range(256)) * (size // 256) + bytes(size % 256))
+        while pump.pump_once(0):  # at the limit: a short splice, then failing ones
+            pass
+    os.close(write_fd)
+    done = pump.drain(silence_s=10, limit_s=30)
+    print(json.dumps({"drained": done, "lost": pump.lost_bytes, "offset": pump.offset,
+                      "splicing": pump.splicing, "pipe_empty": pump.eof}))
+    """
+)
+
+
+def test_a_failed_splice_drops_its_bytes_and_keeps_draining(tmp_path: Path) -> None:
+    """A splice that cannot write (here: past RLIMIT_FSIZE, as with a full disk) leaves its
+    bytes in the pipe; the pump must take them out anyway, or the child would block."""
+    log_path, index_path = tmp_path / "rank-0.log", tmp_path / "rank-0.index"
+    result = subprocess.run(
+        [sys.executable, "-c", _WRITE_ERROR_SCRIPT, str(log_path), str(index_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    outcome = json.loads(result.stdout)
+    sent = 40960 + 40960 + 10000
+    assert outcome == {
+        "drained": True,
+        "lost": sent - 65536,
+        "offset": 65536,
+        "splicing": True,  # a write error is not a reason to stop splicing
+        "pipe_empty": True,
+    }
+    first = (bytes(range(256)) * 160) * 2
+    assert _sha256(log_path.read_bytes()) == _sha256(first[:65536])
+    assert "cannot write the training log" in result.stderr
+
+
+def test_the_shim_adds_to_a_log_that_already_has_bytes(tmp_path: Path) -> None:
+    """A log that exists when the shim starts (a resumed attempt) is added to, byte for byte,
+    never overwritten; the index and the exit record count from its old end."""
+    attempt_dir = tmp_path / "attempt-1"
+    attempt_dir.mkdir()
+    files = ReplicaFiles(attempt_dir, 0)
+    earlier = b"written before\x00\xfe\xff (no newline)"
+    files.log.write_bytes(earlier)
+    payload = _odd_bytes((9 << 20) + 4321)  # past the first early-writeback step
+    source = tmp_path / "payload.bin"
+    source.write_bytes(payload)
+    copy = "import shutil, sys; shutil.copyfileobj(open(sys.argv[1], 'rb'), sys.stdout.buffer)"
+    spec = ReplicaSpec(
+        trial_uuid="t-1",
+        attempt=1,
+        rank=0,
+        argv=[sys.executable, "-c", copy, str(source)],
+        env=dict(os.environ),
+        cwd=tmp_path,
+        attempt_dir=attempt_dir,
+    )
+    atomic_write_json(files.spec, spec_to_json(spec))
+    assert load_spec(files.spec) == spec
+    shim = subprocess.run(
+        [sys.executable, "-P", "-m", "muster.launch.shim", str(files.spec)],
+        cwd=attempt_dir,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert shim.returncode == 0, shim.stderr.decode(errors="replace")
+    record = exit_record_from_json(json.loads(files.exit.read_text()))
+    assert record.returncode == 0
+    assert record.log_bytes == len(earlier) + len(payload)
+    assert _sha256(files.log.read_bytes()) == _sha256(earlier + payload)
+    first_offset = files.index.read_text().split(" ", 1)[0]
+    assert int(first_offset) == len(earlier)

@@ -45,10 +45,10 @@ def experiments_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def trials_table(trials: list[dict[str, Any]]) -> Table:
-    table = Table("Trial", "State", "Restarts", "Started", "Ended", "Message")
+    table = Table("Trial", "State", "Reason", "Restarts", "Started", "Ended")
     for trial in trials:
-        table.add_row(str(trial["id"]), state(trial["state"]), str(trial["restarts"]),
-                      when(trial["started_at"]), when(trial["ended_at"]), trial["message"] or "")
+        table.add_row(str(trial["id"]), state(trial["state"]), trial["reason"] or "-",
+                      str(trial["restarts"]), when(trial["started_at"]), when(trial["ended_at"]))
     return table
 
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -72,6 +73,9 @@ def _serve(home: Home, host: str, port: int, db: str | None, slots: int | None) 
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     atomic_write_json(home.server_file, {"pid": me.pid, "start_ticks": me.start_ticks,
                                          "url": url})
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; exit through Python
+    # then, not the default action, so the `finally` below still removes server.json.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         config = uvicorn.Config(create_app(home, db, slots), host=host, port=port,
                                 timeout_graceful_shutdown=5, log_level="info")
@@ -79,6 +83,10 @@ def _serve(home: Home, host: str, port: int, db: str | None, slots: int | None) 
     finally:
         if _running_server(home) == me:
             home.server_file.unlink(missing_ok=True)
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _start_detached(home: Home, host: str, port: int, db: str | None, slots: int | None) -> None:
@@ -106,8 +114,9 @@ def _wait_healthy(
                               f"starting; see {log_path}")
         try:
             with Client(url=url, home=home) as c:
-                c.health()
-            if _running_server(home) is not None:
+                answered = c.health().get("pid")
+            # Another server may already listen on the port (ours then fails to bind).
+            if answered == proc.pid and _running_server(home) is not None:
                 return
         except ServerUnavailable:
             pass  # not listening yet: keep waiting

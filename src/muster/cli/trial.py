@@ -59,8 +59,9 @@ def logs(
         while True:
             piece = c.read_logs(trial_id, attempt=attempt, rank=rank, offset=offset, tail=tail)
             out.write(decode(piece.data))
-            if not piece.data or tail is not None:
+            if not piece.data:
                 break
-            attempt, offset = piece.attempt, piece.next_offset
+            # A tail longer than one read goes on from where the first read ended.
+            attempt, offset, tail = piece.attempt, piece.next_offset, None
     out.write(decode(b"", final=True))
     out.flush()

@@ -194,12 +194,14 @@ def _kill_orphaned_group(shim: ProcessIdentity, child: ProcessIdentity) -> None:
     """SIGKILL the child's group if it still holds processes of this replica.
 
     The group's number may have been recycled once it emptied, so only members that belong
-    to the shim's (or the child's own) session and started no earlier than the child count.
+    to the shim's session and started no earlier than the child count. The child never leads
+    a session of its own (a group leader cannot call setsid), so a process whose session is
+    numbered like the child is one that took over the child's pid: it must not be touched.
     """
     members = [
         m
         for m in group_members(child.pid)
-        if m.session in (shim.pid, child.pid) and m.start_ticks >= child.start_ticks
+        if m.session == shim.pid and m.start_ticks >= child.start_ticks
     ]
     if not members:
         return

@@ -12,13 +12,16 @@ from pathlib import Path
 __all__ = ["BLOCK_BYTES", "log_size", "read_range", "tail_offset", "tail_text"]
 
 BLOCK_BYTES = 64 * 1024
+# A log under a path that is not a directory (an attempt directory that could not be made)
+# does not exist either.
+_NO_LOG = (FileNotFoundError, NotADirectoryError)
 
 
 def log_size(path: Path) -> int:
     """The log's size in bytes; 0 while it does not exist yet."""
     try:
         return path.stat().st_size
-    except FileNotFoundError:
+    except _NO_LOG:
         return 0
 
 
@@ -34,7 +37,7 @@ def read_range(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
         with path.open("rb") as log:
             log.seek(offset)
             data = log.read(limit)
-    except FileNotFoundError:
+    except _NO_LOG:
         return b"", offset
     return data, offset + len(data)
 
@@ -49,7 +52,7 @@ def tail_offset(path: Path, lines: int) -> int:
         raise ValueError(f"lines must be >= 0, but got {lines=}.")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except _NO_LOG:
         return 0
     try:
         return _tail_offset_fd(fd, os.fstat(fd).st_size, lines)

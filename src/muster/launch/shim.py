@@ -12,7 +12,7 @@ Files in the attempt directory, per rank r (names in `ReplicaFiles`; writer in b
   rank-r.launch.json  the shim's identity and launch time [launcher]
   rank-r.shim.json    shim and child identity, process group, start time [shim]
   rank-r.log          the training output, byte-exact [shim]
-  rank-r.index        one "<log offset> <unix time>" line per chunk read [shim]
+  rank-r.index        one "<log offset> <unix time>" line per chunk copied [shim]
   rank-r.exit.json    the ExitRecord [shim]
   rank-r.shim.log     the shim's own diagnostics (its stderr) [launcher opens, shim writes]
   rank-r.stop         the cancel marker [launcher]
@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -60,6 +61,8 @@ DRAIN_SILENCE_S = 2.0
 DRAIN_LIMIT_S = 30.0
 COALESCE_BELOW_BYTES = 256 * 1024
 COALESCE_S = 0.002
+WRITEBACK_BYTES = 8 << 20
+WRITEBACK_ALIGN = 1 << 16
 MARKER_CHECK_S = 0.25
 
 
@@ -181,52 +184,115 @@ def _write_all(fd: int, data: memoryview | bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _end_of(fd: int) -> int:
+    """Put `fd` at its end and return that offset (its size, for a file that cannot seek)."""
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)
+    except OSError:
+        return os.fstat(fd).st_size
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's sync_file_range(2), which `os` lacks; None where there is none. Loaded only once
+    a log is large enough to need it, so a small job does not pay for importing ctypes."""
+    try:
+        import ctypes
+
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (ImportError, OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # start writing the range's dirty pages to disk; do not wait
+
+# splice(2) errors that mean "not between these two files" rather than "this write failed".
+_SPLICE_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+
+
 class LogPump:
     """Copies the child's pipe into the log byte for byte, and notes when each chunk arrived.
 
-    Reads go into one preallocated buffer (no per-chunk allocation). After a small chunk the
-    pump naps for a moment so the next read takes many writes at once: a child printing line
-    by line would otherwise cost a wake-up, a read and two writes per line. The enlarged pipe
-    holds far more than a child writes in that moment, so it does not block. A failing log write
-    (disk full) is reported once in the shim log and the pipe keeps draining: blocking the
-    child would be worse than losing the bytes the disk cannot take.
+    The bytes go from the pipe into the log with splice(2), inside the kernel: no copy through
+    this process, one system call per chunk. Where splice cannot write to the log (an O_APPEND
+    file, a file system without support: EINVAL/ENOSYS) the pump notices on the first chunk
+    and reads into one preallocated buffer and writes from it from then on. Either way it
+    writes at the log's current offset, which it tracks, and puts the log at its end first: it
+    must be the log's only writer.
+
+    After a small chunk the pump naps for a moment so the next one takes many writes at once: a
+    child printing line by line would otherwise cost a wake-up, a copy and an index line per
+    line. The enlarged pipe holds far more than a child writes in that moment, so it does not
+    block. A failing log write (disk full) is reported once in the shim log and the pipe keeps
+    draining: blocking the child would be worse than losing the bytes the disk cannot take. (A
+    failed splice leaves its bytes in the pipe; that chunk is read out and dropped like any.)
+
+    Every `WRITEBACK_BYTES` the pump asks the kernel to start writing the new part of the log
+    to disk (sync_file_range, SYNC_FILE_RANGE_WRITE: it does not wait for the disk). That is
+    only a head start, not durability: the shim still fdatasyncs the whole log before the
+    exit record, but that sync then finds little left to write.
     """
 
-    def __init__(self, read_fd: int, log_fd: int, index_fd: int) -> None:
+    def __init__(self, read_fd: int, log_fd: int, index_fd: int, *, splice: bool = True) -> None:
         self._read_fd, self._log_fd, self._index_fd = read_fd, log_fd, index_fd
         self._buf = bytearray(CHUNK_BYTES)
         self._view = memoryview(self._buf)
         self._poller = select.poll()
         self._poller.register(read_fd, select.POLLIN)
-        self.offset = os.fstat(log_fd).st_size
+        self.offset = _end_of(log_fd)
+        self.splicing = splice and hasattr(os, "splice")
+        self._written_back = self.offset  # where the last writeback we started ended
+        self._writeback: Callable[[int, int, int, int], int] | None = None
+        self._writeback_usable = True
         self.eof = False
         self.lost_bytes = 0
         self._index_failed = False
 
     def pump_once(self, timeout_ms: int) -> int:
-        """Wait up to `timeout_ms` for output and copy one chunk; returns the bytes copied."""
+        """Wait up to `timeout_ms` for output and copy one chunk; returns the bytes taken."""
         if not self._poller.poll(timeout_ms) or self.eof:
             return 0
-        n = os.readv(self._read_fd, [self._buf])
+        stamp = time.time()
+        spliced = self._splice() if self.splicing else None
+        n = os.readv(self._read_fd, [self._buf]) if spliced is None else spliced
         if n == 0:
             self.eof = True
             self._poller.unregister(self._read_fd)
             return 0
-        self._copy(n)
+        if spliced is not None or self._write(n):
+            self._index(stamp, n)
+            self._start_writeback()
         if n < COALESCE_BELOW_BYTES:
             time.sleep(COALESCE_S)
         return n
 
-    def _copy(self, n: int) -> None:
-        stamp = time.time()
+    def _splice(self) -> int | None:
+        """Move what the pipe holds (up to a chunk) into the log; 0 at EOF. None when this
+        chunk must go through the buffer: splice cannot write to the log (remembered), or
+        the write failed, which leaves the bytes in the pipe."""
+        try:
+            return os.splice(self._read_fd, self._log_fd, CHUNK_BYTES)
+        except OSError as exc:
+            if exc.errno in _SPLICE_UNSUPPORTED:
+                log.info("cannot splice into the log (%s); copying through a buffer", exc)
+                self.splicing = False
+            return None
+
+    def _write(self, n: int) -> bool:
+        """Write the first `n` bytes of the buffer to the log; False if they were dropped."""
         try:
             _write_all(self._log_fd, self._view[:n])
         except OSError as exc:
             if not self.lost_bytes:
                 log.error("cannot write the training log (%s); output is being dropped", exc)
             self.lost_bytes += n
-            self.offset = os.fstat(self._log_fd).st_size
-            return
+            self.offset = _end_of(self._log_fd)
+            return False
+        return True
+
+    def _index(self, stamp: float, n: int) -> None:
         try:
             _write_all(self._index_fd, f"{self.offset} {stamp:.6f}\n".encode())
         except OSError as exc:
@@ -234,6 +300,21 @@ class LogPump:
                 log.error("cannot write the log index (%s); the log itself is intact", exc)
             self._index_failed = True
         self.offset += n
+
+    def _start_writeback(self) -> None:
+        """Start the disk on the log's new bytes, in whole aligned blocks (a page being written
+        back may make the next write to it wait), once there are `WRITEBACK_BYTES` of them."""
+        end = self.offset - self.offset % WRITEBACK_ALIGN
+        if end - self._written_back < WRITEBACK_BYTES or not self._writeback_usable:
+            return
+        if self._writeback is None:
+            self._writeback = _load_sync_file_range()
+        if self._writeback is None or self._writeback(
+            self._log_fd, self._written_back, end - self._written_back, _SYNC_FILE_RANGE_WRITE
+        ):
+            self._writeback_usable = False  # no such call, or not on this log: only a hint
+            return
+        self._written_back = end
 
     def drain(self, silence_s: float, limit_s: float) -> bool:
         """Copy until EOF; False if the pipe stayed open but silent for `silence_s`, or still
@@ -250,6 +331,17 @@ class LogPump:
 
 def _open_append(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+
+def _open_log(path: Path) -> int:
+    """The log, open for writing at its end (an existing log is added to, never overwritten).
+
+    Not O_APPEND: splice(2) refuses to write to an O_APPEND file. The shim is the log's only
+    writer, so writing at the offset it tracks from the end it found is the same thing.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    _end_of(fd)
+    return fd
 
 
 def _make_pipe() -> tuple[int, int]:
@@ -290,7 +382,7 @@ class Shim:
     def run(self) -> int:
         """Start, pump, stop on request, reap, record. Returns the shim's own exit status."""
         self._check_marker()
-        log_fd = _open_append(self.files.log)
+        log_fd = _open_log(self.files.log)
         try:
             if self.stop.requested:
                 return self._record_stopped_before_start(log_fd)
@@ -339,7 +431,8 @@ class Shim:
             self._killpg(proc.pid, signal.SIGKILL)
             raise
         returncode, max_rss = self._reap(proc)
-        os.fsync(log_fd)
+        # The exit record promises a complete log: its bytes and size must be on disk first.
+        os.fdatasync(log_fd)
         self._write_exit(self._record(returncode, child, started_at, ended_at, max_rss, log_fd))
         return 0
 

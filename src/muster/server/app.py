@@ -7,10 +7,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from muster import __version__
 from muster.errors import MusterError
@@ -24,6 +26,7 @@ from muster.supervise.supervisor import Supervisor
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.2
+RETRY_SECONDS = 2.0
 
 
 @dataclass
@@ -34,17 +37,34 @@ class Orchestrator:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
-        await asyncio.to_thread(reconcile_attempts, self.supervisor)
+        await self._reconcile()
         while True:
+            # Cleared before the pass, not after: a wake-up that arrives during a pass (a
+            # trial created after the pass looked at the queue) must start the next one now.
+            self.wake.clear()
             try:
                 await asyncio.to_thread(self.supervisor.tick)
             except MusterError as exc:
                 log.error("supervisor pass failed: %s", exc)
             except Exception:
                 log.exception("supervisor pass failed unexpectedly; retrying")
-            self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), TICK_SECONDS)
+
+
+    async def _reconcile(self) -> None:
+        """Settle every unfinished attempt before any new work starts; a failure (e.g. the
+        database is down) is retried, never skipped, so no attempt is launched twice."""
+        while True:
+            try:
+                await asyncio.to_thread(reconcile_attempts, self.supervisor)
+                return
+            except MusterError as exc:
+                log.error("reconciliation failed, retrying in %ss: %s", RETRY_SECONDS, exc)
+            except Exception:
+                log.exception("reconciliation failed unexpectedly, retrying in %ss",
+                              RETRY_SECONDS)
+            await asyncio.sleep(RETRY_SECONDS)
 
 
 @dataclass
@@ -97,6 +117,16 @@ def _install_error_handlers(app: FastAPI) -> None:
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         return _error(422, "InvalidRequest", problems)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # Starlette's own errors (no such route, wrong method) in the same shape as ours.
+        kind = HTTPStatus(exc.status_code).phrase.replace(" ", "")
+        message = (f"{exc.detail}: {request.method} {request.url.path}; "
+                   "/openapi.json lists the routes")
+        response = _error(exc.status_code, kind, message)
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

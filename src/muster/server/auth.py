@@ -38,7 +38,9 @@ def read_token(path: Path) -> str:
 def check_bearer(header: str | None, token: str) -> None:
     """Raise Unauthorized unless `header` is `Bearer <token>`."""
     scheme, _, given = (header or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+    # Bytes, because compare_digest refuses non-ASCII str (a header may carry any byte).
+    matches = hmac.compare_digest(given.strip().encode(), token.encode())
+    if scheme.lower() != "bearer" or not matches:
         raise Unauthorized(
             "missing or wrong bearer token; the CLI reads it from $MUSTER_HOME/token"
         )

@@ -26,11 +26,11 @@ def create_experiment(store: Store, home: Home, config_text: str, archive: Path 
     config = load_config(config_text, source="the uploaded config")
     exp_uuid = str(uuid.uuid4())
     context = home.context_dir(exp_uuid)
-    if archive is not None:
-        extract_context(archive, context)
-    else:
-        context.mkdir(parents=True)
     try:
+        if archive is not None:
+            extract_context(archive, context)
+        else:
+            context.mkdir(parents=True)
         return _insert_experiment(store, exp_uuid, config_text, config.to_json_dict(), context)
     except BaseException:
         shutil.rmtree(context.parent, ignore_errors=True)
@@ -69,7 +69,7 @@ def describe_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
 
 def describe_trial(store: Store, trial_id: int) -> dict[str, Any]:
     with store.session_scope() as s:
-        trial = _trial_or_404(s, trial_id)
+        trial = trial_or_404(s, trial_id)
         view = views.trial_detail(trial)
         events = s.scalars(select(Event).where(Event.trial_id == trial_id).order_by(Event.id))
         view["events"] = [views.event_view(e) for e in events]
@@ -101,11 +101,6 @@ def _stop_trial(s: Session, trial: Trial) -> None:
                    message="killed before it started")
 
 
-def trial_exists(store: Store, trial_id: int) -> None:
-    with store.session_scope() as s:
-        _trial_or_404(s, trial_id)
-
-
 def _experiment_or_404(s: Session, experiment_id: int) -> Experiment:
     exp = s.get(Experiment, experiment_id)
     if exp is None:
@@ -114,7 +109,7 @@ def _experiment_or_404(s: Session, experiment_id: int) -> Experiment:
     return exp
 
 
-def _trial_or_404(s: Session, trial_id: int) -> Trial:
+def trial_or_404(s: Session, trial_id: int) -> Trial:
     trial = s.get(Trial, trial_id)
     if trial is None:
         raise NotFound(f"trial {trial_id} does not exist; `muster experiment describe ID` "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,8 +40,9 @@ State = Annotated[ServerState, Depends(server_state)]
 
 
 @public.get("/health")
-def health() -> dict[str, str]:
-    return {"status": "ok", "version": __version__}
+def health() -> dict[str, str | int]:
+    """Liveness; `pid` tells `muster up` that the server answering is the one it started."""
+    return {"status": "ok", "version": __version__, "pid": os.getpid()}
 
 
 @router.post("/experiments", status_code=201)
@@ -108,8 +110,7 @@ async def get_trial_logs(
 ) -> Response:
     """Raw log bytes. Headers carry the cursor: X-Muster-Attempt, X-Muster-Next-Offset."""
     if follow:
-        await asyncio.to_thread(experiments.trial_exists, state.store, trial_id)
-        stream = logs.follow_log(
+        stream = await logs.follow_log(
             state.store, trial_id, attempt=attempt, rank=rank, offset=offset, tail=tail
         )
         return StreamingResponse(stream, media_type="application/octet-stream")

@@ -8,6 +8,7 @@ leave the directory, device files and FIFOs, and archives whose content exceeds 
 from __future__ import annotations
 
 import posixpath
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -24,7 +25,13 @@ def extract_context(archive: Path, dest: Path, max_bytes: int = MAX_EXTRACTED_BY
             members = tar.getmembers()
             _check_members(members, max_bytes)
             dest.mkdir(parents=True, exist_ok=False)
-            tar.extractall(dest, members=members, filter="data")
+            try:
+                tar.extractall(dest, members=members, filter="data")
+            except BaseException:
+                # The data filter also resolves links through links already on disk, which
+                # the checks above cannot see: leave no half-extracted directory behind.
+                shutil.rmtree(dest, ignore_errors=True)
+                raise
     except (tarfile.TarError, EOFError, OSError) as exc:
         if isinstance(exc, tarfile.FilterError):
             raise InvalidRequest(f"context archive rejected: {exc}") from exc
@@ -32,7 +39,7 @@ def extract_context(archive: Path, dest: Path, max_bytes: int = MAX_EXTRACTED_BY
             f"the context upload is not a readable tar.gz archive ({exc}); "
             "upload the directory with `muster experiment create CONFIG DIR`"
         ) from exc
-    return sum(1 for m in members if m.isfile())
+    return sum(1 for m in members if m.isfile() or m.islnk())
 
 
 def _check_members(members: list[tarfile.TarInfo], max_bytes: int) -> None:
@@ -49,9 +56,14 @@ def _check_members(members: list[tarfile.TarInfo], max_bytes: int) -> None:
         total += member.size
         if total > max_bytes:
             raise InvalidRequest(
-                f"context archive expands to more than {max_bytes // 1024**2} MiB; "
-                "keep data sets out of the context directory and read them from a path"
+                f"context archive expands to more than {_size(max_bytes)} (at member "
+                f"{member.name!r}); keep data sets out of the context directory and read them "
+                "from a path"
             )
+
+
+def _size(n: int) -> str:
+    return f"{n // 1024**2} MiB" if n >= 1024**2 else f"{n} bytes"
 
 
 def _check_name(name: str) -> None:

@@ -14,6 +14,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -34,6 +35,7 @@ from muster.supervise.policy import Action, Budgets, decide
 log = logging.getLogger(__name__)
 
 ACTOR = "supervisor"
+HPARAMS_FILE = "hparams.json"
 TAIL_LINES = 20
 
 _ATTEMPT_END = {
@@ -137,16 +139,19 @@ class Supervisor:
             transition(s, trial, TrialState.CANCELED, reason=reason, actor=ACTOR,
                        message=verdict.message)
         elif decision.action is Action.FAIL:
+            # The give-up is a decision too: it says which budget ran out, or why none applies.
+            _record_decision(s, trial, reason, decision.message)
             message = _failure_message(verdict, decision.message)
             transition(s, trial, TrialState.FAILED, reason=reason, actor=ACTOR, message=message)
-        else:
-            assert decision.charge is not None, "a RETRY decision always names its budget"
+        elif decision.charge is not None:
             setattr(trial, decision.charge, getattr(trial, decision.charge) + 1)
-            record_event(s, entity="trial", entity_id=trial.id, reason=reason, actor=ACTOR,
-                         message=decision.message, experiment_id=trial.experiment_id,
-                         trial_id=trial.id)
+            _record_decision(s, trial, reason, decision.message)
+            # The decision event says what happens next; the move says what ended.
             transition(s, trial, TrialState.RESTARTING, reason=reason, actor=ACTOR,
-                       message=decision.message)
+                       message=verdict.message)
+        else:
+            raise RuntimeError(f"the failure policy chose {decision.action.value} for trial "
+                              f"{trial.id} without naming a budget; this is a bug in muster")
 
     # -- starting attempts -------------------------------------------------------------
 
@@ -169,11 +174,13 @@ class Supervisor:
             self.start_attempt(trial_id)
 
     def start_attempt(self, trial_id: int) -> None:
-        """Record a new attempt (committed first), then launch its replica."""
-        spec, attempt_id = self._plan_attempt(trial_id)
-        if spec is None:
+        """Record a new attempt (committed first), then prepare its directory and launch it."""
+        planned = self._plan_attempt(trial_id)
+        if planned is None:
             return
+        spec, attempt_id, hparams = planned
         try:
+            _prepare_attempt_dir(spec, hparams)
             shim = self.launcher.submit(spec)
         except LaunchError as exc:
             log.error("launch of trial %s attempt %s failed: %s", trial_id, spec.attempt, exc)
@@ -184,14 +191,15 @@ class Supervisor:
             replica = s.get_one(Attempt, attempt_id).replicas[0]
             replica.shim_pid, replica.shim_start_ticks = shim.pid, shim.start_ticks
 
-    def _plan_attempt(self, trial_id: int) -> tuple[ReplicaSpec | None, int]:
+    def _plan_attempt(self, trial_id: int) -> tuple[ReplicaSpec, int, dict[str, Any]] | None:
+        """Record the attempt; returns its launch plan, its id and the trial's hparams."""
         with self.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
             if trial.state not in (TrialState.QUEUED.value, TrialState.RESTARTING.value):
-                return None, 0
+                return None
             if trial.stop_requested:
                 transition(s, trial, TrialState.CANCELED, reason="killed", actor=ACTOR)
-                return None, 0
+                return None
             number = len(trial.attempts) + 1
             attempt_dir = self.home.attempt_dir(trial.uuid, number)
             attempt = Attempt(trial=trial, number=number, state=AttemptState.STARTING.value,
@@ -203,17 +211,14 @@ class Supervisor:
                        message=f"starting attempt {number}")
             s.flush()
             spec = self._replica_spec(trial, number, attempt_dir)
-            return spec, attempt.id
+            return spec, attempt.id, dict(trial.hparams)
 
     def _replica_spec(self, trial: Trial, number: int, attempt_dir: Path) -> ReplicaSpec:
         config = ExperimentConfig.model_validate(trial.experiment.config)
-        attempt_dir.mkdir(parents=True, exist_ok=True)
-        hparams_path = attempt_dir / "hparams.json"
-        atomic_write_json(hparams_path, trial.hparams)
         ctx = ReplicaContext(
             run_dir=attempt_dir.parent, trial_id=trial.id, attempt=number, rank=0,
             world_size=1, master_addr="127.0.0.1", master_port=free_port(),
-            hparams_path=hparams_path,
+            hparams_path=attempt_dir / HPARAMS_FILE,
         )
         return ReplicaSpec(
             trial_uuid=trial.uuid, attempt=number, rank=0, argv=list(config.entrypoint),
@@ -257,6 +262,26 @@ def _budgets(trial: Trial) -> Budgets:
         internal_retries=trial.internal_retries,
         user_error_retries=trial.user_error_retries,
     )
+
+
+def _prepare_attempt_dir(spec: ReplicaSpec, hparams: dict[str, Any]) -> None:
+    """Create the attempt directory and its hparams file, after the attempt is recorded.
+
+    A failure here (a full disk, a home that is not writable) is a failure to launch: the
+    attempt ends INTERNAL and the policy retries it, rather than every pass failing anew.
+    """
+    try:
+        spec.attempt_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(spec.attempt_dir / HPARAMS_FILE, hparams)
+    except OSError as exc:
+        raise LaunchError(
+            f"Could not prepare the attempt directory {spec.attempt_dir}: {exc}"
+        ) from exc
+
+
+def _record_decision(s: Session, trial: Trial, reason: str, message: str) -> None:
+    record_event(s, entity="trial", entity_id=trial.id, reason=reason, actor=ACTOR,
+                 message=message, experiment_id=trial.experiment_id, trial_id=trial.id)
 
 
 def _failure_message(verdict: Classification, decision_message: str) -> str:
