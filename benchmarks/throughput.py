@@ -3,7 +3,7 @@
 The child (`write_lines.py`) writes 100-byte lines, either in 1 MB buffered writes or one
 `print()` per line with PYTHONUNBUFFERED=1 (what muster gives every training process). muster's
 run is the whole data path: `LocalLauncher().submit(spec)` until `rank-0.exit.json` exists,
-which the shim writes after the child ended, the pipe is drained and the log is fsynced.
+which the shim writes after the child ended, the pipe is drained and the log is fdatasynced.
 Every log must equal the redirected file in size and sha256: zero bytes lost.
 """
 
@@ -46,10 +46,10 @@ class Run:
     seconds: float
     size: int
     sha256: str
-    # redirect only: a following fsync of the file, timed apart (the shim fsyncs its log).
+    # redirect only: a following fsync of the file, timed apart (the shim syncs its log).
     fsync: float = 0.0
     # muster only: seconds from submit to the child's start, the child's own run time, and
-    # from the child's end to the exit record (drain, fsync of the log, exit.json).
+    # from the child's end to the exit record (drain, fdatasync of the log, exit.json).
     child_start: float = 0.0
     child_run: float = 0.0
     after_exit: float = 0.0
@@ -154,7 +154,7 @@ def _outcome(results: list[tuple[Workload, list[Run], list[Run]]]) -> Outcome:
          "submit → child started", "child running", "child ended → exit.json"],
         stages,
     )
-    notes = ["muster = `submit()` until `rank-0.exit.json` exists (pipe drained, log fsynced, "
+    notes = ["muster = `submit()` until `rank-0.exit.json` exists (pipe drained, log synced, "
              "exit record written); file = Popen until the child exited, stdout+stderr "
              "redirected to a file; file + fsync adds an fsync of that file, timed apart.",
              "'log == file': every muster log had the redirected file's size and sha256 and "

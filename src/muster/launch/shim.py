@@ -208,26 +208,20 @@ def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
 
 _SYNC_FILE_RANGE_WRITE = 2  # start writing the range's dirty pages to disk; do not wait
 
-# splice(2) errors that mean "not between these two files" rather than "this write failed".
-_SPLICE_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
-
 
 class LogPump:
     """Copies the child's pipe into the log byte for byte, and notes when each chunk arrived.
 
-    The bytes go from the pipe into the log with splice(2), inside the kernel: no copy through
-    this process, one system call per chunk. Where splice cannot write to the log (an O_APPEND
-    file, a file system without support: EINVAL/ENOSYS) the pump notices on the first chunk
-    and reads into one preallocated buffer and writes from it from then on. Either way it
-    writes at the log's current offset, which it tracks, and puts the log at its end first: it
-    must be the log's only writer.
+    Each chunk is read into one preallocated buffer and written from it. (splice(2) was
+    measured and rejected: it holds the pipe's lock while it writes the file, so the child
+    waits; it was 7-20 % slower here — docs/benchmarks.md.) The pump tracks the log's offset
+    from the end it found at start, for the index: it must be the log's only writer.
 
     After a small chunk the pump naps for a moment so the next one takes many writes at once: a
     child printing line by line would otherwise cost a wake-up, a copy and an index line per
     line. The enlarged pipe holds far more than a child writes in that moment, so it does not
     block. A failing log write (disk full) is reported once in the shim log and the pipe keeps
-    draining: blocking the child would be worse than losing the bytes the disk cannot take. (A
-    failed splice leaves its bytes in the pipe; that chunk is read out and dropped like any.)
+    draining: blocking the child would be worse than losing the bytes the disk cannot take.
 
     Every `WRITEBACK_BYTES` the pump asks the kernel to start writing the new part of the log
     to disk (sync_file_range, SYNC_FILE_RANGE_WRITE: it does not wait for the disk). That is
@@ -235,14 +229,13 @@ class LogPump:
     exit record, but that sync then finds little left to write.
     """
 
-    def __init__(self, read_fd: int, log_fd: int, index_fd: int, *, splice: bool = True) -> None:
+    def __init__(self, read_fd: int, log_fd: int, index_fd: int) -> None:
         self._read_fd, self._log_fd, self._index_fd = read_fd, log_fd, index_fd
         self._buf = bytearray(CHUNK_BYTES)
         self._view = memoryview(self._buf)
         self._poller = select.poll()
         self._poller.register(read_fd, select.POLLIN)
         self.offset = _end_of(log_fd)
-        self.splicing = splice and hasattr(os, "splice")
         self._written_back = self.offset  # where the last writeback we started ended
         self._writeback: Callable[[int, int, int, int], int] | None = None
         self._writeback_usable = True
@@ -255,30 +248,17 @@ class LogPump:
         if not self._poller.poll(timeout_ms) or self.eof:
             return 0
         stamp = time.time()
-        spliced = self._splice() if self.splicing else None
-        n = os.readv(self._read_fd, [self._buf]) if spliced is None else spliced
+        n = os.readv(self._read_fd, [self._buf])
         if n == 0:
             self.eof = True
             self._poller.unregister(self._read_fd)
             return 0
-        if spliced is not None or self._write(n):
+        if self._write(n):
             self._index(stamp, n)
             self._start_writeback()
         if n < COALESCE_BELOW_BYTES:
             time.sleep(COALESCE_S)
         return n
-
-    def _splice(self) -> int | None:
-        """Move what the pipe holds (up to a chunk) into the log; 0 at EOF. None when this
-        chunk must go through the buffer: splice cannot write to the log (remembered), or
-        the write failed, which leaves the bytes in the pipe."""
-        try:
-            return os.splice(self._read_fd, self._log_fd, CHUNK_BYTES)
-        except OSError as exc:
-            if exc.errno in _SPLICE_UNSUPPORTED:
-                log.info("cannot splice into the log (%s); copying through a buffer", exc)
-                self.splicing = False
-            return None
 
     def _write(self, n: int) -> bool:
         """Write the first `n` bytes of the buffer to the log; False if they were dropped."""
@@ -287,8 +267,9 @@ class LogPump:
         except OSError as exc:
             if not self.lost_bytes:
                 log.error("cannot write the training log (%s); output is being dropped", exc)
-            self.lost_bytes += n
-            self.offset = _end_of(self._log_fd)
+            end = _end_of(self._log_fd)  # a partial write kept its first bytes
+            self.lost_bytes += n - (end - self.offset)
+            self.offset = end
             return False
         return True
 
@@ -334,14 +315,8 @@ def _open_append(path: Path) -> int:
 
 
 def _open_log(path: Path) -> int:
-    """The log, open for writing at its end (an existing log is added to, never overwritten).
-
-    Not O_APPEND: splice(2) refuses to write to an O_APPEND file. The shim is the log's only
-    writer, so writing at the offset it tracks from the end it found is the same thing.
-    """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    _end_of(fd)
-    return fd
+    """The log, open for appending (an existing log is added to, never overwritten)."""
+    return _open_append(path)
 
 
 def _make_pipe() -> tuple[int, int]:
