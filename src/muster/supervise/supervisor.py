@@ -80,6 +80,10 @@ class Supervisor:
             status.phase is ReplicaPhase.EXITED and status.exit and status.exit.pid is not None
         ):
             self._mark_running(attempt_id, status)
+        if status.phase is ReplicaPhase.LOST:
+            # A shim that never published its child in time may still be alive: make sure it
+            # cannot start a second copy of the trial next to the retry.
+            self.launcher.cancel(run_dir, replica.rank)
         if status.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST):
             self._finish_attempt(attempt_id, status)
 
