@@ -42,7 +42,8 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         self.home.mkdir(parents=True)
         argv = [sys.executable, "-m", "muster", "up", "--home", str(self.home),
-                "--port", str(self.port), "--db", f"sqlite:///{self.home / 'muster.db'}"]
+                "--port", str(self.port), "--db", f"sqlite:///{self.home / 'muster.db'}",
+                "--min-free-disk", "0"]
         with (self.home / "server.log").open("ab") as log:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)

@@ -16,6 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import first_log
+import harness_overhead
+import ingest
+import manifest_scan
 import tail
 import throughput
 from report import Outcome, describe_machine, render_markdown, write_json
@@ -26,6 +29,9 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "first_log": first_log.run,
     "throughput": throughput.run,
     "tail": tail.run,
+    "harness_overhead": harness_overhead.run,
+    "manifest_scan": manifest_scan.run,
+    "ingest": ingest.run,
 }
 
 

@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# `make demo`: start muster on its embedded SQLite store, submit the bundled example,
-# follow its log live, print how it ended, and stop the server again.
+# `make demo`: start muster on its embedded SQLite store, write the digits data set as PNG
+# files, run the example experiment with the harness (metrics, samples, checkpoints), follow
+# its log live, and show how it ended and what muster verified. Then stop the server.
+# MUSTER_DEMO_SUSPECT=1 also runs the silent-drop example, which must end SUSPECT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export MUSTER_HOME="${MUSTER_HOME:-$PWD/.muster-demo}"
-export MUSTER_URL="http://127.0.0.1:${MUSTER_DEMO_PORT:-8765}"
+port="${MUSTER_DEMO_PORT:-8765}"
+export MUSTER_URL="http://127.0.0.1:$port"
 muster=.venv/bin/muster
 
-$muster up --detach --port "${MUSTER_DEMO_PORT:-8765}"
+.venv/bin/python examples/digits/prepare_data.py --corrupt 0.12
+$muster up --detach --port "$port" --min-free-disk 100MiB
 trap '$muster down' EXIT
 status=0
-$muster experiment create examples/digits/digits.yaml examples/digits --follow --wait || status=$?
+$muster experiment create examples/digits/experiment.yaml examples/digits --follow --wait \
+  || status=$?
+if [[ "${MUSTER_DEMO_SUSPECT:-0}" == 1 ]]; then
+  $muster experiment create examples/digits/experiment-corrupt.yaml examples/digits --wait \
+    || true
+fi
 $muster experiment list
 exit "$status"

@@ -37,8 +37,9 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any | None:
-    """The parsed JSON at `path`, or None when the file does not exist (yet)."""
+    """The parsed JSON at `path`, or None when the file does not exist (yet), also when a
+    directory on its path is missing or is not a directory."""
     try:
         return json.loads(path.read_bytes())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None

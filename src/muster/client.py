@@ -26,6 +26,7 @@ import httpx
 from muster import errors
 from muster.atomic import read_json
 from muster.home import Home
+from muster.states import ExperimentState, TrialState
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 API = "/api/v1"
@@ -91,6 +92,9 @@ class Client:
             "POST", "/experiments", data={"config": config_text}, files=files or None
         )
 
+    def cluster_status(self) -> dict[str, Any]:
+        return self._json("GET", "/cluster")  # type: ignore[no-any-return]
+
     def list_experiments(self) -> list[dict[str, Any]]:
         return self._json("GET", "/experiments")  # type: ignore[no-any-return]
 
@@ -133,10 +137,48 @@ class Client:
                 self._raise_for(response, headers)
             yield from response.iter_raw()
 
+    def get_metrics(
+        self, trial_id: int, *, kind: str | None = None, after_step: int | None = None,
+        limit: int | None = None, tail: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """One page of the trial's reports `{kind, step, time, attempt, rank, metrics}`.
+
+        NaN and ±Infinity come as the strings "NaN", "Infinity" and "-Infinity". A page never
+        ends inside a step; `all_metrics` pages through them all. `tail=N`: the last N.
+        """
+        params = _params(kind=kind, after_step=after_step, limit=limit, tail=tail)
+        return self._json(  # type: ignore[no-any-return]
+            "GET", f"/trials/{trial_id}/metrics", params=params
+        )
+
+    def all_metrics(self, trial_id: int, *, kind: str | None = None) -> list[dict[str, Any]]:
+        """Every report of the trial, fetched page by page (see `get_metrics`)."""
+        reports: list[dict[str, Any]] = []
+        after_step: int | None = None
+        while page := self.get_metrics(trial_id, kind=kind, after_step=after_step):
+            reports += page
+            after_step = page[-1]["step"]
+        return reports
+
+    def list_checkpoints(self, trial_id: int) -> list[dict[str, Any]]:
+        """The trial's checkpoints by step: `{name, path, step, ..., intact, problem}`."""
+        return self._json(  # type: ignore[no-any-return]
+            "GET", f"/trials/{trial_id}/checkpoints"
+        )
+
+    def review_trial(
+        self, trial_id: int, decision: str, note: str, reviewer: str
+    ) -> dict[str, Any]:
+        """Approve ("approve" → SUCCEEDED) or reject ("reject" → FAILED) a SUSPECT trial."""
+        body = {"decision": decision, "note": note, "reviewer": reviewer}
+        return self._json(  # type: ignore[no-any-return]
+            "POST", f"/trials/{trial_id}/review", json=body
+        )
+
     def wait_experiment(self, experiment_id: int, poll: float = 0.5) -> dict[str, Any]:
-        """Block until the experiment has reached a terminal state; return it."""
-        terminal = {"COMPLETED", "CANCELED", "ERROR"}
-        while (exp := self.get_experiment(experiment_id))["state"] not in terminal:
+        """Block until the experiment has ended, or every trial is settled (ended, or SUSPECT
+        and waiting for a review, which keeps the experiment ACTIVE); return it."""
+        while not _settled(exp := self.get_experiment(experiment_id)):
             time.sleep(poll)
         return exp
 
@@ -180,6 +222,16 @@ class Client:
 
     def _json(self, method: str, path: str, auth: bool = True, **kw: Any) -> Any:
         return self._request(method, path, auth=auth, **kw).json()
+
+
+def _settled(exp: dict[str, Any]) -> bool:
+    """Ended, or held open only by SUSPECT trials waiting for a review. (When every trial
+    has ended, the experiment's own end follows within a supervisor pass: wait for it.)"""
+    if ExperimentState(exp["state"]).is_terminal():
+        return True
+    states = [TrialState(t["state"]) for t in exp.get("trials", [])]
+    return (all(state.is_settled() for state in states)
+            and any(state is TrialState.SUSPECT for state in states))
 
 
 def _params(**values: Any) -> dict[str, Any]:

@@ -35,6 +35,11 @@ class TrialState(str, Enum):
     def is_terminal(self) -> bool:
         return self in _TRIAL_TERMINAL
 
+    def is_settled(self) -> bool:
+        """True once no process will run for the trial again unless a person acts: the
+        terminal states and SUSPECT (which waits for a review)."""
+        return self in _TRIAL_TERMINAL or self is TrialState.SUSPECT
+
     def is_active(self) -> bool:
         """True while the trial holds (or is about to hold) running processes."""
         return self in (TrialState.STARTING, TrialState.RUNNING, TrialState.RESTARTING)
@@ -61,6 +66,7 @@ class Reason(str, Enum):
     STOPPED = "STOPPED"
     INFRA = "INFRA"
     LOST = "LOST"
+    STALLED = "STALLED"
     INTERNAL = "INTERNAL"
 
 

@@ -86,8 +86,8 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
         ("label: [a]", "label: unknown key; did you mean 'labels'?"),
         (
             "zzz: 1",
-            "zzz: unknown key; the keys allowed here are description, entrypoint, environment, "
-            "failure_policy, labels, name",
+            "zzz: unknown key; the keys allowed here are data, description, entrypoint, "
+            "environment, failure_policy, labels, name, verify",
         ),
         (
             "failure_policy: {trial_retry: 1}",
@@ -231,8 +231,6 @@ _UNSUPPORTED = "not supported by this version of muster yet; remove it"
         ),
         ("hyperparameters: {lr: 0.1}", f"hyperparameters: this section is {_UNSUPPORTED}"),
         ("searcher: {name: single}", f"searcher: this section is {_UNSUPPORTED}"),
-        ("data: {path: ./data}", f"data: this section is {_UNSUPPORTED}"),
-        ("verify: {require_checkpoint: true}", f"verify: this section is {_UNSUPPORTED}"),
         (
             "checkpoint_storage: {type: shared_fs}",
             f"checkpoint_storage: this section is {_UNSUPPORTED}",
@@ -242,10 +240,6 @@ _UNSUPPORTED = "not supported by this version of muster yet; remove it"
             f"reproducibility: this section is {_UNSUPPORTED}",
         ),
         ("resources:", f"resources: this section is {_UNSUPPORTED}"),
-        (
-            "failure_policy: {heartbeat_timeout: 300s}",
-            f"failure_policy.heartbeat_timeout: this setting is {_UNSUPPORTED}",
-        ),
         (
             "environment: {python: /usr/bin/python3}",
             f"environment.python: this setting is {_UNSUPPORTED}",
@@ -263,13 +257,14 @@ entrypoint: python t.py
 failure_polcy: {}
 resources: {replicas: 2}
 labels: [a, 1]
-failure_policy: {trial_retries: -1, restart_scope: all, heartbeat_timeout: 5m}
+failure_policy: {trial_retries: -1, restart_scope: all, heartbeat_timeout: soon}
 """
     assert problems(text) == [
         "labels[1]: must be a string, got 1; put it in quotes",
         "failure_policy.trial_retries: must be >= 0, got -1",
         "failure_policy.restart_scope: must be 'trial' or 'replica', got 'all'",
-        f"failure_policy.heartbeat_timeout: this setting is {_UNSUPPORTED}",
+        "failure_policy.heartbeat_timeout: must look like '30s', '500ms', '5m' or '1h30m' "
+        "(or a number of seconds), got 'soon'",
         "failure_polcy: unknown key; did you mean 'failure_policy'?",
         f"resources: this section is {_UNSUPPORTED}",
     ]
@@ -315,7 +310,7 @@ base: &base {trial_retries: 1, replica_restarts: 1}
     assert config.failure_policy.trial_retries == 2
     assert config.failure_policy.stop_grace == 5.0
     assert problems(text + merged)[0] == "base: unknown key; the keys allowed here are " + (
-        "description, entrypoint, environment, failure_policy, labels, name"
+        "data, description, entrypoint, environment, failure_policy, labels, name, verify"
     )
 
 
@@ -346,3 +341,33 @@ def test_top_level_must_be_a_mapping(text: str, problem: str) -> None:
 def test_loaded_config_survives_the_store_round_trip() -> None:
     config = load_config(GOOD)
     assert ExperimentConfig.from_json_dict(config.to_json_dict()) == config
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("verify: {samples_tolerance: -0.01}",
+         "verify.samples_tolerance: must be >= 0.0, got -0.01"),
+        ("verify: {expected_samples: 0}", "verify.expected_samples: must be >= 1, got 0"),
+        ("data: {manifest: {labels: from_dirs}}", "data.path: required key is missing"),
+        ("data: {path: d, manifest: {labels: folders}}",
+         "data.manifest.labels: must be 'from_dirs' or 'none', got 'folders'"),
+        ("data: {path: d, manifest: {extensions: []}}",
+         "data.manifest.extensions: must list at least one extension, or be left out to count "
+         "all"),
+        ("failure_policy: {heartbeat_timeout: 0s}",
+         "failure_policy.heartbeat_timeout: must be > 0.0, got 0.0"),
+    ],
+)
+def test_data_verify_and_heartbeat_settings_are_checked(body: str, problem: str) -> None:
+    assert one_problem(body) == problem
+
+
+def test_data_and_verify_sections_normalise() -> None:
+    config = load_config(
+        "name: x\nentrypoint: t\ndata: {path: d, manifest: {extensions: [PNG, .jpg]}}\n"
+        "verify: {require_metrics: [loss]}\nfailure_policy: {heartbeat_timeout: 2m}\n"
+    )
+    assert config.data is not None and config.data.manifest.extensions == [".png", ".jpg"]
+    assert config.verify.require_metrics == ["loss"] and config.verify.samples_tolerance == 0.01
+    assert config.failure_policy.heartbeat_timeout == 120.0

@@ -399,3 +399,15 @@ def test_ok_only_for_a_clean_exit_zero(obs: ExitObservation) -> None:
         assert obs.exit is not None
         assert obs.launch_error is None and not obs.lost and not obs.stop_requested
         assert verdict.exit_code == 0 and verdict.signal is None
+
+
+def test_a_stalled_replica_is_stalled_even_though_muster_stopped_it() -> None:
+    stopped = record(returncode=-15, stop_requested=True, signals_sent=["SIGTERM"])
+    verdict = classify(stopped, rank=1, stop_requested=True,
+                       stalled="no progress for 300s since step 120")
+    assert verdict.reason is Reason.STALLED
+    assert verdict.message.startswith(
+        "The replica worker-1 (rank 1) made no progress: no progress for 300s since step 120; "
+        "muster killed its process group"
+    )
+    assert verdict.signal == "SIGTERM"

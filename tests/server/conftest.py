@@ -38,8 +38,12 @@ class RunningServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        self.start_with(["--min-free-disk", "0"])
+
+    def start_with(self, options: list[str]) -> None:
+        """Start `muster up` with 4 slots and these extra options."""
         argv = [sys.executable, "-m", "muster", "up", "--home", str(self.home),
-                "--port", str(self.port), "--db", self.db_url, "--slots", "4"]
+                "--port", str(self.port), "--db", self.db_url, "--slots", "4", *options]
         log = open(self.home / "server.log", "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env={**os.environ})

@@ -131,7 +131,7 @@ class Rig:
     def restarted(self) -> Rig:
         """The same store and home under a NEW supervisor and launcher, as after a restart."""
         supervisor = Supervisor(self.store, LocalLauncher(), self.home,
-                                slots=self.supervisor.slots)
+                                slots=self.supervisor.slots, min_free_disk=0)
         return Rig(self.store, self.home, supervisor)
 
     def trial(self, trial_id: int) -> TrialView:
@@ -210,7 +210,7 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
 
 
 def _rig(store: Store, home: Home) -> Rig:
-    return Rig(store, home, Supervisor(store, LocalLauncher(), home, slots=4))
+    return Rig(store, home, Supervisor(store, LocalLauncher(), home, slots=4, min_free_disk=0))
 
 
 @pytest.fixture

@@ -81,6 +81,9 @@ RETRY, FAIL = Action.RETRY, Action.FAIL
         (Reason.LOST, NONE_USED, DEFAULT, RETRY, "replica_restarts"),
         (Reason.LOST, Budgets(replica_restarts=5), DEFAULT, RETRY, "trial_retries"),
         (Reason.LOST, Budgets(replica_restarts=5, trial_retries=3), DEFAULT, FAIL, None),
+        (Reason.STALLED, NONE_USED, DEFAULT, RETRY, "replica_restarts"),
+        (Reason.STALLED, Budgets(replica_restarts=5), DEFAULT, RETRY, "trial_retries"),
+        (Reason.STALLED, Budgets(replica_restarts=5, trial_retries=3), DEFAULT, FAIL, None),
         # internal: muster's own failures
         (Reason.INTERNAL, NONE_USED, DEFAULT, RETRY, "internal_retries"),
         (Reason.INTERNAL, Budgets(internal_retries=1), DEFAULT, RETRY, "internal_retries"),

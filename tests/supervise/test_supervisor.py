@@ -165,7 +165,8 @@ def blocked_home(tmp_path: Path) -> Home:
 def test_a_launch_that_cannot_happen_is_internal_and_gives_up_after_3_attempts(
     sqlite_store: Store, blocked_home: Home
 ) -> None:
-    rig = Rig(sqlite_store, blocked_home, Supervisor(sqlite_store, LocalLauncher(), blocked_home))
+    rig = Rig(sqlite_store, blocked_home, Supervisor(sqlite_store, LocalLauncher(), blocked_home,
+                                                      min_free_disk=0))
     job = rig.submit(fixture_entrypoint("exit0.sh"))
     trial = rig.run_to_end(job)
 

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from muster.cli import experiment, server, trial
+from muster.cli import checkpoint, cluster, experiment, server, trial
 from muster.errors import MusterError
 
 app = typer.Typer(
@@ -22,6 +22,8 @@ app.add_typer(experiment.app, name="experiment")
 app.add_typer(experiment.app, name="e", hidden=True)
 app.add_typer(trial.app, name="trial")
 app.add_typer(trial.app, name="t", hidden=True)
+app.add_typer(checkpoint.app, name="checkpoint")
+app.add_typer(cluster.app, name="cluster")
 
 
 def main() -> None:

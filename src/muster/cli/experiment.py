@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -45,14 +45,20 @@ def create(
         raise typer.Exit(1)
 
 
-def _report_created(exp: dict[str, object], as_json: bool, ended: bool) -> None:
+def _report_created(exp: dict[str, Any], as_json: bool, ended: bool) -> None:
     if as_json:
         render.print_json(exp)
     elif ended:
-        render.err_console.print(f"experiment {exp['id']} ended {render.state(str(exp['state']))}")
-        for trial in exp["trials"]:  # type: ignore[attr-defined]
+        verb = "is" if exp["state"] in ("ACTIVE", "PAUSED") else "ended"
+        render.err_console.print(f"experiment {exp['id']} {verb} {render.state(exp['state'])}")
+        for trial in exp["trials"]:
             for line in render.ended_replicas(trial):
-                render.err_console.print(f"  trial {trial['id']} {line}")
+                render.err_console.print(f"  trial {trial['id']} {line}", markup=False)
+            if trial["state"] == "SUSPECT":
+                render.err_console.print(
+                    f"  trial {trial['id']} is SUSPECT: {trial['message']}\n"
+                    f"  settle it with `muster trial review {trial['id']} --approve|--reject "
+                    "--note TEXT`", markup=False)
 
 
 @app.command("list")

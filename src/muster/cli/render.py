@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -67,3 +68,66 @@ def ended_replicas(trial: dict[str, Any]) -> list[str]:
     """One line per ended replica: how it ended, in words (invariant 7)."""
     return [f"attempt {a['number']}: {r['message']}"
             for a in trial["attempts"] for r in a["replicas"] if r["message"]]
+
+
+def metrics_table(reports: list[dict[str, Any]]) -> Table:
+    """Step, kind, and one column per metric name (in order of first appearance)."""
+    names = list(dict.fromkeys(name for r in reports for name in r["metrics"]))
+    table = Table("Step", "Kind", *map(escape, names))  # user-chosen names are not markup
+    for report in reports:
+        values = report["metrics"]
+        table.add_row(str(report["step"]), report["kind"],
+                      *(number(values[n]) if n in values else "-" for n in names))
+    return table
+
+
+def number(value: float | int | str) -> str:
+    """A metric value for a table: 6 significant digits; "NaN"/"Infinity" stay words."""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def size(n_bytes: int) -> str:
+    value = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def checkpoints_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("Name", "Step", "Attempt", "Size", "Intact", "Problem")
+    for ckpt in rows:
+        intact = "[green]yes[/]" if ckpt["intact"] else "[red]no[/]"
+        attempt = "-" if ckpt["attempt"] is None else str(ckpt["attempt"])
+        table.add_row(ckpt["name"], str(ckpt["step"]), attempt, size(ckpt["size_bytes"]),
+                      intact, escape(ckpt["problem"] or "-"))
+    return table
+
+
+def manifest_line(manifest: dict[str, Any]) -> str:
+    """The data manifest in one line: files, bytes, classes, fingerprint."""
+    classes = manifest.get("classes")
+    shown = f", {len(classes)} classes" if classes else ""
+    return (f"data: {manifest['file_count']:,} files, {manifest['total_bytes']:,} bytes{shown} "
+            f"in {manifest['path']} (fingerprint {str(manifest['fingerprint'])[:12]})")
+
+
+def verification_table(verification: dict[str, Any]) -> Table:
+    verdict = "[green]passed[/]" if verification["passed"] else "[yellow]failed[/]"
+    table = Table("Check", "Passed", "Detail", title=f"Verification: {verdict}")
+    for check in verification["checks"]:
+        table.add_row(check["name"], "yes" if check["passed"] else "[red]no[/]",
+                      escape(str(check["detail"])))
+    return table
+
+
+def events_table(events: list[dict[str, Any]]) -> Table:
+    table = Table("Time", "Entity", "Move", "Reason", "Actor", "Message", title="Events")
+    for event in events:
+        move = (f"{event['from_state'] or '-'} → {event['to_state']}"
+                if event["to_state"] else "-")
+        table.add_row(when(event["at"]), f"{event['entity']} {event['entity_id']}", move,
+                      escape(event["reason"]), escape(event["actor"]),
+                      escape(event["message"] or ""))
+    return table

@@ -9,17 +9,21 @@ import subprocess
 import sys
 import time
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from muster.atomic import atomic_write_json, read_json
 from muster.cli.options import HomeOption
 from muster.client import Client
+from muster.config import parse_size
 from muster.errors import MusterError, ServerUnavailable
 from muster.home import Home
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import is_alive, own_identity, read_identity
+
+if TYPE_CHECKING:
+    from muster.server.app import ServerSettings
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -33,15 +37,27 @@ def up(
         "--db", envvar="MUSTER_DB", help="database URL (default: SQLite in the home)")] = None,
     slots: Annotated[int | None, typer.Option(
         help="trials that may run at once (default: CPU count)")] = None,
+    min_free_disk: Annotated[str, typer.Option(
+        help="launch nothing new while the run directories' disk has less free")] = "5GiB",
     detach: Annotated[bool, typer.Option(help="run in the background")] = False,
 ) -> None:
     """Start the muster server (and its supervisor) on this machine."""
+    from muster.server.app import ServerSettings
+
     where = Home.resolve(home).ensure()
+    settings = ServerSettings(db, slots, _size(min_free_disk))
     _refuse_second_server(where)
     if detach:
-        _start_detached(where, host, port, db, slots)
+        _start_detached(where, host, port, settings)
         return
-    _serve(where, host, port, db, slots)
+    _serve(where, host, port, settings)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--min-free-disk {exc}") from None
 
 
 def down(home: HomeOption = None) -> None:
@@ -62,7 +78,7 @@ def down(home: HomeOption = None) -> None:
     typer.echo(f"muster server (pid {running.pid}) stopped")
 
 
-def _serve(home: Home, host: str, port: int, db: str | None, slots: int | None) -> None:
+def _serve(home: Home, host: str, port: int, settings: ServerSettings) -> None:
     import uvicorn
 
     from muster.server.app import create_app
@@ -77,7 +93,7 @@ def _serve(home: Home, host: str, port: int, db: str | None, slots: int | None) 
     # then, not the default action, so the `finally` below still removes server.json.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        config = uvicorn.Config(create_app(home, db, slots), host=host, port=port,
+        config = uvicorn.Config(create_app(home, settings), host=host, port=port,
                                 timeout_graceful_shutdown=5, log_level="info")
         uvicorn.Server(config).run()
     finally:
@@ -89,11 +105,11 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def _start_detached(home: Home, host: str, port: int, db: str | None, slots: int | None) -> None:
+def _start_detached(home: Home, host: str, port: int, settings: ServerSettings) -> None:
     argv = [sys.executable, "-m", "muster", "up", "--home", str(home.root), "--host", host,
-            "--port", str(port)]
-    argv += ["--db", db] if db else []
-    argv += ["--slots", str(slots)] if slots else []
+            "--port", str(port), "--min-free-disk", str(settings.min_free_disk)]
+    argv += ["--db", settings.db_url] if settings.db_url else []
+    argv += ["--slots", str(settings.slots)] if settings.slots else []
     log_path = home.root / "server.log"
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     with open(log_path, "ab") as server_log:

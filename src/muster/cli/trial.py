@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import codecs
+import getpass
 import sys
+from enum import Enum
 from typing import Annotated
 
 import typer
@@ -11,7 +13,18 @@ import typer
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 
-app = typer.Typer(help="Describe trials and read their logs.", no_args_is_help=True)
+app = typer.Typer(help="Describe trials, read their logs and metrics, review them.",
+                  no_args_is_help=True)
+DEFAULT_TAIL = 50
+DONE = {"approve": "approved", "reject": "rejected"}
+
+
+class MetricKind(str, Enum):
+    training = "training"
+    validation = "validation"
+
+
+KindOption = Annotated[MetricKind | None, typer.Option(help="only this kind (default: both)")]
 
 
 @app.command()
@@ -31,6 +44,13 @@ def describe(
     render.console.print(render.attempts_table(trial))
     for line in render.ended_replicas(trial):
         render.console.print(f"  {line}", markup=False)
+    if trial.get("manifest"):
+        render.console.print(render.manifest_line(trial["manifest"]), markup=False)
+    if trial.get("verification"):
+        render.console.print(render.verification_table(trial["verification"]))
+    if trial.get("queue_reason"):
+        render.console.print(f"queued: {trial['queue_reason']}", markup=False)
+    render.console.print(render.events_table(trial.get("events", [])))
 
 
 @app.command()
@@ -65,3 +85,59 @@ def logs(
             attempt, offset, tail = piece.attempt, piece.next_offset, None
     out.write(decode(b"", final=True))
     out.flush()
+
+
+@app.command()
+def metrics(
+    trial_id: int,
+    kind: KindOption = None,
+    tail: Annotated[int | None, typer.Option(
+        min=1, help=f"only the last N reports (table default {DEFAULT_TAIL})")] = None,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Show the trial's reported metrics: one row per report, one column per metric.
+
+    `--json` prints every report (or the last `--tail N`), with NaN and ±Infinity as the
+    strings "NaN", "Infinity" and "-Infinity".
+    """
+    kind_name = kind.value if kind else None
+    with client(home, url) as c:
+        if as_json and tail is None:
+            reports = c.all_metrics(trial_id, kind=kind_name)
+        else:
+            reports = c.get_metrics(trial_id, kind=kind_name, tail=tail or DEFAULT_TAIL)
+    if as_json:
+        render.print_json(reports)
+    elif not reports:
+        render.err_console.print(f"trial {trial_id} has reported no metrics yet")
+    else:
+        render.console.print(render.metrics_table(reports))
+
+
+@app.command()
+def review(
+    trial_id: int,
+    note: Annotated[str, typer.Option(help="why; recorded with the decision")],
+    approve: Annotated[bool, typer.Option("--approve", help="the trial SUCCEEDED")] = False,
+    reject: Annotated[bool, typer.Option("--reject", help="the trial FAILED")] = False,
+    reviewer: Annotated[str | None, typer.Option(
+        help="who reviews (default: your user name)")] = None,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Settle a SUSPECT trial (exit 0, a verification failed): --approve or --reject it."""
+    if approve == reject:
+        raise typer.BadParameter("give exactly one of --approve and --reject")
+    decision = "approve" if approve else "reject"
+    with client(home, url) as c:
+        trial = c.review_trial(trial_id, decision, note, reviewer or _user_name())
+    if as_json:
+        render.print_json(trial)
+        return
+    render.console.print(f"trial {trial_id} {DONE[decision]}: {render.state(trial['state'])}")
+
+
+def _user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name, no passwd entry for this uid
+        raise typer.BadParameter("cannot tell your user name; pass --reviewer NAME") from None

@@ -1,13 +1,23 @@
 """Experiment configs: the schema, YAML loading, and errors that name the key path."""
 
 from muster.config.loading import load_config, load_config_file
-from muster.config.schema import EnvironmentConfig, ExperimentConfig, FailurePolicy
+from muster.config.schema import (
+    DataConfig,
+    EnvironmentConfig,
+    ExperimentConfig,
+    FailurePolicy,
+    ManifestConfig,
+    VerifyConfig,
+)
 from muster.config.units import parse_duration, parse_size
 
 __all__ = [
+    "DataConfig",
     "EnvironmentConfig",
     "ExperimentConfig",
     "FailurePolicy",
+    "ManifestConfig",
+    "VerifyConfig",
     "load_config",
     "load_config_file",
     "parse_duration",

@@ -18,7 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from muster.config.problems import show_value, validate_config_data
 from muster.config.units import parse_duration
 
-__all__ = ["EnvironmentConfig", "ExperimentConfig", "FailurePolicy"]
+__all__ = [
+    "DataConfig",
+    "EnvironmentConfig",
+    "ExperimentConfig",
+    "FailurePolicy",
+    "ManifestConfig",
+    "VerifyConfig",
+]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -59,8 +66,6 @@ class EnvironmentConfig(_Section):
 class FailurePolicy(_Section):
     """How many times each kind of failure is retried; see ARCHITECTURE.md's table."""
 
-    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset({"heartbeat_timeout"})
-
     replica_restarts: int = Field(default=5, ge=0)
     trial_retries: int = Field(default=3, ge=0)
     internal_retries: int = Field(default=2, ge=0)
@@ -68,11 +73,46 @@ class FailurePolicy(_Section):
     restart_scope: Literal["trial", "replica"] = "trial"
     transient_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(default_factory=list)
     stop_grace: float = Field(default=30.0, ge=0)
+    heartbeat_timeout: float = Field(default=300.0, gt=0)
 
-    @field_validator("stop_grace", mode="before")
+    @field_validator("stop_grace", "heartbeat_timeout", mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
         return parse_duration(value)
+
+
+class ManifestConfig(_Section):
+    """What the data manifest counts: files with these extensions; classes from folders."""
+
+    extensions: list[str] | None = None
+    labels: Literal["from_dirs", "none"] = "none"
+
+    @field_validator("extensions")
+    @classmethod
+    def _dotted(cls, value: list[str] | None) -> list[str] | None:
+        """`png` and `.PNG` both mean `.png`: extensions compare case-insensitively."""
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("must list at least one extension, or be left out to count all")
+        return [("" if ext.startswith(".") else ".") + ext.lower() for ext in value]
+
+
+class DataConfig(_Section):
+    """The training data muster scans before launch, independently of the training code."""
+
+    path: str = Field(min_length=1)
+    manifest: ManifestConfig = Field(default_factory=ManifestConfig)
+
+
+class VerifyConfig(_Section):
+    """The checks that must pass before an exit 0 counts as SUCCEEDED (else SUSPECT)."""
+
+    samples_tolerance: float = Field(default=0.01, ge=0, le=1)
+    expected_samples: int | None = Field(default=None, ge=1)
+    require_checkpoint: bool | None = None  # None: required when the harness was used
+    finite_metrics: bool = True
+    require_metrics: list[str] = Field(default_factory=list)
 
 
 class ExperimentConfig(_Section):
@@ -83,8 +123,6 @@ class ExperimentConfig(_Section):
             "resources",
             "hyperparameters",
             "searcher",
-            "data",
-            "verify",
             "checkpoint_storage",
             "reproducibility",
         }
@@ -96,6 +134,8 @@ class ExperimentConfig(_Section):
     entrypoint: list[str] = Field(min_length=1)
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    data: DataConfig | None = None
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
 
     @field_validator("entrypoint", mode="before")
     @classmethod

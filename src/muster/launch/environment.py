@@ -23,6 +23,7 @@ class ReplicaContext:
     master_port: int
     hparams_path: Path
     latest_checkpoint: Path | None = None
+    heartbeat_timeout: float | None = None
 
 
 def build_env(
@@ -52,6 +53,8 @@ def build_env(
             "PYTHONIOENCODING": "utf-8",
         }
     )
+    if ctx.heartbeat_timeout is not None:
+        env["MUSTER_HEARTBEAT_TIMEOUT"] = f"{ctx.heartbeat_timeout:g}"
     if ctx.latest_checkpoint is not None:
         env["MUSTER_LATEST_CHECKPOINT"] = str(ctx.latest_checkpoint)
     else:

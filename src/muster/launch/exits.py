@@ -45,6 +45,7 @@ class ExitObservation:
     log_tail: str = ""  # the last ~20 lines of the replica's log, decoded
     transient_exit_codes: frozenset[int] = frozenset()
     stop_requested: bool = False  # muster asked it to stop
+    stalled: str | None = None  # muster stopped it for making no progress: what it saw
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ def _classify_status(obs: ExitObservation, record: ExitRecord) -> Classification
     name = _replica(obs.rank)
     code, sig = _exit_status(record)
     term = termination_reason(obs.log_tail)
+    if obs.stalled is not None:
+        message = (f"The replica {name} made no progress: {obs.stalled}; muster killed its "
+                   "process group" + _stop_detail(record, sig))
+        return Classification(Reason.STALLED, message, code, sig, term)
     if obs.stop_requested or record.stop_requested:
         message = f"The replica {name} was stopped by muster" + _stop_detail(record, sig)
         return Classification(Reason.STOPPED, message, code, sig, term)

@@ -67,6 +67,15 @@ class Orchestrator:
             await asyncio.sleep(RETRY_SECONDS)
 
 
+@dataclass(frozen=True)
+class ServerSettings:
+    """What `muster up` configures beyond the home: the store and the scheduling limits."""
+
+    db_url: str | None = None  # default: SQLite in the home
+    slots: int | None = None  # trials at once; default: CPU count
+    min_free_disk: int = 5 * 1024**3  # the disk guard (docs/architecture.md)
+
+
 @dataclass
 class ServerState:
     home: Home
@@ -75,15 +84,17 @@ class ServerState:
     orchestrator: Orchestrator
 
 
-def create_app(home: Home, db_url: str | None = None, slots: int | None = None) -> FastAPI:
-    """The muster server for `home`, storing in `db_url` (default: the home's SQLite)."""
+def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
+    """The muster server for `home`."""
     from muster.server.routes import public, router
 
     home.ensure()
-    store = Store(db_url or home.default_db_url)
-    supervisor = Supervisor(store=store, launcher=LocalLauncher(), home=home)
-    if slots is not None:
-        supervisor.slots = slots
+    settings = settings or ServerSettings()
+    store = Store(settings.db_url or home.default_db_url)
+    supervisor = Supervisor(store=store, launcher=LocalLauncher(), home=home,
+                            min_free_disk=settings.min_free_disk)
+    if settings.slots is not None:
+        supervisor.slots = settings.slots
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

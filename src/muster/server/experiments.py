@@ -11,14 +11,21 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from muster.config import load_config
-from muster.errors import Conflict, NotFound
+from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.home import Home
 from muster.server import views
 from muster.server.uploads import extract_context
 from muster.states import ExperimentState, TrialState
 from muster.store import Event, Experiment, Store, Trial, record_event, transition
+from muster.store.transitions import MAX_ACTOR, REVIEW_ACTOR_PREFIX
 
 USER = "user"
+# A review's decision: the state it moves a SUSPECT trial to, and the event's reason.
+REVIEW_DECISIONS = {
+    "approve": (TrialState.SUCCEEDED, "review approved"),
+    "reject": (TrialState.FAILED, "review rejected"),
+}
+MAX_REVIEWER = MAX_ACTOR - len(REVIEW_ACTOR_PREFIX)
 
 
 def create_experiment(store: Store, home: Home, config_text: str, archive: Path | None) -> int:
@@ -90,6 +97,43 @@ def kill_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
         for trial in exp.trials:
             _stop_trial(s, trial)
         return views.experiment_detail(exp)
+
+
+def review_trial(
+    store: Store, trial_id: int, decision: str, note: str, reviewer: str
+) -> dict[str, Any]:
+    """A person's verdict on a SUSPECT trial: "approve" → SUCCEEDED, "reject" → FAILED.
+
+    The only way out of SUSPECT (invariant 3); the event records the reviewer as the actor
+    (`review:<reviewer>`) and the note as its message. Returns the trial as `describe_trial`.
+
+    Raises:
+        InvalidRequest: an unknown decision, an empty note, or an empty or too long reviewer.
+        Conflict: the trial is not SUSPECT.
+    """
+    to_state, reason = _review_move(decision)
+    note, reviewer = note.strip(), reviewer.strip()
+    if not note:
+        raise InvalidRequest("a review needs a note that says why; the note is empty")
+    if not 0 < len(reviewer) <= MAX_REVIEWER:
+        raise InvalidRequest(f"reviewer must be 1 to {MAX_REVIEWER} characters, got {reviewer!r}")
+    with store.session_scope() as s:
+        trial = trial_or_404(s, trial_id)
+        s.refresh(trial, with_for_update=True)  # a second review waits, then sees the first
+        if trial.state != TrialState.SUSPECT.value:
+            raise Conflict(f"trial {trial_id} is {trial.state}; only a SUSPECT trial (one that "
+                           "exited 0 but failed a verification) can be reviewed")
+        transition(s, trial, to_state, reason=reason, actor=f"{REVIEW_ACTOR_PREFIX}{reviewer}",
+                   message=note)
+    return describe_trial(store, trial_id)
+
+
+def _review_move(decision: str) -> tuple[TrialState, str]:
+    try:
+        return REVIEW_DECISIONS[decision]
+    except KeyError:
+        raise InvalidRequest(f"decision must be one of {', '.join(REVIEW_DECISIONS)}, "
+                             f"got {decision!r}") from None
 
 
 def _stop_trial(s: Session, trial: Trial) -> None:

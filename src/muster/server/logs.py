@@ -54,7 +54,7 @@ def locate(store: Store, trial_id: int, rank: int) -> TrialLogs:
         trial = trial_or_404(s, trial_id)
         attempts = s.scalars(select(Attempt).where(Attempt.trial_id == trial_id))
         paths = {a.number: Path(a.run_dir) / f"rank-{rank}.log" for a in attempts}
-        return TrialLogs(paths=paths, ended=TrialState(trial.state).is_terminal())
+        return TrialLogs(paths=paths, ended=TrialState(trial.state).is_settled())
 
 
 def read_log(

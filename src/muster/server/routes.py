@@ -6,14 +6,15 @@ import asyncio
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, Field
 
 from muster import __version__
 from muster.errors import InvalidRequest
-from muster.server import experiments, logs
+from muster.server import cluster, experiments, logs, metrics
 from muster.server.app import ServerState
 from muster.server.auth import check_bearer
 from muster.server.uploads import MAX_UPLOAD_BYTES
@@ -75,6 +76,12 @@ async def _save_upload(upload: UploadFile, folder: Path) -> Path:
     return path
 
 
+@router.get("/cluster")
+def get_cluster(state: State) -> dict[str, Any]:
+    """Slots, queue and disk of this installation (`muster cluster status`)."""
+    return cluster.cluster_status(state.orchestrator.supervisor)
+
+
 @router.get("/experiments")
 def list_experiments(state: State) -> list[dict[str, Any]]:
     return experiments.list_experiments(state.store)
@@ -124,6 +131,43 @@ async def get_trial_logs(
         "X-Muster-Next-Offset": str(piece.next_offset),
     }
     return Response(piece.data, media_type="application/octet-stream", headers=headers)
+
+
+@router.get("/trials/{trial_id}/metrics")
+def get_trial_metrics(
+    state: State,
+    trial_id: int,
+    kind: metrics.MetricKind | None = None,
+    after_step: int | None = None,
+    limit: Annotated[int, Query(ge=1, le=metrics.MAX_LIMIT)] = metrics.DEFAULT_LIMIT,
+    tail: Annotated[int | None, Query(ge=1, le=metrics.MAX_LIMIT)] = None,
+) -> list[dict[str, Any]]:
+    """Reports `{kind, step, time, attempt, rank, metrics}` by step. A page never ends inside
+    a step: pass its last step as `after_step` for the next. `tail=N`: the last N reports.
+    Non-finite values are the JSON strings "NaN", "Infinity" and "-Infinity"."""
+    return metrics.list_metrics(state.store, trial_id, kind=kind, after_step=after_step,
+                                limit=limit, tail=tail)
+
+
+@router.get("/trials/{trial_id}/checkpoints")
+def get_trial_checkpoints(state: State, trial_id: int) -> list[dict[str, Any]]:
+    """Registered checkpoints by step, each with `intact` and, if not, the `problem`."""
+    return metrics.list_checkpoints(state.store, trial_id)
+
+
+class ReviewRequest(BaseModel):
+    decision: Literal["approve", "reject"]
+    note: Annotated[str, Field(min_length=1, description="why; recorded with the decision")]
+    reviewer: Annotated[str, Field(min_length=1, description="who reviewed")]
+
+
+@router.post("/trials/{trial_id}/review")
+async def review_trial(state: State, trial_id: int, review: ReviewRequest) -> dict[str, Any]:
+    """Approve (→ SUCCEEDED) or reject (→ FAILED) a SUSPECT trial; 409 for any other state."""
+    view = await asyncio.to_thread(experiments.review_trial, state.store, trial_id,
+                                   review.decision, review.note, review.reviewer)
+    state.orchestrator.wake.set()  # its experiment may now be over
+    return view
 
 
 __all__ = ["public", "router"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from muster.store import Attempt, Event, Experiment, Replica, Trial
+from muster.store import Attempt, Checkpoint, Event, Experiment, Metric, Replica, Trial
+from muster.store.models import encode_non_finite
 
 
 def experiment_summary(exp: Experiment) -> dict[str, Any]:
@@ -46,6 +47,10 @@ def trial_detail(trial: Trial) -> dict[str, Any]:
         "started_at": trial.started_at,
         "ended_at": trial.ended_at,
         "attempts": [attempt_detail(a) for a in trial.attempts],
+        "manifest": encode_non_finite(trial.manifest),
+        "verification": encode_non_finite(trial.verification),
+        "early_stopped": trial.early_stopped,
+        "queue_reason": trial.queue_reason,
     }
 
 
@@ -89,4 +94,32 @@ def event_view(event: Event) -> dict[str, Any]:
         "reason": event.reason,
         "actor": event.actor,
         "message": event.message,
+    }
+
+
+def metric_view(metric: Metric) -> dict[str, Any]:
+    """One report; NaN and ±Infinity are the strings "NaN", "Infinity", "-Infinity"."""
+    return {
+        "kind": metric.kind,
+        "step": metric.step,
+        "time": metric.time,
+        "attempt": metric.attempt,
+        "rank": metric.rank,
+        "metrics": encode_non_finite(metric.values),
+    }
+
+
+def checkpoint_view(checkpoint: Checkpoint) -> dict[str, Any]:
+    return {
+        "name": checkpoint.name,
+        "path": checkpoint.path,
+        "step": checkpoint.step,
+        "attempt": checkpoint.attempt,
+        "rank": checkpoint.rank,
+        "created_at": checkpoint.created_at,
+        "size_bytes": checkpoint.size_bytes,
+        "file_count": checkpoint.file_count,
+        "metadata": encode_non_finite(checkpoint.user_metadata),
+        "intact": checkpoint.intact,
+        "problem": checkpoint.problem,
     }

@@ -1,14 +1,27 @@
 """The store: SQLAlchemy models, sessions, migrations and the transition function."""
 
 from muster.store.db import Store, redact
-from muster.store.models import Attempt, Base, Event, Experiment, Replica, Trial
+from muster.store.models import (
+    Attempt,
+    Base,
+    Checkpoint,
+    Event,
+    Experiment,
+    IngestCursor,
+    Metric,
+    Replica,
+    Trial,
+)
 from muster.store.transitions import record_event, transition
 
 __all__ = [
     "Attempt",
     "Base",
+    "Checkpoint",
     "Event",
     "Experiment",
+    "IngestCursor",
+    "Metric",
     "Replica",
     "Store",
     "Trial",

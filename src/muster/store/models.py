@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any
@@ -10,15 +11,19 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Dialect,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
 
 
 def now() -> float:
@@ -48,6 +53,58 @@ NO_ID_REUSE = {"sqlite_autoincrement": True}
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+# How JSON columns hold the floats JSON has no words for. PostgreSQL's json type refuses the
+# bare tokens NaN and Infinity that Python's json module writes, and a NaN loss is exactly
+# what verification must be able to see, so they are stored as these strings instead.
+NON_FINITE_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def encode_non_finite(value: Any) -> Any:
+    """`value` with every NaN/±inf float, at any depth, replaced by "NaN"/"Infinity"/"-Infinity".
+
+    Also what the API does before answering: strict JSON has no other way to say them.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        if all(type(item) is int or (type(item) is float and math.isfinite(item))
+               for item in value.values()):
+            return value  # the usual metrics dict: nothing to encode, nothing to copy
+        return {key: encode_non_finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [encode_non_finite(item) for item in value]
+    return value
+
+
+def decode_non_finite(value: Any) -> Any:
+    """The inverse of `encode_non_finite`: the three words become floats again, at any depth."""
+    if isinstance(value, str):
+        return NON_FINITE_WORDS.get(value, value)
+    if isinstance(value, dict):
+        return {key: decode_non_finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [decode_non_finite(item) for item in value]
+    return value
+
+
+class NonFiniteJSON(TypeDecorator[Any]):
+    """A JSON column that keeps NaN and ±Infinity on every backend (see `NON_FINITE_WORDS`).
+
+    The one place where they are encoded for the database and decoded when read. A string
+    that is exactly "NaN", "Infinity" or "-Infinity" reads back as the float, so columns of
+    this type are for numbers-and-structure data (metrics, checkpoint metadata, verdicts).
+    """
+
+    impl = JSON(none_as_null=True)  # None is SQL NULL, so `IS NULL` finds it
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else encode_non_finite(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else decode_non_finite(value)
 
 
 class Experiment(Base):
@@ -95,6 +152,11 @@ class Trial(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=now)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The data manifest the trial was checked against, and the verification verdict.
+    manifest: Mapped[dict[str, Any] | None] = mapped_column(NonFiniteJSON, nullable=True)
+    verification: Mapped[dict[str, Any] | None] = mapped_column(NonFiniteJSON, nullable=True)
+    early_stopped: Mapped[bool] = mapped_column(default=False, server_default=false())
+    queue_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     experiment: Mapped[Experiment] = relationship(back_populates="trials")
     attempts: Mapped[list[Attempt]] = relationship(
@@ -167,3 +229,69 @@ class Event(Base):
     reason: Mapped[str] = mapped_column(String(64))
     actor: Mapped[str] = mapped_column(String(64))  # e.g. "user", "supervisor", "review:alice"
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Metric(Base):
+    """One line of a replica's `rank-<r>.metrics.jsonl`: the metrics of one report."""
+
+    __tablename__ = "metrics"
+    # The index's leading column also serves the foreign key's lookups.
+    __table_args__ = (Index("ix_metrics_trial_id_kind_step", "trial_id", "kind", "step"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))  # training | validation
+    step: Mapped[int] = mapped_column(BigInteger)
+    time: Mapped[float] = mapped_column(Float)
+    values: Mapped[dict[str, Any]] = mapped_column(NonFiniteJSON)
+
+
+class IngestCursor(Base):
+    """How far one file of a trial's run directory has been read into the store.
+
+    Advanced in the same transaction as the rows read, so every line is stored exactly once
+    however often the server stops and starts (see `muster.supervise.ingest`).
+    """
+
+    __tablename__ = "ingest_cursors"
+    __table_args__ = (UniqueConstraint("trial_id", "attempt", "rank", "file_kind"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    file_kind: Mapped[str] = mapped_column(String(16))  # "metrics"
+    byte_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class Checkpoint(Base):
+    """A checkpoint directory of a trial, as found and verified when it was registered."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("trial_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(255))  # the directory's name
+    path: Mapped[str] = mapped_column(Text)
+    step: Mapped[int] = mapped_column(BigInteger)
+    # From metadata.json; unknown (null) when that file is missing or unreadable.
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    file_count: Mapped[int] = mapped_column(Integer)
+    # `metadata` is taken by SQLAlchemy's declarative base; the column keeps the plain name.
+    user_metadata: Mapped[Any] = mapped_column(
+        "metadata", NonFiniteJSON, default=dict
+    )
+    intact: Mapped[bool] = mapped_column()
+    problem: Mapped[str | None] = mapped_column(Text, nullable=True)
+    registered_at: Mapped[float] = mapped_column(Float, default=now)

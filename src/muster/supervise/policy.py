@@ -66,7 +66,7 @@ def decide(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decision:
         return _trial_retry(reason, used, policy) or _give_up(
             f"{reason.value} failure; giving up after {_count(policy.trial_retries, 'retry')}"
         )
-    if reason is Reason.INFRA or reason is Reason.LOST:
+    if reason is Reason.INFRA or reason is Reason.LOST or reason is Reason.STALLED:
         return _infra(reason, used, policy)
     if reason is Reason.INTERNAL:
         return _internal(used, policy)

@@ -1,0 +1,189 @@
+"""`init()` and the `Context` it yields: everything training code does through the harness."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from muster.harness.arguments import check_count
+from muster.harness.background import BackgroundThread, Task, run_warning_on_oserror
+from muster.harness.checkpoints import Checkpoints, Saver
+from muster.harness.environment import RunEnvironment, read_environment
+from muster.harness.heartbeat import Heartbeat
+from muster.harness.layout import RankFiles
+from muster.harness.metrics import TRAINING, VALIDATION, MetricsWriter
+from muster.harness.samples import Samples
+from muster.harness.stopping import StopRequest
+
+FLUSH_INTERVAL_S = 1.0
+THREAD_STOP_TIMEOUT_S = 5.0
+
+_active: Context | None = None
+
+
+class Context:
+    """What training code gets from `init()`: who this run is, and how it reports.
+
+    Attributes:
+        samples: per-rank sample accounting, `ctx.samples.seen(n, epoch=e)`.
+        checkpoint: `ctx.checkpoint.save(step)` and `ctx.checkpoint.restore()`.
+    """
+
+    def __init__(self, env: RunEnvironment, heartbeat_interval: float) -> None:
+        self._env = env
+        files = RankFiles(env.run_dir, env.attempt, env.rank)
+        files.attempt_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = MetricsWriter(files.metrics, env.rank)
+        self.samples = Samples(files.samples, env.rank)
+        self._heartbeat = Heartbeat(files.heartbeat, heartbeat_interval,
+                                    sources=[self._metrics, self.samples])
+        saver = Saver(env.trial_id, env.attempt, env.rank, env.hparams)
+        self.checkpoint = Checkpoints(files.checkpoints, saver, self._heartbeat,
+                                      env.latest_checkpoint)
+        self._stop = StopRequest(files.stop_ack, self._heartbeat)
+        self._background = BackgroundThread([
+            Task(f"writing {files.metrics}", FLUSH_INTERVAL_S, self._metrics.flush),
+            Task(f"writing {files.samples}", FLUSH_INTERVAL_S, self.samples.flush),
+            Task(f"writing {files.heartbeat}", heartbeat_interval, self._heartbeat.write),
+        ])
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The trial's hyperparameters (MUSTER_HPARAMS; in a local run, `init(hparams=...)`)."""
+        return self._env.hparams
+
+    @property
+    def trial_id(self) -> int | None:
+        """The trial's id in muster; None in a local run."""
+        return self._env.trial_id
+
+    @property
+    def attempt(self) -> int:
+        return self._env.attempt
+
+    @property
+    def rank(self) -> int:
+        return self._env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._env.world_size
+
+    @property
+    def run_dir(self) -> Path:
+        return self._env.run_dir
+
+    def report_training(self, step: int, metrics: Mapping[str, object]) -> None:
+        """Record training metrics for `step`: names to numbers (0-d tensors are fine).
+
+        Cheap enough for every step: the line is buffered and written within a second.
+
+        Raises:
+            TypeError, ValueError: `step` is not an int ≥ 0, or a metric is not a number;
+                the message names the metric.
+        """
+        self._metrics.report(TRAINING, step, metrics)
+
+    def report_validation(self, step: int, metrics: Mapping[str, object]) -> None:
+        """Record validation metrics for `step`; as `report_training`."""
+        self._metrics.report(VALIDATION, step, metrics)
+
+    def heartbeat(self, step: int | None = None) -> None:
+        """Tell muster the loop is making progress, for stretches without any report."""
+        checked = None if step is None else check_count(step, "heartbeat: step")
+        self._heartbeat.progress(time.time(), checked)
+
+    def should_stop(self) -> bool:
+        """True once muster asked this run to stop (SIGTERM): save a checkpoint and leave."""
+        return self._stop.requested()
+
+    def _open(self) -> None:
+        """Take over SIGTERM, check in (the first heartbeat), start the background thread.
+
+        SIGTERM first: once muster sees the check-in, its stop must reach `should_stop()`.
+        """
+        self._stop.install()
+        self._heartbeat.write()
+        self._background.start()
+
+    def _close(self) -> None:
+        """Stop the thread, write everything one last time, give SIGTERM back.
+
+        A failed final write is a warning, not an error, so it never hides the exception
+        that is leaving the user's block.
+        """
+        try:
+            self._background.stop(THREAD_STOP_TIMEOUT_S)
+            run_warning_on_oserror(f"writing {self._metrics.path}", self._metrics.close)
+            run_warning_on_oserror(f"writing {self.samples.path}", self.samples.flush)
+            run_warning_on_oserror(f"writing {self._heartbeat.path}", self._heartbeat.write)
+        finally:
+            self._stop.uninstall()
+
+
+@contextmanager
+def init(
+    *, hparams: Mapping[str, Any] | None = None, heartbeat_interval: float | None = None
+) -> Iterator[Context]:
+    """Connect this training process to muster for the duration of the block.
+
+    On the platform it reads the environment muster sets (MUSTER_RUN_DIR and the rest);
+    without MUSTER_RUN_DIR it is a local run writing into `./muster-run/` as attempt 1,
+    rank 0 (or RANK/WORLD_SIZE when set), with `hparams` as the hyperparameters.
+
+    It takes over SIGTERM for the block (see `Context.should_stop`); Python lets only the
+    main thread do that, so called from another thread, `should_stop()` stays False.
+
+    Args:
+        hparams: the hyperparameters of a local run; on the platform the trial's own
+            (MUSTER_HPARAMS) are used and this is ignored.
+        heartbeat_interval: seconds between heartbeat rewrites; by default 10 s, or a third
+            of MUSTER_HEARTBEAT_TIMEOUT when that is shorter.
+
+    Raises:
+        RuntimeError: another `init()` block is active in this process.
+        ValueError: the environment is malformed, or an argument is out of range.
+        TypeError: `hparams` is not JSON-serialisable.
+    """
+    global _active
+    if _active is not None:
+        raise RuntimeError("muster.harness.init() is already active in this process; "
+                           "use the context it yielded")
+    env = read_environment(os.environ, Path.cwd(), _checked_hparams(hparams))
+    context = Context(env, _checked_interval(heartbeat_interval, env))
+    _active = context
+    try:
+        context._open()
+        yield context
+    finally:
+        try:
+            context._close()
+        finally:
+            _active = None
+
+
+def _checked_hparams(hparams: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if hparams is None:
+        return None
+    if not isinstance(hparams, Mapping):
+        raise TypeError(f"hparams must be a mapping, got {type(hparams).__name__}")
+    try:
+        json.dumps(dict(hparams))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"hparams must be JSON-serialisable (they go into every "
+                        f"checkpoint's metadata.json): {exc}") from None
+    return dict(hparams)
+
+
+def _checked_interval(interval: float | None, env: RunEnvironment) -> float:
+    if interval is None:
+        return env.heartbeat_interval()
+    if not interval > 0:
+        raise ValueError(f"heartbeat_interval must be a positive number of seconds, "
+                         f"got {interval=}")
+    return float(interval)

@@ -1,0 +1,266 @@
+"""Training and validation metrics: checked on each call, buffered, appended as JSON lines.
+
+One line per report, in `attempt-<n>/rank-<r>.metrics.jsonl` (docs/run-directory.md):
+`{"kind": ..., "step": int, "metrics": {name: number}, "time": unix float, "rank": r}`.
+NaN and ±infinity are written as the bare tokens `NaN`, `Infinity`, `-Infinity`, as
+Python's json module writes them, so verification sees them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+from muster.harness.arguments import check_count
+
+TRAINING = "training"
+VALIDATION = "validation"
+KINDS = (TRAINING, VALIDATION)
+TEMPLATE_CACHE_SIZE = 4096
+MAX_UNWRITTEN_LINES = 1_000_000  # ~100 MB: beyond it, a write that keeps failing drops lines
+TAIL_SCAN_BYTES = 1 << 16
+
+# the fast template, the exact one, and what fills them: (step, *metric values, time)
+_Report = tuple[str, str, tuple[float | int, ...]]
+
+_time = time.time
+_float_repr = float.__repr__
+_int_repr = int.__repr__
+
+
+class LineTemplate(NamedTuple):
+    """The line of one kind of report with one set of metric names, to fill with %."""
+
+    fast: str  # values as %r: right for every finite number
+    exact: str  # values as %s, for the JSON text of each: NaN, Infinity, -Infinity too
+
+
+class MetricsWriter:
+    """Appends reported metrics to one rank's metrics.jsonl, without ever tearing a line.
+
+    `report` runs on every training step, so it only checks the step and the metrics, turns
+    scalars into numbers and queues them; `flush` (the background thread's, every second,
+    and at close) formats the queued reports and writes them as whole lines with write(2),
+    no fsync. A kill in the middle of that write can tear only the file's last line, which
+    readers skip; a failed write is cut back off the file and retried on the next flush.
+    """
+
+    def __init__(self, path: Path, rank: int) -> None:
+        self.path = path
+        self._rank = rank
+        # deque.append and popleft are atomic: the training loop never waits on a lock.
+        self._queue: deque[_Report] = deque()
+        self._templates: dict[tuple[str, tuple[str, ...]], LineTemplate] = {}
+        self._unwritten: list[str] = []  # lines formatted but not yet written
+        self._write_lock = threading.Lock()
+        self._fd = _open_for_append(path)
+        self._closed = False
+        self.last: tuple[float, int] | None = None  # (time, step) of the latest report
+
+    def report(self, kind: str, step: object, metrics: Mapping[str, object]) -> None:
+        """Check and queue one report, stamped with the time now (a progress call).
+
+        Raises:
+            TypeError, ValueError: `step` or a metric is not what the format allows; the
+                message names the metric.
+            RuntimeError: the harness has ended (after `init()`'s block).
+        """
+        now = _time()
+        if self._closed:
+            raise RuntimeError(f"report_{kind}() was called after muster.harness.init() ended")
+        if type(step) is not int or step < 0:
+            step = check_count(step, f"report_{kind}: step")
+        if type(metrics) is not dict:
+            metrics = _checked_mapping(metrics)
+        names = tuple(metrics)
+        for value in metrics.values():
+            value_type = type(value)
+            if value_type is not float and value_type is not int:
+                arguments = (step, *_numbers(names, metrics.values()), now)
+                break
+        else:
+            arguments = (step, *metrics.values(), now)
+        fast, exact = self._templates.get((kind, names)) or self._template(kind, names)
+        # Only strings and numbers in the queue: the garbage collector soon stops tracking
+        # such tuples, so a second's worth of queued reports does not slow its full passes.
+        self._queue.append((fast, exact, arguments))
+        self.last = (now, step)
+
+    def flush(self) -> None:
+        """Write the queued reports (write + flush, no fsync).
+
+        Raises:
+            OSError: the write failed; the lines stay queued for the next flush.
+        """
+        with self._write_lock:
+            queue = self._queue
+            lines = self._unwritten + _lines([queue.popleft() for _ in range(len(queue))])
+            self._unwritten = []
+            if not lines:
+                return
+            try:
+                _append_whole(self._fd, "".join(lines).encode())
+            except OSError:
+                self._keep_unwritten(lines)
+                raise
+
+    def close(self) -> None:
+        """Flush, fsync and close the file; later reports raise RuntimeError."""
+        self._closed = True
+        try:
+            self.flush()
+            with self._write_lock:
+                os.fsync(self._fd)
+        finally:
+            with self._write_lock:
+                os.close(self._fd)
+
+    def _template(self, kind: str, names: tuple[str, ...]) -> LineTemplate:
+        """Check the names (the first time they are seen) and make their line template."""
+        if not names:
+            raise ValueError("metrics is empty: report at least one metric")
+        for name in names:
+            _check_name(name)
+        keys = [json.dumps(name).replace("%", "%%") for name in names]
+        head = f'{{"kind": "{kind}", "step": %d, "metrics": {{'
+        tail = f'}}, "time": %.6f, "rank": {self._rank}}}\n'
+        template = LineTemplate(head + ", ".join(f"{key}: %r" for key in keys) + tail,
+                                head + ", ".join(f"{key}: %s" for key in keys) + tail)
+        if len(self._templates) < TEMPLATE_CACHE_SIZE:
+            self._templates[kind, names] = template
+        return template
+
+    def _keep_unwritten(self, lines: list[str]) -> None:
+        excess = len(lines) - MAX_UNWRITTEN_LINES
+        self._unwritten = lines[max(0, excess):]
+        if excess > 0:
+            warnings.warn(f"muster.harness: {self.path} cannot be written; dropped the "
+                          f"{excess} oldest metric lines", RuntimeWarning, stacklevel=3)
+
+
+def _lines(reports: list[_Report]) -> list[str]:
+    lines = [fast % arguments for fast, _, arguments in reports]
+    text = "".join(lines)
+    if "nan" in text or "inf" in text:
+        # A value that is not finite (or only a name like "info"): write its JSON token.
+        lines = [_exact_line(*report) for report in reports]
+    return lines
+
+
+def _exact_line(_: str, exact: str, arguments: tuple[float | int, ...]) -> str:
+    step, *values, now = arguments
+    return exact % (step, *[_json_number(value) for value in values], now)
+
+
+def _numbers(names: tuple[str, ...], values: Iterable[object]) -> list[float | int]:
+    numbers = []
+    for name, value in zip(names, values, strict=True):
+        value_type = type(value)
+        numbers.append(value if value_type is float or value_type is int
+                       else to_number(name, value))
+    return numbers  # type: ignore[return-value]
+
+
+def _checked_mapping(metrics: object) -> Mapping[str, object]:
+    if not isinstance(metrics, Mapping):
+        raise TypeError("metrics must be a mapping of metric name to number, "
+                        f"got {type(metrics).__name__}")
+    return metrics
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"metric names must be str, got {type(name).__name__} {name!r}")
+    if not name:
+        raise ValueError("metric names must not be empty")
+
+
+def to_number(name: str, value: object) -> float | int:
+    """`value` as a plain float or int: numbers, and numpy and torch 0-d scalars.
+
+    Raises:
+        TypeError: `value` is not a number, or not a 0-d scalar; the message names `name`.
+    """
+    ndim = getattr(value, "ndim", None)  # numpy and torch scalars first: the common case
+    if ndim is not None and hasattr(value, "item"):
+        if ndim != 0:
+            shape = tuple(getattr(value, "shape", ()))
+            raise TypeError(f"metric {name!r} is a {type(value).__name__} of shape {shape}; "
+                            "report a number or a 0-d scalar (e.g. loss.item())")
+        # .item() rather than float(): torch warns on float() of a tensor that needs grad.
+        item = value.item()
+        return item if type(item) is float else to_number(name, item)
+    if isinstance(value, bool):
+        raise TypeError(f"metric {name!r} is a bool ({value}); report a number such as "
+                        f"{int(value)}")
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, int):
+        return int(value)
+    if hasattr(value, "__float__") and not isinstance(value, complex):
+        try:
+            return float(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"metric {name!r} could not be converted to a float: {exc}") from exc
+    raise TypeError(f"metric {name!r} must be a number (int or float), "
+                    f"got {type(value).__name__} {_shown(value)}")
+
+
+def _json_number(value: float | int) -> str:
+    if type(value) is int:
+        return _int_repr(value)
+    if value - value == 0.0:
+        return _float_repr(value)
+    if value != value:
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _open_for_append(path: Path) -> int:
+    """Open `path` for appending, first cutting off a torn last line a killed run left."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        whole = _end_of_last_line(fd, size)
+        if whole != size:
+            os.ftruncate(fd, whole)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _end_of_last_line(fd: int, size: int) -> int:
+    """The offset just past the last newline in the file (0 when it has none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - TAIL_SCAN_BYTES)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
+
+
+def _append_whole(fd: int, data: bytes) -> None:
+    """Append `data` completely, or cut the file back to where it was and raise."""
+    start = os.lseek(fd, 0, os.SEEK_END)
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        os.ftruncate(fd, start)
+        raise

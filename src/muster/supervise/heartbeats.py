@@ -1,0 +1,40 @@
+"""Stall detection: a replica that checked in through the harness and then made no progress.
+
+The harness's heartbeat thread rewrites `rank-<r>.heartbeat.json` every few seconds with the
+time of the last *progress* call (docs/run-directory.md). A live thread over a deadlocked
+training loop keeps the file fresh but `progress_time` still; that is what we look at.
+Scripts that never use the harness write no heartbeat file and are never judged stalled.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from muster.atomic import read_json
+
+
+def heartbeat_path(attempt_dir: Path, rank: int) -> Path:
+    return attempt_dir / f"rank-{rank}.heartbeat.json"
+
+
+def checked_in(attempt_dir: Path, rank: int) -> bool:
+    return heartbeat_path(attempt_dir, rank).exists()
+
+
+def stall_reason(attempt_dir: Path, rank: int, timeout: float, now: float) -> str | None:
+    """Why the replica counts as stalled at `now`, or None while it makes progress."""
+    try:
+        beat = read_json(heartbeat_path(attempt_dir, rank))
+    except ValueError:  # torn by a non-atomic writer: judge it at the next look
+        return None
+    if not isinstance(beat, dict) or not isinstance(beat.get("progress_time"), int | float):
+        return None
+    idle = now - float(beat["progress_time"])
+    if idle < timeout:
+        return None
+    step = beat.get("step")
+    since = dt.datetime.fromtimestamp(float(beat["progress_time"])).strftime("%H:%M:%S")
+    where = f"step {step}" if step is not None else "its check-in"
+    return (f"no progress for {idle:.0f}s (heartbeat_timeout {timeout:g}s); last progress at "
+            f"{where}, {since}")

@@ -1,0 +1,416 @@
+"""The verdict on a trial whose primary replica exited 0 (invariant 1: no false success).
+
+Plan, then act: `gather_evidence` reads the run directory (docs/run-directory.md) into plain
+data, and `verify`, a pure function, decides. A trial whose verdict fails is SUSPECT with
+the failed checks' details as its reasons.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from muster.config import VerifyConfig
+
+__all__ = [
+    "Check",
+    "CheckpointInfo",
+    "Evidence",
+    "MetricPoint",
+    "Verdict",
+    "VerifyConfig",
+    "gather_evidence",
+    "latest_intact_checkpoint",
+    "verify",
+]
+
+MINUS = "\u2212"  # U+2212, a real minus sign for negative percentages
+SHOWN_NON_FINITE = 5  # non-finite values named in a detail; the rest are counted
+KEPT_NON_FINITE_PER_FILE = SHOWN_NON_FINITE  # enough to name the first ones of any file
+CHECKPOINT_DIR = re.compile(r"step-(\d+)")
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One reported metric value (here: only the non-finite ones are kept)."""
+
+    kind: str
+    step: int
+    name: str
+    value: float
+    attempt: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: str
+    step: int
+    intact: bool
+    problem: str | None  # e.g. "has a changed file model.pt"; None when intact
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.path).name
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the run directory says about a trial, read once, for `verify` to judge.
+
+    `samples_by_epoch` holds, per epoch, the sum over ranks of the last attempt that
+    reported that epoch (an epoch redone after a restart counts once). Metrics are kept as
+    a summary: every name reported, the first non-finite values of each file and their
+    total count.
+    """
+
+    samples_by_epoch: dict[int, int] = field(default_factory=dict)
+    unreadable_samples_files: tuple[str, ...] = ()
+    metric_names: frozenset[str] = frozenset()
+    metric_lines: int = 0
+    non_finite: tuple[MetricPoint, ...] = ()
+    non_finite_count: int = 0
+    unreadable_metric_lines: int = 0
+    first_unreadable_metric_line: str | None = None  # "attempt-1/rank-0.metrics.jsonl:17"
+    checkpoints: tuple[CheckpointInfo, ...] = ()
+    harness_used: bool = False
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    checks: list[Check]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail}
+                       for c in self.checks],
+        }
+
+
+# --- the decision -------------------------------------------------------------------------
+
+
+def verify(evidence: Evidence, config: VerifyConfig, manifest_file_count: int | None) -> Verdict:
+    """Judge `evidence`; the verdict passes only if every check that applies passed."""
+    expected = (config.expected_samples if config.expected_samples is not None
+                else manifest_file_count)
+    require_checkpoint = (evidence.harness_used if config.require_checkpoint is None
+                          else config.require_checkpoint)
+    checks = [
+        _check_samples(evidence, expected, config.samples_tolerance) if expected is not None
+        else None,
+        _check_checkpoint(evidence.checkpoints) if require_checkpoint else None,
+        _check_finite_metrics(evidence) if config.finite_metrics else None,
+        _check_required_metrics(evidence.metric_names, config.require_metrics)
+        if config.require_metrics else None,
+        _check_metrics_readable(evidence),
+    ]
+    kept = [c for c in checks if c is not None]
+    return Verdict(passed=all(c.passed for c in kept), checks=kept)
+
+
+def _check_samples(evidence: Evidence, expected: int, tolerance: float) -> Check:
+    """Samples seen in each epoch, summed over ranks, against the expected count."""
+    if evidence.unreadable_samples_files:
+        files = ", ".join(evidence.unreadable_samples_files)
+        return Check("samples", False, f"unreadable sample counts in {files}")
+    if not evidence.samples_by_epoch:
+        return Check("samples", False, "no samples were reported (ctx.samples.seen); "
+                                       f"expected {expected:,} per epoch")
+    failing = [_epoch_shortfall(epoch, seen, expected)
+               for epoch, seen in sorted(evidence.samples_by_epoch.items())
+               if abs(seen - expected) > tolerance * expected]
+    if failing:
+        return Check("samples", False, "; ".join(failing))
+    epochs = _plural(len(evidence.samples_by_epoch), "epoch")
+    return Check("samples", True,
+                 f"{epochs}, each within {_tolerance_text(tolerance)} of {expected:,}")
+
+
+def _check_checkpoint(checkpoints: Sequence[CheckpointInfo]) -> Check:
+    """At least one intact checkpoint; the corrupt ones are named either way."""
+    intact = [c for c in checkpoints if c.intact]
+    problems = "; ".join(f"{c.name} {c.problem}" for c in checkpoints if not c.intact)
+    if not checkpoints:
+        return Check("checkpoint", False, "no checkpoint was saved (checkpoints/ is empty)")
+    if not intact:
+        return Check("checkpoint", False, f"no intact checkpoint: {problems}")
+    latest = max(intact, key=lambda c: c.step)
+    detail = f"{len(intact)} intact, latest {latest.name}"
+    return Check("checkpoint", True, f"{detail}; {problems}" if problems else detail)
+
+
+def _check_finite_metrics(evidence: Evidence) -> Check:
+    if evidence.non_finite_count == 0:
+        what = (_plural(len(evidence.metric_names), "metric") if evidence.metric_names
+                else "no metrics were reported")
+        return Check("finite_metrics", True, f"no NaN or infinite value ({what})")
+    shown = sorted(evidence.non_finite, key=lambda p: (p.attempt, p.step, p.rank, p.name))
+    parts = [_non_finite_text(p) for p in shown[:SHOWN_NON_FINITE]]
+    rest = evidence.non_finite_count - len(parts)
+    if rest > 0:
+        parts.append(f"and {_plural(rest, 'more non-finite value')}")
+    return Check("finite_metrics", False, "; ".join(parts))
+
+
+def _check_required_metrics(reported: frozenset[str], required: Sequence[str]) -> Check:
+    missing = [name for name in required if name not in reported]
+    if missing:
+        return Check("require_metrics", False,
+                     "; ".join(f"{name} was never reported" for name in missing))
+    return Check("require_metrics", True, f"reported: {', '.join(required)}")
+
+
+def _check_metrics_readable(evidence: Evidence) -> Check:
+    bad = evidence.unreadable_metric_lines
+    if bad:
+        return Check("metrics_readable", False,
+                     f"{_plural(bad, 'unreadable metric line')} "
+                     f"(the first at {evidence.first_unreadable_metric_line})")
+    return Check("metrics_readable", True,
+                 f"{_plural(evidence.metric_lines, 'metric line')} read")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def _epoch_shortfall(epoch: int, seen: int, expected: int) -> str:
+    text = f"epoch {epoch}: {seen:,} samples seen, {expected:,} expected"
+    if expected <= 0:
+        return text
+    return f"{text} ({_signed_percent((seen - expected) / expected * 100)})"
+
+
+def _signed_percent(percent: float) -> str:
+    digits = 1 if abs(percent) >= 0.1 else 3  # a tight tolerance must not show "+0.0%"
+    return f"{percent:+.{digits}f}%".replace("-", MINUS)
+
+
+def _tolerance_text(tolerance: float) -> str:
+    percent = tolerance * 100
+    text = f"{percent:.1f}"
+    return f"{text if float(text) == percent else f'{percent:g}'}%"
+
+
+def _non_finite_text(point: MetricPoint) -> str:
+    """E.g. "loss was NaN at step 120 (training)"; attempt and rank when not 1 and 0."""
+    value = "NaN" if math.isnan(point.value) else ("Infinity" if point.value > 0
+                                                   else "-Infinity")
+    where = [point.kind]
+    where += [f"attempt {point.attempt}"] if point.attempt != 1 else []
+    where += [f"rank {point.rank}"] if point.rank != 0 else []
+    return f"{point.name} was {value} at step {point.step} ({', '.join(where)})"
+
+
+# --- the readers --------------------------------------------------------------------------
+
+
+def gather_evidence(run_dir: Path, attempts: Sequence[int]) -> Evidence:
+    """Read what the trial's attempts left in `run_dir` (all attempts, any order)."""
+    ordered = sorted(attempts)
+    samples, unreadable_samples = _read_samples(run_dir, ordered)
+    metrics = _read_metrics(run_dir, ordered)
+    return Evidence(
+        samples_by_epoch=samples,
+        unreadable_samples_files=unreadable_samples,
+        metric_names=frozenset(metrics.names),
+        metric_lines=metrics.lines,
+        non_finite=tuple(metrics.non_finite),
+        non_finite_count=metrics.non_finite_count,
+        unreadable_metric_lines=metrics.unreadable,
+        first_unreadable_metric_line=metrics.first_unreadable,
+        checkpoints=tuple(_read_checkpoints(run_dir / "checkpoints")),
+        harness_used=any(_rank_files(run_dir, n, "heartbeat.json") for n in ordered),
+    )
+
+
+def _read_samples(
+    run_dir: Path, attempts: Sequence[int]
+) -> tuple[dict[int, int], tuple[str, ...]]:
+    """Samples per epoch, each epoch from the last attempt that reported it; bad files."""
+    by_epoch: dict[int, int] = {}
+    unreadable: list[str] = []
+    for attempt in attempts:
+        in_attempt: dict[int, int] = {}
+        for _, path in _rank_files(run_dir, attempt, "samples.json"):
+            epochs = _epoch_counts(path)
+            if epochs is None:
+                unreadable.append(_relative(path, run_dir))
+                continue
+            for epoch, seen in epochs.items():
+                in_attempt[epoch] = in_attempt.get(epoch, 0) + seen
+        by_epoch.update(in_attempt)  # a later attempt replaces the epochs it redid
+    return dict(sorted(by_epoch.items())), tuple(unreadable)
+
+
+def _epoch_counts(path: Path) -> dict[int, int] | None:
+    """{epoch: samples} from one rank's samples.json; None when it is not that shape."""
+    try:
+        epochs = json.loads(path.read_bytes())["epochs"]
+        counts = {int(epoch): seen for epoch, seen in epochs.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if not all(_is_int(seen) and seen >= 0 for seen in counts.values()):
+        return None
+    return counts
+
+
+@dataclass
+class _MetricsSummary:
+    names: set[str] = field(default_factory=set)
+    lines: int = 0
+    non_finite: list[MetricPoint] = field(default_factory=list)
+    non_finite_count: int = 0
+    unreadable: int = 0
+    first_unreadable: str | None = None
+
+
+def _read_metrics(run_dir: Path, attempts: Sequence[int]) -> _MetricsSummary:
+    """Summarize every rank's metrics.jsonl; a torn last line (no newline) is not an error."""
+    summary = _MetricsSummary()
+    for attempt in attempts:
+        for rank, path in _rank_files(run_dir, attempt, "metrics.jsonl"):
+            _read_metrics_file(path, attempt, rank, summary, _relative(path, run_dir))
+    return summary
+
+
+def _read_metrics_file(
+    path: Path, attempt: int, rank: int, summary: _MetricsSummary, shown_as: str
+) -> None:
+    kept_here = 0
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            record = _metric_record(line)
+            if record is None:
+                if line.endswith(b"\n"):  # complete but unparseable: not a torn write
+                    summary.unreadable += 1
+                    summary.first_unreadable = summary.first_unreadable or f"{shown_as}:{number}"
+                continue
+            summary.lines += 1
+            for point in _non_finite_points(record, attempt, rank, summary.names):
+                summary.non_finite_count += 1
+                if kept_here < KEPT_NON_FINITE_PER_FILE:
+                    summary.non_finite.append(point)
+                    kept_here += 1
+
+
+def _metric_record(line: bytes) -> dict[str, Any] | None:
+    """The parsed line when it has the documented shape, else None."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not _is_int(record.get("step")):
+        return None
+    metrics = record.get("metrics")
+    if not isinstance(record.get("kind"), str) or not isinstance(metrics, dict):
+        return None
+    if not all(_is_number(value) for value in metrics.values()):
+        return None
+    return record
+
+
+def _non_finite_points(
+    record: dict[str, Any], attempt: int, rank: int, names: set[str]
+) -> Iterable[MetricPoint]:
+    """Record every metric name of `record` in `names`; yield its non-finite values."""
+    for name, value in record["metrics"].items():
+        names.add(name)
+        if isinstance(value, float) and not math.isfinite(value):
+            yield MetricPoint(record["kind"], record["step"], name, value, attempt, rank)
+
+
+def _read_checkpoints(directory: Path) -> list[CheckpointInfo]:
+    """Every complete checkpoint (`step-*`) under `directory`, checked file by file."""
+    if not directory.is_dir():
+        return []
+    found = [_inspect_checkpoint(path, int(m[1])) for path in directory.iterdir()
+             if (m := CHECKPOINT_DIR.match(path.name)) and path.is_dir()]
+    return sorted(found, key=lambda c: (c.step, c.path))
+
+
+def _inspect_checkpoint(path: Path, step: int) -> CheckpointInfo:
+    """Check one checkpoint; its step comes from metadata.json, else from its name."""
+    try:
+        metadata = json.loads((path / "metadata.json").read_bytes())
+    except FileNotFoundError:
+        return CheckpointInfo(str(path), step, False, "has no metadata.json")
+    except (OSError, ValueError):
+        return CheckpointInfo(str(path), step, False, "has an unreadable metadata.json")
+    if not isinstance(metadata, dict):
+        return CheckpointInfo(str(path), step, False, "has an unreadable metadata.json")
+    if _is_int(metadata.get("step")):
+        step = metadata["step"]
+    problem = _files_problem(path, metadata.get("files"))
+    return CheckpointInfo(str(path), step, problem is None, problem)
+
+
+def _files_problem(checkpoint: Path, files: Any) -> str | None:
+    """Why the files listed in metadata.json do not match the disk; None when they do."""
+    if not isinstance(files, dict):
+        return "has no file list in metadata.json"
+    for relative, digest in sorted(files.items()):
+        where = PurePosixPath(relative)
+        if where.is_absolute() or ".." in where.parts:
+            return f"lists a file outside itself: {relative}"
+        problem = _file_problem(checkpoint / relative, relative, digest)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _file_problem(path: Path, relative: str, digest: Any) -> str | None:
+    try:
+        with path.open("rb") as file:
+            actual = hashlib.file_digest(file, "sha256").hexdigest()
+    except (FileNotFoundError, IsADirectoryError):
+        return f"is missing file {relative}"
+    except OSError as exc:
+        return f"has an unreadable file {relative} ({exc.strerror})"
+    return None if actual == digest else f"has a changed file {relative}"
+
+
+def _rank_files(run_dir: Path, attempt: int, suffix: str) -> list[tuple[int, Path]]:
+    """(rank, path) of each `attempt-<n>/rank-<r>.<suffix>`, by rank."""
+    directory = run_dir / f"attempt-{attempt}"
+    if not directory.is_dir():
+        return []
+    pattern = re.compile(rf"rank-(\d+)\.{re.escape(suffix)}")
+    return sorted((int(m[1]), path) for path in directory.iterdir()
+                  if (m := pattern.fullmatch(path.name)))
+
+
+def _relative(path: Path, run_dir: Path) -> str:
+    return str(path.relative_to(run_dir))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def latest_intact_checkpoint(run_dir: Path) -> Path | None:
+    """The intact checkpoint with the highest step, for `MUSTER_LATEST_CHECKPOINT`."""
+    intact = [c for c in _read_checkpoints(run_dir / "checkpoints") if c.intact]
+    return Path(intact[-1].path) if intact else None

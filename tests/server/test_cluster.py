@@ -1,0 +1,37 @@
+"""`GET /api/v1/cluster` and `muster cluster status`: slots, queue and the disk guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from muster.client import Client
+from tests.server.conftest import RunningServer
+
+
+def test_cluster_status_reports_slots_queue_and_disk(client: Client) -> None:
+    info = client.cluster_status()
+    assert info["slots"] == 4 and info["slots_in_use"] == 0 and info["queued"] == 0
+    assert info["min_free_disk_bytes"] == 0 and info["disk_ok"] is True
+    assert info["free_disk_bytes"] > 0
+    assert info["disk_message"].endswith("required")
+
+
+def test_the_cli_shows_it_and_says_when_launches_wait(server: RunningServer) -> None:
+    server.stop()
+    guarded = RunningServer(home=server.home, db_url=server.db_url)
+    guarded.start_with(["--min-free-disk", "1000000TiB"])
+    try:
+        env = {**os.environ, "MUSTER_HOME": str(server.home), "MUSTER_URL": guarded.url}
+        run = subprocess.run([sys.executable, "-m", "muster", "cluster", "status", "--json"],
+                             env=env, capture_output=True, text=True, timeout=60, check=True)
+        info = json.loads(run.stdout)
+        assert info["disk_ok"] is False
+        assert info["disk_message"].startswith("waiting for disk: ")
+        human = subprocess.run([sys.executable, "-m", "muster", "cluster", "status"], env=env,
+                               capture_output=True, text=True, timeout=60, check=True)
+        assert "launches wait" in human.stdout and "waiting for disk" in human.stdout
+    finally:
+        guarded.stop()

@@ -1,0 +1,429 @@
+"""Verification: `verify` table by table, `gather_evidence` on run directories written by hand.
+
+The files follow docs/run-directory.md; they are written here directly, not by the harness,
+so each test controls every byte (a torn line, a flipped byte in a checkpoint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from muster.supervise.verification import (
+    Check,
+    CheckpointInfo,
+    Evidence,
+    MetricPoint,
+    Verdict,
+    VerifyConfig,
+    gather_evidence,
+    verify,
+)
+
+MINUS = "\u2212"
+CKPT = "step-000000000042-ab12cd34"
+INTACT = CheckpointInfo(f"/run/checkpoints/{CKPT}", 42, True, None)
+CHANGED = CheckpointInfo(f"/run/checkpoints/{CKPT}", 42, False, "has a changed file model.pt")
+LATER = CheckpointInfo("/run/checkpoints/step-000000000100-00ff00ff", 100, True, None)
+NO_CHECKS = VerifyConfig(require_checkpoint=False, finite_metrics=False)
+
+
+def nan_at(step: int, name: str = "loss", kind: str = "training") -> MetricPoint:
+    return MetricPoint(kind, step, name, math.nan, attempt=1, rank=0)
+
+
+def check_of(verdict: Verdict, name: str) -> Check:
+    (found,) = [c for c in verdict.checks if c.name == name]
+    return found
+
+
+# --- verify: samples ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("samples", "config", "manifest", "passed", "detail"),
+    [
+        ({e: 1797 for e in range(15)}, NO_CHECKS, 1797, True,
+         "15 epochs, each within 1.0% of 1,797"),
+        ({0: 1797}, NO_CHECKS, 1797, True, "1 epoch, each within 1.0% of 1,797"),
+        # 1% of 1,797 is 17.97: 17 off passes, 18 off fails
+        ({0: 1780, 1: 1814}, NO_CHECKS, 1797, True, "2 epochs, each within 1.0% of 1,797"),
+        ({0: 1779}, NO_CHECKS, 1797, False,
+         f"epoch 0: 1,779 samples seen, 1,797 expected ({MINUS}1.0%)"),
+        ({0: 1797, 3: 1581}, NO_CHECKS, 1797, False,
+         f"epoch 3: 1,581 samples seen, 1,797 expected ({MINUS}12.0%)"),
+        ({0: 1797, 1: 2000, 2: 900}, NO_CHECKS, 1797, False,
+         "epoch 1: 2,000 samples seen, 1,797 expected (+11.3%); "
+         f"epoch 2: 900 samples seen, 1,797 expected ({MINUS}49.9%)"),
+        # expected_samples wins over the manifest
+        ({0: 1500}, VerifyConfig(expected_samples=1500, require_checkpoint=False), 1797, True,
+         "1 epoch, each within 1.0% of 1,500"),
+        ({0: 1500}, VerifyConfig(samples_tolerance=0.2, require_checkpoint=False), 1797, True,
+         "1 epoch, each within 20.0% of 1,797"),
+        ({0: 1_000_000}, VerifyConfig(samples_tolerance=0.0025, require_checkpoint=False),
+         1_000_000, True, "1 epoch, each within 0.25% of 1,000,000"),
+        # a tight tolerance shows the small percentage, not "+0.0%"
+        ({0: 1_000_010}, VerifyConfig(samples_tolerance=0.0, require_checkpoint=False),
+         1_000_000, False, "epoch 0: 1,000,010 samples seen, 1,000,000 expected (+0.001%)"),
+        ({}, NO_CHECKS, 1797, False,
+         "no samples were reported (ctx.samples.seen); expected 1,797 per epoch"),
+        ({0: 5}, NO_CHECKS, 0, False, "epoch 0: 5 samples seen, 0 expected"),
+    ],
+)
+def test_samples_check(
+    samples: dict[int, int], config: VerifyConfig, manifest: int, passed: bool, detail: str
+) -> None:
+    verdict = verify(Evidence(samples_by_epoch=samples), config, manifest)
+    check = check_of(verdict, "samples")
+    assert (check.passed, check.detail) == (passed, detail)
+    assert verdict.passed is passed
+
+
+@pytest.mark.parametrize("samples", [{}, {0: 3}])
+def test_samples_check_is_omitted_without_an_expected_count(samples: dict[int, int]) -> None:
+    verdict = verify(Evidence(samples_by_epoch=samples), NO_CHECKS, None)
+    assert [c.name for c in verdict.checks] == ["metrics_readable"]
+    assert verdict.passed
+
+
+def test_unreadable_samples_file_fails_the_samples_check() -> None:
+    evidence = Evidence(samples_by_epoch={0: 1797},
+                        unreadable_samples_files=("attempt-1/rank-1.samples.json",))
+    check = check_of(verify(evidence, NO_CHECKS, 1797), "samples")
+    assert not check.passed
+    assert check.detail == "unreadable sample counts in attempt-1/rank-1.samples.json"
+
+
+# --- verify: checkpoint -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("checkpoints", "harness_used", "require", "expected"),
+    [
+        ((INTACT,), True, None, (True, f"1 intact, latest {CKPT}")),
+        ((INTACT, LATER), False, True,
+         (True, "2 intact, latest step-000000000100-00ff00ff")),
+        ((CHANGED, LATER), True, None,
+         (True, f"1 intact, latest step-000000000100-00ff00ff; {CKPT} has a changed file "
+                "model.pt")),
+        ((CHANGED,), True, None,
+         (False, f"no intact checkpoint: {CKPT} has a changed file model.pt")),
+        ((), True, None, (False, "no checkpoint was saved (checkpoints/ is empty)")),
+        ((), False, True, (False, "no checkpoint was saved (checkpoints/ is empty)")),
+        # not required: no harness and no setting, or switched off
+        ((), False, None, None),
+        ((CHANGED,), True, False, None),
+    ],
+)
+def test_checkpoint_check(
+    checkpoints: tuple[CheckpointInfo, ...], harness_used: bool, require: bool | None,
+    expected: tuple[bool, str] | None,
+) -> None:
+    evidence = Evidence(checkpoints=checkpoints, harness_used=harness_used)
+    verdict = verify(evidence, VerifyConfig(require_checkpoint=require), None)
+    found = [(c.passed, c.detail) for c in verdict.checks if c.name == "checkpoint"]
+    assert found == ([] if expected is None else [expected])
+
+
+# --- verify: metrics ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("evidence", "passed", "detail"),
+    [
+        (Evidence(), True, "no NaN or infinite value (no metrics were reported)"),
+        (Evidence(metric_names=frozenset({"loss", "val_loss"})), True,
+         "no NaN or infinite value (2 metrics)"),
+        (Evidence(metric_names=frozenset({"loss"})), True,
+         "no NaN or infinite value (1 metric)"),
+        (Evidence(non_finite=(nan_at(120),), non_finite_count=1), False,
+         "loss was NaN at step 120 (training)"),
+        (Evidence(non_finite=(MetricPoint("validation", 7, "val_loss", -math.inf, 2, 1),),
+                  non_finite_count=1), False,
+         "val_loss was -Infinity at step 7 (validation, attempt 2, rank 1)"),
+        (Evidence(non_finite=(MetricPoint("training", 3, "grad", math.inf, 1, 0),),
+                  non_finite_count=1), False, "grad was Infinity at step 3 (training)"),
+        # at most 5 named, earliest first, then a count of the rest
+        (Evidence(non_finite=tuple(nan_at(s) for s in (60, 10, 50, 20, 40, 30, 70)),
+                  non_finite_count=1234), False,
+         "; ".join(f"loss was NaN at step {s} (training)" for s in (10, 20, 30, 40, 50))
+         + "; and 1,229 more non-finite values"),
+        (Evidence(non_finite=tuple(nan_at(s) for s in range(5)), non_finite_count=6), False,
+         "; ".join(f"loss was NaN at step {s} (training)" for s in range(5))
+         + "; and 1 more non-finite value"),
+    ],
+)
+def test_finite_metrics_check(evidence: Evidence, passed: bool, detail: str) -> None:
+    check = check_of(verify(evidence, VerifyConfig(require_checkpoint=False), None),
+                     "finite_metrics")
+    assert (check.passed, check.detail) == (passed, detail)
+
+
+def test_finite_metrics_check_can_be_switched_off() -> None:
+    evidence = Evidence(non_finite=(nan_at(1),), non_finite_count=1)
+    verdict = verify(evidence, NO_CHECKS, None)
+    assert verdict.passed
+    assert "finite_metrics" not in [c.name for c in verdict.checks]
+
+
+@pytest.mark.parametrize(
+    ("reported", "required", "passed", "detail"),
+    [
+        ({"loss", "val_loss"}, ("val_loss",), True, "reported: val_loss"),
+        ({"loss", "val_loss", "acc"}, ("val_loss", "acc"), True, "reported: val_loss, acc"),
+        ({"loss"}, ("val_loss",), False, "val_loss was never reported"),
+        (set(), ("val_loss", "acc"), False,
+         "val_loss was never reported; acc was never reported"),
+    ],
+)
+def test_require_metrics_check(
+    reported: set[str], required: tuple[str, ...], passed: bool, detail: str
+) -> None:
+    config = VerifyConfig(require_checkpoint=False, require_metrics=list(required))
+    check = check_of(verify(Evidence(metric_names=frozenset(reported)), config, None),
+                     "require_metrics")
+    assert (check.passed, check.detail) == (passed, detail)
+
+
+@pytest.mark.parametrize(
+    ("evidence", "passed", "detail"),
+    [
+        (Evidence(metric_lines=12_345), True, "12,345 metric lines read"),
+        (Evidence(metric_lines=1), True, "1 metric line read"),
+        (Evidence(metric_lines=10, unreadable_metric_lines=1,
+                  first_unreadable_metric_line="attempt-1/rank-0.metrics.jsonl:4"), False,
+         "1 unreadable metric line (the first at attempt-1/rank-0.metrics.jsonl:4)"),
+        (Evidence(unreadable_metric_lines=2000,
+                  first_unreadable_metric_line="attempt-2/rank-1.metrics.jsonl:1"), False,
+         "2,000 unreadable metric lines (the first at attempt-2/rank-1.metrics.jsonl:1)"),
+    ],
+)
+def test_metrics_readable_check(evidence: Evidence, passed: bool, detail: str) -> None:
+    check = check_of(verify(evidence, NO_CHECKS, None), "metrics_readable")
+    assert (check.passed, check.detail) == (passed, detail)
+
+
+# --- verify: the verdict ------------------------------------------------------------------
+
+
+def test_verdict_passes_only_when_every_check_passes() -> None:
+    good = Evidence(samples_by_epoch={0: 1797, 1: 1797}, metric_names=frozenset({"loss"}),
+                    metric_lines=40, checkpoints=(INTACT,), harness_used=True)
+    config = VerifyConfig(require_metrics=["loss"])
+    verdict = verify(good, config, 1797)
+    assert verdict.passed
+    assert [c.name for c in verdict.checks] == [
+        "samples", "checkpoint", "finite_metrics", "require_metrics", "metrics_readable"]
+    assert all(c.detail for c in verdict.checks)
+
+    one_bad = Evidence(samples_by_epoch=good.samples_by_epoch, metric_names=frozenset(),
+                       metric_lines=40, checkpoints=(INTACT,), harness_used=True)
+    failed = verify(one_bad, config, 1797)
+    assert not failed.passed
+    assert [c.name for c in failed.checks if not c.passed] == ["require_metrics"]
+
+
+def test_verdict_to_json() -> None:
+    verdict = verify(Evidence(samples_by_epoch={0: 10}), NO_CHECKS, 20)
+    assert verdict.to_json() == {
+        "passed": False,
+        "checks": [
+            {"name": "samples", "passed": False,
+             "detail": f"epoch 0: 10 samples seen, 20 expected ({MINUS}50.0%)"},
+            {"name": "metrics_readable", "passed": True, "detail": "0 metric lines read"},
+        ],
+    }
+    json.dumps(verdict.to_json())
+
+
+# --- gather_evidence on real files --------------------------------------------------------
+
+
+def write_samples(run_dir: Path, attempt: int, rank: int, epochs: dict[int, int]) -> None:
+    path = run_dir / f"attempt-{attempt}" / f"rank-{rank}.samples.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rank": rank, "epochs": {str(e): n for e, n in epochs.items()}}))
+
+
+def metric_line(step: int, metrics: dict[str, float], kind: str = "training") -> str:
+    return json.dumps({"kind": kind, "step": step, "metrics": metrics, "time": 1.5e9,
+                       "rank": 0}) + "\n"
+
+
+def write_metrics(run_dir: Path, attempt: int, rank: int, text: str) -> None:
+    path = run_dir / f"attempt-{attempt}" / f"rank-{rank}.metrics.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def write_checkpoint(run_dir: Path, step: int, files: dict[str, bytes]) -> Path:
+    """A complete checkpoint as the harness leaves it: the files, then metadata.json."""
+    path = run_dir / "checkpoints" / f"step-{step:012d}-ab12cd34"
+    path.mkdir(parents=True)
+    for relative, data in files.items():
+        (path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (path / relative).write_bytes(data)
+    digests = {r: hashlib.sha256(d).hexdigest() for r, d in files.items()}
+    metadata = {"step": step, "time": 1.5e9, "trial_id": "t", "attempt": 1, "rank": 0,
+                "hparams": {}, "metadata": {}, "files": digests}
+    (path / "metadata.json").write_text(json.dumps(metadata))
+    return path
+
+
+def test_samples_sum_ranks_and_take_each_epoch_from_its_last_attempt(tmp_path: Path) -> None:
+    # attempt 1 finished epochs 0-1 and was interrupted in epoch 2; attempt 2 redid epoch 2
+    write_samples(tmp_path, 1, 0, {0: 900, 1: 900, 2: 300})
+    write_samples(tmp_path, 1, 1, {0: 897, 1: 897, 2: 310})
+    write_samples(tmp_path, 2, 0, {2: 900, 3: 900})
+    write_samples(tmp_path, 2, 1, {2: 897, 3: 897})
+    evidence = gather_evidence(tmp_path, [1, 2])
+    assert evidence.samples_by_epoch == {0: 1797, 1: 1797, 2: 1797, 3: 1797}
+    assert verify(evidence, NO_CHECKS, 1797).passed
+    # without attempt 2 the interrupted epoch shows as a shortfall
+    alone = gather_evidence(tmp_path, [1])
+    assert alone.samples_by_epoch[2] == 610
+    assert "epoch 2: 610 samples seen" in verify(alone, NO_CHECKS, 1797).checks[0].detail
+
+
+def test_attempts_are_read_in_number_order(tmp_path: Path) -> None:
+    write_samples(tmp_path, 1, 0, {0: 5})
+    write_samples(tmp_path, 2, 0, {0: 7})
+    assert gather_evidence(tmp_path, [2, 1]).samples_by_epoch == {0: 7}
+
+
+def test_unreadable_samples_file_is_named(tmp_path: Path) -> None:
+    write_samples(tmp_path, 1, 0, {0: 5})
+    (tmp_path / "attempt-1" / "rank-1.samples.json").write_text('{"rank": 1, "epochs": [1]}')
+    evidence = gather_evidence(tmp_path, [1])
+    assert evidence.samples_by_epoch == {0: 5}
+    assert evidence.unreadable_samples_files == ("attempt-1/rank-1.samples.json",)
+
+
+def test_metrics_torn_last_line_is_skipped_and_a_bad_middle_line_counted(
+    tmp_path: Path,
+) -> None:
+    good = metric_line(1, {"loss": 0.5}) + metric_line(2, {"loss": 0.4})
+    write_metrics(tmp_path, 1, 0, good + '{"kind": "training", "st')
+    write_metrics(tmp_path, 1, 1, metric_line(1, {"loss": 0.5}) + "not json\n"
+                  + metric_line(3, {"val_loss": 0.3}, kind="validation"))
+    evidence = gather_evidence(tmp_path, [1])
+    assert evidence.metric_lines == 4
+    assert evidence.metric_names == {"loss", "val_loss"}
+    assert evidence.unreadable_metric_lines == 1
+    assert evidence.first_unreadable_metric_line == "attempt-1/rank-1.metrics.jsonl:2"
+    assert not check_of(verify(evidence, NO_CHECKS, None), "metrics_readable").passed
+
+
+def test_metrics_lines_of_the_wrong_shape_are_unreadable(tmp_path: Path) -> None:
+    bad = [
+        "[1, 2]\n",
+        '{"kind": "training", "step": "7", "metrics": {"loss": 1}}\n',
+        '{"kind": "training", "step": 7, "metrics": {"loss": "low"}}\n',
+        '{"kind": "training", "step": 7, "metrics": {"loss": true}}\n',
+        '{"step": 7, "metrics": {"loss": 1}}\n',
+    ]
+    write_metrics(tmp_path, 1, 0, "".join(bad) + "\n" + metric_line(8, {"loss": 1.0}))
+    evidence = gather_evidence(tmp_path, [1])
+    assert (evidence.unreadable_metric_lines, evidence.metric_lines) == (len(bad), 1)
+
+
+def test_non_finite_metrics_are_found_with_name_step_attempt_and_rank(tmp_path: Path) -> None:
+    # what Python's json module writes for NaN and infinities: bare NaN / Infinity tokens
+    write_metrics(tmp_path, 1, 0, metric_line(1, {"loss": 1.0})
+                  + metric_line(120, {"loss": math.nan, "acc": 0.5}))
+    write_metrics(tmp_path, 2, 1, "".join(metric_line(s, {"loss": math.inf})
+                                          for s in range(200, 210)))
+    evidence = gather_evidence(tmp_path, [1, 2])
+    assert evidence.non_finite_count == 11
+    detail = check_of(verify(evidence, VerifyConfig(), None), "finite_metrics").detail
+    assert detail.startswith("loss was NaN at step 120 (training); "
+                             "loss was Infinity at step 200 (training, attempt 2, rank 1)")
+    assert detail.endswith("; and 6 more non-finite values")
+
+
+def test_checkpoints_intact_changed_missing_and_without_metadata(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, 10, {"model.pt": b"weights-10", "opt/state.pt": b"opt"})
+    changed = write_checkpoint(tmp_path, 20, {"model.pt": b"weights-20"})
+    data = bytearray((changed / "model.pt").read_bytes())
+    data[3] ^= 0x01  # one flipped bit, same size
+    (changed / "model.pt").write_bytes(bytes(data))
+    missing = write_checkpoint(tmp_path, 30, {"model.pt": b"w", "extra.bin": b"x"})
+    (missing / "extra.bin").unlink()
+    (tmp_path / "checkpoints" / "step-000000000040-00000000").mkdir()
+    (tmp_path / "checkpoints" / ".tmp-step-50").mkdir()  # being written: never read
+    evidence = gather_evidence(tmp_path, [1])
+    assert [(c.step, c.intact, c.problem) for c in evidence.checkpoints] == [
+        (10, True, None),
+        (20, False, "has a changed file model.pt"),
+        (30, False, "is missing file extra.bin"),
+        (40, False, "has no metadata.json"),
+    ]
+    check = check_of(verify(evidence, VerifyConfig(require_checkpoint=True), None),
+                     "checkpoint")
+    assert check.passed
+    assert check.detail == (
+        "1 intact, latest step-000000000010-ab12cd34; "
+        "step-000000000020-ab12cd34 has a changed file model.pt; "
+        "step-000000000030-ab12cd34 is missing file extra.bin; "
+        "step-000000000040-00000000 has no metadata.json")
+
+
+@pytest.mark.parametrize(
+    ("metadata", "problem"),
+    [
+        ("{not json", "has an unreadable metadata.json"),
+        ("[]", "has an unreadable metadata.json"),
+        (json.dumps({"step": 5}), "has no file list in metadata.json"),
+        (json.dumps({"step": 5, "files": ["model.pt"]}), "has no file list in metadata.json"),
+        (json.dumps({"step": 5, "files": {"../../secret": "00"}}),
+         "lists a file outside itself: ../../secret"),
+    ],
+)
+def test_checkpoint_with_bad_metadata(tmp_path: Path, metadata: str, problem: str) -> None:
+    path = tmp_path / "checkpoints" / "step-000000000005-deadbeef"
+    path.mkdir(parents=True)
+    (path / "metadata.json").write_text(metadata)
+    (checkpoint,) = gather_evidence(tmp_path, [1]).checkpoints
+    assert (checkpoint.step, checkpoint.intact, checkpoint.problem) == (5, False, problem)
+
+
+def test_checkpoint_without_files_is_intact(tmp_path: Path) -> None:
+    # what the harness saves when the user writes nothing into the directory
+    write_checkpoint(tmp_path, 7, {})
+    (checkpoint,) = gather_evidence(tmp_path, [1]).checkpoints
+    assert (checkpoint.step, checkpoint.intact, checkpoint.problem) == (7, True, None)
+
+
+def test_only_corrupt_checkpoints_fail_verification(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path, 42, {"model.pt": b"abc"})
+    (path / "model.pt").write_bytes(b"abd")
+    (tmp_path / "attempt-1").mkdir()
+    (tmp_path / "attempt-1" / "rank-0.heartbeat.json").write_text("{}")
+    evidence = gather_evidence(tmp_path, [1])
+    assert evidence.harness_used
+    verdict = verify(evidence, VerifyConfig(), None)
+    assert not verdict.passed
+    assert check_of(verdict, "checkpoint").detail == (
+        "no intact checkpoint: step-000000000042-ab12cd34 has a changed file model.pt")
+
+
+def test_harness_used_only_when_a_heartbeat_exists_in_the_given_attempts(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "attempt-1").mkdir()
+    (tmp_path / "attempt-1" / "rank-0.log").write_text("hello\n")
+    assert not gather_evidence(tmp_path, [1]).harness_used
+    (tmp_path / "attempt-2").mkdir()
+    (tmp_path / "attempt-2" / "rank-1.heartbeat.json").write_text("{}")
+    assert not gather_evidence(tmp_path, [1]).harness_used
+    assert gather_evidence(tmp_path, [1, 2]).harness_used
+
+
+def test_an_empty_run_directory_gives_empty_evidence(tmp_path: Path) -> None:
+    evidence = gather_evidence(tmp_path, [1, 2])
+    assert evidence == Evidence()
+    assert verify(evidence, VerifyConfig(), None).passed  # a script without the harness
