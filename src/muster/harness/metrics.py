@@ -24,11 +24,8 @@ TRAINING = "training"
 VALIDATION = "validation"
 KINDS = (TRAINING, VALIDATION)
 TEMPLATE_CACHE_SIZE = 4096
-MAX_UNWRITTEN_LINES = 1_000_000  # ~100 MB: beyond it, a write that keeps failing drops lines
+MAX_UNWRITTEN_CHARS = 128 << 20  # beyond it, a write that keeps failing drops the oldest lines
 TAIL_SCAN_BYTES = 1 << 16
-
-# the fast template, the exact one, and what fills them: (step, *metric values, time)
-_Report = tuple[str, str, tuple[float | int, ...]]
 
 _time = time.time
 _float_repr = float.__repr__
@@ -56,9 +53,9 @@ class MetricsWriter:
         self.path = path
         self._rank = rank
         # deque.append and popleft are atomic: the training loop never waits on a lock.
-        self._queue: deque[_Report] = deque()
+        self._queue: deque[str] = deque()
         self._templates: dict[tuple[str, tuple[str, ...]], LineTemplate] = {}
-        self._unwritten: list[str] = []  # lines formatted but not yet written
+        self._unwritten = ""  # lines formatted but not yet written
         self._write_lock = threading.Lock()
         self._fd = _open_for_append(path)
         self._closed = False
@@ -88,9 +85,12 @@ class MetricsWriter:
         else:
             arguments = (step, *metrics.values(), now)
         fast, exact = self._templates.get((kind, names)) or self._template(kind, names)
-        # Only strings and numbers in the queue: the garbage collector soon stops tracking
-        # such tuples, so a second's worth of queued reports does not slow its full passes.
-        self._queue.append((fast, exact, arguments))
+        line = fast % arguments
+        if "nan" in line or "inf" in line:
+            line = exact % _exact_arguments(arguments)  # NaN or ±Infinity (or a name "info")
+        # Queue the finished line: one string per report is far lighter on the caches and
+        # the garbage collector than the numbers it came from, until the next flush.
+        self._queue.append(line)
         self.last = (now, step)
 
     def flush(self) -> None:
@@ -101,14 +101,14 @@ class MetricsWriter:
         """
         with self._write_lock:
             queue = self._queue
-            lines = self._unwritten + _lines([queue.popleft() for _ in range(len(queue))])
-            self._unwritten = []
-            if not lines:
+            text = self._unwritten + "".join([queue.popleft() for _ in range(len(queue))])
+            self._unwritten = ""
+            if not text:
                 return
             try:
-                _append_whole(self._fd, "".join(lines).encode())
+                _append_whole(self._fd, text.encode())
             except OSError:
-                self._keep_unwritten(lines)
+                self._keep_unwritten(text)
                 raise
 
     def close(self) -> None:
@@ -137,35 +137,28 @@ class MetricsWriter:
             self._templates[kind, names] = template
         return template
 
-    def _keep_unwritten(self, lines: list[str]) -> None:
-        excess = len(lines) - MAX_UNWRITTEN_LINES
-        self._unwritten = lines[max(0, excess):]
-        if excess > 0:
+    def _keep_unwritten(self, text: str) -> None:
+        excess = len(text) - MAX_UNWRITTEN_CHARS
+        if excess > 0:  # drop whole lines, the oldest first
+            text = text[text.index("\n", excess) + 1:]
             warnings.warn(f"muster.harness: {self.path} cannot be written; dropped the "
-                          f"{excess} oldest metric lines", RuntimeWarning, stacklevel=3)
+                          f"oldest {excess:,}+ bytes of metric lines", RuntimeWarning,
+                          stacklevel=3)
+        self._unwritten = text
 
 
-def _lines(reports: list[_Report]) -> list[str]:
-    lines = [fast % arguments for fast, _, arguments in reports]
-    text = "".join(lines)
-    if "nan" in text or "inf" in text:
-        # A value that is not finite (or only a name like "info"): write its JSON token.
-        lines = [_exact_line(*report) for report in reports]
-    return lines
-
-
-def _exact_line(_: str, exact: str, arguments: tuple[float | int, ...]) -> str:
+def _exact_arguments(arguments: tuple[float | int, ...]) -> tuple[object, ...]:
     step, *values, now = arguments
-    return exact % (step, *[_json_number(value) for value in values], now)
+    return (step, *[_json_number(value) for value in values], now)
 
 
 def _numbers(names: tuple[str, ...], values: Iterable[object]) -> list[float | int]:
-    numbers = []
+    numbers: list[float | int] = []
     for name, value in zip(names, values, strict=True):
         value_type = type(value)
-        numbers.append(value if value_type is float or value_type is int
+        numbers.append(value if value_type is float or value_type is int  # type: ignore[arg-type]
                        else to_number(name, value))
-    return numbers  # type: ignore[return-value]
+    return numbers
 
 
 def _checked_mapping(metrics: object) -> Mapping[str, object]:
