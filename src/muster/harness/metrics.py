@@ -15,10 +15,12 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping
+from itertools import chain, groupby
+from operator import itemgetter
 from pathlib import Path
-from typing import NamedTuple
 
 from muster.harness.arguments import check_count
+from muster.harness.heartbeat import Progress
 
 TRAINING = "training"
 VALIDATION = "validation"
@@ -27,16 +29,13 @@ TEMPLATE_CACHE_SIZE = 4096
 MAX_UNWRITTEN_CHARS = 128 << 20  # beyond it, a write that keeps failing drops the oldest lines
 TAIL_SCAN_BYTES = 1 << 16
 
+# (the line's template, step, *metric values, time)
+_Report = tuple[str | float | int, ...]
+_AFTER_TEMPLATE = itemgetter(slice(1, None))
+
 _time = time.time
 _float_repr = float.__repr__
 _int_repr = int.__repr__
-
-
-class LineTemplate(NamedTuple):
-    """The line of one kind of report with one set of metric names, to fill with %."""
-
-    fast: str  # values as %r: right for every finite number
-    exact: str  # values as %s, for the JSON text of each: NaN, Infinity, -Infinity too
 
 
 class MetricsWriter:
@@ -53,13 +52,13 @@ class MetricsWriter:
         self.path = path
         self._rank = rank
         # deque.append and popleft are atomic: the training loop never waits on a lock.
-        self._queue: deque[str] = deque()
-        self._templates: dict[tuple[str, tuple[str, ...]], LineTemplate] = {}
+        self._queue: deque[_Report] = deque()
+        self._templates: dict[tuple[str, tuple[str, ...]], str] = {}
         self._unwritten = ""  # lines formatted but not yet written
         self._write_lock = threading.Lock()
         self._fd = _open_for_append(path)
         self._closed = False
-        self.last: tuple[float, int] | None = None  # (time, step) of the latest report
+        self._last_written: Progress | None = None
 
     def report(self, kind: str, step: object, metrics: Mapping[str, object]) -> None:
         """Check and queue one report, stamped with the time now (a progress call).
@@ -77,21 +76,16 @@ class MetricsWriter:
         if type(metrics) is not dict:
             metrics = _checked_mapping(metrics)
         names = tuple(metrics)
+        fast = self._templates.get((kind, names)) or self._template(kind, names)
         for value in metrics.values():
             value_type = type(value)
             if value_type is not float and value_type is not int:
-                arguments = (step, *_numbers(names, metrics.values()), now)
+                self._queue.append((fast, step, *_numbers(names, metrics.values()), now))
                 break
         else:
-            arguments = (step, *metrics.values(), now)
-        fast, exact = self._templates.get((kind, names)) or self._template(kind, names)
-        line = fast % arguments
-        if "nan" in line or "inf" in line:
-            line = exact % _exact_arguments(arguments)  # NaN or ±Infinity (or a name "info")
-        # Queue the finished line: one string per report is far lighter on the caches and
-        # the garbage collector than the numbers it came from, until the next flush.
-        self._queue.append(line)
-        self.last = (now, step)
+            # One flat tuple of a string and numbers per report: small for the caches, and
+            # the garbage collector soon stops tracking it. The thread formats it later.
+            self._queue.append((fast, step, *metrics.values(), now))
 
     def flush(self) -> None:
         """Write the queued reports (write + flush, no fsync).
@@ -101,7 +95,10 @@ class MetricsWriter:
         """
         with self._write_lock:
             queue = self._queue
-            text = self._unwritten + "".join([queue.popleft() for _ in range(len(queue))])
+            reports = [queue.popleft() for _ in range(len(queue))]
+            if reports:
+                self._last_written = _progress(reports[-1])
+            text = self._unwritten + _format(reports)
             self._unwritten = ""
             if not text:
                 return
@@ -110,6 +107,14 @@ class MetricsWriter:
             except OSError:
                 self._keep_unwritten(text)
                 raise
+
+    @property
+    def last(self) -> Progress | None:
+        """(time, step) of the latest report: read from the queue, so `report` stays cheap."""
+        try:
+            return _progress(self._queue[-1])
+        except IndexError:  # nothing queued since the last flush
+            return self._last_written
 
     def close(self) -> None:
         """Flush, fsync and close the file; later reports raise RuntimeError."""
@@ -122,8 +127,12 @@ class MetricsWriter:
             with self._write_lock:
                 os.close(self._fd)
 
-    def _template(self, kind: str, names: tuple[str, ...]) -> LineTemplate:
-        """Check the names (the first time they are seen) and make their line template."""
+    def _template(self, kind: str, names: tuple[str, ...]) -> str:
+        """Check the names (the first time they are seen) and make their line template.
+
+        It formats each value with %r, which is right for every finite number (`_exact`
+        makes the twin for NaN and the infinities).
+        """
         if not names:
             raise ValueError("metrics is empty: report at least one metric")
         for name in names:
@@ -131,8 +140,7 @@ class MetricsWriter:
         keys = [json.dumps(name).replace("%", "%%") for name in names]
         head = f'{{"kind": "{kind}", "step": %d, "metrics": {{'
         tail = f'}}, "time": %.6f, "rank": {self._rank}}}\n'
-        template = LineTemplate(head + ", ".join(f"{key}: %r" for key in keys) + tail,
-                                head + ", ".join(f"{key}: %s" for key in keys) + tail)
+        template = head + ", ".join(f"{key}: %r" for key in keys) + tail
         if len(self._templates) < TEMPLATE_CACHE_SIZE:
             self._templates[kind, names] = template
         return template
@@ -145,6 +153,32 @@ class MetricsWriter:
                           f"oldest {excess:,}+ bytes of metric lines", RuntimeWarning,
                           stacklevel=3)
         self._unwritten = text
+
+
+def _format(reports: list[_Report]) -> str:
+    """The lines of `reports`: one % per run of reports that share a template, in C."""
+    chunks = []
+    for template, group in groupby(reports, key=itemgetter(0)):
+        runs = list(map(_AFTER_TEMPLATE, group))
+        text = (template * len(runs)) % tuple(chain.from_iterable(runs))
+        if "nan" in text or "inf" in text:
+            # A value that is not finite (or only a name like "info"): write JSON's token.
+            exact = _exact(template)
+            text = "".join([exact % _exact_arguments(one) for one in runs])
+        chunks.append(text)
+    return "".join(chunks)
+
+
+def _progress(report: _Report) -> Progress:
+    return float(report[-1]), int(report[1])
+
+
+def _exact(template: str) -> str:
+    """`template` with %s for each value, to take its JSON text (NaN, Infinity, -Infinity).
+
+    A name's own `%` is doubled in the template, so `": %r` only ever ends a key.
+    """
+    return template.replace('": %r', '": %s')
 
 
 def _exact_arguments(arguments: tuple[float | int, ...]) -> tuple[object, ...]:
