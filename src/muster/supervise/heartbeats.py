@@ -9,9 +9,12 @@ Scripts that never use the harness write no heartbeat file and are never judged 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from pathlib import Path
 
 from muster.atomic import read_json
+
+log = logging.getLogger(__name__)
 
 
 def heartbeat_path(attempt_dir: Path, rank: int) -> Path:
@@ -24,9 +27,12 @@ def checked_in(attempt_dir: Path, rank: int) -> bool:
 
 def stall_reason(attempt_dir: Path, rank: int, timeout: float, now: float) -> str | None:
     """Why the replica counts as stalled at `now`, or None while it makes progress."""
+    path = heartbeat_path(attempt_dir, rank)
     try:
-        beat = read_json(heartbeat_path(attempt_dir, rank))
-    except ValueError:  # torn by a non-atomic writer: judge it at the next look
+        beat = read_json(path)
+    except ValueError as exc:  # the harness writes it atomically: this file is damaged
+        log.warning("cannot read the heartbeat %s (%s); no stall check until it is rewritten",
+                    path, exc)
         return None
     if not isinstance(beat, dict) or not isinstance(beat.get("progress_time"), int | float):
         return None

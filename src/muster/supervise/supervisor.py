@@ -64,8 +64,9 @@ class Supervisor:
         """One pass: settle running attempts, start what may start, close finished experiments."""
         for attempt_id in self.active_attempt_ids():
             self.settle_attempt(attempt_id)
-        self._launch_restarting()
-        self._admit_queued()
+        if not self._disk_low():  # the disk guard: nothing new launches while it is low
+            self._launch_restarting()
+            self._admit_queued()
         self._close_experiments()
 
     # -- following attempts ------------------------------------------------------------
@@ -207,8 +208,6 @@ class Supervisor:
 
     def _launch_restarting(self) -> None:
         """Start the next attempt of every RESTARTING trial (it keeps the slot it held)."""
-        if self._disk_low():
-            return
         with self.store.session_scope() as s:
             ids = list(s.scalars(
                 select(Trial.id).where(Trial.state == TrialState.RESTARTING.value)
@@ -217,8 +216,6 @@ class Supervisor:
             self.start_attempt(trial_id)
 
     def _admit_queued(self) -> None:
-        if self._disk_low():
-            return
         with self.store.session_scope() as s:
             busy = len(list(s.scalars(select(Trial.id).where(Trial.state.in_(_HOLDING_SLOT)))))
             queued = list(s.scalars(
