@@ -11,7 +11,7 @@ training step gets, so it is the hardest case for a per-step cost. Arms:
   a number);
 - report + samples: also `ctx.samples.seen(32, epoch=0)` on every step.
 
-Each arm runs 100,000 steps in all, as interleaved runs of 5,000 steps (the order rotates
+Each arm runs 100,000 steps in all, as interleaved runs of 10,000 steps (the order rotates
 each repetition), so a slow phase of this shared machine hits every arm alike. Each harness
 run is a whole `init()` session: check-in, the background thread's flushes and heartbeats,
 and the final flush at exit are all in its time. Its run directory is on /dev/shm (when
@@ -48,7 +48,7 @@ def run(quick: bool) -> Outcome:
     # the others should not pay torch's import.
     import torch
 
-    steps, runs = (2_000, 5) if quick else (5_000, TOTAL_STEPS // 5_000)
+    steps, runs = (2_000, 5) if quick else (10_000, TOTAL_STEPS // 10_000)
     calls, call_runs = (50_000, 3) if quick else (300_000, 5)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 from sqlalchemy import JSON, event, select, type_coerce
 
+from muster import checkpoint_files
 from muster.errors import NotFound
 from muster.store import Attempt, Checkpoint, IngestCursor, Metric, Store
-from muster.supervise.ingest import check_checkpoint, ingest_trial
+from muster.supervise.ingest import ingest_trial
 from tests.store.rows import add_experiment, add_trial
+from tests.test_checkpoint_files import DAMAGES
 
 
 @dataclass
@@ -318,6 +320,21 @@ def test_missing_files_and_metadata_are_problems(store: Store, run: RunDir) -> N
     assert not any(c.intact for c in found.values())
 
 
+def test_registration_judges_as_the_shared_rule_does(store: Store, run: RunDir) -> None:
+    """Every damage the integrity rule knows is registered with its verdict and words."""
+    paths = []
+    for number, (_, damage, _) in enumerate(DAMAGES, start=1):
+        path = run.checkpoint(number, {"model.pt": b"weights"})
+        damage(path)
+        paths.append(path)
+    report = ingest_trial(store, run.trial_id)
+    assert sorted(report.corrupt_checkpoints) == sorted(p.name for p in paths)
+    found = checkpoints(store, run.trial_id)
+    for path in paths:
+        judged = checkpoint_files.inspect(path, run.trial_id)
+        assert (found[path.name].intact, found[path.name].problem) == (False, judged.problem)
+
+
 def test_temporary_directories_are_never_read(store: Store, run: RunDir) -> None:
     tmp = run.root / "checkpoints" / ".tmp-12345"
     tmp.mkdir(parents=True)
@@ -333,15 +350,3 @@ def test_nan_in_checkpoint_metadata_survives(store: Store, run: RunDir) -> None:
     ingest_trial(store, run.trial_id)
     metadata = checkpoints(store, run.trial_id)[path.name].user_metadata
     assert math.isnan(metadata["best"]) and metadata["tags"] == ["x"]
-
-
-def test_check_checkpoint_refuses_paths_outside_the_directory(tmp_path: Path) -> None:
-    folder = tmp_path / "step-000000000001-00000000"
-    folder.mkdir()
-    (folder / "metadata.json").write_text(json.dumps(
-        {"step": 1, "files": {"../escape": "0" * 64}, "trial_id": 7}))
-    found = check_checkpoint(folder, trial_id=3)
-    assert found.problems == [
-        "metadata.json lists '../escape', which is outside the checkpoint directory",
-        "metadata.json names trial 7, but the checkpoint is in trial 3's run directory",
-    ]

@@ -27,7 +27,8 @@ from muster.supervise.verification import (
 MINUS = "\u2212"
 CKPT = "step-000000000042-ab12cd34"
 INTACT = CheckpointInfo(f"/run/checkpoints/{CKPT}", 42, True, None)
-CHANGED = CheckpointInfo(f"/run/checkpoints/{CKPT}", 42, False, "has a changed file model.pt")
+CHANGED = CheckpointInfo(f"/run/checkpoints/{CKPT}", 42, False,
+                         "model.pt does not match its sha256 in metadata.json")
 LATER = CheckpointInfo("/run/checkpoints/step-000000000100-00ff00ff", 100, True, None)
 NO_CHECKS = VerifyConfig(require_checkpoint=False, finite_metrics=False)
 
@@ -108,10 +109,11 @@ def test_unreadable_samples_file_fails_the_samples_check() -> None:
         ((INTACT, LATER), False, True,
          (True, "2 intact, latest step-000000000100-00ff00ff")),
         ((CHANGED, LATER), True, None,
-         (True, f"1 intact, latest step-000000000100-00ff00ff; {CKPT} has a changed file "
-                "model.pt")),
+         (True, f"1 intact, latest step-000000000100-00ff00ff; {CKPT}: model.pt does not "
+                "match its sha256 in metadata.json")),
         ((CHANGED,), True, None,
-         (False, f"no intact checkpoint: {CKPT} has a changed file model.pt")),
+         (False, f"no intact checkpoint: {CKPT}: model.pt does not match its sha256 in "
+                 "metadata.json")),
         ((), True, None, (False, "no checkpoint was saved (checkpoints/ is empty)")),
         ((), False, True, (False, "no checkpoint was saved (checkpoints/ is empty)")),
         # not required: no harness and no setting, or switched off
@@ -358,29 +360,31 @@ def test_checkpoints_intact_changed_missing_and_without_metadata(tmp_path: Path)
     evidence = gather_evidence(tmp_path, [1])
     assert [(c.step, c.intact, c.problem) for c in evidence.checkpoints] == [
         (10, True, None),
-        (20, False, "has a changed file model.pt"),
-        (30, False, "is missing file extra.bin"),
-        (40, False, "has no metadata.json"),
+        (20, False, "model.pt does not match its sha256 in metadata.json"),
+        (30, False, "extra.bin is missing"),
+        (40, False, "metadata.json is missing"),
     ]
     check = check_of(verify(evidence, VerifyConfig(require_checkpoint=True), None),
                      "checkpoint")
     assert check.passed
     assert check.detail == (
         "1 intact, latest step-000000000010-ab12cd34; "
-        "step-000000000020-ab12cd34 has a changed file model.pt; "
-        "step-000000000030-ab12cd34 is missing file extra.bin; "
-        "step-000000000040-00000000 has no metadata.json")
+        "step-000000000020-ab12cd34: model.pt does not match its sha256 in metadata.json; "
+        "step-000000000030-ab12cd34: extra.bin is missing; "
+        "step-000000000040-00000000: metadata.json is missing")
 
 
 @pytest.mark.parametrize(
     ("metadata", "problem"),
     [
-        ("{not json", "has an unreadable metadata.json"),
-        ("[]", "has an unreadable metadata.json"),
-        (json.dumps({"step": 5}), "has no file list in metadata.json"),
-        (json.dumps({"step": 5, "files": ["model.pt"]}), "has no file list in metadata.json"),
+        ("{not json", "metadata.json is not valid JSON (Expecting property name enclosed in "
+                      "double quotes: line 1 column 2 (char 1))"),
+        ("[]", "metadata.json is not a JSON object"),
+        (json.dumps({"step": 5}), 'metadata.json has no "files" object of sha256 sums'),
+        (json.dumps({"step": 5, "files": ["model.pt"]}),
+         'metadata.json has no "files" object of sha256 sums'),
         (json.dumps({"step": 5, "files": {"../../secret": "00"}}),
-         "lists a file outside itself: ../../secret"),
+         "metadata.json lists '../../secret', which is outside the checkpoint directory"),
     ],
 )
 def test_checkpoint_with_bad_metadata(tmp_path: Path, metadata: str, problem: str) -> None:
@@ -408,7 +412,8 @@ def test_only_corrupt_checkpoints_fail_verification(tmp_path: Path) -> None:
     verdict = verify(evidence, VerifyConfig(), None)
     assert not verdict.passed
     assert check_of(verdict, "checkpoint").detail == (
-        "no intact checkpoint: step-000000000042-ab12cd34 has a changed file model.pt")
+        "no intact checkpoint: step-000000000042-ab12cd34: model.pt does not match its "
+        "sha256 in metadata.json")
 
 
 def test_harness_used_only_when_a_heartbeat_exists_in_the_given_attempts(

@@ -20,14 +20,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from muster import checkpoint_files
 from muster.atomic import fsync_dir
 from muster.errors import MusterError
 from muster.harness.arguments import check_count
 from muster.harness.heartbeat import Heartbeat
 
-METADATA_FILE = "metadata.json"
-NAME_PREFIX = "step-"
-TMP_PREFIX = ".tmp-"
+METADATA_FILE = checkpoint_files.METADATA_FILE
+NAME_PREFIX = checkpoint_files.NAME_PREFIX
+TMP_PREFIX = checkpoint_files.TMP_PREFIX
 
 
 class CheckpointError(MusterError):
@@ -100,21 +101,15 @@ class Checkpoints:
 
         MUSTER_LATEST_CHECKPOINT wins when it is intact. A corrupt checkpoint (metadata
         missing or malformed, a file missing or changed) is skipped with a RuntimeWarning
-        that names it.
+        that names it and what is wrong.
         """
-        checked: set[Path] = set()
-        if self._preferred is not None:
-            found = _verified(self._preferred, _read_metadata(self._preferred))
-            checked.add(self._preferred.resolve())
-            if found is not None:
-                return found
-        for path, metadata in self._candidates():
-            if path.resolve() in checked:
-                continue
-            found = _verified(path, metadata)
-            if found is not None:
-                return found
-        return None
+        found = checkpoint_files.latest_intact(self.directory, self._preferred, _warn_corrupt,
+                                               self._saver.trial_id)
+        if found is None:
+            return None
+        user_metadata = found.user_metadata
+        return Checkpoint(path=found.path, step=found.step, time=found.saved_at or 0.0,
+                          metadata=user_metadata if isinstance(user_metadata, dict) else {})
 
     latest = restore
 
@@ -172,25 +167,6 @@ class Checkpoints:
         }
         return json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
 
-    def _candidates(self) -> list[tuple[Path, Any]]:
-        """Published checkpoints with their parsed metadata (None when unreadable), best first."""
-        found = []
-        try:
-            entries = list(os.scandir(self.directory))
-        except FileNotFoundError:
-            return []
-        for entry in entries:
-            step = _step_in_name(entry.name)
-            if step is None or not entry.is_dir(follow_symlinks=False):
-                continue
-            path = Path(entry.path)
-            metadata = _read_metadata(path)
-            saved_at = metadata.get("time") if isinstance(metadata, dict) else None
-            found.append((step, saved_at if isinstance(saved_at, int | float) else 0.0,
-                          path, metadata))
-        found.sort(key=lambda c: (c[0], c[1], c[2].name), reverse=True)
-        return [(path, metadata) for _, _, path, metadata in found]
-
 
 def _checked_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     if metadata is None:
@@ -203,18 +179,6 @@ def _checked_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise TypeError(f"checkpoint metadata must be JSON-serialisable: {exc}") from None
     return copy
-
-
-def _step_in_name(name: str) -> int | None:
-    """The step in `step-<12 digits>-<8 hex>`, or None for any other name."""
-    if not name.startswith(NAME_PREFIX):
-        return None
-    digits, _, suffix = name.removeprefix(NAME_PREFIX).partition("-")
-    if len(digits) != 12 or not digits.isdigit() or len(suffix) != 8:
-        return None
-    if any(c not in "0123456789abcdef" for c in suffix):
-        return None
-    return int(digits)
 
 
 def _files_under(root: Path) -> list[Path]:
@@ -251,47 +215,9 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(file.fileno())
 
 
-def _read_metadata(path: Path) -> Any:
-    """The parsed metadata.json of the checkpoint at `path`, or None when it is unreadable."""
-    try:
-        return json.loads((path / METADATA_FILE).read_bytes())
-    except (OSError, ValueError):
-        return None
-
-
-def _verified(path: Path, metadata: Any) -> Checkpoint | None:
-    """The checkpoint at `path` if every file's sha256 matches; else warn and return None."""
-    problem = _problem(path, metadata)
-    if problem is not None:
-        warnings.warn(f"muster.harness: skipping the corrupt checkpoint {path}: {problem}",
-                      RuntimeWarning, stacklevel=3)
-        return None
-    user_metadata = metadata.get("metadata")
-    return Checkpoint(path=path, step=metadata["step"], time=float(metadata["time"]),
-                      metadata=user_metadata if isinstance(user_metadata, dict) else {})
-
-
-def _problem(path: Path, metadata: Any) -> str | None:
-    """What is wrong with the checkpoint at `path`, or None when it is intact."""
-    if metadata is None:
-        return f"{METADATA_FILE} is missing or not valid JSON"
-    if not isinstance(metadata, dict):
-        return f"{METADATA_FILE} is not a JSON object"
-    files, step, saved_at = metadata.get("files"), metadata.get("step"), metadata.get("time")
-    if not (isinstance(files, dict) and type(step) is int and isinstance(saved_at, int | float)):
-        return f"{METADATA_FILE} lacks its step, time or files"
-    for name, expected in files.items():
-        file = path / name
-        if ".." in Path(name).parts or Path(name).is_absolute():
-            return f"{METADATA_FILE} names a file outside the checkpoint: {name!r}"
-        try:
-            with file.open("rb") as handle:
-                actual = hashlib.file_digest(handle, "sha256").hexdigest()
-        except OSError as exc:
-            return f"{name} cannot be read ({exc.strerror or exc})"
-        if actual != expected:
-            return f"{name} does not match its sha256 in {METADATA_FILE}"
-    return None
+def _warn_corrupt(found: checkpoint_files.Inspection) -> None:
+    warnings.warn(f"muster.harness: skipping the corrupt checkpoint {found.path}: "
+                  f"{found.problem}", RuntimeWarning, stacklevel=4)
 
 
 def _remove(path: Path) -> None:

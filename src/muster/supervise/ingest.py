@@ -19,7 +19,6 @@ it with `intact=False` and the problem in words. Directories still being written
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -27,13 +26,15 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any, cast
 
 from sqlalchemy import CursorResult, Insert, Table, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from muster import checkpoint_files
+from muster.checkpoint_files import Inspection
 from muster.errors import NotFound
 from muster.store import Checkpoint, IngestCursor, Metric, Store, Trial
 from muster.store.models import now
@@ -42,14 +43,11 @@ log = logging.getLogger(__name__)
 
 METRICS_FILE = re.compile(r"rank-(\d+)\.metrics\.jsonl")
 CHECKPOINTS_DIR = "checkpoints"
-CHECKPOINT_NAME = re.compile(r"step-(\d+)(?:-.*)?")
-METADATA_FILE = "metadata.json"
 METRICS_CURSOR = "metrics"  # IngestCursor.file_kind of rank-<r>.metrics.jsonl
 KINDS = ("training", "validation")
 # Bytes of complete lines per transaction: ~10,000 reports, a short hold of SQLite's lock.
 BATCH_BYTES = 1 << 20
 WARNINGS_PER_FILE = 5  # per call; the rest are counted in one line
-MAX_PROBLEMS_SHOWN = 5
 BIGINT = 1 << 63
 METRICS_TABLE = cast(Table, Metric.__table__)
 
@@ -78,34 +76,6 @@ class MetricsFile:
 
     def describe(self) -> str:
         return f"{self.path.name} of attempt {self.attempt}"
-
-
-@dataclass(frozen=True)
-class CheckedCheckpoint:
-    """A checkpoint directory as found on disk, and what is wrong with it (nothing if intact)."""
-
-    name: str
-    path: Path
-    step: int
-    attempt: int | None
-    rank: int | None
-    created_at: float | None
-    size_bytes: int
-    file_count: int
-    metadata: Any
-    problems: list[str]
-
-    @property
-    def intact(self) -> bool:
-        return not self.problems
-
-    @property
-    def problem(self) -> str | None:
-        if not self.problems:
-            return None
-        shown = "; ".join(self.problems[:MAX_PROBLEMS_SHOWN])
-        more = len(self.problems) - MAX_PROBLEMS_SHOWN
-        return f"{shown}; and {more} more" if more > 0 else shown
 
 
 @dataclass(frozen=True)
@@ -354,20 +324,15 @@ def _register_checkpoints(
 
 
 def _new_checkpoint_names(folder: Path, known: frozenset[str]) -> list[str]:
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return []
-    # `.tmp-*` directories never match: they are still being written.
-    return sorted(e.name for e in entries if CHECKPOINT_NAME.fullmatch(e.name)
-                  and e.name not in known and e.is_dir(follow_symlinks=False))
+    # `.tmp-*` directories are never published: they are still being written.
+    return [p.name for p in checkpoint_files.published(folder) if p.name not in known]
 
 
-def _check_if_still_there(path: Path, trial_id: int) -> CheckedCheckpoint | None:
-    """`check_checkpoint`, or None when the directory was deleted while being checked or
-    cannot be read now (it is checked again on the next call)."""
+def _check_if_still_there(path: Path, trial_id: int) -> Inspection | None:
+    """`checkpoint_files.inspect`, or None when the directory was deleted while being
+    checked or cannot be read now (it is checked again on the next call)."""
     try:
-        found = check_checkpoint(path, trial_id)
+        found = checkpoint_files.inspect(path, trial_id)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -376,125 +341,20 @@ def _check_if_still_there(path: Path, trial_id: int) -> CheckedCheckpoint | None
     return found if path.is_dir() else None
 
 
-def _checkpoint_row(trial_id: int, found: CheckedCheckpoint) -> dict[str, Any]:
+def _checkpoint_row(trial_id: int, found: Inspection) -> dict[str, Any]:
     return {
         "trial_id": trial_id, "name": found.name, "path": str(found.path),
-        "step": found.step, "attempt": found.attempt, "rank": found.rank,
-        "created_at": found.created_at, "size_bytes": found.size_bytes,
-        "file_count": found.file_count, "metadata": found.metadata, "intact": found.intact,
+        "step": found.step, "attempt": found.recorded_int("attempt"),
+        "rank": found.recorded_int("rank"), "created_at": found.saved_at,
+        "size_bytes": found.size_bytes, "file_count": len(found.file_sizes),
+        "metadata": found.user_metadata, "intact": found.intact,
         "problem": found.problem, "registered_at": now(),
     }
 
 
-def _note_registered(trial_id: int, found: CheckedCheckpoint, report: IngestReport) -> None:
+def _note_registered(trial_id: int, found: Inspection, report: IngestReport) -> None:
     report.checkpoints_added.append(found.name)
     if not found.intact:
         report.corrupt_checkpoints.append(found.name)
         log.warning("trial %d: checkpoint %s is not intact: %s", trial_id, found.name,
                     found.problem)
-
-
-def check_checkpoint(path: Path, trial_id: int | None = None) -> CheckedCheckpoint:
-    """Read a checkpoint directory and check every file its metadata.json lists.
-
-    Intact means: metadata.json is a JSON object whose "files" maps relative paths inside
-    the directory to sha256 hex digests, each of those files exists and has that digest,
-    and its "step" (and "trial_id", when given) agree with the directory's name (and trial).
-    """
-    sizes = _file_sizes(path)
-    metadata, problems = _read_metadata(path / METADATA_FILE)
-    files = metadata.get("files")
-    if isinstance(files, dict):
-        problems += _check_files(path, files, sizes)
-    elif METADATA_FILE in sizes and metadata:
-        problems.append(f'{METADATA_FILE} has no "files" object of sha256 sums')
-    step, step_problem = _step(path.name, metadata.get("step"))
-    problems += [step_problem] if step_problem else []
-    problems += _trial_mismatch(metadata.get("trial_id"), trial_id)
-    return CheckedCheckpoint(
-        name=path.name, path=path, step=step,
-        attempt=_int_or_none(metadata.get("attempt")), rank=_int_or_none(metadata.get("rank")),
-        created_at=_finite_or_none(metadata.get("time")),
-        size_bytes=sum(sizes.values()), file_count=len(sizes),
-        metadata=_none_as_empty(metadata.get("metadata")), problems=problems,
-    )
-
-
-def _file_sizes(path: Path) -> dict[str, int]:
-    """Every regular file under `path` (symlinks not followed): relative POSIX path → bytes."""
-    if not path.is_dir():
-        raise FileNotFoundError(path)
-    sizes: dict[str, int] = {}
-    for folder, _dirs, names in os.walk(path):
-        for name in names:
-            full = Path(folder, name)
-            stat = full.lstat()
-            sizes[full.relative_to(path).as_posix()] = stat.st_size
-    return sizes
-
-
-def _read_metadata(path: Path) -> tuple[dict[str, Any], list[str]]:
-    try:
-        metadata = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return {}, [f"{METADATA_FILE} is missing"]
-    except (ValueError, RecursionError) as exc:
-        return {}, [f"{METADATA_FILE} is not valid JSON ({exc})"]
-    if not isinstance(metadata, dict):
-        return {}, [f"{METADATA_FILE} is not a JSON object"]
-    return metadata, []
-
-
-def _check_files(folder: Path, files: dict[str, Any], sizes: dict[str, int]) -> list[str]:
-    problems = []
-    for relative, expected in sorted(files.items()):
-        if not _inside(relative):
-            problems.append(f"{METADATA_FILE} lists {relative!r}, which is outside the "
-                            "checkpoint directory")
-        elif relative not in sizes:
-            problems.append(f"{relative} is missing")
-        elif not isinstance(expected, str) or _sha256(folder / relative) != expected:
-            problems.append(f"{relative} does not match its sha256 in {METADATA_FILE}")
-    return problems
-
-
-def _inside(relative: str) -> bool:
-    parts = PurePosixPath(relative).parts
-    return bool(parts) and not PurePosixPath(relative).is_absolute() and ".." not in parts
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as stream:
-        return hashlib.file_digest(stream, "sha256").hexdigest()
-
-
-def _step(name: str, recorded: Any) -> tuple[int, str | None]:
-    """The checkpoint's step (metadata.json's, else the name's), and a problem if they differ."""
-    match = CHECKPOINT_NAME.fullmatch(name)
-    named = int(match[1]) if match else None
-    if not _is_int(recorded):
-        if named is None:
-            return -1, f"neither {METADATA_FILE} nor the name {name!r} gives a step"
-        return named, None
-    if named is not None and named != recorded:
-        return recorded, f"{METADATA_FILE} says step {recorded} but the directory is {name}"
-    return recorded, None
-
-
-def _trial_mismatch(recorded: Any, trial_id: int | None) -> list[str]:
-    if trial_id is None or recorded is None or str(recorded) == str(trial_id):
-        return []
-    return [f"{METADATA_FILE} names trial {recorded}, but the checkpoint is in trial "
-            f"{trial_id}'s run directory"]
-
-
-def _none_as_empty(value: Any) -> Any:
-    return {} if value is None else value
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if _is_int(value) else None
-
-
-def _finite_or_none(value: Any) -> float | None:
-    return float(value) if _is_finite(value) else None

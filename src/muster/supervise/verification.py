@@ -7,7 +7,6 @@ the failed checks' details as its reasons.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from muster import checkpoint_files
 from muster.config import VerifyConfig
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
 MINUS = "\u2212"  # U+2212, a real minus sign for negative percentages
 SHOWN_NON_FINITE = 5  # non-finite values named in a detail; the rest are counted
 KEPT_NON_FINITE_PER_FILE = SHOWN_NON_FINITE  # enough to name the first ones of any file
-CHECKPOINT_DIR = re.compile(r"step-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class CheckpointInfo:
     path: str
     step: int
     intact: bool
-    problem: str | None  # e.g. "has a changed file model.pt"; None when intact
+    problem: str | None  # e.g. "model.pt does not match its sha256 in metadata.json"
 
     @property
     def name(self) -> str:
@@ -145,12 +144,12 @@ def _check_samples(evidence: Evidence, expected: int, tolerance: float) -> Check
 def _check_checkpoint(checkpoints: Sequence[CheckpointInfo]) -> Check:
     """At least one intact checkpoint; the corrupt ones are named either way."""
     intact = [c for c in checkpoints if c.intact]
-    problems = "; ".join(f"{c.name} {c.problem}" for c in checkpoints if not c.intact)
+    problems = "; ".join(f"{c.name}: {c.problem}" for c in checkpoints if not c.intact)
     if not checkpoints:
         return Check("checkpoint", False, "no checkpoint was saved (checkpoints/ is empty)")
     if not intact:
         return Check("checkpoint", False, f"no intact checkpoint: {problems}")
-    latest = max(intact, key=lambda c: c.step)
+    latest = intact[-1]  # they come best last
     detail = f"{len(intact)} intact, latest {latest.name}"
     return Check("checkpoint", True, f"{detail}; {problems}" if problems else detail)
 
@@ -339,53 +338,9 @@ def _non_finite_points(
 
 
 def _read_checkpoints(directory: Path) -> list[CheckpointInfo]:
-    """Every complete checkpoint (`step-*`) under `directory`, checked file by file."""
-    if not directory.is_dir():
-        return []
-    found = [_inspect_checkpoint(path, int(m[1])) for path in directory.iterdir()
-             if (m := CHECKPOINT_DIR.match(path.name)) and path.is_dir()]
-    return sorted(found, key=lambda c: (c.step, c.path))
-
-
-def _inspect_checkpoint(path: Path, step: int) -> CheckpointInfo:
-    """Check one checkpoint; its step comes from metadata.json, else from its name."""
-    try:
-        metadata = json.loads((path / "metadata.json").read_bytes())
-    except FileNotFoundError:
-        return CheckpointInfo(str(path), step, False, "has no metadata.json")
-    except (OSError, ValueError):
-        return CheckpointInfo(str(path), step, False, "has an unreadable metadata.json")
-    if not isinstance(metadata, dict):
-        return CheckpointInfo(str(path), step, False, "has an unreadable metadata.json")
-    if _is_int(metadata.get("step")):
-        step = metadata["step"]
-    problem = _files_problem(path, metadata.get("files"))
-    return CheckpointInfo(str(path), step, problem is None, problem)
-
-
-def _files_problem(checkpoint: Path, files: Any) -> str | None:
-    """Why the files listed in metadata.json do not match the disk; None when they do."""
-    if not isinstance(files, dict):
-        return "has no file list in metadata.json"
-    for relative, digest in sorted(files.items()):
-        where = PurePosixPath(relative)
-        if where.is_absolute() or ".." in where.parts:
-            return f"lists a file outside itself: {relative}"
-        problem = _file_problem(checkpoint / relative, relative, digest)
-        if problem is not None:
-            return problem
-    return None
-
-
-def _file_problem(path: Path, relative: str, digest: Any) -> str | None:
-    try:
-        with path.open("rb") as file:
-            actual = hashlib.file_digest(file, "sha256").hexdigest()
-    except (FileNotFoundError, IsADirectoryError):
-        return f"is missing file {relative}"
-    except OSError as exc:
-        return f"has an unreadable file {relative} ({exc.strerror})"
-    return None if actual == digest else f"has a changed file {relative}"
+    """Every published checkpoint under `directory`, checked file by file, best last."""
+    return [CheckpointInfo(str(c.path), c.step, c.intact, c.problem)
+            for c in checkpoint_files.inspect_all(directory)]
 
 
 def _rank_files(run_dir: Path, attempt: int, suffix: str) -> list[tuple[int, Path]]:
@@ -411,6 +366,6 @@ def _is_number(value: Any) -> bool:
 
 
 def latest_intact_checkpoint(run_dir: Path) -> Path | None:
-    """The intact checkpoint with the highest step, for `MUSTER_LATEST_CHECKPOINT`."""
-    intact = [c for c in _read_checkpoints(run_dir / "checkpoints") if c.intact]
-    return Path(intact[-1].path) if intact else None
+    """The checkpoint a new attempt resumes from (`MUSTER_LATEST_CHECKPOINT`)."""
+    found = checkpoint_files.latest_intact(run_dir / "checkpoints")
+    return found.path if found is not None else None

@@ -1,0 +1,289 @@
+"""A checkpoint on disk: its directory name, its metadata.json, and the one integrity rule.
+
+The harness writes a checkpoint as `checkpoints/step-<step:012d>-<8 hex>/` holding the
+user's files and `metadata.json` (docs/run-directory.md); `.tmp-*` directories are saves
+still in progress and are never read. Three readers judge checkpoints with `inspect`, so
+they can never disagree about whether one is intact: the harness's `restore()`, the
+server's registration of new checkpoints, and verification when a trial exits 0.
+
+Intact means: metadata.json is a JSON object whose "files" maps relative paths inside the
+directory to sha256 hex digests; each of those is a regular file with that digest; its
+"step" (else the one in the directory's name) is an int that agrees with the name; and its
+"trial_id", when the caller knows the trial, is that trial's.
+
+Standard library only: the harness imports this inside the user's training process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, TypeGuard
+
+METADATA_FILE = "metadata.json"
+NAME_PREFIX = "step-"
+TMP_PREFIX = ".tmp-"
+# What the harness writes is `step-<12 digits>-<8 hex>`; a shorter `step-<n>` is accepted
+# so that a checkpoint copied in by hand is judged rather than ignored.
+NAME = re.compile(r"step-(\d+)(?:-[^/]*)?")
+MAX_PROBLEMS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """A checkpoint directory as found on disk, and what is wrong with it (nothing if intact)."""
+
+    path: Path
+    step: int  # metadata.json's, else the name's; -1 when neither gives one
+    document: dict[str, Any]  # metadata.json as parsed; {} when it is unreadable
+    file_sizes: dict[str, int]  # every file under the directory: relative POSIX path → bytes
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def intact(self) -> bool:
+        return not self.problems
+
+    @property
+    def problem(self) -> str | None:
+        """The problems in one line (the first few, then a count); None when intact."""
+        if not self.problems:
+            return None
+        shown = "; ".join(self.problems[:MAX_PROBLEMS_SHOWN])
+        more = len(self.problems) - MAX_PROBLEMS_SHOWN
+        return f"{shown}; and {more} more" if more > 0 else shown
+
+    @property
+    def saved_at(self) -> float | None:
+        """metadata.json's "time" (unix seconds), when it is a finite number."""
+        value = self.document.get("time")
+        if _is_number(value) and value - value == 0:
+            return float(value)
+        return None
+
+    @property
+    def user_metadata(self) -> Any:
+        """What the training code passed as save(metadata=...); {} when absent."""
+        value = self.document.get("metadata")
+        return {} if value is None else value
+
+    def recorded_int(self, key: str) -> int | None:
+        """metadata.json's `key` (e.g. "attempt", "rank") when it is an int."""
+        value = self.document.get(key)
+        return value if _is_int(value) else None
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self.file_sizes.values())
+
+    @property
+    def order(self) -> tuple[int, float, str]:
+        """Sort key, best last: highest step, then saved latest, then name."""
+        return self.step, self.saved_at or 0.0, self.name
+
+
+def step_in_name(name: str) -> int | None:
+    """The step in a published checkpoint's directory name, or None for any other name."""
+    match = NAME.fullmatch(name)
+    return int(match[1]) if match else None
+
+
+def published(directory: Path) -> list[Path]:
+    """The published checkpoint directories in `directory` (none when it does not exist)."""
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(Path(e.path) for e in entries
+                  if NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
+
+
+def inspect(path: Path, trial_id: int | None = None) -> Inspection:
+    """Read the checkpoint at `path` and check every file its metadata.json lists.
+
+    Raises:
+        FileNotFoundError: `path` is not a directory (e.g. deleted meanwhile).
+        OSError: the directory itself cannot be listed.
+    """
+    sizes, irregular = _files(path)
+    document, problems = _read_document(path / METADATA_FILE)
+    files = document.get("files")
+    if isinstance(files, dict):
+        problems += _check_files(path, files, sizes, irregular)
+    elif document:
+        problems.append(f'{METADATA_FILE} has no "files" object of sha256 sums')
+    step, step_problem = _step(path.name, document.get("step"))
+    problems += [step_problem] if step_problem else []
+    problems += _trial_mismatch(document.get("trial_id"), trial_id)
+    return Inspection(path, step, document, sizes, tuple(problems))
+
+
+def inspect_all(directory: Path, trial_id: int | None = None) -> list[Inspection]:
+    """`inspect` each published checkpoint in `directory`, best last (see `Inspection.order`).
+
+    One deleted while being read is left out.
+    """
+    found = []
+    for path in published(directory):
+        try:
+            found.append(inspect(path, trial_id))
+        except FileNotFoundError:
+            continue
+    return sorted(found, key=lambda c: c.order)
+
+
+def latest_intact(
+    directory: Path,
+    preferred: Path | None = None,
+    on_corrupt: Callable[[Inspection], None] | None = None,
+    trial_id: int | None = None,
+) -> Inspection | None:
+    """The best intact checkpoint: `preferred` when it is intact, else the highest step.
+
+    Checkpoints are hashed best first and the search stops at the first intact one, so a
+    trial with many checkpoints pays for one (plus any corrupt ones above it).
+    `on_corrupt` is called with each corrupt one passed over.
+    """
+    candidates: list[Path] = [preferred] if preferred is not None else []
+    others = _best_first(published(directory))
+    candidates += [p for p in others if preferred is None or not _same(p, preferred)]
+    for path in candidates:
+        try:
+            found = inspect(path, trial_id)
+        except FileNotFoundError:
+            continue
+        if found.intact:
+            return found
+        if on_corrupt is not None:
+            on_corrupt(found)
+    return None
+
+
+def sha256_of(path: Path) -> str:
+    with path.open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
+
+
+def _best_first(paths: Iterable[Path]) -> list[Path]:
+    """Order by step, then metadata.json's time, best first, reading only metadata.json."""
+    def key(path: Path) -> tuple[int, float, str]:
+        document, _ = _read_document(path / METADATA_FILE)
+        recorded = document.get("step")
+        step = recorded if _is_int(recorded) else (step_in_name(path.name) or 0)
+        saved_at = document.get("time")
+        return step, float(saved_at) if _is_number(saved_at) else 0.0, path.name
+    return sorted(paths, key=key, reverse=True)
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _files(path: Path) -> tuple[dict[str, int], set[str]]:
+    """Sizes of everything under `path` (symlinks not followed), and which are not regular
+    files."""
+    if not path.is_dir():
+        raise FileNotFoundError(path)
+    sizes: dict[str, int] = {}
+    irregular: set[str] = set()
+
+    def fail(exc: OSError) -> None:
+        raise exc
+
+    for folder, _dirs, names in os.walk(path, onerror=fail):
+        for name in names:
+            full = Path(folder, name)
+            relative = full.relative_to(path).as_posix()
+            info = full.lstat()
+            sizes[relative] = info.st_size
+            if not stat.S_ISREG(info.st_mode):
+                irregular.add(relative)
+    return sizes, irregular
+
+
+def _read_document(path: Path) -> tuple[dict[str, Any], list[str]]:
+    try:
+        document = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}, [f"{METADATA_FILE} is missing"]
+    except OSError as exc:
+        return {}, [f"{METADATA_FILE} cannot be read ({exc.strerror or exc})"]
+    except (ValueError, RecursionError) as exc:
+        return {}, [f"{METADATA_FILE} is not valid JSON ({exc})"]
+    if not isinstance(document, dict):
+        return {}, [f"{METADATA_FILE} is not a JSON object"]
+    return document, []
+
+
+def _check_files(
+    folder: Path, files: dict[str, Any], sizes: dict[str, int], irregular: set[str]
+) -> list[str]:
+    problems = []
+    for relative, expected in sorted(files.items()):
+        if not _inside(relative):
+            problems.append(f"{METADATA_FILE} lists {relative!r}, which is outside the "
+                            "checkpoint directory")
+        elif relative not in sizes:
+            problems.append(f"{relative} is missing")
+        elif relative in irregular:
+            problems.append(f"{relative} is not a regular file")
+        elif not isinstance(expected, str):
+            problems.append(f"{relative} has no sha256 in {METADATA_FILE}")
+        else:
+            problems += _digest_problem(folder, relative, expected)
+    return problems
+
+
+def _digest_problem(folder: Path, relative: str, expected: str) -> list[str]:
+    try:
+        actual = sha256_of(folder / relative)
+    except FileNotFoundError:
+        return [f"{relative} is missing"]
+    except OSError as exc:
+        return [f"{relative} cannot be read ({exc.strerror or exc})"]
+    return [] if actual == expected else [f"{relative} does not match its sha256 in "
+                                          f"{METADATA_FILE}"]
+
+
+def _inside(relative: str) -> bool:
+    where = PurePosixPath(relative)
+    return bool(where.parts) and not where.is_absolute() and ".." not in where.parts
+
+
+def _step(name: str, recorded: Any) -> tuple[int, str | None]:
+    """The checkpoint's step (metadata.json's, else the name's), and a problem if they differ."""
+    named = step_in_name(name)
+    if not _is_int(recorded):
+        if named is None:
+            return -1, f"neither {METADATA_FILE} nor the name {name!r} gives a step"
+        return named, None
+    if named is not None and named != recorded:
+        return recorded, f"{METADATA_FILE} says step {recorded} but the directory is {name}"
+    return recorded, None
+
+
+def _trial_mismatch(recorded: Any, trial_id: int | None) -> list[str]:
+    if trial_id is None or recorded is None or str(recorded) == str(trial_id):
+        return []
+    return [f"{METADATA_FILE} names trial {recorded}, but the checkpoint is in trial "
+            f"{trial_id}'s run directory"]
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
