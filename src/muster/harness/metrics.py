@@ -82,12 +82,16 @@ class MetricsWriter:
         for value in metrics.values():
             value_type = type(value)
             if value_type is not float and value_type is not int:
-                self._queue.append((template, step, *_numbers(names, metrics.values()), now))
                 break
         else:
             # One flat tuple of a string and numbers per report: small for the caches, and
             # the garbage collector soon stops tracking it. The thread formats it later.
             self._queue.append((template, step, *metrics.values(), now))
+            return
+        if len(names) == 1:  # the usual per-step report: one loss tensor
+            self._queue.append((template, step, to_number(names[0], value), now))
+        else:
+            self._queue.append((template, step, *_numbers(names, metrics.values()), now))
 
     def flush(self) -> None:
         """Write the queued reports (write + flush, no fsync).
