@@ -87,7 +87,7 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
         (
             "zzz: 1",
             "zzz: unknown key; the keys allowed here are data, description, entrypoint, "
-            "environment, failure_policy, labels, name, verify",
+            "environment, failure_policy, labels, name, resources, verify",
         ),
         (
             "failure_policy: {trial_retry: 1}",
@@ -226,8 +226,8 @@ _UNSUPPORTED = "not supported by this version of muster yet; remove it"
     ("body", "problem"),
     [
         (
-            "resources: {replicas: 2, memory_limit: 4GiB}",
-            f"resources: this section is {_UNSUPPORTED}",
+            "resources: {replicas: 2, gpus_per_replica: 1}",
+            f"resources.gpus_per_replica: this setting is {_UNSUPPORTED}",
         ),
         ("hyperparameters: {lr: 0.1}", f"hyperparameters: this section is {_UNSUPPORTED}"),
         ("searcher: {name: single}", f"searcher: this section is {_UNSUPPORTED}"),
@@ -239,7 +239,6 @@ _UNSUPPORTED = "not supported by this version of muster yet; remove it"
             "reproducibility: {experiment_seed: 1}",
             f"reproducibility: this section is {_UNSUPPORTED}",
         ),
-        ("resources:", f"resources: this section is {_UNSUPPORTED}"),
         (
             "environment: {python: /usr/bin/python3}",
             f"environment.python: this setting is {_UNSUPPORTED}",
@@ -255,7 +254,7 @@ def test_every_problem_is_reported_at_once_in_field_order() -> None:
 name: x
 entrypoint: python t.py
 failure_polcy: {}
-resources: {replicas: 2}
+resources: {replicas: 0}
 labels: [a, 1]
 failure_policy: {trial_retries: -1, restart_scope: all, heartbeat_timeout: soon}
 """
@@ -265,8 +264,8 @@ failure_policy: {trial_retries: -1, restart_scope: all, heartbeat_timeout: soon}
         "failure_policy.restart_scope: must be 'trial' or 'replica', got 'all'",
         "failure_policy.heartbeat_timeout: must look like '30s', '500ms', '5m' or '1h30m' "
         "(or a number of seconds), got 'soon'",
+        "resources.replicas: must be >= 1, got 0",
         "failure_polcy: unknown key; did you mean 'failure_policy'?",
-        f"resources: this section is {_UNSUPPORTED}",
     ]
 
 
@@ -310,7 +309,8 @@ base: &base {trial_retries: 1, replica_restarts: 1}
     assert config.failure_policy.trial_retries == 2
     assert config.failure_policy.stop_grace == 5.0
     assert problems(text + merged)[0] == "base: unknown key; the keys allowed here are " + (
-        "data, description, entrypoint, environment, failure_policy, labels, name, verify"
+        "data, description, entrypoint, environment, failure_policy, labels, name, resources, "
+        "verify"
     )
 
 

@@ -7,6 +7,7 @@ from muster.config.schema import (
     ExperimentConfig,
     FailurePolicy,
     ManifestConfig,
+    ResourcesConfig,
     VerifyConfig,
 )
 from muster.config.units import parse_duration, parse_size
@@ -17,6 +18,7 @@ __all__ = [
     "ExperimentConfig",
     "FailurePolicy",
     "ManifestConfig",
+    "ResourcesConfig",
     "VerifyConfig",
     "load_config",
     "load_config_file",

@@ -24,6 +24,7 @@ __all__ = [
     "ExperimentConfig",
     "FailurePolicy",
     "ManifestConfig",
+    "ResourcesConfig",
     "VerifyConfig",
 ]
 
@@ -105,6 +106,19 @@ class DataConfig(_Section):
     manifest: ManifestConfig = Field(default_factory=ManifestConfig)
 
 
+MAX_REPLICAS = 64
+
+
+class ResourcesConfig(_Section):
+    """What each trial runs on: how many replicas (ranks) start and stop together."""
+
+    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset(
+        {"memory_limit", "gpus_per_replica", "gpu_type", "max_slots"}
+    )
+
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+
+
 class VerifyConfig(_Section):
     """The checks that must pass before an exit 0 counts as SUCCEEDED (else SUSPECT)."""
 
@@ -120,7 +134,6 @@ class ExperimentConfig(_Section):
 
     PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset(
         {
-            "resources",
             "hyperparameters",
             "searcher",
             "checkpoint_storage",
@@ -134,6 +147,7 @@ class ExperimentConfig(_Section):
     entrypoint: list[str] = Field(min_length=1)
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     data: DataConfig | None = None
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
 

@@ -85,6 +85,7 @@ class ReplicaStatus:
     child: ProcessIdentity | None = None
     exit: ExitRecord | None = None
     stop_requested: bool = False
+    stop_requested_at: float | None = None  # unix time muster asked it to stop, when known
 
 
 class Launcher(abc.ABC):

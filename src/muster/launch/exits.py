@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from muster.launch.base import ExitRecord
 from muster.states import Reason
 
-__all__ = ["Classification", "ExitObservation", "classify_exit", "termination_reason"]
+__all__ = [
+    "Classification",
+    "ExitObservation",
+    "classify_exit",
+    "replica_name",
+    "termination_reason",
+]
 
 # The program itself cannot be run: retrying the same command cannot help.
 _PERMANENT_SPAWN_ERRNOS = frozenset(
@@ -61,7 +67,7 @@ class Classification:
 
 def classify_exit(obs: ExitObservation) -> Classification:
     """Classify how a replica ended. Pure: never raises, never looks outside `obs`."""
-    name = _replica(obs.rank)
+    name = replica_name(obs.rank)
     if obs.launch_error is not None:
         message = f"muster could not launch the replica {name}: {obs.launch_error}"
         return Classification(Reason.INTERNAL, message, None, None, None)
@@ -76,7 +82,7 @@ def classify_exit(obs: ExitObservation) -> Classification:
 
 
 def _classify_status(obs: ExitObservation, record: ExitRecord) -> Classification:
-    name = _replica(obs.rank)
+    name = replica_name(obs.rank)
     code, sig = _exit_status(record)
     term = termination_reason(obs.log_tail)
     if obs.stalled is not None:
@@ -198,5 +204,6 @@ def _lost_message(name: str) -> str:
     )
 
 
-def _replica(rank: int) -> str:
+def replica_name(rank: int) -> str:
+    """How messages name a replica: `worker-1 (rank 1)`."""
     return f"worker-{rank} (rank {rank})"

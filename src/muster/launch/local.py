@@ -70,13 +70,14 @@ class LocalLauncher(Launcher):
         # Read the exit record after the liveness check: a shim writes it before it dies, so
         # a dead shim without a record here really ended without one.
         exit_data = read_json(files.exit)
-        stop = files.stop.exists()
+        stop_at = _mtime(files.stop)
+        stop = stop_at is not None
         if exit_data is not None:
             record = exit_record_from_json(exit_data)
             stop = stop or record.stop_requested
-            return ReplicaStatus(rank, ReplicaPhase.EXITED, shim, child, record, stop)
+            return ReplicaStatus(rank, ReplicaPhase.EXITED, shim, child, record, stop, stop_at)
         phase = self._live_phase(files, status, shim, alive)
-        return ReplicaStatus(rank, phase, shim, child, None, stop)
+        return ReplicaStatus(rank, phase, shim, child, None, stop, stop_at)
 
     def cancel(self, attempt_dir: Path, rank: int) -> None:
         """Mark the replica stopped and SIGTERM its shim (which runs the grace and SIGKILL).
@@ -209,3 +210,11 @@ def _kill_orphaned_group(shim: ProcessIdentity, child: ProcessIdentity) -> None:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         return  # the group emptied after the scan: nothing is left to kill
+
+
+def _mtime(path: Path) -> float | None:
+    """When `path` was last written (the stop request's time), or None if it is absent."""
+    try:
+        return path.stat().st_mtime
+    except (FileNotFoundError, NotADirectoryError):
+        return None

@@ -1,6 +1,6 @@
 """Reconciliation on server start: settle every non-terminal attempt before new work starts.
 
-For each live attempt in the store: an exit record on disk → finalise it; a shim or
+For each replica of each live attempt in the store: an exit record on disk → finalise it; a shim or
 training process alive with the recorded (pid, start time) → reattach (keep following it);
 otherwise → LOST, and the failure policy decides. Identities come from the attempt's files,
 so a PID that now belongs to an unrelated process is never taken for the shim.
@@ -27,24 +27,29 @@ _VERB = {
 
 
 def reconcile_attempts(supervisor: Supervisor) -> Counter[ReplicaPhase]:
-    """Settle every live attempt once; returns how many were found in each phase."""
+    """Settle every live attempt once; returns how many replicas were found in each phase."""
     found: Counter[ReplicaPhase] = Counter()
     for attempt_id in supervisor.active_attempt_ids():
-        phase = _note_phase(supervisor, attempt_id)
-        found[phase] += 1
+        found.update(_note_phases(supervisor, attempt_id))
         supervisor.settle_attempt(attempt_id)
     if found:
-        log.info("reconciled attempts: %s", {p.value: n for p, n in found.items()})
+        log.info("reconciled replicas: %s", {p.value: n for p, n in found.items()})
     return found
 
 
-def _note_phase(supervisor: Supervisor, attempt_id: int) -> ReplicaPhase:
+def _note_phases(supervisor: Supervisor, attempt_id: int) -> list[ReplicaPhase]:
     with supervisor.store.session_scope() as s:
         attempt = s.get_one(Attempt, attempt_id)
-        status = supervisor.launcher.describe(Path(attempt.run_dir), attempt.replicas[0].rank)
+        ranks = sorted(r.rank for r in attempt.replicas)
+        phases = [supervisor.launcher.describe(Path(attempt.run_dir), rank).phase
+                  for rank in ranks]
+        if len(ranks) == 1:
+            message = f"attempt {attempt.number} {_VERB[phases[0]]}"
+        else:
+            message = f"attempt {attempt.number}: " + "; ".join(
+                f"rank {rank} {_VERB[phase]}" for rank, phase in zip(ranks, phases, strict=True))
         record_event(
             s, entity="attempt", entity_id=attempt.id, reason="reconcile", actor="server-start",
-            message=f"attempt {attempt.number} {_VERB[status.phase]}",
-            experiment_id=attempt.trial.experiment_id, trial_id=attempt.trial_id,
+            message=message, experiment_id=attempt.trial.experiment_id, trial_id=attempt.trial_id,
         )
-        return status.phase
+        return phases

@@ -9,6 +9,7 @@ between the two finds the decision on restart and carries it out (see `reconcile
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -21,12 +22,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from muster.atomic import atomic_write_json, read_json
-from muster.config import ExperimentConfig
+from muster.config import ExperimentConfig, FailurePolicy
 from muster.errors import LaunchError, MusterError
 from muster.home import Home
-from muster.launch.base import Launcher, ReplicaPhase, ReplicaSpec, ReplicaStatus
+from muster.launch.base import (
+    ExitRecord,
+    Launcher,
+    ProcessIdentity,
+    ReplicaPhase,
+    ReplicaSpec,
+    ReplicaStatus,
+)
 from muster.launch.environment import ReplicaContext, build_env, free_port
-from muster.launch.exits import Classification, ExitObservation, classify_exit
+from muster.launch.exits import Classification, ExitObservation, classify_exit, replica_name
 from muster.launch.logs import tail_text
 from muster.states import AttemptState, ExperimentState, Reason, TrialState
 from muster.store import Attempt, Experiment, Replica, Store, Trial, record_event, transition
@@ -77,28 +85,36 @@ class Supervisor:
             return list(s.scalars(select(Attempt.id).where(Attempt.state.in_(live))))
 
     def settle_attempt(self, attempt_id: int) -> None:
-        """Look at one live attempt's replica and record whatever has happened to it."""
+        """Look at one live attempt's replicas and record whatever has happened to them.
+
+        The replicas of an attempt start and end together: once one end decides the attempt
+        (the primary, rank 0, exited; or any replica failed), muster stops the others, and
+        the attempt ends when every replica has ended (`_decided_by`, `_cause`).
+        """
         with self.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
-            replica, trial = attempt.replicas[0], attempt.trial
+            ranks = sorted(r.rank for r in attempt.replicas)
+            trial = attempt.trial
             run_dir, stop = Path(attempt.run_dir), trial.stop_requested
             timeout = _config(trial).failure_policy.heartbeat_timeout
         self._ingest(trial.id)
-        status = self.launcher.describe(run_dir, replica.rank)
-        if stop and not status.stop_requested and status.phase is not ReplicaPhase.EXITED:
-            self.launcher.cancel(run_dir, replica.rank)
-        if status.phase is ReplicaPhase.RUNNING and not stop:
-            self._check_progress(attempt_id, run_dir, replica.rank, timeout)
-        if status.phase is ReplicaPhase.RUNNING or (
-            status.phase is ReplicaPhase.EXITED and status.exit and status.exit.pid is not None
-        ):
-            self._mark_running(attempt_id, status)
-        if status.phase is ReplicaPhase.LOST:
-            # A shim that never published its child in time may still be alive: make sure it
-            # cannot start a second copy of the trial next to the retry.
-            self.launcher.cancel(run_dir, replica.rank)
-        if status.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST):
-            self._finish_attempt(attempt_id, status)
+        statuses = [self.launcher.describe(run_dir, rank) for rank in ranks]
+        winding_down = stop or _decided_by(statuses) is not None
+        for status in statuses:
+            if status.phase is ReplicaPhase.LOST:
+                # A shim that never published its child in time may still be alive: make sure
+                # it cannot start a second copy of the trial next to the retry.
+                self.launcher.cancel(run_dir, status.rank)
+            elif status.phase is ReplicaPhase.EXITED:
+                continue
+            elif winding_down and not status.stop_requested:
+                self.launcher.cancel(run_dir, status.rank)
+            elif status.phase is ReplicaPhase.RUNNING and not winding_down:
+                self._check_progress(attempt_id, run_dir, status.rank, timeout)
+        if all(_started(status) for status in statuses):
+            self._mark_running(attempt_id, statuses)
+        if all(st.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST) for st in statuses):
+            self._finish_attempt(attempt_id, statuses)
 
     def _check_progress(self, attempt_id: int, run_dir: Path, rank: int, timeout: float) -> None:
         """Stop a replica that checked in through the harness but has made no progress for
@@ -124,25 +140,26 @@ class Supervisor:
         except OSError as exc:
             log.error("could not read the run directory of trial %s: %s", trial_id, exc)
 
-    def _mark_running(self, attempt_id: int, status: ReplicaStatus) -> None:
+    def _mark_running(self, attempt_id: int, statuses: list[ReplicaStatus]) -> None:
+        """RUNNING once every replica's training process has started."""
         with self.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
             if attempt.state != AttemptState.STARTING.value:
                 return
-            replica = attempt.replicas[0]
-            child = status.child
-            if child is None and status.exit is not None:
-                replica.pid, replica.start_ticks = status.exit.pid, status.exit.start_ticks
-            elif child is not None:
-                replica.pid, replica.start_ticks = child.pid, child.start_ticks
-            replica.started_at = status.exit.started_at if status.exit else None
-            transition(s, attempt, AttemptState.RUNNING, reason="started", actor=ACTOR)
+            by_rank = {status.rank: status for status in statuses}
+            for replica in attempt.replicas:
+                _note_process(replica, by_rank[replica.rank])
+            transition(s, attempt, AttemptState.RUNNING, reason="started", actor=ACTOR,
+                       message=_started_message(len(statuses)))
             if attempt.trial.state == TrialState.STARTING.value:
                 transition(s, attempt.trial, TrialState.RUNNING, reason="started", actor=ACTOR)
 
     def _finish_attempt(
-        self, attempt_id: int, status: ReplicaStatus, launch_error: str | None = None
+        self, attempt_id: int, statuses: list[ReplicaStatus],
+        launch_error: tuple[int, str] | None = None,
     ) -> None:
+        """Classify every replica's end, end the attempt with the one that decided it, and
+        let the failure policy decide what the trial does next."""
         with self.store.session_scope() as s:
             trial_id = s.get_one(Attempt, attempt_id).trial_id
         self._ingest(trial_id)  # every metric line is in the store before the verdict
@@ -150,26 +167,20 @@ class Supervisor:
             attempt = s.get_one(Attempt, attempt_id)
             trial = attempt.trial
             policy = _config(trial).failure_policy
-            replica = attempt.replicas[0]
-            stalled = read_json(_stall_marker(Path(attempt.run_dir), replica.rank))
-            verdict = classify_exit(
-                ExitObservation(
-                    rank=replica.rank,
-                    exit=status.exit,
-                    lost=status.phase is ReplicaPhase.LOST and launch_error is None,
-                    launch_error=launch_error,
-                    log_tail=tail_text(Path(replica.log_path), TAIL_LINES),
-                    transient_exit_codes=frozenset(policy.transient_exit_codes),
-                    stop_requested=trial.stop_requested or status.stop_requested,
-                    stalled=stalled["reason"] if isinstance(stalled, dict) else None,
-                )
-            )
-            _record_replica_end(replica, status, verdict)
-            end = _ATTEMPT_END.get(verdict.reason, AttemptState.FAILED)
+            by_rank = {status.rank: status for status in statuses}
+            verdicts: dict[int, Classification] = {}
+            for replica in sorted(attempt.replicas, key=lambda r: r.rank):
+                status = by_rank[replica.rank]
+                verdict = _classify(replica, status, Path(attempt.run_dir), trial, policy,
+                                    launch_error)
+                _record_replica_end(replica, status, verdict)
+                verdicts[replica.rank] = verdict
+            cause = _cause(verdicts, by_rank)
+            end = _ATTEMPT_END.get(cause.reason, AttemptState.FAILED)
             transition(
-                s, attempt, end, reason=verdict.reason.value, actor=ACTOR, message=verdict.message
+                s, attempt, end, reason=cause.reason.value, actor=ACTOR, message=cause.message
             )
-            self._apply_policy(s, trial, verdict)
+            self._apply_policy(s, trial, cause)
 
     def _apply_policy(self, s: Session, trial: Trial, verdict: Classification) -> None:
         if TrialState(trial.state).is_terminal() or trial.state == TrialState.SUSPECT.value:
@@ -216,13 +227,37 @@ class Supervisor:
             self.start_attempt(trial_id)
 
     def _admit_queued(self) -> None:
+        """Start queued trials in order while their replicas fit in the free slots.
+
+        A trial starts all of its replicas or none (no partial start that could deadlock a
+        torch.distributed rendezvous); one that does not fit waits, and so does everything
+        behind it (first come, first served), with the reason shown.
+        """
         with self.store.session_scope() as s:
-            busy = len(list(s.scalars(select(Trial.id).where(Trial.state.in_(_HOLDING_SLOT)))))
-            queued = list(s.scalars(
-                select(Trial.id).where(Trial.state == TrialState.QUEUED.value).order_by(Trial.id)
-            ))
-        for trial_id in queued[: max(0, self.slots - busy)]:
+            busy = sum(_replicas(t) for t in s.scalars(
+                select(Trial).where(Trial.state.in_(_HOLDING_SLOT))))
+            queued = [(t.id, _replicas(t)) for t in s.scalars(
+                select(Trial).where(Trial.state == TrialState.QUEUED.value).order_by(Trial.id))]
+        free = self.slots - busy
+        for position, (trial_id, needed) in enumerate(queued):
+            if needed > free:
+                self._note_waiting(queued[position:], free)
+                return
             self.start_attempt(trial_id)
+            free -= needed
+
+    def _note_waiting(self, waiting: list[tuple[int, int]], free: int) -> None:
+        with self.store.session_scope() as s:
+            for position, (trial_id, needed) in enumerate(waiting, start=1):
+                trial = s.get_one(Trial, trial_id)
+                if needed > self.slots:
+                    reason = (f"needs {_count_of(needed, 'slot')} for its replicas, but this "
+                              f"server has {self.slots}; raise `muster up --slots` or lower "
+                              "resources.replicas")
+                else:
+                    reason = (f"position {position}: waiting for {_count_of(needed, 'slot')}, "
+                              f"{max(free, 0)} free")
+                trial.queue_reason = reason
 
     def _disk_low(self) -> bool:
         """The disk guard: below `min_free_disk` nothing new launches. Queued trials show the
@@ -246,24 +281,33 @@ class Supervisor:
                                  experiment_id=trial.experiment_id, trial_id=trial.id)
 
     def start_attempt(self, trial_id: int) -> None:
-        """Record a new attempt (committed first), then prepare its directory and launch it."""
+        """Record a new attempt (committed first), then prepare its directory and launch its
+        replicas; if one cannot be launched, the ones already launched are stopped."""
         if not self._scan_data(trial_id):
             return
         planned = self._plan_attempt(trial_id)
         if planned is None:
             return
-        spec, attempt_id, hparams = planned
+        specs, attempt_id, hparams = planned
+        launched: list[tuple[int, ProcessIdentity]] = []
         try:
-            _prepare_attempt_dir(spec, hparams)
-            shim = self.launcher.submit(spec)
+            _prepare_attempt_dir(specs[0], hparams)
+            for spec in specs:
+                launched.append((spec.rank, self.launcher.submit(spec)))
         except LaunchError as exc:
-            log.error("launch of trial %s attempt %s failed: %s", trial_id, spec.attempt, exc)
-            status = ReplicaStatus(rank=spec.rank, phase=ReplicaPhase.LOST)
-            self._finish_attempt(attempt_id, status, launch_error=str(exc))
+            rank = specs[len(launched)].rank
+            log.error("launch of trial %s attempt %s rank %s failed: %s", trial_id,
+                      specs[0].attempt, rank, exc)
+            for launched_rank, _ in launched:
+                self.launcher.cancel(specs[0].attempt_dir, launched_rank)
+            statuses = [ReplicaStatus(rank=spec.rank, phase=ReplicaPhase.LOST) for spec in specs]
+            self._finish_attempt(attempt_id, statuses, launch_error=(rank, str(exc)))
             return
         with self.store.session_scope() as s:
-            replica = s.get_one(Attempt, attempt_id).replicas[0]
-            replica.shim_pid, replica.shim_start_ticks = shim.pid, shim.start_ticks
+            shims = dict(launched)
+            for replica in s.get_one(Attempt, attempt_id).replicas:
+                shim = shims[replica.rank]
+                replica.shim_pid, replica.shim_start_ticks = shim.pid, shim.start_ticks
 
     def _scan_data(self, trial_id: int) -> bool:
         """Scan the trial's data directory once, before its first launch; False if it failed
@@ -291,8 +335,11 @@ class Supervisor:
             transition(s, trial, TrialState.FAILED, reason=Reason.PERMANENT_ERROR.value,
                        actor=ACTOR, message=message)
 
-    def _plan_attempt(self, trial_id: int) -> tuple[ReplicaSpec, int, dict[str, Any]] | None:
-        """Record the attempt; returns its launch plan, its id and the trial's hparams."""
+    def _plan_attempt(
+        self, trial_id: int
+    ) -> tuple[list[ReplicaSpec], int, dict[str, Any]] | None:
+        """Record the attempt and its replicas; returns their launch plans (by rank), the
+        attempt's id and the trial's hparams."""
         with self.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
             if trial.state not in (TrialState.QUEUED.value, TrialState.RESTARTING.value):
@@ -302,33 +349,44 @@ class Supervisor:
                 return None
             trial.queue_reason = None  # it waits no more
             number = len(trial.attempts) + 1
+            world_size = _replicas(trial)
             attempt_dir = self.home.attempt_dir(trial.uuid, number)
             attempt = Attempt(trial=trial, number=number, state=AttemptState.STARTING.value,
                               run_dir=str(attempt_dir))
-            replica = Replica(attempt=attempt, rank=0, host=self.host,
-                              log_path=str(attempt_dir / "rank-0.log"))
-            s.add_all([attempt, replica])
+            replicas = [Replica(attempt=attempt, rank=rank, host=self.host,
+                                log_path=str(attempt_dir / f"rank-{rank}.log"))
+                        for rank in range(world_size)]
+            s.add_all([attempt, *replicas])
             transition(s, trial, TrialState.STARTING, reason="launching", actor=ACTOR,
-                       message=f"starting attempt {number}")
+                       message=f"starting attempt {number}"
+                       + (f" ({world_size} replicas)" if world_size > 1 else ""))
             s.flush()
-            spec = self._replica_spec(trial, number, attempt_dir)
-            return spec, attempt.id, dict(trial.hparams)
+            specs = self._replica_specs(trial, number, attempt_dir, world_size)
+            return specs, attempt.id, dict(trial.hparams)
 
-    def _replica_spec(self, trial: Trial, number: int, attempt_dir: Path) -> ReplicaSpec:
+    def _replica_specs(
+        self, trial: Trial, number: int, attempt_dir: Path, world_size: int
+    ) -> list[ReplicaSpec]:
+        """One launch plan per rank, with the torchrun environment: one MASTER_PORT per
+        attempt (a restarted rendezvous never meets the last attempt's stragglers)."""
         config = _config(trial)
-        ctx = ReplicaContext(
-            run_dir=attempt_dir.parent, trial_id=trial.id, attempt=number, rank=0,
-            world_size=1, master_addr="127.0.0.1", master_port=free_port(),
-            hparams_path=attempt_dir / HPARAMS_FILE,
-            latest_checkpoint=verification.latest_intact_checkpoint(attempt_dir.parent),
-            heartbeat_timeout=config.failure_policy.heartbeat_timeout,
-        )
-        return ReplicaSpec(
-            trial_uuid=trial.uuid, attempt=number, rank=0, argv=list(config.entrypoint),
-            env=build_env(os.environ, config.environment.variables, ctx),
-            cwd=Path(trial.experiment.context_dir), attempt_dir=attempt_dir,
-            stop_grace=config.failure_policy.stop_grace,
-        )
+        port = free_port()
+        latest = verification.latest_intact_checkpoint(attempt_dir.parent)
+        specs = []
+        for rank in range(world_size):
+            ctx = ReplicaContext(
+                run_dir=attempt_dir.parent, trial_id=trial.id, attempt=number, rank=rank,
+                world_size=world_size, master_addr="127.0.0.1", master_port=port,
+                hparams_path=attempt_dir / HPARAMS_FILE, latest_checkpoint=latest,
+                heartbeat_timeout=config.failure_policy.heartbeat_timeout,
+            )
+            specs.append(ReplicaSpec(
+                trial_uuid=trial.uuid, attempt=number, rank=rank, argv=list(config.entrypoint),
+                env=build_env(os.environ, config.environment.variables, ctx),
+                cwd=Path(trial.experiment.context_dir), attempt_dir=attempt_dir,
+                stop_grace=config.failure_policy.stop_grace,
+            ))
+        return specs
 
     # -- experiments -------------------------------------------------------------------
 
@@ -351,6 +409,105 @@ _NOT_ENDED = [TrialState.QUEUED.value, *_HOLDING_SLOT]
 
 def _config(trial: Trial) -> ExperimentConfig:
     return ExperimentConfig.model_validate(trial.experiment.config)
+
+
+def _replicas(trial: Trial) -> int:
+    return _config(trial).resources.replicas
+
+
+def _count_of(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _started(status: ReplicaStatus) -> bool:
+    """The replica's training process has started (it may have ended already)."""
+    if status.phase is ReplicaPhase.RUNNING:
+        return True
+    return (status.phase is ReplicaPhase.EXITED and status.exit is not None
+            and status.exit.pid is not None)
+
+
+def _started_message(world_size: int) -> str:
+    return "started" if world_size == 1 else f"all {world_size} replicas started"
+
+
+def _note_process(replica: Replica, status: ReplicaStatus) -> None:
+    if status.child is not None:
+        replica.pid, replica.start_ticks = status.child.pid, status.child.start_ticks
+    elif status.exit is not None:
+        replica.pid, replica.start_ticks = status.exit.pid, status.exit.start_ticks
+    replica.started_at = status.exit.started_at if status.exit else None
+
+
+def _ended_cleanly(record: ExitRecord) -> bool:
+    return record.spawn_error is None and record.returncode == 0 and record.signal is None
+
+
+def _decided_by(statuses: list[ReplicaStatus]) -> ReplicaStatus | None:
+    """The end that decides the attempt, if one has happened: the primary (rank 0) ended,
+    or another replica failed or was lost. A non-primary that exits 0 decides nothing (it
+    finished its share; the primary has the last word)."""
+    for status in statuses:
+        if status.phase is ReplicaPhase.LOST:
+            return status
+        if status.phase is ReplicaPhase.EXITED and status.exit is not None and (
+            status.rank == 0 or not _ended_cleanly(status.exit)
+        ):
+            return status
+    return None
+
+
+def _classify(
+    replica: Replica, status: ReplicaStatus, attempt_dir: Path, trial: Trial,
+    policy: FailurePolicy, launch_error: tuple[int, str] | None,
+) -> Classification:
+    """Why this replica ended. It counts as stopped by muster only if the stop was asked
+    before it ended: a replica that crashed first and was told to stop a moment later
+    (while its exit record was being written) crashed."""
+    if launch_error is not None:
+        failed_rank, error = launch_error
+        if replica.rank == failed_rank:
+            return classify_exit(ExitObservation(rank=replica.rank, exit=None,
+                                                 launch_error=error))
+        return Classification(
+            Reason.STOPPED, f"The replica {replica_name(replica.rank)} was stopped by muster: "
+            f"rank {failed_rank} could not be launched", None, None, None)
+    record = status.exit
+    stopped = trial.stop_requested or status.stop_requested
+    if record is not None and status.stop_requested_at is not None and not trial.stop_requested \
+            and record.ended_at < status.stop_requested_at:
+        stopped = False
+        record = dataclasses.replace(record, stop_requested=False)
+    stalled = read_json(_stall_marker(attempt_dir, replica.rank))
+    return classify_exit(
+        ExitObservation(
+            rank=replica.rank,
+            exit=record,
+            lost=status.phase is ReplicaPhase.LOST,
+            log_tail=tail_text(Path(replica.log_path), TAIL_LINES),
+            transient_exit_codes=frozenset(policy.transient_exit_codes),
+            stop_requested=stopped,
+            stalled=stalled["reason"] if isinstance(stalled, dict) else None,
+        )
+    )
+
+
+def _cause(verdicts: dict[int, Classification],
+           statuses: dict[int, ReplicaStatus]) -> Classification:
+    """The verdict the attempt ends with: the first failure in time (the replica the machine
+    killed, not its peers that then lost their connection to it); else the primary's (OK,
+    or STOPPED when muster was asked to stop the trial). Once the primary has exited 0 it
+    has the last word: a peer failing after that (in its teardown, say) is recorded on its
+    replica but does not fail the trial."""
+    def ended(rank: int) -> tuple[float, int]:
+        record = statuses[rank].exit
+        return (record.ended_at if record is not None else float("inf"), rank)
+
+    failed = [rank for rank, v in verdicts.items() if v.reason not in (Reason.OK, Reason.STOPPED)]
+    primary = verdicts[0]
+    if primary.reason is Reason.OK:
+        failed = [rank for rank in failed if ended(rank) < ended(0)]
+    return verdicts[min(failed, key=ended)] if failed else primary
 
 
 def _stall_marker(attempt_dir: Path, rank: int) -> Path:
