@@ -27,9 +27,10 @@ class ServerProcess:
     """Starts the server on `root/home` with its own SQLite store; stops it on exit, and
     kills any trial it left running (a benchmark that failed half-way)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, slots: int | None = None) -> None:
         self.home = root / "home"
         self.port = _free_port()
+        self.slots = slots
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -43,7 +44,8 @@ class ServerProcess:
         self.home.mkdir(parents=True)
         argv = [sys.executable, "-m", "muster", "up", "--home", str(self.home),
                 "--port", str(self.port), "--db", f"sqlite:///{self.home / 'muster.db'}",
-                "--min-free-disk", "0"]
+                "--min-free-disk", "0",
+                *(["--slots", str(self.slots)] if self.slots is not None else [])]
         with (self.home / "server.log").open("ab") as log:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)

@@ -73,9 +73,10 @@ def render_markdown(machine: dict[str, Any], outcomes: list[Outcome], command: s
         if outcome.notes:
             lines += ["", *(f"- {note}" for note in outcome.notes)]
     targets = [t for o in outcomes for t in o.targets]
-    summary = Table("Targets", ["target", "measured", "met"],
-                    [[t.what, t.measured, "yes" if t.met else "**no**"] for t in targets])
-    lines += ["", *_table_lines(summary)]
+    if targets:
+        summary = Table("Targets", ["target", "measured", "met"],
+                        [[t.what, t.measured, "yes" if t.met else "**no**"] for t in targets])
+        lines += ["", *_table_lines(summary)]
     return "\n".join(lines) + "\n"
 
 

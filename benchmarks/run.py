@@ -19,6 +19,7 @@ import first_log
 import harness_overhead
 import ingest
 import manifest_scan
+import replicas
 import tail
 import throughput
 from report import Outcome, describe_machine, render_markdown, write_json
@@ -32,6 +33,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "harness_overhead": harness_overhead.run,
     "manifest_scan": manifest_scan.run,
     "ingest": ingest.run,
+    "replicas": replicas.run,
 }
 
 

@@ -163,6 +163,7 @@ def test_a_trial_waits_until_all_its_replicas_fit(rig: Rig, tmp_path: Path) -> N
     waiting = submit(rig, 2, "exit0", "exit0")
     rig.until_trial(running, TrialState.RUNNING)
     rig.supervisor.tick()
+    assert rig.supervisor.slots_in_use() == 2  # one per replica, not one per trial
     with rig.store.session_scope() as s:
         trial = s.get_one(Trial, waiting.trial_id)
         assert (trial.state, trial.queue_reason) == (

@@ -11,11 +11,9 @@ from muster.store import Trial
 from muster.supervise.disk import disk_shortfall, format_bytes, free_bytes
 from muster.supervise.supervisor import Supervisor
 
-_HOLDING = [TrialState.STARTING.value, TrialState.RUNNING.value, TrialState.RESTARTING.value]
-
 
 def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
-    """Slots in use, the queue, and free disk against `min_free_disk`."""
+    """Slots in use (one per replica), the queue, and free disk against `min_free_disk`."""
     with supervisor.store.session_scope() as s:
         counts = dict(s.execute(select(Trial.state, func.count()).group_by(Trial.state)).all())
     runs_dir = supervisor.home.runs_dir
@@ -23,7 +21,7 @@ def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
     shortfall = disk_shortfall(runs_dir, supervisor.min_free_disk)
     return {
         "slots": supervisor.slots,
-        "slots_in_use": sum(counts.get(state, 0) for state in _HOLDING),
+        "slots_in_use": supervisor.slots_in_use(),
         "queued": counts.get(TrialState.QUEUED.value, 0),
         "suspect": counts.get(TrialState.SUSPECT.value, 0),
         "runs_dir": str(runs_dir),

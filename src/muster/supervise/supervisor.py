@@ -234,17 +234,22 @@ class Supervisor:
         behind it (first come, first served), with the reason shown.
         """
         with self.store.session_scope() as s:
-            busy = sum(_replicas(t) for t in s.scalars(
-                select(Trial).where(Trial.state.in_(_HOLDING_SLOT))))
             queued = [(t.id, _replicas(t)) for t in s.scalars(
                 select(Trial).where(Trial.state == TrialState.QUEUED.value).order_by(Trial.id))]
-        free = self.slots - busy
+        free = self.slots - self.slots_in_use()
         for position, (trial_id, needed) in enumerate(queued):
             if needed > free:
                 self._note_waiting(queued[position:], free)
                 return
             self.start_attempt(trial_id)
             free -= needed
+
+    def slots_in_use(self) -> int:
+        """One slot per replica of every trial that holds its slots (started, or between
+        attempts)."""
+        with self.store.session_scope() as s:
+            return sum(_replicas(t) for t in s.scalars(
+                select(Trial).where(Trial.state.in_(_HOLDING_SLOT))))
 
     def _note_waiting(self, waiting: list[tuple[int, int]], free: int) -> None:
         with self.store.session_scope() as s:
