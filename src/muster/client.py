@@ -45,9 +45,13 @@ _BY_STATUS: dict[int, type[errors.MusterError]] = {
 
 @dataclass(frozen=True)
 class LogChunk:
+    """One read of a trial's log. Go on from `next_offset` when a rank was named, from
+    `next_cursor` when not (a merged read of several ranks has no `next_offset`)."""
+
     data: bytes
     attempt: int
-    next_offset: int
+    next_offset: int | None
+    next_cursor: str | None = None
 
 
 def resolve_url(home: Home, url: str | None = None) -> str:
@@ -110,22 +114,33 @@ class Client:
         return self._json("GET", f"/trials/{trial_id}")  # type: ignore[no-any-return]
 
     def read_logs(
-        self, trial_id: int, *, attempt: int | None = None, rank: int = 0, offset: int = 0,
-        limit: int | None = None, tail: int | None = None,
+        self, trial_id: int, *, attempt: int | None = None, rank: int | None = None,
+        offset: int = 0, limit: int | None = None, tail: int | None = None,
+        cursor: str | None = None,
     ) -> LogChunk:
-        params = _params(attempt=attempt, rank=rank, offset=offset, limit=limit, tail=tail)
+        """One slice of an attempt's log (default: the latest attempt).
+
+        With `rank`, that replica's raw bytes from `offset`. Without, an attempt with one
+        replica gives the same; one with several gives every rank's whole lines in time
+        order, each prefixed `[rank r] `, from `cursor` (the last read's `next_cursor`).
+        """
+        params = _params(attempt=attempt, rank=rank, offset=offset or None, limit=limit,
+                         tail=tail, cursor=cursor)
         response = self._request("GET", f"/trials/{trial_id}/logs", params=params)
+        next_offset = response.headers.get("X-Muster-Next-Offset")
         return LogChunk(
             data=response.content,
             attempt=int(response.headers["X-Muster-Attempt"]),
-            next_offset=int(response.headers["X-Muster-Next-Offset"]),
+            next_offset=int(next_offset) if next_offset is not None else None,
+            next_cursor=response.headers.get("X-Muster-Next-Cursor"),
         )
 
     def follow_logs(
-        self, trial_id: int, *, attempt: int | None = None, rank: int = 0,
+        self, trial_id: int, *, attempt: int | None = None, rank: int | None = None,
         tail: int | None = None,
     ) -> Iterator[bytes]:
-        """The log's bytes as they are written, until the trial ends."""
+        """The log's bytes as they are written, until the trial ends: one rank's, or (no
+        rank) each attempt's as `read_logs` gives them, merged lines for several ranks."""
         params = _params(attempt=attempt, rank=rank, tail=tail, follow="true")
         headers = self._auth()
         with self._reaching(), self._http.stream(

@@ -61,10 +61,18 @@ def logs(
     tail: Annotated[int | None, typer.Option(help="only the last N lines")] = None,
     attempt: Annotated[int | None, typer.Option(help="attempt number (default: latest)")]
     = None,
-    rank: Annotated[int, typer.Option(help="replica rank")] = 0,
+    # A backslash before "[rank r]" keeps Rich from reading it as markup (also in the docstring).
+    rank: Annotated[int | None, typer.Option(
+        min=0, help="only this replica's log, as written (default: every rank, merged in "
+        "time order, each line prefixed '\\[rank r] '; a single-replica trial's log as is)",
+    )] = None,
     home: HomeOption = None, url: UrlOption = None,
 ) -> None:
-    """Write the trial's log to stdout (decoded as UTF-8 with replacement), nothing else."""
+    r"""Write the trial's log to stdout (decoded as UTF-8 with replacement), nothing else.
+
+    Without --rank, the ranks of a multi-replica trial are merged in time order, whole lines
+    each prefixed '\[rank r] '; --rank R shows one rank's log exactly as it was written.
+    """
     out = sys.stdout
     # Incremental: a character split across two chunks is decoded whole, not replaced.
     decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
@@ -75,14 +83,19 @@ def logs(
                 out.flush()
             out.write(decode(b"", final=True))
             return
-        offset = 0
+        offset, cursor = 0, None
         while True:
-            piece = c.read_logs(trial_id, attempt=attempt, rank=rank, offset=offset, tail=tail)
+            piece = c.read_logs(trial_id, attempt=attempt, rank=rank, offset=offset,
+                                cursor=cursor, tail=tail)
             out.write(decode(piece.data))
             if not piece.data:
                 break
             # A tail longer than one read goes on from where the first read ended.
-            attempt, offset, tail = piece.attempt, piece.next_offset, None
+            attempt, tail = piece.attempt, None
+            if rank is None and piece.next_cursor is not None:
+                cursor = piece.next_cursor
+            else:  # one rank's bytes (or a server from before merged logs)
+                offset = piece.next_offset or 0
     out.write(decode(b"", final=True))
     out.flush()
 

@@ -1,25 +1,33 @@
-"""Trial logs by byte cursor, by tail, and followed live until the trial ends.
+"""Trial logs by cursor, by tail, and followed live until the trial ends.
 
-The bytes are the log file's bytes, unchanged; decoding is the reader's business. A
-cursor is (attempt, offset). Following starts at one attempt and moves on to the next
+One rank's log is served as its bytes, unchanged; decoding is the reader's business. Its
+cursor is (attempt, offset). When no rank is named, an attempt with one replica is served
+the same way, so a single-replica trial looks as it always did, and an attempt with several
+is served merged (`merged_logs`): whole lines in time order, each prefixed `[rank r] `, with
+a cursor of one offset per rank. Following starts at one attempt and moves on to the next
 attempt of the trial when one ends, so a follower sees every restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from sqlalchemy import select
 
 from muster.errors import InvalidRequest, NotFound
-from muster.launch.logs import read_range, tail_offset
+from muster.launch.logs import log_size, read_range, tail_offset
 from muster.server.experiments import trial_or_404
-from muster.states import TrialState
-from muster.store import Attempt, Store
+from muster.server.log_lines import RankLog
+from muster.server.merged_logs import LogCursor, merged_page, tail_cursor
+from muster.states import AttemptState, TrialState
+from muster.store import Attempt, Replica, Store
 
 MAX_LIMIT = 16 * 1024**2
 DEFAULT_LIMIT = 1024**2
@@ -27,51 +35,112 @@ DEFAULT_LIMIT = 1024**2
 # attempts and the trial's end less often (a query on a worker thread).
 FOLLOW_POLL_SECONDS = 0.05
 FOLLOW_FILE_POLL_SECONDS = 0.01
+_RANK_LOG = re.compile(r"rank-([0-9]+)\.log")
 
 
 @dataclass(frozen=True)
 class LogSlice:
+    """Bytes of one rank's log, from `offset` to `next_offset`."""
+
     data: bytes
     attempt: int
     offset: int
     next_offset: int
+    rank: int = 0
+
+    @property
+    def next_cursor(self) -> LogCursor:
+        return LogCursor({self.rank: self.next_offset})
+
+
+@dataclass(frozen=True)
+class MergedSlice:
+    """Whole lines of several ranks' logs, merged; `next_cursor` is where to go on."""
+
+    data: bytes
+    attempt: int
+    next_cursor: LogCursor
+
+
+@dataclass(frozen=True)
+class AttemptLogs:
+    """Where one attempt's logs are, and whether they are complete."""
+
+    number: int
+    run_dir: Path
+    ranks: tuple[int, ...]
+    ended: bool  # its replicas are gone: no byte will be added
+
+    def source(self, rank: int) -> RankLog:
+        return RankLog(rank, self.run_dir / f"rank-{rank}.log",
+                       self.run_dir / f"rank-{rank}.index")
+
+    def sources(self) -> list[RankLog]:
+        return [self.source(rank) for rank in self.ranks]
 
 
 @dataclass(frozen=True)
 class TrialLogs:
-    """Where a trial's logs for one rank are, and whether more can come."""
+    """Where a trial's logs are, by attempt number, and whether more can come."""
 
-    paths: dict[int, Path]  # attempt number → log path
+    attempts: dict[int, AttemptLogs]
     ended: bool
 
     @property
     def latest(self) -> int:
-        return max(self.paths) if self.paths else 0
+        return max(self.attempts) if self.attempts else 0
 
 
-def locate(store: Store, trial_id: int, rank: int) -> TrialLogs:
+def locate(store: Store, trial_id: int) -> TrialLogs:
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
-        attempts = s.scalars(select(Attempt).where(Attempt.trial_id == trial_id))
-        paths = {a.number: Path(a.run_dir) / f"rank-{rank}.log" for a in attempts}
-        return TrialLogs(paths=paths, ended=TrialState(trial.state).is_settled())
+        ended = TrialState(trial.state).is_settled()
+        attempts = s.execute(select(Attempt.id, Attempt.number, Attempt.run_dir, Attempt.state)
+                             .where(Attempt.trial_id == trial_id)).all()
+        replicas = s.execute(select(Replica.attempt_id, Replica.rank).join(Attempt)
+                             .where(Attempt.trial_id == trial_id)).all()
+    recorded: dict[int, list[int]] = defaultdict(list)
+    for attempt_id, rank in replicas:
+        recorded[attempt_id].append(rank)
+    return TrialLogs(attempts={
+        a.number: AttemptLogs(a.number, Path(a.run_dir), _ranks(Path(a.run_dir), recorded[a.id]),
+                              ended or AttemptState(a.state).is_terminal())
+        for a in attempts
+    }, ended=ended)
+
+
+def _ranks(run_dir: Path, recorded: list[int]) -> tuple[int, ...]:
+    """The attempt's ranks: its replica rows, else the logs in its directory, else rank 0."""
+    if recorded:
+        return tuple(sorted(recorded))
+    on_disk = [int(m[1]) for p in run_dir.glob("rank-*.log")
+               if (m := _RANK_LOG.fullmatch(p.name))]
+    return tuple(sorted(on_disk)) or (0,)
 
 
 def read_log(
-    store: Store, trial_id: int, *, attempt: int | None = None, rank: int = 0,
+    store: Store, trial_id: int, *, attempt: int | None = None, rank: int | None = None,
     offset: int = 0, limit: int = DEFAULT_LIMIT, tail: int | None = None,
-) -> LogSlice:
-    """One slice of an attempt's log (default: the latest attempt)."""
+    cursor: str | None = None,
+) -> LogSlice | MergedSlice:
+    """One slice of an attempt's log (default: the latest attempt): the named rank's bytes,
+    or with no rank named, the only rank's bytes or every rank's lines merged."""
     if not 0 < limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
-    logs = locate(store, trial_id, rank)
+    logs = locate(store, trial_id)
     number = _pick_attempt(logs, trial_id, attempt)
     if number == 0:
-        return LogSlice(b"", 0, 0, 0)
-    path = logs.paths[number]
-    start = tail_offset(path, tail) if tail is not None else offset
-    data, next_offset = read_range(path, start, limit)
-    return LogSlice(data, number, start, next_offset)
+        return LogSlice(b"", 0, 0, 0, rank or 0)
+    where = logs.attempts[number]
+    start = _parse_cursor(cursor, where, rank, offset)
+    one = _single_rank(where, rank)
+    if one is not None:
+        begin = _rank_start(where, one, start.at(one) if start else offset, tail)
+        data, next_offset = read_range(where.source(one).log, begin, limit)
+        return LogSlice(data, number, begin, next_offset, one)
+    page_start = _merged_start(where, offset, start, tail)
+    data, next_cursor = merged_page(where.sources(), page_start, limit, final=where.ended)
+    return MergedSlice(data, number, next_cursor)
 
 
 def _pick_attempt(
@@ -82,35 +151,134 @@ def _pick_attempt(
     `create` asks for attempt 1 while the trial is still queued)."""
     if attempt is None:
         return logs.latest
-    if attempt not in logs.paths and not (
+    if attempt not in logs.attempts and not (
         upcoming and not logs.ended and attempt == logs.latest + 1
     ):
         raise NotFound(f"trial {trial_id} has no attempt {attempt} "
-                       f"(it has {len(logs.paths)} so far)")
+                       f"(it has {len(logs.attempts)} so far)")
     return attempt
 
 
+def _parse_cursor(
+    text: str | None, where: AttemptLogs, rank: int | None, offset: int
+) -> LogCursor | None:
+    """The cursor of a read without a rank, checked against the attempt's ranks."""
+    if text is None:
+        return None
+    if rank is not None:
+        raise InvalidRequest(f"cursor is for reads without a rank; to page rank {rank}'s "
+                             "log pass offset (X-Muster-Next-Offset) instead")
+    if offset:
+        raise InvalidRequest("give offset or cursor, not both; a read without a rank pages "
+                             "with cursor (X-Muster-Next-Cursor)")
+    cursor = LogCursor.parse(text)
+    if unknown := sorted(set(cursor.offsets) - set(where.ranks)):
+        raise InvalidRequest(
+            f"cursor names rank {unknown[0]}, but attempt {where.number} has ranks "
+            f"{', '.join(map(str, where.ranks))}; start again without a cursor"
+        )
+    return cursor
+
+
+def _single_rank(where: AttemptLogs, rank: int | None) -> int | None:
+    """The one rank to serve as raw bytes: the one named, or the attempt's only one; None
+    when the attempt's ranks are to be merged."""
+    if rank is not None:
+        return rank
+    return where.ranks[0] if len(where.ranks) == 1 else None
+
+
+def _rank_start(where: AttemptLogs, rank: int, offset: int, tail: int | None) -> int:
+    return tail_offset(where.source(rank).log, tail) if tail is not None else offset
+
+
+def _merged_start(
+    where: AttemptLogs, offset: int, cursor: LogCursor | None, tail: int | None
+) -> LogCursor:
+    if offset:
+        raise InvalidRequest(
+            f"offset is a position in one rank's log, and attempt {where.number} has ranks "
+            f"{', '.join(map(str, where.ranks))}: pass rank=R with it, or page the merged "
+            "log with cursor (X-Muster-Next-Cursor)"
+        )
+    if tail is not None:
+        return tail_cursor(where.sources(), tail, final=where.ended)
+    return cursor or LogCursor()
+
+
+class _Reader(Protocol):
+    """What a follower reads one attempt with."""
+
+    async def read(self, final: bool) -> bytes:
+        """The next bytes, b"" when there are none yet. `final`: the attempt has ended."""
+        ...
+
+
+class _RankReader:
+    """One rank's bytes, as they are."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self.path, self.offset = path, offset
+
+    async def read(self, final: bool) -> bytes:
+        data, self.offset = read_range(self.path, self.offset, DEFAULT_LIMIT)
+        return data
+
+
+class _MergedReader:
+    """Several ranks' lines, merged. Pages are read on a worker thread (splitting lines is
+    real work), and only when a log has grown since the last empty one: a partial line
+    is not read again on every poll."""
+
+    def __init__(self, sources: list[RankLog], cursor: LogCursor) -> None:
+        self.sources, self.cursor = sources, cursor
+        self._idle_sizes: list[int] | None = None
+
+    async def read(self, final: bool) -> bytes:
+        sizes = [log_size(source.log) for source in self.sources]
+        if not final and sizes == self._idle_sizes:
+            return b""
+        data, self.cursor = await asyncio.to_thread(
+            merged_page, self.sources, self.cursor, DEFAULT_LIMIT, final)
+        self._idle_sizes = None if data else sizes
+        return data
+
+
+def _reader(where: AttemptLogs, rank: int | None, offset: int, tail: int | None) -> _Reader:
+    one = _single_rank(where, rank)
+    if one is not None:
+        return _RankReader(where.source(one).log, _rank_start(where, one, offset, tail))
+    return _MergedReader(where.sources(), _merged_start(where, offset, None, tail))
+
+
 async def follow_log(
-    store: Store, trial_id: int, *, attempt: int | None, rank: int, offset: int,
+    store: Store, trial_id: int, *, attempt: int | None, rank: int | None, offset: int,
     tail: int | None,
 ) -> AsyncIterator[bytes]:
     """The log as it grows, across attempts, until the trial has ended and every byte has
-    been sent. The trial and attempt are checked here, before the stream (and its 200
-    status) starts, so a wrong cursor is a 404 and not a broken stream."""
-    logs = await asyncio.to_thread(locate, store, trial_id, rank)
+    been sent: one rank's bytes, or (no rank named) as `read_log` serves each attempt. The
+    trial, attempt and start are checked here, before the stream (and its 200 status)
+    starts, so a wrong cursor is an error status and not a broken stream."""
+    logs = await asyncio.to_thread(locate, store, trial_id)
     number = _pick_attempt(logs, trial_id, attempt, upcoming=True) or 1
-    if tail is not None and number in logs.paths:
-        offset = tail_offset(logs.paths[number], tail)
-    return _follow(store, trial_id, rank, logs, number, offset)
+    where = logs.attempts.get(number)
+    if where is not None:
+        reader: _Reader | None = _reader(where, rank, offset, tail)
+    elif rank is None and offset:
+        raise InvalidRequest(f"attempt {number} has not started, so its ranks are not known: "
+                             "pass rank=R with offset")
+    else:
+        reader = None  # made when the attempt starts
+    return _follow(store, trial_id, rank, offset, logs, number, reader)
 
 
 async def _follow(
-    store: Store, trial_id: int, rank: int, logs: TrialLogs, number: int, offset: int
+    store: Store, trial_id: int, rank: int | None, offset: int, logs: TrialLogs,
+    number: int, reader: _Reader | None,
 ) -> AsyncIterator[bytes]:
     next_locate = 0.0
     while True:
-        path = logs.paths.get(number)
-        data, offset = read_range(path, offset, DEFAULT_LIMIT) if path else (b"", offset)
+        data = await reader.read(final=False) if reader else b""
         if data:
             yield data
             continue
@@ -118,11 +286,21 @@ async def _follow(
             await asyncio.sleep(FOLLOW_FILE_POLL_SECONDS)
             continue
         ended_before = logs.ended
-        logs = await asyncio.to_thread(locate, store, trial_id, rank)
+        logs = await asyncio.to_thread(locate, store, trial_id)
         next_locate = time.monotonic() + FOLLOW_POLL_SECONDS
-        if number < logs.latest:
-            number, offset = number + 1, 0
-        elif ended_before and logs.ended:
+        if reader is None:
+            if number in logs.attempts:
+                reader = _reader(logs.attempts[number], rank, offset, None)
+                continue
+        elif number < logs.latest or (ended_before and logs.ended):
+            # The attempt has ended: what it holds now is all it will ever hold.
+            while data := await reader.read(final=True):
+                yield data
+            if number == logs.latest:
+                return
+            number, reader = number + 1, _reader(logs.attempts[number + 1], rank, 0, None)
+            continue
+        if ended_before and logs.ended:
             return
-        elif not logs.ended:
+        if not logs.ended:
             await asyncio.sleep(FOLLOW_FILE_POLL_SECONDS)

@@ -109,28 +109,43 @@ async def get_trial_logs(
     state: State,
     trial_id: int,
     attempt: Annotated[int | None, Query(ge=1)] = None,
-    rank: Annotated[int, Query(ge=0)] = 0,
+    rank: Annotated[int | None, Query(
+        ge=0, description="only this rank's log, raw (default: every rank, merged)")] = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=logs.MAX_LIMIT)] = logs.DEFAULT_LIMIT,
     tail: Annotated[int | None, Query(ge=0)] = None,
+    cursor: Annotated[str | None, Query(
+        description="where a read without rank goes on: X-Muster-Next-Cursor")] = None,
     follow: bool = False,
 ) -> Response:
-    """Raw log bytes. Headers carry the cursor: X-Muster-Attempt, X-Muster-Next-Offset."""
+    """Log bytes. With `rank`, or for an attempt with one replica, that replica's raw bytes;
+    else every rank's whole lines in time order, each prefixed `[rank r] `. Headers carry
+    the cursor: X-Muster-Attempt, and X-Muster-Next-Offset for one rank's bytes or
+    X-Muster-Next-Cursor (pass it back as `cursor`) for a read without `rank`."""
     if follow:
+        if cursor is not None:
+            raise InvalidRequest("cursor pages reads without follow; to follow from the "
+                                 "end, pass tail=N instead")
         stream = await logs.follow_log(
             state.store, trial_id, attempt=attempt, rank=rank, offset=offset, tail=tail
         )
         return StreamingResponse(stream, media_type="application/octet-stream")
     piece = await asyncio.to_thread(
         logs.read_log, state.store, trial_id, attempt=attempt, rank=rank, offset=offset,
-        limit=limit, tail=tail,
+        limit=limit, tail=tail, cursor=cursor,
     )
-    headers = {
-        "X-Muster-Attempt": str(piece.attempt),
-        "X-Muster-Offset": str(piece.offset),
-        "X-Muster-Next-Offset": str(piece.next_offset),
-    }
-    return Response(piece.data, media_type="application/octet-stream", headers=headers)
+    return Response(piece.data, media_type="application/octet-stream",
+                    headers=_log_headers(piece, rank_named=rank is not None))
+
+
+def _log_headers(piece: logs.LogSlice | logs.MergedSlice, rank_named: bool) -> dict[str, str]:
+    headers = {"X-Muster-Attempt": str(piece.attempt)}
+    if isinstance(piece, logs.LogSlice):
+        headers["X-Muster-Offset"] = str(piece.offset)
+        headers["X-Muster-Next-Offset"] = str(piece.next_offset)
+    if not rank_named:
+        headers["X-Muster-Next-Cursor"] = str(piece.next_cursor)
+    return headers
 
 
 @router.get("/trials/{trial_id}/metrics")
