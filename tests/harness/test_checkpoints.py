@@ -168,3 +168,24 @@ def test_a_full_disk_while_finishing_is_a_checkpoint_error(full_disk_checkpoints
         assert _left_in(full_disk_checkpoints) == []
         assert ctx.checkpoint.restore() is None
     assert os.statvfs(full_disk_checkpoints).f_bfree > 0  # the space came back
+
+
+def test_a_checkpoint_is_published_only_after_the_counts_it_accounts_for(
+    on_platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed right after a checkpoint resumes from it; the samples and metrics of
+    the steps inside it must be on disk by then, not a flush interval later."""
+    import muster.harness.context as context
+
+    monkeypatch.setattr(context, "FLUSH_INTERVAL_S", 3600.0)  # no background flush here
+    attempt = on_platform.run_dir / "attempt-2"
+    with mh.init() as ctx:
+        ctx.samples.seen(32, epoch=0)
+        ctx.report_training(7, {"loss": 0.5})
+        assert not (attempt / "rank-1.samples.json").exists()
+        with ctx.checkpoint.save(7) as path:
+            (path / "model.bin").write_bytes(b"w")
+        samples = json.loads((attempt / "rank-1.samples.json").read_text())
+        assert samples["epochs"] == {"0": 32}
+        lines = (attempt / "rank-1.metrics.jsonl").read_bytes().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [7]

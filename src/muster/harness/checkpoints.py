@@ -15,7 +15,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -61,12 +61,17 @@ class Checkpoints:
     """
 
     def __init__(
-        self, directory: Path, saver: Saver, heartbeat: Heartbeat, preferred: Path | None
+        self, directory: Path, saver: Saver, heartbeat: Heartbeat, preferred: Path | None,
+        before_publish: Callable[[], None] = lambda: None,
     ) -> None:
         self.directory = directory
         self._saver = saver
         self._heartbeat = heartbeat
         self._preferred = preferred
+        # Writes this rank's buffered sample counts and metrics first: a run killed right
+        # after a checkpoint resumes from it, and must not have lost the accounting of the
+        # steps the checkpoint already contains.
+        self._before_publish = before_publish
 
     @contextmanager
     def save(self, step: int, metadata: Mapping[str, Any] | None = None) -> Iterator[Path]:
@@ -93,6 +98,14 @@ class Checkpoints:
         except BaseException:
             _remove(tmp)
             raise
+        try:
+            self._before_publish()
+        except OSError as exc:
+            _remove(tmp)
+            raise CheckpointError(
+                f"Could not save the checkpoint for step {step}: writing the sample counts "
+                f"and metrics it accounts for failed: {exc}{_hint(exc)}; nothing was saved"
+            ) from exc
         self._publish(tmp, step, user_metadata)
         self._heartbeat.progress(time.time(), step)
 

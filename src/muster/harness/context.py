@@ -44,13 +44,17 @@ class Context:
                                     sources=[self._metrics, self.samples])
         saver = Saver(env.trial_id, env.attempt, env.rank, env.hparams)
         self.checkpoint = Checkpoints(files.checkpoints, saver, self._heartbeat,
-                                      env.latest_checkpoint)
+                                      env.latest_checkpoint, self._flush_accounting)
         self._stop = StopRequest(files.stop_ack, self._heartbeat)
         self._background = BackgroundThread([
             Task(f"writing {files.metrics}", FLUSH_INTERVAL_S, self._metrics.flush),
             Task(f"writing {files.samples}", FLUSH_INTERVAL_S, self.samples.flush),
             Task(f"writing {files.heartbeat}", heartbeat_interval, self._heartbeat.write),
         ])
+
+    def _flush_accounting(self) -> None:
+        self.samples.flush()
+        self._metrics.flush()
 
     @property
     def hparams(self) -> dict[str, Any]:
