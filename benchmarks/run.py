@@ -19,6 +19,7 @@ import first_log
 import harness_overhead
 import ingest
 import manifest_scan
+import recovery
 import replicas
 import tail
 import throughput
@@ -34,6 +35,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "manifest_scan": manifest_scan.run,
     "ingest": ingest.run,
     "replicas": replicas.run,
+    "recovery": recovery.run,
 }
 
 

@@ -63,6 +63,7 @@ class Reason(str, Enum):
     PERMANENT_ERROR = "PERMANENT_ERROR"
     USER_ERROR = "USER_ERROR"
     TRANSIENT = "TRANSIENT"
+    OOM = "OOM"
     STOPPED = "STOPPED"
     INFRA = "INFRA"
     LOST = "LOST"

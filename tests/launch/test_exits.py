@@ -44,6 +44,32 @@ MAIN_SCRIPT_SYNTAX_ERROR = """\
 SyntaxError: '(' was never closed
 """
 
+MEMORY_ERROR_TAIL = """\
+Traceback (most recent call last):
+  File "/work/train.py", line 4, in <module>
+    data = bytearray(1 << 40)
+MemoryError
+"""
+
+CUDA_OOM_TAIL = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/work/train.py", line 9, in <module>
+[rank1]:     loss.backward()
+[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a \
+total capacity of 79.10 GiB of which 1.02 GiB is free.
+"""
+
+TORCH_CPU_OOM_TAIL = """\
+Traceback (most recent call last):
+  File "/work/train.py", line 2, in <module>
+    torch.empty(1 << 62, dtype=torch.uint8)
+RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't \
+allocate memory: you tried to allocate 4611686018427387904 bytes. Error code 12 (Cannot \
+allocate memory)
+"""
+
+OVER_LIMIT = {"oom": True, "memory_limit_bytes": 4 << 30, "peak_memory_bytes": 4509715660}
+
 FAULTHANDLER_DUMP = """\
 Fatal Python error: Segmentation fault
 
@@ -122,6 +148,29 @@ def classify(exit: ExitRecord | None, rank: int = 0, **extra: Any) -> Classifica
         # 5. exit 0
         (ExitObservation(0, record(0)), Reason.OK),
         (ExitObservation(0, record(0), log_tail=VALUE_ERROR_TAIL), Reason.OK),
+        # 5b. out of memory: over the shim's limit (its SIGKILL is not INFRA), or the
+        # process said so (after signals and transient codes, before permanent errors)
+        (ExitObservation(0, record(-9, **OVER_LIMIT)), Reason.OOM),
+        (ExitObservation(0, record(1, **OVER_LIMIT)), Reason.OOM),
+        (ExitObservation(0, record(-9, **OVER_LIMIT), stop_requested=True), Reason.STOPPED),
+        (ExitObservation(0, record(1), log_tail=MEMORY_ERROR_TAIL), Reason.OOM),
+        (ExitObservation(0, record(1), log_tail=CUDA_OOM_TAIL), Reason.OOM),
+        (ExitObservation(0, record(1), log_tail=TORCH_CPU_OOM_TAIL), Reason.OOM),
+        (
+            ExitObservation(
+                0, record(1), log_tail=VALUE_ERROR_TAIL.replace(
+                    "ValueError: bad shape", "RuntimeError: CUDA error: out of memory")
+            ),
+            Reason.OOM,
+        ),
+        (ExitObservation(0, record(2), log_tail=MEMORY_ERROR_TAIL), Reason.OOM),
+        (ExitObservation(0, record(-9), log_tail=MEMORY_ERROR_TAIL), Reason.INFRA),
+        (
+            ExitObservation(
+                0, record(1), log_tail=MEMORY_ERROR_TAIL, transient_exit_codes=frozenset({1})
+            ),
+            Reason.TRANSIENT,
+        ),
         # 6. signals, Python-style and shell-style
         (ExitObservation(0, record(-6)), Reason.TRANSIENT),
         (ExitObservation(0, record(-11)), Reason.TRANSIENT),
@@ -303,6 +352,30 @@ def test_termination_reason(tail: str, reason: str | None) -> None:
             ExitObservation(0, spawn_failure(errno.ENOENT)),
             "The replica worker-0 (rank 0) could not start: [Errno 2] ENOENT: 'train.py'",
         ),
+        (
+            ExitObservation(1, record(-9, **OVER_LIMIT), log_tail="step 1\n"),
+            "The replica worker-1 (rank 1) ran out of memory and exited with a non-zero status "
+            "of 137 (limit 4 GiB, peak 4.2 GiB)",
+        ),
+        (
+            ExitObservation(
+                0, record(-9, oom=True, memory_limit_bytes=150 << 20, peak_memory_bytes=None)
+            ),
+            "The replica worker-0 (rank 0) ran out of memory and exited with a non-zero status "
+            "of 137 (limit 150 MiB)",
+        ),
+        (
+            ExitObservation(0, record(1), log_tail=MEMORY_ERROR_TAIL),
+            "The replica worker-0 (rank 0) ran out of memory and exited with a non-zero status "
+            "of 1. Termination reason: MemoryError (see the last 4 log lines)",
+        ),
+        (
+            ExitObservation(1, record(1), log_tail=CUDA_OOM_TAIL),
+            "The replica worker-1 (rank 1) ran out of memory and exited with a non-zero status "
+            "of 1. Termination reason: torch.OutOfMemoryError: CUDA out of memory. Tried to "
+            "allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 1.02 GiB is "
+            "free. (see the last 4 log lines)",
+        ),
     ],
 )
 def test_messages(observation: ExitObservation, message: str) -> None:
@@ -369,6 +442,9 @@ _RECORDS = st.builds(
     signals_sent=st.lists(st.sampled_from(["SIGTERM", "SIGKILL"]), max_size=2),
     spawn_error=st.none() | st.text(max_size=30),
     spawn_errno=st.none() | st.integers(0, 200),
+    oom=st.booleans(),
+    memory_limit_bytes=st.none() | st.integers(1, 2**44),
+    peak_memory_bytes=st.none() | st.integers(0, 2**44),
 )
 _OBSERVATIONS = st.builds(
     ExitObservation,
@@ -378,7 +454,8 @@ _OBSERVATIONS = st.builds(
     launch_error=st.none() | st.text(max_size=30),
     log_tail=st.text(max_size=400)
     | st.sampled_from(
-        [VALUE_ERROR_TAIL, CHAINED_TAIL, MAIN_SCRIPT_SYNTAX_ERROR, FAULTHANDLER_DUMP]
+        [VALUE_ERROR_TAIL, CHAINED_TAIL, MAIN_SCRIPT_SYNTAX_ERROR, FAULTHANDLER_DUMP,
+         MEMORY_ERROR_TAIL, CUDA_OOM_TAIL]
     ),
     transient_exit_codes=st.frozensets(st.integers(1, 255), max_size=4),
     stop_requested=st.booleans(),

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
+from sqlalchemy.exc import IntegrityError
 
 from muster.errors import StoreError
 from muster.store import Base, Store
+from muster.store.db import alembic_config
 
 
 def test_migrating_an_empty_database_gives_the_models_schema(store: Store) -> None:
@@ -46,3 +49,44 @@ def test_check_schema_on_a_newer_database_says_so(store: Store) -> None:
         connection.exec_driver_sql("UPDATE alembic_version SET version_num = 'f00d'")
     with pytest.raises(StoreError, match=r"f00d.*does not know"):
         store.check_schema()
+
+
+def test_0003_keeps_existing_replicas_as_first_incarnations(db_url: str) -> None:
+    """A database with runs, made by the previous version, upgrades without losing a row;
+    afterwards a rank may have a second incarnation in the same attempt, not a duplicate."""
+    store = Store(db_url)
+    try:
+        with store.engine.begin() as connection:
+            config = alembic_config(db_url)
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0002")
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql(
+                "INSERT INTO experiments (id, uuid, name, description, labels, config, "
+                "config_yaml, context_dir, state, stop_requested, created_at, updated_at) "
+                "VALUES (1, 'e', 'x', '', '[]', '{}', '', '/tmp', 'ACTIVE', false, 0, 0)")
+            connection.exec_driver_sql(
+                "INSERT INTO trials (id, uuid, experiment_id, state, hparams, stop_requested, "
+                "replica_restarts, trial_retries, internal_retries, user_error_retries, "
+                "created_at, updated_at) VALUES (1, 't', 1, 'RUNNING', '{}', false, 0, 0, 0, 0, "
+                "0, 0)")
+            connection.exec_driver_sql(
+                "INSERT INTO attempts (id, trial_id, number, state, run_dir, created_at, "
+                "updated_at) VALUES (1, 1, 1, 'RUNNING', '/tmp/a', 0, 0)")
+            connection.exec_driver_sql(
+                "INSERT INTO replicas (id, attempt_id, rank, host, log_path) "
+                "VALUES (1, 1, 0, 'h', '/tmp/a/rank-0.log'), (2, 1, 1, 'h', '/tmp/a/rank-1.log')")
+        store.upgrade()
+        with store.engine.begin() as connection:
+            rows = connection.exec_driver_sql(
+                "SELECT id, rank, incarnation FROM replicas ORDER BY id").all()
+            assert [tuple(r) for r in rows] == [(1, 0, 0), (2, 1, 0)]
+            connection.exec_driver_sql(
+                "INSERT INTO replicas (id, attempt_id, rank, incarnation, host, log_path) "
+                "VALUES (3, 1, 1, 1, 'h', '/tmp/a/rank-1.log')")
+        with pytest.raises(IntegrityError), store.engine.begin() as connection:
+            connection.exec_driver_sql(
+                "INSERT INTO replicas (id, attempt_id, rank, incarnation, host, log_path) "
+                "VALUES (4, 1, 1, 1, 'h', '/tmp/a/rank-1.log')")
+    finally:
+        store.dispose()

@@ -27,9 +27,9 @@ from muster.server.experiments import (
     kill_experiment,
     review_trial,
 )
+from muster.sizes import format_size
 from muster.states import ExperimentState, TrialState
 from muster.store import Trial
-from muster.supervise.disk import format_bytes
 from tests.supervise.conftest import Rig, Submitted, TrialView, fixture_entrypoint
 
 pytestmark = pytest.mark.timeout(90)
@@ -371,7 +371,7 @@ def test_the_disk_guard_holds_queued_trials_and_warns_running_ones(
     for _ in range(3):
         rig.supervisor.tick()
     reason = queue_reason(rig, third.trial_id)
-    assert reason is not None and f"< {format_bytes(2 * 10**18)} on" in reason, reason
+    assert reason is not None and f"< {format_size(2 * 10**18)} on" in reason, reason
     for job in (first, second):
         [warning] = disk_events(rig, job.trial_id)
         assert warning is not None and warning.startswith("waiting for disk:")

@@ -52,6 +52,9 @@ RETRY, FAIL = Action.RETRY, Action.FAIL
             FAIL,
             None,
         ),
+        # out of memory: never retried, whatever the budgets
+        (Reason.OOM, NONE_USED, DEFAULT, FAIL, None),
+        (Reason.OOM, NONE_USED, FailurePolicy(retry_user_errors=5, trial_retries=5), FAIL, None),
         # transient: the whole trial again
         (Reason.TRANSIENT, NONE_USED, DEFAULT, RETRY, "trial_retries"),
         (Reason.TRANSIENT, Budgets(trial_retries=2), DEFAULT, RETRY, "trial_retries"),

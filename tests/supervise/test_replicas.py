@@ -12,6 +12,8 @@ import pytest
 import yaml
 from sqlalchemy import select
 
+from muster.launch.base import ProcessIdentity, ReplicaSpec
+from muster.launch.local import LocalLauncher
 from muster.server.experiments import create_experiment
 from muster.states import TrialState
 from muster.store import Attempt, Replica, Trial
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.timeout(90)
 class ReplicaView:
     attempt: int
     rank: int
+    incarnation: int
     reason: str | None
     exit_code: int | None
     signal: str | None
@@ -48,9 +51,9 @@ def submit(rig: Rig, replicas: int, *behaviours: str, **policy: object) -> Submi
 def replicas(rig: Rig, trial_id: int) -> list[ReplicaView]:
     with rig.store.session_scope() as s:
         rows = s.scalars(select(Replica).join(Attempt).where(Attempt.trial_id == trial_id)
-                         .order_by(Attempt.number, Replica.rank))
-        return [ReplicaView(r.attempt.number, r.rank, r.reason, r.exit_code, r.signal,
-                            r.message, Path(r.log_path).read_bytes()) for r in rows]
+                         .order_by(Attempt.number, Replica.rank, Replica.incarnation))
+        return [ReplicaView(r.attempt.number, r.rank, r.incarnation, r.reason, r.exit_code,
+                            r.signal, r.message, Path(r.log_path).read_bytes()) for r in rows]
 
 
 def environment(log: bytes) -> dict[str, str]:
@@ -68,7 +71,8 @@ def test_every_rank_gets_the_torchrun_environment_and_its_own_log(rig: Rig) -> N
     port = envs[0]["MASTER_PORT"]
     assert re.fullmatch(r"\d+", port) and 0 < int(port) < 65536
     assert envs == [{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3",
-                     "LOCAL_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+                     "LOCAL_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                     "MUSTER_REPLICA_RESTART": "0"}
                     for rank in range(3)]
     [attempt] = trial.attempts
     assert [p.name for p in sorted(attempt.run_dir.glob("rank-[0-9].log"))] == [
@@ -139,9 +143,9 @@ def _settle_without_ticks(rig: Rig, job: Submitted, ranks: int) -> TrialView:
 
 
 def test_the_first_failure_in_time_is_the_cause(rig: Rig) -> None:
-    # Rank 1 is killed at 0.2 s; rank 0 fails on its own at 0.6 s, as a peer that lost its
+    # Rank 1 is killed at 0.2 s; rank 0 fails on its own at 3.2 s, as a peer that lost its
     # connection would. The kill is what gets restarted, not a user error that is not.
-    job = submit(rig, 2, "late-fail@1,exit0", "sigkill@1,exit0")
+    job = submit(rig, 2, "later-fail@1,exit0", "sigkill@1,exit0")
     trial = _settle_without_ticks(rig, job, 2)
     assert [(a.number, a.reason) for a in trial.attempts] == [(1, "INFRA"), (2, "OK")]
     assert [(r.attempt, r.rank, r.reason) for r in replicas(rig, job.trial_id)][:2] == [
@@ -150,7 +154,7 @@ def test_the_first_failure_in_time_is_the_cause(rig: Rig) -> None:
 
 
 def test_a_peer_failing_after_the_primary_succeeded_does_not_fail_the_trial(rig: Rig) -> None:
-    job = submit(rig, 2, "exit0", "late-fail")
+    job = submit(rig, 2, "exit0", "later-fail")
     trial = _settle_without_ticks(rig, job, 2)
     assert (trial.state, trial.reason) == ("SUCCEEDED", "OK")
     assert [(r.rank, r.reason) for r in replicas(rig, job.trial_id)] == [
@@ -183,3 +187,63 @@ def test_a_trial_larger_than_the_server_says_so(rig: Rig) -> None:
         assert trial.queue_reason == (
             "needs 3 slots for its replicas, but this server has 2; raise `muster up --slots` "
             "or lower resources.replicas")
+
+
+def test_restart_scope_replica_restarts_only_the_failed_rank_then_the_trial(rig: Rig) -> None:
+    job = submit(rig, 2, "sleep@1,late-exit0", "sigkill@1,exit0",
+                 restart_scope="replica", replica_restarts=2)
+    trial = rig.run_to_end(job)
+    assert (trial.state, trial.reason) == ("SUCCEEDED", "OK")
+    found = replicas(rig, job.trial_id)
+    assert [(r.attempt, r.rank, r.incarnation, r.reason, r.signal) for r in found] == [
+        (1, 0, 0, "STOPPED", "SIGTERM"),  # the primary ran on through rank 1's restarts
+        (1, 1, 0, "INFRA", "SIGKILL"), (1, 1, 1, "INFRA", "SIGKILL"),
+        (1, 1, 2, "INFRA", "SIGKILL"),  # out of restarts in place: the trial is retried
+        (2, 0, 0, "OK", None), (2, 1, 0, "OK", None)]
+    assert [e.message for e in trial.decisions()] == [
+        "INFRA failure of the replica worker-1 (rank 1); restarting it in place (restart 1 "
+        "of 2 in attempt 1)",
+        "INFRA failure of the replica worker-1 (rank 1); restarting it in place (restart 2 "
+        "of 2 in attempt 1)",
+        "INFRA failure; retrying the trial (retry 1 of 3)"]
+    assert trial.counters == (2, 1, 0, 0)
+    # One log per rank and attempt: each incarnation appended to it, with its restart number
+    # and the attempt's rendezvous port.
+    first = [r for r in found if r.attempt == 1 and r.rank == 1]
+    envs = [environment(line) for line in first[-1].log.splitlines() if line.startswith(b"RANK")]
+    assert [e["MUSTER_REPLICA_RESTART"] for e in envs] == ["0", "1", "2"]
+    primary_port = environment(found[0].log)["MASTER_PORT"]
+    assert {e["MASTER_PORT"] for e in envs} == {primary_port}
+    restarts = trial.attempts[0].run_dir / "restarts"
+    assert sorted(p.name for p in restarts.glob("rank-1.exit.json.*")) == [
+        "rank-1.exit.json.0", "rank-1.exit.json.1"]
+
+
+def test_restart_scope_replica_does_not_restart_a_user_error(rig: Rig) -> None:
+    job = submit(rig, 2, "sleep", "fail", restart_scope="replica")
+    trial = rig.run_to_end(job)
+    assert (trial.state, trial.reason) == ("FAILED", "USER_ERROR")
+    assert [(r.rank, r.incarnation, r.reason) for r in replicas(rig, job.trial_id)] == [
+        (0, 0, "STOPPED"), (1, 0, "USER_ERROR")]
+
+
+class _RankOneLate(LocalLauncher):
+    """Starts rank 1's shim only once rank 0 has already exited: the primary finishes while
+    its peer is still starting (what a loaded machine does now and then)."""
+
+    def submit(self, spec: ReplicaSpec) -> ProcessIdentity:
+        if spec.rank == 1:
+            wait_until(lambda: (spec.attempt_dir / "rank-0.exit.json").exists(), timeout=30,
+                       what="rank 0 to exit")
+        return super().submit(spec)
+
+
+def test_a_primary_that_ends_before_its_peer_started_still_succeeds(rig: Rig) -> None:
+    rig.supervisor.launcher = _RankOneLate()
+    job = submit(rig, 2, "exit0", "exit0")
+    trial = rig.run_to_end(job)
+    assert (trial.state, trial.reason) == ("SUCCEEDED", "OK")
+    [attempt] = trial.attempts
+    assert attempt.state == "SUCCEEDED"
+    primary, peer = replicas(rig, job.trial_id)
+    assert primary.reason == "OK" and peer.reason in ("STOPPED", "OK")

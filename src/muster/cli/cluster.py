@@ -7,7 +7,7 @@ from rich.table import Table
 
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
-from muster.supervise.disk import format_bytes
+from muster.sizes import format_size
 
 app = typer.Typer(help="The server's resources.", no_args_is_help=True)
 
@@ -23,6 +23,6 @@ def status(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption 
     table = Table("Slots in use", "Queued", "Suspect", "Free disk", "Disk guard")
     guard = "[green]ok[/]" if info["disk_ok"] else "[red]launches wait[/]"
     table.add_row(f"{info['slots_in_use']} / {info['slots']}", str(info["queued"]),
-                  str(info["suspect"]), format_bytes(info["free_disk_bytes"]), guard)
+                  str(info["suspect"]), format_size(info["free_disk_bytes"]), guard)
     render.console.print(table)
     render.console.print(info["disk_message"], markup=False)

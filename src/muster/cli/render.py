@@ -58,7 +58,9 @@ def attempts_table(trial: dict[str, Any]) -> Table:
     for attempt in trial["attempts"]:
         for rep in attempt["replicas"]:
             exit_code = "-" if rep["exit_code"] is None else str(rep["exit_code"])
-            table.add_row(str(attempt["number"]), str(rep["rank"]), state(attempt["state"]),
+            rank = str(rep["rank"]) + (f" (restart {rep['incarnation']})"
+                                       if rep.get("incarnation") else "")
+            table.add_row(str(attempt["number"]), rank, state(attempt["state"]),
                           exit_code, rep["signal"] or "-", rep["reason"] or "-",
                           duration(rep["started_at"], rep["ended_at"]), rep["log_path"])
     return table
@@ -67,6 +69,7 @@ def attempts_table(trial: dict[str, Any]) -> Table:
 def ended_replicas(trial: dict[str, Any]) -> list[str]:
     """One line per ended replica: how it ended, in words (invariant 7)."""
     return [f"attempt {a['number']}: {r['message']}"
+            + (f" (restart {r['incarnation']} in place)" if r.get("incarnation") else "")
             for a in trial["attempts"] for r in a["replicas"] if r["message"]]
 
 

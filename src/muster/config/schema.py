@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from muster.config.problems import show_value, validate_config_data
-from muster.config.units import parse_duration
+from muster.config.units import parse_duration, parse_size
 
 __all__ = [
     "DataConfig",
@@ -107,16 +107,30 @@ class DataConfig(_Section):
 
 
 MAX_REPLICAS = 64
+MIN_MEMORY_LIMIT = 1 << 20
 
 
 class ResourcesConfig(_Section):
-    """What each trial runs on: how many replicas (ranks) start and stop together."""
+    """What each trial runs on: how many replicas (ranks) start and stop together, and how
+    much memory each replica's processes may use together (bytes; None: no limit)."""
 
     PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset(
-        {"memory_limit", "gpus_per_replica", "gpu_type", "max_slots"}
+        {"gpus_per_replica", "gpu_type", "max_slots"}
     )
 
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    memory_limit: int | None = None
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> int | None:
+        """`4GiB`, `512MiB` or a number of bytes; a bare small number is surely a mistake."""
+        if value is None:
+            return None
+        size = parse_size(value)
+        if size < MIN_MEMORY_LIMIT:
+            raise ValueError(f"must be at least 1MiB (write a unit, e.g. '4GiB'), got {value!r}")
+        return size
 
 
 class VerifyConfig(_Section):

@@ -15,6 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Literal
+
+# How the shim holds a replica to `ReplicaSpec.memory_limit` (see `muster.launch.memory`):
+# "auto" takes a writable cgroup memory controller where there is one, else the watchdog.
+MemoryEnforcement = Literal["auto", "cgroup", "watchdog"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class ReplicaSpec:
     cwd: Path
     attempt_dir: Path
     stop_grace: float = 30.0
+    memory_limit: int | None = None  # bytes, for the replica's whole process group
+    memory_enforcement: MemoryEnforcement = "auto"
 
     @property
     def log_path(self) -> Path:
@@ -53,6 +60,11 @@ class ExitRecord:
     `returncode` is Python-style (negative = killed by that signal); `exit_code` is
     shell-style (128+N for a signal) and `signal` the signal's name, e.g. "SIGKILL".
     `spawn_error` is set (and the codes are None) when the entrypoint could not start.
+    With a memory limit, `oom` says whether the replica's process group ran out of it (the
+    limit was crossed, or the kernel's OOM killer struck inside its cgroup);
+    `peak_memory_bytes` is the group's peak as the enforcing mechanism saw it (the cgroup's
+    peak usage, or the watchdog's largest RSS sum), `memory_enforcement` that mechanism.
+    The memory fields are absent from records written before limits existed.
     """
 
     returncode: int | None
@@ -68,6 +80,10 @@ class ExitRecord:
     spawn_error: str | None = None
     spawn_errno: int | None = None
     log_bytes: int = 0
+    oom: bool = False
+    memory_limit_bytes: int | None = None
+    peak_memory_bytes: int | None = None
+    memory_enforcement: str | None = None  # "cgroup-v1", "cgroup-v2" or "watchdog"
 
 
 class ReplicaPhase(str, Enum):
@@ -107,6 +123,12 @@ class Launcher(abc.ABC):
     def cancel(self, attempt_dir: Path, rank: int) -> None:
         """Ask the replica to stop: SIGTERM to its group, grace, SIGKILL. Idempotent; returns
         at once (the exit arrives later through `describe`)."""
+
+    @abc.abstractmethod
+    def archive(self, attempt_dir: Path, rank: int, incarnation: int) -> None:
+        """Move an ended replica's control files aside, so the same rank can be submitted
+        again in the same attempt (a restart in place); its log and index stay, and the
+        next incarnation appends to them."""
 
     @abc.abstractmethod
     def log_iter(self, attempt_dir: Path, rank: int, offset: int = 0) -> Iterator[bytes]:

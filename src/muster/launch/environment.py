@@ -24,6 +24,7 @@ class ReplicaContext:
     hparams_path: Path
     latest_checkpoint: Path | None = None
     heartbeat_timeout: float | None = None
+    incarnation: int = 0  # restarts in place of this rank within the attempt
 
 
 def build_env(
@@ -43,6 +44,7 @@ def build_env(
             "MUSTER_TRIAL_ID": str(ctx.trial_id),
             "MUSTER_ATTEMPT": str(ctx.attempt),
             "MUSTER_HPARAMS": str(ctx.hparams_path),
+            "MUSTER_REPLICA_RESTART": str(ctx.incarnation),
             "RANK": str(ctx.rank),
             "LOCAL_RANK": str(ctx.rank),
             "WORLD_SIZE": str(ctx.world_size),

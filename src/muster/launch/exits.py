@@ -4,7 +4,9 @@ The rules are ARCHITECTURE.md's "Exit classification" table, applied in order; t
 that matches wins. The failure policy (`muster.supervise.policy`) then decides what to do.
 Every classification carries a one-line message in one pattern, e.g.
 `The replica worker-1 (rank 1) exited with a non-zero status of 1. Termination reason:
-ValueError: bad shape (see the last 20 log lines)`.
+ValueError: bad shape (see the last 20 log lines)`, or for a replica over its memory limit
+`The replica worker-1 (rank 1) ran out of memory and exited with a non-zero status of 137
+(limit 4 GiB, peak 4.2 GiB)`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 from dataclasses import dataclass
 
 from muster.launch.base import ExitRecord
+from muster.sizes import format_size
 from muster.states import Reason
 
 __all__ = [
@@ -35,6 +38,14 @@ _TRANSIENT_SIGNALS = frozenset({"SIGABRT", "SIGSEGV", "SIGBUS"})
 _SYNTAX_ERRORS = frozenset({"SyntaxError", "IndentationError", "TabError"})
 _PERMANENT_EXCEPTIONS = _SYNTAX_ERRORS | {"ModuleNotFoundError", "ImportError"}
 _USAGE_EXIT_CODE = 2  # argparse and most CLIs: bad command line
+# The last exception says the process ran out of memory (torch: `torch.OutOfMemoryError:
+# CUDA out of memory. ...`; older torch: `RuntimeError: CUDA out of memory. ...`; torch on
+# the CPU: `RuntimeError: [enforce fail at alloc_cpu.cpp:127] ... DefaultCPUAllocator: can't
+# allocate memory: ...`).
+_OUT_OF_MEMORY_EXCEPTIONS = frozenset({"MemoryError", "OutOfMemoryError"})
+_OUT_OF_MEMORY_TEXT = re.compile(
+    r"CUDA (?:error: )?out of memory|DefaultCPUAllocator: can't allocate memory", re.IGNORECASE
+)
 _MAX_SIGNAL = 64
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'\s+File "[^"]*", line \d+')
@@ -98,16 +109,28 @@ def _classify_status(obs: ExitObservation, record: ExitRecord) -> Classification
     if code == 0 and sig is None:
         message = f"The replica {name} exited with status 0"
         return Classification(Reason.OK, message, code, sig, term)
-    reason = _failure_reason(obs, code, sig, term)
-    message = _failure_message(name, code, sig, term, obs.log_tail)
+    reason = _failure_reason(obs, record, code, sig, term)
+    if reason is Reason.OOM and record.oom:
+        message = _over_limit_message(name, code, record)
+    elif reason is Reason.OOM:
+        message = _failure_message(name, code, sig, term, obs.log_tail, "ran out of memory and ")
+    else:
+        message = _failure_message(name, code, sig, term, obs.log_tail)
     return Classification(reason, message, code, sig, term)
 
 
-def _failure_reason(obs: ExitObservation, code: int, sig: str | None, term: str | None) -> Reason:
+def _failure_reason(
+    obs: ExitObservation, record: ExitRecord, code: int, sig: str | None, term: str | None
+) -> Reason:
+    # Over the limit comes first: the SIGKILL that enforced it is not an INFRA failure.
+    if record.oom:
+        return Reason.OOM
     if sig is not None:
         return Reason.TRANSIENT if sig in _TRANSIENT_SIGNALS else Reason.INFRA
     if code in obs.transient_exit_codes:
         return Reason.TRANSIENT
+    if term and _is_out_of_memory(term):
+        return Reason.OOM
     if code == _USAGE_EXIT_CODE or (term and _exception_name(term) in _PERMANENT_EXCEPTIONS):
         return Reason.PERMANENT_ERROR
     return Reason.USER_ERROR
@@ -166,6 +189,13 @@ def termination_reason(log_tail: str) -> str | None:
     return line if line and _exception_name(line) in _SYNTAX_ERRORS else None
 
 
+def _is_out_of_memory(term: str) -> bool:
+    """True for `MemoryError`, `torch.OutOfMemoryError: ...`, `...: CUDA out of memory. ...`."""
+    return _exception_name(term) in _OUT_OF_MEMORY_EXCEPTIONS or bool(
+        _OUT_OF_MEMORY_TEXT.search(term)
+    )
+
+
 def _exception_name(line: str) -> str:
     """`mod.sub.KeyError: 'x'` -> `KeyError`."""
     return line.split(":", 1)[0].rsplit(".", 1)[-1].strip()
@@ -179,8 +209,10 @@ def _first_unindented(lines: list[str], prefix: str) -> str | None:
     return None
 
 
-def _failure_message(name: str, code: int, sig: str | None, term: str | None, log_tail: str) -> str:
-    message = f"The replica {name} exited with a non-zero status of {code}"
+def _failure_message(
+    name: str, code: int, sig: str | None, term: str | None, log_tail: str, cause: str = ""
+) -> str:
+    message = f"The replica {name} {cause}exited with a non-zero status of {code}"
     if sig is not None:
         message += f" ({sig})"
     if term is not None:
@@ -189,6 +221,16 @@ def _failure_message(name: str, code: int, sig: str | None, term: str | None, lo
     if lines:
         message += f" (see the last {lines} log line{'' if lines == 1 else 's'})"
     return message
+
+
+def _over_limit_message(name: str, code: int, record: ExitRecord) -> str:
+    """`... ran out of memory and exited with a non-zero status of 137 (limit 4 GiB, peak
+    4.2 GiB)`: the shim's memory limit (or the kernel's OOM killer under it) ended it."""
+    sizes = {"limit": record.memory_limit_bytes, "peak": record.peak_memory_bytes}
+    shown = [f"{label} {format_size(size)}" for label, size in sizes.items() if size is not None]
+    detail = f" ({', '.join(shown)})" if shown else ""
+    lead = f"The replica {name} ran out of memory and exited with a non-zero status of {code}"
+    return lead + detail
 
 
 def _stop_detail(record: ExitRecord, sig: str | None) -> str:

@@ -98,6 +98,21 @@ class LocalLauncher(Launcher):
         if shim is not None and child is not None:
             _kill_orphaned_group(shim, child)
 
+    def archive(self, attempt_dir: Path, rank: int, incarnation: int) -> None:
+        """Move the ended incarnation's spec, launch, status, exit record, stop request and
+        shim log to `restarts/rank-<r>.<suffix>.<incarnation>`; the log and its index stay
+        (the shim appends to them and indexes from their end)."""
+        files = ReplicaFiles(attempt_dir, rank)
+        if _alive(_identity(read_json(files.status), "child")):
+            raise LaunchError(f"rank {rank} of {attempt_dir} is still running; only an ended "
+                              "replica can be archived")
+        restarts = attempt_dir / "restarts"
+        restarts.mkdir(exist_ok=True)
+        for path in (files.spec, files.launch, files.status, files.exit, files.stop,
+                     files.shim_log):
+            if path.exists():
+                path.rename(restarts / f"{path.name}.{incarnation}")
+
     def log_iter(self, attempt_dir: Path, rank: int, offset: int = 0) -> Iterator[bytes]:
         """The log from `offset` to its size at the time of the call, in chunks of <= 1 MiB."""
         path = ReplicaFiles(attempt_dir, rank).log

@@ -3,9 +3,10 @@
 Run as `python -m muster.launch.shim SPEC_JSON_PATH` in its own session, it starts the
 training command in its own process group, copies every byte of its merged stdout+stderr to
 `rank-<r>.log` without ever blocking it, and writes `rank-<r>.exit.json` atomically when it
-ends. It does not need the server that started it, so a server crash or restart loses
-neither output nor exit code. Its own diagnostics go to stderr (`rank-<r>.shim.log`), never
-into the training log.
+ends. With a memory limit it holds the training process's whole group to it
+(`muster.launch.memory`) and records how it fared. It does not need the server that started
+it, so a server crash or restart loses neither output nor exit code. Its own diagnostics go
+to stderr (`rank-<r>.shim.log`), never into the training log.
 
 Files in the attempt directory, per rank r (names in `ReplicaFiles`; writer in brackets):
   rank-r.spec.json    the ReplicaSpec [launcher]
@@ -34,11 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast, get_args
 
 from muster.atomic import atomic_write_json, read_json
-from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaSpec
+from muster.errors import LaunchError
+from muster.launch.base import ExitRecord, MemoryEnforcement, ProcessIdentity, ReplicaSpec
 from muster.launch.identity import group_members, own_identity, read_identity
+from muster.launch.memory import MemoryGuard, MemoryReport, open_memory_guard
+from muster.sizes import format_size
 
 __all__ = [
     "LogPump",
@@ -128,7 +132,17 @@ def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
         cwd=Path(data["cwd"]),
         attempt_dir=Path(data["attempt_dir"]),
         stop_grace=float(data["stop_grace"]),
+        # Specs written before memory limits existed have neither key.
+        memory_limit=None if data.get("memory_limit") is None else int(data["memory_limit"]),
+        memory_enforcement=_enforcement(data.get("memory_enforcement", "auto")),
     )
+
+
+def _enforcement(value: object) -> MemoryEnforcement:
+    for known in get_args(MemoryEnforcement):
+        if value == known:
+            return cast(MemoryEnforcement, known)
+    raise ValueError(f"memory_enforcement must be auto, cgroup or watchdog, got {value!r}")
 
 
 def exit_record_from_json(data: dict[str, Any]) -> ExitRecord:
@@ -353,6 +367,8 @@ class Shim:
         self.signals_sent: list[str] = []
         self._term_sent_at: float | None = None
         self._next_marker_check = 0.0
+        self._memory: MemoryGuard | None = None
+        self._out_of_memory = False
 
     def run(self) -> int:
         """Start, pump, stop on request, reap, record. Returns the shim's own exit status."""
@@ -368,6 +384,26 @@ class Shim:
     def _run_child(self, log_fd: int) -> int:
         if not self.spec.argv:
             return self._record_spawn_error(log_fd, "The replica has an empty command.", None)
+        try:
+            self._memory = self._open_memory_guard()
+        except LaunchError as exc:
+            return self._record_spawn_error(log_fd, str(exc), None)
+        try:
+            return self._start_and_supervise(log_fd)
+        finally:
+            if self._memory is not None:
+                self._memory.close()
+
+    def _open_memory_guard(self) -> MemoryGuard | None:
+        spec = self.spec
+        name = f"muster-{spec.trial_uuid}-a{spec.attempt}-r{spec.rank}-{os.getpid()}"
+        guard = open_memory_guard(spec.memory_limit, spec.memory_enforcement, name)
+        if guard is not None:
+            limit = format_size(guard.limit_bytes)
+            log.info("memory limit %s, enforced by %s", limit, guard.mechanism)
+        return guard
+
+    def _start_and_supervise(self, log_fd: int) -> int:
         read_fd, write_fd = _make_pipe()
         try:
             try:
@@ -375,6 +411,9 @@ class Shim:
             except OSError as exc:
                 message = _spawn_message(self.spec.argv, self.spec.cwd, exc)
                 return self._record_spawn_error(log_fd, message, exc.errno)
+            except subprocess.SubprocessError as exc:  # joining the memory cgroup failed
+                message = f"Could not put the training program into its memory cgroup: {exc}"
+                return self._record_spawn_error(log_fd, message, None)
             finally:
                 os.close(write_fd)
             return self._supervise(proc, read_fd, log_fd)
@@ -382,7 +421,12 @@ class Shim:
             os.close(read_fd)
 
     def _spawn(self, write_fd: int) -> subprocess.Popen[bytes]:
-        """Start the command without a shell, in its own process group, output merged."""
+        """Start the command without a shell, in its own process group, output merged.
+
+        With a cgroup memory limit the child joins the cgroup between fork and exec, so it and
+        everything it starts are counted from their first byte. (The shim has no other thread
+        yet at this point, which is what makes `preexec_fn` safe.)
+        """
         proc = subprocess.Popen(
             self.spec.argv,
             cwd=self.spec.cwd,
@@ -392,6 +436,7 @@ class Shim:
             stderr=write_fd,
             process_group=0,
             close_fds=True,
+            preexec_fn=self._memory.child_setup() if self._memory is not None else None,
         )
         log.info("started pid %d: %s", proc.pid, self.spec.argv)
         return proc
@@ -399,26 +444,34 @@ class Shim:
     def _supervise(self, proc: subprocess.Popen[bytes], read_fd: int, log_fd: int) -> int:
         started_at = time.time()
         try:
-            child, ended_at = self._watch(proc.pid, started_at, read_fd, log_fd)
+            child, ended_at, memory = self._watch(proc.pid, started_at, read_fd, log_fd)
         except BaseException:
             # Never leave an unsupervised training process behind (invariant 4).
             log.exception("shim failed while the child ran; killing its process group")
             self._killpg(proc.pid, signal.SIGKILL)
             raise
         returncode, max_rss = self._reap(proc)
+        if self._memory is not None:  # before the record, which says the shim is done
+            self._memory.close()
         # The exit record promises a complete log: its bytes and size must be on disk first.
         os.fdatasync(log_fd)
-        self._write_exit(self._record(returncode, child, started_at, ended_at, max_rss, log_fd))
+        record = self._record(returncode, child, started_at, ended_at, max_rss, log_fd)
+        self._write_exit(_with_memory(record, memory))
         return 0
 
     def _watch(
         self, pid: int, started_at: float, read_fd: int, log_fd: int
-    ) -> tuple[ProcessIdentity, float]:
-        """Publish the child's identity, pump until it exits, clean up its group."""
+    ) -> tuple[ProcessIdentity, float, MemoryReport | None]:
+        """Publish the child's identity, pump until it exits, clean up its group.
+
+        The memory report is taken after the group is killed and before the child is reaped.
+        """
         child = read_identity(pid)
         if child is None:  # an unreaped child keeps its /proc entry, even as a zombie
             raise RuntimeError(f"/proc/{pid}/stat vanished before the child was reaped")
         self._write_status(child, started_at)
+        if self._memory is not None:
+            self._memory.watch(pid)
         index_fd = _open_append(self.files.index)
         try:
             pump = LogPump(read_fd, log_fd, index_fd)
@@ -426,7 +479,12 @@ class Shim:
             self._end_group(pid, pump)
         finally:
             os.close(index_fd)
-        return child, ended_at
+        memory = self._memory.finish() if self._memory is not None else None
+        if memory is not None and memory.oom:
+            peak = "unknown" if memory.peak_bytes is None else format_size(memory.peak_bytes)
+            log.warning("the replica ran out of memory (limit %s, peak %s, enforced by %s)",
+                        format_size(memory.limit_bytes), peak, memory.mechanism)
+        return child, ended_at, memory
 
     def _write_status(self, child: ProcessIdentity, started_at: float) -> None:
         shim = own_identity()
@@ -448,8 +506,20 @@ class Shim:
         """
         while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             self._enforce_stop(pid)
+            self._enforce_memory(pid)
             pump.pump_once(POLL_MS)
         return time.time()
+
+    def _enforce_memory(self, pgid: int) -> None:
+        """Once the group crossed its memory limit, SIGKILL all of it, once. (The kernel's OOM
+        killer in a cgroup takes one process; the watchdog has killed the group already.)"""
+        if self._memory is None or self._out_of_memory or not self._memory.breached():
+            return
+        self._out_of_memory = True
+        limit = format_size(self._memory.limit_bytes)
+        log.warning("the replica hit its memory limit of %s: SIGKILL to group %d",
+                    limit, pgid)
+        self._killpg(pgid, signal.SIGKILL)
 
     def _check_marker(self) -> None:
         now = time.monotonic()
@@ -564,6 +634,19 @@ class Shim:
 
     def _write_exit(self, record: ExitRecord) -> None:
         atomic_write_json(self.files.exit, dataclasses.asdict(record))
+
+
+def _with_memory(record: ExitRecord, memory: MemoryReport | None) -> ExitRecord:
+    """The record with how the replica fared against its memory limit, if it had one."""
+    if memory is None:
+        return record
+    return dataclasses.replace(
+        record,
+        oom=memory.oom,
+        memory_limit_bytes=memory.limit_bytes,
+        peak_memory_bytes=memory.peak_bytes,
+        memory_enforcement=memory.mechanism,
+    )
 
 
 def load_spec(path: Path) -> ReplicaSpec:

@@ -6,9 +6,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from muster.sizes import format_size
 from muster.states import TrialState
 from muster.store import Trial
-from muster.supervise.disk import disk_shortfall, format_bytes, free_bytes
+from muster.supervise.disk import disk_shortfall, free_bytes
 from muster.supervise.supervisor import Supervisor
 
 
@@ -28,6 +29,6 @@ def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
         "free_disk_bytes": free,
         "min_free_disk_bytes": supervisor.min_free_disk,
         "disk_ok": shortfall is None,
-        "disk_message": shortfall or (f"{format_bytes(free)} free, at least "
-                                      f"{format_bytes(supervisor.min_free_disk)} required"),
+        "disk_message": shortfall or (f"{format_size(free)} free, at least "
+                                      f"{format_size(supervisor.min_free_disk)} required"),
     }

@@ -63,13 +63,15 @@ def attempt_detail(attempt: Attempt) -> dict[str, Any]:
         "run_dir": attempt.run_dir,
         "started_at": attempt.started_at,
         "ended_at": attempt.ended_at,
-        "replicas": [replica_detail(r) for r in attempt.replicas],
+        "replicas": [replica_detail(r) for r in
+                     sorted(attempt.replicas, key=lambda r: (r.rank, r.incarnation))],
     }
 
 
 def replica_detail(replica: Replica) -> dict[str, Any]:
     return {
         "rank": replica.rank,
+        "incarnation": replica.incarnation,  # 0, or n after n restarts in place
         "host": replica.host,
         "pid": replica.pid,
         "exit_code": replica.exit_code,

@@ -173,6 +173,7 @@ class Attempt(Base):
     number: Mapped[int] = mapped_column(Integer)  # from 1
     state: Mapped[str] = mapped_column(String(20), index=True)
     run_dir: Mapped[str] = mapped_column(Text)
+    master_port: Mapped[int | None] = mapped_column(Integer, nullable=True)  # MASTER_PORT
     reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=now)
@@ -190,11 +191,13 @@ class Replica(Base):
     """One process of an attempt (rank r), and how it ended (invariant 7)."""
 
     __tablename__ = "replicas"
-    __table_args__ = (UniqueConstraint("attempt_id", "rank"),)
+    __table_args__ = (UniqueConstraint("attempt_id", "rank", "incarnation"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), index=True)
     rank: Mapped[int] = mapped_column(Integer)
+    # 0 for the first launch of this rank in the attempt; +1 per restart in place
+    incarnation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     host: Mapped[str] = mapped_column(String(255))
     log_path: Mapped[str] = mapped_column(Text)
     shim_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -5,15 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-
-def format_bytes(n: float) -> str:
-    """`5368709120` → `5.0 GiB`: sizes as people read them."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    power = 0
-    while abs(n) >= 1024 and power < len(units) - 1:
-        n /= 1024
-        power += 1
-    return f"{n:.0f} B" if power == 0 else f"{n:.1f} {units[power]}"
+from muster.sizes import format_size
 
 
 def free_bytes(path: Path) -> int:
@@ -28,5 +20,5 @@ def disk_shortfall(path: Path, min_free: int) -> str | None:
     free = free_bytes(path)
     if free >= min_free:
         return None
-    return (f"waiting for disk: {format_bytes(free)} free < {format_bytes(min_free)} "
+    return (f"waiting for disk: {format_size(free)} free < {format_size(min_free)} "
             f"on the file system of {path}")

@@ -62,6 +62,10 @@ def decide(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decision:
         return Decision(Action.FAIL, None, message)
     if reason is Reason.USER_ERROR:
         return _user_error(used, policy)
+    if reason is Reason.OOM:
+        message = ("OOM failure; not retried, since it would run out of memory the same way "
+                   "(raise resources.memory_limit or use less memory)")
+        return Decision(Action.FAIL, None, message)
     if reason is Reason.TRANSIENT:
         return _trial_retry(reason, used, policy) or _give_up(
             f"{reason.value} failure; giving up after {_count(policy.trial_retries, 'retry')}"

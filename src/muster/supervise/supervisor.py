@@ -41,7 +41,7 @@ from muster.store import Attempt, Experiment, Replica, Store, Trial, record_even
 from muster.store.models import now
 from muster.supervise import verification
 from muster.supervise.disk import disk_shortfall
-from muster.supervise.heartbeats import stall_reason
+from muster.supervise.heartbeats import heartbeat_path, stall_reason
 from muster.supervise.ingest import ingest_trial
 from muster.supervise.manifest import scan_manifest
 from muster.supervise.policy import Action, Budgets, decide
@@ -93,12 +93,15 @@ class Supervisor:
         """
         with self.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
-            ranks = sorted(r.rank for r in attempt.replicas)
+            ranks = sorted(_current(attempt))
             trial = attempt.trial
             run_dir, stop = Path(attempt.run_dir), trial.stop_requested
-            timeout = _config(trial).failure_policy.heartbeat_timeout
+            policy = _config(trial).failure_policy
         self._ingest(trial.id)
         statuses = [self.launcher.describe(run_dir, rank) for rank in ranks]
+        if policy.restart_scope == "replica" and not stop:
+            statuses = [self._restart_in_place(attempt_id, status) or status
+                        for status in statuses]
         winding_down = stop or _decided_by(statuses) is not None
         for status in statuses:
             if status.phase is ReplicaPhase.LOST:
@@ -110,11 +113,56 @@ class Supervisor:
             elif winding_down and not status.stop_requested:
                 self.launcher.cancel(run_dir, status.rank)
             elif status.phase is ReplicaPhase.RUNNING and not winding_down:
-                self._check_progress(attempt_id, run_dir, status.rank, timeout)
+                self._check_progress(attempt_id, run_dir, status.rank,
+                                     policy.heartbeat_timeout)
         if all(_started(status) for status in statuses):
             self._mark_running(attempt_id, statuses)
         if all(st.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST) for st in statuses):
             self._finish_attempt(attempt_id, statuses)
+
+    def _restart_in_place(self, attempt_id: int, status: ReplicaStatus) -> ReplicaStatus | None:
+        """With `restart_scope: replica`: relaunch a replica that ended for an
+        infrastructure reason (INFRA, LOST, STALLED) on its own, in the same attempt, while
+        the others run on; at most `replica_restarts` times per rank and attempt. Returns
+        the new incarnation's status, or None when the replica was left as it is (it then
+        decides the attempt as usual, and the policy retries the trial)."""
+        if status.phase not in (ReplicaPhase.EXITED, ReplicaPhase.LOST) or (
+            status.exit is not None and _ended_cleanly(status.exit)
+        ):
+            return None
+        with self.store.session_scope() as s:
+            attempt = s.get_one(Attempt, attempt_id)
+            trial, replica = attempt.trial, _current(attempt)[status.rank]
+            policy = _config(trial).failure_policy
+            run_dir = Path(attempt.run_dir)
+            verdict = _classify(replica, status, run_dir, trial, policy, None)
+            if verdict.reason not in _IN_PLACE or replica.incarnation >= policy.replica_restarts:
+                return None
+            _record_replica_end(replica, status, verdict)
+            number = replica.incarnation + 1
+            trial.replica_restarts += 1
+            _record_decision(s, trial, verdict.reason.value,
+                             f"{verdict.reason.value} failure of the replica "
+                             f"{replica_name(status.rank)}; restarting it in place (restart "
+                             f"{number} of {policy.replica_restarts} in attempt "
+                             f"{attempt.number})")
+            s.add(Replica(attempt=attempt, rank=status.rank, incarnation=number,
+                          host=self.host, log_path=replica.log_path))
+            spec = self._replica_specs(trial, attempt.number, run_dir, _replicas(trial),
+                                       attempt.master_port, number)[status.rank]
+        self.launcher.archive(run_dir, status.rank, number - 1)
+        for path in (_stall_marker(run_dir, status.rank), heartbeat_path(run_dir, status.rank)):
+            _move_aside(path, number - 1)
+        try:
+            shim = self.launcher.submit(spec)
+        except LaunchError as exc:
+            log.error("restart in place of trial %s rank %s failed: %s", trial.id,
+                      status.rank, exc)
+            return ReplicaStatus(rank=status.rank, phase=ReplicaPhase.LOST)
+        with self.store.session_scope() as s:
+            restarted = _current(s.get_one(Attempt, attempt_id))[status.rank]
+            restarted.shim_pid, restarted.shim_start_ticks = shim.pid, shim.start_ticks
+        return self.launcher.describe(run_dir, status.rank)
 
     def _check_progress(self, attempt_id: int, run_dir: Path, rank: int, timeout: float) -> None:
         """Stop a replica that checked in through the harness but has made no progress for
@@ -144,15 +192,19 @@ class Supervisor:
         """RUNNING once every replica's training process has started."""
         with self.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
+            by_rank = {status.rank: status for status in statuses}
+            for rank, replica in _current(attempt).items():
+                if replica.pid is None:  # (a replica restarted in place starts later)
+                    _note_process(replica, by_rank[rank])
             if attempt.state != AttemptState.STARTING.value:
                 return
-            by_rank = {status.rank: status for status in statuses}
-            for replica in attempt.replicas:
-                _note_process(replica, by_rank[replica.rank])
-            transition(s, attempt, AttemptState.RUNNING, reason="started", actor=ACTOR,
-                       message=_started_message(len(statuses)))
-            if attempt.trial.state == TrialState.STARTING.value:
-                transition(s, attempt.trial, TrialState.RUNNING, reason="started", actor=ACTOR)
+            self._mark_started(s, attempt, _started_message(len(statuses)))
+
+    def _mark_started(self, s: Session, attempt: Attempt, message: str) -> None:
+        transition(s, attempt, AttemptState.RUNNING, reason="started", actor=ACTOR,
+                   message=message)
+        if attempt.trial.state == TrialState.STARTING.value:
+            transition(s, attempt.trial, TrialState.RUNNING, reason="started", actor=ACTOR)
 
     def _finish_attempt(
         self, attempt_id: int, statuses: list[ReplicaStatus],
@@ -169,7 +221,7 @@ class Supervisor:
             policy = _config(trial).failure_policy
             by_rank = {status.rank: status for status in statuses}
             verdicts: dict[int, Classification] = {}
-            for replica in sorted(attempt.replicas, key=lambda r: r.rank):
+            for _, replica in sorted(_current(attempt).items()):
                 status = by_rank[replica.rank]
                 verdict = _classify(replica, status, Path(attempt.run_dir), trial, policy,
                                     launch_error)
@@ -177,6 +229,10 @@ class Supervisor:
                 verdicts[replica.rank] = verdict
             cause = _cause(verdicts, by_rank)
             end = _ATTEMPT_END.get(cause.reason, AttemptState.FAILED)
+            if attempt.state == AttemptState.STARTING.value and any(map(_started, statuses)):
+                # It ran, but ended before every replica had started (the primary finished
+                # while a peer was still starting, and muster stopped the peer).
+                self._mark_started(s, attempt, "ended before every replica had started")
             transition(
                 s, attempt, end, reason=cause.reason.value, actor=ACTOR, message=cause.message
             )
@@ -365,17 +421,20 @@ class Supervisor:
             transition(s, trial, TrialState.STARTING, reason="launching", actor=ACTOR,
                        message=f"starting attempt {number}"
                        + (f" ({world_size} replicas)" if world_size > 1 else ""))
+            attempt.master_port = free_port()
             s.flush()
-            specs = self._replica_specs(trial, number, attempt_dir, world_size)
+            specs = self._replica_specs(trial, number, attempt_dir, world_size,
+                                        attempt.master_port)
             return specs, attempt.id, dict(trial.hparams)
 
     def _replica_specs(
-        self, trial: Trial, number: int, attempt_dir: Path, world_size: int
+        self, trial: Trial, number: int, attempt_dir: Path, world_size: int,
+        port: int | None, incarnation: int = 0,
     ) -> list[ReplicaSpec]:
         """One launch plan per rank, with the torchrun environment: one MASTER_PORT per
         attempt (a restarted rendezvous never meets the last attempt's stragglers)."""
         config = _config(trial)
-        port = free_port()
+        port = port if port is not None else free_port()
         latest = verification.latest_intact_checkpoint(attempt_dir.parent)
         specs = []
         for rank in range(world_size):
@@ -384,12 +443,14 @@ class Supervisor:
                 world_size=world_size, master_addr="127.0.0.1", master_port=port,
                 hparams_path=attempt_dir / HPARAMS_FILE, latest_checkpoint=latest,
                 heartbeat_timeout=config.failure_policy.heartbeat_timeout,
+                incarnation=incarnation,
             )
             specs.append(ReplicaSpec(
                 trial_uuid=trial.uuid, attempt=number, rank=rank, argv=list(config.entrypoint),
                 env=build_env(os.environ, config.environment.variables, ctx),
                 cwd=Path(trial.experiment.context_dir), attempt_dir=attempt_dir,
                 stop_grace=config.failure_policy.stop_grace,
+                memory_limit=config.resources.memory_limit,
             ))
         return specs
 
@@ -422,6 +483,25 @@ def _replicas(trial: Trial) -> int:
 
 def _count_of(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+_IN_PLACE = (Reason.INFRA, Reason.LOST, Reason.STALLED)
+
+
+def _current(attempt: Attempt) -> dict[int, Replica]:
+    """Each rank's latest incarnation (the one that runs, or ran last)."""
+    current: dict[int, Replica] = {}
+    for replica in sorted(attempt.replicas, key=lambda r: r.incarnation):
+        current[replica.rank] = replica
+    return current
+
+
+def _move_aside(path: Path, incarnation: int) -> None:
+    """Keep an ended incarnation's file under `restarts/`, out of the next one's way."""
+    if path.exists():
+        target = path.parent / "restarts" / f"{path.name}.{incarnation}"
+        target.parent.mkdir(exist_ok=True)
+        path.rename(target)
 
 
 def _started(status: ReplicaStatus) -> bool:

@@ -1,0 +1,137 @@
+"""(k) Recovery time of a 2-rank DDP trial after one rank is SIGKILLed: muster vs torchrun.
+
+Both run the same script, examples/digits/ddp.py (2 ranks, gloo on CPU, a checkpoint every
+epoch through muster.harness.torch), wrapped by kill_at_step.py: rank 1 SIGKILLs itself
+after its optimizer step KILL_STEP of the first run (in epoch 2, after the first
+checkpoint), and each rank of the next run stamps its first optimizer step. Recovery is
+from the kill to the first step after resume (the earliest rank's), read from those stamps.
+
+- muster: a real server (2 slots) runs the config with `resources: {replicas: 2}`; the
+  trial must end SUCCEEDED with 2 attempts.
+- torchrun: `torchrun --standalone --nproc-per-node 2 --max-restarts 3` of the same command
+  in a fresh directory (the harness runs off-platform, writing ./muster-run/); it must exit
+  0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from measure import expect, interleave, median
+from muster_server import ServerProcess
+from report import Outcome, Table, Target
+
+from muster.client import Client
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS = ROOT / "examples" / "digits"
+PROBE = Path(__file__).resolve().parent / "kill_at_step.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+EPOCHS = 3
+KILL_STEP = 45  # rank 1's optimizer steps: an epoch is ~29 per rank
+TARGET_RATIO = 0.5
+TIMEOUT_S = 300.0
+
+
+def run(quick: bool) -> Outcome:
+    repetitions = 1 if quick else 3
+    with tempfile.TemporaryDirectory(prefix="muster-bench-recovery-") as tmp:
+        root = Path(tmp)
+        context = _context(root / "context")
+        count = iter(range(1000))
+        with ServerProcess(root / "server", slots=2) as server, server.client() as client:
+            times = interleave({
+                "muster": lambda: _muster(client, context, root / f"marks-{next(count)}"),
+                "torchrun": lambda: _torchrun(context, root / f"marks-{next(count)}"),
+            }, repetitions)
+    return _outcome(times, repetitions)
+
+
+def _context(context: Path) -> Path:
+    """The example's scripts, the probe and the digits data, as one upload."""
+    context.mkdir(parents=True)
+    for script in DIGITS.glob("*.py"):
+        shutil.copy(script, context)
+    shutil.copy(PROBE, context)
+    subprocess.run([sys.executable, str(DIGITS / "prepare_data.py"), "--out",
+                    str(context / "data")], check=True, capture_output=True)
+    return context
+
+
+def _command(data: str) -> list[str]:
+    return [PROBE.name, "ddp.py", "--data", data, "--epochs", str(EPOCHS)]
+
+
+def _probe_env(marks: Path) -> dict[str, str]:
+    marks.mkdir()
+    return {"BENCH_MARKS": str(marks), "BENCH_KILL_RANK": "1",
+            "BENCH_KILL_STEP": str(KILL_STEP), "OMP_NUM_THREADS": "1"}
+
+
+def _muster(client: Client, context: Path, marks: Path) -> float:
+    env = _probe_env(marks)
+    config = (
+        "name: bench-recovery\n"
+        f"entrypoint: {['python', *_command('data')]}\n"
+        f"environment: {{variables: {env}}}\n"
+        "resources: {replicas: 2}\n"
+        "data: {path: data, manifest: {extensions: [.png], labels: from_dirs}}\n"
+        "failure_policy: {stop_grace: 10s}\n"
+    )
+    trial_id = client.create_experiment(config, context)["trials"][0]["id"]
+    deadline = time.monotonic() + TIMEOUT_S
+    settled = ("SUCCEEDED", "SUSPECT", "FAILED", "CANCELED")
+    while (trial := client.get_trial(trial_id))["state"] not in settled:
+        expect(time.monotonic() < deadline, f"trial {trial_id} did not end")
+        time.sleep(0.2)
+    expect(trial["state"] == "SUCCEEDED",
+           f"the muster run ended {trial['state']}: {trial.get('message')}")
+    expect(len(trial["attempts"]) == 2, f"{len(trial['attempts'])} attempts, expected 2")
+    return _recovery(marks)
+
+
+def _torchrun(context: Path, marks: Path) -> float:
+    workdir = marks.parent / f"{marks.name}-cwd"
+    workdir.mkdir()
+    env = {**os.environ, **_probe_env(marks)}
+    for name in [n for n in env if n.startswith("MUSTER_")]:
+        del env[name]
+    # --standalone: a free rendezvous port per run (a fixed 29500 could meet a straggler).
+    argv = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "--max-restarts", "3",
+            str(context / PROBE.name), str(context / "ddp.py"),
+            *_command(str(context / "data"))[2:]]
+    done = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, timeout=TIMEOUT_S)
+    expect(done.returncode == 0, f"torchrun exited {done.returncode}: "
+           f"{done.stderr.decode(errors='replace')[-2000:]}")
+    return _recovery(marks)
+
+
+def _recovery(marks: Path) -> float:
+    kill = float((marks / "kill").read_text())
+    firsts = [float(p.read_text()) for p in marks.glob("first-step-2-rank-*")]
+    expect(bool(firsts), f"no first step after the restart in {marks}")
+    return min(firsts) - kill
+
+
+def _outcome(times: dict[str, list[float]], repetitions: int) -> Outcome:
+    muster, torchrun = median(times["muster"]), median(times["torchrun"])
+    ratio = muster / torchrun
+    table = Table(
+        f"(k) SIGKILL of rank 1 at its step {KILL_STEP} → first step after resume, 2-rank "
+        f"DDP digits, medians of {repetitions}",
+        ["arm", "median s", "min s", "max s"],
+        [[name, f"{median(v):.2f}", f"{min(v):.2f}", f"{max(v):.2f}"]
+         for name, v in times.items()],
+    )
+    target = Target(f"(k) recovery: muster / torchrun ≤ {TARGET_RATIO}", f"{ratio:.2f}",
+                    ratio <= TARGET_RATIO)
+    notes = ["Both restart every rank: a new Python, `import torch`, the data loaded again, "
+             "the gloo rendezvous and the checkpoint restored; the difference is in "
+             "noticing the death and stopping the survivor."]
+    return Outcome("recovery", [table], [target], notes, {"runs_s": times, "ratio": ratio})

@@ -1,0 +1,412 @@
+"""Holding one replica's process group to its memory limit (`resources.memory_limit`).
+
+The shim picks one `MemoryGuard` per replica before it starts the training process:
+
+- `CgroupMemory`: a cgroup of the replica's own, made under the shim's cgroup, that the child
+  joins before it execs (so all its descendants are in it from their first byte). The kernel
+  enforces the limit (swap included, where it can be limited) and its OOM killer strikes
+  inside the group; the shim sees the group's `oom_kill` counter rise and kills the rest of
+  the group. cgroup v2 (`memory.max`) where the shim's cgroup can delegate its memory
+  controller (in practice: the shim runs in the root cgroup or an empty delegated one), else
+  cgroup v1 (`memory.limit_in_bytes`).
+- `RssWatchdog`: where no cgroup is writable, a thread sums the RSS of every process in the
+  replica's process group every `WATCHDOG_INTERVAL_S` and SIGKILLs the group once the sum
+  exceeds the limit. It counts shared pages once per process (conservative), and cannot see
+  a process that moved itself to another process group.
+
+Contract, in the shim's order: `open_memory_guard` before the spawn (`child_setup` runs in
+the forked child before exec), `watch(pgid)` once the child runs, `breached()` from the
+shim's loop (True once the limit was crossed; the shim then SIGKILLs the group), `finish()`
+after the group was killed but BEFORE the child is reaped (the watchdog signals the group by
+number, which stays reserved only until then), `close()` after the reap (idempotent).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from muster.errors import LaunchError
+from muster.launch.base import MemoryEnforcement
+from muster.launch.identity import group_members
+from muster.sizes import format_size
+
+__all__ = [
+    "WATCHDOG_INTERVAL_S",
+    "CgroupMemory",
+    "MemoryGuard",
+    "MemoryReport",
+    "RssWatchdog",
+    "group_rss",
+    "open_cgroup",
+    "open_memory_guard",
+]
+
+log = logging.getLogger("muster.shim")
+
+WATCHDOG_INTERVAL_S = 0.05
+CGROUP_CHECK_S = 0.05  # how often `CgroupMemory.breached` reads the group's OOM counter
+RMDIR_TRIES = 100  # killed processes leave their cgroup only as they finish exiting
+RMDIR_PAUSE_S = 0.02
+_OOM_KILL = re.compile(r"^oom_kill (\d+)$", re.MULTILINE)
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """How the replica's group fared against its limit, for the exit record."""
+
+    mechanism: str  # "cgroup-v1", "cgroup-v2" or "watchdog"
+    limit_bytes: int
+    peak_bytes: int | None  # None where the mechanism cannot tell
+    oom: bool
+
+
+class MemoryGuard(abc.ABC):
+    """Holds one replica's process group to `limit_bytes`; see the module's contract."""
+
+    mechanism: str
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+
+    def child_setup(self) -> Callable[[], None] | None:
+        """What the forked child must run before exec, if anything."""
+        return None
+
+    @abc.abstractmethod
+    def watch(self, pgid: int) -> None:
+        """Start watching the group the child leads."""
+
+    @abc.abstractmethod
+    def breached(self) -> bool:
+        """True once the group crossed the limit (cheap: the shim calls it in its loop)."""
+
+    @abc.abstractmethod
+    def finish(self) -> MemoryReport:
+        """Stop watching and report; call before the child is reaped."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Remove what the guard made; call after the child is reaped. Idempotent."""
+
+
+class RssWatchdog(MemoryGuard):
+    """Samples the group's total RSS in a thread and SIGKILLs the group above the limit."""
+
+    mechanism = "watchdog"
+
+    def __init__(self, limit_bytes: int, interval_s: float = WATCHDOG_INTERVAL_S) -> None:
+        super().__init__(limit_bytes)
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._peak = 0
+        self._breached = False
+
+    def watch(self, pgid: int) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(pgid,), name="memory-watchdog", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, pgid: int) -> None:
+        failed = False
+        while not self._breached:
+            try:
+                self._sample(pgid)
+            except Exception:  # a watchdog that died would leave the limit unenforced
+                if not failed:
+                    log.exception("the memory watchdog failed to sample group %d", pgid)
+                failed = True
+            if self._stop.wait(self._interval_s):
+                return
+
+    def _sample(self, pgid: int) -> None:
+        total = group_rss(pgid)
+        self._peak = max(self._peak, total)
+        if total > self.limit_bytes:
+            self._breached = True
+            log.warning(
+                "group %d uses %s, over its limit of %s: SIGKILL",
+                pgid, format_size(total), format_size(self.limit_bytes),
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+
+    def breached(self) -> bool:
+        return self._breached
+
+    def finish(self) -> MemoryReport:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return MemoryReport(self.mechanism, self.limit_bytes, self._peak, self._breached)
+
+    def close(self) -> None:
+        """Nothing to remove: `finish` has stopped the thread."""
+
+
+def group_rss(pgid: int) -> int:
+    """The summed resident set size of the live processes in process group `pgid`."""
+    import psutil  # only the watchdog needs it; every shim starts faster without it
+
+    total = 0
+    for member in group_members(pgid):
+        with contextlib.suppress(psutil.Error):
+            total += psutil.Process(member.pid).memory_info().rss
+    return total
+
+
+@dataclass(frozen=True)
+class _CgroupLayout:
+    """Where one cgroup version keeps the files the guard uses."""
+
+    version: str
+    limit: str
+    swap_limit: str
+    swap_counts_memory: bool  # v1's limit is on memory + swap; v2's on swap alone
+    events: str  # holds an "oom_kill N" line
+    peak: str
+    group_kill: str | None  # makes the OOM killer take the whole group, not one process
+
+
+_V1 = _CgroupLayout(
+    "cgroup-v1",
+    limit="memory.limit_in_bytes",
+    swap_limit="memory.memsw.limit_in_bytes",
+    swap_counts_memory=True,
+    events="memory.oom_control",
+    peak="memory.max_usage_in_bytes",
+    group_kill=None,
+)
+_V2 = _CgroupLayout(
+    "cgroup-v2",
+    limit="memory.max",
+    swap_limit="memory.swap.max",
+    swap_counts_memory=False,
+    events="memory.events",
+    peak="memory.peak",
+    group_kill="memory.oom.group",
+)
+
+
+class CgroupMemory(MemoryGuard):
+    """A memory cgroup of the replica's own; the kernel enforces the limit."""
+
+    def __init__(self, limit_bytes: int, path: Path, layout: _CgroupLayout) -> None:
+        super().__init__(limit_bytes)
+        self.path = path
+        self.mechanism = layout.version
+        self._layout = layout
+        self._oom_kills = 0
+        self._next_check = 0.0
+        self._closed = False
+
+    @classmethod
+    def create(
+        cls, limit_bytes: int, parent: Path, name: str, layout: _CgroupLayout
+    ) -> CgroupMemory:
+        """Make the cgroup `parent/name` with the limit set. Raises OSError where it cannot."""
+        path = parent / name
+        path.mkdir()
+        guard = cls(limit_bytes, path, layout)
+        try:
+            guard._configure()
+        except OSError:
+            guard.close()
+            raise
+        return guard
+
+    def _configure(self) -> None:
+        layout = self._layout
+        _write(self.path / layout.limit, str(self.limit_bytes))
+        # Without a swap limit the group would swap instead of running out of memory. Where
+        # swap is not accounted the file is missing or refuses: then there is nothing to limit.
+        with contextlib.suppress(OSError):
+            swap = self.limit_bytes if layout.swap_counts_memory else 0
+            _write(self.path / layout.swap_limit, str(swap))
+        if layout.group_kill is not None:
+            with contextlib.suppress(OSError):  # older kernels: the shim kills the rest
+                _write(self.path / layout.group_kill, "1")
+
+    def child_setup(self) -> Callable[[], None]:
+        procs = os.fsencode(self.path / "cgroup.procs")
+
+        def join() -> None:  # runs in the forked child: plain system calls only
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+
+        return join
+
+    def watch(self, pgid: int) -> None:
+        """Nothing to start: the kernel watches the cgroup, which the child joined at fork."""
+
+    def breached(self) -> bool:
+        now = time.monotonic()
+        if not self._oom_kills and now >= self._next_check:
+            self._next_check = now + CGROUP_CHECK_S
+            self._oom_kills = self._read_oom_kills()
+        return self._oom_kills > 0
+
+    def finish(self) -> MemoryReport:
+        self._oom_kills = self._read_oom_kills()
+        peak = _read_int(self.path / self._layout.peak)
+        return MemoryReport(self.mechanism, self.limit_bytes, peak, self._oom_kills > 0)
+
+    def _read_oom_kills(self) -> int:
+        try:
+            match = _OOM_KILL.search((self.path / self._layout.events).read_text())
+        except OSError:
+            return 0
+        return int(match[1]) if match else 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for tries_left in range(RMDIR_TRIES, 0, -1):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError as exc:  # EBUSY while killed processes finish exiting
+                if tries_left == 1:
+                    log.warning("could not remove the memory cgroup %s: %s", self.path, exc)
+                else:
+                    time.sleep(RMDIR_PAUSE_S)
+
+
+def open_memory_guard(
+    limit_bytes: int | None, enforcement: MemoryEnforcement, name: str
+) -> MemoryGuard | None:
+    """The guard for one replica: None without a limit; else a cgroup named `name` where one
+    is writable and `enforcement` allows it, else the watchdog.
+
+    Raises:
+        LaunchError: `enforcement` is "cgroup" and no memory cgroup can be made here.
+    """
+    if limit_bytes is None:
+        return None
+    if enforcement == "watchdog":
+        return RssWatchdog(limit_bytes)
+    try:
+        return open_cgroup(limit_bytes, name)
+    except LaunchError as exc:
+        if enforcement == "cgroup":
+            raise
+        log.info("enforcing the memory limit with the RSS watchdog: %s", exc)
+        return RssWatchdog(limit_bytes)
+
+
+def open_cgroup(limit_bytes: int, name: str) -> CgroupMemory:
+    """A memory cgroup named `name` under this process's own, v2 before v1.
+
+    Raises:
+        LaunchError: none can be made here; the message says why for each hierarchy tried.
+    """
+    problems = []
+    for layout, parent in _own_memory_cgroups():
+        try:
+            if layout is _V2 and not _delegates_memory(parent):
+                problems.append(f"{layout.version} at {parent}: memory is not delegated here")
+                continue
+            return CgroupMemory.create(limit_bytes, parent, _safe(name), layout)
+        except OSError as exc:
+            problems.append(f"{layout.version} at {parent}: {exc.strerror or exc}")
+    reason = "; ".join(problems) or "no cgroup memory controller is mounted"
+    raise LaunchError(f"Cannot make a memory cgroup: {reason}.")
+
+
+def _own_memory_cgroups() -> Iterator[tuple[_CgroupLayout, Path]]:
+    """This process's cgroup directories that can hold a memory cgroup: v2 first, then v1."""
+    cgroups = _read_lines("/proc/self/cgroup")
+    mounts = _cgroup_mounts()
+    for line in cgroups:
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0" and not controllers and "cgroup2" in mounts:
+            directory = _under_mount(mounts["cgroup2"], path)
+            if directory is not None:
+                yield _V2, directory
+    for line in cgroups:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(",") and "memory" in mounts:
+            directory = _under_mount(mounts["memory"], path)
+            if directory is not None:
+                yield _V1, directory
+
+
+def _cgroup_mounts() -> dict[str, tuple[str, Path]]:
+    """(root, mount point) of the cgroup2 hierarchy and of the v1 memory hierarchy."""
+    mounts: dict[str, tuple[str, Path]] = {}
+    for line in _read_lines("/proc/self/mountinfo"):
+        left, _, right = line.partition(" - ")
+        fields, fstype = left.split(), right.split()
+        if len(fields) < 5 or len(fstype) < 3:
+            continue
+        if fstype[0] == "cgroup2":
+            mounts.setdefault("cgroup2", (fields[3], Path(fields[4])))
+        elif fstype[0] == "cgroup" and "memory" in fstype[2].split(","):
+            mounts.setdefault("memory", (fields[3], Path(fields[4])))
+    return mounts
+
+
+def _under_mount(mount: tuple[str, Path], path: str) -> Path | None:
+    """The directory of cgroup `path` (as /proc/self/cgroup names it) under `mount`."""
+    root, point = mount
+    if path != root and not path.startswith(root.rstrip("/") + "/"):
+        return None  # our cgroup is outside what this mount shows
+    return point / path[len(root) :].lstrip("/")
+
+
+def _delegates_memory(directory: Path) -> bool:
+    """True when cgroups made in `directory` get the v2 memory controller. It is enabled
+    there if need be, which a cgroup that holds processes may not do (then: False)."""
+    try:
+        if "memory" in (directory / "cgroup.subtree_control").read_text().split():
+            return True
+        if "memory" not in (directory / "cgroup.controllers").read_text().split():
+            return False
+        _write(directory / "cgroup.subtree_control", "+memory")
+    except OSError:
+        return False
+    return True
+
+
+def _safe(name: str) -> str:
+    return _UNSAFE_NAME.sub("_", name)
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _write(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
