@@ -247,3 +247,14 @@ def test_a_primary_that_ends_before_its_peer_started_still_succeeds(rig: Rig) ->
     assert attempt.state == "SUCCEEDED"
     primary, peer = replicas(rig, job.trial_id)
     assert primary.reason == "OK" and peer.reason in ("STOPPED", "OK")
+
+
+@pytest.mark.timeout(45)
+def test_survivors_of_a_failure_get_the_short_failure_grace(rig: Rig) -> None:
+    # Rank 0 ignores SIGTERM, as a rank blocked in a collective with a dead peer does; with
+    # the 60 s stop grace the restart would wait a minute, with failure_grace half a second.
+    job = submit(rig, 2, "stubborn", "fail", stop_grace="60s", failure_grace="500ms")
+    trial = rig.run_to_end(job)
+    assert (trial.state, trial.reason) == ("FAILED", "USER_ERROR")
+    primary, _ = replicas(rig, job.trial_id)
+    assert (primary.reason, primary.signal) == ("STOPPED", "SIGKILL")

@@ -74,9 +74,13 @@ class FailurePolicy(_Section):
     restart_scope: Literal["trial", "replica"] = "trial"
     transient_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(default_factory=list)
     stop_grace: float = Field(default=30.0, ge=0)
+    # SIGTERM -> SIGKILL for the survivors once another replica has failed: their collectives
+    # are broken (a rank blocked in one never sees should_stop()), so waiting only delays
+    # the restart.
+    failure_grace: float = Field(default=2.0, ge=0)
     heartbeat_timeout: float = Field(default=300.0, gt=0)
 
-    @field_validator("stop_grace", "heartbeat_timeout", mode="before")
+    @field_validator("stop_grace", "failure_grace", "heartbeat_timeout", mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
         return parse_duration(value)

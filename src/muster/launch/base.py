@@ -120,9 +120,10 @@ class Launcher(abc.ABC):
         """The replica's current phase, from its files and process identities. No side effects."""
 
     @abc.abstractmethod
-    def cancel(self, attempt_dir: Path, rank: int) -> None:
+    def cancel(self, attempt_dir: Path, rank: int, grace: float | None = None) -> None:
         """Ask the replica to stop: SIGTERM to its group, grace, SIGKILL. Idempotent; returns
-        at once (the exit arrives later through `describe`)."""
+        at once (the exit arrives later through `describe`). `grace` overrides the spec's
+        `stop_grace` (seconds) for this stop."""
 
     @abc.abstractmethod
     def archive(self, attempt_dir: Path, rank: int, incarnation: int) -> None:

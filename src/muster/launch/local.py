@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from muster.atomic import atomic_write_bytes, atomic_write_json, read_json
+from muster.atomic import atomic_write_json, read_json
 from muster.errors import LaunchError
 from muster.launch.base import (
     Launcher,
@@ -79,7 +79,7 @@ class LocalLauncher(Launcher):
         phase = self._live_phase(files, status, shim, alive)
         return ReplicaStatus(rank, phase, shim, child, None, stop, stop_at)
 
-    def cancel(self, attempt_dir: Path, rank: int) -> None:
+    def cancel(self, attempt_dir: Path, rank: int, grace: float | None = None) -> None:
         """Mark the replica stopped and SIGTERM its shim (which runs the grace and SIGKILL).
 
         Idempotent and immediate. If the shim is gone but its child's group lives on, nobody
@@ -89,7 +89,8 @@ class LocalLauncher(Launcher):
         if not attempt_dir.is_dir():
             return
         if not files.stop.exists():
-            atomic_write_bytes(files.stop, b"")
+            # The shim reads the grace from the marker when it sends its SIGTERM.
+            atomic_write_json(files.stop, {} if grace is None else {"grace": grace})
         status = read_json(files.status)
         shim = _identity(status, "shim") or _identity(read_json(files.launch), "shim")
         if shim is not None and send_signal(shim, signal.SIGTERM):

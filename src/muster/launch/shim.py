@@ -178,6 +178,16 @@ class StopFlag:
         self.request(signal_name(signum))
 
 
+def _marker_grace(marker: Path, default: float) -> float:
+    """The grace the stop marker asks for (`{"grace": seconds}`), else `default`."""
+    try:
+        data = read_json(marker)
+    except (OSError, ValueError):  # an old, empty marker is not JSON: the default grace
+        return default
+    grace = data.get("grace") if isinstance(data, dict) else None
+    return float(grace) if isinstance(grace, int | float) and grace >= 0 else default
+
+
 def _ignore_hangup(signum: int, frame: FrameType | None) -> None:
     """SIGHUP must not end the shim. A handler rather than SIG_IGN, because an ignored signal
     would stay ignored in the training process across exec; a handled one resets to default."""
@@ -366,6 +376,7 @@ class Shim:
         self.stop = stop
         self.signals_sent: list[str] = []
         self._term_sent_at: float | None = None
+        self._grace = spec.stop_grace  # or the stop marker's, once a stop is enforced
         self._next_marker_check = 0.0
         self._memory: MemoryGuard | None = None
         self._out_of_memory = False
@@ -535,16 +546,18 @@ class Shim:
         if not self.stop.requested:
             return
         if self._term_sent_at is None:
-            log.info("stop requested (%s): SIGTERM to group %d", self.stop.cause, pgid)
+            self._grace = _marker_grace(self.files.stop, self.spec.stop_grace)
+            log.info("stop requested (%s): SIGTERM to group %d, SIGKILL after %.1f s",
+                     self.stop.cause, pgid, self._grace)
             self._signal_group(pgid, signal.SIGTERM)
             self._term_sent_at = time.monotonic()
         elif self._grace_is_over() and "SIGKILL" not in self.signals_sent:
-            log.info("still running after %.1f s of grace: SIGKILL", self.spec.stop_grace)
+            log.info("still running after %.1f s of grace: SIGKILL", self._grace)
             self._signal_group(pgid, signal.SIGKILL)
 
     def _grace_is_over(self) -> bool:
         started = self._term_sent_at
-        return started is not None and time.monotonic() - started >= self.spec.stop_grace
+        return started is not None and time.monotonic() - started >= self._grace
 
     def _signal_group(self, pgid: int, signum: signal.Signals) -> None:
         self.signals_sent.append(signum.name)

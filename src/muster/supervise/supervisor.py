@@ -102,7 +102,12 @@ class Supervisor:
         if policy.restart_scope == "replica" and not stop:
             statuses = [self._restart_in_place(attempt_id, status) or status
                         for status in statuses]
-        winding_down = stop or _decided_by(statuses) is not None
+        decided_by = _decided_by(statuses)
+        winding_down = stop or decided_by is not None
+        # After a failure the survivors' collectives are broken: a short grace, not the
+        # graceful one a requested stop or a finished primary gets.
+        grace = (policy.failure_grace if not stop and decided_by is not None
+                 and not _exited_cleanly(decided_by) else None)
         for status in statuses:
             if status.phase is ReplicaPhase.LOST:
                 # A shim that never published its child in time may still be alive: make sure
@@ -111,7 +116,7 @@ class Supervisor:
             elif status.phase is ReplicaPhase.EXITED:
                 continue
             elif winding_down and not status.stop_requested:
-                self.launcher.cancel(run_dir, status.rank)
+                self.launcher.cancel(run_dir, status.rank, grace)
             elif status.phase is ReplicaPhase.RUNNING and not winding_down:
                 self._check_progress(attempt_id, run_dir, status.rank,
                                      policy.heartbeat_timeout)
@@ -526,6 +531,10 @@ def _note_process(replica: Replica, status: ReplicaStatus) -> None:
 
 def _ended_cleanly(record: ExitRecord) -> bool:
     return record.spawn_error is None and record.returncode == 0 and record.signal is None
+
+
+def _exited_cleanly(status: ReplicaStatus) -> bool:
+    return status.exit is not None and _ended_cleanly(status.exit)
 
 
 def _decided_by(statuses: list[ReplicaStatus]) -> ReplicaStatus | None:
