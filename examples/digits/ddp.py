@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch._dynamo  # DDP imports it on first use (~1 s); here, a warm standby pays it ahead
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -61,10 +62,9 @@ def evaluate(
     return loss_sum / count, correct / count
 
 
-def train(ctx: mh.Context, args: argparse.Namespace) -> int:
+def train(ctx: mh.Context, args: argparse.Namespace, data: tuple[torch.Tensor, ...]) -> int:
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    x_train, y_train, x_val, y_val = split(*load_images(args.data, skip_corrupt=False),
-                                           args.seed)
+    x_train, y_train, x_val, y_val = data
     val_shard = list(DistributedSampler(TensorDataset(x_val), world_size, rank, shuffle=False))
     x_val, y_val = x_val[val_shard], y_val[val_shard]
     sampler = DistributedSampler(TensorDataset(x_train, y_train), world_size, rank,
@@ -115,10 +115,13 @@ def train(ctx: mh.Context, args: argparse.Namespace) -> int:
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(1)  # the ranks share the machine's cores
+    # Before init(): a warm standby (failure_policy.warm_standby) has this done ahead of a
+    # failure, and waits in init() until it becomes the retry.
+    data = split(*load_images(args.data, skip_corrupt=False), args.seed)
     with mh.init(hparams=vars(args) | {"data": str(args.data)}) as ctx:
         dist.init_process_group("gloo")  # RANK, WORLD_SIZE, MASTER_*: muster or torchrun
         try:
-            return train(ctx, args)
+            return train(ctx, args, data)
         finally:
             dist.destroy_process_group()
 

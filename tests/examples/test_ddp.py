@@ -86,10 +86,12 @@ def run_to_end(rig: Rig, job: Submitted) -> TrialView:
 
 
 def replica_ends(rig: Rig, trial_id: int) -> list[tuple[int, int, str | None, str | None]]:
-    """(attempt, rank, reason, signal) of every replica, in order."""
+    """(attempt, rank, reason, signal) of every replica that ran (not a warm standby that
+    was never promoted), in order."""
     with rig.store.session_scope() as s:
-        rows = s.scalars(select(Replica).join(Attempt).where(Attempt.trial_id == trial_id)
-                         .order_by(Attempt.number, Replica.rank))
+        rows = s.scalars(select(Replica).join(Attempt).where(
+            Attempt.trial_id == trial_id, Attempt.standby.is_(False))
+            .order_by(Attempt.number, Replica.rank))
         return [(r.attempt.number, r.rank, r.reason, r.signal) for r in rows]
 
 
@@ -177,8 +179,15 @@ def test_a_sigkilled_rank_restarts_both_from_the_latest_checkpoint(
     view = run_to_end(sqlite_rig, job)
 
     assert (view.state, view.reason) == ("SUCCEEDED", "OK"), view.message
+    # ddp.yaml keeps a warm standby: attempt 2 was started ahead and waited in init();
+    # attempt 2's own standby (3) was not needed.
     assert [(a.number, a.state, a.reason) for a in view.attempts] == [
-        (1, "FAILED", "INFRA"), (2, "SUCCEEDED", "OK")]
+        (1, "FAILED", "INFRA"), (2, "SUCCEEDED", "OK"), (3, "CANCELED", "standby")]
+    killed_at = json.loads((first / "rank-1.exit.json").read_text())["ended_at"]
+    for rank in (0, 1):
+        started = json.loads((view.attempts[1].run_dir / f"rank-{rank}.shim.json")
+                             .read_text())["started_at"]
+        assert started < killed_at, "the retry was not the standby started ahead"
     assert (1, 1, "INFRA", "SIGKILL") in replica_ends(sqlite_rig, job.trial_id)
     resumed_from = [c for c in saved(checkpoints) if c.document["attempt"] == 1][-1]
     epoch = resumed_from.user_metadata["epoch"]

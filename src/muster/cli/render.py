@@ -60,7 +60,8 @@ def attempts_table(trial: dict[str, Any]) -> Table:
             exit_code = "-" if rep["exit_code"] is None else str(rep["exit_code"])
             rank = str(rep["rank"]) + (f" (restart {rep['incarnation']})"
                                        if rep.get("incarnation") else "")
-            table.add_row(str(attempt["number"]), rank, state(attempt["state"]),
+            number = str(attempt["number"]) + (" (standby)" if attempt.get("standby") else "")
+            table.add_row(number, rank, state(attempt["state"]),
                           exit_code, rep["signal"] or "-", rep["reason"] or "-",
                           duration(rep["started_at"], rep["ended_at"]), rep["log_path"])
     return table

@@ -78,6 +78,9 @@ class FailurePolicy(_Section):
     # are broken (a rank blocked in one never sees should_stop()), so waiting only delays
     # the restart.
     failure_grace: float = Field(default=2.0, ge=0)
+    # Start the next attempt's replicas ahead, waiting in muster.harness.init(), so that a
+    # restart does not pay the script's start-up (imports, data) again.
+    warm_standby: bool = False
     heartbeat_timeout: float = Field(default=300.0, gt=0)
 
     @field_validator("stop_grace", "failure_grace", "heartbeat_timeout", mode="before")

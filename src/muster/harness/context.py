@@ -18,6 +18,7 @@ from muster.harness.heartbeat import Heartbeat
 from muster.harness.layout import RankFiles
 from muster.harness.metrics import TRAINING, VALIDATION, MetricsWriter
 from muster.harness.samples import Samples
+from muster.harness.standby import wait_for_promotion
 from muster.harness.stopping import StopRequest
 
 FLUSH_INTERVAL_S = 1.0
@@ -158,6 +159,7 @@ def init(
     if _active is not None:
         raise RuntimeError("muster.harness.init() is already active in this process; "
                            "use the context it yielded")
+    wait_for_promotion()  # a warm standby waits here until it becomes the next attempt
     env = read_environment(os.environ, Path.cwd(), _checked_hparams(hparams))
     context = Context(env, _checked_interval(heartbeat_interval, env))
     _active = context

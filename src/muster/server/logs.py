@@ -96,7 +96,9 @@ def locate(store: Store, trial_id: int) -> TrialLogs:
         trial = trial_or_404(s, trial_id)
         ended = TrialState(trial.state).is_settled()
         attempts = s.execute(select(Attempt.id, Attempt.number, Attempt.run_dir, Attempt.state)
-                             .where(Attempt.trial_id == trial_id)).all()
+                             # a warm standby's log is empty until it is promoted
+                             .where(Attempt.trial_id == trial_id, Attempt.standby.is_(False))
+                             ).all()
         replicas = s.execute(select(Replica.attempt_id, Replica.rank).join(Attempt)
                              .where(Attempt.trial_id == trial_id)).all()
     recorded: dict[int, list[int]] = defaultdict(list)

@@ -41,7 +41,7 @@ def trial_detail(trial: Trial) -> dict[str, Any]:
         "state": trial.state,
         "reason": trial.reason,
         "message": trial.message,
-        "restarts": max(0, len(trial.attempts) - 1),
+        "restarts": max(0, sum(not a.standby for a in trial.attempts) - 1),
         "hparams": trial.hparams,
         "created_at": trial.created_at,
         "started_at": trial.started_at,
@@ -58,6 +58,7 @@ def attempt_detail(attempt: Attempt) -> dict[str, Any]:
     return {
         "number": attempt.number,
         "state": attempt.state,
+        "standby": attempt.standby,  # a warm standby not (yet) promoted
         "reason": attempt.reason,
         "message": attempt.message,
         "run_dir": attempt.run_dir,

@@ -174,6 +174,8 @@ class Attempt(Base):
     state: Mapped[str] = mapped_column(String(20), index=True)
     run_dir: Mapped[str] = mapped_column(Text)
     master_port: Mapped[int | None] = mapped_column(Integer, nullable=True)  # MASTER_PORT
+    # a warm standby: launched ahead, waiting in init(), not active until promoted
+    standby: Mapped[bool] = mapped_column(default=False, server_default=false())
     reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=now)

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from muster.atomic import atomic_write_json, read_json
 from muster.config import ExperimentConfig, FailurePolicy
 from muster.errors import LaunchError, MusterError
+from muster.harness.standby import GO_VARIABLE
 from muster.home import Home
 from muster.launch.base import (
     ExitRecord,
@@ -41,7 +42,7 @@ from muster.store import Attempt, Experiment, Replica, Store, Trial, record_even
 from muster.store.models import now
 from muster.supervise import verification
 from muster.supervise.disk import disk_shortfall
-from muster.supervise.heartbeats import heartbeat_path, stall_reason
+from muster.supervise.heartbeats import checked_in, heartbeat_path, stall_reason
 from muster.supervise.ingest import ingest_trial
 from muster.supervise.manifest import scan_manifest
 from muster.supervise.policy import Action, Budgets, decide
@@ -72,6 +73,7 @@ class Supervisor:
         """One pass: settle running attempts, start what may start, close finished experiments."""
         for attempt_id in self.active_attempt_ids():
             self.settle_attempt(attempt_id)
+        self._drop_unneeded_standbys()
         if not self._disk_low():  # the disk guard: nothing new launches while it is low
             self._launch_restarting()
             self._admit_queued()
@@ -82,7 +84,8 @@ class Supervisor:
     def active_attempt_ids(self) -> list[int]:
         live = [AttemptState.STARTING.value, AttemptState.RUNNING.value]
         with self.store.session_scope() as s:
-            return list(s.scalars(select(Attempt.id).where(Attempt.state.in_(live))))
+            return list(s.scalars(select(Attempt.id).where(
+                Attempt.state.in_(live), Attempt.standby.is_(False))))
 
     def settle_attempt(self, attempt_id: int) -> None:
         """Look at one live attempt's replicas and record whatever has happened to them.
@@ -122,6 +125,7 @@ class Supervisor:
                                      policy.heartbeat_timeout)
         if all(_started(status) for status in statuses):
             self._mark_running(attempt_id, statuses)
+            self._ensure_standby(attempt_id)
         if all(st.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST) for st in statuses):
             self._finish_attempt(attempt_id, statuses)
 
@@ -351,6 +355,8 @@ class Supervisor:
         replicas; if one cannot be launched, the ones already launched are stopped."""
         if not self._scan_data(trial_id):
             return
+        if self._promote_standby(trial_id):
+            return
         planned = self._plan_attempt(trial_id)
         if planned is None:
             return
@@ -374,6 +380,99 @@ class Supervisor:
             for replica in s.get_one(Attempt, attempt_id).replicas:
                 shim = shims[replica.rank]
                 replica.shim_pid, replica.shim_start_ticks = shim.pid, shim.start_ticks
+
+    # -- warm standby ------------------------------------------------------------------
+
+    def _ensure_standby(self, attempt_id: int) -> None:
+        """With `warm_standby`, start the next attempt's replicas while this one runs; they
+        wait in `muster.harness.init()` until a retry promotes them (`_promote_standby`)."""
+        with self.store.session_scope() as s:
+            attempt = s.get_one(Attempt, attempt_id)
+            trial = attempt.trial
+            policy = _config(trial).failure_policy
+            if (not policy.warm_standby or policy.restart_scope != "trial"
+                    or trial.stop_requested or trial.state != TrialState.RUNNING.value
+                    or _standby_of(trial) is not None):
+                return
+            # Only for a script that checked in through the harness: one that never calls
+            # init() would not wait there, and its standby would run the training twice.
+            run_dir = Path(attempt.run_dir)
+            if not all(checked_in(run_dir, rank) for rank in _current(attempt)):
+                return
+            number = len(trial.attempts) + 1
+            world_size = _replicas(trial)
+            attempt_dir = self.home.attempt_dir(trial.uuid, number)
+            standby = Attempt(trial=trial, number=number, state=AttemptState.STARTING.value,
+                              run_dir=str(attempt_dir), standby=True, master_port=free_port())
+            s.add_all([standby, *(Replica(attempt=standby, rank=rank, host=self.host,
+                                          log_path=str(attempt_dir / f"rank-{rank}.log"))
+                                  for rank in range(world_size))])
+            s.flush()
+            record_event(s, entity="attempt", entity_id=standby.id, reason="standby",
+                         actor=ACTOR, message=f"starting attempt {number} as a warm standby",
+                         experiment_id=trial.experiment_id, trial_id=trial.id)
+            specs = [_as_standby(spec) for spec in self._replica_specs(
+                trial, number, attempt_dir, world_size, standby.master_port)]
+            standby_id, hparams = standby.id, dict(trial.hparams)
+        try:
+            _prepare_attempt_dir(specs[0], hparams)
+            for spec in specs:
+                shim = self.launcher.submit(spec)
+                with self.store.session_scope() as s:
+                    replica = _current(s.get_one(Attempt, standby_id))[spec.rank]
+                    replica.shim_pid, replica.shim_start_ticks = shim.pid, shim.start_ticks
+        except LaunchError as exc:
+            log.error("the warm standby of trial %s could not start: %s", trial.id, exc)
+            self._drop_standby(standby_id, f"the warm standby could not start: {exc}")
+
+    def _promote_standby(self, trial_id: int) -> bool:
+        """Make the trial's warm standby its next attempt; False when there is none alive
+        (one that died is dropped, and the caller starts a fresh attempt)."""
+        with self.store.session_scope() as s:
+            trial = s.get_one(Trial, trial_id)
+            standby = _standby_of(trial)
+            if standby is None or trial.stop_requested:
+                return False
+            standby_id, run_dir = standby.id, Path(standby.run_dir)
+            ranks = sorted(_current(standby))
+        statuses = [self.launcher.describe(run_dir, rank) for rank in ranks]
+        if not all(st.phase in (ReplicaPhase.STARTING, ReplicaPhase.RUNNING) for st in statuses):
+            self._drop_standby(standby_id, "a replica of the warm standby ended while it "
+                               "waited; starting a fresh attempt")
+            return False
+        with self.store.session_scope() as s:
+            standby = s.get_one(Attempt, standby_id)
+            trial = standby.trial
+            latest = verification.latest_intact_checkpoint(run_dir.parent)
+            go = {"env": {"MUSTER_LATEST_CHECKPOINT": str(latest) if latest else None}}
+            for rank in ranks:
+                atomic_write_json(run_dir / f"rank-{rank}.{STANDBY_GO}", go)
+            standby.standby = False
+            trial.queue_reason = None
+            transition(s, trial, TrialState.STARTING, reason="launching", actor=ACTOR,
+                       message=f"starting attempt {standby.number} (the warm standby)")
+        return True
+
+    def _drop_unneeded_standbys(self) -> None:
+        """Stop the standbys of trials that have settled or are being stopped."""
+        with self.store.session_scope() as s:
+            unneeded = [a.id for a in s.scalars(select(Attempt).where(
+                Attempt.standby.is_(True), Attempt.state == AttemptState.STARTING.value))
+                if a.trial.stop_requested or TrialState(a.trial.state).is_settled()]
+        for standby_id in unneeded:
+            self._drop_standby(standby_id, "the warm standby was not needed")
+
+    def _drop_standby(self, standby_id: int, message: str) -> None:
+        with self.store.session_scope() as s:
+            standby = s.get_one(Attempt, standby_id)
+            run_dir, ranks = Path(standby.run_dir), sorted(_current(standby))
+            for replica in standby.replicas:
+                replica.reason, replica.message = Reason.STOPPED.value, message
+                replica.ended_at = now()
+            transition(s, standby, AttemptState.CANCELED, reason="standby", actor=ACTOR,
+                       message=message)
+        for rank in ranks:
+            self.launcher.cancel(run_dir, rank, grace=0.0)
 
     def _scan_data(self, trial_id: int) -> bool:
         """Scan the trial's data directory once, before its first launch; False if it failed
@@ -491,6 +590,17 @@ def _count_of(number: int, noun: str) -> str:
 
 
 _IN_PLACE = (Reason.INFRA, Reason.LOST, Reason.STALLED)
+STANDBY_GO = "standby-go.json"  # rank-<r>.standby-go.json: a standby's promotion
+
+
+def _standby_of(trial: Trial) -> Attempt | None:
+    return next((a for a in trial.attempts if a.standby
+                 and a.state == AttemptState.STARTING.value), None)
+
+
+def _as_standby(spec: ReplicaSpec) -> ReplicaSpec:
+    go = spec.attempt_dir / f"rank-{spec.rank}.{STANDBY_GO}"
+    return dataclasses.replace(spec, env={**spec.env, GO_VARIABLE: str(go)})
 
 
 def _current(attempt: Attempt) -> dict[int, Replica]:
