@@ -137,7 +137,7 @@ def inspect_all(directory: Path, trial_id: int | None = None) -> list[Inspection
         try:
             found.append(inspect(path, trial_id))
         except FileNotFoundError:
-            continue
+            continue  # deleted since the listing: there is nothing left to judge
     return sorted(found, key=lambda c: c.order)
 
 
@@ -160,7 +160,7 @@ def latest_intact(
         try:
             found = inspect(path, trial_id)
         except FileNotFoundError:
-            continue
+            continue  # deleted since the listing (or `preferred` is gone): the next one
         if found.intact:
             return found
         if on_corrupt is not None:

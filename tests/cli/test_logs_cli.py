@@ -18,11 +18,8 @@ T0 = 1_700_000_000.0
 
 @pytest.fixture
 def server_store(server: RunningServer) -> Iterator[Store]:
-    store = Store(server.db_url)
-    try:
+    with server.store() as store:
         yield store
-    finally:
-        store.dispose()
 
 
 def two_rank_trial(store: Store, run_dir: Path, chunks: dict[int, list[tuple[float, bytes]]]

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from muster.client import Client
 from muster.errors import ServerUnavailable
 from muster.home import Home
+from muster.store import Store
 from tests.processes import kill_home_processes
 from tests.waiting import wait_until
 
@@ -36,6 +38,15 @@ class RunningServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @contextmanager
+    def store(self) -> Iterator[Store]:
+        """The server's database, opened from the test process (closed afterwards)."""
+        opened = Store(self.db_url)
+        try:
+            yield opened
+        finally:
+            opened.dispose()
 
     def start(self) -> None:
         self.start_with(["--min-free-disk", "0"])

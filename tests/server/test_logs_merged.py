@@ -395,11 +395,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 @pytest.fixture
 def server_store(server: RunningServer) -> Iterator[Store]:
-    store = Store(server.db_url)
-    try:
+    with server.store() as store:
         yield store
-    finally:
-        store.dispose()
 
 
 @pytest.mark.timeout(60)

@@ -21,7 +21,7 @@ import pytest
 from muster.client import Client
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.states import TrialState
-from muster.store import Store, Trial, transition
+from muster.store import Trial, transition
 from muster.supervise.ingest import ingest_trial
 from tests.server.conftest import RunningServer
 from tests.server.experiments import (
@@ -63,11 +63,8 @@ def assert_invalid(response: httpx.Response, *words: str) -> None:
 
 def ingest(server: RunningServer, trial_id: int) -> None:
     """Ingest the trial's run directory into the server's database, from this process."""
-    store = Store(server.db_url)
-    try:
+    with server.store() as store:
         ingest_trial(store, trial_id)
-    finally:
-        store.dispose()
 
 
 def reported_trial(client: Client, server: RunningServer, parent: Path) -> dict[str, Any]:
@@ -87,14 +84,10 @@ def suspect_trial(client: Client, server: RunningServer, parent: Path) -> int:
     exp = create(client, parent, "report_metrics.py", "1", str(release))
     trial_id = int(only_trial(exp)["id"])
     wait_trial(client, trial_id, {"RUNNING"})
-    store = Store(server.db_url)
-    try:
-        with store.session_scope() as s:
-            transition(s, s.get_one(Trial, trial_id), TrialState.SUSPECT,
-                       reason="verification failed", actor="test",
-                       message="samples seen 10 but the manifest has 12")
-    finally:
-        store.dispose()
+    with server.store() as store, store.session_scope() as s:
+        transition(s, s.get_one(Trial, trial_id), TrialState.SUSPECT,
+                   reason="verification failed", actor="test",
+                   message="samples seen 10 but the manifest has 12")
     return trial_id
 
 

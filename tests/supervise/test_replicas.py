@@ -143,9 +143,9 @@ def _settle_without_ticks(rig: Rig, job: Submitted, ranks: int) -> TrialView:
 
 
 def test_the_first_failure_in_time_is_the_cause(rig: Rig) -> None:
-    # Rank 1 is killed at 0.2 s; rank 0 fails on its own at 3.2 s, as a peer that lost its
-    # connection would. The kill is what gets restarted, not a user error that is not.
-    job = submit(rig, 2, "later-fail@1,exit0", "sigkill@1,exit0")
+    # Rank 1 is killed; rank 0 fails on its own once rank 1 has ended, as a peer that lost
+    # its connection would. The kill is what gets restarted, not a user error that is not.
+    job = submit(rig, 2, "fail-after-1@1,exit0", "sigkill@1,exit0")
     trial = _settle_without_ticks(rig, job, 2)
     assert [(a.number, a.reason) for a in trial.attempts] == [(1, "INFRA"), (2, "OK")]
     assert [(r.attempt, r.rank, r.reason) for r in replicas(rig, job.trial_id)][:2] == [
@@ -154,7 +154,7 @@ def test_the_first_failure_in_time_is_the_cause(rig: Rig) -> None:
 
 
 def test_a_peer_failing_after_the_primary_succeeded_does_not_fail_the_trial(rig: Rig) -> None:
-    job = submit(rig, 2, "exit0", "later-fail")
+    job = submit(rig, 2, "exit0", "fail-after-0")
     trial = _settle_without_ticks(rig, job, 2)
     assert (trial.state, trial.reason) == ("SUCCEEDED", "OK")
     assert [(r.rank, r.reason) for r in replicas(rig, job.trial_id)] == [

@@ -125,7 +125,8 @@ class Supervisor:
                                      policy.heartbeat_timeout)
         if all(_started(status) for status in statuses):
             self._mark_running(attempt_id, statuses)
-            self._ensure_standby(attempt_id)
+            if policy.warm_standby:
+                self._ensure_standby(attempt_id)
         if all(st.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST) for st in statuses):
             self._finish_attempt(attempt_id, statuses)
 
@@ -135,9 +136,7 @@ class Supervisor:
         the others run on; at most `replica_restarts` times per rank and attempt. Returns
         the new incarnation's status, or None when the replica was left as it is (it then
         decides the attempt as usual, and the policy retries the trial)."""
-        if status.phase not in (ReplicaPhase.EXITED, ReplicaPhase.LOST) or (
-            status.exit is not None and _ended_cleanly(status.exit)
-        ):
+        if status.phase not in (ReplicaPhase.EXITED, ReplicaPhase.LOST) or _exited_cleanly(status):
             return None
         with self.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
@@ -390,8 +389,8 @@ class Supervisor:
             attempt = s.get_one(Attempt, attempt_id)
             trial = attempt.trial
             policy = _config(trial).failure_policy
-            if (not policy.warm_standby or policy.restart_scope != "trial"
-                    or trial.stop_requested or trial.state != TrialState.RUNNING.value
+            if (policy.restart_scope != "trial" or trial.stop_requested
+                    or trial.state != TrialState.RUNNING.value
                     or _standby_of(trial) is not None):
                 return
             # Only for a script that checked in through the harness: one that never calls
