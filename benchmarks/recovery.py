@@ -85,6 +85,7 @@ def _muster(client: Client, context: Path, marks: Path) -> float:
         "name: bench-recovery\n"
         f"entrypoint: {['python', *_command('data')]}\n"
         f"environment: {{variables: {env}}}\n"
+        "harness: true\n"
         "resources: {replicas: 2}\n"
         "data: {path: data, manifest: {extensions: [.png], labels: from_dirs}}\n"
         "failure_policy: {stop_grace: 10s, warm_standby: true}\n"

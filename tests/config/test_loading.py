@@ -87,7 +87,7 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
         (
             "zzz: 1",
             "zzz: unknown key; the keys allowed here are data, description, entrypoint, "
-            "environment, failure_policy, labels, name, resources, verify",
+            "environment, failure_policy, harness, labels, name, resources, verify",
         ),
         (
             "failure_policy: {trial_retry: 1}",
@@ -309,8 +309,8 @@ base: &base {trial_retries: 1, replica_restarts: 1}
     assert config.failure_policy.trial_retries == 2
     assert config.failure_policy.stop_grace == 5.0
     assert problems(text + merged)[0] == "base: unknown key; the keys allowed here are " + (
-        "data, description, entrypoint, environment, failure_policy, labels, name, resources, "
-        "verify"
+        "data, description, entrypoint, environment, failure_policy, harness, labels, name, "
+        "resources, verify"
     )
 
 
@@ -361,6 +361,35 @@ def test_loaded_config_survives_the_store_round_trip() -> None:
 )
 def test_data_verify_and_heartbeat_settings_are_checked(body: str, problem: str) -> None:
     assert one_problem(body) == problem
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("harness: yes please", "harness: must be true or false, got 'yes please'"),
+        ("harness: 1", "harness: must be true or false, got 1"),
+        ("failure_policy: {warm_standby: true}",
+         "failure_policy: warm_standby: true needs `harness: true` at the top level: a standby "
+         "waits in muster.harness.init(), and a script that never calls it would run its "
+         "training twice. Call mh.init() on every rank and set `harness: true`, or drop "
+         "warm_standby"),
+        ("harness: false\nfailure_policy: {warm_standby: true}",
+         "failure_policy: warm_standby: true needs `harness: true` at the top level: a standby "
+         "waits in muster.harness.init(), and a script that never calls it would run its "
+         "training twice. Call mh.init() on every rank and set `harness: true`, or drop "
+         "warm_standby"),
+    ],
+)
+def test_the_harness_declaration_is_checked(body: str, problem: str) -> None:
+    assert one_problem(body) == problem
+
+
+def test_the_harness_declaration_defaults_to_false_and_allows_a_standby() -> None:
+    assert not load_config("name: x\nentrypoint: t\n").harness
+    config = load_config("name: x\nentrypoint: t\nharness: true\n"
+                         "failure_policy: {warm_standby: true}\n")
+    assert config.harness and config.failure_policy.warm_standby
+    assert type(config).from_json_dict(config.to_json_dict()) == config
 
 
 def test_data_and_verify_sections_normalise() -> None:

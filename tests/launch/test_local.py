@@ -237,9 +237,11 @@ def test_a_fresh_launcher_reattaches(submit: SubmitFn, tmp_path: Path) -> None:
     status = replica.describe(restarted)
     assert status.phase is ReplicaPhase.RUNNING
     assert status.child is not None and is_alive(status.child)
+    assert status.started_at is not None  # known while it runs, not only from the exit record
     release.touch()
     record = wait_until(lambda: replica.describe(restarted).exit, timeout=30, what="exit")
     assert record is not None and record.returncode == 0
+    assert record.started_at == status.started_at == replica.describe(restarted).started_at
     assert replica.describe(restarted).phase is ReplicaPhase.EXITED
 
 

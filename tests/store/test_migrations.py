@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
+from muster.config import ExperimentConfig
 from muster.errors import StoreError
-from muster.store import Base, Store
+from muster.store import Base, Experiment, Store
 from muster.store.db import alembic_config
 
 
@@ -90,3 +93,41 @@ def test_0003_keeps_existing_replicas_as_first_incarnations(db_url: str) -> None
                 "VALUES (4, 1, 1, 1, 'h', '/tmp/a/rank-1.log')")
     finally:
         store.dispose()
+
+
+def test_0005_declares_the_harness_where_a_warm_standby_is_on(db_url: str) -> None:
+    """`warm_standby` now needs `harness: true`; a stored config with the standby on gets
+    it, so its experiment stays readable; other configs are left as they were."""
+    standby = {"name": "a", "entrypoint": ["python", "t.py"],
+               "failure_policy": {"warm_standby": True, "trial_retries": 3}}
+    plain = {"name": "b", "entrypoint": ["python", "t.py"], "failure_policy": {}}
+    store = Store(db_url)
+    try:
+        config = alembic_config(db_url)
+        with store.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0004")
+        with store.engine.begin() as connection:
+            for number, stored in enumerate((standby, plain), start=1):
+                connection.execute(text(
+                    "INSERT INTO experiments (id, uuid, name, description, labels, config, "
+                    "config_yaml, context_dir, state, stop_requested, created_at, updated_at) "
+                    "VALUES (:id, :uuid, 'x', '', '[]', :config, '', '/tmp', 'ACTIVE', false, "
+                    "0, 0)"), {"id": number, "uuid": f"e{number}", "config": json.dumps(stored)})
+        store.upgrade()
+        with store.session_scope() as s:
+            upgraded = {e.id: e.config for e in s.scalars(select(Experiment))}
+        assert upgraded == {1: {**standby, "harness": True}, 2: plain}
+        assert ExperimentConfig.from_json_dict(upgraded[1]).failure_policy.warm_standby
+        with store.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0004")
+        with store.engine.begin() as connection:
+            rows = connection.execute(text("SELECT id, config FROM experiments ORDER BY id"))
+            assert {row.id: _json(row.config) for row in rows} == {1: standby, 2: plain}
+    finally:
+        store.dispose()
+
+
+def _json(value: object) -> object:
+    return json.loads(value) if isinstance(value, str) else value

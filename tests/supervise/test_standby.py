@@ -25,6 +25,7 @@ def submit(rig: Rig, variables: dict[str, str] | None = None, **policy: object) 
     config = {
         "name": "standby-test",
         "entrypoint": fixture_entrypoint("standby_ranks.py"),
+        "harness": True,
         "environment": {"variables": variables or {}},
         "resources": {"replicas": 2},
         "failure_policy": {"stop_grace": 5.0, "warm_standby": True, **policy},
@@ -92,3 +93,23 @@ def test_killing_the_trial_stops_its_standby(rig: Rig) -> None:
         2, "CANCELED", True)
     wait_until(lambda: not any(map(is_alive, children(standby_dir))), timeout=30,
                what="the standby to stop")
+
+
+def test_a_promoted_standby_gets_heartbeat_timeout_from_its_promotion(rig: Rig) -> None:
+    """With `harness: true` a rank must check in within heartbeat_timeout of its start; a
+    standby waits in init() by design, so its clock starts when it is promoted. Here the
+    standby waits ~3 s, longer than the 1.5 s timeout, then takes 0.8 s to check in."""
+    job = submit(rig, {"STANDBY_KILL_AFTER": "3", "STANDBY_CHECK_IN_DELAY": "0.8"},
+                 heartbeat_timeout="1500ms")
+    trial = rig.run_to_end(job)
+    assert (trial.state, trial.reason) == ("SUCCEEDED", "OK")
+    found = attempts(rig, job.trial_id)
+    assert [(n, state) for n, state, _, _ in found][:2] == [(1, "FAILED"), (2, "SUCCEEDED")]
+    second = found[1][3]
+    for rank in (0, 1):
+        started = read_json(second / f"rank-{rank}.shim.json")["started_at"]
+        log = (second / f"rank-{rank}.log").read_text()
+        promoted = float(log.split(f"rank {rank} was promoted at ")[1].split()[0])
+        checked_in = float(log.split(f"rank {rank} checked in at ")[1].split()[0])
+        assert promoted - started > 1.5 and checked_in - promoted >= 0.8
+    assert not any(e.reason == "STALLED" for e in trial.events)

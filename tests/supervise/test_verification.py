@@ -131,6 +131,46 @@ def test_checkpoint_check(
     assert found == ([] if expected is None else [expected])
 
 
+# --- verify: check-ins (harness: true) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("checked_in", "world_size", "expected"),
+    [
+        ({0}, 1, (True, "the 1 rank checked in through muster.harness.init()")),
+        ({0, 1, 2}, 3, (True, "all 3 ranks checked in through muster.harness.init()")),
+        ({0, 2}, 3, (False, "rank 1 of attempt 2 never checked in through "
+                            "muster.harness.init(), although the config sets `harness: true`")),
+        (set(), 2, (False, "ranks 0, 1 of attempt 2 never checked in through "
+                           "muster.harness.init(), although the config sets `harness: true`")),
+    ],
+)
+def test_check_in_check(checked_in: set[int], world_size: int,
+                        expected: tuple[bool, str]) -> None:
+    evidence = Evidence(final_attempt=2, checked_in=frozenset(checked_in), checkpoints=(INTACT,))
+    verdict = verify(evidence, VerifyConfig(), None, harness_ranks=world_size)
+    assert [(c.passed, c.detail) for c in verdict.checks if c.name == "check_in"] == [expected]
+    assert verdict.passed is expected[0]
+
+
+def test_declaring_the_harness_requires_a_checkpoint_by_default() -> None:
+    evidence = Evidence(final_attempt=1, checked_in=frozenset({0}))
+    assert not evidence.harness_used
+    verdict = verify(evidence, VerifyConfig(), None, harness_ranks=1)
+    assert [(c.name, c.passed) for c in verdict.checks][:2] == [
+        ("check_in", True), ("checkpoint", False)]
+    assert "check_in" not in [c.name for c in verify(evidence, VerifyConfig(), None).checks]
+
+
+def test_check_ins_are_read_from_the_final_attempt_only(tmp_path: Path) -> None:
+    for attempt, ranks in ((1, (0, 1)), (2, (1,))):
+        (tmp_path / f"attempt-{attempt}").mkdir()
+        for rank in ranks:
+            (tmp_path / f"attempt-{attempt}" / f"rank-{rank}.heartbeat.json").write_text("{}")
+    evidence = gather_evidence(tmp_path, [2, 1])
+    assert (evidence.final_attempt, evidence.checked_in) == (2, frozenset({1}))
+
+
 # --- verify: metrics ----------------------------------------------------------------------
 
 
@@ -430,5 +470,5 @@ def test_harness_used_only_when_a_heartbeat_exists_in_the_given_attempts(
 
 def test_an_empty_run_directory_gives_empty_evidence(tmp_path: Path) -> None:
     evidence = gather_evidence(tmp_path, [1, 2])
-    assert evidence == Evidence()
+    assert evidence == Evidence(final_attempt=2)
     assert verify(evidence, VerifyConfig(), None).passed  # a script without the harness

@@ -49,7 +49,8 @@ def describe(
     if trial.get("verification"):
         render.console.print(render.verification_table(trial["verification"]))
     if trial.get("queue_reason"):
-        render.console.print(f"queued: {trial['queue_reason']}", markup=False)
+        waiting = "queued" if trial["state"] == "QUEUED" else "waiting"
+        render.console.print(f"{waiting}: {trial['queue_reason']}", markup=False)
     render.console.print(render.events_table(trial.get("events", [])))
 
 

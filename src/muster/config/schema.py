@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from muster.config.problems import show_value, validate_config_data
 from muster.config.units import parse_duration, parse_size
@@ -166,6 +166,10 @@ class ExperimentConfig(_Section):
     description: str = ""
     labels: list[str] = Field(default_factory=list)
     entrypoint: list[str] = Field(min_length=1)
+    # The entrypoint calls muster.harness.init() on every rank. muster cannot know that
+    # before the script runs; said here, RUNNING waits for every rank's check-in, a rank
+    # that never checks in is STALLED, and verification expects what the harness records.
+    harness: bool = False
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
@@ -184,6 +188,18 @@ class ExperimentConfig(_Section):
         if not isinstance(value, list):
             raise ValueError(
                 f"must be a command line string or a list of arguments, got {show_value(value)}"
+            )
+        return value
+
+    @field_validator("failure_policy")
+    @classmethod
+    def _standby_needs_harness(cls, value: FailurePolicy, info: ValidationInfo) -> FailurePolicy:
+        if value.warm_standby and info.data.get("harness") is False:
+            raise ValueError(
+                "warm_standby: true needs `harness: true` at the top level: a standby waits "
+                "in muster.harness.init(), and a script that never calls it would run its "
+                "training twice. Call mh.init() on every rank and set `harness: true`, or "
+                "drop warm_standby"
             )
         return value
 

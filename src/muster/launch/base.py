@@ -102,6 +102,7 @@ class ReplicaStatus:
     exit: ExitRecord | None = None
     stop_requested: bool = False
     stop_requested_at: float | None = None  # unix time muster asked it to stop, when known
+    started_at: float | None = None  # unix time the training process started, once it has
 
 
 class Launcher(abc.ABC):

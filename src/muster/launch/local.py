@@ -75,9 +75,12 @@ class LocalLauncher(Launcher):
         if exit_data is not None:
             record = exit_record_from_json(exit_data)
             stop = stop or record.stop_requested
-            return ReplicaStatus(rank, ReplicaPhase.EXITED, shim, child, record, stop, stop_at)
+            return ReplicaStatus(rank, ReplicaPhase.EXITED, shim, child, record, stop, stop_at,
+                                 record.started_at)
         phase = self._live_phase(files, status, shim, alive)
-        return ReplicaStatus(rank, phase, shim, child, None, stop, stop_at)
+        started_at = status.get("started_at") if isinstance(status, dict) else None
+        return ReplicaStatus(rank, phase, shim, child, None, stop, stop_at,
+                             float(started_at) if isinstance(started_at, int | float) else None)
 
     def cancel(self, attempt_dir: Path, rank: int, grace: float | None = None) -> None:
         """Mark the replica stopped and SIGTERM its shim (which runs the grace and SIGKILL).

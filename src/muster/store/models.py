@@ -156,6 +156,7 @@ class Trial(Base):
     manifest: Mapped[dict[str, Any] | None] = mapped_column(NonFiniteJSON, nullable=True)
     verification: Mapped[dict[str, Any] | None] = mapped_column(NonFiniteJSON, nullable=True)
     early_stopped: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Why the trial waits: for free slots while QUEUED, for check-ins while STARTING.
     queue_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     experiment: Mapped[Experiment] = relationship(back_populates="trials")

@@ -3,7 +3,9 @@
 The harness's heartbeat thread rewrites `rank-<r>.heartbeat.json` every few seconds with the
 time of the last *progress* call (docs/run-directory.md). A live thread over a deadlocked
 training loop keeps the file fresh but `progress_time` still; that is what we look at.
-Scripts that never use the harness write no heartbeat file and are never judged stalled.
+Scripts that never use the harness write no heartbeat file and are never judged stalled,
+unless the config declares `harness: true`: then a rank that has not checked in (written its
+first heartbeat) `heartbeat_timeout` after its process started is stalled too.
 """
 
 from __future__ import annotations
@@ -44,3 +46,16 @@ def stall_reason(attempt_dir: Path, rank: int, timeout: float, now: float) -> st
     where = f"step {step}" if step is not None else "its check-in"
     return (f"no progress for {idle:.0f}s (heartbeat_timeout {timeout:g}s); last progress at "
             f"{where}, {since}")
+
+
+def check_in_overdue(waiting_since: float, timeout: float, now: float) -> str | None:
+    """Why a replica that should use the harness counts as stalled before its first
+    check-in, or None while it may still be starting (imports, data loading)."""
+    waited = now - waiting_since
+    if waited < timeout:
+        return None
+    return (f"no check-in {waited:.0f}s after it started (heartbeat_timeout {timeout:g}s): "
+            "the config sets `harness: true`, but this rank has not called "
+            "muster.harness.init(); call it on every rank, raise "
+            "failure_policy.heartbeat_timeout if start-up takes this long, or set "
+            "`harness: false`")

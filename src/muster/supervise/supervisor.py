@@ -42,7 +42,12 @@ from muster.store import Attempt, Experiment, Replica, Store, Trial, record_even
 from muster.store.models import now
 from muster.supervise import verification
 from muster.supervise.disk import disk_shortfall
-from muster.supervise.heartbeats import checked_in, heartbeat_path, stall_reason
+from muster.supervise.heartbeats import (
+    check_in_overdue,
+    checked_in,
+    heartbeat_path,
+    stall_reason,
+)
 from muster.supervise.ingest import ingest_trial
 from muster.supervise.manifest import scan_manifest
 from muster.supervise.policy import Action, Budgets, decide
@@ -99,7 +104,8 @@ class Supervisor:
             ranks = sorted(_current(attempt))
             trial = attempt.trial
             run_dir, stop = Path(attempt.run_dir), trial.stop_requested
-            policy = _config(trial).failure_policy
+            config = _config(trial)
+            policy = config.failure_policy
         self._ingest(trial.id)
         statuses = [self.launcher.describe(run_dir, rank) for rank in ranks]
         if policy.restart_scope == "replica" and not stop:
@@ -121,12 +127,16 @@ class Supervisor:
             elif winding_down and not status.stop_requested:
                 self.launcher.cancel(run_dir, status.rank, grace)
             elif status.phase is ReplicaPhase.RUNNING and not winding_down:
-                self._check_progress(attempt_id, run_dir, status.rank,
-                                     policy.heartbeat_timeout)
-        if all(_started(status) for status in statuses):
-            self._mark_running(attempt_id, statuses)
+                self._check_progress(attempt_id, run_dir, status, policy.heartbeat_timeout,
+                                     config.harness)
+        # With `harness: true`, RUNNING waits for every rank's check-in as well.
+        waiting = _not_checked_in(run_dir, statuses) if config.harness else []
+        if all(_started(status) for status in statuses) and not waiting:
+            self._mark_running(attempt_id, statuses, config.harness)
             if policy.warm_standby:
                 self._ensure_standby(attempt_id)
+        elif waiting:
+            self._note_check_ins(attempt_id, statuses, waiting)
         if all(st.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST) for st in statuses):
             self._finish_attempt(attempt_id, statuses)
 
@@ -172,13 +182,23 @@ class Supervisor:
             restarted.shim_pid, restarted.shim_start_ticks = shim.pid, shim.start_ticks
         return self.launcher.describe(run_dir, status.rank)
 
-    def _check_progress(self, attempt_id: int, run_dir: Path, rank: int, timeout: float) -> None:
+    def _check_progress(self, attempt_id: int, run_dir: Path, status: ReplicaStatus,
+                        timeout: float, harness: bool) -> None:
         """Stop a replica that checked in through the harness but has made no progress for
-        `heartbeat_timeout`; the marker makes its end STALLED, not STOPPED."""
+        `heartbeat_timeout`, or that should have checked in (`harness: true`) and has not
+        within `heartbeat_timeout` of starting; the marker makes its end STALLED, not
+        STOPPED."""
+        rank = status.rank
         marker = _stall_marker(run_dir, rank)
         if marker.exists():
             return
-        why = stall_reason(run_dir, rank, timeout, time.time())
+        now = time.time()
+        if checked_in(run_dir, rank):
+            why = stall_reason(run_dir, rank, timeout, now)
+        elif harness and (since := _waiting_since(run_dir, status)) is not None:
+            why = check_in_overdue(since, timeout, now)
+        else:
+            why = None
         if why is None:
             return
         atomic_write_json(marker, {"reason": why, "time": time.time()})
@@ -196,8 +216,10 @@ class Supervisor:
         except OSError as exc:
             log.error("could not read the run directory of trial %s: %s", trial_id, exc)
 
-    def _mark_running(self, attempt_id: int, statuses: list[ReplicaStatus]) -> None:
-        """RUNNING once every replica's training process has started."""
+    def _mark_running(self, attempt_id: int, statuses: list[ReplicaStatus],
+                      harness: bool) -> None:
+        """RUNNING once every replica's training process has started (and, with
+        `harness: true`, checked in)."""
         with self.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
             by_rank = {status.rank: status for status in statuses}
@@ -206,7 +228,27 @@ class Supervisor:
                     _note_process(replica, by_rank[rank])
             if attempt.state != AttemptState.STARTING.value:
                 return
-            self._mark_started(s, attempt, _started_message(len(statuses)))
+            attempt.trial.queue_reason = None  # it waits no more
+            self._mark_started(s, attempt, _started_message(len(statuses), harness))
+
+    def _note_check_ins(self, attempt_id: int, statuses: list[ReplicaStatus],
+                      waiting: list[int]) -> None:
+        """Say on a STARTING trial which ranks it waits for (written when that changes)."""
+        started = sum(map(_started, statuses))
+        ended = [st.rank for st in statuses if st.rank in waiting
+                 and st.phase is not ReplicaPhase.RUNNING]
+        running = [rank for rank in waiting if rank not in ended]
+        parts = [f"waiting for {_ranks(running)} to check in through muster.harness.init()"
+                 ] if running else []
+        parts += [f"{_ranks(ended)} ended without checking in"] if ended else []
+        reason = (f"{'; '.join(parts)} ({started} of {_count_of(len(statuses), 'replica')} "
+                  "started)")
+        with self.store.session_scope() as s:
+            attempt = s.get_one(Attempt, attempt_id)
+            trial = attempt.trial
+            if (attempt.state == AttemptState.STARTING.value and not attempt.standby
+                    and trial.queue_reason != reason):
+                trial.queue_reason = reason
 
     def _mark_started(self, s: Session, attempt: Attempt, message: str) -> None:
         transition(s, attempt, AttemptState.RUNNING, reason="started", actor=ACTOR,
@@ -239,8 +281,10 @@ class Supervisor:
             end = _ATTEMPT_END.get(cause.reason, AttemptState.FAILED)
             if attempt.state == AttemptState.STARTING.value and any(map(_started, statuses)):
                 # It ran, but ended before every replica had started (the primary finished
-                # while a peer was still starting, and muster stopped the peer).
-                self._mark_started(s, attempt, "ended before every replica had started")
+                # while a peer was still starting, and muster stopped the peer), or, with
+                # `harness: true`, before every one had checked in.
+                self._mark_started(s, attempt, "ended before every replica had "
+                                   + ("checked in" if _config(trial).harness else "started"))
             transition(
                 s, attempt, end, reason=cause.reason.value, actor=ACTOR, message=cause.message
             )
@@ -303,7 +347,7 @@ class Supervisor:
         free = self.slots - self.slots_in_use()
         for position, (trial_id, needed) in enumerate(queued):
             if needed > free:
-                self._note_waiting(queued[position:], free)
+                self._note_queued(queued[position:], free)
                 return
             self.start_attempt(trial_id)
             free -= needed
@@ -315,7 +359,7 @@ class Supervisor:
             return sum(_replicas(t) for t in s.scalars(
                 select(Trial).where(Trial.state.in_(_HOLDING_SLOT))))
 
-    def _note_waiting(self, waiting: list[tuple[int, int]], free: int) -> None:
+    def _note_queued(self, waiting: list[tuple[int, int]], free: int) -> None:
         with self.store.session_scope() as s:
             for position, (trial_id, needed) in enumerate(waiting, start=1):
                 trial = s.get_one(Trial, trial_id)
@@ -393,11 +437,9 @@ class Supervisor:
                     or trial.state != TrialState.RUNNING.value
                     or _standby_of(trial) is not None):
                 return
-            # Only for a script that checked in through the harness: one that never calls
-            # init() would not wait there, and its standby would run the training twice.
-            run_dir = Path(attempt.run_dir)
-            if not all(checked_in(run_dir, rank) for rank in _current(attempt)):
-                return
+            # Called once every rank checked in: the config requires `harness: true` with a
+            # standby (one that never calls init() would not wait there, and its standby
+            # would run the training twice).
             number = len(trial.attempts) + 1
             world_size = _replicas(trial)
             attempt_dir = self.home.attempt_dir(trial.uuid, number)
@@ -626,8 +668,33 @@ def _started(status: ReplicaStatus) -> bool:
             and status.exit.pid is not None)
 
 
-def _started_message(world_size: int) -> str:
-    return "started" if world_size == 1 else f"all {world_size} replicas started"
+def _started_message(world_size: int, harness: bool) -> str:
+    started = "started" if world_size == 1 else f"all {world_size} replicas started"
+    return f"{started} and checked in" if harness else started
+
+
+def _not_checked_in(attempt_dir: Path, statuses: list[ReplicaStatus]) -> list[int]:
+    """The ranks whose training process started (it may have ended since) but has not
+    checked in through the harness."""
+    return [status.rank for status in statuses
+            if _started(status) and not checked_in(attempt_dir, status.rank)]
+
+
+def _waiting_since(attempt_dir: Path, status: ReplicaStatus) -> float | None:
+    """Since when a running replica is expected to check in: its start, or, for a warm
+    standby, its promotion (it waits in init() by design until then)."""
+    if status.started_at is None:
+        return None
+    go = attempt_dir / f"rank-{status.rank}.{STANDBY_GO}"
+    try:
+        return max(status.started_at, go.stat().st_mtime)
+    except FileNotFoundError:
+        return status.started_at
+
+
+def _ranks(ranks: list[int]) -> str:
+    return (f"rank {ranks[0]}" if len(ranks) == 1
+            else f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}")
 
 
 def _note_process(replica: Replica, status: ReplicaStatus) -> None:
@@ -635,7 +702,7 @@ def _note_process(replica: Replica, status: ReplicaStatus) -> None:
         replica.pid, replica.start_ticks = status.child.pid, status.child.start_ticks
     elif status.exit is not None:
         replica.pid, replica.start_ticks = status.exit.pid, status.exit.start_ticks
-    replica.started_at = status.exit.started_at if status.exit else None
+    replica.started_at = status.started_at
 
 
 def _ended_cleanly(record: ExitRecord) -> bool:
@@ -720,13 +787,15 @@ def _stall_marker(attempt_dir: Path, rank: int) -> Path:
 def _judge_success(s: Session, trial: Trial, verdict: Classification) -> None:
     """Exit 0 is not success until every configured check passed (invariant 1)."""
     config = _config(trial)
-    attempts = [a.number for a in trial.attempts]
+    # A warm standby, waiting or dropped, ran none of the training: it is no evidence.
+    attempts = [a.number for a in trial.attempts if not a.standby]
     run_dir = Path(trial.attempts[-1].run_dir).parent
     manifest_count = (trial.manifest or {}).get("file_count")
     result = verification.verify(
         verification.gather_evidence(run_dir, attempts),
         config.verify,
         manifest_count,
+        harness_ranks=config.resources.replicas if config.harness else None,
     )
     trial.verification = result.to_json()
     if result.passed:

@@ -79,6 +79,8 @@ class Evidence:
     first_unreadable_metric_line: str | None = None  # "attempt-1/rank-0.metrics.jsonl:17"
     checkpoints: tuple[CheckpointInfo, ...] = ()
     harness_used: bool = False
+    final_attempt: int | None = None
+    checked_in: frozenset[int] = frozenset()  # ranks of the final attempt that checked in
 
 
 @dataclass(frozen=True)
@@ -104,13 +106,22 @@ class Verdict:
 # --- the decision -------------------------------------------------------------------------
 
 
-def verify(evidence: Evidence, config: VerifyConfig, manifest_file_count: int | None) -> Verdict:
-    """Judge `evidence`; the verdict passes only if every check that applies passed."""
+def verify(
+    evidence: Evidence, config: VerifyConfig, manifest_file_count: int | None,
+    harness_ranks: int | None = None,
+) -> Verdict:
+    """Judge `evidence`; the verdict passes only if every check that applies passed.
+
+    `harness_ranks` is the world size when the config declares `harness: true` (every rank
+    of the final attempt must then have checked in), None when it does not.
+    """
     expected = (config.expected_samples if config.expected_samples is not None
                 else manifest_file_count)
-    require_checkpoint = (evidence.harness_used if config.require_checkpoint is None
+    harness = evidence.harness_used or harness_ranks is not None
+    require_checkpoint = (harness if config.require_checkpoint is None
                           else config.require_checkpoint)
     checks = [
+        _check_check_ins(evidence, harness_ranks) if harness_ranks is not None else None,
         _check_samples(evidence, expected, config.samples_tolerance) if expected is not None
         else None,
         _check_checkpoint(evidence.checkpoints) if require_checkpoint else None,
@@ -139,6 +150,21 @@ def _check_samples(evidence: Evidence, expected: int, tolerance: float) -> Check
     epochs = _plural(len(evidence.samples_by_epoch), "epoch")
     return Check("samples", True,
                  f"{epochs}, each within {_tolerance_text(tolerance)} of {expected:,}")
+
+
+def _check_check_ins(evidence: Evidence, world_size: int) -> Check:
+    """With `harness: true`, every rank of the attempt that finished called init(): one
+    that did not reported no samples, metrics or checkpoints, whatever it trained."""
+    missing = [rank for rank in range(world_size) if rank not in evidence.checked_in]
+    ranks = _plural(world_size, "rank")
+    if not missing:
+        return Check("check_in", True, f"{'the' if world_size == 1 else 'all'} {ranks} "
+                                       "checked in through muster.harness.init()")
+    which = (f"rank {missing[0]}" if len(missing) == 1
+             else "ranks " + ", ".join(map(str, missing)))
+    return Check("check_in", False,
+                 f"{which} of attempt {evidence.final_attempt} never checked in through "
+                 "muster.harness.init(), although the config sets `harness: true`")
 
 
 def _check_checkpoint(checkpoints: Sequence[CheckpointInfo]) -> Check:
@@ -236,6 +262,10 @@ def gather_evidence(run_dir: Path, attempts: Sequence[int]) -> Evidence:
         first_unreadable_metric_line=metrics.first_unreadable,
         checkpoints=tuple(_read_checkpoints(run_dir / "checkpoints")),
         harness_used=any(_rank_files(run_dir, n, "heartbeat.json") for n in ordered),
+        final_attempt=ordered[-1] if ordered else None,
+        checked_in=frozenset(rank for rank, _ in _rank_files(run_dir, ordered[-1],
+                                                             "heartbeat.json"))
+        if ordered else frozenset(),
     )
 
 
