@@ -19,6 +19,7 @@ import first_log
 import harness_overhead
 import ingest
 import manifest_scan
+import queue_throughput
 import recovery
 import replicas
 import tail
@@ -36,6 +37,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "ingest": ingest.run,
     "replicas": replicas.run,
     "recovery": recovery.run,
+    "queue": queue_throughput.run,
 }
 
 

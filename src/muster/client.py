@@ -99,6 +99,24 @@ class Client:
     def cluster_status(self) -> dict[str, Any]:
         return self._json("GET", "/cluster")  # type: ignore[no-any-return]
 
+    def list_jobs(self) -> list[dict[str, Any]]:
+        """Trials that run or wait: those holding resources, then the queue in its order,
+        then paused ones; `{trial_id, experiment_id, experiment_name, state, priority,
+        replicas, gpus_per_replica, gpu_type, gpus, queue_reason}`."""
+        return self._json("GET", "/jobs")  # type: ignore[no-any-return]
+
+    def set_trial_priority(self, trial_id: int, priority: int) -> dict[str, Any]:
+        """Give a trial that has not ended a new priority (1-99, lower runs first)."""
+        return self._json(  # type: ignore[no-any-return]
+            "POST", f"/trials/{trial_id}/priority", json={"priority": priority}
+        )
+
+    def set_experiment_priority(self, experiment_id: int, priority: int) -> dict[str, Any]:
+        """Give an experiment's trials that have not ended, and its future ones, a priority."""
+        return self._json(  # type: ignore[no-any-return]
+            "POST", f"/experiments/{experiment_id}/priority", json={"priority": priority}
+        )
+
     def list_experiments(self) -> list[dict[str, Any]]:
         return self._json("GET", "/experiments")  # type: ignore[no-any-return]
 
@@ -108,6 +126,16 @@ class Client:
     def kill_experiment(self, experiment_id: int) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]
             "POST", f"/experiments/{experiment_id}/kill"
+        )
+
+    def pause_experiment(self, experiment_id: int) -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            "POST", f"/experiments/{experiment_id}/pause"
+        )
+
+    def activate_experiment(self, experiment_id: int) -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            "POST", f"/experiments/{experiment_id}/activate"
         )
 
     def get_trial(self, trial_id: int) -> dict[str, Any]:

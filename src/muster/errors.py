@@ -10,7 +10,7 @@ class MusterError(Exception):
 
 
 class ConfigError(MusterError):
-    """An experiment config is invalid; the message names the key path and the fix."""
+    """A config (experiment or cluster) is invalid; the message names the key path and the fix."""
 
     http_status = 422
 
@@ -51,6 +51,12 @@ class LaunchError(MusterError):
     """muster itself could not start a process (spawn error, disk full at launch)."""
 
     http_status = 500
+
+
+class GpuError(MusterError):
+    """A GPU could not be read (NVML failed, a fake GPU's file is bad); the message names it."""
+
+    http_status = 503
 
 
 class ServerUnavailable(MusterError):

@@ -46,6 +46,16 @@ class Home:
         return self.root / "server.json"
 
     @property
+    def cluster_config_path(self) -> Path:
+        """The cluster config `muster up` reads when not given `--cluster-config`."""
+        return self.root / "cluster.yaml"
+
+    @property
+    def fake_gpus_dir(self) -> Path:
+        """Where a fake GPU inventory keeps each GPU's used memory (`<index>/used_bytes`)."""
+        return self.root / "fake-gpus"
+
+    @property
     def runs_dir(self) -> Path:
         return self.root / "runs"
 

@@ -225,10 +225,6 @@ _UNSUPPORTED = "not supported by this version of muster yet; remove it"
 @pytest.mark.parametrize(
     ("body", "problem"),
     [
-        (
-            "resources: {replicas: 2, gpus_per_replica: 1}",
-            f"resources.gpus_per_replica: this setting is {_UNSUPPORTED}",
-        ),
         ("hyperparameters: {lr: 0.1}", f"hyperparameters: this section is {_UNSUPPORTED}"),
         ("searcher: {name: single}", f"searcher: this section is {_UNSUPPORTED}"),
         (
@@ -390,6 +386,34 @@ def test_the_harness_declaration_defaults_to_false_and_allows_a_standby() -> Non
                          "failure_policy: {warm_standby: true}\n")
     assert config.harness and config.failure_policy.warm_standby
     assert type(config).from_json_dict(config.to_json_dict()) == config
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("resources: {gpu_type: a100}",
+         "resources.gpu_type: is 'a100', but resources.gpus_per_replica is 0: set how many GPUs "
+         "each replica needs, or leave gpu_type out"),
+        ("resources: {replicas: 4, max_slots: 2}",
+         "resources.max_slots: is 2, fewer than one trial's 4 replicas: no trial could ever "
+         "start; raise it or lower resources.replicas"),
+        ("resources: {priority: 0}", "resources.priority: must be >= 1, got 0"),
+        ("resources: {priority: 100}", "resources.priority: must be <= 99, got 100"),
+        ("resources: {gpus_per_replica: -1}", "resources.gpus_per_replica: must be >= 0, got -1"),
+    ],
+)
+def test_scheduling_resources_are_checked(body: str, problem: str) -> None:
+    assert one_problem(body) == problem
+
+
+def test_scheduling_resources_default_and_normalise() -> None:
+    plain = load_config("name: x\nentrypoint: t\n").resources
+    assert (plain.gpus_per_replica, plain.gpu_type, plain.max_slots, plain.priority) == (
+        0, None, None, 42)
+    asked = load_config("name: x\nentrypoint: t\nresources: {replicas: 2, gpus_per_replica: "
+                        "2, gpu_type: A100, max_slots: 4, priority: 5}\n").resources
+    assert (asked.gpus_per_replica, asked.gpu_type, asked.max_slots, asked.priority) == (
+        2, "a100", 4, 5)
 
 
 def test_data_and_verify_sections_normalise() -> None:

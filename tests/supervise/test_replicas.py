@@ -185,8 +185,8 @@ def test_a_trial_larger_than_the_server_says_so(rig: Rig) -> None:
         trial = s.get_one(Trial, job.trial_id)
         assert trial.state == "QUEUED"
         assert trial.queue_reason == (
-            "needs 3 slots for its replicas, but this server has 2; raise `muster up --slots` "
-            "or lower resources.replicas")
+            "needs 3 slots for its replicas, but this server has 2; raise `slots` in the "
+            "cluster config (or `muster up --slots`), or lower resources.replicas")
 
 
 def test_restart_scope_replica_restarts_only_the_failed_rank_then_the_trial(rig: Rig) -> None:

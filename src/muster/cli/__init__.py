@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from muster.cli import checkpoint, cluster, experiment, server, trial
+from muster.cli import checkpoint, cluster, experiment, job, server, trial
 from muster.errors import MusterError
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ app.add_typer(trial.app, name="trial")
 app.add_typer(trial.app, name="t", hidden=True)
 app.add_typer(checkpoint.app, name="checkpoint")
 app.add_typer(cluster.app, name="cluster")
+app.add_typer(job.app, name="job")
 
 
 def main() -> None:

@@ -1,8 +1,11 @@
-"""`muster cluster status`: slots, queue and the disk guard of the server."""
+"""`muster cluster status`: slots, GPUs, the queue, trials and disk of the server."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from muster.cli import render
@@ -14,7 +17,7 @@ app = typer.Typer(help="The server's resources.", no_args_is_help=True)
 
 @app.command()
 def status(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
-    """Show slots in use, queued and SUSPECT trials, and free disk against the guard."""
+    """Show slots in use, the GPUs and who holds them, trials by state, and free disk."""
     with client(home, url) as c:
         info = c.cluster_status()
     if as_json:
@@ -26,3 +29,36 @@ def status(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption 
                   str(info["suspect"]), format_size(info["free_disk_bytes"]), guard)
     render.console.print(table)
     render.console.print(info["disk_message"], markup=False)
+    render.console.print(f"trials: {_trial_counts(info['trial_counts'])}", markup=False)
+    render.console.print(info["gpu_note"], markup=False)
+    if info["gpus"]:
+        render.console.print(gpus_table(info["gpus"]))
+    for gpu in info["gpus"]:
+        if gpu["memory_error"]:
+            render.console.print(f"GPU {gpu['index']}: {gpu['memory_error']}", markup=False)
+    render.console.print(filesystems_table(info["filesystems"]))
+
+
+def _trial_counts(counts: dict[str, int]) -> str:
+    shown = [f"{n} {state}" for state, n in counts.items() if n]
+    return ", ".join(shown) or "none"
+
+
+def gpus_table(gpus: list[dict[str, Any]]) -> Table:
+    table = Table("GPU", "Name", "Type", "Memory used", "State", "Trial")
+    for gpu in gpus:
+        total = format_size(gpu["memory_total_bytes"])
+        used = gpu["memory_used_bytes"]
+        memory = f"{format_size(used) if used is not None else '[red]unreadable[/]'} / {total}"
+        trial = "-" if gpu["trial_id"] is None else str(gpu["trial_id"])
+        table.add_row(str(gpu["index"]), escape(gpu["name"]), escape(gpu["type"]), memory,
+                      gpu["state"], trial)
+    return table
+
+
+def filesystems_table(filesystems: list[dict[str, Any]]) -> Table:
+    table = Table("File system of", "Free", "Total")
+    for fs in filesystems:
+        table.add_row(escape(", ".join(fs["paths"])), format_size(fs["free_bytes"]),
+                      format_size(fs["total_bytes"]))
+    return table

@@ -104,3 +104,36 @@ def kill(
     else:
         render.console.print(f"experiment {experiment_id}: kill requested; "
                              "running trials get SIGTERM, then SIGKILL after the grace period")
+
+
+@app.command()
+def pause(
+    experiment_id: int, as_json: JsonOption = False, home: HomeOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Pause an experiment: running trials get SIGTERM (they can checkpoint), free their
+    resources and wait PAUSED; `muster experiment activate` resumes them."""
+    with client(home, url) as c:
+        exp = c.pause_experiment(experiment_id)
+    if as_json:
+        render.print_json(exp)
+    else:
+        render.console.print(f"experiment {experiment_id}: pausing; running trials get "
+                             "SIGTERM and stop at their next checkpoint or after the grace "
+                             "period")
+
+
+@app.command()
+def activate(
+    experiment_id: int, as_json: JsonOption = False, home: HomeOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Resume a paused experiment: its trials go back to the queue and resume from their
+    latest checkpoints."""
+    with client(home, url) as c:
+        exp = c.activate_experiment(experiment_id)
+    if as_json:
+        render.print_json(exp)
+    else:
+        render.console.print(f"experiment {experiment_id}: active; its paused trials are "
+                             "back in the queue")

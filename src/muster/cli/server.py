@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
 
@@ -36,16 +37,23 @@ def up(
     db: Annotated[str | None, typer.Option(
         "--db", envvar="MUSTER_DB", help="database URL (default: SQLite in the home)")] = None,
     slots: Annotated[int | None, typer.Option(
-        help="trials that may run at once (default: CPU count)")] = None,
-    min_free_disk: Annotated[str, typer.Option(
-        help="launch nothing new while the run directories' disk has less free")] = "5GiB",
+        help="replicas without GPUs that may run at once (default: the cluster config's "
+             "`slots`, else the CPU count)")] = None,
+    min_free_disk: Annotated[str | None, typer.Option(
+        help="launch nothing new while the run directories' disk has less free (default: "
+             "the cluster config's `min_free_disk`, else 5GiB)")] = None,
+    cluster_config: Annotated[str | None, typer.Option(
+        "--cluster-config", help="the cluster config: slots, GPUs, disk guard, preemption "
+        "(default: $MUSTER_HOME/cluster.yaml when it exists)")] = None,
     detach: Annotated[bool, typer.Option(help="run in the background")] = False,
 ) -> None:
     """Start the muster server (and its supervisor) on this machine."""
     from muster.server.app import ServerSettings
 
     where = Home.resolve(home).ensure()
-    settings = ServerSettings(db, slots, _size(min_free_disk))
+    settings = ServerSettings(db, slots, _size(min_free_disk) if min_free_disk else None,
+                              str(Path(cluster_config).resolve()) if cluster_config else None)
+    settings.cluster(where)  # a bad cluster config stops here, with every problem named
     _refuse_second_server(where)
     if detach:
         _start_detached(where, host, port, settings)
@@ -107,9 +115,12 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
 
 def _start_detached(home: Home, host: str, port: int, settings: ServerSettings) -> None:
     argv = [sys.executable, "-m", "muster", "up", "--home", str(home.root), "--host", host,
-            "--port", str(port), "--min-free-disk", str(settings.min_free_disk)]
+            "--port", str(port)]
     argv += ["--db", settings.db_url] if settings.db_url else []
     argv += ["--slots", str(settings.slots)] if settings.slots else []
+    argv += ([] if settings.min_free_disk is None
+             else ["--min-free-disk", str(settings.min_free_disk)])
+    argv += ["--cluster-config", settings.cluster_config] if settings.cluster_config else []
     log_path = home.root / "server.log"
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     with open(log_path, "ab") as server_log:

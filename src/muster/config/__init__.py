@@ -1,5 +1,11 @@
-"""Experiment configs: the schema, YAML loading, and errors that name the key path."""
+"""Experiment and cluster configs: schemas, YAML loading, errors that name the key path."""
 
+from muster.config.cluster import (
+    ClusterConfig,
+    FakeGpuConfig,
+    GpuReleaseConfig,
+    load_cluster_config,
+)
 from muster.config.loading import load_config, load_config_file
 from muster.config.schema import (
     DataConfig,
@@ -13,13 +19,17 @@ from muster.config.schema import (
 from muster.config.units import parse_duration, parse_size
 
 __all__ = [
+    "ClusterConfig",
     "DataConfig",
     "EnvironmentConfig",
     "ExperimentConfig",
     "FailurePolicy",
+    "FakeGpuConfig",
+    "GpuReleaseConfig",
     "ManifestConfig",
     "ResourcesConfig",
     "VerifyConfig",
+    "load_cluster_config",
     "load_config",
     "load_config_file",
     "parse_duration",

@@ -16,7 +16,7 @@ from muster.config.problems import config_error, show_value, validate_config_dat
 from muster.config.schema import ExperimentConfig
 from muster.errors import ConfigError
 
-__all__ = ["load_config", "load_config_file"]
+__all__ = ["load_config", "load_config_file", "parse_yaml", "read_config_text"]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -47,7 +47,7 @@ def load_config(text: str, source: str = "<config>") -> ExperimentConfig:
     Raises:
         ConfigError: invalid YAML, or every validation problem, one per line.
     """
-    data = _parse_yaml(text, source)
+    data = parse_yaml(text, source)
     if not isinstance(data, dict):
         raise config_error(source, [f"(top level): {_not_a_mapping(data)}"])
     return validate_config_data(ExperimentConfig, data, source)
@@ -60,16 +60,30 @@ def load_config_file(path: str | os.PathLike[str]) -> ExperimentConfig:
         ConfigError: the file cannot be read, or its config is invalid.
     """
     source = os.fspath(path)
+    return load_config(read_config_text(source), source=source)
+
+
+def read_config_text(source: str, what: str = "config") -> str:
+    """The UTF-8 text of the config file `source`.
+
+    Raises:
+        ConfigError: the file cannot be read ("cannot read the {what} file ...") or is not
+            UTF-8 text.
+    """
     try:
-        text = Path(source).read_text(encoding="utf-8")
+        return Path(source).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read the config file {source}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read the {what} file {source}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    return load_config(text, source=source)
 
 
-def _parse_yaml(text: str, source: str) -> object:
+def parse_yaml(text: str, source: str) -> object:
+    """The data in the YAML document `text`: safe types only, no key given twice.
+
+    Raises:
+        ConfigError: invalid YAML, naming `source`, the line and the column.
+    """
     try:
         return yaml.load(text, Loader=_StrictSafeLoader)  # a SafeLoader: no Python objects
     except yaml.MarkedYAMLError as exc:

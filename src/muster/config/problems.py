@@ -42,8 +42,13 @@ _BOUNDS = {
 }
 
 
-def validate_config_data(model: type[ModelT], data: object, source: str) -> ModelT:
+def validate_config_data(
+    model: type[ModelT], data: object, source: str, what: str = "experiment config"
+) -> ModelT:
     """Validate plain data (parsed YAML or stored JSON) into `model`.
+
+    Args:
+        what: the kind of config, for the error's header ("invalid cluster config:").
 
     Raises:
         ConfigError: listing every problem, one `<key path>: <problem>` line each.
@@ -51,13 +56,16 @@ def validate_config_data(model: type[ModelT], data: object, source: str) -> Mode
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise config_error(source, [describe_error(e, model) for e in exc.errors()]) from None
+        problems = [describe_error(e, model) for e in exc.errors()]
+        raise config_error(source, problems, what) from None
 
 
-def config_error(source: str, problems: Iterable[str]) -> ConfigError:
+def config_error(
+    source: str, problems: Iterable[str], what: str = "experiment config"
+) -> ConfigError:
     """One ConfigError for all problems, so a person fixes them in one go, not one per run."""
     unique = list(dict.fromkeys(problems))
-    return ConfigError("\n".join([f"{source}: invalid experiment config:", *unique]))
+    return ConfigError("\n".join([f"{source}: invalid {what}:", *unique]))
 
 
 def key_path(loc: Sequence[int | str]) -> str:

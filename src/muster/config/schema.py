@@ -117,16 +117,42 @@ MAX_REPLICAS = 64
 MIN_MEMORY_LIMIT = 1 << 20
 
 
-class ResourcesConfig(_Section):
-    """What each trial runs on: how many replicas (ranks) start and stop together, and how
-    much memory each replica's processes may use together (bytes; None: no limit)."""
+MIN_PRIORITY, DEFAULT_PRIORITY, MAX_PRIORITY = 1, 42, 99
+MAX_GPUS_PER_REPLICA = 64
 
-    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset(
-        {"gpus_per_replica", "gpu_type", "max_slots"}
-    )
+
+class ResourcesConfig(_Section):
+    """What each trial runs on: how many replicas (ranks) start and stop together, how much
+    memory each replica's processes may use together (bytes; None: no limit), how many GPUs
+    each replica gets (of which type), the experiment's cap on replicas running at once,
+    and its place in the queue (priority 1-99, lower runs first, as in Determined)."""
 
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
     memory_limit: int | None = None
+    gpus_per_replica: int = Field(default=0, ge=0, le=MAX_GPUS_PER_REPLICA)
+    gpu_type: str | None = Field(default=None, min_length=1)
+    max_slots: int | None = Field(default=None, ge=1)
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY)
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _lower(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """Types compare case-insensitively: `A100` and `a100` are one type."""
+        if value is None:
+            return None
+        if info.data.get("gpus_per_replica") == 0:
+            raise ValueError(f"is {value!r}, but resources.gpus_per_replica is 0: set how many "
+                             "GPUs each replica needs, or leave gpu_type out")
+        return value.strip().lower()
+
+    @field_validator("max_slots")
+    @classmethod
+    def _fits_one_trial(cls, value: int | None, info: ValidationInfo) -> int | None:
+        replicas = info.data.get("replicas")
+        if value is not None and isinstance(replicas, int) and value < replicas:
+            raise ValueError(f"is {value}, fewer than one trial's {replicas} replicas: no "
+                             "trial could ever start; raise it or lower resources.replicas")
+        return value
 
     @field_validator("memory_limit", mode="before")
     @classmethod

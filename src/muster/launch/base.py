@@ -47,6 +47,9 @@ class ReplicaSpec:
     stop_grace: float = 30.0
     memory_limit: int | None = None  # bytes, for the replica's whole process group
     memory_enforcement: MemoryEnforcement = "auto"
+    # The process (pid, start ticks) the shim sends SIGUSR1 once the exit record is written,
+    # so that it notices the end at once; None: nobody, it polls.
+    notify: tuple[int, int] | None = None
 
     @property
     def log_path(self) -> Path:

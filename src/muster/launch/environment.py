@@ -25,6 +25,9 @@ class ReplicaContext:
     latest_checkpoint: Path | None = None
     heartbeat_timeout: float | None = None
     incarnation: int = 0  # restarts in place of this rank within the attempt
+    # The GPU indices allocated to this replica; () for none on a server that schedules
+    # GPUs (the replica then sees no GPU); None where muster schedules no GPUs at all.
+    gpus: tuple[int, ...] | None = None
 
 
 def build_env(
@@ -61,6 +64,11 @@ def build_env(
         env["MUSTER_LATEST_CHECKPOINT"] = str(ctx.latest_checkpoint)
     else:
         env.pop("MUSTER_LATEST_CHECKPOINT", None)
+    if ctx.gpus is not None:
+        # NVML numbers GPUs in PCI bus order; CUDA by default fastest first. The same order
+        # for both, so index i here is GPU i in `muster cluster status`.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ctx.gpus))
     env["PATH"] = _path_with_interpreter_first(env.get("PATH", ""))
     return env
 

@@ -7,6 +7,7 @@ attempt directory and process identities alone.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -45,9 +46,14 @@ class LocalLauncher(Launcher):
     def __init__(self) -> None:
         self._shims: dict[tuple[Path, int], subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
+        # Set once this process handles SIGUSR1: shims started from then on send it when
+        # their replica has ended (`ReplicaSpec.notify`), so it need not wait for a poll.
+        self.notify: ProcessIdentity | None = None
 
     def submit(self, spec: ReplicaSpec) -> ProcessIdentity:
         """Write the spec, start its shim, record the shim's identity; returns that identity."""
+        if self.notify is not None and spec.notify is None:
+            spec = dataclasses.replace(spec, notify=(self.notify.pid, self.notify.start_ticks))
         files = ReplicaFiles(spec.attempt_dir, spec.rank)
         where = f"rank {spec.rank} of trial {spec.trial_uuid} attempt {spec.attempt}"
         try:

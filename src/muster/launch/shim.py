@@ -40,7 +40,7 @@ from typing import Any, cast, get_args
 from muster.atomic import atomic_write_json, read_json
 from muster.errors import LaunchError
 from muster.launch.base import ExitRecord, MemoryEnforcement, ProcessIdentity, ReplicaSpec
-from muster.launch.identity import group_members, own_identity, read_identity
+from muster.launch.identity import group_members, own_identity, read_identity, send_signal
 from muster.launch.memory import MemoryGuard, MemoryReport, open_memory_guard
 from muster.sizes import format_size
 
@@ -118,6 +118,7 @@ def spec_to_json(spec: ReplicaSpec) -> dict[str, Any]:
     data = dataclasses.asdict(spec)
     data["cwd"] = str(spec.cwd)
     data["attempt_dir"] = str(spec.attempt_dir)
+    data["notify"] = list(spec.notify) if spec.notify else None
     return data
 
 
@@ -135,7 +136,17 @@ def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
         # Specs written before memory limits existed have neither key.
         memory_limit=None if data.get("memory_limit") is None else int(data["memory_limit"]),
         memory_enforcement=_enforcement(data.get("memory_enforcement", "auto")),
+        notify=_notify_target(data.get("notify")),
     )
+
+
+def _notify_target(value: object) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        return value[0], value[1]
+    raise ValueError(f"notify must be [pid, start_ticks] or null, got {value!r}")
 
 
 def _enforcement(value: object) -> MemoryEnforcement:
@@ -266,10 +277,22 @@ class LogPump:
         self.eof = False
         self.lost_bytes = 0
         self._index_failed = False
+        self._exit_fd: int | None = None
+
+    def wake_on_exit(self, pidfd: int | None) -> None:
+        """Also wake `pump_once` when `pidfd` turns readable (the child exited), so that an
+        exit is seen at once, not after a poll timeout; None stops watching it."""
+        if self._exit_fd is not None:
+            self._poller.unregister(self._exit_fd)
+        self._exit_fd = pidfd
+        if pidfd is not None:
+            self._poller.register(pidfd, select.POLLIN)
 
     def pump_once(self, timeout_ms: int) -> int:
-        """Wait up to `timeout_ms` for output and copy one chunk; returns the bytes taken."""
-        if not self._poller.poll(timeout_ms) or self.eof:
+        """Wait up to `timeout_ms` for output and copy one chunk; returns the bytes taken
+        (0 also when only the watched exit woke it)."""
+        events = self._poller.poll(timeout_ms)
+        if self.eof or not any(fd == self._read_fd for fd, _ in events):
             return 0
         stamp = time.time()
         n = os.readv(self._read_fd, [self._buf])
@@ -332,6 +355,15 @@ class LogPump:
             if self.pump_once(POLL_MS):
                 last_data = time.monotonic()
         return True
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for the child (Linux 5.3+), readable once it exits; None where there is none
+    (the loop then notices the exit within a poll timeout)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _open_append(path: Path) -> int:
@@ -515,11 +547,18 @@ class Shim:
         WNOWAIT leaves the child a zombie, so its pid and process group stay reserved until
         `_reap`: signalling the group can never hit a process that reused the number.
         """
-        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-            self._enforce_stop(pid)
-            self._enforce_memory(pid)
-            pump.pump_once(POLL_MS)
-        return time.time()
+        pidfd = _pidfd(pid)
+        pump.wake_on_exit(pidfd)
+        try:
+            while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                self._enforce_stop(pid)
+                self._enforce_memory(pid)
+                pump.pump_once(POLL_MS)
+            return time.time()
+        finally:
+            pump.wake_on_exit(None)
+            if pidfd is not None:
+                os.close(pidfd)
 
     def _enforce_memory(self, pgid: int) -> None:
         """Once the group crossed its memory limit, SIGKILL all of it, once. (The kernel's OOM
@@ -647,6 +686,17 @@ class Shim:
 
     def _write_exit(self, record: ExitRecord) -> None:
         atomic_write_json(self.files.exit, dataclasses.asdict(record))
+        self._notify()
+
+    def _notify(self) -> None:
+        """SIGUSR1 to the process that asked for it (the server, which then runs its next
+        pass at once), if it is still that process (pid and start time, never a pid alone)."""
+        if self.spec.notify is None:
+            return
+        pid, ticks = self.spec.notify
+        if send_signal(ProcessIdentity(pid, ticks), signal.SIGUSR1):
+            return
+        log.info("the process to notify (pid %d) is gone; it will find the exit record", pid)
 
 
 def _with_memory(record: ExitRecord, memory: MemoryReport | None) -> ExitRecord:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,8 +17,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from muster import __version__
+from muster.config import ClusterConfig, load_cluster_config
 from muster.errors import MusterError
+from muster.gpus import open_inventory
 from muster.home import Home
+from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
 from muster.server.auth import ensure_token
 from muster.store import Store
@@ -69,11 +74,18 @@ class Orchestrator:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """What `muster up` configures beyond the home: the store and the scheduling limits."""
+    """What `muster up` configures beyond the home: the store and the scheduling limits.
+    `slots` and `min_free_disk` given here win over the cluster config's."""
 
     db_url: str | None = None  # default: SQLite in the home
-    slots: int | None = None  # trials at once; default: CPU count
-    min_free_disk: int = 5 * 1024**3  # the disk guard (docs/architecture.md)
+    slots: int | None = None  # replicas without GPUs at once; default: the cluster config's
+    min_free_disk: int | None = None  # the disk guard; default: the cluster config's
+    cluster_config: str | None = None  # default: $MUSTER_HOME/cluster.yaml when it exists
+
+    def cluster(self, home: Home) -> ClusterConfig:
+        """The cluster config these settings name (raises ConfigError when invalid)."""
+        path = Path(self.cluster_config).expanduser() if self.cluster_config else None
+        return load_cluster_config(path, home.cluster_config_path)
 
 
 @dataclass
@@ -86,20 +98,30 @@ class ServerState:
 
 def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     """The muster server for `home`."""
-    from muster.server.routes import public, router
+    from muster.server.routes import public, router, scrape
 
     home.ensure()
     settings = settings or ServerSettings()
     store = Store(settings.db_url or home.default_db_url)
-    supervisor = Supervisor(store=store, launcher=LocalLauncher(), home=home,
-                            min_free_disk=settings.min_free_disk)
-    if settings.slots is not None:
-        supervisor.slots = settings.slots
+    cluster = settings.cluster(home)
+    gpus = open_inventory(cluster.gpus, home.fake_gpus_dir)
+    log.info("GPU inventory: %s", gpus.note)
+    launcher = LocalLauncher()
+    supervisor = Supervisor(
+        store=store, launcher=launcher, home=home,
+        min_free_disk=(settings.min_free_disk if settings.min_free_disk is not None
+                       else cluster.min_free_disk),
+        gpus=gpus, gpu_release=cluster.gpu_release, preemption=cluster.preemption,
+    )
+    slots = settings.slots if settings.slots is not None else cluster.slots
+    if slots is not None:
+        supervisor.slots = slots
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(store.upgrade)
         orchestrator = Orchestrator(supervisor)
+        _wake_on_replica_exit(orchestrator, launcher)
         app.state.muster = ServerState(home, store, ensure_token(home.token_path), orchestrator)
         task = asyncio.create_task(orchestrator.run(), name="muster-orchestrator")
         try:
@@ -109,12 +131,27 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             store.dispose()
+            gpus.close()
 
     app = FastAPI(title="muster", version=__version__, lifespan=lifespan)
     app.include_router(public)
     app.include_router(router)
+    app.include_router(scrape)
     _install_error_handlers(app)
     return app
+
+
+def _wake_on_replica_exit(orchestrator: Orchestrator, launcher: LocalLauncher) -> None:
+    """Run the next pass as soon as a shim reports an ended replica (SIGUSR1), instead of
+    up to TICK_SECONDS later. Only where this event loop can take the signal (the main
+    thread); elsewhere ends are found by the regular passes."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, orchestrator.wake.set)
+    except (RuntimeError, ValueError, NotImplementedError) as exc:
+        log.info("replica ends are noticed on the next pass (every %ss): %s",
+                 TICK_SECONDS, exc)
+        return
+    launcher.notify = own_identity()
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -1,34 +1,164 @@
-"""What this muster installation has and uses: slots, queue, and the disk guard."""
+"""What this muster installation has and uses: slots, GPUs, the queue, trials and disk.
+
+`read_cluster` gathers one `ClusterSnapshot` (the database, the GPU inventory, the file
+systems); `cluster_status` (`GET /cluster`) and `muster.server.prometheus` (`GET /metrics`)
+only present it.
+"""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 
+from muster.errors import GpuError
+from muster.gpus import Gpu, GpuInventory
 from muster.sizes import format_size
 from muster.states import TrialState
-from muster.store import Trial
+from muster.store import GpuDevice, Trial
 from muster.supervise.disk import disk_shortfall, free_bytes
+from muster.supervise.gpu_pool import ALLOCATED, FREE
 from muster.supervise.supervisor import Supervisor
 
 
-def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
-    """Slots in use (one per replica), the queue, and free disk against `min_free_disk`."""
+@dataclass(frozen=True)
+class GpuStatus:
+    """One GPU of the inventory now: its memory use (read live) and who holds it."""
+
+    index: int
+    name: str
+    type: str
+    memory_total: int
+    memory_used: int | None  # None: unreadable, and `memory_error` says why
+    memory_error: str | None
+    state: str  # free | allocated | releasing
+    trial_id: int | None  # the trial it is allocated to (or still releasing from)
+
+    @property
+    def allocated(self) -> bool:
+        return self.state == ALLOCATED
+
+
+@dataclass(frozen=True)
+class Filesystem:
+    """A file system holding some of muster's directories, named by the first of them."""
+
+    paths: tuple[Path, ...]
+    free_bytes: int
+    total_bytes: int
+
+    @property
+    def path(self) -> Path:
+        return self.paths[0]
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    slots: int
+    slots_used: int
+    trial_counts: dict[str, int]  # every trial state, 0 included
+    gpus: tuple[GpuStatus, ...]
+    gpu_note: str
+    gpu_source: str
+    filesystems: tuple[Filesystem, ...]
+
+    @property
+    def queue_length(self) -> int:
+        return self.trial_counts[TrialState.QUEUED.value]
+
+
+def read_cluster(supervisor: Supervisor) -> ClusterSnapshot:
+    """The installation as it is now; GPU memory is read from the inventory, live."""
+    home = supervisor.home
     with supervisor.store.session_scope() as s:
         counts = dict(s.execute(select(Trial.state, func.count()).group_by(Trial.state)).all())
+        rows = {row.index: (row.state, row.trial_id) for row in s.scalars(
+            select(GpuDevice).where(GpuDevice.present.is_(True)))}
+    inventory = supervisor.gpus
+    gpus = tuple(_gpu_status(inventory, gpu, *rows.get(gpu.index, (FREE, None)))
+                 for gpu in inventory.gpus())
+    return ClusterSnapshot(
+        slots=supervisor.slots,
+        slots_used=supervisor.slots_in_use(),
+        trial_counts={state.value: counts.get(state.value, 0) for state in TrialState},
+        gpus=gpus,
+        gpu_note=inventory.note,
+        gpu_source=inventory.source,
+        filesystems=tuple(filesystems([home.root, home.runs_dir, home.experiments_dir])),
+    )
+
+
+def _gpu_status(inventory: GpuInventory, gpu: Gpu, state: str, trial_id: int | None
+                ) -> GpuStatus:
+    used: int | None = None
+    error: str | None = None
+    try:
+        used = inventory.memory_used(gpu.index)
+    except GpuError as exc:
+        error = str(exc)
+    return GpuStatus(gpu.index, gpu.name, gpu.type, gpu.memory_total, used, error, state,
+                     trial_id)
+
+
+def filesystems(paths: Sequence[Path]) -> list[Filesystem]:
+    """The file systems holding `paths`, each once (by device), in the order of `paths`."""
+    by_device: dict[int, list[Path]] = {}
+    for path in paths:
+        by_device.setdefault(_nearest_existing(path).stat().st_dev, []).append(path)
+    result = []
+    for group in by_device.values():
+        usage = shutil.disk_usage(_nearest_existing(group[0]))
+        result.append(Filesystem(tuple(group), usage.free, usage.total))
+    return result
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path`, or its closest ancestor that exists (a directory not made yet)."""
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
+    """Slots (one per replica without GPUs), GPUs, the queue, trials by state, and free
+    disk per file system and against `min_free_disk`."""
+    snapshot = read_cluster(supervisor)
     runs_dir = supervisor.home.runs_dir
     free = free_bytes(runs_dir)
     shortfall = disk_shortfall(runs_dir, supervisor.min_free_disk)
     return {
-        "slots": supervisor.slots,
-        "slots_in_use": supervisor.slots_in_use(),
-        "queued": counts.get(TrialState.QUEUED.value, 0),
-        "suspect": counts.get(TrialState.SUSPECT.value, 0),
+        "slots": snapshot.slots,
+        "slots_in_use": snapshot.slots_used,
+        "queued": snapshot.queue_length,
+        "queue_length": snapshot.queue_length,
+        "suspect": snapshot.trial_counts[TrialState.SUSPECT.value],
+        "trial_counts": snapshot.trial_counts,
+        "gpus": [_gpu_view(gpu) for gpu in snapshot.gpus],
+        "gpu_note": snapshot.gpu_note,
+        "gpu_source": snapshot.gpu_source,
+        "filesystems": [{"paths": [str(p) for p in fs.paths], "free_bytes": fs.free_bytes,
+                         "total_bytes": fs.total_bytes} for fs in snapshot.filesystems],
         "runs_dir": str(runs_dir),
         "free_disk_bytes": free,
         "min_free_disk_bytes": supervisor.min_free_disk,
         "disk_ok": shortfall is None,
         "disk_message": shortfall or (f"{format_size(free)} free, at least "
                                       f"{format_size(supervisor.min_free_disk)} required"),
+    }
+
+
+def _gpu_view(gpu: GpuStatus) -> dict[str, Any]:
+    return {
+        "index": gpu.index,
+        "name": gpu.name,
+        "type": gpu.type,
+        "memory_total_bytes": gpu.memory_total,
+        "memory_used_bytes": gpu.memory_used,
+        "memory_error": gpu.memory_error,
+        "state": gpu.state,
+        "trial_id": gpu.trial_id,
     }

@@ -52,8 +52,10 @@ def _insert_experiment(
             uuid=exp_uuid, name=config["name"], description=config.get("description", ""),
             labels=config.get("labels", []), config=config, config_yaml=text,
             context_dir=str(context), state=ExperimentState.ACTIVE.value,
+            priority=config["resources"]["priority"],
         )
-        trial = Trial(uuid=str(uuid.uuid4()), experiment=exp, state=TrialState.QUEUED.value)
+        trial = Trial(uuid=str(uuid.uuid4()), experiment=exp, state=TrialState.QUEUED.value,
+                      priority=exp.priority)
         s.add_all([exp, trial])
         s.flush()
         record_event(s, entity="experiment", entity_id=exp.id, reason="created", actor=USER,
@@ -71,7 +73,7 @@ def list_experiments(store: Store) -> list[dict[str, Any]]:
 
 def describe_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
     with store.session_scope() as s:
-        return views.experiment_detail(_experiment_or_404(s, experiment_id))
+        return views.experiment_detail(experiment_or_404(s, experiment_id))
 
 
 def describe_trial(store: Store, trial_id: int) -> dict[str, Any]:
@@ -87,7 +89,7 @@ def kill_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
     """Ask every trial to stop. Queued trials end at once; running ones through the
     supervisor (SIGTERM, grace, SIGKILL). Killing twice is harmless."""
     with store.session_scope() as s:
-        exp = _experiment_or_404(s, experiment_id)
+        exp = experiment_or_404(s, experiment_id)
         if ExperimentState(exp.state).is_terminal():
             raise Conflict(f"experiment {experiment_id} is already {exp.state}; nothing to kill")
         if not exp.stop_requested:
@@ -97,6 +99,62 @@ def kill_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
         for trial in exp.trials:
             _stop_trial(s, trial)
         return views.experiment_detail(exp)
+
+
+def pause_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
+    """Pause an ACTIVE experiment: queued trials become PAUSED at once; running ones are
+    stopped by the supervisor (SIGTERM and `stop_grace`, so the harness's `should_stop()`
+    lets them checkpoint), their resources freed, and they end PAUSED. Pausing a paused
+    experiment is harmless.
+
+    Raises:
+        Conflict: the experiment has ended (or is being killed).
+    """
+    with store.session_scope() as s:
+        exp = experiment_or_404(s, experiment_id)
+        if exp.state == ExperimentState.PAUSED.value:
+            return views.experiment_detail(exp)
+        if exp.state != ExperimentState.ACTIVE.value or exp.stop_requested:
+            raise Conflict(f"experiment {experiment_id} is {_state_words(exp)}; only an "
+                           "ACTIVE experiment can be paused")
+        transition(s, exp, ExperimentState.PAUSED, reason="paused", actor=USER,
+                   message="pausing every trial; `muster experiment activate` resumes them")
+        for trial in exp.trials:
+            if trial.state == TrialState.QUEUED.value:
+                transition(s, trial, TrialState.PAUSED, reason="paused", actor=USER,
+                           message="paused before it started")
+            elif TrialState(trial.state).is_active() and not trial.stop_requested:
+                trial.pause_requested = trial.pause_requested or "paused"
+        return views.experiment_detail(exp)
+
+
+def activate_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
+    """Resume a PAUSED experiment: its PAUSED trials go back to the queue and resume from
+    their latest checkpoints; trials still being paused are requeued as soon as they have
+    stopped. Activating an active experiment is harmless.
+
+    Raises:
+        Conflict: the experiment has ended (or is being killed).
+    """
+    with store.session_scope() as s:
+        exp = experiment_or_404(s, experiment_id)
+        if exp.state == ExperimentState.ACTIVE.value and not exp.stop_requested:
+            return views.experiment_detail(exp)
+        if exp.state != ExperimentState.PAUSED.value or exp.stop_requested:
+            raise Conflict(f"experiment {experiment_id} is {_state_words(exp)}; only a "
+                           "PAUSED experiment can be activated")
+        transition(s, exp, ExperimentState.ACTIVE, reason="activated", actor=USER,
+                   message="requeuing its paused trials")
+        for trial in exp.trials:
+            if trial.state == TrialState.PAUSED.value:
+                transition(s, trial, TrialState.QUEUED, reason="activated", actor=USER,
+                           message="back in the queue; it resumes from its latest checkpoint")
+        return views.experiment_detail(exp)
+
+
+def _state_words(exp: Experiment) -> str:
+    return "being killed" if exp.stop_requested and not ExperimentState(
+        exp.state).is_terminal() else exp.state
 
 
 def review_trial(
@@ -145,7 +203,7 @@ def _stop_trial(s: Session, trial: Trial) -> None:
                    message="killed before it started")
 
 
-def _experiment_or_404(s: Session, experiment_id: int) -> Experiment:
+def experiment_or_404(s: Session, experiment_id: int) -> Experiment:
     exp = s.get(Experiment, experiment_id)
     if exp is None:
         raise NotFound(f"experiment {experiment_id} does not exist; `muster experiment list` "

@@ -13,8 +13,9 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from muster import __version__
+from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY
 from muster.errors import InvalidRequest
-from muster.server import cluster, experiments, logs, metrics
+from muster.server import cluster, experiments, jobs, logs, metrics, prometheus
 from muster.server.app import ServerState
 from muster.server.auth import check_bearer
 from muster.server.uploads import MAX_UPLOAD_BYTES
@@ -82,6 +83,53 @@ def get_cluster(state: State) -> dict[str, Any]:
     return cluster.cluster_status(state.orchestrator.supervisor)
 
 
+@router.get("/metrics", response_class=Response)
+def get_prometheus_metrics(state: State) -> Response:
+    """The cluster's gauges and counters in Prometheus's text format (version 0.0.4)."""
+    snapshot = cluster.read_cluster(state.orchestrator.supervisor)
+    return Response(prometheus.render(prometheus.cluster_metrics(snapshot)),
+                    media_type=prometheus.CONTENT_TYPE)
+
+
+# Prometheus scrapes `/metrics` by default: the same text there, with the same token.
+scrape = APIRouter(dependencies=[Depends(require_token)])
+scrape.add_api_route("/metrics", get_prometheus_metrics, methods=["GET"],
+                     response_class=Response, include_in_schema=False)
+
+
+@router.get("/jobs")
+def list_jobs(state: State) -> list[dict[str, Any]]:
+    """Trials that run or wait: those holding resources, then the queue in its order (priority,
+    then id), then paused ones; each with its resources, GPUs held and `queue_reason`."""
+    return jobs.list_jobs(state.store)
+
+
+class PriorityRequest(BaseModel):
+    priority: Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY,
+                                   description="1 to 99; lower runs first")]
+
+
+@router.post("/trials/{trial_id}/priority")
+async def set_trial_priority(state: State, trial_id: int, body: PriorityRequest
+                             ) -> dict[str, Any]:
+    """Move a trial in the queue; 409 once it has ended. Takes effect on the next pass."""
+    view = await asyncio.to_thread(jobs.set_trial_priority, state.store, trial_id,
+                                   body.priority)
+    state.orchestrator.wake.set()
+    return view
+
+
+@router.post("/experiments/{experiment_id}/priority")
+async def set_experiment_priority(state: State, experiment_id: int, body: PriorityRequest
+                                  ) -> dict[str, Any]:
+    """Set the priority of every trial of the experiment that has not ended, and of those
+    it makes from now on; 409 once it has ended."""
+    view = await asyncio.to_thread(jobs.set_experiment_priority, state.store, experiment_id,
+                                   body.priority)
+    state.orchestrator.wake.set()
+    return view
+
+
 @router.get("/experiments")
 def list_experiments(state: State) -> list[dict[str, Any]]:
     return experiments.list_experiments(state.store)
@@ -95,6 +143,21 @@ def get_experiment(state: State, experiment_id: int) -> dict[str, Any]:
 @router.post("/experiments/{experiment_id}/kill")
 async def kill_experiment(state: State, experiment_id: int) -> dict[str, Any]:
     view = await asyncio.to_thread(experiments.kill_experiment, state.store, experiment_id)
+    state.orchestrator.wake.set()
+    return view
+
+
+@router.post("/experiments/{experiment_id}/pause")
+async def pause_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+    view = await asyncio.to_thread(experiments.pause_experiment, state.store, experiment_id)
+    state.orchestrator.wake.set()
+    return view
+
+
+@router.post("/experiments/{experiment_id}/activate")
+async def activate_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+    view = await asyncio.to_thread(experiments.activate_experiment, state.store,
+                                   experiment_id)
     state.orchestrator.wake.set()
     return view
 
@@ -185,4 +248,4 @@ async def review_trial(state: State, trial_id: int, review: ReviewRequest) -> di
     return view
 
 
-__all__ = ["public", "router"]
+__all__ = ["public", "router", "scrape"]

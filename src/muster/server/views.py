@@ -23,6 +23,7 @@ def experiment_summary(exp: Experiment) -> dict[str, Any]:
         "created_at": exp.created_at,
         "ended_at": exp.ended_at,
         "trial_states": [t.state for t in exp.trials],
+        "priority": exp.priority,  # what its new trials get
     }
 
 
@@ -51,6 +52,7 @@ def trial_detail(trial: Trial) -> dict[str, Any]:
         "verification": encode_non_finite(trial.verification),
         "early_stopped": trial.early_stopped,
         "queue_reason": trial.queue_reason,
+        "priority": trial.priority,
     }
 
 

@@ -125,6 +125,8 @@ class Experiment(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=now)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The priority its new trials get (resources.priority, or `muster job set-priority`).
+    priority: Mapped[int] = mapped_column(Integer, default=42, server_default="42")
 
     trials: Mapped[list[Trial]] = relationship(
         back_populates="experiment", order_by="Trial.id", cascade="all, delete-orphan"
@@ -158,6 +160,11 @@ class Trial(Base):
     early_stopped: Mapped[bool] = mapped_column(default=False, server_default=false())
     # Why the trial waits: for free slots while QUEUED, for check-ins while STARTING.
     queue_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Its place in the queue: 1-99, lower first; FIFO (by id) within one priority.
+    priority: Mapped[int] = mapped_column(Integer, default=42, server_default="42", index=True)
+    # Set while muster stops the trial to pause it ("paused") or to make room for a trial
+    # of better priority ("preempted"): its end is then not a failure and uses no budget.
+    pause_requested: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
     experiment: Mapped[Experiment] = relationship(back_populates="trials")
     attempts: Mapped[list[Attempt]] = relationship(
@@ -217,6 +224,25 @@ class Replica(Base):
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     attempt: Mapped[Attempt] = relationship(back_populates="replicas")
+
+
+class GpuDevice(Base):
+    """One GPU of the inventory and who holds it. A row holds at most one trial's replica at
+    a time, so a GPU cannot be booked twice; a released GPU is `releasing` until its used
+    memory falls below `gpu_release.max_used_fraction` (or the timeout passes)."""
+
+    __tablename__ = "gpus"
+
+    index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(200))
+    type: Mapped[str] = mapped_column(String(64))
+    memory_total: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16), default="free")  # free|allocated|releasing
+    trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"), nullable=True,
+                                                 index=True)
+    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    since: Mapped[float] = mapped_column(Float, default=now)  # the last change of state
+    present: Mapped[bool] = mapped_column(default=True)  # in the inventory the server opened
 
 
 class Event(Base):

@@ -14,16 +14,18 @@ import logging
 import os
 import socket
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session, selectinload
 
 from muster.atomic import atomic_write_json, read_json
-from muster.config import ExperimentConfig, FailurePolicy
-from muster.errors import LaunchError, MusterError
+from muster.config import ExperimentConfig, FailurePolicy, GpuReleaseConfig
+from muster.errors import GpuError, LaunchError, MusterError
+from muster.gpus import GpuInventory, NoGpus
 from muster.harness.standby import GO_VARIABLE
 from muster.home import Home
 from muster.launch.base import (
@@ -42,6 +44,7 @@ from muster.store import Attempt, Experiment, Replica, Store, Trial, record_even
 from muster.store.models import now
 from muster.supervise import verification
 from muster.supervise.disk import disk_shortfall
+from muster.supervise.gpu_pool import GpuPool
 from muster.supervise.heartbeats import (
     check_in_overdue,
     checked_in,
@@ -51,6 +54,7 @@ from muster.supervise.heartbeats import (
 from muster.supervise.ingest import ingest_trial
 from muster.supervise.manifest import scan_manifest
 from muster.supervise.policy import Action, Budgets, decide
+from muster.supervise.scheduler import Capacity, Demand, Holding, plan
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +76,21 @@ class Supervisor:
     slots: int = os.cpu_count() or 1
     host: str = socket.gethostname()
     min_free_disk: int = 5 * 1024**3
+    gpus: GpuInventory = field(default_factory=lambda: NoGpus("no GPUs: none configured"))
+    gpu_release: GpuReleaseConfig = field(default_factory=GpuReleaseConfig)
+    preemption: bool = False
     _disk_warning: str | None = field(default=None, init=False)
+    _pool: GpuPool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._pool = GpuPool(self.store, self.gpus, self.gpu_release)
 
     def tick(self) -> None:
         """One pass: settle running attempts, start what may start, close finished experiments."""
         for attempt_id in self.active_attempt_ids():
             self.settle_attempt(attempt_id)
         self._drop_unneeded_standbys()
+        self._pool.settle()  # GPUs of trials that ended go back once their memory is free
         if not self._disk_low():  # the disk guard: nothing new launches while it is low
             self._launch_restarting()
             self._admit_queued()
@@ -103,7 +115,8 @@ class Supervisor:
             attempt = s.get_one(Attempt, attempt_id)
             ranks = sorted(_current(attempt))
             trial = attempt.trial
-            run_dir, stop = Path(attempt.run_dir), trial.stop_requested
+            # A kill, a pause or a preemption: the replicas get SIGTERM and stop_grace.
+            run_dir, stop = Path(attempt.run_dir), _stopping(trial)
             config = _config(trial)
             policy = config.failure_policy
         self._ingest(trial.id)
@@ -303,6 +316,8 @@ class Supervisor:
         if trial.stop_requested and decision.action is not Action.SUCCEED:
             transition(s, trial, TrialState.CANCELED, reason="killed", actor=ACTOR,
                        message=verdict.message)
+        elif trial.pause_requested is not None and verdict.reason is Reason.STOPPED:
+            _pause(s, trial, verdict.message)  # a stop it asked for: no failure, no budget
         elif decision.action is Action.SUCCEED:
             _judge_success(s, trial, verdict)
         elif decision.action is Action.CANCEL:
@@ -332,45 +347,61 @@ class Supervisor:
                 select(Trial.id).where(Trial.state == TrialState.RESTARTING.value)
             ))
         for trial_id in ids:
+            with self.store.session_scope() as s:
+                trial = s.get_one(Trial, trial_id)
+                if trial.pause_requested is not None and not trial.stop_requested:
+                    _pause(s, trial, "paused between two attempts")
+                    continue
             self.start_attempt(trial_id)
 
     def _admit_queued(self) -> None:
-        """Start queued trials in order while their replicas fit in the free slots.
-
-        A trial starts all of its replicas or none (no partial start that could deadlock a
-        torch.distributed rendezvous); one that does not fit waits, and so does everything
-        behind it (first come, first served), with the reason shown.
-        """
+        """Start the queued trials the scheduler admits (`supervise/scheduler.py`: priority,
+        then first come, first served; whole replica sets; slots and GPUs), note why the
+        others wait, and preempt where it says so."""
         with self.store.session_scope() as s:
-            queued = [(t.id, _replicas(t)) for t in s.scalars(
-                select(Trial).where(Trial.state == TrialState.QUEUED.value).order_by(Trial.id))]
-        free = self.slots - self.slots_in_use()
-        for position, (trial_id, needed) in enumerate(queued):
-            if needed > free:
-                self._note_queued(queued[position:], free)
+            queued = list(s.scalars(select(Trial).options(selectinload(Trial.experiment))
+                                    .where(Trial.state == TrialState.QUEUED.value)
+                                    .order_by(Trial.priority, Trial.id)))
+            if not queued:
                 return
-            self.start_attempt(trial_id)
-            free -= needed
+            demands = [_demand(trial) for trial in queued]
+            held = self._pool.held(s)
+            holdings = [_holding(trial, held.get(trial.id, ())) for trial in s.scalars(
+                select(Trial).options(selectinload(Trial.experiment))
+                .where(Trial.state.in_(_HOLDING_SLOT)))]
+            capacity = Capacity(self.slots, self._pool.slots(s))
+        decided = plan(demands, holdings, capacity, self.preemption)
+        for admit in decided.admit:
+            self.start_attempt(admit.trial_id, admit.gpus)
+        with self.store.session_scope() as s:
+            for trial_id, reason in decided.waiting.items():
+                trial = s.get_one(Trial, trial_id)
+                if trial.state == TrialState.QUEUED.value and trial.queue_reason != reason:
+                    trial.queue_reason = reason
+        for victim, beneficiary in decided.preempt.items():
+            self._preempt(victim, beneficiary)
+
+    def _preempt(self, trial_id: int, for_trial_id: int) -> None:
+        """Stop a trial to make room for a waiting one of better priority. It goes back to
+        the queue and resumes from its latest checkpoint; not a failure, no restart counted.
+        The next pass stops its replicas (SIGTERM, `stop_grace`, so it can checkpoint)."""
+        with self.store.session_scope() as s:
+            trial, waiting = s.get_one(Trial, trial_id), s.get_one(Trial, for_trial_id)
+            if trial.state not in _HOLDING_SLOT or _stopping(trial):
+                return
+            trial.pause_requested = PREEMPTED
+            _record_decision(s, trial, PREEMPTED,
+                             f"preempted by trial {waiting.id} (priority {waiting.priority}, "
+                             f"better than this trial's {trial.priority}); it goes back to the "
+                             "queue and resumes from its latest checkpoint")
 
     def slots_in_use(self) -> int:
-        """One slot per replica of every trial that holds its slots (started, or between
-        attempts)."""
+        """One slot per replica without GPUs of every trial that holds its resources
+        (started, or between attempts); replicas with GPUs take GPUs instead."""
         with self.store.session_scope() as s:
             return sum(_replicas(t) for t in s.scalars(
-                select(Trial).where(Trial.state.in_(_HOLDING_SLOT))))
-
-    def _note_queued(self, waiting: list[tuple[int, int]], free: int) -> None:
-        with self.store.session_scope() as s:
-            for position, (trial_id, needed) in enumerate(waiting, start=1):
-                trial = s.get_one(Trial, trial_id)
-                if needed > self.slots:
-                    reason = (f"needs {_count_of(needed, 'slot')} for its replicas, but this "
-                              f"server has {self.slots}; raise `muster up --slots` or lower "
-                              "resources.replicas")
-                else:
-                    reason = (f"position {position}: waiting for {_count_of(needed, 'slot')}, "
-                              f"{max(free, 0)} free")
-                trial.queue_reason = reason
+                select(Trial).where(Trial.state.in_(_HOLDING_SLOT)))
+                if not _config(t).resources.gpus_per_replica)
 
     def _disk_low(self) -> bool:
         """The disk guard: below `min_free_disk` nothing new launches. Queued trials show the
@@ -393,14 +424,15 @@ class Supervisor:
                                  actor=ACTOR, message=shortfall,
                                  experiment_id=trial.experiment_id, trial_id=trial.id)
 
-    def start_attempt(self, trial_id: int) -> None:
-        """Record a new attempt (committed first), then prepare its directory and launch its
-        replicas; if one cannot be launched, the ones already launched are stopped."""
+    def start_attempt(self, trial_id: int, gpus: tuple[tuple[int, ...], ...] = ()) -> None:
+        """Record a new attempt (committed first, with the GPUs a queued trial is given),
+        then prepare its directory and launch its replicas; if one cannot be launched, the
+        ones already launched are stopped."""
         if not self._scan_data(trial_id):
             return
         if self._promote_standby(trial_id):
             return
-        planned = self._plan_attempt(trial_id)
+        planned = self._plan_attempt(trial_id, gpus)
         if planned is None:
             return
         specs, attempt_id, hparams = planned
@@ -433,7 +465,7 @@ class Supervisor:
             attempt = s.get_one(Attempt, attempt_id)
             trial = attempt.trial
             policy = _config(trial).failure_policy
-            if (policy.restart_scope != "trial" or trial.stop_requested
+            if (policy.restart_scope != "trial" or _stopping(trial)
                     or trial.state != TrialState.RUNNING.value
                     or _standby_of(trial) is not None):
                 return
@@ -472,7 +504,7 @@ class Supervisor:
         with self.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
             standby = _standby_of(trial)
-            if standby is None or trial.stop_requested:
+            if standby is None or _stopping(trial):
                 return False
             standby_id, run_dir = standby.id, Path(standby.run_dir)
             ranks = sorted(_current(standby))
@@ -499,7 +531,7 @@ class Supervisor:
         with self.store.session_scope() as s:
             unneeded = [a.id for a in s.scalars(select(Attempt).where(
                 Attempt.standby.is_(True), Attempt.state == AttemptState.STARTING.value))
-                if a.trial.stop_requested or TrialState(a.trial.state).is_settled()]
+                if _stopping(a.trial) or TrialState(a.trial.state).is_settled()]
         for standby_id in unneeded:
             self._drop_standby(standby_id, "the warm standby was not needed")
 
@@ -542,10 +574,10 @@ class Supervisor:
                        actor=ACTOR, message=message)
 
     def _plan_attempt(
-        self, trial_id: int
+        self, trial_id: int, gpus: tuple[tuple[int, ...], ...] = ()
     ) -> tuple[list[ReplicaSpec], int, dict[str, Any]] | None:
-        """Record the attempt and its replicas; returns their launch plans (by rank), the
-        attempt's id and the trial's hparams."""
+        """Record the attempt and its replicas (and a queued trial's GPUs); returns their
+        launch plans (by rank), the attempt's id and the trial's hparams."""
         with self.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
             if trial.state not in (TrialState.QUEUED.value, TrialState.RESTARTING.value):
@@ -553,6 +585,12 @@ class Supervisor:
             if trial.stop_requested:
                 transition(s, trial, TrialState.CANCELED, reason="killed", actor=ACTOR)
                 return None
+            if gpus and trial.state == TrialState.QUEUED.value:
+                try:
+                    self._pool.allocate(s, trial.id, gpus)
+                except GpuError as exc:  # a stale plan: it waits for the next pass
+                    log.warning("%s", exc)
+                    return None
             trial.queue_reason = None  # it waits no more
             number = len(trial.attempts) + 1
             world_size = _replicas(trial)
@@ -581,6 +619,11 @@ class Supervisor:
         config = _config(trial)
         port = port if port is not None else free_port()
         latest = verification.latest_intact_checkpoint(attempt_dir.parent)
+        session = object_session(trial)
+        assert session is not None, "the trial must belong to a session"
+        gpus = self._pool.of_trial(session, trial.id)
+        # With GPUs to schedule, a replica sees exactly its own (none, without any).
+        scheduled = bool(gpus) or bool(self.gpus.gpus())
         specs = []
         for rank in range(world_size):
             ctx = ReplicaContext(
@@ -588,7 +631,7 @@ class Supervisor:
                 world_size=world_size, master_addr="127.0.0.1", master_port=port,
                 hparams_path=attempt_dir / HPARAMS_FILE, latest_checkpoint=latest,
                 heartbeat_timeout=config.failure_policy.heartbeat_timeout,
-                incarnation=incarnation,
+                incarnation=incarnation, gpus=gpus.get(rank, ()) if scheduled else None,
             )
             specs.append(ReplicaSpec(
                 trial_uuid=trial.uuid, attempt=number, rank=rank, argv=list(config.entrypoint),
@@ -603,9 +646,10 @@ class Supervisor:
 
     def _close_experiments(self) -> None:
         with self.store.session_scope() as s:
-            active = s.scalars(
-                select(Experiment).where(Experiment.state == ExperimentState.ACTIVE.value)
-            )
+            active = s.scalars(select(Experiment).options(selectinload(Experiment.trials)).where(
+                (Experiment.state == ExperimentState.ACTIVE.value)
+                | ((Experiment.state == ExperimentState.PAUSED.value)
+                   & Experiment.stop_requested.is_(True))))
             for experiment in active:
                 states = [TrialState(t.state) for t in experiment.trials]
                 if states and all(st.is_terminal() for st in states):
@@ -618,8 +662,54 @@ _HOLDING_SLOT = [TrialState.STARTING.value, TrialState.RUNNING.value,
 _NOT_ENDED = [TrialState.QUEUED.value, *_HOLDING_SLOT]
 
 
+_CONFIGS: OrderedDict[str, ExperimentConfig] = OrderedDict()
+_CONFIGS_KEPT = 4096
+
+
 def _config(trial: Trial) -> ExperimentConfig:
-    return ExperimentConfig.model_validate(trial.experiment.config)
+    """The trial's experiment config, validated once per experiment (a stored config never
+    changes; the uuid is unique across databases), the most recent few thousand kept."""
+    experiment = trial.experiment
+    config = _CONFIGS.get(experiment.uuid)
+    if config is None:
+        config = ExperimentConfig.model_validate(experiment.config)
+        _CONFIGS[experiment.uuid] = config
+        if len(_CONFIGS) > _CONFIGS_KEPT:
+            _CONFIGS.popitem(last=False)
+    return config
+
+
+PAUSED, PREEMPTED = "paused", "preempted"  # values of Trial.pause_requested
+
+
+def _stopping(trial: Trial) -> bool:
+    """Muster is stopping the trial: killed, paused or preempted."""
+    return trial.stop_requested or trial.pause_requested is not None
+
+
+def _pause(s: Session, trial: Trial, message: str) -> None:
+    """The trial stopped as asked: PAUSED; back in the queue at once when it was preempted
+    (or its experiment was activated again meanwhile)."""
+    why = trial.pause_requested or PAUSED
+    trial.pause_requested = None
+    transition(s, trial, TrialState.PAUSED, reason=why, actor=ACTOR, message=message)
+    if trial.experiment.state == ExperimentState.ACTIVE.value:
+        transition(s, trial, TrialState.QUEUED, reason="requeued", actor=ACTOR,
+                   message=f"back in the queue after it was {why}; it resumes from its "
+                           "latest checkpoint")
+
+
+def _demand(trial: Trial) -> Demand:
+    resources = _config(trial).resources
+    return Demand(trial.id, trial.experiment_id, trial.priority, resources.replicas,
+                  resources.gpus_per_replica, resources.gpu_type, resources.max_slots)
+
+
+def _holding(trial: Trial, gpus: tuple[int, ...]) -> Holding:
+    resources = _config(trial).resources
+    return Holding(trial.id, trial.experiment_id, trial.priority, resources.replicas, gpus,
+                   stopping=trial.stop_requested or trial.pause_requested is not None,
+                   gpus_per_replica=resources.gpus_per_replica)
 
 
 def _replicas(trial: Trial) -> int:

@@ -1,0 +1,70 @@
+"""`muster job ...`: the queue and what runs, and moving trials in the queue."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from muster.cli import render
+from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY
+
+app = typer.Typer(help="The queue and what runs; move trials in the queue.",
+                  no_args_is_help=True)
+
+
+@app.command("list")
+def list_jobs(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
+    """Show the trials that run or wait: those holding resources, then the queue in its
+    order (priority, then id), then paused ones, with why each queued one waits."""
+    with client(home, url) as c:
+        jobs = c.list_jobs()
+    if as_json:
+        render.print_json(jobs)
+    elif not jobs:
+        render.err_console.print("no trial runs or waits")
+    else:
+        render.console.print(jobs_table(jobs))
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    table = Table("Trial", "Experiment", "State", "Priority", "Replicas", "GPUs/replica",
+                  "GPUs held", "Why it waits")
+    for job in jobs:
+        per_replica = str(job["gpus_per_replica"]) + (f" {job['gpu_type']}"
+                                                      if job["gpu_type"] else "")
+        experiment = f"{job['experiment_id']} {escape(job['experiment_name'])}"
+        table.add_row(str(job["trial_id"]), experiment,
+                      render.state(job["state"]), str(job["priority"]), str(job["replicas"]),
+                      escape(per_replica), ", ".join(map(str, job["gpus"])) or "-",
+                      escape(job["queue_reason"] or "-"))
+    return table
+
+
+@app.command("set-priority")
+def set_priority(
+    target_id: Annotated[int, typer.Argument(
+        help="a trial id; with --experiment, an experiment id")],
+    priority: Annotated[int, typer.Argument(
+        min=MIN_PRIORITY, max=MAX_PRIORITY,
+        help=f"{MIN_PRIORITY} to {MAX_PRIORITY}; lower runs first")],
+    experiment: Annotated[bool, typer.Option(
+        "--experiment", help="TARGET_ID is an experiment: set every trial of it that has not "
+        "ended, and the trials it makes from now on")] = False,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Move a trial (or every trial of an experiment) in the queue; the next supervisor pass
+    reorders the queue."""
+    with client(home, url) as c:
+        if experiment:
+            view = c.set_experiment_priority(target_id, priority)
+        else:
+            view = c.set_trial_priority(target_id, priority)
+    if as_json:
+        render.print_json(view)
+        return
+    what = "experiment" if experiment else "trial"
+    render.console.print(f"{what} {target_id}: priority {view['priority']}")

@@ -1,0 +1,139 @@
+"""The queue and what runs (`muster job list`), and trial priorities (`muster job set-priority`).
+
+A job is a trial that runs or waits: QUEUED, STARTING, RUNNING, RESTARTING or PAUSED. The
+supervisor's next pass puts a changed priority into effect (queue order, `queue_reason`
+positions, and with preemption on, who may be stopped for whom).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from muster.config import ExperimentConfig
+from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY, ResourcesConfig
+from muster.errors import Conflict, InvalidRequest
+from muster.server import views
+from muster.server.experiments import USER, describe_trial, experiment_or_404, trial_or_404
+from muster.states import ExperimentState, TrialState
+from muster.store import GpuDevice, Store, Trial, record_event
+from muster.supervise.gpu_pool import ALLOCATED
+
+__all__ = ["JOB_STATES", "check_priority", "job_order", "list_jobs",
+           "set_experiment_priority", "set_trial_priority"]
+
+T = TrialState
+# Listed in three groups: what holds resources, then the queue, then paused trials.
+_GROUP = {T.STARTING: 0, T.RUNNING: 0, T.RESTARTING: 0, T.QUEUED: 1, T.PAUSED: 2}
+JOB_STATES = tuple(state.value for state in _GROUP)
+
+
+def job_order(state: str, priority: int, trial_id: int) -> tuple[int, int, int]:
+    """Where a job is listed: trials holding resources, then the queue in the scheduler's
+    order, then paused trials; within each group by priority (lower first), then id."""
+    return _GROUP[TrialState(state)], priority, trial_id
+
+
+def list_jobs(store: Store) -> list[dict[str, Any]]:
+    """Every job, in `job_order`, with what it needs and the GPUs it holds."""
+    with store.session_scope() as s:
+        trials = s.scalars(select(Trial).where(Trial.state.in_(JOB_STATES))
+                           .options(selectinload(Trial.experiment))).all()
+        held = _held_gpus(s)
+        resources: dict[int, ResourcesConfig] = {}
+        jobs = []
+        for trial in sorted(trials, key=lambda t: job_order(t.state, t.priority, t.id)):
+            exp = trial.experiment
+            if exp.id not in resources:
+                resources[exp.id] = ExperimentConfig.model_validate(exp.config).resources
+            jobs.append(_job_view(trial, resources[exp.id], held.get(trial.id, [])))
+        return jobs
+
+
+def _held_gpus(s: Session) -> dict[int, list[int]]:
+    held: dict[int, list[int]] = defaultdict(list)
+    for index, trial_id in s.execute(select(GpuDevice.index, GpuDevice.trial_id).where(
+            GpuDevice.state == ALLOCATED).order_by(GpuDevice.index)):
+        if trial_id is not None:
+            held[trial_id].append(index)
+    return held
+
+
+def _job_view(trial: Trial, resources: ResourcesConfig, gpus: list[int]) -> dict[str, Any]:
+    return {
+        "trial_id": trial.id,
+        "experiment_id": trial.experiment_id,
+        "experiment_name": trial.experiment.name,
+        "state": trial.state,
+        "priority": trial.priority,
+        "replicas": resources.replicas,
+        "gpus_per_replica": resources.gpus_per_replica,
+        "gpu_type": resources.gpu_type,
+        "gpus": gpus,
+        "queue_reason": trial.queue_reason,
+    }
+
+
+def check_priority(priority: int) -> None:
+    """Raises InvalidRequest unless `priority` is a valid place in the queue."""
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidRequest(f"priority must be {MIN_PRIORITY} to {MAX_PRIORITY} (lower runs "
+                             f"first), but got {priority}")
+
+
+def set_trial_priority(store: Store, trial_id: int, priority: int) -> dict[str, Any]:
+    """Give one trial a new priority; returns the trial as `describe_trial`.
+
+    Raises:
+        InvalidRequest: `priority` is not 1 to 99.
+        NotFound: there is no such trial.
+        Conflict: the trial has ended (or is SUSPECT): it will not run again.
+    """
+    check_priority(priority)
+    with store.session_scope() as s:
+        trial = trial_or_404(s, trial_id)
+        s.refresh(trial, with_for_update=True)
+        if TrialState(trial.state).is_settled():
+            raise Conflict(f"trial {trial_id} is {trial.state}: it will not run again, so its "
+                           "priority no longer matters")
+        _change_priority(s, trial, priority)
+    return describe_trial(store, trial_id)
+
+
+def set_experiment_priority(store: Store, experiment_id: int, priority: int) -> dict[str, Any]:
+    """Give an experiment's trials that have not ended, and the trials it makes from now
+    on, a new priority; returns the experiment as `describe_experiment`.
+
+    Raises:
+        InvalidRequest: `priority` is not 1 to 99.
+        NotFound: there is no such experiment.
+        Conflict: the experiment has ended.
+    """
+    check_priority(priority)
+    with store.session_scope() as s:
+        exp = experiment_or_404(s, experiment_id)
+        s.refresh(exp, with_for_update=True)
+        if ExperimentState(exp.state).is_terminal():
+            raise Conflict(f"experiment {experiment_id} is {exp.state}: its trials will not "
+                           "run again, so its priority no longer matters")
+        if exp.priority != priority:
+            record_event(s, entity="experiment", entity_id=exp.id, reason="priority changed",
+                         actor=USER, message=f"priority {exp.priority} → {priority}",
+                         experiment_id=exp.id)
+            exp.priority = priority
+        for trial in exp.trials:
+            if not TrialState(trial.state).is_settled():
+                _change_priority(s, trial, priority)
+        return views.experiment_detail(exp)
+
+
+def _change_priority(s: Session, trial: Trial, priority: int) -> None:
+    if trial.priority == priority:
+        return  # setting the same priority twice records nothing
+    record_event(s, entity="trial", entity_id=trial.id, reason="priority changed", actor=USER,
+                 message=f"priority {trial.priority} → {priority}",
+                 experiment_id=trial.experiment_id, trial_id=trial.id)
+    trial.priority = priority
