@@ -17,9 +17,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session, object_session, selectinload
 
 from muster.atomic import atomic_write_json, read_json
@@ -364,6 +364,7 @@ class Supervisor:
                                     .order_by(Trial.priority, Trial.id)))
             if not queued:
                 return
+            shown = {trial.id: trial.queue_reason for trial in queued}
             demands = [_demand(trial) for trial in queued]
             held = self._pool.held(s)
             holdings = [_holding(trial, held.get(trial.id, ())) for trial in s.scalars(
@@ -373,11 +374,17 @@ class Supervisor:
         decided = plan(demands, holdings, capacity, self.preemption)
         for admit in decided.admit:
             self.start_attempt(admit.trial_id, admit.gpus)
-        with self.store.session_scope() as s:
-            for trial_id, reason in decided.waiting.items():
-                trial = s.get_one(Trial, trial_id)
-                if trial.state == TrialState.QUEUED.value and trial.queue_reason != reason:
-                    trial.queue_reason = reason
+        # One statement for every reason that changed (positions shift whenever the head
+        # starts), and only for trials still QUEUED.
+        changed = [{"waiting_id": trial_id, "waiting_reason": reason}
+                   for trial_id, reason in decided.waiting.items() if shown[trial_id] != reason]
+        if changed:
+            with self.store.session_scope() as s:
+                trials = cast(Table, Trial.__table__)
+                s.connection().execute(
+                    update(trials).where(trials.c.id == bindparam("waiting_id"),
+                                         trials.c.state == TrialState.QUEUED.value)
+                    .values(queue_reason=bindparam("waiting_reason")), changed)
         for victim, beneficiary in decided.preempt.items():
             self._preempt(victim, beneficiary)
 
@@ -645,11 +652,18 @@ class Supervisor:
     # -- experiments -------------------------------------------------------------------
 
     def _close_experiments(self) -> None:
+        """End the experiments whose trials have all ended (selected in SQL: a pass must not
+        load every running experiment's trials)."""
+        terminal = [state.value for state in TrialState if state.is_terminal()]
+        has_trials = select(Trial.id).where(Trial.experiment_id == Experiment.id).exists()
+        unfinished = select(Trial.id).where(Trial.experiment_id == Experiment.id,
+                                            Trial.state.not_in(terminal)).exists()
         with self.store.session_scope() as s:
             active = s.scalars(select(Experiment).options(selectinload(Experiment.trials)).where(
                 (Experiment.state == ExperimentState.ACTIVE.value)
                 | ((Experiment.state == ExperimentState.PAUSED.value)
-                   & Experiment.stop_requested.is_(True))))
+                   & Experiment.stop_requested.is_(True)),
+                has_trials, ~unfinished))
             for experiment in active:
                 states = [TrialState(t.state) for t in experiment.trials]
                 if states and all(st.is_terminal() for st in states):
