@@ -147,6 +147,28 @@ def test_a_gpu_still_in_use_after_the_timeout_is_handed_out_with_a_warning(
     assert rig.run_to_end(second).state == "SUCCEEDED"
 
 
+def test_a_restart_waits_until_its_gpus_have_released_the_crashed_attempts_memory(
+    rig: Rig, tmp_path: Path
+) -> None:
+    rig = gpu_rig(rig.store, rig.home, gpus=1,
+                  release=GpuReleaseConfig(max_used_fraction=0.05, timeout=600))
+    release = tmp_path / "release"
+    release.touch()
+    job = submit(rig, fixture_entrypoint("fake_gpu_job.py"),
+                 {"RELEASE": str(release), "USED_BYTES": str(10 * GiB),
+                  "CRASH_ON_ATTEMPT": "1"}, gpus_per_replica=1)
+    rig.until_trial(job, TrialState.RESTARTING)  # SIGSEGV: TRANSIENT, retried
+    for _ in range(10):
+        rig.supervisor.tick()
+    assert state(rig, job) == ("RESTARTING", "waiting for its GPUs to release the last "
+                                             "attempt's memory (GPU 0: 10 GiB of 40 GiB in use)")
+    assert allocations(rig) == {0: ("allocated", job.trial_id, 0)}  # kept for the restart
+    (rig.home.fake_gpus_dir / "0" / "used_bytes").write_text("0\n")  # as a driver would
+    trial = rig.run_to_end(job)
+    assert (trial.state, [a.reason for a in trial.attempts]) == (
+        "SUCCEEDED", ["TRANSIENT", "OK"])
+
+
 def test_a_new_supervisor_neither_loses_nor_double_books_a_gpu(
     rig: Rig, tmp_path: Path
 ) -> None:

@@ -112,6 +112,42 @@ class GpuPool:
             row = rows[index]
             row.state, row.trial_id, row.rank, row.since = ALLOCATED, trial_id, rank, now()
 
+    def released_for_restart(self, s: Session, trial: Trial) -> bool:
+        """Whether the trial's next attempt may start on the GPUs it keeps: once each has at
+        most `max_used_fraction` of its memory in use, or `timeout` after the last attempt
+        ended (then with a warning event). Until then the trial says what it waits for."""
+        rows = list(s.scalars(select(GpuDevice).where(GpuDevice.trial_id == trial.id,
+                                                      GpuDevice.state == ALLOCATED)
+                              .order_by(GpuDevice.index)))
+        busy = [(row, used) for row in rows
+                if (used := self._used(row)) is None
+                or used > self.release.max_used_fraction * row.memory_total]
+        if not busy:
+            return True
+        ended = max((a.ended_at or 0.0 for a in trial.attempts if not a.standby), default=0.0)
+        waited = now() - ended
+        shown = "; ".join(f"GPU {row.index}: {_in_use(row, used)}" for row, used in busy)
+        if waited < self.release.timeout:
+            reason = (f"waiting for its GPUs to release the last attempt's memory ({shown})")
+            if trial.queue_reason != reason:
+                trial.queue_reason = reason
+            return False
+        message = (f"{shown} {waited:.0f}s after the last attempt ended (gpu_release: at most "
+                   f"{self.release.max_used_fraction:g} of its memory within "
+                   f"{self.release.timeout:g}s); starting the next attempt anyway")
+        record_event(s, entity="trial", entity_id=trial.id, reason="gpu release timeout",
+                     actor=ACTOR, message=message, experiment_id=trial.experiment_id,
+                     trial_id=trial.id)
+        log.warning("trial %s: %s", trial.id, message)
+        return True
+
+    def _used(self, row: GpuDevice) -> int | None:
+        try:
+            return self.inventory.memory_used(row.index)
+        except GpuError as exc:
+            log.warning("cannot read the memory of GPU %s: %s", row.index, exc)
+            return None
+
     def settle(self) -> None:
         """Take back the GPUs of trials that no longer hold resources, and free the ones
         whose memory has been released (or whose timeout has passed). The first call brings
@@ -132,19 +168,14 @@ class GpuPool:
 
     def _maybe_free(self, s: Session, row: GpuDevice) -> None:
         waited = now() - row.since
-        try:
-            used: int | None = self.inventory.memory_used(row.index)
-        except GpuError as exc:
-            log.warning("cannot read the memory of GPU %s: %s", row.index, exc)
-            used = None
+        used = self._used(row)
         limit = self.release.max_used_fraction * row.memory_total
         if used is not None and used <= limit:
             self._free(s, row)
             return
         if waited < self.release.timeout:
             return
-        shown = "could not be read" if used is None else (
-            f"{format_size(used)} of {format_size(row.memory_total)} still in use")
+        shown = _in_use(row, used, still=True)
         trial = f" by trial {row.trial_id}" if row.trial_id is not None else ""
         message = (f"GPU {row.index} ({row.name}): {shown} {waited:.0f}s after it was "
                    f"released{trial} (gpu_release: at most {self.release.max_used_fraction:g} "
@@ -162,3 +193,10 @@ class GpuPool:
             s.delete(row)
             return
         row.state, row.trial_id, row.rank, row.since = FREE, None, None, now()
+
+
+def _in_use(row: GpuDevice, used: int | None, still: bool = False) -> str:
+    if used is None:
+        return "memory use could not be read"
+    return (f"{format_size(used)} of {format_size(row.memory_total)}"
+            f"{' still' if still else ''} in use")

@@ -352,6 +352,8 @@ class Supervisor:
                 if trial.pause_requested is not None and not trial.stop_requested:
                     _pause(s, trial, "paused between two attempts")
                     continue
+                if not trial.stop_requested and not self._pool.released_for_restart(s, trial):
+                    continue  # its GPUs still hold the last attempt's memory
             self.start_attempt(trial_id)
 
     def _admit_queued(self) -> None:
