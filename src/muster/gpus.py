@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from muster.atomic import atomic_write_bytes
 from muster.errors import GpuError
 from muster.sizes import format_size
+from muster.words import count
 
 if TYPE_CHECKING:
     from muster.config.cluster import FakeGpuConfig
@@ -128,7 +129,7 @@ class NvmlInventory(GpuInventory):
         except self._nvml.NVMLError as exc:
             self.close()
             raise GpuError(f"NVML started but cannot list the GPUs: {exc}") from None
-        super().__init__(gpus, f"{_count(len(gpus), 'GPU')} from NVML")
+        super().__init__(gpus, f"{count(len(gpus), 'GPU')} from NVML")
 
     def close(self) -> None:
         if not self._closed:
@@ -166,7 +167,7 @@ class FakeInventory(GpuInventory):
             Gpu(spec.index, spec.name, spec.type or gpu_type_from_name(spec.name), spec.memory)
             for spec in specs
         ]
-        super().__init__(gpus, f"{_count(len(gpus), 'fake GPU')} from the cluster config")
+        super().__init__(gpus, f"{count(len(gpus), 'fake GPU')} from the cluster config")
 
     def used_path(self, index: int) -> Path:
         """The file that holds GPU `index`'s used memory in bytes."""
@@ -265,6 +266,3 @@ def _text(value: str | bytes) -> str:
     """NVML strings: bytes from older nvidia-ml-py versions, str from newer ones."""
     return value.decode() if isinstance(value, bytes) else value
 
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -141,7 +141,7 @@ def test_checkpoint_check(
         ({0, 1, 2}, 3, (True, "all 3 ranks checked in through muster.harness.init()")),
         ({0, 2}, 3, (False, "rank 1 of attempt 2 never checked in through "
                             "muster.harness.init(), although the config sets `harness: true`")),
-        (set(), 2, (False, "ranks 0, 1 of attempt 2 never checked in through "
+        (set(), 2, (False, "ranks 0 and 1 of attempt 2 never checked in through "
                            "muster.harness.init(), although the config sets `harness: true`")),
     ],
 )

@@ -14,6 +14,7 @@ from typing import Literal, assert_never
 
 from muster.config.schema import FailurePolicy
 from muster.states import Reason
+from muster.words import count
 
 __all__ = ["INTERNAL_FAILURE_MESSAGE", "Action", "Budget", "Budgets", "Decision", "decide"]
 
@@ -68,7 +69,7 @@ def decide(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decision:
         return Decision(Action.FAIL, None, message)
     if reason is Reason.TRANSIENT:
         return _trial_retry(reason, used, policy) or _give_up(
-            f"{reason.value} failure; giving up after {_count(policy.trial_retries, 'retry')}"
+            f"{reason.value} failure; giving up after {count(policy.trial_retries, 'retry')}"
         )
     if reason is Reason.INFRA or reason is Reason.LOST or reason is Reason.STALLED:
         return _infra(reason, used, policy)
@@ -86,7 +87,7 @@ def _user_error(used: Budgets, policy: FailurePolicy) -> Decision:
         attempt = used.user_error_retries + 1
         message = f"USER_ERROR failure; retrying the trial (retry {attempt} of {limit})"
         return Decision(Action.RETRY, "user_error_retries", message)
-    return _give_up(f"USER_ERROR failure; giving up after {_count(limit, 'retry')}")
+    return _give_up(f"USER_ERROR failure; giving up after {count(limit, 'retry')}")
 
 
 def _infra(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decision:
@@ -101,8 +102,8 @@ def _infra(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decision:
         message = f"{reason.value} failure; restarting {what} (restart {number} of {limit})"
         return Decision(Action.RETRY, "replica_restarts", message)
     return _trial_retry(reason, used, policy) or _give_up(
-        f"{reason.value} failure; giving up after {_count(limit, 'replica restart')} "
-        f"and {_count(policy.trial_retries, 'trial retry')}"
+        f"{reason.value} failure; giving up after {count(limit, 'replica restart')} "
+        f"and {count(policy.trial_retries, 'trial retry')}"
     )
 
 
@@ -129,10 +130,3 @@ def _trial_retry(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decisi
 def _give_up(message: str) -> Decision:
     return Decision(Action.FAIL, None, message)
 
-
-def _count(number: int, noun: str) -> str:
-    """`_count(1, "retry")` -> "1 retry"; `_count(3, "retry")` -> "3 retries"."""
-    if number == 1:
-        return f"{number} {noun}"
-    plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
-    return f"{number} {plural}"

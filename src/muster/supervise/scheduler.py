@@ -26,6 +26,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from muster.words import count
+
 __all__ = ["Capacity", "Demand", "GpuSlot", "Holding", "Plan", "plan"]
 
 
@@ -108,7 +110,7 @@ def plan(queue: Sequence[Demand], holdings: Sequence[Holding], capacity: Capacit
         running = state.replicas_of[demand.experiment_id]
         if demand.max_slots is not None and running + demand.replicas > demand.max_slots:
             result.waiting[demand.trial_id] = (
-                f"position {position}: its experiment runs {_count(running, 'replica')} and "
+                f"position {position}: its experiment runs {count(running, 'replica')} and "
                 f"resources.max_slots is {demand.max_slots}")
             continue
         if kind in blocked:
@@ -169,7 +171,7 @@ class _Pool:
 
     def shortfall(self, demand: Demand) -> str:
         if not demand.gpus_per_replica:
-            return f"waiting for {_count(demand.replicas, 'slot')}, {max(self.slots_free, 0)} free"
+            return f"waiting for {count(demand.replicas, 'slot')}, {max(self.slots_free, 0)} free"
         free = sum(_matches(g.type, demand.gpu_type) for g in self.free_gpus)
         releasing = sum(_matches(g.type, demand.gpu_type) for g in self.releasing)
         text = f"waiting for {_need(demand)}, {free} free"
@@ -210,7 +212,7 @@ def _never_fits(demand: Demand, capacity: Capacity) -> str | None:
     if not demand.gpus_per_replica:
         if demand.replicas <= capacity.slots:
             return None
-        return (f"needs {_count(demand.replicas, 'slot')} for its replicas, but this server "
+        return (f"needs {count(demand.replicas, 'slot')} for its replicas, but this server "
                 f"has {capacity.slots}; raise `slots` in the cluster config (or `muster up "
                 "--slots`), or lower resources.replicas")
     have = sum(_matches(g.type, demand.gpu_type) for g in capacity.gpus)
@@ -229,10 +231,7 @@ def _matches(gpu_type: str, wanted: str | None) -> bool:
 
 def _need(demand: Demand) -> str:
     if not demand.gpus_per_replica:
-        return _count(demand.replicas, "slot")
+        return count(demand.replicas, "slot")
     of_type = f" of type {demand.gpu_type}" if demand.gpu_type else ""
-    return f"{_count(demand.gpus, 'GPU')}{of_type}"
+    return f"{count(demand.gpus, 'GPU')}{of_type}"
 
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"

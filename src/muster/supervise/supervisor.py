@@ -55,6 +55,7 @@ from muster.supervise.ingest import ingest_trial
 from muster.supervise.manifest import scan_manifest
 from muster.supervise.policy import Action, Budgets, decide
 from muster.supervise.scheduler import Capacity, Demand, Holding, plan
+from muster.words import count, rank_list
 
 log = logging.getLogger(__name__)
 
@@ -251,10 +252,10 @@ class Supervisor:
         ended = [st.rank for st in statuses if st.rank in waiting
                  and st.phase is not ReplicaPhase.RUNNING]
         running = [rank for rank in waiting if rank not in ended]
-        parts = [f"waiting for {_ranks(running)} to check in through muster.harness.init()"
+        parts = [f"waiting for {rank_list(running)} to check in through muster.harness.init()"
                  ] if running else []
-        parts += [f"{_ranks(ended)} ended without checking in"] if ended else []
-        reason = (f"{'; '.join(parts)} ({started} of {_count_of(len(statuses), 'replica')} "
+        parts += [f"{rank_list(ended)} ended without checking in"] if ended else []
+        reason = (f"{'; '.join(parts)} ({started} of {count(len(statuses), 'replica')} "
                   "started)")
         with self.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
@@ -732,9 +733,6 @@ def _replicas(trial: Trial) -> int:
     return _config(trial).resources.replicas
 
 
-def _count_of(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"
-
 
 _IN_PLACE = (Reason.INFRA, Reason.LOST, Reason.STALLED)
 STANDBY_GO = "standby-go.json"  # rank-<r>.standby-go.json: a standby's promotion
@@ -797,10 +795,6 @@ def _waiting_since(attempt_dir: Path, status: ReplicaStatus) -> float | None:
     except FileNotFoundError:
         return status.started_at
 
-
-def _ranks(ranks: list[int]) -> str:
-    return (f"rank {ranks[0]}" if len(ranks) == 1
-            else f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}")
 
 
 def _note_process(replica: Replica, status: ReplicaStatus) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from muster import checkpoint_files
 from muster.config import VerifyConfig
+from muster.words import count, rank_list
 
 __all__ = [
     "Check",
@@ -147,7 +148,7 @@ def _check_samples(evidence: Evidence, expected: int, tolerance: float) -> Check
                if abs(seen - expected) > tolerance * expected]
     if failing:
         return Check("samples", False, "; ".join(failing))
-    epochs = _plural(len(evidence.samples_by_epoch), "epoch")
+    epochs = count(len(evidence.samples_by_epoch), "epoch")
     return Check("samples", True,
                  f"{epochs}, each within {_tolerance_text(tolerance)} of {expected:,}")
 
@@ -156,15 +157,13 @@ def _check_check_ins(evidence: Evidence, world_size: int) -> Check:
     """With `harness: true`, every rank of the attempt that finished called init(): one
     that did not reported no samples, metrics or checkpoints, whatever it trained."""
     missing = [rank for rank in range(world_size) if rank not in evidence.checked_in]
-    ranks = _plural(world_size, "rank")
     if not missing:
-        return Check("check_in", True, f"{'the' if world_size == 1 else 'all'} {ranks} "
-                                       "checked in through muster.harness.init()")
-    which = (f"rank {missing[0]}" if len(missing) == 1
-             else "ranks " + ", ".join(map(str, missing)))
+        return Check("check_in", True, f"{'the' if world_size == 1 else 'all'} "
+                                       f"{count(world_size, 'rank')} checked in through "
+                                       "muster.harness.init()")
     return Check("check_in", False,
-                 f"{which} of attempt {evidence.final_attempt} never checked in through "
-                 "muster.harness.init(), although the config sets `harness: true`")
+                 f"{rank_list(missing)} of attempt {evidence.final_attempt} never checked in "
+                 "through muster.harness.init(), although the config sets `harness: true`")
 
 
 def _check_checkpoint(checkpoints: Sequence[CheckpointInfo]) -> Check:
@@ -182,14 +181,14 @@ def _check_checkpoint(checkpoints: Sequence[CheckpointInfo]) -> Check:
 
 def _check_finite_metrics(evidence: Evidence) -> Check:
     if evidence.non_finite_count == 0:
-        what = (_plural(len(evidence.metric_names), "metric") if evidence.metric_names
+        what = (count(len(evidence.metric_names), "metric") if evidence.metric_names
                 else "no metrics were reported")
         return Check("finite_metrics", True, f"no NaN or infinite value ({what})")
     shown = sorted(evidence.non_finite, key=lambda p: (p.attempt, p.step, p.rank, p.name))
     parts = [_non_finite_text(p) for p in shown[:SHOWN_NON_FINITE]]
     rest = evidence.non_finite_count - len(parts)
     if rest > 0:
-        parts.append(f"and {_plural(rest, 'more non-finite value')}")
+        parts.append(f"and {count(rest, 'more non-finite value')}")
     return Check("finite_metrics", False, "; ".join(parts))
 
 
@@ -205,14 +204,11 @@ def _check_metrics_readable(evidence: Evidence) -> Check:
     bad = evidence.unreadable_metric_lines
     if bad:
         return Check("metrics_readable", False,
-                     f"{_plural(bad, 'unreadable metric line')} "
+                     f"{count(bad, 'unreadable metric line')} "
                      f"(the first at {evidence.first_unreadable_metric_line})")
     return Check("metrics_readable", True,
-                 f"{_plural(evidence.metric_lines, 'metric line')} read")
+                 f"{count(evidence.metric_lines, 'metric line')} read")
 
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def _epoch_shortfall(epoch: int, seen: int, expected: int) -> str:
@@ -251,6 +247,7 @@ def gather_evidence(run_dir: Path, attempts: Sequence[int]) -> Evidence:
     ordered = sorted(attempts)
     samples, unreadable_samples = _read_samples(run_dir, ordered)
     metrics = _read_metrics(run_dir, ordered)
+    heartbeats = {n: _rank_files(run_dir, n, "heartbeat.json") for n in ordered}
     return Evidence(
         samples_by_epoch=samples,
         unreadable_samples_files=unreadable_samples,
@@ -261,10 +258,9 @@ def gather_evidence(run_dir: Path, attempts: Sequence[int]) -> Evidence:
         unreadable_metric_lines=metrics.unreadable,
         first_unreadable_metric_line=metrics.first_unreadable,
         checkpoints=tuple(_read_checkpoints(run_dir / "checkpoints")),
-        harness_used=any(_rank_files(run_dir, n, "heartbeat.json") for n in ordered),
+        harness_used=any(heartbeats.values()),
         final_attempt=ordered[-1] if ordered else None,
-        checked_in=frozenset(rank for rank, _ in _rank_files(run_dir, ordered[-1],
-                                                             "heartbeat.json"))
+        checked_in=frozenset(rank for rank, _ in heartbeats[ordered[-1]])
         if ordered else frozenset(),
     )
 

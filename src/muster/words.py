@@ -1,0 +1,23 @@
+"""Counted nouns and rank lists, worded one way in every message muster writes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["count", "rank_list"]
+
+
+def count(number: int, noun: str) -> str:
+    """`count(1, "slot")` -> "1 slot"; `count(3, "retry")` -> "3 retries";
+    `count(1797, "sample")` -> "1,797 samples"."""
+    if number != 1:
+        consonant_y = noun.endswith("y") and noun[-2:-1] not in ("a", "e", "i", "o", "u")
+        noun = noun[:-1] + "ies" if consonant_y else noun + "s"
+    return f"{number:,} {noun}"
+
+
+def rank_list(numbers: Sequence[int]) -> str:
+    """`rank_list([1])` -> "rank 1"; `rank_list([0, 1, 3])` -> "ranks 0, 1 and 3"."""
+    if len(numbers) == 1:
+        return f"rank {numbers[0]}"
+    return f"ranks {', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
