@@ -14,6 +14,7 @@ from muster.client import Client
 from tests.server.conftest import RunningServer
 from tests.server.experiments import FAST_POLICY, wait_trial
 from tests.server.queueing import serving_with
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "fake_gpu_job.py"
@@ -62,9 +63,10 @@ def test_a_sigkilled_server_keeps_its_gpu_allocations(server: RunningServer,
         assert holders(client) == before  # nothing lost, nothing freed under a live trial
         second, release_second = gpu_job(client, server, tmp_path, "second",
                                          gpus_per_replica=2)
-        wait_trial(client, second, {"QUEUED"})
-        assert client.get_trial(second)["queue_reason"] == (
-            "position 1: waiting for 2 GPUs, 1 free")
+        # A new trial is QUEUED at once; the next supervisor pass writes its reason.
+        reason = wait_until(lambda: client.get_trial(second)["queue_reason"], timeout=30,
+                            what=f"trial {second} to get a queue reason")
+        assert reason == "position 1: waiting for 2 GPUs, 1 free"
         release_first.touch()
         assert wait_trial(client, first, {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
         wait_trial(client, second, {"RUNNING"})
