@@ -26,6 +26,8 @@ import tail
 import throughput
 from report import Outcome, describe_machine, render_markdown, write_json
 
+import search  # this folder's search.py; ruff sorts it apart, as tests/search/ exists
+
 OUT_DIR = Path(__file__).resolve().parent / "out"
 
 BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
@@ -38,6 +40,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "replicas": replicas.run,
     "recovery": recovery.run,
     "queue": queue_throughput.run,
+    "search": search.run,
 }
 
 

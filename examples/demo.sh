@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: start muster on its embedded SQLite store, write the digits data set as PNG
-# files, run the example experiment with the harness (metrics, samples, checkpoints), follow
-# its log live, and show how it ended and what muster verified. Then stop the server.
+# files, and run a hyperparameter search on the digits MLP (examples/digits/search.yaml:
+# adaptive ASHA, 24 trials, 2 at a time, each verified by muster). Follow it live until it
+# ends, show the best trial, then stop the server. Exits 0 only if the search COMPLETED.
 # MUSTER_DEMO_SUSPECT=1 also runs the silent-drop example, which must end SUSPECT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,22 +10,31 @@ export MUSTER_HOME="${MUSTER_HOME:-$PWD/.muster-demo}"
 port="${MUSTER_DEMO_PORT:-8765}"
 export MUSTER_URL="http://127.0.0.1:$port"
 muster=.venv/bin/muster
-first_trial() { .venv/bin/python -c 'import json, sys; print(json.load(sys.stdin)["trials"][0]["id"])'; }
+field() { .venv/bin/python -c "import json, sys; print(json.load(sys.stdin)$1)"; }
+ending='import json, sys
+exp = json.load(sys.stdin)
+best, early = exp["search"]["best"], sum(t["early_stopped"] for t in exp["trials"])
+print("the digits search (experiment %d) ended %s: %d trials, %d stopped early by ASHA"
+      % (exp["id"], exp["state"], len(exp["trials"]), early)
+      + ("" if best is None else "; best %s %.4f in trial %d"
+         % (best["metric"], best["value"], best["trial_id"])))'
 
 .venv/bin/python examples/digits/prepare_data.py --corrupt 0.12
 $muster up --detach --port "$port" --min-free-disk 100MiB
 trap '$muster down' EXIT
 
-trial=$($muster experiment create examples/digits/experiment.yaml examples/digits --json | first_trial)
-$muster trial logs "$trial" --follow
-$muster trial describe "$trial"
-$muster trial metrics "$trial" --kind validation --tail 5
-state=$($muster trial describe "$trial" --json | .venv/bin/python -c 'import json, sys; print(json.load(sys.stdin)["state"])')
+experiment=$($muster experiment create examples/digits/search.yaml examples/digits --json \
+             | field '["id"]')
+$muster experiment watch "$experiment" || true    # its exit status is read from the state below
+$muster experiment best "$experiment" || true     # none when no trial succeeded
+state=$($muster experiment describe "$experiment" --json | field '["state"]')
 
 if [[ "${MUSTER_DEMO_SUSPECT:-0}" == 1 ]]; then
   $muster experiment create examples/digits/experiment-corrupt.yaml examples/digits --wait \
     || true
 fi
-$muster experiment list
-echo "the digits trial ended $state"
-[[ "$state" == SUCCEEDED ]]
+line=$($muster experiment describe "$experiment" --json | .venv/bin/python -c "$ending")
+$muster down
+trap - EXIT
+echo "$line"
+[[ "$state" == COMPLETED ]]

@@ -123,6 +123,21 @@ class Client:
     def get_experiment(self, experiment_id: int) -> dict[str, Any]:
         return self._json("GET", f"/experiments/{experiment_id}")  # type: ignore[no-any-return]
 
+    def best_trial(self, experiment_id: int) -> dict[str, Any]:
+        """The SUCCEEDED trial with the best value of the searcher's metric so far, as
+        `get_trial` gives it plus `best_validation`. NotFound while there is none yet."""
+        return self._json(  # type: ignore[no-any-return]
+            "GET", f"/experiments/{experiment_id}/best"
+        )
+
+    def list_trials(self, experiment_id: int, sort: str | None = None) -> list[dict[str, Any]]:
+        """The experiment's trials `{id, number, state, hparams, early_stopped,
+        best_validation, restarts, started_at, ended_at}`: by number, or with `sort` by
+        that validation metric (the searcher's best first, any other smallest first)."""
+        return self._json(  # type: ignore[no-any-return]
+            "GET", f"/experiments/{experiment_id}/trials", params=_params(sort=sort)
+        )
+
     def kill_experiment(self, experiment_id: int) -> dict[str, Any]:
         return self._json(  # type: ignore[no-any-return]
             "POST", f"/experiments/{experiment_id}/kill"

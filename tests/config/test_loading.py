@@ -87,7 +87,8 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
         (
             "zzz: 1",
             "zzz: unknown key; the keys allowed here are data, description, entrypoint, "
-            "environment, failure_policy, harness, labels, name, resources, verify",
+            "environment, failure_policy, harness, hyperparameters, labels, name, "
+            "reproducibility, resources, searcher, verify",
         ),
         (
             "failure_policy: {trial_retry: 1}",
@@ -225,15 +226,13 @@ _UNSUPPORTED = "not supported by this version of muster yet; remove it"
 @pytest.mark.parametrize(
     ("body", "problem"),
     [
-        ("hyperparameters: {lr: 0.1}", f"hyperparameters: this section is {_UNSUPPORTED}"),
-        ("searcher: {name: single}", f"searcher: this section is {_UNSUPPORTED}"),
         (
             "checkpoint_storage: {type: shared_fs}",
             f"checkpoint_storage: this section is {_UNSUPPORTED}",
         ),
         (
-            "reproducibility: {experiment_seed: 1}",
-            f"reproducibility: this section is {_UNSUPPORTED}",
+            "reproducibility: {deterministic: true}",
+            f"reproducibility.deterministic: this setting is {_UNSUPPORTED}",
         ),
         (
             "environment: {python: /usr/bin/python3}",
@@ -305,8 +304,8 @@ base: &base {trial_retries: 1, replica_restarts: 1}
     assert config.failure_policy.trial_retries == 2
     assert config.failure_policy.stop_grace == 5.0
     assert problems(text + merged)[0] == "base: unknown key; the keys allowed here are " + (
-        "data, description, entrypoint, environment, failure_policy, harness, labels, name, "
-        "resources, verify"
+        "data, description, entrypoint, environment, failure_policy, harness, hyperparameters, "
+        "labels, name, reproducibility, resources, searcher, verify"
     )
 
 

@@ -104,10 +104,12 @@ def test_json_round_trip() -> None:
 
 def test_from_json_dict_reports_problems_as_config_errors() -> None:
     with pytest.raises(ConfigError) as info:
-        ExperimentConfig.from_json_dict({"name": "x", "entrypoint": [], "searcher": {}})
+        ExperimentConfig.from_json_dict({"name": "x", "entrypoint": [],
+                                         "checkpoint_storage": {}})
     message = str(info.value)
     assert "entrypoint: must not be empty" in message
-    assert "searcher: this section is not supported by this version of muster yet" in message
+    assert ("checkpoint_storage: this section is not supported by this version of muster yet"
+            in message)
     assert "pydantic" not in message
 
 

@@ -23,7 +23,8 @@ def add_experiment(store: Store, *states: str, priority: int = 42,
     with store.session_scope() as s:
         exp = Experiment(name="exp", config=config, config_yaml=text, context_dir="/tmp/c",
                          state="ACTIVE", priority=priority)
-        trials = [Trial(experiment=exp, state=state, priority=priority) for state in states]
+        trials = [Trial(experiment=exp, state=state, priority=priority, number=number)
+                  for number, state in enumerate(states)]
         s.add_all([exp, *trials])
         s.flush()
         return exp.id, [t.id for t in trials]

@@ -21,7 +21,8 @@ def add_experiment(session: Session, state: str = "ACTIVE", name: str = "exp") -
 
 
 def add_trial(session: Session, experiment: Experiment, state: str = "QUEUED") -> Trial:
-    trial = Trial(experiment=experiment, state=state, hparams={"lr": 0.1})
+    number = len(experiment.trials)  # each trial's place in its experiment is unique
+    trial = Trial(experiment=experiment, state=state, hparams={"lr": 0.1}, number=number)
     session.add(trial)
     session.flush()
     return trial

@@ -82,6 +82,10 @@ def describe(
         return
     render.console.print(f"Experiment {exp['id']} [bold]{exp['name']}[/]: "
                          f"{render.state(exp['state'])}")
+    search = exp.get("search")
+    if search and search["searcher"] != "single":
+        for line in render.search_lines(search):
+            render.console.print(line, markup=False)
     render.console.print(render.trials_table(exp["trials"]))
     for trial in exp["trials"]:
         if trial["attempts"]:
@@ -89,6 +93,22 @@ def describe(
             render.console.print(render.attempts_table(trial))
             for line in render.ended_replicas(trial):
                 render.console.print(f"  {line}", markup=False)
+
+
+@app.command()
+def best(
+    experiment_id: int, as_json: JsonOption = False, home: HomeOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Show the best trial so far: the SUCCEEDED one (stopped early or not) with the best
+    value of the searcher's metric, and its hyperparameters."""
+    with client(home, url) as c:
+        trial = c.best_trial(experiment_id)
+    if as_json:
+        render.print_json(trial)
+        return
+    for line in render.best_trial_lines(trial):
+        render.console.print(line, markup=False)
 
 
 @app.command()
@@ -137,3 +157,23 @@ def activate(
     else:
         render.console.print(f"experiment {experiment_id}: active; its paused trials are "
                              "back in the queue")
+
+
+@app.command()
+def watch(experiment_id: int, home: HomeOption = None, url: UrlOption = None) -> None:
+    """Follow an experiment's search until it ends: trials by stage, the best so far, the
+    newest trials (a line per change when not on a terminal). Exits 0 only if it ends
+    COMPLETED."""
+    from muster.cli import watch as watching  # the module, beside this command of its name
+
+    with client(home, url) as c:
+        exp = watching.watch(c, experiment_id)
+    if exp["state"] == "COMPLETED":
+        render.err_console.print(f"experiment {experiment_id} ended {render.state('COMPLETED')}")
+        return
+    held = "" if exp["state"] != "ACTIVE" else (
+        ": its SUSPECT trials wait for `muster trial review ID --approve|--reject --note TEXT`")
+    verb = "is" if exp["state"] in ("ACTIVE", "PAUSED") else "ended"
+    render.err_console.print(f"experiment {experiment_id} {verb} "
+                             f"{render.state(exp['state'])}{held}")
+    raise typer.Exit(1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rich.console import Console
@@ -83,6 +84,70 @@ def metrics_table(reports: list[dict[str, Any]]) -> Table:
         table.add_row(str(report["step"]), report["kind"],
                       *(number(values[n]) if n in values else "-" for n in names))
     return table
+
+
+def search_lines(search: dict[str, Any]) -> list[str]:
+    """The search's progress in three lines: how it searches, how far it is, the best so far."""
+    direction = "smaller is better" if search["smaller_is_better"] else "larger is better"
+    lines = [
+        f"Search: {search['searcher']} on {search['metric']} ({direction}), up to "
+        f"{search['max_concurrent_trials']} trials at once",
+        f"Trials: {search['ended']} ended, {search['running']} running, {search['queued']} "
+        f"queued, {search['remaining']} remaining of {search['max_trials']}",
+    ]
+    best = search["best"]
+    if best is None:
+        return [*lines, "Best so far: none yet"]
+    early = " (stopped early)" if best["early_stopped"] else ""
+    return [*lines, f"Best so far: trial {best['trial_id']} (number {best['number']}){early}: "
+                    f"{best['metric']} {number(best['value'])}",
+            f"  hparams: {hparams_text(best['hparams'])}"]
+
+
+def best_trial_lines(trial: dict[str, Any]) -> list[str]:
+    """An experiment's best trial: its value, its hyperparameters, how it ended."""
+    values = ", ".join(f"{name} {number(value)}"
+                       for name, value in trial["best_validation"].items())
+    return [f"Trial {trial['id']} (number {trial['number']}) of experiment "
+            f"{trial['experiment_id']}: {values}",
+            f"hparams: {hparams_text(trial['hparams'])}",
+            f"state: {trial['state']}{_stopped_early(trial)}"]
+
+
+def _stopped_early(trial: dict[str, Any]) -> str:
+    stop = trial.get("early_stop")
+    if stop:
+        return f", stopped early by the searcher at step {stop['step']} (rung {stop['rung']})"
+    return ", stopped early by the searcher" if trial["early_stopped"] else ""
+
+
+def search_trials_table(trials: list[dict[str, Any]], sort: str | None) -> Table:
+    """An experiment's trials: number, state, the best value of each metric, hparams."""
+    names = list(dict.fromkeys([*([sort] if sort else []),
+                                *(name for t in trials for name in t["best_validation"])]))
+    table = Table("Trial", "Number", "State", "Early stopped", *map(escape, names),
+                  "Hyperparameters")
+    for trial in trials:
+        values = trial["best_validation"]
+        table.add_row(str(trial["id"]), str(trial["number"]), state(trial["state"]),
+                      "yes" if trial["early_stopped"] else "-",
+                      *(number(values[n]) if n in values else "-" for n in names),
+                      escape(hparams_text(trial["hparams"])))
+    return table
+
+
+def hparams_text(hparams: Mapping[str, Any]) -> str:
+    """Hyperparameters in one line, nested ones by their dotted path: `lr=0.01, opt.beta=0.9`."""
+    return ", ".join(f"{path}={number(value) if isinstance(value, float) else value}"
+                     for path, value in _flat(hparams, "")) or "-"
+
+
+def _flat(tree: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def number(value: float | int | str) -> str:

@@ -27,6 +27,26 @@ class MetricKind(str, Enum):
 KindOption = Annotated[MetricKind | None, typer.Option(help="only this kind (default: both)")]
 
 
+@app.command("list")
+def list_(
+    experiment_id: int,
+    sort: Annotated[str | None, typer.Option(
+        help="order by this validation metric: the searcher's best first, any other smallest "
+        "first; trials without it last")] = None,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """List an experiment's trials: state, whether the searcher stopped them early, their
+    best validation value and their hyperparameters."""
+    with client(home, url) as c:
+        trials = c.list_trials(experiment_id, sort=sort)
+    if as_json:
+        render.print_json(trials)
+    elif not trials:
+        render.err_console.print(f"experiment {experiment_id} has no trials yet")
+    else:
+        render.console.print(render.search_trials_table(trials, sort))
+
+
 @app.command()
 def describe(
     trial_id: int, as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,

@@ -16,7 +16,14 @@ from pydantic_core import ErrorDetails
 
 from muster.errors import ConfigError
 
-__all__ = ["config_error", "describe_error", "key_path", "show_value", "validate_config_data"]
+__all__ = [
+    "KeyedProblems",
+    "config_error",
+    "describe_error",
+    "key_path",
+    "show_value",
+    "validate_config_data",
+]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -79,9 +86,24 @@ def key_path(loc: Sequence[int | str]) -> str:
     return path or "(top level)"
 
 
+class KeyedProblems(ValueError):
+    """Raised by a validator for problems below the key it validates, each with its key path
+    relative to that key (`max_trials` under `searcher`); `describe_error` joins the paths.
+    Any ValueError with such a `problems` list is read the same way (see SpaceProblems)."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{path}: {problem}" for path, problem in problems))
+
+
 def describe_error(error: ErrorDetails, root: type[BaseModel]) -> str:
-    """One `<key path>: <problem>` line for one pydantic error found validating `root`."""
+    """One `<key path>: <problem>` line for one pydantic error found validating `root` (one
+    per problem where a validator found several below its key)."""
     loc = tuple(error["loc"])
+    nested = getattr(error.get("ctx", {}).get("error"), "problems", None)
+    if error["type"] == "value_error" and isinstance(nested, list):
+        return "\n".join(f"{key_path(loc + tuple(str(path).split('.')))}: {problem}"
+                         for path, problem in nested)
     if error["type"] == "extra_forbidden":
         problem = _unknown_key(str(loc[-1]), _section_at(root, loc[:-1]), error["input"])
     else:

@@ -13,10 +13,18 @@ import shlex
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from muster.config.problems import show_value, validate_config_data
+from muster.config.problems import KeyedProblems, show_value, validate_config_data
 from muster.config.units import parse_duration, parse_size
+from muster.search import space
 
 __all__ = [
     "DataConfig",
@@ -24,7 +32,9 @@ __all__ = [
     "ExperimentConfig",
     "FailurePolicy",
     "ManifestConfig",
+    "ReproducibilityConfig",
     "ResourcesConfig",
+    "SearcherConfig",
     "VerifyConfig",
 ]
 
@@ -176,17 +186,80 @@ class VerifyConfig(_Section):
     require_metrics: list[str] = Field(default_factory=list)
 
 
+SEARCHERS = ("single", "grid", "random", "tpe", "asha", "adaptive_asha")
+MAX_TRIALS = 10_000
+# Settings that only some searchers read: which, so that a setting a searcher would ignore
+# is an error rather than a silent no-op.
+_ONLY_FOR = {
+    "mode": ("adaptive_asha",),
+    "divisor": ("asha", "adaptive_asha"),
+    "max_rungs": ("asha", "adaptive_asha"),
+}
+
+
+class SearcherConfig(_Section):
+    """How the experiment's trials are chosen (Determined's `searcher` block): `single` runs
+    one trial; the others sample `hyperparameters` (Optuna samplers and pruners)."""
+
+    name: Literal["single", "grid", "random", "tpe", "asha", "adaptive_asha"] = "single"
+    metric: str | None = Field(default=None, min_length=1)
+    smaller_is_better: bool = True
+    max_trials: int | None = Field(default=None, ge=1, le=MAX_TRIALS)
+    max_concurrent_trials: int = Field(default=16, ge=1)
+    max_length: int | None = Field(default=None, ge=1)  # in report_validation's step units
+    mode: Literal["aggressive", "standard", "conservative"] = "standard"
+    divisor: int = Field(default=4, ge=2, le=100)
+    max_rungs: int = Field(default=5, ge=1, le=20)
+
+    @model_validator(mode="after")
+    def _complete(self) -> SearcherConfig:
+        problems = _searcher_problems(self)
+        if problems:
+            raise KeyedProblems(problems)
+        return self
+
+
+def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
+    name = config.name
+    # A stored config holds every default, so only a value other than the default is one
+    # the person set for a searcher that ignores it.
+    problems = [(key, f"only the {' and '.join(searchers)} searcher"
+                      + (" uses" if len(searchers) == 1 else "s use")
+                      + f" it, not {name}; remove it")
+                for key, searchers in _ONLY_FOR.items()
+                if name not in searchers
+                and getattr(config, key) != SearcherConfig.model_fields[key].default]
+    if name != "single" and config.metric is None:
+        problems.append(("metric", f"required by the {name} searcher, which compares trials by "
+                                   "a validation metric: name one the script reports with "
+                                   "report_validation, e.g. `metric: val_loss`"))
+    if name == "single" and config.max_trials not in (None, 1):
+        problems.append(("max_trials", "the single searcher runs one trial; choose random, "
+                                       "tpe, asha or adaptive_asha to run more"))
+    if name == "grid" and config.max_trials is not None:
+        problems.append(("max_trials", "a grid runs one trial per point (the product of the "
+                                       "counts); remove max_trials"))
+    if name in ("random", "tpe", "asha", "adaptive_asha") and config.max_trials is None:
+        problems.append(("max_trials", f"required by the {name} searcher: how many trials to "
+                                       "run in all"))
+    if name in ("asha", "adaptive_asha") and config.max_length is None:
+        problems.append(("max_length", f"required by {name}, whose rungs are fractions of it "
+                                       "(in the steps the script reports validation with)"))
+    return problems
+
+
+class ReproducibilityConfig(_Section):
+    """`experiment_seed` seeds the searcher: the same seed draws the same hyperparameters."""
+
+    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset({"deterministic"})
+
+    experiment_seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+
+
 class ExperimentConfig(_Section):
     """One experiment: what to run, in which environment, and how to handle failures."""
 
-    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset(
-        {
-            "hyperparameters",
-            "searcher",
-            "checkpoint_storage",
-            "reproducibility",
-        }
-    )
+    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset({"checkpoint_storage"})
 
     name: str = Field(min_length=1, max_length=128)
     description: str = ""
@@ -201,6 +274,10 @@ class ExperimentConfig(_Section):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     data: DataConfig | None = None
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    # Mappings, `{type: ...}` ranges and constants; `muster.search.space` says what each is.
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    searcher: SearcherConfig = Field(default_factory=SearcherConfig)
+    reproducibility: ReproducibilityConfig = Field(default_factory=ReproducibilityConfig)
 
     @field_validator("entrypoint", mode="before")
     @classmethod
@@ -216,6 +293,51 @@ class ExperimentConfig(_Section):
                 f"must be a command line string or a list of arguments, got {show_value(value)}"
             )
         return value
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _space(cls, value: dict[str, Any]) -> dict[str, Any]:
+        space.parse(value)  # raises SpaceProblems, each with its key path
+        return value
+
+    @model_validator(mode="after")
+    def _searchable(self) -> ExperimentConfig:
+        """The searcher and the space fit together (a grid needs counts; a search needs
+        something to choose)."""
+        searcher = self.searcher
+        searched = space.parse(self.hyperparameters).searched()
+        if searcher.name == "single" and searched:
+            first = next(iter(searched))
+            raise KeyedProblems([(
+                f"hyperparameters.{first}", "the single searcher runs one trial with fixed "
+                "values, and this is a range: make it a constant, or search it, e.g. with "
+                "`searcher: {name: random, max_trials: 1, metric: ...}`")])
+        if searcher.name == "single":
+            return self
+        if not searched:
+            raise KeyedProblems([(
+                "searcher.name", f"the {searcher.name} searcher needs at least one "
+                "hyperparameter to choose (int, double, log or categorical) under "
+                "`hyperparameters`; with only constants use `name: single`")])
+        if searcher.name == "grid":
+            problems = space.parse(self.hyperparameters).grid_problems()
+            if problems:
+                raise KeyedProblems([(f"hyperparameters.{path}", problem)
+                                     for path, problem in problems])
+        return self
+
+    def space(self) -> space.SearchSpace:
+        """The parsed search space (validated when the config was)."""
+        return space.parse(self.hyperparameters)
+
+    def trial_count(self) -> int:
+        """How many trials the experiment runs: 1, a grid's size, or `max_trials`."""
+        if self.searcher.name == "single":
+            return 1
+        if self.searcher.name == "grid":
+            return self.space().grid_size()
+        assert self.searcher.max_trials is not None, "checked by SearcherConfig"
+        return self.searcher.max_trials
 
     @field_validator("failure_policy")
     @classmethod

@@ -63,6 +63,18 @@ class Context:
         return self._env.hparams
 
     @property
+    def max_length(self) -> int | None:
+        """How far the searcher lets the trial train, in the steps it reports validation
+        with (MUSTER_MAX_LENGTH, `searcher.max_length`); None when the config sets none."""
+        return self._env.max_length
+
+    @property
+    def seed(self) -> int | None:
+        """The trial's seed (MUSTER_SEED): derived from `reproducibility.experiment_seed`
+        and the trial's number; None when the config sets no experiment seed."""
+        return self._env.seed
+
+    @property
     def trial_id(self) -> int | None:
         """The trial's id in muster; None in a local run."""
         return self._env.trial_id

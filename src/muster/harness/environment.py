@@ -23,6 +23,8 @@ class RunEnvironment(NamedTuple):
     hparams: dict[str, Any]
     latest_checkpoint: Path | None
     heartbeat_timeout: float | None
+    max_length: int | None = None  # the searcher's max_length (MUSTER_MAX_LENGTH)
+    seed: int | None = None  # the trial's seed (MUSTER_SEED), from experiment_seed
 
     def heartbeat_interval(self) -> float:
         """10 s, or a third of the heartbeat timeout when that is shorter."""
@@ -52,6 +54,8 @@ def read_environment(
             run_dir=cwd / LOCAL_RUN_DIR, trial_id=None, attempt=1, rank=rank,
             world_size=world_size, hparams=dict(local_hparams or {}), latest_checkpoint=None,
             heartbeat_timeout=_timeout_var(environ),
+            max_length=_int_var(environ, "MUSTER_MAX_LENGTH", minimum=1),
+            seed=_int_var(environ, "MUSTER_SEED", minimum=0),
         )
     latest = environ.get("MUSTER_LATEST_CHECKPOINT")
     return RunEnvironment(
@@ -63,6 +67,8 @@ def read_environment(
         hparams=_read_hparams(environ.get("MUSTER_HPARAMS")),
         latest_checkpoint=Path(latest) if latest else None,
         heartbeat_timeout=_timeout_var(environ),
+        max_length=_int_var(environ, "MUSTER_MAX_LENGTH", minimum=1),
+        seed=_int_var(environ, "MUSTER_SEED", minimum=0),
     )
 
 

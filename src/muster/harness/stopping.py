@@ -41,6 +41,8 @@ class StopRequest:
         self._owner_pid = os.getpid()
         self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._installed = True
+        _INSTALLED.append(self)
+        _watch_forks()
 
     def uninstall(self) -> None:
         """Give SIGTERM back to the handler that was there before `install`."""
@@ -48,6 +50,7 @@ class StopRequest:
             previous = signal.SIG_DFL if self._previous is None else self._previous
             signal.signal(signal.SIGTERM, previous)
             self._installed = False
+            _INSTALLED.remove(self)
 
     def requested(self) -> bool:
         """True once SIGTERM arrived; the first True writes the stop acknowledgement."""
@@ -64,6 +67,12 @@ class StopRequest:
             return
         self._requested = True
 
+    def in_forked_child(self) -> None:
+        """Right after os.fork(), in the child: SIGTERM kills it again, by the kernel's
+        default action, without waiting for the Python-level handler to get a turn."""
+        if self._installed and os.getpid() != self._owner_pid:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     def _acknowledge(self) -> None:
         self._acknowledged = True
         try:
@@ -71,3 +80,25 @@ class StopRequest:
         except OSError as exc:
             warnings.warn(f"muster.harness: could not write {self.ack_path}: {exc}",
                           RuntimeWarning, stacklevel=3)
+
+
+# The StopRequests that hold SIGTERM in this process; a forked child gives it back.
+_INSTALLED: list[StopRequest] = []
+_FORK_HOOK = False
+
+
+def _watch_forks() -> None:
+    """Once per process: after os.fork() (a DataLoader worker), SIGTERM kills the child.
+
+    The handler's own check (`_on_sigterm`) does the same, but only once the child's main
+    thread runs Python again; the hook makes the default action immediate.
+    """
+    global _FORK_HOOK
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _FORK_HOOK = True
+
+
+def _after_fork_in_child() -> None:
+    for request in _INSTALLED:
+        request.in_forked_child()

@@ -28,6 +28,8 @@ class ReplicaContext:
     # The GPU indices allocated to this replica; () for none on a server that schedules
     # GPUs (the replica then sees no GPU); None where muster schedules no GPUs at all.
     gpus: tuple[int, ...] | None = None
+    max_length: int | None = None  # the searcher's max_length: MUSTER_MAX_LENGTH
+    seed: int | None = None  # the trial's seed: MUSTER_SEED
 
 
 def build_env(
@@ -60,6 +62,11 @@ def build_env(
     )
     if ctx.heartbeat_timeout is not None:
         env["MUSTER_HEARTBEAT_TIMEOUT"] = f"{ctx.heartbeat_timeout:g}"
+    for name, value in (("MUSTER_MAX_LENGTH", ctx.max_length), ("MUSTER_SEED", ctx.seed)):
+        if value is not None:
+            env[name] = str(value)
+        else:
+            env.pop(name, None)
     if ctx.latest_checkpoint is not None:
         env["MUSTER_LATEST_CHECKPOINT"] = str(ctx.latest_checkpoint)
     else:

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from muster.config import load_config
+from muster.config import ExperimentConfig, load_config
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.home import Home
 from muster.server import views
@@ -38,30 +38,39 @@ def create_experiment(store: Store, home: Home, config_text: str, archive: Path 
             extract_context(archive, context)
         else:
             context.mkdir(parents=True)
-        return _insert_experiment(store, exp_uuid, config_text, config.to_json_dict(), context)
+        return _insert_experiment(store, exp_uuid, config_text, config, context)
     except BaseException:
         shutil.rmtree(context.parent, ignore_errors=True)
         raise
 
 
 def _insert_experiment(
-    store: Store, exp_uuid: str, text: str, config: dict[str, Any], context: Path
+    store: Store, exp_uuid: str, text: str, config: ExperimentConfig, context: Path
 ) -> int:
+    """The experiment, and its trial unless a searcher draws its trials (the orchestrator
+    does, from its next pass on)."""
     with store.session_scope() as s:
         exp = Experiment(
-            uuid=exp_uuid, name=config["name"], description=config.get("description", ""),
-            labels=config.get("labels", []), config=config, config_yaml=text,
+            uuid=exp_uuid, name=config.name, description=config.description,
+            labels=list(config.labels), config=config.to_json_dict(), config_yaml=text,
             context_dir=str(context), state=ExperimentState.ACTIVE.value,
-            priority=config["resources"]["priority"],
+            priority=config.resources.priority, max_trials=config.trial_count(),
         )
-        trial = Trial(uuid=str(uuid.uuid4()), experiment=exp, state=TrialState.QUEUED.value,
-                      priority=exp.priority)
-        s.add_all([exp, trial])
+        s.add(exp)
         s.flush()
+        searcher = config.searcher.name
         record_event(s, entity="experiment", entity_id=exp.id, reason="created", actor=USER,
-                     message=f"experiment {exp.name!r} created", experiment_id=exp.id)
-        record_event(s, entity="trial", entity_id=trial.id, reason="created", actor=USER,
-                     message="trial queued", experiment_id=exp.id, trial_id=trial.id)
+                     message=f"experiment {exp.name!r} created"
+                     + (f"; the {searcher} searcher runs {exp.max_trials} trials"
+                        if searcher != "single" else ""), experiment_id=exp.id)
+        if searcher == "single":
+            trial = Trial(uuid=str(uuid.uuid4()), experiment=exp,
+                          state=TrialState.QUEUED.value, priority=exp.priority,
+                          hparams=config.space().hparams({}))
+            s.add(trial)
+            s.flush()
+            record_event(s, entity="trial", entity_id=trial.id, reason="created", actor=USER,
+                         message="trial queued", experiment_id=exp.id, trial_id=trial.id)
         return exp.id
 
 
@@ -80,6 +89,8 @@ def describe_trial(store: Store, trial_id: int) -> dict[str, Any]:
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
         view = views.trial_detail(trial)
+        goals = views.searcher_goals(views.searcher_settings(trial.experiment))
+        view["best_validation"] = views.best_validation(s, [trial.id], goals).get(trial.id, {})
         events = s.scalars(select(Event).where(Event.trial_id == trial_id).order_by(Event.id))
         view["events"] = [views.event_view(e) for e in events]
         return view

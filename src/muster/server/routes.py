@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from muster import __version__
 from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY
 from muster.errors import InvalidRequest
-from muster.server import cluster, experiments, jobs, logs, metrics, prometheus
+from muster.server import cluster, experiments, jobs, logs, metrics, prometheus, search
 from muster.server.app import ServerState
 from muster.server.auth import check_bearer
 from muster.server.uploads import MAX_UPLOAD_BYTES
@@ -138,6 +138,28 @@ def list_experiments(state: State) -> list[dict[str, Any]]:
 @router.get("/experiments/{experiment_id}")
 def get_experiment(state: State, experiment_id: int) -> dict[str, Any]:
     return experiments.describe_experiment(state.store, experiment_id)
+
+
+@router.get("/experiments/{experiment_id}/best")
+def get_best_trial(state: State, experiment_id: int) -> dict[str, Any]:
+    """The SUCCEEDED trial with the best value of the searcher's metric (early-stopped trials
+    count; ties: lowest number), with its `best_validation`. 404 while there is none yet; 409
+    when the searcher names no metric."""
+    return search.best_trial(state.store, experiment_id)
+
+
+@router.get("/experiments/{experiment_id}/trials")
+def list_experiment_trials(
+    state: State,
+    experiment_id: int,
+    sort: Annotated[str | None, Query(
+        min_length=1, description="a validation metric: the searcher's best first, any other "
+        "smallest first; trials without a value last")] = None,
+) -> list[dict[str, Any]]:
+    """The experiment's trials `{id, number, state, hparams, early_stopped, best_validation,
+    restarts, started_at, ended_at}`, by number or by `sort`; 400 for a metric no trial
+    reported."""
+    return search.list_trials(state.store, experiment_id, sort)
 
 
 @router.post("/experiments/{experiment_id}/kill")

@@ -5,10 +5,30 @@ Field names here are a fixed contract (see README "JSON contract"): extend, neve
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any, TypeGuard
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session, object_session
+
+from muster.config.schema import SearcherConfig
+from muster.states import TrialState
 from muster.store import Attempt, Checkpoint, Event, Experiment, Metric, Replica, Trial
 from muster.store.models import encode_non_finite
+
+T = TrialState
+# How the search block counts trials. SUSPECT counts as ended: it waits for a person, and
+# the searcher does not wait for it.
+ENDED_STATES = frozenset({T.SUCCEEDED.value, T.FAILED.value, T.CANCELED.value,
+                          T.SUSPECT.value})
+RUNNING_STATES = frozenset({T.STARTING.value, T.RUNNING.value, T.RESTARTING.value})
+QUEUED_STATES = frozenset({T.QUEUED.value, T.PAUSED.value})
+del T
+
+# Metric name → smaller_is_better: which validation metrics to take the best of, and how.
+Goals = Mapping[str, bool]
 
 
 def experiment_summary(exp: Experiment) -> dict[str, Any]:
@@ -28,10 +48,46 @@ def experiment_summary(exp: Experiment) -> dict[str, Any]:
 
 
 def experiment_detail(exp: Experiment) -> dict[str, Any]:
+    """The experiment, every trial with its `best_validation`, and the search's progress."""
     view = experiment_summary(exp)
     view["config"] = exp.config
-    view["trials"] = [trial_detail(t) for t in exp.trials]
+    searcher = searcher_settings(exp)
+    best = best_validation(_session_of(exp), [t.id for t in exp.trials], searcher_goals(searcher))
+    view["trials"] = [{**trial_detail(t), "best_validation": best.get(t.id, {})}
+                      for t in exp.trials]
+    view["search"] = search_view(exp, searcher, best)
     return view
+
+
+def search_view(
+    exp: Experiment, searcher: SearcherConfig, best: Mapping[int, Mapping[str, float]]
+) -> dict[str, Any]:
+    """How far the search has come: trials by stage, how many are still to be made, and
+    the best trial so far (`best`: the trials' `best_validation`)."""
+    states = Counter(t.state for t in exp.trials)
+    return {
+        "searcher": searcher.name,
+        "metric": searcher.metric,
+        "smaller_is_better": searcher.smaller_is_better,
+        "max_trials": exp.max_trials,
+        "max_concurrent_trials": searcher.max_concurrent_trials,
+        "ended": sum(states[s] for s in ENDED_STATES),
+        "running": sum(states[s] for s in RUNNING_STATES),
+        "queued": sum(states[s] for s in QUEUED_STATES),
+        "remaining": max(0, exp.max_trials - len(exp.trials)),
+        "best": _best_view(exp.trials, best, searcher),
+    }
+
+
+def _best_view(
+    trials: Iterable[Trial], best: Mapping[int, Mapping[str, float]], searcher: SearcherConfig
+) -> dict[str, Any] | None:
+    metric, winner = searcher.metric, best_trial_of(trials, best, searcher)
+    if metric is None or winner is None:
+        return None
+    return {"trial_id": winner.id, "number": winner.number, "hparams": winner.hparams,
+            "metric": metric, "value": best[winner.id][metric],
+            "early_stopped": winner.early_stopped}
 
 
 def trial_detail(trial: Trial) -> dict[str, Any]:
@@ -42,7 +98,7 @@ def trial_detail(trial: Trial) -> dict[str, Any]:
         "state": trial.state,
         "reason": trial.reason,
         "message": trial.message,
-        "restarts": max(0, sum(not a.standby for a in trial.attempts) - 1),
+        "restarts": _restarts(trial),
         "hparams": trial.hparams,
         "created_at": trial.created_at,
         "started_at": trial.started_at,
@@ -53,7 +109,34 @@ def trial_detail(trial: Trial) -> dict[str, Any]:
         "early_stopped": trial.early_stopped,
         "queue_reason": trial.queue_reason,
         "priority": trial.priority,
+        "number": trial.number,  # its place in the search, from 0
+        "early_stop": _early_stop(trial),
     }
+
+
+def trial_summary(trial: Trial, best: Mapping[str, float]) -> dict[str, Any]:
+    """One row of an experiment's trial list (`best`: its `best_validation`)."""
+    return {
+        "id": trial.id,
+        "number": trial.number,
+        "state": trial.state,
+        "hparams": trial.hparams,
+        "early_stopped": trial.early_stopped,
+        "best_validation": dict(best),
+        "restarts": _restarts(trial),
+        "started_at": trial.started_at,
+        "ended_at": trial.ended_at,
+    }
+
+
+def _restarts(trial: Trial) -> int:
+    return max(0, sum(not a.standby for a in trial.attempts) - 1)
+
+
+def _early_stop(trial: Trial) -> Any:
+    """Where the searcher stopped the trial (`{rung, step, value}`), or None."""
+    stop = (trial.search_state or {}).get("early_stop")
+    return encode_non_finite(stop)
 
 
 def attempt_detail(attempt: Attempt) -> dict[str, Any]:
@@ -128,3 +211,91 @@ def checkpoint_view(checkpoint: Checkpoint) -> dict[str, Any]:
         "intact": checkpoint.intact,
         "problem": checkpoint.problem,
     }
+
+
+# -- search: the best validation values and the best trial ---------------------------------
+
+
+def searcher_settings(exp: Experiment) -> SearcherConfig:
+    """The experiment's `searcher` block; experiments from before search ran `single`."""
+    return SearcherConfig.model_validate(exp.config.get("searcher", {}))
+
+
+def searcher_goals(searcher: SearcherConfig) -> dict[str, bool]:
+    """The searcher's metric and its direction; empty when it compares no metric."""
+    return {} if searcher.metric is None else {searcher.metric: searcher.smaller_is_better}
+
+
+def validation_reports(
+    s: Session, trial_ids: Collection[int]
+) -> list[tuple[int, dict[str, Any]]]:
+    """(trial id, values) of every rank-0 validation report of these trials, in one query."""
+    if not trial_ids:
+        return []
+    rows = s.execute(select(Metric.trial_id, Metric.values).where(
+        Metric.trial_id.in_(trial_ids), Metric.kind == "validation", Metric.rank == 0))
+    return [(trial_id, values) for trial_id, values in rows]
+
+
+def best_of_reports(
+    reports: Iterable[tuple[int, Mapping[str, Any]]], goals: Goals
+) -> dict[int, dict[str, float]]:
+    """Per trial, the best value of each metric in `goals` over its reports. NaN and ±inf
+    are no value; a trial that reported none of the metrics is left out."""
+    best: dict[int, dict[str, float]] = {}
+    for trial_id, values in reports:
+        for name, smaller_is_better in goals.items():
+            value = values.get(name)
+            if not _finite_number(value):
+                continue
+            mine = best.setdefault(trial_id, {})
+            if name not in mine or metric_order(value, smaller_is_better) < metric_order(
+                    mine[name], smaller_is_better):
+                mine[name] = float(value)
+    return best
+
+
+def best_validation(
+    s: Session, trial_ids: Collection[int], goals: Goals
+) -> dict[int, dict[str, float]]:
+    """`best_validation` of these trials (see `best_of_reports`), in one query."""
+    if not goals:
+        return {}
+    return best_of_reports(validation_reports(s, trial_ids), goals)
+
+
+def metric_order(value: float | None, smaller_is_better: bool) -> tuple[bool, float]:
+    """A sort key that puts the best value first and a missing one last."""
+    if value is None:
+        return True, 0.0
+    return False, value if smaller_is_better else -value
+
+
+def best_trial_of(
+    trials: Iterable[Trial], best: Mapping[int, Mapping[str, float]], searcher: SearcherConfig
+) -> Trial | None:
+    """The SUCCEEDED trial (stopped early or not) with the best value of the searcher's
+    metric; ties go to the lowest number. None without a metric or such a trial."""
+    metric = searcher.metric
+    if metric is None:
+        return None
+    candidates = [t for t in trials
+                  if t.state == TrialState.SUCCEEDED.value and metric in best.get(t.id, {})]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda t: (
+        metric_order(best[t.id][metric], searcher.smaller_is_better), t.number, t.id))
+
+
+def _finite_number(value: Any) -> TypeGuard[float]:
+    """An int or a finite float: a value a trial can be ranked by (a bool is no number)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
+        value)
+
+
+def _session_of(record: Experiment) -> Session:
+    session = object_session(record)
+    if session is None:
+        raise TypeError(f"experiment {record.id} is detached from its session; build its "
+                        "view inside `store.session_scope()`")
+    return session

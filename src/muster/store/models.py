@@ -127,6 +127,8 @@ class Experiment(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     # The priority its new trials get (resources.priority, or `muster job set-priority`).
     priority: Mapped[int] = mapped_column(Integer, default=42, server_default="42")
+    # How many trials it runs in all: 1, a grid's size, or the searcher's max_trials.
+    max_trials: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
     trials: Mapped[list[Trial]] = relationship(
         back_populates="experiment", order_by="Trial.id", cascade="all, delete-orphan"
@@ -135,7 +137,9 @@ class Experiment(Base):
 
 class Trial(Base):
     __tablename__ = "trials"
-    __table_args__ = NO_ID_REUSE
+    # A restarted searcher can never draw a trial number twice.
+    __table_args__ = (Index("ux_trials_experiment_number", "experiment_id", "number",
+                            unique=True), NO_ID_REUSE)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     uuid: Mapped[str] = mapped_column(String(36), unique=True, default=new_uuid)
@@ -165,6 +169,11 @@ class Trial(Base):
     # Set while muster stops the trial to pause it ("paused") or to make room for a trial
     # of better priority ("preempted"): its end is then not a failure and uses no budget.
     pause_requested: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Its place in the experiment's search, from 0: what seeds its draw (`muster.search`).
+    number: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The searcher's notes on the trial (Optuna's system attributes: the rungs it reached,
+    # its grid point; the last validation step judged; where it was stopped early).
+    search_state: Mapped[dict[str, Any] | None] = mapped_column(NonFiniteJSON, nullable=True)
 
     experiment: Mapped[Experiment] = relationship(back_populates="trials")
     attempts: Mapped[list[Attempt]] = relationship(

@@ -14,12 +14,11 @@ import logging
 import os
 import socket
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Table, bindparam, func, select, update
 from sqlalchemy.orm import Session, object_session, selectinload
 
 from muster.atomic import atomic_write_json, read_json
@@ -43,6 +42,7 @@ from muster.states import AttemptState, ExperimentState, Reason, TrialState
 from muster.store import Attempt, Experiment, Replica, Store, Trial, record_event, transition
 from muster.store.models import now
 from muster.supervise import verification
+from muster.supervise.configs import experiment_config
 from muster.supervise.disk import disk_shortfall
 from muster.supervise.gpu_pool import GpuPool
 from muster.supervise.heartbeats import (
@@ -55,6 +55,7 @@ from muster.supervise.ingest import ingest_trial
 from muster.supervise.manifest import scan_manifest
 from muster.supervise.policy import Action, Budgets, decide
 from muster.supervise.scheduler import Capacity, Demand, Holding, plan
+from muster.supervise.searching import EARLY_STOP, Searching, early_stop_note, trial_seed
 from muster.words import count, rank_list
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,11 @@ class Supervisor:
     preemption: bool = False
     _disk_warning: str | None = field(default=None, init=False)
     _pool: GpuPool = field(init=False)
+    _search: Searching = field(init=False)
 
     def __post_init__(self) -> None:
         self._pool = GpuPool(self.store, self.gpus, self.gpu_release)
+        self._search = Searching(self.store)
 
     def tick(self) -> None:
         """One pass: settle running attempts, start what may start, close finished experiments."""
@@ -92,6 +95,7 @@ class Supervisor:
             self.settle_attempt(attempt_id)
         self._drop_unneeded_standbys()
         self._pool.settle()  # GPUs of trials that ended go back once their memory is free
+        self._search.top_up()  # each search's next trials, drawn before admission
         if not self._disk_low():  # the disk guard: nothing new launches while it is low
             self._launch_restarting()
             self._admit_queued()
@@ -121,6 +125,8 @@ class Supervisor:
             config = _config(trial)
             policy = config.failure_policy
         self._ingest(trial.id)
+        if not stop:
+            self._search.judge(trial.id)  # the pruner may stop it early (from the next pass)
         statuses = [self.launcher.describe(run_dir, rank) for rank in ranks]
         if policy.restart_scope == "replica" and not stop:
             statuses = [self._restart_in_place(attempt_id, status) or status
@@ -314,8 +320,20 @@ class Supervisor:
         policy = _config(trial).failure_policy
         decision = decide(verdict.reason, _budgets(trial), policy)
         reason = verdict.reason.value
+        early_stop = trial.pause_requested == EARLY_STOP and not trial.stop_requested
         if trial.stop_requested and decision.action is not Action.SUCCEED:
             transition(s, trial, TrialState.CANCELED, reason="killed", actor=ACTOR,
+                       message=verdict.message)
+        elif early_stop and verdict.reason in (Reason.STOPPED, Reason.OK):
+            # The searcher's stop: its results up to there count; not a failure.
+            trial.pause_requested, trial.early_stopped = None, True
+            transition(s, trial, TrialState.SUCCEEDED, reason="early stopped", actor=ACTOR,
+                       message=early_stop_note(trial))
+        elif early_stop and decision.charge is not None:
+            # It failed before the searcher's stop reached it: a failure, but not restarted.
+            _record_decision(s, trial, reason, "not restarted: the searcher had stopped it "
+                                               "early")
+            transition(s, trial, TrialState.FAILED, reason=reason, actor=ACTOR,
                        message=verdict.message)
         elif trial.pause_requested is not None and verdict.reason is Reason.STOPPED:
             _pause(s, trial, verdict.message)  # a stop it asked for: no failure, no budget
@@ -642,6 +660,8 @@ class Supervisor:
                 hparams_path=attempt_dir / HPARAMS_FILE, latest_checkpoint=latest,
                 heartbeat_timeout=config.failure_policy.heartbeat_timeout,
                 incarnation=incarnation, gpus=gpus.get(rank, ()) if scheduled else None,
+                max_length=config.searcher.max_length,
+                seed=trial_seed(trial.experiment, config, trial.number),
             )
             specs.append(ReplicaSpec(
                 trial_uuid=trial.uuid, attempt=number, rank=rank, argv=list(config.entrypoint),
@@ -658,7 +678,11 @@ class Supervisor:
         """End the experiments whose trials have all ended (selected in SQL: a pass must not
         load every running experiment's trials)."""
         terminal = [state.value for state in TrialState if state.is_terminal()]
-        has_trials = select(Trial.id).where(Trial.experiment_id == Experiment.id).exists()
+        # Every trial it runs exists (a search draws them as it goes), or it was killed.
+        created = (select(func.count(Trial.id)).where(Trial.experiment_id == Experiment.id)
+                   .scalar_subquery())
+        has_trials = (created > 0) & ((created >= Experiment.max_trials)
+                                      | Experiment.stop_requested.is_(True))
         unfinished = select(Trial.id).where(Trial.experiment_id == Experiment.id,
                                             Trial.state.not_in(terminal)).exists()
         with self.store.session_scope() as s:
@@ -679,21 +703,8 @@ _HOLDING_SLOT = [TrialState.STARTING.value, TrialState.RUNNING.value,
 _NOT_ENDED = [TrialState.QUEUED.value, *_HOLDING_SLOT]
 
 
-_CONFIGS: OrderedDict[str, ExperimentConfig] = OrderedDict()
-_CONFIGS_KEPT = 4096
-
-
 def _config(trial: Trial) -> ExperimentConfig:
-    """The trial's experiment config, validated once per experiment (a stored config never
-    changes; the uuid is unique across databases), the most recent few thousand kept."""
-    experiment = trial.experiment
-    config = _CONFIGS.get(experiment.uuid)
-    if config is None:
-        config = ExperimentConfig.model_validate(experiment.config)
-        _CONFIGS[experiment.uuid] = config
-        if len(_CONFIGS) > _CONFIGS_KEPT:
-            _CONFIGS.popitem(last=False)
-    return config
+    return experiment_config(trial.experiment)
 
 
 PAUSED, PREEMPTED = "paused", "preempted"  # values of Trial.pause_requested

@@ -1,0 +1,190 @@
+"""`muster experiment watch`: an experiment's search, live, until the experiment ends.
+
+Plan, then act: `progress` reads the experiment's JSON (`GET /experiments/{id}`) into a
+`Progress`, and `summary_line` and `progress_view` show it; `watch` polls and draws. On a
+terminal the view is a Rich Live display; otherwise one line is printed each time the
+summary changes, so a log or a CI job gets a readable history instead of redraws.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from muster.cli import render
+from muster.client import Client
+from muster.states import ExperimentState, TrialState
+
+__all__ = ["POLL_S", "LinePrinter", "Progress", "poll", "progress", "progress_view", "summary_line",
+           "watch"]
+
+POLL_S = 0.5
+RECENT_TRIALS = 8  # rows of the live table: the newest trials
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    id: int
+    number: int  # its place in the search, from 0
+    state: str
+    early_stopped: bool
+    best: float | str | None  # its best value of the searcher's metric
+
+
+@dataclass(frozen=True)
+class Best:
+    trial_id: int
+    number: int
+    value: float | str
+    hparams: Mapping[str, Any]
+    early_stopped: bool
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the watch shows of one poll of the experiment."""
+
+    experiment_id: int
+    name: str
+    state: str
+    searcher: str
+    metric: str | None
+    max_trials: int
+    ended: int
+    running: int
+    queued: int
+    remaining: int
+    early_stopped: int
+    suspect: int
+    best: Best | None
+    recent: tuple[TrialRow, ...]
+    elapsed_s: float | None
+
+    def finished(self) -> bool:
+        """The experiment has ended, or nothing will run again until a person reviews its
+        SUSPECT trials (which keeps it ACTIVE)."""
+        if ExperimentState(self.state).is_terminal():
+            return True
+        return (self.suspect > 0 and self.remaining == 0 and self.running == 0
+                and self.queued == 0)
+
+
+def progress(exp: Mapping[str, Any], now: float | None = None) -> Progress:
+    """The experiment's progress from its JSON (`Client.get_experiment`)."""
+    search = exp["search"]
+    metric = search.get("metric")
+    trials = sorted(exp["trials"], key=lambda t: (t["number"], t["id"]))
+    rows = tuple(TrialRow(t["id"], t["number"], t["state"], t["early_stopped"],
+                          t["best_validation"].get(metric) if metric else None)
+                 for t in trials[-RECENT_TRIALS:])
+    best = search.get("best")
+    return Progress(
+        experiment_id=exp["id"], name=exp["name"], state=exp["state"],
+        searcher=search["searcher"], metric=metric, max_trials=search["max_trials"],
+        ended=search["ended"], running=search["running"], queued=search["queued"],
+        remaining=search["remaining"],
+        early_stopped=sum(t["early_stopped"] for t in trials),
+        suspect=sum(t["state"] == TrialState.SUSPECT.value for t in trials),
+        best=None if best is None else Best(best["trial_id"], best["number"], best["value"],
+                                             best["hparams"], best["early_stopped"]),
+        recent=rows, elapsed_s=_elapsed(exp, now),
+    )
+
+
+def summary_line(p: Progress) -> str:
+    """One line: the counts and the best trial so far (plain text, no markup)."""
+    counts = (f"experiment {p.experiment_id} {p.state}: {p.ended} of {p.max_trials} trials "
+              f"ended ({p.early_stopped} stopped early), {p.running} running, "
+              f"{p.queued} queued, {p.remaining} to draw")
+    if p.suspect:
+        counts += f", {p.suspect} SUSPECT"
+    return f"{counts}; {best_text(p)}" if p.metric else counts
+
+
+def best_text(p: Progress) -> str:
+    """E.g. "best val_accuracy 0.986111 in trial 14 (#11, stopped early): lr=0.0312, ..."."""
+    if p.best is None:
+        return f"no {p.metric} reported yet"
+    early = ", stopped early" if p.best.early_stopped else ""
+    return (f"best {p.metric} {render.number(p.best.value)} in trial {p.best.trial_id} "
+            f"(#{p.best.number}{early}): {render.hparams_text(p.best.hparams)}")
+
+
+def progress_view(p: Progress) -> RenderableType:
+    """The live display: a heading, the counts, the best so far, the newest trials."""
+    elapsed = "" if p.elapsed_s is None else f" · {p.elapsed_s:.0f} s"
+    lines: list[RenderableType] = [
+        f"Experiment {p.experiment_id} [bold]{escape(p.name)}[/]: {render.state(p.state)} · "
+        f"{escape(p.searcher)}{elapsed}",
+        f"trials: [bold]{p.ended}[/] of {p.max_trials} ended · {p.early_stopped} stopped "
+        f"early · {p.running} running · {p.queued} queued · {p.remaining} to draw"
+        + (f" · [yellow]{p.suspect} SUSPECT[/]" if p.suspect else ""),
+    ]
+    if p.metric:
+        lines.append(escape(best_text(p)))
+    lines.append(_trials_table(p))
+    return Group(*lines)
+
+
+def _trials_table(p: Progress) -> Table:
+    table = Table("Trial", "#", "State", "Stopped early", f"Best {escape(p.metric or '')}".strip(),
+                  title=f"newest {len(p.recent)} trials" if p.recent else "no trials yet")
+    for row in p.recent:
+        table.add_row(str(row.id), str(row.number), render.state(row.state),
+                      "yes" if row.early_stopped else "-",
+                      "-" if row.best is None else render.number(row.best))
+    return table
+
+
+def watch(client: Client, experiment_id: int, console: Console | None = None,
+          poll_s: float = POLL_S) -> dict[str, Any]:
+    """Show the experiment's progress until it has ended (see `Progress.finished`), live on
+    a terminal, else one line per change; return the experiment as last fetched."""
+    console = console or render.console
+    fetch = functools.partial(client.get_experiment, experiment_id)
+    if not console.is_terminal:
+        return poll(fetch, LinePrinter(console), poll_s)
+    with Live(console=console, auto_refresh=False) as live:
+        return poll(fetch, lambda p: live.update(progress_view(p), refresh=True), poll_s)
+
+
+def poll(fetch: Callable[[], dict[str, Any]], show: Callable[[Progress], None],
+         poll_s: float) -> dict[str, Any]:
+    """Fetch and show every `poll_s` seconds until the experiment has ended; return it."""
+    while True:
+        exp = fetch()
+        show(p := progress(exp))
+        if p.finished():
+            return exp
+        time.sleep(poll_s)
+
+
+class LinePrinter:
+    """Prints the summary line when it differs from the last one printed."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.shown: str | None = None
+
+    def __call__(self, p: Progress) -> None:
+        line = summary_line(p)
+        if line != self.shown:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            self.shown = line
+
+
+def _elapsed(exp: Mapping[str, Any], now: float | None) -> float | None:
+    """Seconds since the experiment was created (to its end, once it has ended)."""
+    created = exp.get("created_at")
+    if not isinstance(created, int | float):
+        return None
+    end = exp.get("ended_at") or (time.time() if now is None else now)
+    return max(0.0, float(end) - float(created))

@@ -1,0 +1,225 @@
+"""The supervisor's search step: create each search's next trials, and stop the ones its
+pruner gives up on.
+
+A search experiment (any searcher but `single`) starts with no trial. Each pass tops it up:
+while fewer than `max_concurrent_trials` of its trials are unfinished and fewer than
+`max_trials` exist, the searcher draws trial N (N = trials so far) from a study rebuilt
+from the store (`muster.search.base`), and the trial is committed with its values before
+anything runs it. The unique (experiment, number) index makes a second draw of N after a
+restart impossible, so a search ends with exactly `max_trials` trials.
+
+After a running trial's metrics are ingested, each new validation value of the searcher's
+metric (rank 0's) is shown to the pruner in step order. When it says stop, the trial is
+marked (`Trial.pause_requested = EARLY_STOP`, with an event that says why); the next pass
+stops its replicas like a pause (SIGTERM, `stop_grace`, so `should_stop()` lets it
+checkpoint), and it ends SUCCEEDED with `early_stopped: true`: not a failure, not a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from muster.config import ExperimentConfig
+from muster.search.base import Outcome, PastTrial, Searcher
+from muster.search.searchers import searcher_for
+from muster.states import ExperimentState, TrialState
+from muster.store import Experiment, Metric, Store, Trial, record_event
+from muster.supervise.configs import experiment_config
+
+log = logging.getLogger(__name__)
+
+ACTOR = "searcher"
+EARLY_STOP = "early_stop"  # a value of Trial.pause_requested: the searcher stops the trial
+UNFINISHED = [TrialState.QUEUED.value, TrialState.STARTING.value, TrialState.RUNNING.value,
+              TrialState.RESTARTING.value, TrialState.PAUSED.value]
+_FAILED = {TrialState.FAILED.value, TrialState.CANCELED.value, TrialState.SUSPECT.value}
+_SHOWN_PARAMS = 6  # values named in a new trial's event
+
+
+def searches(config: ExperimentConfig) -> bool:
+    """Whether the experiment's trials come from a searcher (not the single trial created
+    with the experiment)."""
+    return config.searcher.name != "single"
+
+
+def experiment_seed(experiment: Experiment, config: ExperimentConfig) -> int:
+    """`reproducibility.experiment_seed`, or one fixed by the experiment's uuid: stable across
+    restarts either way."""
+    seed = config.reproducibility.experiment_seed
+    return seed if seed is not None else int(experiment.uuid.replace("-", "")[:8], 16)
+
+
+def trial_seed(experiment: Experiment, config: ExperimentConfig, number: int) -> int | None:
+    """MUSTER_SEED for trial `number`: set only when the config names an experiment seed."""
+    if config.reproducibility.experiment_seed is None:
+        return None
+    return _searcher(experiment, config).trial_seed(number) % 2**31
+
+
+@dataclass
+class Searching:
+    store: Store
+
+    def top_up(self) -> None:
+        """Draw the next trials of every active search that has room for them."""
+        created = func.count(Trial.id)
+        with self.store.session_scope() as s:
+            rows = s.execute(
+                select(Experiment.id).outerjoin(Trial, Trial.experiment_id == Experiment.id)
+                .where(Experiment.state == ExperimentState.ACTIVE.value,
+                       Experiment.stop_requested.is_(False), Experiment.max_trials > 1)
+                .group_by(Experiment.id, Experiment.max_trials)
+                .having(created < Experiment.max_trials)).scalars().all()
+        for experiment_id in rows:
+            self._top_up(experiment_id)
+
+    def _top_up(self, experiment_id: int) -> None:
+        while True:
+            with self.store.session_scope() as s:
+                experiment = s.get_one(Experiment, experiment_id)
+                config = experiment_config(experiment)
+                if not searches(config):
+                    return
+                trials = list(s.scalars(select(Trial).where(
+                    Trial.experiment_id == experiment_id).order_by(Trial.number)))
+                unfinished = sum(t.state in UNFINISHED for t in trials)
+                if (len(trials) >= experiment.max_trials
+                        or unfinished >= config.searcher.max_concurrent_trials):
+                    return
+                number = len(trials)
+                searcher = _searcher(experiment, config)
+                history = _history(s, trials, config)
+                params, attrs = searcher.ask(history, number)
+                trial = Trial(experiment=experiment, number=number,
+                              state=TrialState.QUEUED.value, priority=experiment.priority,
+                              hparams=searcher.space.hparams(params),
+                              search_state={"params": params, "attrs": attrs})
+                s.add(trial)
+                s.flush()
+                record_event(s, entity="trial", entity_id=trial.id, reason="created",
+                             actor=ACTOR, experiment_id=experiment_id, trial_id=trial.id,
+                             message=f"trial {number + 1} of {experiment.max_trials} drawn by "
+                                     f"{config.searcher.name}: {_shown(params)}")
+
+    def judge(self, trial_id: int) -> None:
+        """Show the pruner the trial's new validation values; mark it for an early stop
+        when the pruner says so."""
+        with self.store.session_scope() as s:
+            trial = s.get_one(Trial, trial_id)
+            if (trial.state != TrialState.RUNNING.value or trial.stop_requested
+                    or trial.pause_requested is not None):
+                return
+            experiment = trial.experiment
+            config = experiment_config(experiment)
+            if not searches(config) or not _searcher(experiment, config).prunes:
+                return
+            metric = config.searcher.metric
+            assert metric is not None, "a pruning searcher has a metric (SearcherConfig)"
+            state = dict(trial.search_state or {})
+            judged = int(state.get("judged_step", -1))
+            values = _validation(s, [trial.id], metric).get(trial.id, {})
+            new = sorted(step for step in values if step > judged)
+            if not new:
+                return
+            trials = list(s.scalars(select(Trial).where(
+                Trial.experiment_id == experiment.id).order_by(Trial.number)))
+            searcher = _searcher(experiment, config)
+            others = _history(s, [t for t in trials if t.id != trial.id], config)
+            for step in new:
+                seen = {k: v for k, v in values.items() if k <= step}
+                me = PastTrial(trial.number, Outcome.RUNNING, state.get("params", {}),
+                               intermediate=seen, attrs=state.get("attrs", {}))
+                verdict = searcher.judge(sorted([*others, me], key=lambda p: p.number),
+                                         trial.number)
+                state["attrs"], state["judged_step"] = verdict.attrs, step
+                if verdict.prune:
+                    state["early_stop"] = {"rung": verdict.rung, "step": step,
+                                           "value": values[step]}
+                    trial.pause_requested = EARLY_STOP
+                    record_event(s, entity="trial", entity_id=trial.id, reason="early stop",
+                                 actor=ACTOR, experiment_id=experiment.id, trial_id=trial.id,
+                                 message=_early_stop_message(config, verdict.rung, step,
+                                                             values[step]))
+                    break
+            trial.search_state = state
+
+
+def early_stop_note(trial: Trial) -> str:
+    """How an early-stopped trial's end reads."""
+    stop = (trial.search_state or {}).get("early_stop") or {}
+    where = f" at step {stop['step']}" if "step" in stop else ""
+    return f"stopped early by the searcher{where}; its results up to there count"
+
+
+def _searcher(experiment: Experiment, config: ExperimentConfig) -> Searcher:
+    return searcher_for(config, experiment_seed(experiment, config))
+
+
+def _history(s: Session, trials: Sequence[Trial], config: ExperimentConfig) -> list[PastTrial]:
+    """The experiment's trials as the searcher sees them (by number)."""
+    metric = config.searcher.metric
+    values = _validation(s, [t.id for t in trials], metric) if metric else {}
+    return [_past(t, values.get(t.id, {})) for t in sorted(trials, key=lambda t: t.number)]
+
+
+def _past(trial: Trial, values: dict[int, float]) -> PastTrial:
+    state = trial.search_state or {}
+    finite = {step: v for step, v in values.items() if math.isfinite(v)}
+    outcome = Outcome.RUNNING
+    value = None
+    if trial.state == TrialState.SUCCEEDED.value and trial.early_stopped:
+        outcome = Outcome.PRUNED
+    elif trial.state == TrialState.SUCCEEDED.value and values:
+        value = values[max(values)]  # the value it ended with
+        outcome = Outcome.COMPLETE if math.isfinite(value) else Outcome.FAILED
+    elif trial.state == TrialState.SUCCEEDED.value or trial.state in _FAILED:
+        outcome = Outcome.FAILED  # (a success without the metric teaches the search nothing)
+    return PastTrial(trial.number, outcome, state.get("params", {}),
+                     value if outcome is Outcome.COMPLETE else None, finite,
+                     state.get("attrs", {}))
+
+
+def _validation(s: Session, trial_ids: Iterable[int], metric: str) -> dict[int, dict[int, float]]:
+    """Rank 0's validation values of `metric` by trial and step (a later attempt's value of
+    a step replaces an earlier one's: the resumed run is what continued)."""
+    ids = list(trial_ids)
+    if not ids:
+        return {}
+    rows = s.execute(select(Metric.trial_id, Metric.step, Metric.values)
+                     .where(Metric.trial_id.in_(ids), Metric.kind == "validation",
+                            Metric.rank == 0)
+                     .order_by(Metric.attempt, Metric.id))
+    found: dict[int, dict[int, float]] = {}
+    for trial_id, step, values in rows:
+        value = values.get(metric) if isinstance(values, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            found.setdefault(trial_id, {})[int(step)] = float(value)
+    return found
+
+
+def _shown(params: dict[str, Any]) -> str:
+    shown = [f"{k}={_short(v)}" for k, v in list(params.items())[:_SHOWN_PARAMS]]
+    more = len(params) - _SHOWN_PARAMS
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "") or "(constants only)"
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else repr(value)
+
+
+def _early_stop_message(config: ExperimentConfig, rung: int, step: int, value: float) -> str:
+    searcher = config.searcher
+    if not math.isfinite(value):
+        return (f"stopping it early: at step {step} its {searcher.metric} is {value}; it ends "
+                "SUCCEEDED with early_stopped, not as a failure")
+    better = "lowest" if searcher.smaller_is_better else "highest"
+    return (f"stopping it early: at step {step} (rung {rung}) its {searcher.metric} "
+            f"{_short(value)} is not among the {better} 1/{searcher.divisor} of the trials "
+            f"that reached that rung; it ends SUCCEEDED with early_stopped, not as a failure")

@@ -1,0 +1,168 @@
+"""The searchers over Optuna, on histories built by hand: bounds and types, the same seed
+drawing the same values, a grid enumerating its product once, ASHA's verdicts."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import pytest
+
+from muster.config import ExperimentConfig, load_config
+from muster.search.adaptive_asha import AdaptiveAsha
+from muster.search.base import Outcome, PastTrial, Searcher
+from muster.search.searchers import searcher_for
+
+SPACE = """\
+hyperparameters:
+  lr: {type: log, minval: -4, maxval: -1}
+  width: {type: categorical, vals: [64, 128, 256]}
+  dropout: {type: double, minval: 0.0, maxval: 0.5}
+  layers: {type: int, minval: 1, maxval: 4}
+  batch: 32
+"""
+
+
+def config(searcher: str, space: str = SPACE) -> ExperimentConfig:
+    return load_config(f"name: s\nentrypoint: t\nsearcher: {searcher}\n{space}")
+
+
+def draw(searcher: Searcher, count: int,
+         outcome: Any = None) -> list[dict[str, Any]]:
+    """`count` draws one after another; each drawn trial then ends as `outcome(params)`
+    says (COMPLETE with a value) or stays RUNNING."""
+    history: list[PastTrial] = []
+    for number in range(count):
+        params, attrs = searcher.ask(history, number)
+        if outcome is None:
+            history.append(PastTrial(number, Outcome.RUNNING, params, attrs=attrs))
+        else:
+            history.append(PastTrial(number, Outcome.COMPLETE, params, outcome(params),
+                                     {1: outcome(params)}, attrs))
+    return [dict(p.params) for p in history]
+
+
+def in_bounds(params: dict[str, Any]) -> bool:
+    return (1e-4 <= params["lr"] <= 1e-1 and params["width"] in (64, 128, 256)
+            and 0 <= params["dropout"] <= 0.5 and isinstance(params["layers"], int)
+            and 1 <= params["layers"] <= 4 and "batch" not in params)
+
+
+@pytest.mark.parametrize("name", ["random", "tpe"])
+def test_draws_respect_bounds_and_types_and_the_seed(name: str) -> None:
+    conf = config(f"{{name: {name}, metric: loss, max_trials: 30}}")
+
+    def loss(params: dict[str, Any]) -> float:
+        return (math.log10(params["lr"]) + 2.5) ** 2 + params["dropout"]
+
+    first = draw(searcher_for(conf, seed=5), 30, loss)
+    assert all(in_bounds(p) for p in first)
+    assert draw(searcher_for(conf, seed=5), 30, loss) == first
+    assert draw(searcher_for(conf, seed=6), 30, loss) != first
+    assert len({p["lr"] for p in first}) == 30
+
+
+def test_a_random_draw_depends_on_the_seed_and_number_alone() -> None:
+    searcher = searcher_for(config("{name: random, metric: loss, max_trials: 9}"), seed=3)
+    alone = draw(searcher, 4)
+    after_results = draw(searcher, 4, outcome=lambda p: p["dropout"])
+    assert alone == after_results
+
+
+def test_tpe_learns_from_results() -> None:
+    """After its random start, TPE draws near the best values more often than random does."""
+    conf = "{{name: {}, metric: loss, max_trials: 40}}"
+    space = "hyperparameters: {x: {type: double, minval: 0, maxval: 1}}\n"
+
+    def loss(params: dict[str, Any]) -> float:
+        return float((params["x"] - 0.8) ** 2)
+
+    def near(name: str) -> int:
+        draws = draw(searcher_for(config(conf.format(name), space), seed=1), 40, loss)
+        return sum(abs(p["x"] - 0.8) < 0.1 for p in draws[20:])
+
+    assert near("tpe") > near("random")
+
+
+def test_a_grid_enumerates_its_product_once_whatever_ends_when() -> None:
+    conf = config("{name: grid, metric: loss}", "hyperparameters:\n"
+                  "  a: {type: int, minval: 1, maxval: 3}\n"
+                  "  b: {type: categorical, vals: [x, y]}\n"
+                  "  c: {type: double, minval: 0, maxval: 1, count: 2}\n")
+    assert conf.trial_count() == 12
+    searcher = searcher_for(conf, seed=9)
+    running = draw(searcher, 12)
+    finished = draw(searcher, 12, outcome=lambda p: float(p["a"]))
+    expected = sorted(itertools.product([1, 2, 3], ["x", "y"], [0.0, 1.0]))
+    for draws in (running, finished):
+        assert sorted((p["a"], p["b"], p["c"]) for p in draws) == expected
+    assert draw(searcher_for(conf, seed=9), 12) == running
+
+
+def test_ask_refuses_a_history_with_a_gap() -> None:
+    searcher = searcher_for(config("{name: random, metric: loss, max_trials: 3}"), seed=1)
+    with pytest.raises(ValueError, match=r"trials 0..1 in order before trial 2"):
+        searcher.ask([PastTrial(0, Outcome.RUNNING, {})], 2)
+
+
+def asha_history(values: list[float], judged: float, step: int) -> list[PastTrial]:
+    """Earlier trials that completed rung 0 (step 1) with `values`; then the judged one."""
+    history = [PastTrial(n, Outcome.COMPLETE, {"x": 0.5}, v, {1: v},
+                         {"completed_rung_0": v}) for n, v in enumerate(values)]
+    history.append(PastTrial(len(values), Outcome.RUNNING, {"x": 0.5},
+                             intermediate={step: judged}))
+    return history
+
+
+ASHA = ("{name: asha, metric: loss, max_trials: 20, max_length: 16, divisor: 4, "
+        "max_rungs: 3}")
+X = "hyperparameters: {x: {type: double, minval: 0, maxval: 1}}\n"
+
+
+def test_asha_keeps_the_best_quarter_at_a_rung_and_stops_the_rest() -> None:
+    searcher = searcher_for(config(ASHA, X), seed=1)
+    assert searcher.prunes and searcher.pruner()._min_resource == 1  # rungs 1, 4, 16
+    earlier = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1]  # with the judged one: 8, the best 2 go on
+    worse = searcher.judge(asha_history(earlier, 0.65, step=1), 7)
+    assert worse.prune and worse.rung == 1 and worse.attrs == {"completed_rung_0": 0.65}
+    better = searcher.judge(asha_history(earlier, 0.55, step=1), 7)
+    assert not better.prune and better.rung == 1
+    # A report past a rung it has not completed is judged at that rung...
+    assert searcher.judge(asha_history(earlier, 9.0, step=3), 7).prune
+    # ...but one that passed rung 0 is not judged again before rung 1 (step 4).
+    history = asha_history(earlier, 9.0, step=3)
+    history[-1] = PastTrial(7, Outcome.RUNNING, {"x": 0.5}, intermediate={1: 0.55, 3: 9.0},
+                            attrs={"completed_rung_0": 0.55})
+    assert not searcher.judge(history, 7).prune
+
+
+def test_asha_stops_a_trial_that_reports_nan() -> None:
+    searcher = searcher_for(config(ASHA, X), seed=1)
+    assert searcher.judge(asha_history([0.5], math.nan, step=1), 1).prune
+
+
+def test_smaller_is_better_false_keeps_the_highest() -> None:
+    conf = config(ASHA.replace("loss,", "accuracy, smaller_is_better: false,"), X)
+    searcher = searcher_for(conf, seed=1)
+    earlier = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1]
+    assert not searcher.judge(asha_history(earlier, 1.05, step=1), 7).prune
+    assert searcher.judge(asha_history(earlier, 0.75, step=1), 7).prune
+
+
+@pytest.mark.parametrize(("mode", "rungs", "divisor", "brackets"), [
+    ("aggressive", 5, 4, 1), ("standard", 5, 4, 3), ("conservative", 5, 4, 5),
+    ("standard", 4, 3, 2), ("conservative", 3, 2, 3), ("aggressive", 1, 2, 1),
+])
+def test_adaptive_asha_makes_the_brackets_its_mode_asks_for(
+        mode: str, rungs: int, divisor: int, brackets: int) -> None:
+    conf = config(f"{{name: adaptive_asha, metric: loss, max_trials: 20, max_length: 100, "
+                  f"mode: {mode}, max_rungs: {rungs}, divisor: {divisor}}}", X)
+    searcher = searcher_for(conf, seed=1)
+    assert isinstance(searcher, AdaptiveAsha) and searcher.brackets() == brackets
+    pruner = searcher.pruner()
+    # HyperbandPruner makes floor(log(max / min, divisor)) + 1 brackets.
+    low = searcher.min_resource()
+    high = pruner._max_resource
+    assert isinstance(high, int)
+    assert math.floor(math.log(high / low, divisor)) + 1 == brackets

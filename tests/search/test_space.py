@@ -1,0 +1,151 @@
+"""The search space and the searcher block: what a submission may write, and the key path
+of every problem it must not."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from muster.config import load_config
+from muster.errors import ConfigError
+from muster.search import space
+from muster.search.space import Categorical, Const, Double, Int, Log
+
+BASE = "name: x\nentrypoint: python t.py\n"
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(BASE + text, source="exp.yaml")
+    return str(info.value).splitlines()[1:]
+
+
+def test_every_form_parses_with_its_key_path() -> None:
+    parsed = space.parse({
+        "lr": {"type": "log", "minval": -4, "maxval": -1},
+        "width": {"type": "categorical", "vals": [64, 128]},
+        "model": {"dropout": {"type": "double", "minval": 0, "maxval": 0.5, "count": 3},
+                  "layers": {"type": "int", "minval": 1, "maxval": 3}},
+        "batch": 32, "opt": {"type": "const", "val": {"name": "sgd"}},
+    })
+    assert parsed.params == {
+        "lr": Log(-4.0, -1.0, 10.0), "width": Categorical((64, 128)),
+        "model.dropout": Double(0.0, 0.5, 3), "model.layers": Int(1, 3),
+        "batch": Const(32), "opt": Const({"name": "sgd"}),
+    }
+    assert list(parsed.searched()) == ["lr", "width", "model.dropout", "model.layers"]
+    chosen = {"lr": 0.01, "width": 64, "model.dropout": 0.25, "model.layers": 2}
+    assert parsed.hparams(chosen) == {"lr": 0.01, "width": 64, "batch": 32,
+                                      "opt": {"name": "sgd"},
+                                      "model": {"dropout": 0.25, "layers": 2}}
+
+
+def test_grid_points() -> None:
+    assert Int(1, 3).grid() == [1, 2, 3]
+    assert Int(0, 10, count=3).grid() == [0, 5, 10]
+    assert Int(0, 1, count=5).grid() == [0, 1]  # whole numbers, each once
+    assert Double(0, 1, count=3).grid() == [0.0, 0.5, 1.0]
+    assert Double(0, 1, count=1).grid() == [0.5]
+    log = Log(-3, -1, 10, count=3).grid()
+    assert [math.log10(float(v)) for v in log] == pytest.approx([-3, -2, -1])
+    grid = space.parse({"a": {"type": "int", "minval": 1, "maxval": 4},
+                        "b": {"type": "categorical", "vals": ["x", "y", "z"]},
+                        "c": {"type": "double", "minval": 0, "maxval": 1, "count": 2}})
+    assert grid.grid_size() == 24
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("hyperparameters: {lr: {type: log, minval: -1, maxval: -4}}",
+     ["hyperparameters.lr.maxval: must be >= minval (-1), got -4"]),
+    ("hyperparameters: {m: {n: {type: int, minval: 1.5, maxval: 3}}}",
+     ["hyperparameters.m.n.minval: must be a whole number, got 1.5"]),
+    ("hyperparameters: {c: {type: categorical, vals: []}}",
+     ["hyperparameters.c.vals: must be a non-empty list of values"]),
+    ("hyperparameters: {c: {type: categorical, vals: [1, [2]]}}",
+     ["hyperparameters.c.vals[1]: must be a number, a string, true/false or null, got list"]),
+    ("hyperparameters: {c: {type: categorical, vals: [a, a]}}",
+     ["hyperparameters.c.vals: lists a value twice"]),
+    ("hyperparameters: {d: {type: double, minval: 0}}",
+     ["hyperparameters.d.maxval: required for type double"]),
+    ("hyperparameters: {d: {type: double, minval: 0, maxval: 1, vals: [1]}}",
+     ["hyperparameters.d.vals: unknown key for type double; allowed: count, maxval, minval"]),
+    ("hyperparameters: {d: {type: uniform}}",
+     ["hyperparameters.d.type: must be one of const, int, double, log, categorical, got "
+      "'uniform'"]),
+    ("hyperparameters: {lr: {type: log, minval: 1, maxval: 400}}",
+     ["hyperparameters.lr: 10 ** 1 .. 10 ** 400 is out of the range of a floating-point "
+      "number; use smaller exponents"]),
+    ("hyperparameters: {lr: {type: log, minval: 1, maxval: 2, base: 1}}",
+     ["hyperparameters.lr.base: must be a number > 0 other than 1, got 1"]),
+    ("hyperparameters: {m: {}}",
+     ["hyperparameters.m: an empty mapping; give it hyperparameters, or write `{type: const, "
+      "val: {}}` for an empty constant"]),
+])
+def test_invalid_spaces_name_the_key_path(text: str, expected: list[str]) -> None:
+    assert problems(text) == expected
+
+
+def test_two_problems_in_a_space_are_both_reported() -> None:
+    text = ("hyperparameters: {a: {type: int, minval: 3, maxval: 1}, "
+            "b: {type: double, minval: x, maxval: 1}}")
+    assert problems(text) == ["hyperparameters.a.maxval: must be >= minval (3), got 1",
+                              "hyperparameters.b.minval: must be a finite number, got 'x'"]
+
+
+SPACE = "hyperparameters: {lr: {type: double, minval: 0, maxval: 1}}\n"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("searcher: {name: random}\n" + SPACE,
+     ["searcher.metric: required by the random searcher, which compares trials by a "
+      "validation metric: name one the script reports with report_validation, e.g. "
+      "`metric: val_loss`",
+      "searcher.max_trials: required by the random searcher: how many trials to run in all"]),
+    ("searcher: {name: asha, metric: l, max_trials: 4}\n" + SPACE,
+     ["searcher.max_length: required by asha, whose rungs are fractions of it (in the steps "
+      "the script reports validation with)"]),
+    ("searcher: {name: asha, metric: l, max_trials: 4, max_length: 9, mode: aggressive}\n"
+     + SPACE, ["searcher.mode: only the adaptive_asha searcher uses it, not asha; remove it"]),
+    ("searcher: {name: grid, metric: l, max_trials: 3}\n"
+     "hyperparameters: {a: {type: int, minval: 1, maxval: 3}}\n",
+     ["searcher.max_trials: a grid runs one trial per point (the product of the counts); "
+      "remove max_trials"]),
+    ("searcher: {name: grid, metric: l}\n" + SPACE,
+     ["hyperparameters.lr.count: a grid search needs the number of points of this double "
+      "range; add e.g. `count: 4`"]),
+    ("searcher: {name: grid, metric: l}\n"
+     "hyperparameters: {n: {type: int, minval: 0, maxval: 100000}}\n",
+     ["hyperparameters.n.count: this int range holds 100001 values; a grid over all of them "
+      "is surely a mistake: add e.g. `count: 4`"]),
+    ("searcher: {name: random, metric: l, max_trials: 2}\nhyperparameters: {a: 1}\n",
+     ["searcher.name: the random searcher needs at least one hyperparameter to choose (int, "
+      "double, log or categorical) under `hyperparameters`; with only constants use `name: "
+      "single`"]),
+    (SPACE,
+     ["hyperparameters.lr: the single searcher runs one trial with fixed values, and this is a "
+      "range: make it a constant, or search it, e.g. with `searcher: {name: random, "
+      "max_trials: 1, metric: ...}`"]),
+    ("searcher: {name: single, max_trials: 2}\n",
+     ["searcher.max_trials: the single searcher runs one trial; choose random, tpe, asha or "
+      "adaptive_asha to run more"]),
+    ("searcher: {name: bayes}\n",
+     ["searcher.name: must be 'single', 'grid', 'random', 'tpe', 'asha' or 'adaptive_asha', "
+      "got 'bayes'"]),
+    ("reproducibility: {experiment_seed: -1}\n",
+     ["reproducibility.experiment_seed: must be >= 0, got -1"]),
+])
+def test_invalid_searchers_say_what_to_change(text: str, expected: list[str]) -> None:
+    assert problems(text) == expected
+
+
+def test_trial_counts_and_a_stored_config_reads_back() -> None:
+    grid = load_config(BASE + "searcher: {name: grid, metric: l}\nhyperparameters: "
+                       "{a: {type: int, minval: 1, maxval: 3}, b: {type: categorical, "
+                       "vals: [x, y]}}\n")
+    assert grid.trial_count() == 6
+    asha = load_config(BASE + "searcher: {name: adaptive_asha, metric: l, max_trials: 20, "
+                       "max_length: 16, mode: aggressive}\n" + SPACE)
+    assert asha.trial_count() == 20
+    assert type(asha).from_json_dict(asha.to_json_dict()) == asha
+    assert load_config(BASE).trial_count() == 1

@@ -1,0 +1,101 @@
+"""The measure of benchmarks/search.py (random search vs adaptive ASHA): epochs spent, and
+epochs until a trial first comes within 0.5 pp of random search's best, on hand-made
+reports. The benchmark itself runs real searches (`benchmarks/run.py --only search`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load() -> ModuleType:
+    """benchmarks/search.py under its own name: its siblings (measure, report, ...) are
+    imported as top-level modules, as run.py does, from the end of sys.path."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("bench_search", BENCHMARKS / "search.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+
+def reports(*rows: tuple[int, int, float, float]) -> list[object]:
+    """(trial number, step, time, accuracy) rows as the benchmark's Reports."""
+    return [bench.Report(trial, step, at, accuracy) for trial, step, at, accuracy in rows]
+
+
+# Two trials at once: trial 0 learns slowly, trial 1 quickly; trial 2 starts after trial 1.
+RANDOM = reports(
+    (0, 1, 1.0, 0.50), (1, 1, 1.1, 0.80), (0, 2, 2.0, 0.60), (1, 2, 2.1, 0.95),
+    (0, 3, 3.0, 0.70), (1, 3, 3.1, 0.97), (2, 1, 4.0, 0.90), (2, 2, 5.0, 0.96),
+    (2, 3, 6.0, 0.98),
+)
+# The same trials, with ASHA stopping trial 0 after step 1 (it trained one step more before
+# the stop reached it) and trial 2 starting in its place.
+ASHA = reports(
+    (0, 1, 1.0, 0.50), (1, 1, 1.1, 0.80), (0, 2, 2.0, 0.60), (1, 2, 2.1, 0.95),
+    (2, 1, 2.5, 0.90), (1, 3, 3.1, 0.97), (2, 2, 3.5, 0.96), (2, 3, 4.5, 0.98),
+)
+
+
+def test_steps_spent_sums_each_trials_highest_step() -> None:
+    assert bench.steps_spent(RANDOM) == 9
+    assert bench.steps_spent(ASHA) == 8
+    assert bench.steps_spent(reports((0, 3, 1.0, 0.5), (0, 1, 0.5, 0.4))) == 3
+
+
+@pytest.mark.parametrize(("rows", "target", "expected"), [
+    (RANDOM, 0.975, 9),  # trial 2's last step, when every trial has trained 3
+    (ASHA, 0.975, 8),
+    (RANDOM, 0.95, 4),  # trial 1's step 2: 2 steps each so far
+    (RANDOM, 0.5, 1),
+    (RANDOM, 0.99, None),
+    (list(reversed(RANDOM)), 0.95, 4),  # the order is the reports' times, not the list's
+])
+def test_steps_until_counts_every_trials_progress_at_that_moment(
+    rows: list[object], target: float, expected: int | None
+) -> None:
+    assert bench.steps_until(rows, target) == expected
+
+
+def test_compare_measures_both_arms_against_random_search_best() -> None:
+    result = bench.compare(7, RANDOM, ASHA)
+    assert result.target == pytest.approx(0.975)
+    assert (result.random_until, result.asha_until) == (9, 8)
+    assert (result.random_spent, result.asha_spent) == (9, 8)
+    assert result.until_ratio == pytest.approx(8 / 9)
+    assert result.spent_ratio == pytest.approx(8 / 9)
+
+
+def test_an_asha_run_that_never_gets_close_has_an_infinite_ratio() -> None:
+    short = [r for r in ASHA if r.trial != 2]
+    result = bench.compare(1, RANDOM, short)
+    assert result.asha_until is None
+    assert result.until_ratio == float("inf")
+
+
+def test_the_config_of_each_arm() -> None:
+    base = {"name": "digits-search", "searcher": {
+        "name": "adaptive_asha", "metric": "val_accuracy", "smaller_is_better": False,
+        "max_trials": 24, "max_concurrent_trials": 2, "max_length": 64, "divisor": 4,
+        "max_rungs": 4, "mode": "standard"}, "reproducibility": {"experiment_seed": 1234}}
+    random = yaml.safe_load(bench._config(base, "random", 3, bench.QUICK))
+    assert random["searcher"] == {"name": "random", "metric": "val_accuracy",
+                                  "smaller_is_better": False, "max_trials": 6,
+                                  "max_concurrent_trials": 2, "max_length": 16}
+    assert random["reproducibility"] == {"experiment_seed": 3}
+    asha = yaml.safe_load(bench._config(base, "adaptive_asha", 3, bench.FULL))
+    assert asha["searcher"] == base["searcher"]
+    assert asha["name"] == "bench-search-adaptive_asha-seed-3"
