@@ -114,6 +114,9 @@ def test_asha_stops_poor_trials_early_and_they_end_succeeded(sqlite_rig: Rig) ->
                 Metric.trial_id == trial.id, Metric.kind == "validation"))]
             assert max(steps) < 8 and stop["step"] <= max(steps)
             assert (trial.trial_retries, trial.replica_restarts) == (0, 0)
+            # Verified without the checks a run cut short would fail; its checkpoint counts.
+            checks = {c["name"]: c["passed"] for c in (trial.verification or {})["checks"]}
+            assert checks["checkpoint"] and "finite_metrics" not in checks
             reasons = [e.reason for e in s.scalars(select(Event).where(
                 Event.trial_id == trial.id))]
             assert "early stop" in reasons and reasons[-1] == "early stopped"

@@ -327,8 +327,7 @@ class Supervisor:
         elif early_stop and verdict.reason in (Reason.STOPPED, Reason.OK):
             # The searcher's stop: its results up to there count; not a failure.
             trial.pause_requested, trial.early_stopped = None, True
-            transition(s, trial, TrialState.SUCCEEDED, reason="early stopped", actor=ACTOR,
-                       message=early_stop_note(trial))
+            _judge_success(s, trial, verdict, early_stopped=True)
         elif early_stop and decision.charge is not None:
             # It failed before the searcher's stop reached it: a failure, but not restarted.
             _record_decision(s, trial, reason, "not restarted: the searcher had stopped it "
@@ -895,23 +894,37 @@ def _stall_marker(attempt_dir: Path, rank: int) -> Path:
     return attempt_dir / f"rank-{rank}.stalled.json"
 
 
-def _judge_success(s: Session, trial: Trial, verdict: Classification) -> None:
-    """Exit 0 is not success until every configured check passed (invariant 1)."""
+def _judge_success(s: Session, trial: Trial, verdict: Classification,
+                   early_stopped: bool = False) -> None:
+    """Exit 0 is not success until every configured check passed (invariant 1).
+
+    A trial the searcher stopped early ran part of its training by design: its sample
+    counts are not checked (the last epoch is cut short), nor its metrics for NaN (a
+    diverging trial is what a pruner stops); its checkpoint and check-ins are.
+    """
     config = _config(trial)
     # A warm standby, waiting or dropped, ran none of the training: it is no evidence.
     attempts = [a.number for a in trial.attempts if not a.standby]
     run_dir = Path(trial.attempts[-1].run_dir).parent
     manifest_count = (trial.manifest or {}).get("file_count")
+    checks = config.verify
+    if early_stopped:
+        manifest_count = None
+        checks = checks.model_copy(update={"expected_samples": None, "finite_metrics": False})
     result = verification.verify(
         verification.gather_evidence(run_dir, attempts),
-        config.verify,
+        checks,
         manifest_count,
         harness_ranks=config.resources.replicas if config.harness else None,
     )
     trial.verification = result.to_json()
     if result.passed:
-        transition(s, trial, TrialState.SUCCEEDED, reason=verdict.reason.value, actor=ACTOR,
-                   message=verdict.message)
+        if early_stopped:
+            transition(s, trial, TrialState.SUCCEEDED, reason="early stopped", actor=ACTOR,
+                       message=early_stop_note(trial))
+        else:
+            transition(s, trial, TrialState.SUCCEEDED, reason=verdict.reason.value,
+                       actor=ACTOR, message=verdict.message)
         return
     failed = "; ".join(f"{c.name}: {c.detail}" for c in result.checks if not c.passed)
     transition(s, trial, TrialState.SUSPECT, reason="verification failed", actor=ACTOR,
