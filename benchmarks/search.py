@@ -25,8 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from math import inf
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,13 @@ class SearchRun:
     reports: list[Report]
     hparams: dict[int, dict[str, Any]]  # by trial number
     early_stopped: int
-    overshoot: list[int]  # per early-stopped trial: epochs trained past the step judged
+    stop_steps: dict[int, int]  # by trial number: the step at which the searcher stopped it
     verified: int  # trials whose verification was recorded and passed
+
+    def overshoot(self) -> list[int]:
+        """Per early-stopped trial, the epochs it trained after the searcher's decision."""
+        return [steps_spent([r for r in self.reports if r.trial == number]) - step
+                for number, step in self.stop_steps.items()]
 
 
 # -- the measure (pure) ----------------------------------------------------------------------
@@ -97,46 +103,69 @@ def steps_spent(reports: Iterable[Report]) -> int:
     return sum(highest.values())
 
 
-def steps_until(reports: Iterable[Report], target: float) -> int | None:
-    """Epochs all trials had completed (by the reports' times) when one first reported an
-    accuracy of at least `target`; None if none did."""
+def stopped_at_decision(reports: Iterable[Report], stop_steps: Mapping[int, int]
+                        ) -> list[Report]:
+    """The reports as they would be had each stopped trial stopped at the step where the
+    searcher decided to stop it (its later epochs are the latency of the stop)."""
+    return [r for r in reports if r.step <= stop_steps.get(r.trial, r.step)]
+
+
+@dataclass(frozen=True)
+class Reached:
+    report: Report  # the first report at or above the target
+    epochs: int  # epochs all trials had completed by then
+
+
+def first_reaching(reports: Iterable[Report], target: float) -> Reached | None:
+    """The first report (by time) with an accuracy of at least `target`, and the epochs all
+    trials had completed by then; None if no report reached it."""
     highest: dict[int, int] = {}
     for r in sorted(reports, key=lambda r: (r.time, r.trial, r.step)):
         highest[r.trial] = max(highest.get(r.trial, 0), r.step)
         if r.accuracy >= target:
-            return sum(highest.values())
+            return Reached(r, sum(highest.values()))
     return None
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of one seed by the measure: when it came within reach of the target, and
+    what it spent in all."""
+
+    reached: Reached | None
+    spent: int
 
 
 @dataclass(frozen=True)
 class SeedResult:
     seed: int
     target: float
-    random_until: int
-    asha_until: int | None
-    random_spent: int
-    asha_spent: int
+    random: Arm
+    asha: Arm
+    asha_at_decision: Arm  # ASHA's reports cut at each early stop's decision step
 
-    @property
-    def until_ratio(self) -> float:
-        """ASHA / random epochs to the target; infinite when ASHA never reached it."""
-        if self.asha_until is None:
-            return float("inf")
-        return self.asha_until / self.random_until
+    def until_ratio(self, asha: Arm) -> float:
+        """ASHA / random epochs to the target; infinite when ASHA never reached it. (Random
+        search always reaches it: the target is below its own best.)"""
+        if asha.reached is None or self.random.reached is None:
+            return inf
+        return asha.reached.epochs / self.random.reached.epochs
 
-    @property
-    def spent_ratio(self) -> float:
-        return self.asha_spent / self.random_spent
+    def spent_ratio(self, asha: Arm) -> float:
+        return asha.spent / self.random.spent
 
 
-def compare(seed: int, random_reports: Sequence[Report], asha_reports: Sequence[Report]
-            ) -> SeedResult:
+def compare(seed: int, random_reports: Sequence[Report], asha_reports: Sequence[Report],
+            asha_stop_steps: Mapping[int, int]) -> SeedResult:
     """The two arms of one seed, by the measure in the module's docstring."""
     target = best_accuracy(random_reports) - WITHIN
-    random_until = steps_until(random_reports, target)
-    expect(random_until is not None, "random search never reached its own best")
-    return SeedResult(seed, target, random_until, steps_until(asha_reports, target),
-                      steps_spent(random_reports), steps_spent(asha_reports))
+    cut = stopped_at_decision(asha_reports, asha_stop_steps)
+    return SeedResult(seed, target, _arm(random_reports, target), _arm(asha_reports, target),
+                      _arm(cut, target))
+
+
+def _arm(reports: Sequence[Report], target: float) -> Arm:
+    return Arm(first_reaching(reports, target), steps_spent(reports))
 
 
 # -- the runs ----------------------------------------------------------------------------------
@@ -198,7 +227,6 @@ def _search(client: Client, context: Path, config: str) -> SearchRun:
         expect(trial["state"] == "SUCCEEDED",
                f"trial {trial['id']} ended {trial['state']}: {trial['message']}")
     reports = {t["number"]: _reports(client, t) for t in trials}
-    stopped = [t for t in trials if t["early_stopped"] and t.get("early_stop")]
     return SearchRun(
         searcher=loaded["searcher"]["name"],
         seed=loaded["reproducibility"]["experiment_seed"],
@@ -206,9 +234,8 @@ def _search(client: Client, context: Path, config: str) -> SearchRun:
         reports=[r for number in sorted(reports) for r in reports[number]],
         hparams={t["number"]: t["hparams"] for t in trials},
         early_stopped=sum(bool(t["early_stopped"]) for t in trials),
-        # epochs each trained after the step at which the searcher decided to stop it
-        overshoot=[max(r.step for r in reports[t["number"]]) - int(t["early_stop"]["step"])
-                   for t in stopped],
+        stop_steps={t["number"]: int(t["early_stop"]["step"]) for t in trials
+                    if t["early_stopped"] and t["early_stop"]},
         verified=sum(bool((t.get("verification") or {}).get("passed")) for t in trials),
     )
 
@@ -230,12 +257,12 @@ def _outcome(size: Size, base: dict[str, Any], runs: dict[int, dict[str, SearchR
         random, asha = arms["random"], arms["adaptive_asha"]
         expect(random.hparams == asha.hparams,
                f"seed {seed}: the arms drew different hyperparameters for the same trials")
-        results.append(compare(seed, random.reports, asha.reports))
-    ratio = median([r.until_ratio for r in results])
+        results.append(compare(seed, random.reports, asha.reports, asha.stop_steps))
+    ratio = median([r.until_ratio(r.asha) for r in results])
     searcher = base["searcher"]
     trials = size.max_trials or searcher["max_trials"]
     length = size.max_length or searcher["max_length"]
-    tables = [_measure_table(results, runs, ratio, trials, length), _runs_table(runs)]
+    tables = [_until_table(results, ratio), _spent_table(results), _runs_table(runs)]
     target = Target(f"(s) epochs until a trial is within {WITHIN * 100:.1f} pp of random "
                     f"search's best {METRIC}: adaptive ASHA / random ≤ {TARGET_RATIO:.2f} "
                     "(median over seeds)", f"{ratio:.2f}", ratio <= TARGET_RATIO)
@@ -243,43 +270,56 @@ def _outcome(size: Size, base: dict[str, Any], runs: dict[int, dict[str, SearchR
              f" at once, per arm and seed; ASHA: mode {searcher.get('mode', 'standard')}, "
              f"divisor {searcher.get('divisor', 4)}, max_rungs {searcher.get('max_rungs', 5)}.",
              "An epoch is counted once a trial reported validation for it; reports are "
-             "ordered by the time the harness stamped them.",
+             "ordered by the time the harness stamped them. \"at decision\": ASHA's reports "
+             "cut at the step where the searcher decided each early stop, as if the stop took "
+             "no time (the schedule is left as it was).",
              f"Identical curves: {_identical(runs)} of the validation reports that both arms "
              "made for the same trial and epoch have the same val_accuracy."]
-    data = {"results": [vars(r) | {"until_ratio": r.until_ratio, "spent_ratio": r.spent_ratio}
-                        for r in results],
-            "runs": {str(seed): {name: vars(run) | {"reports": [vars(r) for r in run.reports]}
-                                 for name, run in arms.items()}
+    data = {"results": [asdict(r) for r in results],
+            "runs": {str(seed): {name: asdict(run) for name, run in arms.items()}
                      for seed, arms in runs.items()}}
     return Outcome("search", tables, [target], notes, data)
 
 
-def _measure_table(results: list[SeedResult], runs: dict[int, dict[str, SearchRun]],
-                   ratio: float, trials: int, length: int) -> Table:
-    rows = []
-    for r in results:
-        best = best_accuracy(runs[r.seed]["random"].reports)
-        rows.append([str(r.seed), f"{best:.4f}", str(r.random_until),
-                     "not reached" if r.asha_until is None else str(r.asha_until),
-                     f"{r.until_ratio:.2f}", str(r.random_spent), str(r.asha_spent),
-                     f"{r.spent_ratio:.2f}"])
-    rows.append(["**median**", "", "", "", f"**{ratio:.2f}**", "", "",
-                 f"{median([r.spent_ratio for r in results]):.2f}"])
-    return Table(f"(s) epochs of training, random search vs adaptive ASHA ({trials} trials of "
-                 f"up to {length} epochs per arm)",
-                 ["seed", "random's best val_accuracy", "random: epochs to within 0.5 pp",
-                  "ASHA: epochs to within 0.5 pp", "ASHA / random", "random: epochs in all",
-                  "ASHA: epochs in all", "ASHA / random"], rows)
+def _until_table(results: list[SeedResult], ratio: float) -> Table:
+    rows = [[str(r.seed), f"{r.target + WITHIN:.4f}", _reached(r.random), _reached(r.asha),
+             f"{r.until_ratio(r.asha):.2f}", _reached(r.asha_at_decision),
+             f"{r.until_ratio(r.asha_at_decision):.2f}"] for r in results]
+    rows.append(["**median**", "", "", "", f"**{ratio:.2f}**", "",
+                 f"{median([r.until_ratio(r.asha_at_decision) for r in results]):.2f}"])
+    return Table(f"(s) epochs until a trial is within {WITHIN * 100:.1f} pp of random search's "
+                 f"best {METRIC} (the trial #number and its epoch)",
+                 ["seed", f"random's best {METRIC}", "random", "adaptive ASHA",
+                  "ASHA / random", "ASHA at decision", "at decision / random"], rows)
+
+
+def _spent_table(results: list[SeedResult]) -> Table:
+    rows = [[str(r.seed), str(r.random.spent), str(r.asha.spent),
+             f"{r.spent_ratio(r.asha):.2f}", str(r.asha_at_decision.spent),
+             f"{r.spent_ratio(r.asha_at_decision):.2f}"] for r in results]
+    spent = median([r.spent_ratio(r.asha) for r in results])
+    rows.append(["**median**", "", "", f"**{spent:.2f}**", "",
+                 f"{median([r.spent_ratio(r.asha_at_decision) for r in results]):.2f}"])
+    return Table("(s) epochs trained in all", ["seed", "random", "adaptive ASHA",
+                                               "ASHA / random", "ASHA at decision",
+                                               "at decision / random"], rows)
+
+
+def _reached(arm: Arm) -> str:
+    if arm.reached is None:
+        return "not reached"
+    return f"{arm.reached.epochs} (#{arm.reached.report.trial}, {arm.reached.report.step})"
 
 
 def _runs_table(runs: dict[int, dict[str, SearchRun]]) -> Table:
     rows = []
     for seed, arms in runs.items():
         for name, run in arms.items():
-            over = (f"{statistics.median(run.overshoot):g}" if run.overshoot else "-")
+            over = run.overshoot()
             rows.append([str(seed), name, f"{run.wall_s:.0f}", f"{best_accuracy(run.reports):.4f}",
-                         str(run.early_stopped), over, str(run.verified)])
-    return Table("(s) the runs", ["seed", "searcher", "wall s", "best val_accuracy",
+                         str(run.early_stopped),
+                         f"{statistics.median(over):g}" if over else "-", str(run.verified)])
+    return Table("(s) the runs", ["seed", "searcher", "wall s", f"best {METRIC}",
                                   "stopped early", "median epochs past the stop decision",
                                   "verification recorded and passed"], rows)
 

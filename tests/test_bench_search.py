@@ -56,6 +56,11 @@ def test_steps_spent_sums_each_trials_highest_step() -> None:
     assert bench.steps_spent(reports((0, 3, 1.0, 0.5), (0, 1, 0.5, 0.4))) == 3
 
 
+def epochs_until(rows: list[object], target: float) -> int | None:
+    reached = bench.first_reaching(rows, target)
+    return None if reached is None else reached.epochs
+
+
 @pytest.mark.parametrize(("rows", "target", "expected"), [
     (RANDOM, 0.975, 9),  # trial 2's last step, when every trial has trained 3
     (ASHA, 0.975, 8),
@@ -64,26 +69,46 @@ def test_steps_spent_sums_each_trials_highest_step() -> None:
     (RANDOM, 0.99, None),
     (list(reversed(RANDOM)), 0.95, 4),  # the order is the reports' times, not the list's
 ])
-def test_steps_until_counts_every_trials_progress_at_that_moment(
+def test_first_reaching_counts_every_trials_progress_at_that_moment(
     rows: list[object], target: float, expected: int | None
 ) -> None:
-    assert bench.steps_until(rows, target) == expected
+    assert epochs_until(rows, target) == expected
+
+
+def test_first_reaching_names_the_report() -> None:
+    reached = bench.first_reaching(RANDOM, 0.95)
+    assert reached == bench.Reached(bench.Report(1, 2, 2.1, 0.95), 4)
+
+
+def test_stopped_at_decision_drops_the_epochs_after_each_stop() -> None:
+    cut = bench.stopped_at_decision(ASHA, {0: 1})  # ASHA decided at trial 0's step 1
+    assert [(r.trial, r.step) for r in cut] == [(0, 1), (1, 1), (1, 2), (2, 1), (1, 3),
+                                                 (2, 2), (2, 3)]
+    assert bench.steps_spent(cut) == 7
 
 
 def test_compare_measures_both_arms_against_random_search_best() -> None:
-    result = bench.compare(7, RANDOM, ASHA)
+    result = bench.compare(7, RANDOM, ASHA, {0: 1})
     assert result.target == pytest.approx(0.975)
-    assert (result.random_until, result.asha_until) == (9, 8)
-    assert (result.random_spent, result.asha_spent) == (9, 8)
-    assert result.until_ratio == pytest.approx(8 / 9)
-    assert result.spent_ratio == pytest.approx(8 / 9)
+    assert (result.random.reached.epochs, result.random.spent) == (9, 9)
+    assert (result.asha.reached.epochs, result.asha.spent) == (8, 8)
+    assert (result.asha_at_decision.reached.epochs, result.asha_at_decision.spent) == (7, 7)
+    assert result.until_ratio(result.asha) == pytest.approx(8 / 9)
+    assert result.until_ratio(result.asha_at_decision) == pytest.approx(7 / 9)
+    assert result.spent_ratio(result.asha) == pytest.approx(8 / 9)
 
 
 def test_an_asha_run_that_never_gets_close_has_an_infinite_ratio() -> None:
     short = [r for r in ASHA if r.trial != 2]
-    result = bench.compare(1, RANDOM, short)
-    assert result.asha_until is None
-    assert result.until_ratio == float("inf")
+    result = bench.compare(1, RANDOM, short, {})
+    assert result.asha.reached is None
+    assert result.until_ratio(result.asha) == float("inf")
+
+
+def test_overshoot_is_the_epochs_past_each_stop_decision() -> None:
+    run = bench.SearchRun(searcher="adaptive_asha", seed=1, wall_s=1.0, reports=ASHA,
+                          hparams={}, early_stopped=1, stop_steps={0: 1}, verified=2)
+    assert run.overshoot() == [1]
 
 
 def test_the_config_of_each_arm() -> None:

@@ -8,6 +8,7 @@ attempt directory and process identities alone.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from typing import Any
 
 from muster.atomic import atomic_write_json, read_json
 from muster.errors import LaunchError
+from muster.launch import forkserver
 from muster.launch.base import (
     Launcher,
     ProcessIdentity,
@@ -27,11 +29,14 @@ from muster.launch.base import (
     ReplicaSpec,
     ReplicaStatus,
 )
+from muster.launch.forkserver import ForkServerError
 from muster.launch.identity import group_members, is_alive, read_identity, send_signal
 from muster.launch.logs import log_size, read_range
 from muster.launch.shim import ReplicaFiles, exit_record_from_json, spec_to_json
 
 __all__ = ["LocalLauncher"]
+
+log = logging.getLogger(__name__)
 
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 _LOG_CHUNK_BYTES = 1 << 20
@@ -58,12 +63,10 @@ class LocalLauncher(Launcher):
         where = f"rank {spec.rank} of trial {spec.trial_uuid} attempt {spec.attempt}"
         try:
             self._prepare(spec, files)
-            proc = self._start_shim(files)
+            shim = self._start_shim(files, where)
         except OSError as exc:
             raise LaunchError(f"Could not launch {where} in {spec.attempt_dir}: {exc}") from exc
-        with self._lock:
-            self._shims[(files.attempt_dir, files.rank)] = proc
-        return self._record_launch(proc, files, where)
+        return self._record_launch(shim, files, where)
 
     def describe(self, attempt_dir: Path, rank: int) -> ReplicaStatus:
         """The replica's phase from its files and the identities they name (no pids alone)."""
@@ -143,7 +146,26 @@ class LocalLauncher(Launcher):
             )
         atomic_write_json(files.spec, spec_to_json(spec))
 
-    def _start_shim(self, files: ReplicaFiles) -> subprocess.Popen[bytes]:
+    def _start_shim(self, files: ReplicaFiles, where: str) -> ProcessIdentity:
+        """Start the shim: forked by the fork server (`launch/forkserver.py`), which has
+        the shim's imports done already, or, where that is off or fails, as a new
+        interpreter. Returns its identity."""
+        forks = forkserver.shared()
+        if forks is not None:
+            try:
+                return forks.start_shim(files.spec, files.attempt_dir, files.shim_log)
+            except ForkServerError as exc:
+                log.warning("%s; starting the shim for %s as a new interpreter", exc, where)
+        proc = self._spawn_shim(files)
+        with self._lock:
+            self._shims[(files.attempt_dir, files.rank)] = proc
+        # Not yet reaped by us, the shim keeps its /proc entry even if it already exited.
+        identity = read_identity(proc.pid)
+        if identity is None:
+            raise LaunchError(f"The shim for {where} vanished right after it was started.")
+        return identity
+
+    def _spawn_shim(self, files: ReplicaFiles) -> subprocess.Popen[bytes]:
         """Start the shim in its own session with SIGTERM/SIGINT blocked.
 
         The shim inherits the blocked mask and unblocks it once its handlers are installed,
@@ -167,13 +189,9 @@ class LocalLauncher(Launcher):
                 signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def _record_launch(
-        self, proc: subprocess.Popen[bytes], files: ReplicaFiles, where: str
+        self, identity: ProcessIdentity, files: ReplicaFiles, where: str
     ) -> ProcessIdentity:
         """Write `launch.json` (the shim's identity) so a restarted server can find the shim."""
-        # Not yet reaped by us, the shim keeps its /proc entry even if it already exited.
-        identity = read_identity(proc.pid)
-        if identity is None:
-            raise LaunchError(f"The shim for {where} vanished right after it was started.")
         launch = {
             "shim_pid": identity.pid,
             "shim_start_ticks": identity.start_ticks,
@@ -182,7 +200,8 @@ class LocalLauncher(Launcher):
         try:
             atomic_write_json(files.launch, launch)
         except OSError as exc:
-            proc.terminate()  # the shim stops its child itself; it must not run untracked
+            # The shim stops its child itself; it must not run untracked.
+            send_signal(identity, signal.SIGTERM)
             raise LaunchError(f"Could not record the launch of {where}: {exc}") from exc
         return identity
 
