@@ -77,6 +77,15 @@ class ForkServer:
                                   f"{reply['error']}")
         return ProcessIdentity(int(reply["pid"]), int(reply["start_ticks"]))
 
+    def start(self) -> None:
+        """Start the fork server now rather than at the first launch.
+
+        Raises:
+            ForkServerError: it could not be started.
+        """
+        with self._lock:
+            self._running()
+
     def close(self) -> None:
         """End the fork server (EOF on its stdin); shims it started live on."""
         with self._lock:

@@ -68,6 +68,16 @@ class LocalLauncher(Launcher):
             raise LaunchError(f"Could not launch {where} in {spec.attempt_dir}: {exc}") from exc
         return self._record_launch(shim, files, where)
 
+    def warm_up(self) -> None:
+        """Start the shim fork server ahead of the first launch (where it is on)."""
+        forks = forkserver.shared()
+        if forks is None:
+            return
+        try:
+            forks.start()
+        except ForkServerError as exc:
+            log.warning("%s; shims will be started as new interpreters", exc)
+
     def describe(self, attempt_dir: Path, rank: int) -> ReplicaStatus:
         """The replica's phase from its files and the identities they name (no pids alone)."""
         self._reap_shims()

@@ -120,6 +120,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(store.upgrade)
+        await asyncio.to_thread(launcher.warm_up)
         orchestrator = Orchestrator(supervisor)
         _wake_on_replica_exit(orchestrator, launcher)
         app.state.muster = ServerState(home, store, ensure_token(home.token_path), orchestrator)
