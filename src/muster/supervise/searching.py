@@ -108,26 +108,30 @@ class Searching:
                              message=f"trial {number + 1} of {experiment.max_trials} drawn by "
                                      f"{config.searcher.name}: {_shown(params)}")
 
-    def judge(self, trial_id: int) -> None:
+    def judge(self, trial_id: int) -> bool:
         """Show the pruner the trial's new validation values; mark it for an early stop
-        when the pruner says so."""
+        when the pruner says so. True when it is marked now.
+
+        A value at `max_length` or beyond is not judged: the trial has done all the
+        training the search gives it, and stopping it would only cut its teardown.
+        """
         with self.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
             if (trial.state != TrialState.RUNNING.value or trial.stop_requested
                     or trial.pause_requested is not None):
-                return
+                return False
             experiment = trial.experiment
             config = experiment_config(experiment)
             if not searches(config) or not _searcher(experiment, config).prunes:
-                return
-            metric = config.searcher.metric
-            assert metric is not None, "a pruning searcher has a metric (SearcherConfig)"
+                return False
+            metric, length = config.searcher.metric, config.searcher.max_length
+            assert metric is not None and length is not None, "checked by SearcherConfig"
             state = dict(trial.search_state or {})
             judged = int(state.get("judged_step", -1))
             values = _validation(s, [trial.id], metric).get(trial.id, {})
-            new = sorted(step for step in values if step > judged)
+            new = sorted(step for step in values if judged < step < length)
             if not new:
-                return
+                return False
             trials = list(s.scalars(select(Trial).where(
                 Trial.experiment_id == experiment.id).order_by(Trial.number)))
             searcher = _searcher(experiment, config)
@@ -149,6 +153,7 @@ class Searching:
                                                              values[step]))
                     break
             trial.search_state = state
+            return trial.pause_requested == EARLY_STOP
 
 
 def early_stop_note(trial: Trial) -> str:

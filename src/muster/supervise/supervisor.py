@@ -126,7 +126,8 @@ class Supervisor:
             policy = config.failure_policy
         self._ingest(trial.id)
         if not stop:
-            self._search.judge(trial.id)  # the pruner may stop it early (from the next pass)
+            # The pruner may stop it early: the stop goes out in this very pass.
+            stop = self._search.judge(trial.id)
         statuses = [self.launcher.describe(run_dir, rank) for rank in ranks]
         if policy.restart_scope == "replica" and not stop:
             statuses = [self._restart_in_place(attempt_id, status) or status
@@ -324,10 +325,14 @@ class Supervisor:
         if trial.stop_requested and decision.action is not Action.SUCCEED:
             transition(s, trial, TrialState.CANCELED, reason="killed", actor=ACTOR,
                        message=verdict.message)
-        elif early_stop and verdict.reason in (Reason.STOPPED, Reason.OK):
+        elif early_stop and verdict.reason is Reason.STOPPED:
             # The searcher's stop: its results up to there count; not a failure.
             trial.pause_requested, trial.early_stopped = None, True
             _judge_success(s, trial, verdict, early_stopped=True)
+        elif early_stop and verdict.reason is Reason.OK:
+            # It finished its whole run before the stop reached it: an ordinary success.
+            trial.pause_requested = None
+            _judge_success(s, trial, verdict)
         elif early_stop and decision.charge is not None:
             # It failed before the searcher's stop reached it: a failure, but not restarted.
             _record_decision(s, trial, reason, "not restarted: the searcher had stopped it "
