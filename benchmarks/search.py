@@ -57,7 +57,7 @@ class Size:
     max_length: int | None
 
 
-FULL = Size(seeds=(1, 2, 3), max_trials=None, max_length=None)
+FULL = Size(seeds=(1, 2, 3, 4, 5), max_trials=None, max_length=None)
 QUICK = Size(seeds=(1,), max_trials=6, max_length=16)
 
 

@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import is_alive
-from muster.server.experiments import create_experiment
+from muster.server.experiments import create_experiment, kill_experiment
 from muster.states import ExperimentState, TrialState
 from muster.store import Event, Experiment, Metric, Replica, Store, Trial
 from muster.supervise.searching import UNFINISHED
@@ -187,3 +187,13 @@ def test_the_same_seed_draws_the_same_hyperparameters(sqlite_rig: Rig) -> None:
     for hparams in draws[0]:
         assert 1e-4 <= hparams["lr"] <= 1e-1 and hparams["hidden"] in (64, 128, 256)
         assert isinstance(hparams["layers"], int) and 1 <= hparams["layers"] <= 4
+
+
+def test_a_search_killed_before_its_first_draw_ends_canceled(sqlite_rig: Rig) -> None:
+    experiment_id = submit_search(
+        sqlite_rig, {"name": "random", "max_trials": 3, **LOSS},
+        {"x": {"type": "double", "minval": 0, "maxval": 1}})
+    kill_experiment(sqlite_rig.store, experiment_id)
+    sqlite_rig.supervisor.tick()
+    assert sqlite_rig.experiment_state(experiment_id) is ExperimentState.CANCELED
+    assert trials_of(sqlite_rig.store, experiment_id) == []  # and nothing was drawn

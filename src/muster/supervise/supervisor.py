@@ -685,8 +685,9 @@ class Supervisor:
         # Every trial it runs exists (a search draws them as it goes), or it was killed.
         created = (select(func.count(Trial.id)).where(Trial.experiment_id == Experiment.id)
                    .scalar_subquery())
-        has_trials = (created > 0) & ((created >= Experiment.max_trials)
-                                      | Experiment.stop_requested.is_(True))
+        # (A search killed before its first draw has no trial at all.)
+        has_trials = (((created > 0) & (created >= Experiment.max_trials))
+                      | Experiment.stop_requested.is_(True))
         unfinished = select(Trial.id).where(Trial.experiment_id == Experiment.id,
                                             Trial.state.not_in(terminal)).exists()
         with self.store.session_scope() as s:
@@ -697,7 +698,8 @@ class Supervisor:
                 has_trials, ~unfinished))
             for experiment in active:
                 states = [TrialState(t.state) for t in experiment.trials]
-                if states and all(st.is_terminal() for st in states):
+                if (states or experiment.stop_requested) and all(
+                        st.is_terminal() for st in states):
                     end, why = _experiment_end(experiment, states)
                     transition(s, experiment, end, reason=why, actor=ACTOR)
 
