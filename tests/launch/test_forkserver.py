@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -73,7 +74,9 @@ def test_forked_shims_live_on_when_the_fork_server_is_killed(
     assert server is not None
     release = tmp_path / "release"
     first = start("wait_for_file.py", str(release))
-    shim = wait_until(lambda: first.describe().shim, timeout=30, what="the first shim")
+    first.child()  # the shim has set up its session and started its child
+    shim = first.describe().shim
+    assert shim is not None
     stat = read_stat(shim.pid)
     assert stat is not None and stat.session == shim.pid  # its own session
     fork_server_pid = _parent_pid(shim.pid)
@@ -93,3 +96,16 @@ def test_forked_shims_live_on_when_the_fork_server_is_killed(
 def _parent_pid(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[1])
+
+
+def test_a_fork_server_that_dies_before_it_answers_is_not_retried_elsewhere(
+        tmp_path: Path) -> None:
+    """After the request went out a shim may exist: the caller must not start a second one."""
+    mute = forkserver.ForkServer([sys.executable, "-c", "import sys; sys.stdin.readline()"])
+    with pytest.raises(forkserver.ForkServerError, match="it exited") as info:
+        mute.start_shim(tmp_path / "spec.json", tmp_path, tmp_path / "shim.log")
+    assert info.value.asked
+    missing = forkserver.ForkServer([str(tmp_path / "no-such-python")])
+    with pytest.raises(forkserver.ForkServerError, match="could not start") as info:
+        missing.start_shim(tmp_path / "spec.json", tmp_path, tmp_path / "shim.log")
+    assert not info.value.asked  # nothing was asked: starting the shim otherwise is safe

@@ -45,13 +45,24 @@ _REPLY_TIMEOUT_S = 30.0
 
 
 class ForkServerError(Exception):
-    """The fork server could not start a shim (it is gone, or it said why)."""
+    """The fork server could not start a shim (it is gone, or it said why).
+
+    `asked` is True once the request was sent: a shim may then have been forked (the fork
+    server died before it answered), so starting another one elsewhere could run the
+    replica twice.
+    """
+
+    def __init__(self, message: str, asked: bool) -> None:
+        super().__init__(message)
+        self.asked = asked
 
 
 class ForkServer:
     """The client of one fork server process; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, argv: list[str] | None = None) -> None:
+        # The command that starts the fork server (tests put a broken one here).
+        self._argv = argv or [sys.executable, "-P", "-m", "muster.launch.forkserver"]
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
@@ -71,10 +82,10 @@ class ForkServer:
                 reply = _read_reply(proc.stdout)
             except (OSError, ValueError) as exc:
                 self._discard()
-                raise ForkServerError(f"the shim fork server failed: {exc}") from exc
-        if "error" in reply:
+                raise ForkServerError(f"the shim fork server failed: {exc}", asked=True) from exc
+        if "error" in reply:  # it could not fork: no shim exists
             raise ForkServerError(f"the shim fork server could not start the shim: "
-                                  f"{reply['error']}")
+                                  f"{reply['error']}", asked=False)
         return ProcessIdentity(int(reply["pid"]), int(reply["start_ticks"]))
 
     def start(self) -> None:
@@ -97,11 +108,11 @@ class ForkServer:
         self._discard()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "muster.launch.forkserver"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+                self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
                 start_new_session=True, close_fds=True)
         except OSError as exc:
-            raise ForkServerError(f"could not start the shim fork server: {exc}") from exc
+            raise ForkServerError(f"could not start the shim fork server: {exc}",
+                                  asked=False) from exc
         return self._proc
 
     def _discard(self) -> None:

@@ -165,6 +165,11 @@ class LocalLauncher(Launcher):
             try:
                 return forks.start_shim(files.spec, files.attempt_dir, files.shim_log)
             except ForkServerError as exc:
+                if exc.asked:
+                    # A shim may exist without a launch record: the attempt fails to launch
+                    # (INTERNAL, retried in a new attempt), and its cancel leaves the stop
+                    # marker that such a shim obeys when it starts.
+                    raise LaunchError(f"Could not launch {where}: {exc}") from exc
                 log.warning("%s; starting the shim for %s as a new interpreter", exc, where)
         proc = self._spawn_shim(files)
         with self._lock:

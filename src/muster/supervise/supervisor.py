@@ -477,8 +477,11 @@ class Supervisor:
             rank = specs[len(launched)].rank
             log.error("launch of trial %s attempt %s rank %s failed: %s", trial_id,
                       specs[0].attempt, rank, exc)
-            for launched_rank, _ in launched:
-                self.launcher.cancel(specs[0].attempt_dir, launched_rank)
+            # The failed rank too: a shim may have started without its launch being
+            # recorded (a fork server that died before it answered); the stop marker
+            # stops it as soon as it looks.
+            for stopped_rank in [r for r, _ in launched] + [rank]:
+                self.launcher.cancel(specs[0].attempt_dir, stopped_rank)
             statuses = [ReplicaStatus(rank=spec.rank, phase=ReplicaPhase.LOST) for spec in specs]
             self._finish_attempt(attempt_id, statuses, launch_error=(rank, str(exc)))
             return
