@@ -43,7 +43,7 @@ def start(make_spec: Callable[..., ReplicaSpec], tmp_path: Path
     kill_leftovers(tmp_path)
 
 
-def test_a_shim_runs_in_its_own_session_either_way(mode: str, start: Callable[..., Replica]
+def test_a_shim_records_its_exit_and_is_reaped_either_way(mode: str, start: Callable[..., Replica]
                                                   ) -> None:
     replica = start("exit0.sh")
     record = replica.wait_exit()

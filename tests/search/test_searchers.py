@@ -11,7 +11,8 @@ import pytest
 
 from muster.config import ExperimentConfig, load_config
 from muster.search.adaptive_asha import AdaptiveAsha
-from muster.search.base import Outcome, PastTrial, Searcher
+from muster.search.base import Searcher
+from muster.search.history import Outcome, PastTrial
 from muster.search.searchers import searcher_for
 
 SPACE = """\

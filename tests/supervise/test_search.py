@@ -126,9 +126,9 @@ def test_asha_stops_poor_trials_early_and_they_end_succeeded(sqlite_rig: Rig) ->
                 assert replica.pid is not None and replica.start_ticks is not None
                 assert not is_alive(ProcessIdentity(replica.pid, replica.start_ticks))
             # It was worse at the rung where it stopped than the best earlier trial there.
-            earlier = [t for t in trials if t.number < trial.number]
-            best = min(_value_at(s, t.id, stop["step"]) for t in earlier
-                       if _value_at(s, t.id, stop["step"]) is not None)
+            earlier = [_value_at(s, t.id, stop["step"]) for t in trials
+                       if t.number < trial.number]
+            best = min(value for value in earlier if value is not None)
             assert stop["value"] > best
 
 

@@ -304,8 +304,8 @@ class ExperimentConfig(_Section):
     def _searchable(self) -> ExperimentConfig:
         """The searcher and the space fit together (a grid needs counts; a search needs
         something to choose)."""
-        searcher = self.searcher
-        searched = space.parse(self.hyperparameters).searched()
+        searcher, parsed = self.searcher, self.space()
+        searched = parsed.searched()
         if searcher.name == "single" and searched:
             first = next(iter(searched))
             raise KeyedProblems([(
@@ -319,11 +319,10 @@ class ExperimentConfig(_Section):
                 "searcher.name", f"the {searcher.name} searcher needs at least one "
                 "hyperparameter to choose (int, double, log or categorical) under "
                 "`hyperparameters`; with only constants use `name: single`")])
-        if searcher.name == "grid":
-            problems = space.parse(self.hyperparameters).grid_problems()
-            if problems:
-                raise KeyedProblems([(f"hyperparameters.{path}", problem)
-                                     for path, problem in problems])
+        problems = parsed.grid_problems() if searcher.name == "grid" else []
+        if problems:
+            raise KeyedProblems([(f"hyperparameters.{path}", problem)
+                                 for path, problem in problems])
         return self
 
     def space(self) -> space.SearchSpace:

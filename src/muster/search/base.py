@@ -14,11 +14,8 @@ values, whatever the order in which trials ended or the server restarted.
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, ClassVar
 
 import optuna
@@ -34,22 +31,13 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState as OptunaState
 
 from muster.config.schema import SearcherConfig
+from muster.search.history import Judgement, Outcome, PastTrial, trial_seed
 from muster.search.space import Categorical, Double, Int, Log, Searched, SearchSpace
 
 __all__ = ["Judgement", "Outcome", "PastTrial", "Searcher"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 STUDY_NAME = "muster"  # HyperbandPruner assigns brackets from it and the trial number
-_SEED_SPACE = 2**32
-
-
-class Outcome(str, Enum):
-    """A stored trial as the searcher sees it."""
-
-    RUNNING = "running"  # not ended (queued, running, restarting, paused)
-    COMPLETE = "complete"  # ended with a value of the metric
-    PRUNED = "pruned"  # stopped early by the searcher
-    FAILED = "failed"  # failed, canceled, suspect, or ended without the metric
 
 
 _OPTUNA_STATE = {
@@ -58,23 +46,6 @@ _OPTUNA_STATE = {
     Outcome.PRUNED: OptunaState.PRUNED,
     Outcome.FAILED: OptunaState.FAIL,
 }
-
-
-@dataclass(frozen=True)
-class PastTrial:
-    number: int
-    outcome: Outcome
-    params: Mapping[str, Any]  # the values the searcher chose, by key path
-    value: float | None = None  # the metric it ended with (COMPLETE only)
-    intermediate: Mapping[int, float] = field(default_factory=dict)  # step -> metric
-    attrs: Mapping[str, Any] = field(default_factory=dict)  # Optuna's system attributes
-
-
-@dataclass(frozen=True)
-class Judgement:
-    prune: bool
-    attrs: dict[str, Any]  # the trial's system attributes after the pruner looked at it
-    rung: int  # the rungs the trial has passed (where it stopped, if pruned)
 
 
 class Searcher:
@@ -124,9 +95,8 @@ class Searcher:
         return Judgement(prune, attrs, _rungs(attrs))
 
     def trial_seed(self, number: int) -> int:
-        """The seed of trial `number`'s draw: from the experiment's seed and the number."""
-        digest = hashlib.sha256(f"{self.seed}/{number}".encode()).digest()
-        return int.from_bytes(digest[:4], "big") % _SEED_SPACE
+        """The seed of trial `number`'s draw (`history.trial_seed`)."""
+        return trial_seed(self.seed, number)
 
     # -- the study ---------------------------------------------------------------------
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from muster.config.schema import ExperimentConfig
 from muster.search.adaptive_asha import AdaptiveAsha
 from muster.search.asha import Asha
-from muster.search.base import Judgement, Outcome, PastTrial, Searcher
+from muster.search.base import Searcher
 from muster.search.grid import Grid
 from muster.search.random import Random
 from muster.search.single import Single
 from muster.search.tpe import Tpe
 
-__all__ = ["Judgement", "Outcome", "PastTrial", "Searcher", "searcher_for"]
+__all__ = ["searcher_for"]
 
 _SEARCHERS: dict[str, type[Searcher]] = {
     cls.name: cls for cls in (Single, Grid, Random, Tpe, Asha, AdaptiveAsha)

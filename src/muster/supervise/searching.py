@@ -21,17 +21,20 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from muster.config import ExperimentConfig
-from muster.search.base import Outcome, PastTrial, Searcher
-from muster.search.searchers import searcher_for
+from muster.search.history import Outcome, PastTrial
+from muster.search.history import trial_seed as seed_for
 from muster.states import ExperimentState, TrialState
 from muster.store import Experiment, Metric, Store, Trial, record_event
 from muster.supervise.configs import experiment_config
+
+if TYPE_CHECKING:
+    from muster.search.base import Searcher
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +61,8 @@ def experiment_seed(experiment: Experiment, config: ExperimentConfig) -> int:
 
 def trial_seed(experiment: Experiment, config: ExperimentConfig, number: int) -> int | None:
     """MUSTER_SEED for trial `number`: set only when the config names an experiment seed."""
-    if config.reproducibility.experiment_seed is None:
-        return None
-    return _searcher(experiment, config).trial_seed(number) % 2**31
+    seed = config.reproducibility.experiment_seed
+    return None if seed is None else seed_for(seed, number) % 2**31
 
 
 @dataclass
@@ -122,7 +124,8 @@ class Searching:
                 return False
             experiment = trial.experiment
             config = experiment_config(experiment)
-            if not searches(config) or not _searcher(experiment, config).prunes:
+            searcher = _searcher(experiment, config) if searches(config) else None
+            if searcher is None or not searcher.prunes:
                 return False
             metric, length = config.searcher.metric, config.searcher.max_length
             assert metric is not None and length is not None, "checked by SearcherConfig"
@@ -134,7 +137,6 @@ class Searching:
                 return False
             trials = list(s.scalars(select(Trial).where(
                 Trial.experiment_id == experiment.id).order_by(Trial.number)))
-            searcher = _searcher(experiment, config)
             others = _history(s, [t for t in trials if t.id != trial.id], config)
             for step in new:
                 seen = {k: v for k, v in values.items() if k <= step}
@@ -164,6 +166,9 @@ def early_stop_note(trial: Trial) -> str:
 
 
 def _searcher(experiment: Experiment, config: ExperimentConfig) -> Searcher:
+    # Optuna is imported with the first search, not at server start-up.
+    from muster.search.searchers import searcher_for
+
     return searcher_for(config, experiment_seed(experiment, config))
 
 

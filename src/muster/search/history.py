@@ -1,0 +1,46 @@
+"""What a searcher is told about a search's trials, and what it answers: plain data, no
+Optuna, so the supervisor can build it without importing Optuna until a search runs."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = ["Judgement", "Outcome", "PastTrial", "trial_seed"]
+
+_SEED_SPACE = 2**32
+
+
+class Outcome(str, Enum):
+    """A stored trial as the searcher sees it."""
+
+    RUNNING = "running"  # not ended (queued, running, restarting, paused)
+    COMPLETE = "complete"  # ended with a value of the metric
+    PRUNED = "pruned"  # stopped early by the searcher
+    FAILED = "failed"  # failed, canceled, suspect, or ended without the metric
+
+
+@dataclass(frozen=True)
+class PastTrial:
+    number: int
+    outcome: Outcome
+    params: Mapping[str, Any]  # the values the searcher chose, by key path
+    value: float | None = None  # the metric it ended with (COMPLETE only)
+    intermediate: Mapping[int, float] = field(default_factory=dict)  # step -> metric
+    attrs: Mapping[str, Any] = field(default_factory=dict)  # Optuna's system attributes
+
+
+@dataclass(frozen=True)
+class Judgement:
+    prune: bool
+    attrs: dict[str, Any]  # the trial's system attributes after the pruner looked at it
+    rung: int  # the rungs the trial has passed (where it stopped, if pruned)
+
+
+def trial_seed(experiment_seed: int, number: int) -> int:
+    """The seed of trial `number`'s draw: from the experiment's seed and the number alone."""
+    digest = hashlib.sha256(f"{experiment_seed}/{number}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % _SEED_SPACE
