@@ -27,7 +27,7 @@ from report import Outcome, Table, Target
 from muster import errors
 from muster.atomic import read_json
 from muster.client import Client
-from muster.launch.shim import ReplicaFiles
+from muster.rundir import RankFiles
 
 CONFIG = 'name: bench-first-log\nentrypoint: python -c "print(1)"\n'
 TARGET_ADDED_MS = 150.0
@@ -114,7 +114,7 @@ class Submitter:
 
 
 def _file_stages(run_dir: Path, wall_start: float) -> dict[str, float]:
-    files = ReplicaFiles(run_dir, 0)
+    files = RankFiles(run_dir, 0)
     launch, status = read_json(files.launch), read_json(files.status)
     first_index_line = files.index.read_text().split("\n", 1)[0]
     return {

@@ -18,6 +18,7 @@ from muster.errors import ServerUnavailable
 from muster.home import Home
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import group_members, send_signal
+from muster.rundir import RankFile, every_rank_file
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -89,7 +90,7 @@ def _free_port() -> int:
 
 def _kill_trials(home: Path) -> None:
     """SIGKILL every shim and training process group still alive under `home`/runs."""
-    for status_file in home.glob("runs/*/attempt-*/rank-*.shim.json"):
+    for status_file in every_rank_file(home / "runs", RankFile.STATUS):
         status = read_json(status_file)
         if not isinstance(status, dict):
             continue

@@ -24,7 +24,7 @@ from report import Outcome, Table, Target
 
 from muster.client import Client
 from muster.launch.logs import read_range, tail_offset
-from muster.server.logs import DEFAULT_LIMIT
+from muster.services.logs import DEFAULT_LIMIT
 
 LINES = 500
 TARGET_MS = 10.0

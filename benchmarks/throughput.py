@@ -23,7 +23,7 @@ from report import Outcome, Table, Target
 
 from muster.launch.base import ReplicaSpec
 from muster.launch.local import LocalLauncher
-from muster.launch.shim import ReplicaFiles
+from muster.rundir import RankFiles
 
 CHILD = Path(__file__).resolve().parent / "write_lines.py"
 TARGET_RATIO = 0.90
@@ -85,7 +85,7 @@ class Writer:
         spec = ReplicaSpec(trial_uuid="bench-throughput", attempt=self.launches, rank=0,
                            argv=self.argv, env=self.env, cwd=self.workdir,
                            attempt_dir=attempt_dir)
-        files = ReplicaFiles(attempt_dir, 0)
+        files = RankFiles(attempt_dir, 0)
         wall_start, start = time.time(), time.perf_counter()
         self.launcher.submit(spec)
         wait_for_file(files.exit, RUN_TIMEOUT_S)

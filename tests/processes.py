@@ -10,6 +10,7 @@ from pathlib import Path
 
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import group_members, send_signal
+from muster.rundir import RankFile, every_rank_file
 
 
 def live_group(pgid: int) -> list[int]:
@@ -19,7 +20,7 @@ def live_group(pgid: int) -> list[int]:
 
 def kill_home_processes(home: Path) -> None:
     """SIGKILL every shim and training process group recorded under `home`/runs."""
-    for shim_file in home.glob("runs/*/attempt-*/rank-*.shim.json"):
+    for shim_file in every_rank_file(home / "runs", RankFile.STATUS):
         record = json.loads(shim_file.read_text())
         pgid = record.get("pgid")
         if isinstance(pgid, int) and pgid > 1 and live_group(pgid):

@@ -26,11 +26,12 @@ import httpx
 from muster import errors
 from muster.atomic import read_json
 from muster.home import Home
+from muster.rundir import LOCAL_RUN_DIR
 from muster.states import ExperimentState, TrialState
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 API = "/api/v1"
-CONTEXT_EXCLUDES = frozenset({".git", "__pycache__", ".venv", "muster-run", ".mypy_cache"})
+CONTEXT_EXCLUDES = frozenset({".git", "__pycache__", ".venv", LOCAL_RUN_DIR, ".mypy_cache"})
 MAX_CONTEXT_BYTES = 256 * 1024**2
 
 _BY_STATUS: dict[int, type[errors.MusterError]] = {

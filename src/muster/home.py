@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from muster.rundir import RunDir
+
 
 @dataclass(frozen=True)
 class Home:
@@ -16,7 +18,7 @@ class Home:
     $MUSTER_HOME/token                           API bearer token (0600)
     $MUSTER_HOME/server.json                     pid, start time and URL of a running server
     $MUSTER_HOME/experiments/<uuid>/context/     snapshot of the submitted context directory
-    $MUSTER_HOME/runs/<trial-uuid>/attempt-<n>/  shim files and rank-<r>.log per attempt
+    $MUSTER_HOME/runs/<trial-uuid>/              a trial's run directory (`muster.rundir`)
     ```
     """
 
@@ -66,5 +68,5 @@ class Home:
     def context_dir(self, experiment_uuid: str) -> Path:
         return self.experiments_dir / experiment_uuid / "context"
 
-    def attempt_dir(self, trial_uuid: str, attempt: int) -> Path:
-        return self.runs_dir / trial_uuid / f"attempt-{attempt}"
+    def run_dir(self, trial_uuid: str) -> RunDir:
+        return RunDir(self.runs_dir / trial_uuid)

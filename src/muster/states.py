@@ -1,12 +1,14 @@
-"""The states of experiments, trials and attempts, the exit reasons, and the legal moves.
+"""The states of experiments, trials and attempts, the reasons of moves, and the legal moves.
 
 Values are plain strings so the same words appear in the database, the API, the CLI and
-the UI. The transition tables here are the whole state machine; `muster.store.transitions`
-is the one function that applies them.
+the UI; each word has one spelling, here. The transition tables are the whole state
+machine; `muster.store.transitions` is the one function that applies them. Every value
+muster compares is a member of one of these enums, never a free string.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 
 
@@ -41,8 +43,26 @@ class TrialState(str, Enum):
         return self in _TRIAL_TERMINAL or self is TrialState.SUSPECT
 
     def is_active(self) -> bool:
-        """True while the trial holds (or is about to hold) running processes."""
-        return self in (TrialState.STARTING, TrialState.RUNNING, TrialState.RESTARTING)
+        """True while the trial holds (or is about to hold) running processes, and with them
+        its slots and GPUs: STARTING, RUNNING, RESTARTING."""
+        return self in _TRIAL_ACTIVE
+
+    def is_unfinished(self) -> bool:
+        """True while the trial may still run: active, QUEUED or PAUSED (a search counts
+        these against `max_concurrent_trials`)."""
+        return self in _TRIAL_UNFINISHED
+
+    @classmethod
+    def active(cls) -> frozenset[TrialState]:
+        return _TRIAL_ACTIVE
+
+    @classmethod
+    def unfinished(cls) -> frozenset[TrialState]:
+        return _TRIAL_UNFINISHED
+
+    @classmethod
+    def terminal(cls) -> frozenset[TrialState]:
+        return _TRIAL_TERMINAL
 
 
 class AttemptState(str, Enum):
@@ -54,6 +74,11 @@ class AttemptState(str, Enum):
 
     def is_terminal(self) -> bool:
         return self in _ATTEMPT_TERMINAL
+
+    @classmethod
+    def live(cls) -> frozenset[AttemptState]:
+        """STARTING and RUNNING: the attempts the supervisor follows."""
+        return _ATTEMPT_LIVE
 
 
 class Reason(str, Enum):
@@ -70,14 +95,86 @@ class Reason(str, Enum):
     STALLED = "STALLED"
     INTERNAL = "INTERNAL"
 
+    def is_infra(self) -> bool:
+        """The machine, not the code, failed: INFRA, LOST (vanished without an exit record)
+        or STALLED (stopped for making no progress); the policy treats all three alike."""
+        return self in (Reason.INFRA, Reason.LOST, Reason.STALLED)
 
+
+class EventReason(str, Enum):
+    """Why a move or a decision happened, when it is not how a replica ended (`Reason`):
+    the `reason` of events, trials and attempts holds a member of one of the two."""
+
+    CREATED = "created"
+    LAUNCHING = "launching"
+    STARTED = "started"
+    KILL_REQUESTED = "kill requested"
+    KILLED = "killed"
+    PAUSED = "paused"
+    PREEMPTED = "preempted"
+    REQUEUED = "requeued"
+    ACTIVATED = "activated"
+    EARLY_STOP = "early stop"  # the searcher's decision, and the move it ends in
+    VERIFICATION_FAILED = "verification failed"
+    STANDBY = "standby"
+    RECONCILE = "reconcile"
+    PRIORITY_CHANGED = "priority changed"
+    GPU_RELEASE_TIMEOUT = "gpu release timeout"
+    DISK_LOW = "disk low"
+    REVIEW_APPROVED = "review approved"
+    REVIEW_REJECTED = "review rejected"
+    TRIALS_FINISHED = "trials finished"
+    NO_TRIAL_SUCCEEDED = "no trial succeeded"
+
+
+class StopIntent(str, Enum):
+    """Why muster is stopping a trial's processes: a stop it asked for is not a failure.
+
+    KILL is `Trial.stop_requested` (it wins over the others and ends the trial); the others
+    are `Trial.stop_intent`.
+    """
+
+    KILL = "kill"
+    PAUSE = "pause"  # its experiment is paused: PAUSED, resumed on activate
+    PREEMPT = "preempt"  # it makes room for a trial of better priority: back to the queue
+    EARLY_STOP = "early_stop"  # the searcher's pruner gave up on it: SUCCEEDED, early_stopped
+
+    @property
+    def event_reason(self) -> EventReason:
+        """The reason of the move a stop of this kind ends in."""
+        return _INTENT_REASONS[self]
+
+
+class GpuState(str, Enum):
+    """Who may take a GPU: `free`; `allocated` to a trial (across its attempts);
+    `releasing` its memory after the trial let it go."""
+
+    FREE = "free"
+    ALLOCATED = "allocated"
+    RELEASING = "releasing"
+
+
+def values(members: Iterable[Enum]) -> list[str]:
+    """The stored words of `members`, for SQL (`column.in_(values(TrialState.active()))`)."""
+    return sorted(str(member.value) for member in members)
+
+
+_INTENT_REASONS = {
+    StopIntent.KILL: EventReason.KILLED,
+    StopIntent.PAUSE: EventReason.PAUSED,
+    StopIntent.PREEMPT: EventReason.PREEMPTED,
+    StopIntent.EARLY_STOP: EventReason.EARLY_STOP,
+}
 _EXPERIMENT_TERMINAL = frozenset(
     {ExperimentState.COMPLETED, ExperimentState.CANCELED, ExperimentState.ERROR}
 )
 _TRIAL_TERMINAL = frozenset({TrialState.SUCCEEDED, TrialState.FAILED, TrialState.CANCELED})
+_TRIAL_ACTIVE = frozenset({TrialState.STARTING, TrialState.RUNNING, TrialState.RESTARTING})
+_TRIAL_UNFINISHED = _TRIAL_ACTIVE | {TrialState.QUEUED, TrialState.PAUSED}
 _ATTEMPT_TERMINAL = frozenset(
     {AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELED}
 )
+_ATTEMPT_LIVE = frozenset({AttemptState.STARTING, AttemptState.RUNNING})
 
 E, T, A = ExperimentState, TrialState, AttemptState
 

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from muster import checkpoint_files
 from muster.client import pack_context
-from muster.server.experiments import create_experiment, describe_trial
+from muster.services.experiments import create_experiment, describe_trial
 from muster.states import TrialState
 from muster.store import Attempt, Replica, Trial
 from tests.supervise.conftest import Rig, Submitted, TrialView

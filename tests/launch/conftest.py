@@ -16,7 +16,7 @@ from muster.atomic import read_json
 from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaSpec, ReplicaStatus
 from muster.launch.identity import group_members, is_alive, send_signal
 from muster.launch.local import LocalLauncher
-from muster.launch.shim import ReplicaFiles
+from muster.rundir import RankFiles
 from tests.waiting import wait_until
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -36,8 +36,8 @@ class Replica:
     spec: ReplicaSpec
 
     @property
-    def files(self) -> ReplicaFiles:
-        return ReplicaFiles(self.spec.attempt_dir, self.spec.rank)
+    def files(self) -> RankFiles:
+        return RankFiles(self.spec.attempt_dir, self.spec.rank)
 
     def describe(self, launcher: LocalLauncher | None = None) -> ReplicaStatus:
         return (launcher or self.launcher).describe(self.spec.attempt_dir, self.spec.rank)

@@ -20,7 +20,7 @@ from muster.errors import LaunchError
 from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec
 from muster.launch.identity import group_members, is_alive, read_identity, send_signal
 from muster.launch.local import LocalLauncher
-from muster.launch.shim import spec_to_json
+from muster.launch.records import spec_to_json
 from tests.launch.conftest import FIXTURES, Replica, SubmitFn, fixture_argv
 from tests.waiting import wait_until
 
@@ -280,7 +280,7 @@ _SERVER = """
 import json, sys, time
 from pathlib import Path
 from muster.launch.local import LocalLauncher
-from muster.launch.shim import spec_from_json
+from muster.launch.records import spec_from_json
 LocalLauncher().submit(spec_from_json(json.loads(Path(sys.argv[1]).read_text())))
 print("submitted", flush=True)
 time.sleep(600)

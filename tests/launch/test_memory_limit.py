@@ -17,7 +17,7 @@ from muster.launch.exits import ExitObservation, classify_exit
 from muster.launch.local import LocalLauncher
 from muster.launch.logs import tail_text
 from muster.launch.memory import open_cgroup
-from muster.launch.shim import exit_record_from_json, spec_from_json, spec_to_json
+from muster.launch.records import exit_record_from_json, spec_from_json, spec_to_json
 from muster.sizes import format_size
 from muster.states import Reason
 from tests.launch.conftest import Replica, fixture_argv, kill_leftovers

@@ -22,15 +22,9 @@ from muster.atomic import atomic_write_json
 from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaPhase, ReplicaSpec
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
-from muster.launch.shim import (
-    LogPump,
-    ReplicaFiles,
-    exit_record_from_json,
-    load_spec,
-    signal_name,
-    spec_from_json,
-    spec_to_json,
-)
+from muster.launch.records import exit_record_from_json, spec_from_json, spec_to_json
+from muster.launch.shim import LogPump, load_spec, signal_name
+from muster.rundir import RankFiles
 
 
 def test_a_spec_survives_a_json_round_trip(tmp_path: Path) -> None:
@@ -73,7 +67,7 @@ def test_signal_name(signum: int, name: str) -> None:
 
 
 def test_replica_files_are_named_by_rank(tmp_path: Path) -> None:
-    files = ReplicaFiles(tmp_path, 2)
+    files = RankFiles(tmp_path, 2)
     names = [files.log, files.index, files.spec, files.launch, files.status, files.exit]
     assert [p.name for p in names] == [
         "rank-2.log",
@@ -94,7 +88,7 @@ def test_the_shim_explains_its_usage() -> None:
     assert "usage: python -m muster.launch.shim SPEC_JSON_PATH" in result.stderr
 
 
-def _write_launch(files: ReplicaFiles, shim: ProcessIdentity, launched_at: float) -> None:
+def _write_launch(files: RankFiles, shim: ProcessIdentity, launched_at: float) -> None:
     files.attempt_dir.mkdir(exist_ok=True)
     launch = {
         "shim_pid": shim.pid,
@@ -105,13 +99,13 @@ def _write_launch(files: ReplicaFiles, shim: ProcessIdentity, launched_at: float
 
 
 def test_a_live_shim_without_a_child_yet_is_starting(tmp_path: Path) -> None:
-    files = ReplicaFiles(tmp_path / "attempt-1", 0)
+    files = RankFiles(tmp_path / "attempt-1", 0)
     _write_launch(files, own_identity(), time.time())
     assert LocalLauncher().describe(files.attempt_dir, 0).phase is ReplicaPhase.STARTING
 
 
 def test_a_shim_that_never_started_its_child_is_lost(tmp_path: Path) -> None:
-    files = ReplicaFiles(tmp_path / "attempt-1", 0)
+    files = RankFiles(tmp_path / "attempt-1", 0)
     _write_launch(files, own_identity(), time.time() - LocalLauncher.STARTUP_WINDOW_S - 1)
     assert LocalLauncher().describe(files.attempt_dir, 0).phase is ReplicaPhase.LOST
 
@@ -119,7 +113,7 @@ def test_a_shim_that_never_started_its_child_is_lost(tmp_path: Path) -> None:
 def test_recorded_processes_that_are_gone_are_lost(tmp_path: Path) -> None:
     me = own_identity()
     stale = ProcessIdentity(me.pid, me.start_ticks + 1)  # this pid, but another process
-    files = ReplicaFiles(tmp_path / "attempt-1", 0)
+    files = RankFiles(tmp_path / "attempt-1", 0)
     _write_launch(files, stale, time.time())
     status = {
         "shim_pid": stale.pid,
@@ -302,7 +296,7 @@ def test_the_shim_adds_to_a_log_that_already_has_bytes(tmp_path: Path) -> None:
     never overwritten; the index and the exit record count from its old end."""
     attempt_dir = tmp_path / "attempt-1"
     attempt_dir.mkdir()
-    files = ReplicaFiles(attempt_dir, 0)
+    files = RankFiles(attempt_dir, 0)
     earlier = b"written before\x00\xfe\xff (no newline)"
     files.log.write_bytes(earlier)
     payload = _odd_bytes((9 << 20) + 4321)  # past the first early-writeback step

@@ -167,3 +167,18 @@ def test_adaptive_asha_makes_the_brackets_its_mode_asks_for(
     high = pruner._max_resource
     assert isinstance(high, int)
     assert math.floor(math.log(high / low, divisor)) + 1 == brackets
+
+
+@pytest.mark.parametrize("searcher", [
+    "{name: random, metric: loss, max_trials: 2}",
+    "{name: tpe, metric: loss, max_trials: 2}",
+    "{name: grid, metric: loss}",
+    "{name: asha, metric: loss, max_trials: 2, max_length: 8}",
+    "{name: adaptive_asha, metric: loss, max_trials: 2, max_length: 8}",
+])
+def test_the_config_knows_which_searchers_prune(searcher: str) -> None:
+    """The supervisor asks the config (no Optuna import) whether a pruner may stop a trial;
+    it must agree with the searcher itself."""
+    space = "hyperparameters:\n  lr: {type: categorical, vals: [0.1, 0.2]}\n"
+    chosen = config(searcher, space)
+    assert chosen.searcher.prunes() == searcher_for(chosen, seed=1).prunes

@@ -14,7 +14,7 @@ import pytest
 
 from muster.client import Client
 from muster.config.cluster import FakeGpuConfig
-from muster.gpus import FakeInventory
+from muster.schedule.inventory import FakeInventory
 from tests.server.conftest import RunningServer
 from tests.server.exposition import Exposition, parse
 from tests.server.queueing import serving_with, start_blocker

@@ -1,4 +1,4 @@
-"""`muster.server.cluster.filesystems`: each file system of muster's directories once."""
+"""`muster.services.cluster.filesystems`: each file system of muster's directories once."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from muster.server.cluster import filesystems
+from muster.services.cluster import filesystems
 
 
 def test_paths_on_one_file_system_are_shown_once(tmp_path: Path) -> None:

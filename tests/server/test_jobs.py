@@ -1,4 +1,4 @@
-"""The job services (`muster.server.jobs`) on a real database, without a server."""
+"""The job services (`muster.services.jobs`) on a real database, without a server."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from muster.config import load_config
 from muster.errors import Conflict, InvalidRequest, NotFound
-from muster.server import jobs
+from muster.services import jobs
 from muster.store import Event, Experiment, GpuDevice, Store, Trial
 
 

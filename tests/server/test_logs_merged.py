@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from muster.client import Client
 from muster.errors import InvalidRequest
+from muster.launch.log_lines import MAX_LINE_BYTES, RankLog
 from muster.launch.logs import tail_offset
-from muster.server.log_lines import MAX_LINE_BYTES, RankLog
-from muster.server.logs import LogSlice, MergedSlice, follow_log, read_log
-from muster.server.merged_logs import LogCursor, merged_page, tail_cursor
+from muster.services.logs import LogSlice, MergedSlice, follow_log, read_log
+from muster.services.merged_logs import LogCursor, merged_page, tail_cursor
 from muster.store import Store
 from tests.server.conftest import RunningServer
 from tests.server.experiments import serving

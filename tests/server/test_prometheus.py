@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from muster.server.cluster import ClusterSnapshot, Filesystem, GpuStatus
 from muster.server.prometheus import (
     Metric,
     Sample,
@@ -14,6 +13,7 @@ from muster.server.prometheus import (
     escape_label_value,
     render,
 )
+from muster.services.cluster import ClusterSnapshot, Filesystem, GpuStatus
 from muster.states import TrialState
 from tests.server.exposition import parse
 

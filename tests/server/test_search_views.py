@@ -21,9 +21,9 @@ from sqlalchemy.orm import Session
 
 from muster.config import load_config
 from muster.errors import Conflict, InvalidRequest, NotFound
-from muster.server import views
-from muster.server.experiments import describe_experiment
-from muster.server.search import best_trial, list_trials
+from muster.services import views
+from muster.services.experiments import describe_experiment
+from muster.services.search import best_trial, list_trials
 from muster.store import Experiment, Metric, Store, Trial
 
 _names = itertools.count(1)

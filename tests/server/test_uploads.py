@@ -12,7 +12,7 @@ import pytest
 
 from muster.client import Client
 from muster.errors import InvalidRequest
-from muster.server.uploads import extract_context
+from muster.services.uploads import extract_context
 from tests.server.conftest import RunningServer
 from tests.server.experiments import config_text, serving
 

@@ -13,7 +13,8 @@ from sqlalchemy.exc import IntegrityError
 
 from muster.config import ExperimentConfig
 from muster.errors import StoreError
-from muster.store import Base, Experiment, Store
+from muster.states import StopIntent
+from muster.store import Base, Experiment, Store, Trial
 from muster.store.db import alembic_config
 
 
@@ -131,3 +132,66 @@ def test_0005_declares_the_harness_where_a_warm_standby_is_on(db_url: str) -> No
 
 def _json(value: object) -> object:
     return json.loads(value) if isinstance(value, str) else value
+
+
+def _migrate(store: Store, db_url: str, revision: str, down: bool = False) -> None:
+    config = alembic_config(db_url)
+    with store.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        (command.downgrade if down else command.upgrade)(config, revision)
+
+
+def test_0008_spells_stop_intents_and_reasons_one_way(db_url: str) -> None:
+    """Stored pause requests become stop intents and "early stopped" becomes "early stop";
+    the downgrade gives back exactly what 0007 held."""
+    store = Store(db_url)
+    try:
+        _migrate(store, db_url, "0007")
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql(
+                "INSERT INTO experiments (id, uuid, name, description, labels, config, "
+                "config_yaml, context_dir, state, stop_requested, created_at, updated_at) "
+                "VALUES (1, 'e', 'x', '', '[]', '{}', '', '/tmp', 'ACTIVE', false, 0, 0)")
+            for trial_id, state, reason, pause in [
+                    (1, "RUNNING", "started", "paused"), (2, "RUNNING", "started", "preempted"),
+                    (3, "RUNNING", "started", "early_stop"),
+                    (4, "SUCCEEDED", "early stopped", None), (5, "QUEUED", None, None)]:
+                connection.execute(text(
+                    "INSERT INTO trials (id, uuid, experiment_id, state, hparams, stop_requested, "
+                    "replica_restarts, trial_retries, internal_retries, user_error_retries, "
+                    "created_at, updated_at, number, reason, pause_requested) VALUES (:id, :uuid, "
+                    "1, :state, '{}', false, 0, 0, 0, 0, 0, 0, :id, :reason, :pause)"),
+                    {"id": trial_id, "uuid": f"t{trial_id}", "state": state, "reason": reason,
+                     "pause": pause})
+            for event_id, to_state, reason in [(1, None, "early stop"),
+                                               (2, "SUCCEEDED", "early stopped"),
+                                               (3, "PAUSED", "paused")]:
+                connection.execute(text(
+                    "INSERT INTO events (id, at, entity, entity_id, experiment_id, trial_id, "
+                    "to_state, reason, actor) VALUES (:id, 0, 'trial', 4, 1, 4, :to_state, "
+                    ":reason, 'supervisor')"),
+                    {"id": event_id, "to_state": to_state, "reason": reason})
+
+        def snapshot(intent_column: str) -> tuple[object, object]:
+            with store.engine.begin() as connection:
+                trials = connection.execute(text(
+                    f"SELECT id, reason, {intent_column} FROM trials ORDER BY id")).all()
+                events = connection.execute(text(
+                    "SELECT id, reason FROM events ORDER BY id")).all()
+            return [tuple(row) for row in trials], [tuple(row) for row in events]
+
+        before = snapshot("pause_requested")
+        store.upgrade()
+        store.check_schema()
+        assert snapshot("stop_intent") == (
+            [(1, "started", "pause"), (2, "started", "preempt"), (3, "started", "early_stop"),
+             (4, "early stop", None), (5, None, None)],
+            [(1, "early stop"), (2, "early stop"), (3, "paused")])
+        with store.session_scope() as s:
+            intents = {t.id: t.intent for t in s.scalars(select(Trial))}
+        assert intents == {1: StopIntent.PAUSE, 2: StopIntent.PREEMPT,
+                           3: StopIntent.EARLY_STOP, 4: None, 5: None}
+        _migrate(store, db_url, "0007", down=True)
+        assert snapshot("pause_requested") == before
+    finally:
+        store.dispose()

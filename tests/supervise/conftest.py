@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from muster.home import Home
 from muster.launch.local import LocalLauncher
-from muster.server.experiments import create_experiment
+from muster.services.experiments import create_experiment
 from muster.states import ExperimentState, TrialState
 from muster.store import Attempt, Event, Experiment, Store, Trial
 from muster.supervise.supervisor import Supervisor

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from muster.server.experiments import create_experiment
+from muster.services.experiments import create_experiment
 from muster.states import TrialState
 from muster.store import Attempt, Trial
 from tests.supervise.conftest import Rig, Submitted, fixture_entrypoint

@@ -21,7 +21,7 @@ import yaml
 from sqlalchemy import select
 
 from muster.client import pack_context
-from muster.server.experiments import (
+from muster.services.experiments import (
     create_experiment,
     describe_trial,
     kill_experiment,

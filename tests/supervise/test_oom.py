@@ -10,7 +10,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from muster.server.experiments import create_experiment
+from muster.services.experiments import create_experiment
 from muster.states import ExperimentState
 from muster.store import Trial
 from tests.supervise.conftest import Rig, Submitted, fixture_entrypoint

@@ -20,8 +20,8 @@ import pytest
 from muster.atomic import atomic_write_json
 from muster.launch.base import ProcessIdentity, ReplicaPhase
 from muster.launch.identity import is_alive, read_identity, send_signal
-from muster.launch.shim import ReplicaFiles
-from muster.server.experiments import kill_experiment
+from muster.rundir import RankFiles
+from muster.services.experiments import kill_experiment
 from muster.states import AttemptState, ExperimentState, TrialState
 from muster.store import Attempt, Replica, Trial, transition
 from muster.supervise.reconcile import reconcile_attempts
@@ -36,10 +36,10 @@ def _reconcile_events(trial: TrialView) -> list[EventView]:
     return [e for e in trial.events if e.reason == "reconcile"]
 
 
-def _running(rig: Rig, job: Submitted) -> tuple[TrialView, ReplicaFiles]:
+def _running(rig: Rig, job: Submitted) -> tuple[TrialView, RankFiles]:
     """Tick until the trial runs and its script has written its first line."""
     trial = rig.until_trial(job, TrialState.RUNNING)
-    files = ReplicaFiles(trial.attempts[0].run_dir, 0)
+    files = RankFiles(trial.attempts[0].run_dir, 0)
     wait_until(lambda: files.log.exists() and files.log.read_bytes(), what="the first line")
     return trial, files
 
@@ -100,7 +100,7 @@ def test_a_running_shim_is_reattached(rig: Rig, tmp_path: Path) -> None:
     assert _numbered_lines(files.log.read_bytes()) > 0
 
 
-def _kill_shim_and_child(rig: Rig, files: ReplicaFiles) -> None:
+def _kill_shim_and_child(rig: Rig, files: RankFiles) -> None:
     """SIGKILL the shim first (so it records nothing), then its training process group."""
     status = rig.supervisor.launcher.describe(files.attempt_dir, files.rank)
     shim, child = status.shim, status.child
@@ -163,7 +163,7 @@ def _record_running_attempt(
     """Write, as a crashed server would have left them, a RUNNING attempt and its files."""
     with rig.store.session_scope() as s:
         trial = s.get_one(Trial, job.trial_id)
-        attempt_dir = rig.home.attempt_dir(trial.uuid, 1)
+        attempt_dir = rig.home.run_dir(trial.uuid).attempt(1).path
         attempt = Attempt(trial=trial, number=1, state=AttemptState.STARTING.value,
                           run_dir=str(attempt_dir))
         s.add_all([attempt, Replica(attempt=attempt, rank=0, host="localhost",
@@ -173,7 +173,7 @@ def _record_running_attempt(
         transition(s, trial, TrialState.STARTING, reason="launching", actor="test")
         transition(s, attempt, AttemptState.RUNNING, reason="started", actor="test")
         transition(s, trial, TrialState.RUNNING, reason="started", actor="test")
-    files = ReplicaFiles(attempt_dir, 0)
+    files = RankFiles(attempt_dir, 0)
     attempt_dir.mkdir(parents=True)
     launched_at = time.time() - 3600
     atomic_write_json(files.launch, {"shim_pid": shim.pid, "shim_start_ticks": shim.start_ticks,
@@ -219,5 +219,5 @@ def test_killing_a_trial_whose_pid_was_recycled_signals_nothing(
     trial = rig.run_to_end(job)
     assert (trial.state, trial.reason, len(trial.attempts)) == ("CANCELED", "killed", 1)
     assert trial.attempts[0].replica_reason == "LOST"
-    assert ReplicaFiles(attempt_dir, 0).stop.exists()  # the cancel did happen
+    assert RankFiles(attempt_dir, 0).stop.exists()  # the cancel did happen
     assert [p.poll() for p in impostors] == [None, None]  # ...and reached no one

@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from muster.launch.base import ProcessIdentity, ReplicaSpec
 from muster.launch.local import LocalLauncher
-from muster.server.experiments import create_experiment
+from muster.services.experiments import create_experiment
 from muster.states import TrialState
 from muster.store import Attempt, Replica, Trial
 from tests.supervise.conftest import Rig, Submitted, TrialView, fixture_entrypoint

@@ -13,10 +13,10 @@ import yaml
 from sqlalchemy import select
 
 from muster.config import FakeGpuConfig, GpuReleaseConfig
-from muster.gpus import FakeInventory
 from muster.home import Home
 from muster.launch.local import LocalLauncher
-from muster.server.experiments import activate_experiment, create_experiment, pause_experiment
+from muster.schedule.inventory import FakeInventory
+from muster.services.experiments import activate_experiment, create_experiment, pause_experiment
 from muster.states import TrialState
 from muster.store import Attempt, Event, GpuDevice, Store, Trial
 from muster.supervise.supervisor import Supervisor

@@ -14,10 +14,9 @@ from sqlalchemy import select
 
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import is_alive
-from muster.server.experiments import create_experiment, kill_experiment
+from muster.services.experiments import create_experiment, kill_experiment
 from muster.states import ExperimentState, TrialState
 from muster.store import Event, Experiment, Metric, Replica, Store, Trial
-from muster.supervise.searching import UNFINISHED
 from tests.supervise.conftest import Rig, fixture_entrypoint
 
 pytestmark = pytest.mark.timeout(180)
@@ -84,7 +83,7 @@ def test_max_concurrent_trials_holds_and_max_trials_is_exact(sqlite_rig: Rig) ->
 
     def unfinished_now() -> None:
         trials = trials_of(sqlite_rig.store, experiment_id)
-        seen.append(sum(t.state in UNFINISHED for t in trials))
+        seen.append(sum(TrialState(t.state).is_unfinished() for t in trials))
         assert seen[-1] <= 2, [t.state for t in trials]
 
     assert run_search(sqlite_rig, experiment_id, unfinished_now) is ExperimentState.COMPLETED
@@ -117,9 +116,11 @@ def test_asha_stops_poor_trials_early_and_they_end_succeeded(sqlite_rig: Rig) ->
             # Verified without the checks a run cut short would fail; its checkpoint counts.
             checks = {c["name"]: c["passed"] for c in (trial.verification or {})["checks"]}
             assert checks["checkpoint"] and "finite_metrics" not in checks
-            reasons = [e.reason for e in s.scalars(select(Event).where(
-                Event.trial_id == trial.id))]
-            assert "early stop" in reasons and reasons[-1] == "early stopped"
+            events = list(s.scalars(select(Event).where(Event.trial_id == trial.id)
+                                    .order_by(Event.id)))
+            # One word for the searcher's decision and the move it ends in.
+            assert any(e.reason == "early stop" and e.to_state is None for e in events)
+            assert (events[-1].to_state, events[-1].reason) == ("SUCCEEDED", "early stop")
             for replica in s.scalars(select(Replica).join(Replica.attempt).where(
                     Replica.attempt.has(trial_id=trial.id))):
                 assert replica.reason == "STOPPED"

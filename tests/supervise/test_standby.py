@@ -13,7 +13,7 @@ from sqlalchemy import select
 from muster.atomic import read_json
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import is_alive
-from muster.server.experiments import create_experiment
+from muster.services.experiments import create_experiment
 from muster.store import Attempt, Trial
 from tests.supervise.conftest import Rig, Submitted, fixture_entrypoint
 from tests.waiting import wait_until

@@ -13,7 +13,7 @@ import pytest
 
 from muster.home import Home
 from muster.launch.local import LocalLauncher
-from muster.server.experiments import kill_experiment
+from muster.services.experiments import kill_experiment
 from muster.states import ExperimentState, TrialState
 from muster.store import Store
 from muster.supervise.policy import INTERNAL_FAILURE_MESSAGE

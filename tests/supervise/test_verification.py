@@ -291,9 +291,10 @@ def write_samples(run_dir: Path, attempt: int, rank: int, epochs: dict[int, int]
     path.write_text(json.dumps({"rank": rank, "epochs": {str(e): n for e, n in epochs.items()}}))
 
 
-def metric_line(step: int, metrics: dict[str, float], kind: str = "training") -> str:
+def metric_line(step: int, metrics: dict[str, float], kind: str = "training",
+                rank: int = 0) -> str:
     return json.dumps({"kind": kind, "step": step, "metrics": metrics, "time": 1.5e9,
-                       "rank": 0}) + "\n"
+                       "rank": rank}) + "\n"
 
 
 def write_metrics(run_dir: Path, attempt: int, rank: int, text: str) -> None:
@@ -350,8 +351,8 @@ def test_metrics_torn_last_line_is_skipped_and_a_bad_middle_line_counted(
 ) -> None:
     good = metric_line(1, {"loss": 0.5}) + metric_line(2, {"loss": 0.4})
     write_metrics(tmp_path, 1, 0, good + '{"kind": "training", "st')
-    write_metrics(tmp_path, 1, 1, metric_line(1, {"loss": 0.5}) + "not json\n"
-                  + metric_line(3, {"val_loss": 0.3}, kind="validation"))
+    write_metrics(tmp_path, 1, 1, metric_line(1, {"loss": 0.5}, rank=1) + "not json\n"
+                  + metric_line(3, {"val_loss": 0.3}, kind="validation", rank=1))
     evidence = gather_evidence(tmp_path, [1])
     assert evidence.metric_lines == 4
     assert evidence.metric_names == {"loss", "val_loss"}
@@ -377,7 +378,7 @@ def test_non_finite_metrics_are_found_with_name_step_attempt_and_rank(tmp_path: 
     # what Python's json module writes for NaN and infinities: bare NaN / Infinity tokens
     write_metrics(tmp_path, 1, 0, metric_line(1, {"loss": 1.0})
                   + metric_line(120, {"loss": math.nan, "acc": 0.5}))
-    write_metrics(tmp_path, 2, 1, "".join(metric_line(s, {"loss": math.inf})
+    write_metrics(tmp_path, 2, 1, "".join(metric_line(s, {"loss": math.inf}, rank=1)
                                           for s in range(200, 210)))
     evidence = gather_evidence(tmp_path, [1, 2])
     assert evidence.non_finite_count == 11

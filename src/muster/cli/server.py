@@ -24,7 +24,7 @@ from muster.launch.base import ProcessIdentity
 from muster.launch.identity import is_alive, own_identity, read_identity
 
 if TYPE_CHECKING:
-    from muster.server.app import ServerSettings
+    from muster.server.state import ServerSettings
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -48,7 +48,7 @@ def up(
     detach: Annotated[bool, typer.Option(help="run in the background")] = False,
 ) -> None:
     """Start the muster server (and its supervisor) on this machine."""
-    from muster.server.app import ServerSettings
+    from muster.server.state import ServerSettings
 
     where = Home.resolve(home).ensure()
     settings = ServerSettings(db, slots, _size(min_free_disk) if min_free_disk else None,

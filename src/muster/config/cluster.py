@@ -16,6 +16,7 @@ experiment config's, so a typo is an error, never a default quietly used.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -25,9 +26,9 @@ from muster.config.loading import parse_yaml, read_config_text
 from muster.config.problems import config_error, show_value, validate_config_data
 from muster.config.schema import _Section
 from muster.config.units import parse_duration, parse_size
-from muster.gpus import gpu_type_from_name
 
-__all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "load_cluster_config"]
+__all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "gpu_type_from_name",
+           "load_cluster_config"]
 
 DEFAULT_MIN_FREE_DISK = 5 << 30
 _WHAT = "cluster config"
@@ -140,3 +141,21 @@ def load_cluster_config(path: Path | None, default_path: Path) -> ClusterConfig:
         )
         raise config_error(source, [problem], what=_WHAT)
     return validate_config_data(ClusterConfig, data, source, what=_WHAT)
+
+
+_BRANDS = frozenset({"nvidia", "tesla", "geforce", "quadro", "fake"})
+
+
+def gpu_type_from_name(name: str) -> str:
+    """The short lowercase type of a GPU named `name`: "NVIDIA A100-SXM4-40GB" -> "a100".
+
+    The rule: lowercase the name and split it into words at spaces, '-' and '_'; drop the
+    brand words (nvidia, tesla, geforce, quadro, fake); the type is the first word left,
+    joined with the next one when it has no digit (a series, as in "RTX 4090" -> "rtx4090").
+    Form factors and sizes after the model ("-SXM4-40GB", "PCIe", "80GB HBM3") are dropped.
+    """
+    words = [word for word in re.split(r"[\s_-]+", name.lower()) if word]
+    model = [word for word in words if word not in _BRANDS] or words
+    if len(model) > 1 and not any(c.isdigit() for c in model[0]):
+        return model[0] + model[1]
+    return model[0] if model else ""

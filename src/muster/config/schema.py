@@ -22,9 +22,9 @@ from pydantic import (
     model_validator,
 )
 
+from muster.config import space
 from muster.config.problems import KeyedProblems, show_value, validate_config_data
 from muster.config.units import parse_duration, parse_size
-from muster.search import space
 
 __all__ = [
     "DataConfig",
@@ -187,6 +187,7 @@ class VerifyConfig(_Section):
 
 
 SEARCHERS = ("single", "grid", "random", "tpe", "asha", "adaptive_asha")
+PRUNING_SEARCHERS = frozenset({"asha", "adaptive_asha"})  # they stop trials early
 MAX_TRIALS = 10_000
 # Settings that only some searchers read: which, so that a setting a searcher would ignore
 # is an error rather than a silent no-op.
@@ -210,6 +211,10 @@ class SearcherConfig(_Section):
     mode: Literal["aggressive", "standard", "conservative"] = "standard"
     divisor: int = Field(default=4, ge=2, le=100)
     max_rungs: int = Field(default=5, ge=1, le=20)
+
+    def prunes(self) -> bool:
+        """Whether this searcher stops poor trials early (its pruner judges validation)."""
+        return self.name in PRUNING_SEARCHERS
 
     @model_validator(mode="after")
     def _complete(self) -> SearcherConfig:
@@ -274,7 +279,7 @@ class ExperimentConfig(_Section):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     data: DataConfig | None = None
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
-    # Mappings, `{type: ...}` ranges and constants; `muster.search.space` says what each is.
+    # Mappings, `{type: ...}` ranges and constants; `muster.config.space` says what each is.
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     searcher: SearcherConfig = Field(default_factory=SearcherConfig)
     reproducibility: ReproducibilityConfig = Field(default_factory=ReproducibilityConfig)

@@ -16,9 +16,10 @@ with mh.init() as ctx:
 ```
 
 The same script runs off the platform with plain `python train.py`, writing into
-`./muster-run/`. The files it writes are described in docs/run-directory.md. Importing this
-package is cheap: it needs only the standard library. PyTorch loops resume exactly with
-`muster.harness.torch` (`save`, `restore`, `should_stop`), imported on its own.
+`./muster-run/` (`muster.rundir.LOCAL_RUN_DIR`). The files it writes are described in
+docs/run-directory.md. Importing this package is cheap: it needs only the standard
+library. PyTorch loops resume exactly with `muster.harness.torch` (`save`, `restore`,
+`should_stop`), imported on its own.
 """
 
 from muster.harness.checkpoints import Checkpoint, CheckpointError

@@ -15,11 +15,11 @@ from muster.harness.background import BackgroundThread, Task, run_warning_on_ose
 from muster.harness.checkpoints import Checkpoints, Saver
 from muster.harness.environment import RunEnvironment, read_environment
 from muster.harness.heartbeat import Heartbeat
-from muster.harness.layout import RankFiles
 from muster.harness.metrics import TRAINING, VALIDATION, MetricsWriter
 from muster.harness.samples import Samples
 from muster.harness.standby import wait_for_promotion
 from muster.harness.stopping import StopRequest
+from muster.rundir import RunDir
 
 FLUSH_INTERVAL_S = 1.0
 THREAD_STOP_TIMEOUT_S = 5.0
@@ -37,14 +37,15 @@ class Context:
 
     def __init__(self, env: RunEnvironment, heartbeat_interval: float) -> None:
         self._env = env
-        files = RankFiles(env.run_dir, env.attempt, env.rank)
+        run_dir = RunDir(env.run_dir)
+        files = run_dir.attempt(env.attempt).rank(env.rank)
         files.attempt_dir.mkdir(parents=True, exist_ok=True)
         self._metrics = MetricsWriter(files.metrics, env.rank)
         self.samples = Samples(files.samples, env.rank)
         self._heartbeat = Heartbeat(files.heartbeat, heartbeat_interval,
                                     sources=[self._metrics, self.samples])
         saver = Saver(env.trial_id, env.attempt, env.rank, env.hparams)
-        self.checkpoint = Checkpoints(files.checkpoints, saver, self._heartbeat,
+        self.checkpoint = Checkpoints(run_dir.checkpoints, saver, self._heartbeat,
                                       env.latest_checkpoint, self._flush_accounting)
         self._stop = StopRequest(files.stop_ack, self._heartbeat)
         self._background = BackgroundThread([

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-LOCAL_RUN_DIR = "muster-run"
+from muster.rundir import LOCAL_RUN_DIR
+
 HEARTBEAT_INTERVAL_S = 10.0
 HEARTBEAT_TIMEOUT_FRACTION = 1 / 3
 

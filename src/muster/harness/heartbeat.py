@@ -1,6 +1,6 @@
 """The heartbeat of *progress*: when the training loop last moved, not merely that it lives.
 
-The background thread rewrites `rank-<r>.heartbeat.json` every interval with the time of
+The background thread rewrites the rank's heartbeat file every interval with the time of
 the last progress call, so the supervisor can tell a loop stuck in its data loader (the
 thread still writes, `progress_time` stands still) from a slow one that keeps reporting.
 """

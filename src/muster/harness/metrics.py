@@ -1,16 +1,12 @@
 """Training and validation metrics: checked on each call, buffered, appended as JSON lines.
 
-One line per report, in `attempt-<n>/rank-<r>.metrics.jsonl` (docs/run-directory.md):
-`{"kind": ..., "step": int, "metrics": {name: number}, "time": unix seconds, "rank": r}`,
-the time written as integer nanoseconds with an exponent (`1764487282123456789e-9`), a
-JSON number every parser reads as seconds.
-NaN and ±infinity are written as the bare tokens `NaN`, `Infinity`, `-Infinity`, as
-Python's json module writes them, so verification sees them.
+One line per report in the rank's metrics file, in the format `muster.metrics_lines` owns
+(its `template` makes every line written here; ingestion and verification parse them with
+its `parse`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -23,10 +19,10 @@ from pathlib import Path
 
 from muster.harness.arguments import check_count
 from muster.harness.heartbeat import Progress
+from muster.metrics_lines import KINDS, TRAINING, VALIDATION, exact_template, json_number
+from muster.metrics_lines import template as line_template
 
-TRAINING = "training"
-VALIDATION = "validation"
-KINDS = (TRAINING, VALIDATION)
+__all__ = ["TRAINING", "VALIDATION", "MetricsWriter", "to_number"]
 TEMPLATE_CACHE_SIZE = 4096
 MAX_UNWRITTEN_CHARS = 128 << 20  # beyond it, a write that keeps failing drops the oldest lines
 TAIL_SCAN_BYTES = 1 << 16
@@ -36,8 +32,6 @@ _Report = tuple[str | float | int, ...]
 _AFTER_TEMPLATE = itemgetter(slice(1, None))
 
 _time_ns = time.time_ns
-_float_repr = float.__repr__
-_int_repr = int.__repr__
 
 
 class MetricsWriter:
@@ -134,21 +128,10 @@ class MetricsWriter:
                 os.close(self._fd)
 
     def _template(self, kind: str, names: tuple[str, ...]) -> str:
-        """Check the names (the first time they are seen) and make their line template.
-
-        It formats each value with %r, which is right for every finite number (`_exact`
-        makes the twin for NaN and the infinities).
-        """
-        if not names:
-            raise ValueError("metrics is empty: report at least one metric")
+        """Check the names (the first time they are seen) and make their line template."""
         for name in names:
             _check_name(name)
-        keys = [json.dumps(name).replace("%", "%%") for name in names]
-        head = f'{{"kind": "{kind}", "step": %d, "metrics": {{'
-        # The time is queued as int nanoseconds and written as a JSON number with an
-        # exponent ("time": 1764487282123456789e-9): %d of an int costs a fifth of %.6f.
-        tail = f'}}, "time": %de-9, "rank": {self._rank}}}\n'
-        template = head + ", ".join(f"{key}: %r" for key in keys) + tail
+        template = line_template(kind, names, self._rank)
         templates = self._templates[kind]
         if len(templates) < TEMPLATE_CACHE_SIZE:
             templates[names] = template
@@ -173,7 +156,7 @@ def _format(reports: list[_Report]) -> str:
         if _all_finite(arguments):
             chunks.append((template * len(runs)) % arguments)
         else:  # %r would write nan or inf: write JSON's tokens instead
-            exact = _exact(template)
+            exact = exact_template(template)
             chunks.append("".join([exact % _exact_arguments(one) for one in runs]))
     return "".join(chunks)
 
@@ -192,17 +175,9 @@ def _progress(report: _Report) -> Progress:
     return int(report[-1]) / 1e9, int(report[1])
 
 
-def _exact(template: str) -> str:
-    """`template` with %s for each value, to take its JSON text (NaN, Infinity, -Infinity).
-
-    A name's own `%` is doubled in the template, so `": %r` only ever ends a key.
-    """
-    return template.replace('": %r', '": %s')
-
-
 def _exact_arguments(arguments: tuple[float | int, ...]) -> tuple[object, ...]:
     step, *values, now = arguments
-    return (step, *[_json_number(value) for value in values], now)
+    return (step, *[json_number(value) for value in values], now)
 
 
 def _numbers(names: tuple[str, ...], values: Iterable[object]) -> list[float | int]:
@@ -257,16 +232,6 @@ def to_number(name: str, value: object) -> float | int:
             raise TypeError(f"metric {name!r} could not be converted to a float: {exc}") from exc
     raise TypeError(f"metric {name!r} must be a number (int or float), "
                     f"got {type(value).__name__} {_shown(value)}")
-
-
-def _json_number(value: float | int) -> str:
-    if type(value) is int:
-        return _int_repr(value)
-    if value - value == 0.0:
-        return _float_repr(value)
-    if value != value:
-        return "NaN"
-    return "Infinity" if value > 0 else "-Infinity"
 
 
 def _shown(value: object) -> str:

@@ -16,7 +16,7 @@ from muster.harness.heartbeat import Progress
 
 
 class Samples:
-    """`ctx.samples`: counts per epoch, rewritten to `rank-<r>.samples.json` when changed."""
+    """`ctx.samples`: counts per epoch, rewritten to the rank's samples file when changed."""
 
     def __init__(self, path: Path, rank: int) -> None:
         self.path = path

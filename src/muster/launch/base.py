@@ -17,6 +17,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Literal
 
+from muster.rundir import RankFiles
+
 # How the shim holds a replica to `ReplicaSpec.memory_limit` (see `muster.launch.memory`):
 # "auto" takes a writable cgroup memory controller where there is one, else the watchdog.
 MemoryEnforcement = Literal["auto", "cgroup", "watchdog"]
@@ -53,12 +55,12 @@ class ReplicaSpec:
 
     @property
     def log_path(self) -> Path:
-        return self.attempt_dir / f"rank-{self.rank}.log"
+        return RankFiles(self.attempt_dir, self.rank).log
 
 
 @dataclass(frozen=True)
 class ExitRecord:
-    """What the shim wrote to `rank-<r>.exit.json` when the training process ended.
+    """What the shim wrote to its exit record (`RankFiles.exit`) when the training process ended.
 
     `returncode` is Python-style (negative = killed by that signal); `exit_code` is
     shell-style (128+N for a signal) and `signal` the signal's name, e.g. "SIGKILL".

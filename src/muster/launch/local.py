@@ -32,7 +32,8 @@ from muster.launch.base import (
 from muster.launch.forkserver import ForkServerError
 from muster.launch.identity import group_members, is_alive, read_identity, send_signal
 from muster.launch.logs import log_size, read_range
-from muster.launch.shim import ReplicaFiles, exit_record_from_json, spec_to_json
+from muster.launch.records import exit_record_from_json, spec_to_json
+from muster.rundir import CONTROL_FILES, RankFiles
 
 __all__ = ["LocalLauncher"]
 
@@ -59,7 +60,7 @@ class LocalLauncher(Launcher):
         """Write the spec, start its shim, record the shim's identity; returns that identity."""
         if self.notify is not None and spec.notify is None:
             spec = dataclasses.replace(spec, notify=(self.notify.pid, self.notify.start_ticks))
-        files = ReplicaFiles(spec.attempt_dir, spec.rank)
+        files = RankFiles(spec.attempt_dir, spec.rank)
         where = f"rank {spec.rank} of trial {spec.trial_uuid} attempt {spec.attempt}"
         try:
             self._prepare(spec, files)
@@ -81,7 +82,7 @@ class LocalLauncher(Launcher):
     def describe(self, attempt_dir: Path, rank: int) -> ReplicaStatus:
         """The replica's phase from its files and the identities they name (no pids alone)."""
         self._reap_shims()
-        files = ReplicaFiles(attempt_dir, rank)
+        files = RankFiles(attempt_dir, rank)
         status = read_json(files.status)
         shim = _identity(status, "shim") or _identity(read_json(files.launch), "shim")
         child = _identity(status, "child")
@@ -107,7 +108,7 @@ class LocalLauncher(Launcher):
         Idempotent and immediate. If the shim is gone but its child's group lives on, nobody
         is left to run a grace period, so the group gets SIGKILL at once.
         """
-        files = ReplicaFiles(attempt_dir, rank)
+        files = RankFiles(attempt_dir, rank)
         if not attempt_dir.is_dir():
             return
         if not files.stop.exists():
@@ -122,23 +123,23 @@ class LocalLauncher(Launcher):
             _kill_orphaned_group(shim, child)
 
     def archive(self, attempt_dir: Path, rank: int, incarnation: int) -> None:
-        """Move the ended incarnation's spec, launch, status, exit record, stop request and
-        shim log to `restarts/rank-<r>.<suffix>.<incarnation>`; the log and its index stay
-        (the shim appends to them and indexes from their end)."""
-        files = ReplicaFiles(attempt_dir, rank)
+        """Move the ended incarnation's control files (`rundir.CONTROL_FILES`) to
+        `restarts/`; the log and its index stay (the shim appends to them and indexes from
+        their end)."""
+        files = RankFiles(attempt_dir, rank)
         if _alive(_identity(read_json(files.status), "child")):
             raise LaunchError(f"rank {rank} of {attempt_dir} is still running; only an ended "
                               "replica can be archived")
-        restarts = attempt_dir / "restarts"
-        restarts.mkdir(exist_ok=True)
-        for path in (files.spec, files.launch, files.status, files.exit, files.stop,
-                     files.shim_log):
+        for kind in CONTROL_FILES:
+            path = files.path(kind)
             if path.exists():
-                path.rename(restarts / f"{path.name}.{incarnation}")
+                target = files.archived(kind, incarnation)
+                target.parent.mkdir(exist_ok=True)
+                path.rename(target)
 
     def log_iter(self, attempt_dir: Path, rank: int, offset: int = 0) -> Iterator[bytes]:
         """The log from `offset` to its size at the time of the call, in chunks of <= 1 MiB."""
-        path = ReplicaFiles(attempt_dir, rank).log
+        path = RankFiles(attempt_dir, rank).log
         end = log_size(path)
         while offset < end:
             data, offset = read_range(path, offset, min(_LOG_CHUNK_BYTES, end - offset))
@@ -146,7 +147,7 @@ class LocalLauncher(Launcher):
                 return
             yield data
 
-    def _prepare(self, spec: ReplicaSpec, files: ReplicaFiles) -> None:
+    def _prepare(self, spec: ReplicaSpec, files: RankFiles) -> None:
         """Create the attempt directory and the spec; refuse to launch a replica twice."""
         spec.attempt_dir.mkdir(parents=True, exist_ok=True)
         if files.launch.exists() or files.exit.exists():
@@ -156,7 +157,7 @@ class LocalLauncher(Launcher):
             )
         atomic_write_json(files.spec, spec_to_json(spec))
 
-    def _start_shim(self, files: ReplicaFiles, where: str) -> ProcessIdentity:
+    def _start_shim(self, files: RankFiles, where: str) -> ProcessIdentity:
         """Start the shim: forked by the fork server (`launch/forkserver.py`), which has
         the shim's imports done already, or, where that is off or fails, as a new
         interpreter. Returns its identity."""
@@ -180,7 +181,7 @@ class LocalLauncher(Launcher):
             raise LaunchError(f"The shim for {where} vanished right after it was started.")
         return identity
 
-    def _spawn_shim(self, files: ReplicaFiles) -> subprocess.Popen[bytes]:
+    def _spawn_shim(self, files: RankFiles) -> subprocess.Popen[bytes]:
         """Start the shim in its own session with SIGTERM/SIGINT blocked.
 
         The shim inherits the blocked mask and unblocks it once its handlers are installed,
@@ -204,7 +205,7 @@ class LocalLauncher(Launcher):
                 signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def _record_launch(
-        self, identity: ProcessIdentity, files: ReplicaFiles, where: str
+        self, identity: ProcessIdentity, files: RankFiles, where: str
     ) -> ProcessIdentity:
         """Write `launch.json` (the shim's identity) so a restarted server can find the shim."""
         launch = {
@@ -221,7 +222,7 @@ class LocalLauncher(Launcher):
         return identity
 
     def _live_phase(
-        self, files: ReplicaFiles, status: Any, shim: ProcessIdentity | None, alive: bool
+        self, files: RankFiles, status: Any, shim: ProcessIdentity | None, alive: bool
     ) -> ReplicaPhase:
         if status is not None:
             return ReplicaPhase.RUNNING if alive else ReplicaPhase.LOST

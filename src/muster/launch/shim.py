@@ -2,21 +2,14 @@
 
 Run as `python -m muster.launch.shim SPEC_JSON_PATH` in its own session, it starts the
 training command in its own process group, copies every byte of its merged stdout+stderr to
-`rank-<r>.log` without ever blocking it, and writes `rank-<r>.exit.json` atomically when it
+its log without ever blocking it, and writes its exit record atomically when it
 ends. With a memory limit it holds the training process's whole group to it
 (`muster.launch.memory`) and records how it fared. It does not need the server that started
 it, so a server crash or restart loses neither output nor exit code. Its own diagnostics go
-to stderr (`rank-<r>.shim.log`), never into the training log.
+to stderr (`RankFiles.shim_log`), never into the training log.
 
-Files in the attempt directory, per rank r (names in `ReplicaFiles`; writer in brackets):
-  rank-r.spec.json    the ReplicaSpec [launcher]
-  rank-r.launch.json  the shim's identity and launch time [launcher]
-  rank-r.shim.json    shim and child identity, process group, start time [shim]
-  rank-r.log          the training output, byte-exact [shim]
-  rank-r.index        one "<log offset> <unix time>" line per chunk copied [shim]
-  rank-r.exit.json    the ExitRecord [shim]
-  rank-r.shim.log     the shim's own diagnostics (its stderr) [launcher opens, shim writes]
-  rank-r.stop         the cancel marker [launcher]
+Its files in the attempt directory are `muster.rundir.RankFiles`: it reads the spec, writes
+the status, the log, its index and the exit record, and obeys the stop marker.
 """
 
 from __future__ import annotations
@@ -32,28 +25,24 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, cast, get_args
 
 from muster.atomic import atomic_write_json, read_json
 from muster.errors import LaunchError
-from muster.launch.base import ExitRecord, MemoryEnforcement, ProcessIdentity, ReplicaSpec
+from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaSpec
 from muster.launch.identity import group_members, own_identity, read_identity, send_signal
 from muster.launch.memory import MemoryGuard, MemoryReport, open_memory_guard
+from muster.launch.records import exit_record_to_json, spec_from_json
+from muster.rundir import RankFiles
 from muster.sizes import format_size
 
 __all__ = [
     "LogPump",
-    "ReplicaFiles",
     "Shim",
     "StopFlag",
-    "exit_record_from_json",
     "main",
     "signal_name",
-    "spec_from_json",
-    "spec_to_json",
 ]
 
 log = logging.getLogger("muster.shim")
@@ -68,98 +57,6 @@ COALESCE_S = 0.002
 WRITEBACK_BYTES = 8 << 20
 WRITEBACK_ALIGN = 1 << 16
 MARKER_CHECK_S = 0.25
-
-
-@dataclass(frozen=True)
-class ReplicaFiles:
-    """The names of one replica's files in its attempt directory (shared by shim and launcher)."""
-
-    attempt_dir: Path
-    rank: int
-
-    def _named(self, suffix: str) -> Path:
-        return self.attempt_dir / f"rank-{self.rank}{suffix}"
-
-    @property
-    def log(self) -> Path:
-        return self._named(".log")
-
-    @property
-    def index(self) -> Path:
-        return self._named(".index")
-
-    @property
-    def spec(self) -> Path:
-        return self._named(".spec.json")
-
-    @property
-    def launch(self) -> Path:
-        return self._named(".launch.json")
-
-    @property
-    def status(self) -> Path:
-        return self._named(".shim.json")
-
-    @property
-    def shim_log(self) -> Path:
-        return self._named(".shim.log")
-
-    @property
-    def exit(self) -> Path:
-        return self._named(".exit.json")
-
-    @property
-    def stop(self) -> Path:
-        return self._named(".stop")
-
-
-def spec_to_json(spec: ReplicaSpec) -> dict[str, Any]:
-    """The spec as JSON-ready data (paths as strings)."""
-    data = dataclasses.asdict(spec)
-    data["cwd"] = str(spec.cwd)
-    data["attempt_dir"] = str(spec.attempt_dir)
-    data["notify"] = list(spec.notify) if spec.notify else None
-    return data
-
-
-def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
-    """The inverse of `spec_to_json`."""
-    return ReplicaSpec(
-        trial_uuid=str(data["trial_uuid"]),
-        attempt=int(data["attempt"]),
-        rank=int(data["rank"]),
-        argv=[str(arg) for arg in data["argv"]],
-        env={str(k): str(v) for k, v in data["env"].items()},
-        cwd=Path(data["cwd"]),
-        attempt_dir=Path(data["attempt_dir"]),
-        stop_grace=float(data["stop_grace"]),
-        # Specs written before memory limits existed have neither key.
-        memory_limit=None if data.get("memory_limit") is None else int(data["memory_limit"]),
-        memory_enforcement=_enforcement(data.get("memory_enforcement", "auto")),
-        notify=_notify_target(data.get("notify")),
-    )
-
-
-def _notify_target(value: object) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    if (isinstance(value, list) and len(value) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
-        return value[0], value[1]
-    raise ValueError(f"notify must be [pid, start_ticks] or null, got {value!r}")
-
-
-def _enforcement(value: object) -> MemoryEnforcement:
-    for known in get_args(MemoryEnforcement):
-        if value == known:
-            return cast(MemoryEnforcement, known)
-    raise ValueError(f"memory_enforcement must be auto, cgroup or watchdog, got {value!r}")
-
-
-def exit_record_from_json(data: dict[str, Any]) -> ExitRecord:
-    """Parse `rank-<r>.exit.json`; unknown keys (from a newer shim) are ignored."""
-    names = {f.name for f in dataclasses.fields(ExitRecord)}
-    return ExitRecord(**{k: v for k, v in data.items() if k in names})
 
 
 def signal_name(signum: int) -> str:
@@ -404,7 +301,7 @@ class Shim:
 
     def __init__(self, spec: ReplicaSpec, stop: StopFlag) -> None:
         self.spec = spec
-        self.files = ReplicaFiles(spec.attempt_dir, spec.rank)
+        self.files = RankFiles(spec.attempt_dir, spec.rank)
         self.stop = stop
         self.signals_sent: list[str] = []
         self._term_sent_at: float | None = None
@@ -685,7 +582,7 @@ class Shim:
         )
 
     def _write_exit(self, record: ExitRecord) -> None:
-        atomic_write_json(self.files.exit, dataclasses.asdict(record))
+        atomic_write_json(self.files.exit, exit_record_to_json(record))
         self._notify()
 
     def _notify(self) -> None:

@@ -31,8 +31,8 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState as OptunaState
 
 from muster.config.schema import SearcherConfig
+from muster.config.space import Categorical, Double, Int, Log, Searched, SearchSpace
 from muster.search.history import Judgement, Outcome, PastTrial, trial_seed
-from muster.search.space import Categorical, Double, Int, Log, Searched, SearchSpace
 
 __all__ = ["Judgement", "Outcome", "PastTrial", "Searcher"]
 

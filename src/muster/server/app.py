@@ -7,9 +7,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from http import HTTPStatus
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,89 +15,23 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from muster import __version__
-from muster.config import ClusterConfig, load_cluster_config
 from muster.errors import MusterError
-from muster.gpus import open_inventory
 from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
+from muster.schedule.inventory import open_inventory
 from muster.server.auth import ensure_token
+from muster.server.orchestrator import TICK_SECONDS, Orchestrator
+from muster.server.routes import public, router, scrape
+from muster.server.state import ServerSettings, ServerState
 from muster.store import Store
-from muster.supervise.reconcile import reconcile_attempts
 from muster.supervise.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
-TICK_SECONDS = 0.2
-RETRY_SECONDS = 2.0
-
-
-@dataclass
-class Orchestrator:
-    """Runs the supervisor's ticks on the server's event loop (one at a time, in a thread)."""
-
-    supervisor: Supervisor
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def run(self) -> None:
-        await self._reconcile()
-        while True:
-            # Cleared before the pass, not after: a wake-up that arrives during a pass (a
-            # trial created after the pass looked at the queue) must start the next one now.
-            self.wake.clear()
-            try:
-                await asyncio.to_thread(self.supervisor.tick)
-            except MusterError as exc:
-                log.error("supervisor pass failed: %s", exc)
-            except Exception:
-                log.exception("supervisor pass failed unexpectedly; retrying")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), TICK_SECONDS)
-
-
-    async def _reconcile(self) -> None:
-        """Settle every unfinished attempt before any new work starts; a failure (e.g. the
-        database is down) is retried, never skipped, so no attempt is launched twice."""
-        while True:
-            try:
-                await asyncio.to_thread(reconcile_attempts, self.supervisor)
-                return
-            except MusterError as exc:
-                log.error("reconciliation failed, retrying in %ss: %s", RETRY_SECONDS, exc)
-            except Exception:
-                log.exception("reconciliation failed unexpectedly, retrying in %ss",
-                              RETRY_SECONDS)
-            await asyncio.sleep(RETRY_SECONDS)
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """What `muster up` configures beyond the home: the store and the scheduling limits.
-    `slots` and `min_free_disk` given here win over the cluster config's."""
-
-    db_url: str | None = None  # default: SQLite in the home
-    slots: int | None = None  # replicas without GPUs at once; default: the cluster config's
-    min_free_disk: int | None = None  # the disk guard; default: the cluster config's
-    cluster_config: str | None = None  # default: $MUSTER_HOME/cluster.yaml when it exists
-
-    def cluster(self, home: Home) -> ClusterConfig:
-        """The cluster config these settings name (raises ConfigError when invalid)."""
-        path = Path(self.cluster_config).expanduser() if self.cluster_config else None
-        return load_cluster_config(path, home.cluster_config_path)
-
-
-@dataclass
-class ServerState:
-    home: Home
-    store: Store
-    token: str
-    orchestrator: Orchestrator
-
 
 def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     """The muster server for `home`."""
-    from muster.server.routes import public, router, scrape
-
     home.ensure()
     settings = settings or ServerSettings()
     store = Store(settings.db_url or home.default_db_url)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from muster.server.cluster import ClusterSnapshot, GpuStatus
+from muster.services.cluster import ClusterSnapshot, GpuStatus
 from muster.states import TrialState
 
 __all__ = ["CONTENT_TYPE", "Metric", "Sample", "cluster_metrics", "escape_label_value",

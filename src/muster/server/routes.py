@@ -15,10 +15,11 @@ from pydantic import BaseModel, Field
 from muster import __version__
 from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY
 from muster.errors import InvalidRequest
-from muster.server import cluster, experiments, jobs, logs, metrics, prometheus, search
-from muster.server.app import ServerState
+from muster.server import prometheus
 from muster.server.auth import check_bearer
-from muster.server.uploads import MAX_UPLOAD_BYTES
+from muster.server.state import ServerState
+from muster.services import cluster, experiments, jobs, logs, metrics, search
+from muster.services.uploads import MAX_UPLOAD_BYTES
 
 PREFIX = "/api/v1"
 

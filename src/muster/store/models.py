@@ -25,6 +25,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from muster.states import GpuState, StopIntent
+
 
 def now() -> float:
     """Wall-clock time as stored: seconds since the epoch (float, UTC)."""
@@ -166,9 +168,10 @@ class Trial(Base):
     queue_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Its place in the queue: 1-99, lower first; FIFO (by id) within one priority.
     priority: Mapped[int] = mapped_column(Integer, default=42, server_default="42", index=True)
-    # Set while muster stops the trial to pause it ("paused") or to make room for a trial
-    # of better priority ("preempted"): its end is then not a failure and uses no budget.
-    pause_requested: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Set while muster stops the trial to pause it, to make room for a trial of better
+    # priority, or because the searcher gave up on it (a `StopIntent` other than KILL, which
+    # is `stop_requested`): its end is then not a failure and uses no budget.
+    stop_intent: Mapped[str | None] = mapped_column(String(16), nullable=True)
     # Its place in the experiment's search, from 0: what seeds its draw (`muster.search`).
     number: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The searcher's notes on the trial (Optuna's system attributes: the rungs it reached,
@@ -179,6 +182,13 @@ class Trial(Base):
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="trial", order_by="Attempt.number", cascade="all, delete-orphan"
     )
+
+    @property
+    def intent(self) -> StopIntent | None:
+        """Why muster is stopping the trial's processes, if it is (a kill wins)."""
+        if self.stop_requested:
+            return StopIntent.KILL
+        return StopIntent(self.stop_intent) if self.stop_intent is not None else None
 
 
 class Attempt(Base):
@@ -246,7 +256,7 @@ class GpuDevice(Base):
     name: Mapped[str] = mapped_column(String(200))
     type: Mapped[str] = mapped_column(String(64))
     memory_total: Mapped[int] = mapped_column(BigInteger)
-    state: Mapped[str] = mapped_column(String(16), default="free")  # free|allocated|releasing
+    state: Mapped[str] = mapped_column(String(16), default=GpuState.FREE.value)  # a GpuState
     trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"), nullable=True,
                                                  index=True)
     rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -273,7 +283,7 @@ class Event(Base):
 
 
 class Metric(Base):
-    """One line of a replica's `rank-<r>.metrics.jsonl`: the metrics of one report."""
+    """One line of a replica's metrics file (`muster.metrics_lines`): one report."""
 
     __tablename__ = "metrics"
     # The index's leading column also serves the foreign key's lookups.

@@ -22,13 +22,17 @@ from muster.states import (
     REVIEW_ONLY_MOVES,
     TRIAL_MOVES,
     AttemptState,
+    EventReason,
     ExperimentState,
+    Reason,
     TrialState,
 )
 from muster.store.models import Attempt, Event, Experiment, Trial, now
 
 State = ExperimentState | TrialState | AttemptState
 Entity = Experiment | Trial | Attempt
+# Why: how a replica ended, or one of the words of a move or decision (one spelling each).
+Why = Reason | EventReason
 
 REVIEW_ACTOR_PREFIX = "review:"
 # Column widths, checked here so that SQLite (which ignores them) and PostgreSQL (which
@@ -67,7 +71,7 @@ def transition(
     obj: Entity,
     to_state: State | str,
     *,
-    reason: str,
+    reason: Why,
     actor: str,
     message: str | None = None,
 ) -> Event:
@@ -81,14 +85,15 @@ def transition(
         IllegalTransition: the move is not legal from the current state (which includes any
             move out of a terminal state), or it needs a review and `actor` is not one.
     """
-    _check_widths(reason, actor)
+    word = _word(reason)
+    _check_widths(word, actor)
     machine = _MACHINES[type(obj)]
     _lock(session, obj)
     current = machine.parse(obj.state, obj.id)
     target = machine.parse(to_state, obj.id)
     _check_move(machine, obj.id, current, target, actor)
     at = now()
-    _stamp(obj, target, at, reason, message)
+    _stamp(obj, target, at, word, message)
     experiment_id, trial_id = _owners(obj)
     return _append(
         session,
@@ -100,7 +105,7 @@ def transition(
             trial_id=trial_id,
             from_state=current.value,
             to_state=target.value,
-            reason=reason,
+            reason=word,
             actor=actor,
             message=message,
         ),
@@ -112,14 +117,15 @@ def record_event(
     *,
     entity: str,
     entity_id: int,
-    reason: str,
+    reason: Why,
     actor: str,
     message: str | None,
     experiment_id: int | None = None,
     trial_id: int | None = None,
 ) -> Event:
     """Record a decision that is not a state change, e.g. "retrying the trial, retry 2 of 3"."""
-    _check_widths(reason, actor)
+    word = _word(reason)
+    _check_widths(word, actor)
     return _append(
         session,
         Event(
@@ -128,11 +134,16 @@ def record_event(
             entity_id=entity_id,
             experiment_id=experiment_id,
             trial_id=trial_id,
-            reason=reason,
+            reason=word,
             actor=actor,
             message=message,
         ),
     )
+
+
+def _word(reason: Why | str) -> str:
+    """The stored word of `reason` (tests of this module pass plain words)."""
+    return reason.value if isinstance(reason, Reason | EventReason) else reason
 
 
 def _check_widths(reason: str, actor: str) -> None:

@@ -1,6 +1,6 @@
 """Stall detection: a replica that checked in through the harness and then made no progress.
 
-The harness's heartbeat thread rewrites `rank-<r>.heartbeat.json` every few seconds with the
+The harness's heartbeat thread rewrites the rank's heartbeat file every few seconds with the
 time of the last *progress* call (docs/run-directory.md). A live thread over a deadlocked
 training loop keeps the file fresh but `progress_time` still; that is what we look at.
 Scripts that never use the harness write no heartbeat file and are never judged stalled,
@@ -15,21 +15,18 @@ import logging
 from pathlib import Path
 
 from muster.atomic import read_json
+from muster.rundir import RankFiles
 
 log = logging.getLogger(__name__)
 
 
-def heartbeat_path(attempt_dir: Path, rank: int) -> Path:
-    return attempt_dir / f"rank-{rank}.heartbeat.json"
-
-
 def checked_in(attempt_dir: Path, rank: int) -> bool:
-    return heartbeat_path(attempt_dir, rank).exists()
+    return RankFiles(attempt_dir, rank).heartbeat.exists()
 
 
 def stall_reason(attempt_dir: Path, rank: int, timeout: float, now: float) -> str | None:
     """Why the replica counts as stalled at `now`, or None while it makes progress."""
-    path = heartbeat_path(attempt_dir, rank)
+    path = RankFiles(attempt_dir, rank).heartbeat
     try:
         beat = read_json(path)
     except ValueError as exc:  # the harness writes it atomically: this file is damaged

@@ -4,14 +4,14 @@ The harness writes files (`docs/run-directory.md`); `ingest_trial` moves what is
 the database, and is cheap to call often: when nothing changed it costs one small query, a
 directory listing per attempt and a `stat` per metrics file.
 
-Metrics are read exactly once. Each `rank-<r>.metrics.jsonl` has a cursor (`IngestCursor`),
+Metrics are read exactly once. Each rank's metrics file has a cursor (`IngestCursor`),
 the byte offset up to which its lines are stored, and a batch of rows commits in the same
 transaction as the cursor's advance, so a server that dies at any moment neither loses nor
 repeats a line. Only complete lines are read: a torn last line (no "\\n" yet) waits for the
-next call. A complete line that is not a report in the documented format is skipped, logged
-and counted; it never stops the lines after it.
+next call. A complete line that `muster.metrics_lines.parse` refuses (verification refuses
+the same lines) is skipped, logged and counted; it never stops the lines after it.
 
-A checkpoint directory (`checkpoints/step-*`) is registered once, by name, after each file
+A checkpoint directory (`RunDir.checkpoints`) is registered once, by name, after each file
 listed in its `metadata.json` has been checked against its sha256; a failed check registers
 it with `intact=False` and the problem in words. Directories still being written
 (`.tmp-*`) are never read.
@@ -19,12 +19,10 @@ it with `intact=False` and the problem in words. Directories still being written
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
-import re
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
@@ -33,22 +31,19 @@ from sqlalchemy import CursorResult, Insert, Table, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from muster import checkpoint_files
+from muster import checkpoint_files, metrics_lines
 from muster.checkpoint_files import Inspection
 from muster.errors import NotFound
-from muster.store import Checkpoint, IngestCursor, Metric, Store, Trial
+from muster.rundir import AttemptDir, RankFile, RunDir
+from muster.store import Attempt, Checkpoint, IngestCursor, Metric, Store, Trial
 from muster.store.models import now
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = re.compile(r"rank-(\d+)\.metrics\.jsonl")
-CHECKPOINTS_DIR = "checkpoints"
-METRICS_CURSOR = "metrics"  # IngestCursor.file_kind of rank-<r>.metrics.jsonl
-KINDS = ("training", "validation")
+METRICS_CURSOR = "metrics"  # IngestCursor.file_kind of a rank's metrics file
 # Bytes of complete lines per transaction: ~10,000 reports, a short hold of SQLite's lock.
 BATCH_BYTES = 1 << 20
 WARNINGS_PER_FILE = 5  # per call; the rest are counted in one line
-BIGINT = 1 << 63
 METRICS_TABLE = cast(Table, Metric.__table__)
 
 
@@ -79,8 +74,9 @@ class MetricsFile:
 
 
 @dataclass(frozen=True)
-class _Known:
-    """What the store already holds about a trial's files."""
+class Known:
+    """What the store already holds about a trial's files: where its attempts are, how far
+    each metrics file was read, which checkpoints are registered."""
 
     run_dir: Path | None
     attempt_dirs: dict[int, Path]
@@ -88,18 +84,24 @@ class _Known:
     checkpoints: frozenset[str]
 
 
-def ingest_trial(store: Store, trial_id: int) -> IngestReport:
+def ingest_trial(store: Store, trial_id: int, known: Known | None = None) -> IngestReport:
     """Store the trial's new metrics lines and register its new checkpoint directories.
 
     Safe to call at any time and from a restarted server; what is already stored is never
-    stored again. Two callers at once on the same trial are safe too (one of them backs off).
+    stored again. Two callers at once on the same trial are safe too (one of them backs off),
+    and so is a `known` read a moment ago (`known_files`): a cursor that moved meanwhile is
+    noticed when the batch commits.
 
     Raises:
         NotFound: there is no such trial.
         StoreError: the database failed; what was committed before stays committed.
     """
     report = IngestReport(trial_id)
-    known = _load_known(store, trial_id)
+    if known is None:
+        with store.session_scope() as s:
+            known = known_files(s, [trial_id]).get(trial_id)
+        if known is None:
+            raise NotFound(f"trial {trial_id} does not exist; nothing to ingest")
     if known.run_dir is None:
         return report
     for file in _metrics_files(known.attempt_dirs):
@@ -110,42 +112,43 @@ def ingest_trial(store: Store, trial_id: int) -> IngestReport:
             _ingest_metrics_file(store, trial_id, file, offset, report)
         except OSError as exc:  # e.g. permissions: the next call tries again
             log.warning("trial %d: cannot read %s: %s", trial_id, file.describe(), exc)
-    _register_checkpoints(store, trial_id, known.run_dir / CHECKPOINTS_DIR,
+    _register_checkpoints(store, trial_id, RunDir(known.run_dir).checkpoints,
                           known.checkpoints, report)
     return report
 
 
-def _load_known(store: Store, trial_id: int) -> _Known:
-    with store.session_scope() as s:
-        trial = s.get(Trial, trial_id)
-        if trial is None:
-            raise NotFound(f"trial {trial_id} does not exist; nothing to ingest")
-        attempt_dirs = {a.number: Path(a.run_dir) for a in trial.attempts}
-        cursors = s.execute(
-            select(IngestCursor.attempt, IngestCursor.rank, IngestCursor.byte_offset).where(
-                IngestCursor.trial_id == trial_id, IngestCursor.file_kind == METRICS_CURSOR
-            )
-        )
-        names = s.scalars(select(Checkpoint.name).where(Checkpoint.trial_id == trial_id))
-        return _Known(
-            run_dir=next(iter(attempt_dirs.values())).parent if attempt_dirs else None,
-            attempt_dirs=attempt_dirs,
-            cursors={(a, r): offset for a, r, offset in cursors},
-            checkpoints=frozenset(names),
-        )
+def known_files(s: Session, trial_ids: Collection[int]) -> dict[int, Known]:
+    """`Known` of each of these trials that exists, in three queries whatever their number."""
+    ids = list(trial_ids)
+    attempts: dict[int, dict[int, Path]] = {trial_id: {} for trial_id in s.scalars(
+        select(Trial.id).where(Trial.id.in_(ids)))}
+    for trial_id, number, run_dir in s.execute(select(
+            Attempt.trial_id, Attempt.number, Attempt.run_dir).where(Attempt.trial_id.in_(ids))):
+        attempts[trial_id][number] = Path(run_dir)
+    cursors: dict[int, dict[tuple[int, int], int]] = defaultdict(dict)
+    for trial_id, attempt, rank, offset in s.execute(select(
+            IngestCursor.trial_id, IngestCursor.attempt, IngestCursor.rank,
+            IngestCursor.byte_offset).where(IngestCursor.trial_id.in_(ids),
+                                            IngestCursor.file_kind == METRICS_CURSOR)):
+        cursors[trial_id][(attempt, rank)] = offset
+    names: dict[int, set[str]] = defaultdict(set)
+    for trial_id, name in s.execute(select(Checkpoint.trial_id, Checkpoint.name).where(
+            Checkpoint.trial_id.in_(ids))):
+        names[trial_id].add(name)
+    return {trial_id: Known(
+        run_dir=next(iter(dirs.values())).parent if dirs else None, attempt_dirs=dirs,
+        cursors=cursors[trial_id], checkpoints=frozenset(names[trial_id]))
+        for trial_id, dirs in attempts.items()}
 
 
 def _metrics_files(attempt_dirs: dict[int, Path]) -> Iterator[MetricsFile]:
     for number, folder in sorted(attempt_dirs.items()):
-        try:
-            entries = list(os.scandir(folder))
-        except FileNotFoundError:
-            continue  # the attempt has not created its directory yet
-        for entry in entries:
-            match = METRICS_FILE.fullmatch(entry.name)
-            if match and entry.is_file():
-                size = entry.stat().st_size
-                yield MetricsFile(number, int(match[1]), Path(entry.path), size)
+        for rank, path in AttemptDir(folder).ranks_with(RankFile.METRICS):
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            yield MetricsFile(number, rank, path, size)
 
 
 # -- metrics -------------------------------------------------------------------------------
@@ -197,63 +200,29 @@ def _parse_lines(
     rows: list[dict[str, Any]] = []
     problems: list[tuple[int, str]] = []
     for line in data.split(b"\n")[:-1]:
-        if line.strip():
-            try:
-                rows.append(_metric_row(line, file, trial_id))
-            except ValueError as exc:
-                problems.append((offset, str(exc)))
+        try:
+            row = _metric_row(line, file, trial_id)
+        except metrics_lines.BadLine as exc:
+            problems.append((offset, str(exc)))
+        else:
+            if row is not None:
+                rows.append(row)
         offset += len(line) + 1
     return rows, problems
 
 
-def _metric_row(line: bytes, file: MetricsFile, trial_id: int) -> dict[str, Any]:
-    """The `metrics` row of one report line.
+def _metric_row(line: bytes, file: MetricsFile, trial_id: int) -> dict[str, Any] | None:
+    """The `metrics` row of one complete report line; None for a blank line.
 
     Raises:
-        ValueError: the line is not JSON, or not a report in the documented format.
+        metrics_lines.BadLine: the line is not a report in the documented format.
     """
-    try:
-        report = json.loads(line)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"not valid JSON ({exc})") from None
-    if not isinstance(report, dict):
-        raise ValueError(f"a report is a JSON object, got {type(report).__name__}")
-    kind: Any = report.get("kind")
-    step: Any = report.get("step")
-    at: Any = report.get("time")
-    rank: Any = report.get("rank")
-    metrics: Any = report.get("metrics")
-    if kind not in KINDS:
-        raise ValueError(f'"kind" must be "training" or "validation", got {kind!r}')
-    if not _is_int(step) or not -BIGINT <= step < BIGINT:
-        raise ValueError(f'"step" must be a whole number, got {step!r}')
-    if not _is_finite(at):
-        raise ValueError(f'"time" must be a finite unix time, got {at!r}')
-    if rank != file.rank or not _is_int(rank):
-        raise ValueError(f'"rank" must be {file.rank} in {file.path.name}, got {rank!r}')
-    if not isinstance(metrics, dict):
-        raise ValueError(f'"metrics" must be an object of numbers, got {metrics!r}')
-    not_numbers = [name for name, value in metrics.items() if not _is_number(value)]
-    if not_numbers:
-        raise ValueError(f'"metrics" must map names to numbers; {not_numbers[0]!r} is '
-                         f"{metrics[not_numbers[0]]!r}")
-    return {"trial_id": trial_id, "attempt": file.attempt, "rank": rank, "kind": kind,
-            "step": step, "time": float(at), "values": metrics}
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_finite(value: Any) -> bool:
-    try:
-        return _is_number(value) and math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
+    report = metrics_lines.parse(line, file.rank)
+    if report is None:
+        return None
+    return {"trial_id": trial_id, "attempt": file.attempt, "rank": report.rank,
+            "kind": report.kind, "step": report.step, "time": report.time,
+            "values": report.metrics}
 
 
 def _commit_batch(

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from muster.launch.base import ReplicaPhase
+from muster.states import EventReason
 from muster.store import Attempt, record_event
 from muster.supervise.supervisor import Supervisor
 
@@ -49,7 +50,8 @@ def _note_phases(supervisor: Supervisor, attempt_id: int) -> list[ReplicaPhase]:
             message = f"attempt {attempt.number}: " + "; ".join(
                 f"rank {rank} {_VERB[phase]}" for rank, phase in zip(ranks, phases, strict=True))
         record_event(
-            s, entity="attempt", entity_id=attempt.id, reason="reconcile", actor="server-start",
-            message=message, experiment_id=attempt.trial.experiment_id, trial_id=attempt.trial_id,
+            s, entity="attempt", entity_id=attempt.id, reason=EventReason.RECONCILE,
+            actor="server-start", message=message, experiment_id=attempt.trial.experiment_id,
+            trial_id=attempt.trial_id,
         )
         return phases

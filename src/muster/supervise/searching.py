@@ -10,7 +10,7 @@ restart impossible, so a search ends with exactly `max_trials` trials.
 
 After a running trial's metrics are ingested, each new validation value of the searcher's
 metric (rank 0's) is shown to the pruner in step order. When it says stop, the trial is
-marked (`Trial.pause_requested = EARLY_STOP`, with an event that says why); the next pass
+marked (`StopIntent.EARLY_STOP`, with an event that says why); the next pass
 stops its replicas like a pause (SIGTERM, `stop_grace`, so `should_stop()` lets it
 checkpoint), and it ends SUCCEEDED with `early_stopped: true`: not a failure, not a restart.
 """
@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from muster.config import ExperimentConfig
 from muster.search.history import Outcome, PastTrial
 from muster.search.history import trial_seed as seed_for
-from muster.states import ExperimentState, TrialState
+from muster.states import EventReason, ExperimentState, StopIntent, TrialState
 from muster.store import Experiment, Metric, Store, Trial, record_event
 from muster.supervise.configs import experiment_config
 
@@ -39,10 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ACTOR = "searcher"
-EARLY_STOP = "early_stop"  # a value of Trial.pause_requested: the searcher stops the trial
-UNFINISHED = [TrialState.QUEUED.value, TrialState.STARTING.value, TrialState.RUNNING.value,
-              TrialState.RESTARTING.value, TrialState.PAUSED.value]
-_FAILED = {TrialState.FAILED.value, TrialState.CANCELED.value, TrialState.SUSPECT.value}
+_FAILED = {TrialState.FAILED, TrialState.CANCELED, TrialState.SUSPECT}
 _SHOWN_PARAMS = 6  # values named in a new trial's event
 
 
@@ -91,7 +88,7 @@ class Searching:
                     return
                 trials = list(s.scalars(select(Trial).where(
                     Trial.experiment_id == experiment_id).order_by(Trial.number)))
-                unfinished = sum(t.state in UNFINISHED for t in trials)
+                unfinished = sum(TrialState(t.state).is_unfinished() for t in trials)
                 if (len(trials) >= experiment.max_trials
                         or unfinished >= config.searcher.max_concurrent_trials):
                     return
@@ -105,7 +102,7 @@ class Searching:
                               search_state={"params": params, "attrs": attrs})
                 s.add(trial)
                 s.flush()
-                record_event(s, entity="trial", entity_id=trial.id, reason="created",
+                record_event(s, entity="trial", entity_id=trial.id, reason=EventReason.CREATED,
                              actor=ACTOR, experiment_id=experiment_id, trial_id=trial.id,
                              message=f"trial {number + 1} of {experiment.max_trials} drawn by "
                                      f"{config.searcher.name}: {_shown(params)}")
@@ -119,8 +116,7 @@ class Searching:
         """
         with self.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
-            if (trial.state != TrialState.RUNNING.value or trial.stop_requested
-                    or trial.pause_requested is not None):
+            if trial.state != TrialState.RUNNING.value or trial.intent is not None:
                 return False
             experiment = trial.experiment
             config = experiment_config(experiment)
@@ -148,14 +144,15 @@ class Searching:
                 if verdict.prune:
                     state["early_stop"] = {"rung": verdict.rung, "step": step,
                                            "value": values[step]}
-                    trial.pause_requested = EARLY_STOP
-                    record_event(s, entity="trial", entity_id=trial.id, reason="early stop",
+                    trial.stop_intent = StopIntent.EARLY_STOP.value
+                    record_event(s, entity="trial", entity_id=trial.id,
+                                 reason=EventReason.EARLY_STOP,
                                  actor=ACTOR, experiment_id=experiment.id, trial_id=trial.id,
                                  message=_early_stop_message(config, verdict.rung, step,
                                                              values[step]))
                     break
             trial.search_state = state
-            return trial.pause_requested == EARLY_STOP
+            return trial.intent is StopIntent.EARLY_STOP
 
 
 def early_stop_note(trial: Trial) -> str:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from muster import checkpoint_files
+from muster import checkpoint_files, metrics_lines
 from muster.config import VerifyConfig
+from muster.metrics_lines import MetricLine
+from muster.rundir import RankFile, RunDir
 from muster.words import count, rank_list
 
 __all__ = [
@@ -27,7 +28,6 @@ __all__ = [
     "Verdict",
     "VerifyConfig",
     "gather_evidence",
-    "latest_intact_checkpoint",
     "verify",
 ]
 
@@ -77,7 +77,7 @@ class Evidence:
     non_finite: tuple[MetricPoint, ...] = ()
     non_finite_count: int = 0
     unreadable_metric_lines: int = 0
-    first_unreadable_metric_line: str | None = None  # "attempt-1/rank-0.metrics.jsonl:17"
+    first_unreadable_metric_line: str | None = None  # its file (in the run dir) and line
     checkpoints: tuple[CheckpointInfo, ...] = ()
     harness_used: bool = False
     final_attempt: int | None = None
@@ -247,7 +247,7 @@ def gather_evidence(run_dir: Path, attempts: Sequence[int]) -> Evidence:
     ordered = sorted(attempts)
     samples, unreadable_samples = _read_samples(run_dir, ordered)
     metrics = _read_metrics(run_dir, ordered)
-    heartbeats = {n: _rank_files(run_dir, n, "heartbeat.json") for n in ordered}
+    heartbeats = {n: _rank_files(run_dir, n, RankFile.HEARTBEAT) for n in ordered}
     return Evidence(
         samples_by_epoch=samples,
         unreadable_samples_files=unreadable_samples,
@@ -257,7 +257,7 @@ def gather_evidence(run_dir: Path, attempts: Sequence[int]) -> Evidence:
         non_finite_count=metrics.non_finite_count,
         unreadable_metric_lines=metrics.unreadable,
         first_unreadable_metric_line=metrics.first_unreadable,
-        checkpoints=tuple(_read_checkpoints(run_dir / "checkpoints")),
+        checkpoints=tuple(_read_checkpoints(RunDir(run_dir).checkpoints)),
         harness_used=any(heartbeats.values()),
         final_attempt=ordered[-1] if ordered else None,
         checked_in=frozenset(rank for rank, _ in heartbeats[ordered[-1]])
@@ -273,7 +273,7 @@ def _read_samples(
     unreadable: list[str] = []
     for attempt in attempts:
         in_attempt: dict[int, int] = {}
-        for _, path in _rank_files(run_dir, attempt, "samples.json"):
+        for _, path in _rank_files(run_dir, attempt, RankFile.SAMPLES):
             epochs = _epoch_counts(path)
             if epochs is None:
                 unreadable.append(_relative(path, run_dir))
@@ -285,7 +285,7 @@ def _read_samples(
 
 
 def _epoch_counts(path: Path) -> dict[int, int] | None:
-    """{epoch: samples} from one rank's samples.json; None when it is not that shape."""
+    """{epoch: samples} from one rank's samples file; None when it is not that shape."""
     try:
         epochs = json.loads(path.read_bytes())["epochs"]
         counts = {int(epoch): seen for epoch, seen in epochs.items()}
@@ -307,10 +307,10 @@ class _MetricsSummary:
 
 
 def _read_metrics(run_dir: Path, attempts: Sequence[int]) -> _MetricsSummary:
-    """Summarize every rank's metrics.jsonl; a torn last line (no newline) is not an error."""
+    """Summarize every rank's metrics file; a torn last line (no newline) is not an error."""
     summary = _MetricsSummary()
     for attempt in attempts:
-        for rank, path in _rank_files(run_dir, attempt, "metrics.jsonl"):
+        for rank, path in _rank_files(run_dir, attempt, RankFile.METRICS):
             _read_metrics_file(path, attempt, rank, summary, _relative(path, run_dir))
     return summary
 
@@ -321,46 +321,32 @@ def _read_metrics_file(
     kept_here = 0
     with path.open("rb") as lines:
         for number, line in enumerate(lines, start=1):
-            if not line.strip():
+            if not metrics_lines.is_complete(line):
+                continue  # a torn last line: not written yet, so not judged
+            try:
+                record = metrics_lines.parse(line, rank)
+            except metrics_lines.BadLine:
+                summary.unreadable += 1
+                summary.first_unreadable = summary.first_unreadable or f"{shown_as}:{number}"
                 continue
-            record = _metric_record(line)
             if record is None:
-                if line.endswith(b"\n"):  # complete but unparseable: not a torn write
-                    summary.unreadable += 1
-                    summary.first_unreadable = summary.first_unreadable or f"{shown_as}:{number}"
                 continue
             summary.lines += 1
-            for point in _non_finite_points(record, attempt, rank, summary.names):
+            for point in _non_finite_points(record, attempt, summary.names):
                 summary.non_finite_count += 1
                 if kept_here < KEPT_NON_FINITE_PER_FILE:
                     summary.non_finite.append(point)
                     kept_here += 1
 
 
-def _metric_record(line: bytes) -> dict[str, Any] | None:
-    """The parsed line when it has the documented shape, else None."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or not _is_int(record.get("step")):
-        return None
-    metrics = record.get("metrics")
-    if not isinstance(record.get("kind"), str) or not isinstance(metrics, dict):
-        return None
-    if not all(_is_number(value) for value in metrics.values()):
-        return None
-    return record
-
-
 def _non_finite_points(
-    record: dict[str, Any], attempt: int, rank: int, names: set[str]
+    record: MetricLine, attempt: int, names: set[str]
 ) -> Iterable[MetricPoint]:
     """Record every metric name of `record` in `names`; yield its non-finite values."""
-    for name, value in record["metrics"].items():
+    for name, value in record.metrics.items():
         names.add(name)
         if isinstance(value, float) and not math.isfinite(value):
-            yield MetricPoint(record["kind"], record["step"], name, value, attempt, rank)
+            yield MetricPoint(record.kind, record.step, name, value, attempt, record.rank)
 
 
 def _read_checkpoints(directory: Path) -> list[CheckpointInfo]:
@@ -369,14 +355,9 @@ def _read_checkpoints(directory: Path) -> list[CheckpointInfo]:
             for c in checkpoint_files.inspect_all(directory)]
 
 
-def _rank_files(run_dir: Path, attempt: int, suffix: str) -> list[tuple[int, Path]]:
-    """(rank, path) of each `attempt-<n>/rank-<r>.<suffix>`, by rank."""
-    directory = run_dir / f"attempt-{attempt}"
-    if not directory.is_dir():
-        return []
-    pattern = re.compile(rf"rank-(\d+)\.{re.escape(suffix)}")
-    return sorted((int(m[1]), path) for path in directory.iterdir()
-                  if (m := pattern.fullmatch(path.name)))
+def _rank_files(run_dir: Path, attempt: int, kind: RankFile) -> list[tuple[int, Path]]:
+    """(rank, path) of each rank's `kind` file in the attempt, by rank."""
+    return RunDir(run_dir).attempt(attempt).ranks_with(kind)
 
 
 def _relative(path: Path, run_dir: Path) -> str:
@@ -385,13 +366,3 @@ def _relative(path: Path, run_dir: Path) -> str:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def latest_intact_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint a new attempt resumes from (`MUSTER_LATEST_CHECKPOINT`)."""
-    found = checkpoint_files.latest_intact(run_dir / "checkpoints")
-    return found.path if found is not None else None

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from muster.errors import InvalidRequest
-from muster.server.log_index import IndexWalker
-from muster.server.log_lines import LineStartsBackward, LogLine, RankLog, lines_from
+from muster.launch.log_index import IndexWalker
+from muster.launch.log_lines import LineStartsBackward, LogLine, RankLog, lines_from
 
 __all__ = ["LogCursor", "merged_page", "tail_cursor"]
 

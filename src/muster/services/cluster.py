@@ -16,12 +16,11 @@ from typing import Any
 from sqlalchemy import func, select
 
 from muster.errors import GpuError
-from muster.gpus import Gpu, GpuInventory
+from muster.schedule.disk import disk_shortfall, free_bytes
+from muster.schedule.inventory import Gpu, GpuInventory
 from muster.sizes import format_size
-from muster.states import TrialState
+from muster.states import GpuState, TrialState
 from muster.store import GpuDevice, Trial
-from muster.supervise.disk import disk_shortfall, free_bytes
-from muster.supervise.gpu_pool import ALLOCATED, FREE
 from muster.supervise.supervisor import Supervisor
 
 
@@ -40,7 +39,7 @@ class GpuStatus:
 
     @property
     def allocated(self) -> bool:
-        return self.state == ALLOCATED
+        return self.state == GpuState.ALLOCATED
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ def read_cluster(supervisor: Supervisor) -> ClusterSnapshot:
         rows = {row.index: (row.state, row.trial_id) for row in s.scalars(
             select(GpuDevice).where(GpuDevice.present.is_(True)))}
     inventory = supervisor.gpus
-    gpus = tuple(_gpu_status(inventory, gpu, *rows.get(gpu.index, (FREE, None)))
+    gpus = tuple(_gpu_status(inventory, gpu, *rows.get(gpu.index, (GpuState.FREE.value, None)))
                  for gpu in inventory.gpus())
     return ClusterSnapshot(
         slots=supervisor.slots,

@@ -1,4 +1,4 @@
-"""When each part of a replica's log arrived, from its index (`rank-<r>.index`).
+"""When each part of a replica's log arrived, from its index (`RankFiles.index`).
 
 The shim writes one line `"<log offset> <unix time>"` per chunk it copies into the log: the
 offset where the chunk starts and the time it was read. Offsets only grow, so the entry for

@@ -19,15 +19,13 @@ import abc
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from muster.atomic import atomic_write_bytes
+from muster.config.cluster import FakeGpuConfig, gpu_type_from_name
 from muster.errors import GpuError
 from muster.sizes import format_size
 from muster.words import count
-
-if TYPE_CHECKING:
-    from muster.config.cluster import FakeGpuConfig
 
 __all__ = [
     "FakeInventory",
@@ -35,7 +33,6 @@ __all__ = [
     "GpuInventory",
     "NoGpus",
     "NvmlInventory",
-    "gpu_type_from_name",
     "open_inventory",
 ]
 
@@ -225,24 +222,6 @@ def open_inventory(
         except GpuError as exc:
             return NoGpus(f"no GPUs: {exc}")
     return FakeInventory(setting, fake_root)
-
-
-_BRANDS = frozenset({"nvidia", "tesla", "geforce", "quadro", "fake"})
-
-
-def gpu_type_from_name(name: str) -> str:
-    """The short lowercase type of a GPU named `name`: "NVIDIA A100-SXM4-40GB" -> "a100".
-
-    The rule: lowercase the name and split it into words at spaces, '-' and '_'; drop the
-    brand words (nvidia, tesla, geforce, quadro, fake); the type is the first word left,
-    joined with the next one when it has no digit (a series, as in "RTX 4090" -> "rtx4090").
-    Form factors and sizes after the model ("-SXM4-40GB", "PCIe", "80GB HBM3") are dropped.
-    """
-    words = [word for word in re.split(r"[\s_-]+", name.lower()) if word]
-    model = [word for word in words if word not in _BRANDS] or words
-    if len(model) > 1 and not any(c.isdigit() for c in model[0]):
-        return model[0] + model[1]
-    return model[0] if model else ""
 
 
 def _import_pynvml() -> Any:

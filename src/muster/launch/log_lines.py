@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
-from muster.server.log_index import IndexWalker
+from muster.launch.log_index import IndexWalker
 
 __all__ = ["MAX_LINE_BYTES", "LineStartsBackward", "LogLine", "RankLog", "lines_from"]
 
@@ -27,7 +27,7 @@ _NO_FILE = (FileNotFoundError, NotADirectoryError)
 
 @dataclass(frozen=True)
 class RankLog:
-    """One replica's log and its index (`rank-<r>.log`, `rank-<r>.index`)."""
+    """One replica's log and its index (`RankFiles.log`, `RankFiles.index`)."""
 
     rank: int
     log: Path

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from sqlalchemy import Select, select
 
-from muster.server import views
-from muster.server.experiments import trial_or_404
+from muster.services import views
+from muster.services.experiments import trial_or_404
 from muster.store import Checkpoint, Metric, Store
 
 MetricKind = Literal["training", "validation"]

@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from muster.states import GpuState
 from muster.words import count
 
 __all__ = ["Capacity", "Demand", "GpuSlot", "Holding", "Plan", "plan"]
@@ -70,7 +71,7 @@ class Holding:
 class GpuSlot:
     index: int
     type: str
-    state: str  # "free", "allocated" or "releasing"
+    state: GpuState
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,8 @@ class _Pool:
         held_gpus = {index for h in holdings for index in h.gpus}
         self.slots_free = capacity.slots - sum(h.slots for h in holdings)
         self.free_gpus = [g for g in sorted(capacity.gpus, key=lambda g: g.index)
-                          if g.state == "free" and g.index not in held_gpus]
-        self.releasing = [g for g in capacity.gpus if g.state == "releasing"]
+                          if g.state == GpuState.FREE and g.index not in held_gpus]
+        self.releasing = [g for g in capacity.gpus if g.state == GpuState.RELEASING]
         self.types = {g.index: g.type for g in capacity.gpus}
         self.replicas_of: Counter[int] = Counter()
         for holding in holdings:

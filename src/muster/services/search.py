@@ -14,8 +14,8 @@ from sqlalchemy.orm import selectinload
 
 from muster.config.schema import SearcherConfig
 from muster.errors import Conflict, InvalidRequest, NotFound
-from muster.server import views
-from muster.server.experiments import experiment_or_404
+from muster.services import views
+from muster.services.experiments import experiment_or_404
 from muster.states import TrialState
 from muster.store import Store, Trial
 

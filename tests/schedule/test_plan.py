@@ -5,10 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from muster.supervise.scheduler import Admit, Capacity, Demand, GpuSlot, Holding, plan
+from muster.schedule.plan import Admit, Capacity, Demand, GpuSlot, Holding, plan
+from muster.states import GpuState
 
-A100 = [GpuSlot(i, "a100", "free") for i in range(4)]
-MIXED = (GpuSlot(0, "a100", "free"), GpuSlot(1, "a100", "free"), GpuSlot(2, "v100", "free"))
+A100 = [GpuSlot(i, "a100", GpuState.FREE) for i in range(4)]
+MIXED = (GpuSlot(0, "a100", GpuState.FREE), GpuSlot(1, "a100", GpuState.FREE),
+         GpuSlot(2, "v100", GpuState.FREE))
 
 
 def cpu(trial: int, replicas: int = 1, priority: int = 42, experiment: int | None = None,
@@ -63,8 +65,8 @@ def test_gpu_trials_take_no_slot_and_wait_apart_from_cpu_trials() -> None:
 
 
 def test_allocated_and_releasing_gpus_are_not_handed_out() -> None:
-    gpus = (GpuSlot(0, "a100", "allocated"), GpuSlot(1, "a100", "releasing"),
-            GpuSlot(2, "a100", "free"))
+    gpus = (GpuSlot(0, "a100", GpuState.ALLOCATED), GpuSlot(1, "a100", GpuState.RELEASING),
+            GpuSlot(2, "a100", GpuState.FREE))
     result = plan([gpu(1, 1, 2, "a100")], [Holding(9, 9, 42, 1, gpus=(0,))],
                   Capacity(0, gpus))
     assert result.waiting == {
@@ -119,8 +121,8 @@ def test_preemption_waits_for_trials_already_stopping_and_gives_up_when_it_canno
 
 def test_gpu_preemption_counts_only_gpus_of_the_type_asked() -> None:
     holdings = [Holding(1, 1, 60, 1, gpus=(2,)), Holding(2, 2, 70, 1, gpus=(0,))]
-    busy = (GpuSlot(0, "a100", "allocated"), GpuSlot(1, "a100", "free"),
-            GpuSlot(2, "v100", "allocated"))
+    busy = (GpuSlot(0, "a100", GpuState.ALLOCATED), GpuSlot(1, "a100", GpuState.FREE),
+            GpuSlot(2, "v100", GpuState.ALLOCATED))
     result = plan([gpu(5, 1, 2, "a100", priority=1)], holdings, Capacity(0, busy),
                   preemption=True)
     assert result.preempt == {2: 5}
@@ -138,7 +140,7 @@ demands = st.builds(
        st.integers(0, 8), st.lists(st.sampled_from(["a100", "v100"]), max_size=8))
 def test_no_plan_overbooks_a_slot_or_a_gpu(queue: list[Demand], slots: int,
                                            types: list[str]) -> None:
-    gpus = tuple(GpuSlot(i, t, "free") for i, t in enumerate(types))
+    gpus = tuple(GpuSlot(i, t, GpuState.FREE) for i, t in enumerate(types))
     result = plan(queue, [], Capacity(slots, gpus))
     by_id = {d.trial_id: d for d in queue}
     used = [i for a in result.admit for rank in a.gpus for i in rank]

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from muster.config import FakeGpuConfig
+from muster.config.cluster import gpu_type_from_name
 from muster.errors import GpuError
-from muster.gpus import (
+from muster.schedule.inventory import (
     FakeInventory,
     GpuInventory,
     NoGpus,
     NvmlInventory,
-    gpu_type_from_name,
     open_inventory,
 )
 

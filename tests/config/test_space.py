@@ -7,10 +7,9 @@ import math
 
 import pytest
 
-from muster.config import load_config
+from muster.config import load_config, space
+from muster.config.space import Categorical, Const, Double, Int, Log
 from muster.errors import ConfigError
-from muster.search import space
-from muster.search.space import Categorical, Const, Double, Int, Log
 
 BASE = "name: x\nentrypoint: python t.py\n"
 

@@ -13,17 +13,17 @@ from sqlalchemy.orm import Session
 from muster.config import ExperimentConfig, load_config
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.home import Home
-from muster.server import views
-from muster.server.uploads import extract_context
-from muster.states import ExperimentState, TrialState
+from muster.services import views
+from muster.services.uploads import extract_context
+from muster.states import EventReason, ExperimentState, StopIntent, TrialState
 from muster.store import Event, Experiment, Store, Trial, record_event, transition
 from muster.store.transitions import MAX_ACTOR, REVIEW_ACTOR_PREFIX
 
 USER = "user"
 # A review's decision: the state it moves a SUSPECT trial to, and the event's reason.
 REVIEW_DECISIONS = {
-    "approve": (TrialState.SUCCEEDED, "review approved"),
-    "reject": (TrialState.FAILED, "review rejected"),
+    "approve": (TrialState.SUCCEEDED, EventReason.REVIEW_APPROVED),
+    "reject": (TrialState.FAILED, EventReason.REVIEW_REJECTED),
 }
 MAX_REVIEWER = MAX_ACTOR - len(REVIEW_ACTOR_PREFIX)
 
@@ -59,8 +59,8 @@ def _insert_experiment(
         s.add(exp)
         s.flush()
         searcher = config.searcher.name
-        record_event(s, entity="experiment", entity_id=exp.id, reason="created", actor=USER,
-                     message=f"experiment {exp.name!r} created"
+        record_event(s, entity="experiment", entity_id=exp.id, reason=EventReason.CREATED,
+                     actor=USER, message=f"experiment {exp.name!r} created"
                      + (f"; the {searcher} searcher runs {exp.max_trials} trials"
                         if searcher != "single" else ""), experiment_id=exp.id)
         if searcher == "single":
@@ -69,8 +69,9 @@ def _insert_experiment(
                           hparams=config.space().hparams({}))
             s.add(trial)
             s.flush()
-            record_event(s, entity="trial", entity_id=trial.id, reason="created", actor=USER,
-                         message="trial queued", experiment_id=exp.id, trial_id=trial.id)
+            record_event(s, entity="trial", entity_id=trial.id, reason=EventReason.CREATED,
+                         actor=USER, message="trial queued", experiment_id=exp.id,
+                         trial_id=trial.id)
         return exp.id
 
 
@@ -105,8 +106,9 @@ def kill_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
             raise Conflict(f"experiment {experiment_id} is already {exp.state}; nothing to kill")
         if not exp.stop_requested:
             exp.stop_requested = True
-            record_event(s, entity="experiment", entity_id=exp.id, reason="kill requested",
-                         actor=USER, message="stopping every trial", experiment_id=exp.id)
+            record_event(s, entity="experiment", entity_id=exp.id,
+                         reason=EventReason.KILL_REQUESTED, actor=USER,
+                         message="stopping every trial", experiment_id=exp.id)
         for trial in exp.trials:
             _stop_trial(s, trial)
         return views.experiment_detail(exp)
@@ -128,14 +130,14 @@ def pause_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
         if exp.state != ExperimentState.ACTIVE.value or exp.stop_requested:
             raise Conflict(f"experiment {experiment_id} is {_state_words(exp)}; only an "
                            "ACTIVE experiment can be paused")
-        transition(s, exp, ExperimentState.PAUSED, reason="paused", actor=USER,
+        transition(s, exp, ExperimentState.PAUSED, reason=EventReason.PAUSED, actor=USER,
                    message="pausing every trial; `muster experiment activate` resumes them")
         for trial in exp.trials:
             if trial.state == TrialState.QUEUED.value:
-                transition(s, trial, TrialState.PAUSED, reason="paused", actor=USER,
+                transition(s, trial, TrialState.PAUSED, reason=EventReason.PAUSED, actor=USER,
                            message="paused before it started")
             elif TrialState(trial.state).is_active() and not trial.stop_requested:
-                trial.pause_requested = trial.pause_requested or "paused"
+                trial.stop_intent = trial.stop_intent or StopIntent.PAUSE.value
         return views.experiment_detail(exp)
 
 
@@ -154,11 +156,11 @@ def activate_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
         if exp.state != ExperimentState.PAUSED.value or exp.stop_requested:
             raise Conflict(f"experiment {experiment_id} is {_state_words(exp)}; only a "
                            "PAUSED experiment can be activated")
-        transition(s, exp, ExperimentState.ACTIVE, reason="activated", actor=USER,
+        transition(s, exp, ExperimentState.ACTIVE, reason=EventReason.ACTIVATED, actor=USER,
                    message="requeuing its paused trials")
         for trial in exp.trials:
             if trial.state == TrialState.PAUSED.value:
-                transition(s, trial, TrialState.QUEUED, reason="activated", actor=USER,
+                transition(s, trial, TrialState.QUEUED, reason=EventReason.ACTIVATED, actor=USER,
                            message="back in the queue; it resumes from its latest checkpoint")
         return views.experiment_detail(exp)
 
@@ -197,7 +199,7 @@ def review_trial(
     return describe_trial(store, trial_id)
 
 
-def _review_move(decision: str) -> tuple[TrialState, str]:
+def _review_move(decision: str) -> tuple[TrialState, EventReason]:
     try:
         return REVIEW_DECISIONS[decision]
     except KeyError:
@@ -209,8 +211,8 @@ def _stop_trial(s: Session, trial: Trial) -> None:
     if TrialState(trial.state).is_terminal():
         return
     trial.stop_requested = True
-    if trial.state in (TrialState.QUEUED.value, TrialState.PAUSED.value):
-        transition(s, trial, TrialState.CANCELED, reason="killed", actor=USER,
+    if trial.state in (TrialState.QUEUED, TrialState.PAUSED):
+        transition(s, trial, TrialState.CANCELED, reason=EventReason.KILLED, actor=USER,
                    message="killed before it started")
 
 

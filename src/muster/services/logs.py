@@ -11,7 +11,6 @@ attempt of the trial when one ends, so a follower sees every restart.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -22,10 +21,11 @@ from typing import Protocol
 from sqlalchemy import select
 
 from muster.errors import InvalidRequest, NotFound
+from muster.launch.log_lines import RankLog
 from muster.launch.logs import log_size, read_range, tail_offset
-from muster.server.experiments import trial_or_404
-from muster.server.log_lines import RankLog
-from muster.server.merged_logs import LogCursor, merged_page, tail_cursor
+from muster.rundir import AttemptDir, RankFile, RankFiles
+from muster.services.experiments import trial_or_404
+from muster.services.merged_logs import LogCursor, merged_page, tail_cursor
 from muster.states import AttemptState, TrialState
 from muster.store import Attempt, Replica, Store
 
@@ -35,7 +35,6 @@ DEFAULT_LIMIT = 1024**2
 # attempts and the trial's end less often (a query on a worker thread).
 FOLLOW_POLL_SECONDS = 0.05
 FOLLOW_FILE_POLL_SECONDS = 0.01
-_RANK_LOG = re.compile(r"rank-([0-9]+)\.log")
 
 
 @dataclass(frozen=True)
@@ -72,8 +71,8 @@ class AttemptLogs:
     ended: bool  # its replicas are gone: no byte will be added
 
     def source(self, rank: int) -> RankLog:
-        return RankLog(rank, self.run_dir / f"rank-{rank}.log",
-                       self.run_dir / f"rank-{rank}.index")
+        files = RankFiles(self.run_dir, rank)
+        return RankLog(rank, files.log, files.index)
 
     def sources(self) -> list[RankLog]:
         return [self.source(rank) for rank in self.ranks]
@@ -115,9 +114,8 @@ def _ranks(run_dir: Path, recorded: list[int]) -> tuple[int, ...]:
     """The attempt's ranks: its replica rows, else the logs in its directory, else rank 0."""
     if recorded:
         return tuple(sorted(recorded))
-    on_disk = [int(m[1]) for p in run_dir.glob("rank-*.log")
-               if (m := _RANK_LOG.fullmatch(p.name))]
-    return tuple(sorted(on_disk)) or (0,)
+    on_disk = [rank for rank, _ in AttemptDir(run_dir).ranks_with(RankFile.LOG)]
+    return tuple(on_disk) or (0,)
 
 
 def read_log(

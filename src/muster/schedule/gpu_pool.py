@@ -1,7 +1,7 @@
 """The GPUs in the store: who holds each one, and when a released one may be handed out.
 
-One `gpus` row per GPU of the inventory (`muster.gpus`). A row holds at most one trial's
-replica, and a GPU is handed out only from the `free` state in the same transaction that
+One `gpus` row per GPU of the inventory (`muster.schedule.inventory`). A row holds at most
+one trial's replica, and a GPU is handed out only from the `free` state in the same transaction that
 records the attempt, so two trials can never be booked on one GPU, and a server restart
 finds every allocation where it left it.
 
@@ -24,18 +24,18 @@ from sqlalchemy.orm import Session
 
 from muster.config import GpuReleaseConfig
 from muster.errors import GpuError
-from muster.gpus import GpuInventory
+from muster.schedule.inventory import GpuInventory
+from muster.schedule.plan import GpuSlot
 from muster.sizes import format_size
-from muster.states import TrialState
+from muster.states import EventReason, GpuState, TrialState
 from muster.store import GpuDevice, Store, Trial, record_event
 from muster.store.models import now
-from muster.supervise.scheduler import GpuSlot
 
 log = logging.getLogger(__name__)
 
 ACTOR = "supervisor"
-FREE, ALLOCATED, RELEASING = "free", "allocated", "releasing"
-HOLDING = (TrialState.STARTING.value, TrialState.RUNNING.value, TrialState.RESTARTING.value)
+FREE, ALLOCATED, RELEASING = (GpuState.FREE.value, GpuState.ALLOCATED.value,
+                              GpuState.RELEASING.value)
 
 
 @dataclass
@@ -44,6 +44,9 @@ class GpuPool:
     inventory: GpuInventory
     release: GpuReleaseConfig
     _synced: bool = field(default=False, init=False)
+    # No GPU in the inventory and no row left in the table: nothing can ever be allocated,
+    # so `settle` has nothing to do (GPUs are added to the table only by the sync).
+    _idle: bool = field(default=False, init=False)
 
     def sync_inventory(self) -> None:
         """Bring the table in step with the inventory the server opened: new GPUs are added
@@ -60,17 +63,20 @@ class GpuPool:
                 else:
                     row.name, row.type, row.memory_total = gpu.name, gpu.type, gpu.memory_total
                     row.present = True
+            kept = len(gpus)
             for index, row in rows.items():
                 if index not in gpus:
                     row.present = False
                     if row.state == FREE:
                         s.delete(row)
-        self._synced = True
+                    else:
+                        kept += 1
+        self._synced, self._idle = True, kept == 0
 
     # -- what the scheduler sees -----------------------------------------------------------
 
     def slots(self, s: Session) -> tuple[GpuSlot, ...]:
-        return tuple(GpuSlot(row.index, row.type, row.state)
+        return tuple(GpuSlot(row.index, row.type, GpuState(row.state))
                      for row in s.scalars(select(GpuDevice).where(GpuDevice.present.is_(True))
                                           .order_by(GpuDevice.index)))
 
@@ -135,7 +141,7 @@ class GpuPool:
         message = (f"{shown} {waited:.0f}s after the last attempt ended (gpu_release: at most "
                    f"{self.release.max_used_fraction:g} of its memory within "
                    f"{self.release.timeout:g}s); starting the next attempt anyway")
-        record_event(s, entity="trial", entity_id=trial.id, reason="gpu release timeout",
+        record_event(s, entity="trial", entity_id=trial.id, reason=EventReason.GPU_RELEASE_TIMEOUT,
                      actor=ACTOR, message=message, experiment_id=trial.experiment_id,
                      trial_id=trial.id)
         log.warning("trial %s: %s", trial.id, message)
@@ -154,16 +160,20 @@ class GpuPool:
         the table in step with the inventory (once the server's migrations have run)."""
         if not self._synced:
             self.sync_inventory()
+        if self._idle:
+            return
         with self.store.session_scope() as s:
             self._take_back(s)
             for row in s.scalars(select(GpuDevice).where(GpuDevice.state == RELEASING)):
                 self._maybe_free(s, row)
+            if not self.inventory.gpus():
+                self._idle = s.scalars(select(GpuDevice.index).limit(1)).first() is None
 
     def _take_back(self, s: Session) -> None:
         rows = s.scalars(select(GpuDevice).where(GpuDevice.state == ALLOCATED))
         for row in rows:
             trial = s.get(Trial, row.trial_id) if row.trial_id is not None else None
-            if trial is None or trial.state not in HOLDING:
+            if trial is None or not TrialState(trial.state).is_active():
                 row.state, row.since = RELEASING, now()
 
     def _maybe_free(self, s: Session, row: GpuDevice) -> None:
@@ -181,7 +191,7 @@ class GpuPool:
                    f"released{trial} (gpu_release: at most {self.release.max_used_fraction:g} "
                    f"of its memory within {self.release.timeout:g}s); handing it out anyway")
         trial_row = s.get(Trial, row.trial_id) if row.trial_id is not None else None
-        record_event(s, entity="gpu", entity_id=row.index, reason="gpu release timeout",
+        record_event(s, entity="gpu", entity_id=row.index, reason=EventReason.GPU_RELEASE_TIMEOUT,
                      actor=ACTOR, message=message,
                      experiment_id=trial_row.experiment_id if trial_row else None,
                      trial_id=row.trial_id)

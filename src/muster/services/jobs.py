@@ -16,11 +16,10 @@ from sqlalchemy.orm import Session, selectinload
 from muster.config import ExperimentConfig
 from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY, ResourcesConfig
 from muster.errors import Conflict, InvalidRequest
-from muster.server import views
-from muster.server.experiments import USER, describe_trial, experiment_or_404, trial_or_404
-from muster.states import ExperimentState, TrialState
+from muster.services import views
+from muster.services.experiments import USER, describe_trial, experiment_or_404, trial_or_404
+from muster.states import EventReason, ExperimentState, GpuState, TrialState
 from muster.store import GpuDevice, Store, Trial, record_event
-from muster.supervise.gpu_pool import ALLOCATED
 
 __all__ = ["JOB_STATES", "check_priority", "job_order", "list_jobs",
            "set_experiment_priority", "set_trial_priority"]
@@ -56,7 +55,7 @@ def list_jobs(store: Store) -> list[dict[str, Any]]:
 def _held_gpus(s: Session) -> dict[int, list[int]]:
     held: dict[int, list[int]] = defaultdict(list)
     for index, trial_id in s.execute(select(GpuDevice.index, GpuDevice.trial_id).where(
-            GpuDevice.state == ALLOCATED).order_by(GpuDevice.index)):
+            GpuDevice.state == GpuState.ALLOCATED.value).order_by(GpuDevice.index)):
         if trial_id is not None:
             held[trial_id].append(index)
     return held
@@ -120,8 +119,9 @@ def set_experiment_priority(store: Store, experiment_id: int, priority: int) -> 
             raise Conflict(f"experiment {experiment_id} is {exp.state}: its trials will not "
                            "run again, so its priority no longer matters")
         if exp.priority != priority:
-            record_event(s, entity="experiment", entity_id=exp.id, reason="priority changed",
-                         actor=USER, message=f"priority {exp.priority} → {priority}",
+            record_event(s, entity="experiment", entity_id=exp.id,
+                         reason=EventReason.PRIORITY_CHANGED, actor=USER,
+                         message=f"priority {exp.priority} → {priority}",
                          experiment_id=exp.id)
             exp.priority = priority
         for trial in exp.trials:
@@ -133,7 +133,8 @@ def set_experiment_priority(store: Store, experiment_id: int, priority: int) -> 
 def _change_priority(s: Session, trial: Trial, priority: int) -> None:
     if trial.priority == priority:
         return  # setting the same priority twice records nothing
-    record_event(s, entity="trial", entity_id=trial.id, reason="priority changed", actor=USER,
+    record_event(s, entity="trial", entity_id=trial.id,
+                 reason=EventReason.PRIORITY_CHANGED, actor=USER,
                  message=f"priority {trial.priority} → {priority}",
                  experiment_id=trial.experiment_id, trial_id=trial.id)
     trial.priority = priority

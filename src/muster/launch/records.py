@@ -1,0 +1,69 @@
+"""The JSON of what the launcher and the shim hand each other through the run directory:
+the replica's spec (`RankFiles.spec`) and its exit record (`RankFiles.exit`).
+
+One module for both sides, so the launcher never imports the shim program to read its
+files, and the shim never imports the launcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, cast, get_args
+
+from muster.launch.base import ExitRecord, MemoryEnforcement, ReplicaSpec
+
+__all__ = ["exit_record_from_json", "exit_record_to_json", "spec_from_json", "spec_to_json"]
+
+
+def spec_to_json(spec: ReplicaSpec) -> dict[str, Any]:
+    """The spec as JSON-ready data (paths as strings)."""
+    data = dataclasses.asdict(spec)
+    data["cwd"] = str(spec.cwd)
+    data["attempt_dir"] = str(spec.attempt_dir)
+    data["notify"] = list(spec.notify) if spec.notify else None
+    return data
+
+
+def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
+    """The inverse of `spec_to_json`."""
+    return ReplicaSpec(
+        trial_uuid=str(data["trial_uuid"]),
+        attempt=int(data["attempt"]),
+        rank=int(data["rank"]),
+        argv=[str(arg) for arg in data["argv"]],
+        env={str(k): str(v) for k, v in data["env"].items()},
+        cwd=Path(data["cwd"]),
+        attempt_dir=Path(data["attempt_dir"]),
+        stop_grace=float(data["stop_grace"]),
+        # Specs written before memory limits existed have neither key.
+        memory_limit=None if data.get("memory_limit") is None else int(data["memory_limit"]),
+        memory_enforcement=_enforcement(data.get("memory_enforcement", "auto")),
+        notify=_notify_target(data.get("notify")),
+    )
+
+
+def exit_record_to_json(record: ExitRecord) -> dict[str, Any]:
+    return dataclasses.asdict(record)
+
+
+def exit_record_from_json(data: dict[str, Any]) -> ExitRecord:
+    """Parse an exit record; unknown keys (from a newer shim) are ignored."""
+    names = {f.name for f in dataclasses.fields(ExitRecord)}
+    return ExitRecord(**{k: v for k, v in data.items() if k in names})
+
+
+def _notify_target(value: object) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        return value[0], value[1]
+    raise ValueError(f"notify must be [pid, start_ticks] or null, got {value!r}")
+
+
+def _enforcement(value: object) -> MemoryEnforcement:
+    for known in get_args(MemoryEnforcement):
+        if value == known:
+            return cast(MemoryEnforcement, known)
+    raise ValueError(f"memory_enforcement must be auto, cgroup or watchdog, got {value!r}")

@@ -1,0 +1,145 @@
+"""Metrics lines: the format of `RankFile.METRICS`, its one writer's templates and its one parser.
+
+One line per report, in the order reported:
+
+    {"kind": "training", "step": 120, "metrics": {"loss": 0.25},
+     "time": 1764487282123456789e-9, "rank": 0}            (on one line)
+
+- `kind` is "training" or "validation"; `step` a whole number in [-2**63, 2**63); `rank` the
+  rank whose file holds the line; `time` a finite unix time (the harness writes integer
+  nanoseconds with an exponent, a JSON number every parser reads as seconds);
+- `metrics` maps names to numbers; NaN and ±infinity are the bare tokens `NaN`, `Infinity`
+  and `-Infinity`, as Python's json module writes them, so verification can see them;
+- a line is complete once its newline is written: a torn last line (a writer killed in the
+  middle of a write) is not a line yet, and no reader judges it; a blank line is no report.
+
+The harness writes with `template`; ingestion (what the store holds) and verification (what
+an exit 0 is judged by) read with `parse`, so the two can never disagree about a line.
+Standard library only: the harness imports this inside the user's training process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "KINDS", "TRAINING", "VALIDATION", "BadLine", "MetricLine", "exact_template",
+    "is_complete", "json_number", "parse", "template",
+]
+
+TRAINING = "training"
+VALIDATION = "validation"
+KINDS = (TRAINING, VALIDATION)
+_STEP_LIMIT = 1 << 63
+
+
+class BadLine(ValueError):
+    """A complete line that is not a report in the documented format; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricLine:
+    """One report, as read from a metrics file."""
+
+    kind: str
+    step: int
+    time: float
+    rank: int
+    metrics: dict[str, int | float]
+
+
+def is_complete(line: bytes) -> bool:
+    """Whether `line` (as read, with its newline if it has one) has been wholly written."""
+    return line.endswith(b"\n")
+
+
+def parse(line: bytes, rank: int) -> MetricLine | None:
+    """The report on one complete line of rank `rank`'s metrics file; None for a blank line.
+
+    Raises:
+        BadLine: the line is not JSON, or not a report in the documented format.
+    """
+    if not line.strip():
+        return None
+    try:
+        report = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise BadLine(f"not valid JSON ({exc})") from None
+    if not isinstance(report, dict):
+        raise BadLine(f"a report is a JSON object, got {type(report).__name__}")
+    kind: Any = report.get("kind")
+    step: Any = report.get("step")
+    at: Any = report.get("time")
+    stated_rank: Any = report.get("rank")
+    metrics: Any = report.get("metrics")
+    if kind not in KINDS:
+        raise BadLine(f'"kind" must be "training" or "validation", got {kind!r}')
+    if not _is_int(step) or not -_STEP_LIMIT <= step < _STEP_LIMIT:
+        raise BadLine(f'"step" must be a whole number, got {step!r}')
+    if not _is_finite(at):
+        raise BadLine(f'"time" must be a finite unix time, got {at!r}')
+    if not _is_int(stated_rank) or stated_rank != rank:
+        raise BadLine(f'"rank" must be {rank} in rank {rank}\'s file, got {stated_rank!r}')
+    if not isinstance(metrics, dict):
+        raise BadLine(f'"metrics" must be an object of numbers, got {metrics!r}')
+    for name, value in metrics.items():
+        if not _is_number(value):
+            raise BadLine(f'"metrics" must map names to numbers; {name!r} is {value!r}')
+    return MetricLine(kind, step, float(at), rank, metrics)
+
+
+def template(kind: str, names: tuple[str, ...], rank: int) -> str:
+    """The %-template of a line of `kind` reporting `names`, for rank `rank`: `% (step,
+    *values, time_ns)` makes the line. It formats each value with %r, which is right for
+    every finite number (`exact_template` is its twin for NaN and the infinities).
+
+    Raises:
+        ValueError: `kind` is not a kind of report, or `names` is empty.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if not names:
+        raise ValueError("metrics is empty: report at least one metric")
+    keys = [json.dumps(name).replace("%", "%%") for name in names]
+    head = f'{{"kind": "{kind}", "step": %d, "metrics": {{'
+    # The time is integer nanoseconds written as a JSON number with an exponent
+    # ("time": 1764487282123456789e-9): %d of an int costs a fifth of %.6f.
+    tail = f'}}, "time": %de-9, "rank": {rank}}}\n'
+    return head + ", ".join(f"{key}: %r" for key in keys) + tail
+
+
+def exact_template(line_template: str) -> str:
+    """`line_template` with %s for each value, to take its JSON text (`json_number`).
+
+    A name's own `%` is doubled in the template, so `": %r` only ever ends a key.
+    """
+    return line_template.replace('": %r', '": %s')
+
+
+def json_number(value: float | int) -> str:
+    """`value` as JSON text: NaN and the infinities as the tokens the parser reads back."""
+    if type(value) is int:
+        return int.__repr__(value)
+    if value - value == 0.0:
+        return float.__repr__(value)
+    if value != value:
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_finite(value: Any) -> bool:
+    try:
+        return _is_number(value) and math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False

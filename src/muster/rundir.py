@@ -1,0 +1,200 @@
+"""The run directory: the one contract of every file muster, its shims and the harness share.
+
+```
+$MUSTER_HOME/runs/<trial-uuid>/                RunDir (MUSTER_RUN_DIR; ./muster-run off-platform)
+  checkpoints/step-<step>-<hex>/               the trial's checkpoints (muster.checkpoint_files)
+  attempt-<n>/                                 AttemptDir, one per launch of the replica set
+    hparams.json                               the trial's hyperparameters (MUSTER_HPARAMS)
+    restarts/<file>.<incarnation>              an ended incarnation's files (restart in place)
+    rank-<r>.<suffix>                          RankFiles: one replica's files, by `RankFile`
+```
+
+Every reader and writer builds its paths here; no other module spells a file name of the
+run directory. What each file holds, and who writes it, is docs/run-directory.md. Standard
+library only: the harness imports this inside the user's training process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+__all__ = [
+    "CHECKPOINTS", "CONTROL_FILES", "LOCAL_RUN_DIR", "AttemptDir", "RankFile", "RankFiles",
+    "RunDir", "every_rank_file",
+]
+
+LOCAL_RUN_DIR = "muster-run"  # the run directory of a run off the platform, in its cwd
+CHECKPOINTS = "checkpoints"
+_ATTEMPT = re.compile(r"attempt-([0-9]+)")
+_RANK = re.compile(r"rank-([0-9]+)\.(.+)")
+
+
+class RankFile(str, Enum):
+    """The files of one replica, by the suffix after `rank-<r>.`; the writer in brackets."""
+
+    LOG = "log"  # the training output, byte-exact [shim]
+    INDEX = "index"  # "<log offset> <unix time>" per chunk copied [shim]
+    SPEC = "spec.json"  # the ReplicaSpec [launcher]
+    LAUNCH = "launch.json"  # the shim's identity and launch time [launcher]
+    STATUS = "shim.json"  # shim and child identities, process group, start time [shim]
+    EXIT = "exit.json"  # the ExitRecord, after the log is synced [shim]
+    STOP = "stop"  # a stop request, with its grace [launcher]
+    SHIM_LOG = "shim.log"  # the shim's own diagnostics (its stderr) [shim]
+    STALLED = "stalled.json"  # why muster stopped it for making no progress [supervisor]
+    STANDBY_GO = "standby-go.json"  # a warm standby's promotion [supervisor]
+    HEARTBEAT = "heartbeat.json"  # the time of the last progress: the check-in [harness]
+    METRICS = "metrics.jsonl"  # one report per line (muster.metrics_lines) [harness]
+    SAMPLES = "samples.json"  # samples seen per epoch [harness]
+    STOP_ACK = "stop-ack.json"  # when the loop first saw muster's SIGTERM [harness]
+
+
+# An ended incarnation's control files, moved aside before a restart in place; its log and
+# index stay where they are, and the next incarnation appends to them.
+CONTROL_FILES = (RankFile.SPEC, RankFile.LAUNCH, RankFile.STATUS, RankFile.EXIT,
+                 RankFile.STOP, RankFile.SHIM_LOG, RankFile.STALLED, RankFile.HEARTBEAT)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A trial's run directory: its attempts and its checkpoints."""
+
+    path: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    def attempt(self, number: int) -> AttemptDir:
+        return AttemptDir(self.path / f"attempt-{number}")
+
+    def attempt_numbers(self) -> list[int]:
+        """The attempts that have a directory here, in order."""
+        try:
+            names = os.listdir(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(int(m[1]) for name in names if (m := _ATTEMPT.fullmatch(name)))
+
+
+@dataclass(frozen=True)
+class AttemptDir:
+    """One attempt's directory: the hparams file and every replica's files."""
+
+    path: Path
+
+    @property
+    def run(self) -> RunDir:
+        return RunDir(self.path.parent)
+
+    @property
+    def hparams(self) -> Path:
+        return self.path / "hparams.json"
+
+    @property
+    def restarts(self) -> Path:
+        return self.path / "restarts"
+
+    def rank(self, rank: int) -> RankFiles:
+        return RankFiles(self.path, rank)
+
+    def ranks_with(self, kind: RankFile) -> list[tuple[int, Path]]:
+        """(rank, path) of every `rank-<r>.<kind>` file in the attempt, by rank; none while
+        the directory does not exist."""
+        try:
+            entries = list(os.scandir(self.path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        found = [(int(m[1]), Path(e.path)) for e in entries
+                 if (m := _RANK.fullmatch(e.name)) and m[2] == kind.value
+                 and e.is_file(follow_symlinks=False)]
+        return sorted(found)
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """The files of one replica (rank) of one attempt."""
+
+    attempt_dir: Path
+    rank: int
+
+    def path(self, kind: RankFile) -> Path:
+        return self.attempt_dir / f"rank-{self.rank}.{kind.value}"
+
+    def archived(self, kind: RankFile, incarnation: int) -> Path:
+        """Where `kind` of incarnation `incarnation` is kept once it has ended."""
+        return self.attempt_dir / "restarts" / f"{self.path(kind).name}.{incarnation}"
+
+    @property
+    def log(self) -> Path:
+        return self.path(RankFile.LOG)
+
+    @property
+    def index(self) -> Path:
+        return self.path(RankFile.INDEX)
+
+    @property
+    def spec(self) -> Path:
+        return self.path(RankFile.SPEC)
+
+    @property
+    def launch(self) -> Path:
+        return self.path(RankFile.LAUNCH)
+
+    @property
+    def status(self) -> Path:
+        return self.path(RankFile.STATUS)
+
+    @property
+    def exit(self) -> Path:
+        return self.path(RankFile.EXIT)
+
+    @property
+    def stop(self) -> Path:
+        return self.path(RankFile.STOP)
+
+    @property
+    def shim_log(self) -> Path:
+        return self.path(RankFile.SHIM_LOG)
+
+    @property
+    def stalled(self) -> Path:
+        return self.path(RankFile.STALLED)
+
+    @property
+    def standby_go(self) -> Path:
+        return self.path(RankFile.STANDBY_GO)
+
+    @property
+    def heartbeat(self) -> Path:
+        return self.path(RankFile.HEARTBEAT)
+
+    @property
+    def metrics(self) -> Path:
+        return self.path(RankFile.METRICS)
+
+    @property
+    def samples(self) -> Path:
+        return self.path(RankFile.SAMPLES)
+
+    @property
+    def stop_ack(self) -> Path:
+        return self.path(RankFile.STOP_ACK)
+
+
+def every_rank_file(runs_dir: Path, kind: RankFile) -> Iterator[Path]:
+    """Each replica's `kind` file under a home's runs directory: every trial, attempt, rank
+    (what tools that clean up after a home, such as the tests, walk)."""
+    try:
+        trials = sorted(os.scandir(runs_dir), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for trial in trials:
+        run = RunDir(Path(trial.path))
+        for number in run.attempt_numbers():
+            for _, path in run.attempt(number).ranks_with(kind):
+                yield path

@@ -1,0 +1,37 @@
+"""What a running server holds, and what `muster up` configures it with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from muster.config import ClusterConfig, load_cluster_config
+from muster.home import Home
+from muster.server.orchestrator import Orchestrator
+from muster.store import Store
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What `muster up` configures beyond the home: the store and the scheduling limits.
+    `slots` and `min_free_disk` given here win over the cluster config's."""
+
+    db_url: str | None = None  # default: SQLite in the home
+    slots: int | None = None  # replicas without GPUs at once; default: the cluster config's
+    min_free_disk: int | None = None  # the disk guard; default: the cluster config's
+    cluster_config: str | None = None  # default: $MUSTER_HOME/cluster.yaml when it exists
+
+    def cluster(self, home: Home) -> ClusterConfig:
+        """The cluster config these settings name (raises ConfigError when invalid)."""
+        path = Path(self.cluster_config).expanduser() if self.cluster_config else None
+        return load_cluster_config(path, home.cluster_config_path)
+
+
+@dataclass
+class ServerState:
+    """What the routes reach through `request.app.state.muster`."""
+
+    home: Home
+    store: Store
+    token: str
+    orchestrator: Orchestrator

@@ -1,0 +1,222 @@
+"""Ending an attempt: every replica explains how it ended, the attempt ends with the verdict
+that decided it, and the trial makes the move `outcome.next_move` chose, in one transaction.
+
+An exit 0 is not success until verification passed (invariant 1): `verify_success` makes
+the trial SUCCEEDED or SUSPECT with the failed checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from muster.atomic import read_json
+from muster.launch.base import ReplicaPhase, ReplicaStatus
+from muster.launch.exits import Classification, ExitObservation, classify_exit, replica_name
+from muster.launch.logs import tail_text
+from muster.rundir import AttemptDir
+from muster.states import AttemptState, EventReason, ExperimentState, Reason, TrialState
+from muster.store import Attempt, Replica, Trial, record_event, transition
+from muster.store.models import now
+from muster.supervise import verification
+from muster.supervise.configs import experiment_config
+from muster.supervise.context import ACTOR, SupervisorContext, current_replicas
+from muster.supervise.ingest import ingest_trial
+from muster.supervise.outcome import Move, Next, attempt_end, cause, next_move, started
+from muster.supervise.policy import Budgets
+from muster.supervise.searching import early_stop_note
+
+__all__ = ["TAIL_LINES", "Ending", "classify_replica", "record_decision", "record_replica_end"]
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 20
+LaunchError = tuple[int, str]  # (the rank that could not be launched, why)
+
+
+@dataclass
+class Ending:
+    ctx: SupervisorContext
+
+    def ingest(self, trial_id: int) -> None:
+        """Bring the trial's metrics and checkpoints into the store (cheap when unchanged)."""
+        try:
+            ingest_trial(self.ctx.store, trial_id)
+        except OSError as exc:
+            log.error("could not read the run directory of trial %s: %s", trial_id, exc)
+
+    def finish(self, attempt_id: int, statuses: Sequence[ReplicaStatus],
+               launch_error: LaunchError | None = None) -> None:
+        """Classify every replica's end, end the attempt with the one that decided it, and
+        make the trial's next move."""
+        with self.ctx.store.session_scope() as s:
+            trial_id = s.get_one(Attempt, attempt_id).trial_id
+        self.ingest(trial_id)  # every metric line is in the store before the verdict
+        with self.ctx.store.session_scope() as s:
+            attempt = s.get_one(Attempt, attempt_id)
+            trial = attempt.trial
+            by_rank = {status.rank: status for status in statuses}
+            verdicts: dict[int, Classification] = {}
+            for rank, replica in sorted(current_replicas(attempt).items()):
+                verdict = classify_replica(replica, by_rank[rank], trial, launch_error)
+                record_replica_end(replica, by_rank[rank], verdict)
+                verdicts[rank] = verdict
+            decisive = cause(verdicts, by_rank)
+            if attempt.state == AttemptState.STARTING and any(map(started, statuses)):
+                # It ran, but ended before every replica had started (the primary finished
+                # while a peer was still starting, and muster stopped the peer), or, with
+                # `harness: true`, before every one had checked in.
+                harness = experiment_config(trial.experiment).harness
+                mark_started(s, attempt, "ended before every replica had "
+                             + ("checked in" if harness else "started"))
+            transition(s, attempt, attempt_end(decisive.reason), reason=decisive.reason,
+                       actor=ACTOR, message=decisive.message)
+            self._move(s, trial, decisive)
+
+    def _move(self, s: Session, trial: Trial, verdict: Classification) -> None:
+        policy = experiment_config(trial.experiment).failure_policy
+        move = next_move(TrialState(trial.state), trial.intent, verdict, _budgets(trial),
+                         policy)
+        if move.clear_intent:
+            trial.stop_intent = None
+        if move.decision is not None or move.next is Next.NOTE:
+            record_decision(s, trial, move.reason, move.decision or move.message)
+        if move.next is Next.NOTE:
+            return
+        if move.next is Next.VERIFY:
+            trial.early_stopped = trial.early_stopped or move.early_stopped
+            verify_success(s, trial, move)
+        elif move.next is Next.PAUSE:
+            pause(s, trial, move)
+        elif move.next is Next.RETRY:
+            assert move.charge is not None, "a retry always names its budget (next_move)"
+            setattr(trial, move.charge, getattr(trial, move.charge) + 1)
+            transition(s, trial, TrialState.RESTARTING, reason=move.reason, actor=ACTOR,
+                       message=move.message)
+        else:
+            end = TrialState.CANCELED if move.next is Next.CANCEL else TrialState.FAILED
+            transition(s, trial, end, reason=move.reason, actor=ACTOR, message=move.message)
+
+
+def classify_replica(replica: Replica, status: ReplicaStatus, trial: Trial,
+                     launch_error: LaunchError | None = None) -> Classification:
+    """Why this replica ended. It counts as stopped by muster only if the stop was asked
+    before it ended: a replica that crashed first and was told to stop a moment later
+    (while its exit record was being written) crashed."""
+    policy = experiment_config(trial.experiment).failure_policy
+    if launch_error is not None:
+        failed_rank, error = launch_error
+        if replica.rank == failed_rank:
+            return classify_exit(ExitObservation(rank=replica.rank, exit=None,
+                                                 launch_error=error))
+        return Classification(
+            Reason.STOPPED, f"The replica {replica_name(replica.rank)} was stopped by muster: "
+            f"rank {failed_rank} could not be launched", None, None, None)
+    record = status.exit
+    stopped = trial.stop_requested or status.stop_requested
+    if record is not None and status.stop_requested_at is not None and not trial.stop_requested \
+            and record.ended_at < status.stop_requested_at:
+        stopped = False
+        record = dataclasses.replace(record, stop_requested=False)
+    attempt_dir = AttemptDir(Path(replica.attempt.run_dir))
+    stalled = read_json(attempt_dir.rank(replica.rank).stalled)
+    return classify_exit(
+        ExitObservation(
+            rank=replica.rank,
+            exit=record,
+            lost=status.phase is ReplicaPhase.LOST,
+            log_tail=tail_text(Path(replica.log_path), TAIL_LINES),
+            transient_exit_codes=frozenset(policy.transient_exit_codes),
+            stop_requested=stopped,
+            stalled=stalled["reason"] if isinstance(stalled, dict) else None,
+        )
+    )
+
+
+def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classification) -> None:
+    """Every ended replica explains itself (invariant 7)."""
+    replica.exit_code = verdict.exit_code
+    replica.signal = verdict.signal
+    replica.reason = verdict.reason.value
+    replica.message = verdict.message
+    replica.log_tail = tail_text(Path(replica.log_path), TAIL_LINES)
+    if status.exit is not None:
+        replica.max_rss_bytes = status.exit.max_rss_bytes
+        replica.started_at = status.exit.started_at
+        replica.ended_at = status.exit.ended_at
+    else:
+        replica.ended_at = now()
+
+
+def record_decision(s: Session, trial: Trial, reason: Reason | EventReason, message: str) -> None:
+    record_event(s, entity="trial", entity_id=trial.id, reason=reason, actor=ACTOR,
+                 message=message, experiment_id=trial.experiment_id, trial_id=trial.id)
+
+
+def mark_started(s: Session, attempt: Attempt, message: str) -> None:
+    """The attempt is RUNNING, and so is its trial if it was STARTING."""
+    transition(s, attempt, AttemptState.RUNNING, reason=EventReason.STARTED, actor=ACTOR,
+               message=message)
+    if attempt.trial.state == TrialState.STARTING:
+        transition(s, attempt.trial, TrialState.RUNNING, reason=EventReason.STARTED,
+                   actor=ACTOR)
+
+
+def pause(s: Session, trial: Trial, move: Move) -> None:
+    """The trial stopped as asked: PAUSED; back in the queue at once when it was preempted
+    (or its experiment was activated again meanwhile)."""
+    trial.stop_intent = None
+    transition(s, trial, TrialState.PAUSED, reason=move.reason, actor=ACTOR,
+               message=move.message)
+    if trial.experiment.state == ExperimentState.ACTIVE:
+        transition(s, trial, TrialState.QUEUED, reason=EventReason.REQUEUED, actor=ACTOR,
+                   message=f"back in the queue after it was {move.reason.value}; it resumes "
+                           "from its latest checkpoint")
+
+
+def verify_success(s: Session, trial: Trial, move: Move) -> None:
+    """Exit 0 is not success until every configured check passed (invariant 1).
+
+    A trial the searcher stopped early ran part of its training by design: its sample
+    counts are not checked (the last epoch is cut short), nor its metrics for NaN (a
+    diverging trial is what a pruner stops); its checkpoint and check-ins are.
+    """
+    config = experiment_config(trial.experiment)
+    # A warm standby, waiting or dropped, ran none of the training: it is no evidence.
+    attempts = [a.number for a in trial.attempts if not a.standby]
+    run_dir = AttemptDir(Path(trial.attempts[-1].run_dir)).run
+    manifest_count = (trial.manifest or {}).get("file_count")
+    checks = config.verify
+    if move.early_stopped:
+        manifest_count = None
+        checks = checks.model_copy(update={"expected_samples": None, "finite_metrics": False})
+    result = verification.verify(
+        verification.gather_evidence(run_dir.path, attempts),
+        checks,
+        manifest_count,
+        harness_ranks=config.resources.replicas if config.harness else None,
+    )
+    trial.verification = result.to_json()
+    if result.passed:
+        message = early_stop_note(trial) if move.early_stopped else move.message
+        transition(s, trial, TrialState.SUCCEEDED, reason=move.reason, actor=ACTOR,
+                   message=message)
+        return
+    failed = "; ".join(f"{c.name}: {c.detail}" for c in result.checks if not c.passed)
+    transition(s, trial, TrialState.SUSPECT, reason=EventReason.VERIFICATION_FAILED,
+               actor=ACTOR, message=f"{move.message}, but verification failed: {failed}")
+
+
+def _budgets(trial: Trial) -> Budgets:
+    return Budgets(
+        replica_restarts=trial.replica_restarts,
+        trial_retries=trial.trial_retries,
+        internal_retries=trial.internal_retries,
+        user_error_retries=trial.user_error_retries,
+    )
+

@@ -1,0 +1,60 @@
+"""Closing experiments: one whose trials all exist and have ended ends too.
+
+`CANCELED` if it was killed, `COMPLETED` if a trial succeeded, else `ERROR`. A search
+draws its trials as it goes, so an experiment closes only once it has all `max_trials` of
+them (or was killed); a SUSPECT trial keeps it open until reviewed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import selectinload
+
+from muster.states import EventReason, ExperimentState, TrialState, values
+from muster.store import Experiment, Store, Trial, transition
+from muster.supervise.context import ACTOR
+
+__all__ = ["Closing", "experiment_end"]
+
+
+@dataclass
+class Closing:
+    store: Store
+
+    def close(self) -> None:
+        """End the experiments whose trials have all ended (selected in SQL: a pass must not
+        load every running experiment's trials)."""
+        # Every trial it runs exists (a search draws them as it goes), or it was killed.
+        created = (select(func.count(Trial.id)).where(Trial.experiment_id == Experiment.id)
+                   .scalar_subquery())
+        # (A search killed before its first draw has no trial at all.)
+        has_trials = (((created > 0) & (created >= Experiment.max_trials))
+                      | Experiment.stop_requested.is_(True))
+        unfinished = select(Trial.id).where(
+            Trial.experiment_id == Experiment.id,
+            Trial.state.not_in(values(TrialState.terminal()))).exists()
+        with self.store.session_scope() as s:
+            ending = s.scalars(select(Experiment).options(selectinload(Experiment.trials)).where(
+                (Experiment.state == ExperimentState.ACTIVE.value)
+                | ((Experiment.state == ExperimentState.PAUSED.value)
+                   & Experiment.stop_requested.is_(True)),
+                has_trials, ~unfinished))
+            for experiment in ending:
+                states = [TrialState(t.state) for t in experiment.trials]
+                if (states or experiment.stop_requested) and all(
+                        st.is_terminal() for st in states):
+                    end, why = experiment_end(experiment.stop_requested, states)
+                    transition(s, experiment, end, reason=why, actor=ACTOR)
+
+
+def experiment_end(killed: bool, states: Sequence[TrialState]
+                   ) -> tuple[ExperimentState, EventReason]:
+    """How an experiment whose trials have all ended ends, and why."""
+    if killed:
+        return ExperimentState.CANCELED, EventReason.KILLED
+    if TrialState.SUCCEEDED in states:
+        return ExperimentState.COMPLETED, EventReason.TRIALS_FINISHED
+    return ExperimentState.ERROR, EventReason.NO_TRIAL_SUCCEEDED

@@ -1,0 +1,216 @@
+"""Following a live attempt: whatever has happened to its replicas since the last pass.
+
+For a `LiveAttempt` (read once per pass): ingest its new metrics and checkpoints, let the
+searcher's pruner judge new validation values, describe every replica, restart one in place
+(`restart_scope: replica`), stop the others once an end decides the attempt (or muster was
+asked to stop the trial), stop a replica that makes no progress, mark the attempt RUNNING
+(and start a warm standby) once every replica has started and, with `harness: true`,
+checked in, and end it once every replica has ended. The store is written only for what
+changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from muster.atomic import atomic_write_json
+from muster.launch.base import ReplicaPhase, ReplicaStatus
+from muster.rundir import AttemptDir
+from muster.states import AttemptState, Reason, TrialState
+from muster.store import Attempt, Replica, record_event
+from muster.supervise.context import ACTOR, LiveAttempt, SupervisorContext, current_replicas
+from muster.supervise.ending import Ending, mark_started
+from muster.supervise.heartbeats import check_in_overdue, checked_in, stall_reason
+from muster.supervise.ingest import IngestReport, ingest_trial
+from muster.supervise.outcome import decided_by, exited_cleanly, started
+from muster.supervise.restart_in_place import RestartInPlace
+from muster.supervise.searching import Searching
+from muster.supervise.standby import Standby
+from muster.words import count, rank_list
+
+__all__ = ["Following"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Following:
+    ctx: SupervisorContext
+    searching: Searching
+    ending: Ending
+    standby: Standby
+    restart: RestartInPlace
+    # Live attempts whose trial's validation values this supervisor has shown the pruner at
+    # least once: afterwards only a pass that ingested new lines has anything new to show.
+    _judged: set[int] = field(default_factory=set, init=False)
+
+    def forget_all_but(self, live: Sequence[LiveAttempt]) -> None:
+        """Keep notes only on attempts that are still live."""
+        self._judged.intersection_update(attempt.id for attempt in live)
+
+    def settle(self, live: LiveAttempt) -> None:
+        """Record whatever has happened to the attempt's replicas.
+
+        The replicas of an attempt start and end together: once one end decides the attempt
+        (the primary, rank 0, exited; or any replica failed), muster stops the others, and
+        the attempt ends when every replica has ended (`outcome.decided_by`, `cause`).
+        """
+        report = self._ingest(live)
+        # A kill, a pause or a preemption: the replicas get SIGTERM and stop_grace.
+        stop = live.trial.intent is not None
+        if not stop and self._may_judge(live, report):
+            # The pruner may stop it early: the stop goes out in this very pass.
+            stop = self.searching.judge(live.trial.id)
+        statuses = [self.ctx.launcher.describe(live.dir.path, rank) for rank in live.ranks]
+        policy = live.config.failure_policy
+        if policy.restart_scope == "replica" and not stop:
+            statuses = [self.restart.maybe_restart(live, status) or status
+                        for status in statuses]
+        self._stop_or_watch(live, statuses, stop)
+        # With `harness: true`, RUNNING waits for every rank's check-in as well.
+        waiting = _not_checked_in(live.dir, statuses) if live.config.harness else []
+        if all(map(started, statuses)) and not waiting:
+            running = self._mark_running(live, statuses)
+            self.standby.ensure(live, trial_running=running)
+        elif waiting:
+            self._note_check_ins(live, statuses, waiting)
+        if all(st.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST) for st in statuses):
+            self.ending.finish(live.id, statuses)
+
+    def _ingest(self, live: LiveAttempt) -> IngestReport | None:
+        """Bring the trial's metrics and checkpoints into the store (cheap when unchanged)."""
+        try:
+            return ingest_trial(self.ctx.store, live.trial.id, live.known)
+        except OSError as exc:
+            log.error("could not read the run directory of trial %s: %s", live.trial.id, exc)
+            return None
+
+    def _may_judge(self, live: LiveAttempt, report: IngestReport | None) -> bool:
+        """Whether the pruner may have something new to judge: the trial runs, its searcher
+        prunes, and new lines came in (or this supervisor has not judged it yet)."""
+        if live.trial.state is not TrialState.RUNNING or not live.config.searcher.prunes():
+            return False
+        new = report is None or report.metrics_added > 0 or live.id not in self._judged
+        self._judged.add(live.id)
+        return new
+
+    def _stop_or_watch(self, live: LiveAttempt, statuses: Sequence[ReplicaStatus],
+                       stop: bool) -> None:
+        """Stop the replicas once the attempt is decided or muster asked for a stop; else
+        look for replicas that make no progress."""
+        decided = decided_by(statuses)
+        winding_down = stop or decided is not None
+        # After a failure the survivors' collectives are broken: a short grace, not the
+        # graceful one a requested stop or a finished primary gets.
+        policy = live.config.failure_policy
+        grace = (policy.failure_grace if not stop and decided is not None
+                 and not exited_cleanly(decided) else None)
+        for status in statuses:
+            if status.phase is ReplicaPhase.LOST:
+                # A shim that never published its child in time may still be alive: make sure
+                # it cannot start a second copy of the trial next to the retry.
+                self.ctx.launcher.cancel(live.dir.path, status.rank)
+            elif status.phase is ReplicaPhase.EXITED:
+                continue
+            elif winding_down and not status.stop_requested:
+                self.ctx.launcher.cancel(live.dir.path, status.rank, grace)
+            elif status.phase is ReplicaPhase.RUNNING and not winding_down:
+                self._check_progress(live, status)
+
+    def _check_progress(self, live: LiveAttempt, status: ReplicaStatus) -> None:
+        """Stop a replica that checked in through the harness but has made no progress for
+        `heartbeat_timeout`, or that should have checked in (`harness: true`) and has not
+        within `heartbeat_timeout` of starting; the marker makes its end STALLED, not
+        STOPPED."""
+        rank, attempt_dir = status.rank, live.dir.path
+        marker = live.dir.rank(rank).stalled
+        if marker.exists():
+            return
+        timeout = live.config.failure_policy.heartbeat_timeout
+        now = time.time()
+        if checked_in(attempt_dir, rank):
+            why = stall_reason(attempt_dir, rank, timeout, now)
+        elif live.config.harness and (since := _waiting_since(live.dir, status)) is not None:
+            why = check_in_overdue(since, timeout, now)
+        else:
+            why = None
+        if why is None:
+            return
+        atomic_write_json(marker, {"reason": why, "time": time.time()})
+        with self.ctx.store.session_scope() as s:
+            record_event(s, entity="attempt", entity_id=live.id, reason=Reason.STALLED,
+                         actor=ACTOR, message=f"stopping rank {rank}: {why}",
+                         experiment_id=live.trial.experiment_id, trial_id=live.trial.id)
+        self.ctx.launcher.cancel(attempt_dir, rank)
+
+    def _mark_running(self, live: LiveAttempt, statuses: Sequence[ReplicaStatus]) -> bool:
+        """RUNNING once every replica's training process has started (and, with
+        `harness: true`, checked in); True when the trial is RUNNING now."""
+        unnoted = [rank for rank, replica in live.replicas.items() if replica.pid is None]
+        if live.state is not AttemptState.STARTING and not unnoted:
+            return live.trial.state is TrialState.RUNNING
+        with self.ctx.store.session_scope() as s:
+            attempt = s.get_one(Attempt, live.id)
+            by_rank = {status.rank: status for status in statuses}
+            for rank, replica in current_replicas(attempt).items():
+                if replica.pid is None:  # (a replica restarted in place starts later)
+                    _note_process(replica, by_rank[rank])
+            if attempt.state == AttemptState.STARTING:
+                attempt.trial.queue_reason = None  # it waits no more
+                mark_started(s, attempt, _started_message(len(statuses), live.config.harness))
+            return attempt.trial.state == TrialState.RUNNING
+
+    def _note_check_ins(self, live: LiveAttempt, statuses: Sequence[ReplicaStatus],
+                        waiting: list[int]) -> None:
+        """Say on a STARTING trial which ranks it waits for (written when that changes)."""
+        started_count = sum(map(started, statuses))
+        ended = [st.rank for st in statuses if st.rank in waiting
+                 and st.phase is not ReplicaPhase.RUNNING]
+        running = [rank for rank in waiting if rank not in ended]
+        parts = [f"waiting for {rank_list(running)} to check in through muster.harness.init()"
+                 ] if running else []
+        parts += [f"{rank_list(ended)} ended without checking in"] if ended else []
+        reason = (f"{'; '.join(parts)} ({started_count} of "
+                  f"{count(len(statuses), 'replica')} started)")
+        if (live.state is not AttemptState.STARTING or live.standby
+                or live.trial.queue_reason == reason):
+            return
+        with self.ctx.store.session_scope() as s:
+            attempt = s.get_one(Attempt, live.id)
+            if attempt.state == AttemptState.STARTING and not attempt.standby:
+                attempt.trial.queue_reason = reason
+
+
+def _not_checked_in(attempt_dir: AttemptDir, statuses: Sequence[ReplicaStatus]) -> list[int]:
+    """The ranks whose training process started (it may have ended since) but has not
+    checked in through the harness."""
+    return [status.rank for status in statuses
+            if started(status) and not checked_in(attempt_dir.path, status.rank)]
+
+
+def _waiting_since(attempt_dir: AttemptDir, status: ReplicaStatus) -> float | None:
+    """Since when a running replica is expected to check in: its start, or, for a warm
+    standby, its promotion (it waits in init() by design until then)."""
+    if status.started_at is None:
+        return None
+    go = attempt_dir.rank(status.rank).standby_go
+    try:
+        return max(status.started_at, go.stat().st_mtime)
+    except FileNotFoundError:
+        return status.started_at
+
+
+def _started_message(world_size: int, harness: bool) -> str:
+    started_text = "started" if world_size == 1 else f"all {world_size} replicas started"
+    return f"{started_text} and checked in" if harness else started_text
+
+
+def _note_process(replica: Replica, status: ReplicaStatus) -> None:
+    if status.child is not None:
+        replica.pid, replica.start_ticks = status.child.pid, status.child.start_ticks
+    elif status.exit is not None:
+        replica.pid, replica.start_ticks = status.exit.pid, status.exit.start_ticks
+    replica.started_at = status.started_at

@@ -1,0 +1,248 @@
+"""Starting an attempt: the pure launch plan of its replicas, then recording and launching it.
+
+`replica_specs` turns plain facts (`AttemptPlan`) into one `ReplicaSpec` per rank, with
+torchrun's environment; it is table-tested without processes. `Launching.start` records
+the attempt first (committed, with a queued trial's GPUs), then prepares its directory and
+hands the specs to the launcher; a replica that cannot be launched stops the others and
+ends the attempt INTERNAL, so the policy retries it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from muster import checkpoint_files
+from muster.atomic import atomic_write_json
+from muster.config import ExperimentConfig
+from muster.errors import GpuError, LaunchError, MusterError
+from muster.harness.standby import GO_VARIABLE
+from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec, ReplicaStatus
+from muster.launch.environment import ReplicaContext, build_env, free_port
+from muster.rundir import AttemptDir, RunDir
+from muster.states import AttemptState, EventReason, Reason, TrialState
+from muster.store import Attempt, Replica, Trial, transition
+from muster.supervise.configs import experiment_config
+from muster.supervise.context import ACTOR, SupervisorContext
+from muster.supervise.ending import Ending
+from muster.supervise.manifest import scan_manifest
+from muster.supervise.searching import trial_seed
+
+__all__ = ["AttemptPlan", "GpuPlan", "Launching", "latest_checkpoint", "replica_specs"]
+
+log = logging.getLogger(__name__)
+
+GpuPlan = tuple[tuple[int, ...], ...]  # the GPU indices of each rank, from the scheduler
+MASTER_ADDR = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    """The facts one attempt's launch plan is made of (plain data, no store)."""
+
+    trial_id: int
+    trial_uuid: str
+    trial_number: int
+    number: int  # the attempt's
+    dir: AttemptDir
+    config: ExperimentConfig
+    context_dir: Path  # the trial's working directory
+    master_port: int
+    latest_checkpoint: Path | None
+    # Rank -> its GPU indices where muster schedules GPUs (a rank without any sees none);
+    # None where this server schedules no GPUs at all.
+    gpus: Mapping[int, tuple[int, ...]] | None
+    seed: int | None
+    incarnation: int = 0
+    standby: bool = False  # a warm standby: it waits in init() for its go file
+
+
+def replica_specs(plan: AttemptPlan, environ: Mapping[str, str],
+                  ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
+    """One launch plan per rank (all of them by default), with the torchrun environment:
+    one MASTER_PORT per attempt, so a restarted rendezvous never meets the last attempt's
+    stragglers. Pure: `environ` is the environment the replicas start from."""
+    config = plan.config
+    world_size = config.resources.replicas
+    specs = []
+    for rank in range(world_size) if ranks is None else ranks:
+        ctx = ReplicaContext(
+            run_dir=plan.dir.run.path, trial_id=plan.trial_id, attempt=plan.number, rank=rank,
+            world_size=world_size, master_addr=MASTER_ADDR, master_port=plan.master_port,
+            hparams_path=plan.dir.hparams, latest_checkpoint=plan.latest_checkpoint,
+            heartbeat_timeout=config.failure_policy.heartbeat_timeout,
+            incarnation=plan.incarnation,
+            gpus=None if plan.gpus is None else plan.gpus.get(rank, ()),
+            max_length=config.searcher.max_length, seed=plan.seed,
+        )
+        env = build_env(environ, config.environment.variables, ctx)
+        if plan.standby:
+            env[GO_VARIABLE] = str(plan.dir.rank(rank).standby_go)
+        specs.append(ReplicaSpec(
+            trial_uuid=plan.trial_uuid, attempt=plan.number, rank=rank,
+            argv=list(config.entrypoint), env=env, cwd=plan.context_dir,
+            attempt_dir=plan.dir.path, stop_grace=config.failure_policy.stop_grace,
+            memory_limit=config.resources.memory_limit,
+        ))
+    return specs
+
+
+def latest_checkpoint(run_dir: RunDir) -> Path | None:
+    """The checkpoint a new attempt resumes from (`MUSTER_LATEST_CHECKPOINT`)."""
+    found = checkpoint_files.latest_intact(run_dir.checkpoints)
+    return found.path if found is not None else None
+
+
+@dataclass
+class Launching:
+    """Records and launches attempts (and single replicas, for a restart in place)."""
+
+    ctx: SupervisorContext
+    ending: Ending
+
+    def plan(self, s: Session, trial: Trial, number: int, port: int, *,
+             incarnation: int = 0, standby: bool = False) -> AttemptPlan:
+        """The facts of attempt `number` of `trial`, read in the caller's transaction."""
+        config = experiment_config(trial.experiment)
+        run_dir = self.ctx.home.run_dir(trial.uuid)
+        gpus = self.ctx.pool.of_trial(s, trial.id)
+        # With GPUs to schedule, a replica sees exactly its own (none, without any).
+        scheduled = bool(gpus) or bool(self.ctx.inventory.gpus())
+        return AttemptPlan(
+            trial_id=trial.id, trial_uuid=trial.uuid, trial_number=trial.number,
+            number=number, dir=run_dir.attempt(number), config=config,
+            context_dir=Path(trial.experiment.context_dir), master_port=port,
+            latest_checkpoint=latest_checkpoint(run_dir), gpus=gpus if scheduled else None,
+            seed=trial_seed(trial.experiment, config, trial.number),
+            incarnation=incarnation, standby=standby)
+
+    def specs(self, plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
+        return replica_specs(plan, os.environ, ranks)
+
+    def scan_data(self, trial_id: int) -> bool:
+        """Scan the trial's data directory once, before its first launch; False if it failed
+        (the trial then ends FAILED with the reason)."""
+        with self.ctx.store.session_scope() as s:
+            trial = s.get_one(Trial, trial_id)
+            data = experiment_config(trial.experiment).data
+            if data is None or trial.manifest is not None or trial.stop_requested:
+                return True
+            path = Path(trial.experiment.context_dir) / Path(data.path).expanduser()
+        try:
+            manifest = scan_manifest(path, data.manifest.extensions, data.manifest.labels)
+        except MusterError as exc:
+            self._fail_before_launch(trial_id, f"the data manifest scan failed: {exc}")
+            return False
+        with self.ctx.store.session_scope() as s:
+            s.get_one(Trial, trial_id).manifest = manifest.to_json()
+        return True
+
+    def start(self, trial_id: int, gpus: GpuPlan = ()) -> None:
+        """Record a new attempt of a QUEUED or RESTARTING trial (committed first, with the
+        GPUs a queued trial is given), then prepare its directory and launch its replicas;
+        if one cannot be launched, the ones already launched are stopped."""
+        recorded = self._record_attempt(trial_id, gpus)
+        if recorded is None:
+            return
+        attempt_id, specs, hparams = recorded
+        launched: list[tuple[int, ProcessIdentity]] = []
+        try:
+            prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), hparams)
+            for spec in specs:
+                launched.append((spec.rank, self.ctx.launcher.submit(spec)))
+        except LaunchError as exc:
+            rank = specs[len(launched)].rank
+            log.error("launch of trial %s attempt %s rank %s failed: %s", trial_id,
+                      specs[0].attempt, rank, exc)
+            # The failed rank too: a shim may have started without its launch being
+            # recorded (a fork server that died before it answered); the stop marker
+            # stops it as soon as it looks.
+            for stopped_rank in [r for r, _ in launched] + [rank]:
+                self.ctx.launcher.cancel(specs[0].attempt_dir, stopped_rank)
+            statuses = [ReplicaStatus(rank=spec.rank, phase=ReplicaPhase.LOST) for spec in specs]
+            self.ending.finish(attempt_id, statuses, launch_error=(rank, str(exc)))
+            return
+        self.note_shims(attempt_id, dict(launched))
+
+    def note_shims(self, attempt_id: int, shims: Mapping[int, ProcessIdentity]) -> None:
+        """Record the identities of the shims the launcher started, by rank."""
+        with self.ctx.store.session_scope() as s:
+            attempt = s.get_one(Attempt, attempt_id)
+            for replica in attempt.replicas:
+                shim = shims.get(replica.rank)
+                if shim is not None and replica.shim_pid is None:
+                    replica.shim_pid, replica.shim_start_ticks = shim.pid, shim.start_ticks
+
+    def new_attempt(self, s: Session, trial: Trial, *, standby: bool = False) -> Attempt:
+        """Add the trial's next attempt and its replicas to the caller's transaction."""
+        number = len(trial.attempts) + 1
+        world_size = experiment_config(trial.experiment).resources.replicas
+        attempt_dir = self.ctx.home.run_dir(trial.uuid).attempt(number)
+        attempt = Attempt(trial=trial, number=number, state=AttemptState.STARTING.value,
+                          run_dir=str(attempt_dir.path), standby=standby,
+                          master_port=free_port())
+        s.add_all([attempt, *(Replica(attempt=attempt, rank=rank, host=self.ctx.host,
+                                      log_path=str(attempt_dir.rank(rank).log))
+                              for rank in range(world_size))])
+        s.flush()
+        return attempt
+
+    def _record_attempt(
+        self, trial_id: int, gpus: GpuPlan
+    ) -> tuple[int, list[ReplicaSpec], dict[str, Any]] | None:
+        """Record the attempt and its replicas (and a queued trial's GPUs); returns its id,
+        its launch plans (by rank) and the trial's hparams."""
+        with self.ctx.store.session_scope() as s:
+            trial = s.get_one(Trial, trial_id)
+            if trial.state not in (TrialState.QUEUED, TrialState.RESTARTING):
+                return None
+            if trial.stop_requested:
+                transition(s, trial, TrialState.CANCELED, reason=EventReason.KILLED,
+                           actor=ACTOR)
+                return None
+            if gpus and trial.state == TrialState.QUEUED:
+                try:
+                    self.ctx.pool.allocate(s, trial.id, gpus)
+                except GpuError as exc:  # a stale plan: it waits for the next pass
+                    log.warning("%s", exc)
+                    return None
+            trial.queue_reason = None  # it waits no more
+            attempt = self.new_attempt(s, trial)
+            world_size = len(attempt.replicas)
+            transition(s, trial, TrialState.STARTING, reason=EventReason.LAUNCHING,
+                       actor=ACTOR, message=f"starting attempt {attempt.number}"
+                       + (f" ({world_size} replicas)" if world_size > 1 else ""))
+            assert attempt.master_port is not None
+            plan = self.plan(s, trial, attempt.number, attempt.master_port)
+            return attempt.id, self.specs(plan), dict(trial.hparams)
+
+    def _fail_before_launch(self, trial_id: int, message: str) -> None:
+        with self.ctx.store.session_scope() as s:
+            trial = s.get_one(Trial, trial_id)
+            if trial.state == TrialState.QUEUED:
+                transition(s, trial, TrialState.STARTING, reason=EventReason.LAUNCHING,
+                           actor=ACTOR)
+            transition(s, trial, TrialState.FAILED, reason=Reason.PERMANENT_ERROR,
+                       actor=ACTOR, message=message)
+
+
+def prepare_attempt_dir(attempt_dir: AttemptDir, hparams: dict[str, Any]) -> None:
+    """Create the attempt directory and its hparams file, after the attempt is recorded.
+
+    A failure here (a full disk, a home that is not writable) is a failure to launch: the
+    attempt ends INTERNAL and the policy retries it, rather than every pass failing anew.
+    """
+    try:
+        attempt_dir.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(attempt_dir.hparams, hparams)
+    except OSError as exc:
+        raise LaunchError(
+            f"Could not prepare the attempt directory {attempt_dir.path}: {exc}"
+        ) from exc
+

@@ -1,0 +1,84 @@
+"""The pure launch plan of an attempt: one spec per rank, with what each replica must see."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from muster.config import load_config
+from muster.harness.standby import GO_VARIABLE
+from muster.rundir import RunDir
+from muster.supervise.launching import AttemptPlan, replica_specs
+
+RUN = RunDir(Path("/home/runs/trial-uuid"))
+CONFIG = """\
+name: plan
+entrypoint: python train.py --epochs 3
+environment: {variables: {OMP_NUM_THREADS: "2", RANK: "7"}}
+resources: {replicas: 2, memory_limit: 1GiB}
+failure_policy: {stop_grace: 5s, heartbeat_timeout: 60s}
+"""
+ENVIRON = {"PATH": "/usr/bin", "HOME": "/root", "MUSTER_SEED": "stale",
+           "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+
+
+def plan(**changes: object) -> AttemptPlan:
+    facts: dict[str, object] = dict(
+        trial_id=7, trial_uuid="trial-uuid", trial_number=3, number=2, dir=RUN.attempt(2),
+        config=load_config(CONFIG), context_dir=Path("/home/experiments/e/context"),
+        master_port=29500, latest_checkpoint=None, gpus=None, seed=None)
+    facts.update(changes)
+    return AttemptPlan(**facts)  # type: ignore[arg-type]
+
+
+def test_one_spec_per_rank_with_the_torchrun_environment() -> None:
+    specs = replica_specs(plan(), ENVIRON)
+    assert [s.rank for s in specs] == [0, 1]
+    for spec in specs:
+        assert spec.argv == ["python", "train.py", "--epochs", "3"]
+        assert spec.cwd == Path("/home/experiments/e/context")
+        assert spec.attempt_dir == RUN.attempt(2).path
+        assert (spec.trial_uuid, spec.attempt, spec.stop_grace) == ("trial-uuid", 2, 5.0)
+        assert spec.memory_limit == 1 << 30
+        env = spec.env
+        assert (env["RANK"], env["LOCAL_RANK"]) == (str(spec.rank), str(spec.rank))
+        assert (env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == (
+            "2", "127.0.0.1", "29500")
+        assert env["MUSTER_RUN_DIR"] == str(RUN.path)
+        assert env["MUSTER_HPARAMS"] == str(RUN.attempt(2).hparams)
+        assert (env["MUSTER_TRIAL_ID"], env["MUSTER_ATTEMPT"]) == ("7", "2")
+        assert env["MUSTER_HEARTBEAT_TIMEOUT"] == "60"
+        assert env["OMP_NUM_THREADS"] == "2" and env["HOME"] == "/root"
+        assert "MUSTER_SEED" not in env and "MUSTER_LATEST_CHECKPOINT" not in env
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # muster schedules no GPUs here
+        assert GO_VARIABLE not in env
+
+
+@pytest.mark.parametrize(("gpus", "visible"), [
+    ({0: (2,), 1: (3,)}, ["2", "3"]),
+    ({0: (0, 1)}, ["0,1", ""]),  # a rank without GPUs sees none
+    ({}, ["", ""]),
+])
+def test_each_rank_sees_exactly_its_gpus(gpus: dict[int, tuple[int, ...]],
+                                         visible: list[str]) -> None:
+    specs = replica_specs(plan(gpus=gpus), ENVIRON)
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == visible
+    assert {s.env["CUDA_DEVICE_ORDER"] for s in specs} == {"PCI_BUS_ID"}
+
+
+def test_resume_seed_restart_and_standby() -> None:
+    latest = RUN.checkpoints / "step-000000000010-abcdef12"
+    [spec] = replica_specs(plan(latest_checkpoint=latest, seed=1234, incarnation=2,
+                                standby=True), ENVIRON, ranks=[1])
+    assert spec.rank == 1
+    assert spec.env["MUSTER_LATEST_CHECKPOINT"] == str(latest)
+    assert spec.env["MUSTER_SEED"] == "1234"
+    assert spec.env["MUSTER_REPLICA_RESTART"] == "2"
+    assert spec.env[GO_VARIABLE] == str(RUN.attempt(2).rank(1).standby_go)
+
+
+def test_the_plan_does_not_touch_its_inputs() -> None:
+    environ = dict(ENVIRON)
+    replica_specs(plan(), environ)
+    assert environ == ENVIRON

@@ -1,0 +1,72 @@
+"""The run directory's names: one place spells them, and every listing finds what it names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from muster.rundir import CONTROL_FILES, LOCAL_RUN_DIR, RankFile, RankFiles, RunDir, every_rank_file
+
+
+def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "runs" / "uuid")
+    attempt = run.attempt(3)
+    files = attempt.rank(2)
+    assert run.checkpoints == run.path / "checkpoints"
+    assert attempt.path == run.path / "attempt-3" and attempt.run == run
+    assert attempt.hparams == attempt.path / "hparams.json"
+    assert files == RankFiles(attempt.path, 2)
+    assert {kind: files.path(kind).name for kind in RankFile} == {
+        RankFile.LOG: "rank-2.log", RankFile.INDEX: "rank-2.index",
+        RankFile.SPEC: "rank-2.spec.json", RankFile.LAUNCH: "rank-2.launch.json",
+        RankFile.STATUS: "rank-2.shim.json", RankFile.EXIT: "rank-2.exit.json",
+        RankFile.STOP: "rank-2.stop", RankFile.SHIM_LOG: "rank-2.shim.log",
+        RankFile.STALLED: "rank-2.stalled.json", RankFile.STANDBY_GO: "rank-2.standby-go.json",
+        RankFile.HEARTBEAT: "rank-2.heartbeat.json", RankFile.METRICS: "rank-2.metrics.jsonl",
+        RankFile.SAMPLES: "rank-2.samples.json", RankFile.STOP_ACK: "rank-2.stop-ack.json",
+    }
+    assert (files.log, files.exit, files.metrics) == (
+        files.path(RankFile.LOG), files.path(RankFile.EXIT), files.path(RankFile.METRICS))
+    assert files.archived(RankFile.EXIT, 1) == attempt.restarts / "rank-2.exit.json.1"
+    assert LOCAL_RUN_DIR == "muster-run"
+
+
+def test_control_files_exclude_what_the_next_incarnation_appends_to() -> None:
+    assert RankFile.LOG not in CONTROL_FILES and RankFile.INDEX not in CONTROL_FILES
+    assert RankFile.METRICS not in CONTROL_FILES and RankFile.SAMPLES not in CONTROL_FILES
+    assert {RankFile.EXIT, RankFile.STATUS, RankFile.HEARTBEAT, RankFile.STALLED} <= set(
+        CONTROL_FILES)
+
+
+@pytest.mark.parametrize("kind", list(RankFile))
+def test_ranks_with_lists_every_rank_of_one_kind(tmp_path: Path, kind: RankFile) -> None:
+    attempt = RunDir(tmp_path).attempt(1)
+    attempt.path.mkdir()
+    for rank in (10, 2, 0):
+        attempt.rank(rank).path(kind).write_text("x")
+    (attempt.path / f"rank-x.{kind.value}").write_text("not a rank")
+    (attempt.path / f"rank-1.{kind.value}.tmp").write_text("another kind")
+    (attempt.path / f"rank-3.{kind.value}").mkdir()  # not a file
+    assert attempt.ranks_with(kind) == [(r, attempt.rank(r).path(kind)) for r in (0, 2, 10)]
+
+
+def test_listings_of_what_is_not_there_yet_are_empty(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "missing")
+    assert run.attempt_numbers() == [] and run.attempt(1).ranks_with(RankFile.LOG) == []
+    assert list(every_rank_file(tmp_path / "missing", RankFile.STATUS)) == []
+
+
+def test_every_rank_file_walks_trials_attempts_and_ranks(tmp_path: Path) -> None:
+    expected = []
+    for trial in ("a", "b"):
+        run = RunDir(tmp_path / trial)
+        for number in (1, 2):
+            files = run.attempt(number).rank(number - 1)
+            files.attempt_dir.mkdir(parents=True)
+            files.status.write_text("{}")
+            files.log.write_text("")
+            expected.append(files.status)
+    (tmp_path / "a" / "attempt-x").mkdir()
+    assert RunDir(tmp_path / "a").attempt_numbers() == [1, 2]
+    assert list(every_rank_file(tmp_path, RankFile.STATUS)) == expected
