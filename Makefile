@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit bench clean
+.PHONY: install demo test lint typecheck unit quick bench clean
 
 install: $(STAMP)
 
@@ -24,7 +24,10 @@ typecheck: install
 	$(BIN)/mypy
 
 unit: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
+
+quick: install  # the inner loop: every test that starts no server and no process
+	$(BIN)/pytest -q -m "not lifecycle"
 
 test: lint typecheck unit
 

@@ -64,7 +64,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        _kill_trials(self.home)
+        kill_trials(self.home)
 
     def _wait_healthy(self, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -88,7 +88,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _kill_trials(home: Path) -> None:
+def kill_trials(home: Path) -> None:
     """SIGKILL every shim and training process group still alive under `home`/runs."""
     for status_file in every_rank_file(home / "runs", RankFile.STATUS):
         status = read_json(status_file)

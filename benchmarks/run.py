@@ -19,6 +19,7 @@ import first_log
 import harness_overhead
 import ingest
 import manifest_scan
+import pass_sessions
 import queue_throughput
 import recovery
 import replicas
@@ -36,6 +37,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "tail": tail.run,
     "harness_overhead": harness_overhead.run,
     "manifest_scan": manifest_scan.run,
+    "pass_sessions": pass_sessions.run,
     "ingest": ingest.run,
     "replicas": replicas.run,
     "recovery": recovery.run,

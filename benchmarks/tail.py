@@ -23,7 +23,7 @@ from muster_server import ServerProcess
 from report import Outcome, Table, Target
 
 from muster.client import Client
-from muster.launch.logs import read_range, tail_offset
+from muster.launch.logs import FileLog, read_range, tail_offset
 from muster.services.logs import DEFAULT_LIMIT
 
 LINES = 500
@@ -57,7 +57,7 @@ def tail_arms(client: Client, trial_id: int, path: Path) -> dict[str, Callable[[
     """The three ways to read the tail of one log, each checked against `tail -n`."""
 
     def function() -> bytes:
-        return read_range(path, tail_offset(path, LINES), DEFAULT_LIMIT)[0]
+        return read_range(FileLog(0, path), tail_offset(FileLog(0, path), LINES), DEFAULT_LIMIT)[0]
 
     def http() -> bytes:
         return client.read_logs(trial_id, tail=LINES).data

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,11 +38,13 @@ def _postgres_server() -> str:
 
 
 @contextmanager
-def _fresh_pg_database(admin_conninfo: str) -> Iterator[str]:
-    """Create an empty PostgreSQL database, yield its URL, then drop it."""
+def _fresh_pg_database(admin_conninfo: str, template: str | None = None) -> Iterator[str]:
+    """Create a PostgreSQL database (empty, or a copy of `template`), yield its URL, then
+    drop it."""
     name = f"muster_t_{secrets.token_hex(6)}"
+    copy = f' TEMPLATE "{template}"' if template else ""
     with psycopg.connect(admin_conninfo, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"{copy}')
     try:
         yield PG_URL.format(name=name)
     finally:
@@ -60,6 +63,15 @@ def _migrated_store(url: str) -> Iterator[Store]:
 
 
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+# A test that asks for one of these starts real servers or processes, wherever it is.
+LIFECYCLE_FIXTURES = frozenset({"server", "client", "rig", "sqlite_rig"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `lifecycle` what starts real processes, also where its module does not say so."""
+    for item in items:
+        if LIFECYCLE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.lifecycle)
 
 
 @pytest.fixture
@@ -78,11 +90,42 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    """A store on `db_url`, migrated to the newest schema."""
-    with _migrated_store(db_url) as migrated:
-        yield migrated
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database migrated once per session: each test's store is a copy of it."""
+    path = tmp_path_factory.mktemp("template") / "muster.db"
+    with _migrated_store(f"sqlite:///{path}"):
+        pass
+    return path
+
+
+@pytest.fixture(scope="session")
+def _pg_template(_postgres_server: str) -> Iterator[str]:
+    """A PostgreSQL database migrated once per session: each test's store is a copy of it
+    (CREATE DATABASE ... TEMPLATE), which costs a fraction of running the migrations."""
+    with _fresh_pg_database(_postgres_server) as url:
+        with _migrated_store(url):
+            pass
+        yield url.rsplit("/", 1)[1]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A fresh store on each backend in turn, migrated to the newest schema (a copy of a
+    database the migrations made once; `tests/store/test_migrations.py` runs them)."""
+    if request.param == "sqlite":
+        path = tmp_path / "db" / "muster.db"
+        path.parent.mkdir()
+        shutil.copyfile(request.getfixturevalue("_sqlite_template"), path)
+        copied = Store(f"sqlite:///{path}")
+        yield copied
+        copied.dispose()
+        return
+    template = request.getfixturevalue("_pg_template")
+    with _fresh_pg_database(request.getfixturevalue("_postgres_server"), template) as url:
+        copied = Store(url)
+        yield copied
+        copied.dispose()
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

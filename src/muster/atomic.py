@@ -32,8 +32,13 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     fsync_dir(path.parent)
 
 
+def json_bytes(obj: Any) -> bytes:
+    """`obj` as the JSON files muster writes hold it: indented, keys sorted, a final newline."""
+    return json.dumps(obj, indent=2, sort_keys=True).encode() + b"\n"
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True).encode() + b"\n")
+    atomic_write_bytes(path, json_bytes(obj))
 
 
 def read_json(path: Path) -> Any | None:

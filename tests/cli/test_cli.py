@@ -15,8 +15,10 @@ from muster.client import Client
 from muster.home import Home
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import is_alive
-from tests.server.conftest import RunningServer
 from tests.server.experiments import make_context, only_trial, wait_ended, write_context
+from tests.servers import RunningServer
+
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 CONTRACT_EXPERIMENT = {"id", "name", "state", "trials"}
 CONTRACT_TRIAL = {"id", "state", "restarts", "attempts"}

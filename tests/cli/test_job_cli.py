@@ -10,11 +10,12 @@ import pytest
 
 from muster.client import Client
 from tests.cli.test_cli import assert_clean_failure, on
-from tests.server.conftest import RunningServer
 from tests.server.experiments import wait_ended
 from tests.server.queueing import create_job, serving_with, start_blocker
+from tests.servers import RunningServer
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:

@@ -10,8 +10,10 @@ import pytest
 
 from muster.store import Store
 from tests.cli.test_cli import on
-from tests.server.conftest import RunningServer
 from tests.server.rank_logs import RankFiles, add_trial_with_ranks
+from tests.servers import RunningServer
+
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 T0 = 1_700_000_000.0
 

@@ -12,9 +12,10 @@ import pytest
 
 from muster.client import Client
 from tests.cli.test_cli import assert_clean_failure, on
-from tests.server.conftest import RunningServer
 from tests.server.test_metrics_api import STEPS, reported_trial, suspect_trial
+from tests.servers import RunningServer
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 @pytest.fixture(scope="module")
 def reported(server: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:

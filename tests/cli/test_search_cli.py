@@ -8,11 +8,14 @@ import json
 import math
 from typing import Any
 
+import pytest
+
 from muster.client import Client
 from tests.cli.test_cli import assert_clean_failure, on
-from tests.server.conftest import RunningServer
 from tests.server.test_search_views import add_experiment, add_trial, losses, search_config
+from tests.servers import RunningServer
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 def store_search(server: RunningServer) -> dict[str, Any]:
     """8 trials planned, 5 made: numbers 0 and 1 SUCCEEDED (val_loss 0.4, and 0.2 stopped

@@ -12,9 +12,10 @@ from rich.console import Console
 from muster.cli import watch
 from muster.client import Client
 from tests.cli.test_cli import on
-from tests.server.conftest import RunningServer
 from tests.server.test_search_views import add_experiment, add_trial, search_config
+from tests.servers import RunningServer
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 def trial(id_: int, number: int, state: str, *, best: float | None = None,
           early: bool = False) -> dict[str, Any]:

@@ -33,7 +33,7 @@ torch = pytest.importorskip("torch", reason=NEEDS)
 pytest.importorskip("sklearn", reason=NEEDS)
 pytest.importorskip("PIL", reason=NEEDS)
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(300)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 PACED = Path(__file__).resolve().parent / "paced.py"

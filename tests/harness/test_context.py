@@ -13,6 +13,7 @@ import pytest
 import muster.harness as mh
 from tests.harness.conftest import HPARAMS, Platform
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 def test_a_local_run_writes_into_muster_run_in_the_cwd(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import muster.harness as mh
 from tests.harness.conftest import Platform, start_script
 from tests.waiting import wait_until
@@ -66,6 +68,7 @@ def _moved_to(step: int, before: float) -> Callable[[Beat], bool]:
     return lambda beat: beat["step"] == step and beat["progress_time"] > before
 
 
+@pytest.mark.lifecycle  # a real training process
 def test_a_blocked_loop_keeps_beating_without_progress(platform: Platform) -> None:
     path = platform.rank_file(".heartbeat.json")
     proc = start_script("check_in_then_block.py", platform.env)

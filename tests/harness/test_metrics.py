@@ -102,6 +102,7 @@ def test_bad_steps_and_metrics_are_refused_by_name(
     assert (tmp_path / "m.jsonl").read_bytes() == b""
 
 
+@pytest.mark.lifecycle  # a real training process
 def test_sigkill_mid_run_tears_at_most_the_last_line(platform: Platform) -> None:
     path = platform.rank_file(".metrics.jsonl")
     proc = start_script("report_forever.py", platform.env)

@@ -7,11 +7,14 @@ import os
 import signal
 import time
 
+import pytest
+
 import muster.harness as mh
 from tests.harness.conftest import Platform, start_script
 from tests.waiting import wait_until
 
 
+@pytest.mark.lifecycle  # a real training process
 def test_sigterm_lets_the_loop_save_and_exit_0(platform: Platform) -> None:
     proc = start_script("stop_on_sigterm.py", platform.env)
     try:
@@ -45,6 +48,7 @@ def test_the_flag_is_set_by_sigterm_and_the_handler_given_back(on_platform: Plat
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.lifecycle  # a real training process
 def test_a_forked_worker_still_dies_of_sigterm(platform: Platform) -> None:
     proc = start_script("forked_worker.py", platform.env)
     output, _ = proc.communicate(timeout=30)

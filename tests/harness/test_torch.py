@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
+
 torch = pytest.importorskip("torch", reason="muster.harness.torch needs PyTorch (the "
                             "'examples' extra)")
 np = pytest.importorskip("numpy", reason="the RNG round trip covers NumPy's generator")

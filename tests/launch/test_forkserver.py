@@ -19,7 +19,7 @@ from muster.launch.local import LocalLauncher
 from tests.launch.conftest import Replica, fixture_argv, kill_leftovers
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(params=["forked", "new interpreter"])

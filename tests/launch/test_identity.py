@@ -22,6 +22,8 @@ from muster.launch.identity import (
 )
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
+
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 

@@ -24,6 +24,7 @@ from muster.launch.records import spec_to_json
 from tests.launch.conftest import FIXTURES, Replica, SubmitFn, fixture_argv
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 def test_exit0_is_recorded_with_its_output(submit: SubmitFn) -> None:
     replica = submit("exit0.sh")
@@ -281,6 +282,7 @@ import json, sys, time
 from pathlib import Path
 from muster.launch.local import LocalLauncher
 from muster.launch.records import spec_from_json
+
 LocalLauncher().submit(spec_from_json(json.loads(Path(sys.argv[1]).read_text())))
 print("submitted", flush=True)
 time.sleep(600)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from muster.launch.logs import BLOCK_BYTES, log_size, read_range, tail_offset, tail_text
+from muster.launch.logs import BLOCK_BYTES, FileLog, log_size, read_range, tail_offset, tail_text
 
 CONTENT = b"0123456789"
 
@@ -26,18 +26,18 @@ CONTENT = b"0123456789"
 def test_read_range(tmp_path: Path, offset: int, limit: int, expected: tuple[bytes, int]) -> None:
     path = tmp_path / "rank-0.log"
     path.write_bytes(CONTENT)
-    assert read_range(path, offset, limit) == expected
+    assert read_range(FileLog(0, path), offset, limit) == expected
 
 
 @pytest.mark.parametrize(("offset", "limit"), [(0, 10), (7, 3)])
 def test_read_range_of_a_missing_log_is_empty(tmp_path: Path, offset: int, limit: int) -> None:
-    assert read_range(tmp_path / "missing.log", offset, limit) == (b"", offset)
+    assert read_range(FileLog(0, tmp_path / "missing.log"), offset, limit) == (b"", offset)
 
 
 @pytest.mark.parametrize(("offset", "limit"), [(-1, 10), (0, -1)])
 def test_read_range_rejects_negative_numbers(tmp_path: Path, offset: int, limit: int) -> None:
     with pytest.raises(ValueError, match="must be >= 0"):
-        read_range(tmp_path / "x.log", offset, limit)
+        read_range(FileLog(0, tmp_path / "x.log"), offset, limit)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_read_range_rejects_negative_numbers(tmp_path: Path, offset: int, limit:
 def test_tail_offset(tmp_path: Path, content: bytes, lines: int, expected: int) -> None:
     path = tmp_path / "rank-0.log"
     path.write_bytes(content)
-    assert tail_offset(path, lines) == expected
+    assert tail_offset(FileLog(0, path), lines) == expected
 
 
 @pytest.mark.parametrize("trailing_newline", [True, False])
@@ -72,9 +72,9 @@ def test_tail_offset_with_lines_longer_than_a_block(tmp_path: Path, trailing_new
     content = long_a + b"\n" + long_b + b"\n" + b"short" + (b"\n" if trailing_newline else b"")
     path = tmp_path / "rank-0.log"
     path.write_bytes(content)
-    assert tail_offset(path, 1) == len(long_a) + len(long_b) + 2
-    assert tail_offset(path, 2) == len(long_a) + 1
-    assert tail_offset(path, 3) == 0
+    assert tail_offset(FileLog(0, path), 1) == len(long_a) + len(long_b) + 2
+    assert tail_offset(FileLog(0, path), 2) == len(long_a) + 1
+    assert tail_offset(FileLog(0, path), 3) == 0
 
 
 def test_tail_offset_across_many_blocks_matches_a_naive_split(tmp_path: Path) -> None:
@@ -83,27 +83,28 @@ def test_tail_offset_across_many_blocks_matches_a_naive_split(tmp_path: Path) ->
     path = tmp_path / "rank-0.log"
     path.write_bytes(content)
     for n in (1, 7, 500, 1234, 19_999, 20_000):
-        assert tail_offset(path, n) == len(content) - len(b"".join(x + b"\n" for x in lines[-n:]))
+        tail = b"".join(x + b"\n" for x in lines[-n:])
+        assert tail_offset(FileLog(0, path), n) == len(content) - len(tail)
 
 
 def test_tail_offset_of_a_missing_log_is_0(tmp_path: Path) -> None:
-    assert tail_offset(tmp_path / "missing.log", 5) == 0
+    assert tail_offset(FileLog(0, tmp_path / "missing.log"), 5) == 0
 
 
 def test_tail_offset_rejects_negative_lines(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="lines must be >= 0"):
-        tail_offset(tmp_path / "x.log", -1)
+        tail_offset(FileLog(0, tmp_path / "x.log"), -1)
 
 
 def test_tail_text_decodes_for_display(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.log"
     path.write_bytes(b"first\nbad \xff byte\nlast")
-    assert tail_text(path, 2) == "bad \ufffd byte\nlast"
-    assert tail_text(tmp_path / "missing.log", 2) == ""
+    assert tail_text(FileLog(0, path), 2) == "bad \ufffd byte\nlast"
+    assert tail_text(FileLog(0, tmp_path / "missing.log"), 2) == ""
 
 
 def test_log_size(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.log"
-    assert log_size(path) == 0
+    assert log_size(FileLog(0, path)) == 0
     path.write_bytes(CONTENT)
-    assert log_size(path) == len(CONTENT)
+    assert log_size(FileLog(0, path)) == len(CONTENT)

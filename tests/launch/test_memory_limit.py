@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,15 +16,16 @@ from muster.errors import LaunchError
 from muster.launch.base import ExitRecord, MemoryEnforcement, ReplicaSpec
 from muster.launch.exits import ExitObservation, classify_exit
 from muster.launch.local import LocalLauncher
-from muster.launch.logs import tail_text
-from muster.launch.memory import open_cgroup
+from muster.launch.logs import FileLog, tail_text
+from muster.launch.memory import WATCHDOG_FAILURES, RssWatchdog, open_cgroup
 from muster.launch.records import exit_record_from_json, spec_from_json, spec_to_json
 from muster.sizes import format_size
 from muster.states import Reason
 from tests.launch.conftest import Replica, fixture_argv, kill_leftovers
 from tests.processes import live_group
+from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
 
 MiB = 1 << 20
 LIMIT = 150 * MiB
@@ -84,7 +86,7 @@ def run(launcher: LocalLauncher, tmp_path: Path) -> Iterator[RunFn]:
 
 def classified(replica: Replica, record: ExitRecord) -> ExitObservation:
     return ExitObservation(rank=replica.spec.rank, exit=record,
-                           log_tail=tail_text(replica.files.log, 20))
+                           log_tail=tail_text(FileLog(0, replica.files.log), 20))
 
 
 _OVER_LIMIT = re.compile(
@@ -251,3 +253,64 @@ def test_an_exit_record_written_before_memory_limits_loads() -> None:
 )
 def test_format_size(size: int, text: str) -> None:
     assert format_size(size) == text
+
+
+def test_a_watchdog_that_cannot_sample_kills_the_group_and_says_why(tmp_path: Path) -> None:
+    """No silent degradation: the replica never runs on without its limit."""
+    calls: list[int] = []
+
+    def broken_proc(pgid: int) -> int:  # what a /proc that refuses to be read does
+        calls.append(pgid)
+        raise OSError(24, "Too many open files")
+
+    proc = subprocess.Popen(["sleep", "60"], process_group=0)
+    try:
+        watchdog = RssWatchdog(LIMIT, interval_s=0.01, sample=broken_proc)
+        watchdog.watch(proc.pid)
+        wait_until(lambda: proc.poll() is not None, timeout=10, what="the group to be killed")
+        report = watchdog.finish()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -9 and len(calls) == WATCHDOG_FAILURES
+    assert not report.oom and not watchdog.breached()
+    assert report.error == watchdog.error
+    assert report.error is not None and "OSError: [Errno 24] Too many open files" in report.error
+
+
+def test_a_watchdog_that_recovers_in_time_keeps_watching() -> None:
+    """Fewer failures in a row than WATCHDOG_FAILURES are only warnings."""
+    samples: list[int | OSError] = [OSError("once"), OSError("twice"), 1 * MiB,
+                                    OSError("again"), 2 * MiB]
+    taken: list[int] = []
+
+    def flaky(pgid: int) -> int:
+        value = samples[min(len(taken), len(samples) - 1)]
+        taken.append(pgid)
+        if isinstance(value, OSError):
+            raise value
+        return value
+
+    proc = subprocess.Popen(["sleep", "60"], process_group=0)
+    try:
+        watchdog = RssWatchdog(LIMIT, interval_s=0.01, sample=flaky)
+        watchdog.watch(proc.pid)
+        wait_until(lambda: len(taken) > len(samples), timeout=10, what="every sample taken")
+        report = watchdog.finish()
+        assert proc.poll() is None and report.error is None and report.peak_bytes == 2 * MiB
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_unenforced_limit_is_an_internal_failure() -> None:
+    record = ExitRecord(returncode=-9, exit_code=137, signal="SIGKILL", pid=1, start_ticks=1,
+                        started_at=1.0, ended_at=2.0, max_rss_bytes=None,
+                        memory_limit_bytes=LIMIT, memory_enforcement="watchdog",
+                        memory_error="the RSS watchdog could not sample the process group")
+    verdict = classify_exit(ExitObservation(0, record))
+    assert verdict.reason is Reason.INTERNAL
+    assert verdict.message == (
+        "The replica worker-0 (rank 0) was stopped by muster: its memory limit of 150 MiB "
+        "could not be enforced (the RSS watchdog could not sample the process group), and "
+        "it must not run without it")

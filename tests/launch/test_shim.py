@@ -26,6 +26,7 @@ from muster.launch.records import exit_record_from_json, spec_from_json, spec_to
 from muster.launch.shim import LogPump, load_spec, signal_name
 from muster.rundir import RankFiles
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 def test_a_spec_survives_a_json_round_trip(tmp_path: Path) -> None:
     spec = ReplicaSpec(

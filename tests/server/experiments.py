@@ -9,14 +9,10 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from muster.client import Client
-from tests.processes import kill_home_processes
-from tests.server.conftest import RunningServer
 from tests.waiting import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -26,24 +22,6 @@ TRIAL_ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELED"})
 FAST_POLICY: dict[str, Any] = {"stop_grace": "2s"}
 
 _contexts = itertools.count(1)
-
-
-@contextmanager
-def serving(home: Path, db_url: str | None = None) -> Iterator[RunningServer]:
-    """A real server on `home` (SQLite in the home unless `db_url`), stopped afterwards
-    together with every trial process it started.
-
-    Test modules whose tests each make and inspect their own experiments share one
-    (a module-scoped `server` fixture), which saves a server start per test.
-    """
-    home.mkdir(parents=True, exist_ok=True)
-    running = RunningServer(home=home, db_url=db_url or f"sqlite:///{home / 'muster.db'}")
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
-        kill_home_processes(home)
 
 
 def interpreter(fixture: str) -> str:

@@ -4,31 +4,20 @@ trial that sleeps in it, so that every later trial (without GPUs) waits in the q
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from muster.client import Client
-from tests.processes import kill_home_processes
-from tests.server.conftest import RunningServer
 from tests.server.experiments import FAST_POLICY, wait_trial
+from tests.servers import RunningServer, serving
 
 SLEEP = ["python", "-c", "import time; time.sleep(600)"]
 
 
-@contextmanager
-def serving_with(home: Path, *options: str) -> Iterator[RunningServer]:
-    """A real server on `home` with one slot and `options`, stopped afterwards together with
-    every trial process it started."""
-    home.mkdir(parents=True, exist_ok=True)
-    running = RunningServer(home=home, db_url=f"sqlite:///{home / 'muster.db'}")
-    running.start_with(["--min-free-disk", "0", "--slots", "1", *options])
-    try:
-        yield running
-    finally:
-        running.stop()
-        kill_home_processes(home)
+def serving_with(home: Path, *options: str) -> AbstractContextManager[RunningServer]:
+    """A real server on `home` with one slot and `options` (`tests.servers.serving`)."""
+    return serving(home, options=["--min-free-disk", "0", "--slots", "1", *options])
 
 
 def create_job(client: Client, context_parent: Path, name: str, *,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +12,15 @@ import pytest
 from muster.client import Client
 from muster.errors import Unauthorized
 from muster.home import Home
-from tests.server.conftest import RunningServer
 from tests.server.experiments import (
     config_text,
     make_context,
     only_trial,
     run_to_end,
-    serving,
 )
+from tests.servers import RunningServer, shared_server
+
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 API = "/api/v1"
 EXPERIMENT_KEYS = {"id", "name", "state", "trials"}
@@ -29,11 +29,7 @@ ATTEMPT_KEYS = {"number", "state", "replicas"}
 REPLICA_KEYS = {"rank", "exit_code", "signal", "reason", "message", "log_path"}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for this module: each test makes and inspects its own experiments."""
-    with serving(tmp_path_factory.mktemp("server") / "home") as running:
-        yield running
+server = shared_server()
 
 
 @pytest.fixture
@@ -77,6 +73,34 @@ def test_health_needs_no_token(http: httpx.Client, server: RunningServer) -> Non
     assert server.proc is not None
     assert response.json()["status"] == "ok"
     assert response.json()["pid"] == server.proc.pid
+    body = response.json()
+    assert (body["degraded"], body["last_supervisor_error"]) == (False, None)
+    assert body["supervisor"]["failures_in_a_row"] == 0
+
+
+def test_openapi_documents_every_response_and_the_bearer_scheme(http: httpx.Client) -> None:
+    spec = http.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    error = {"$ref": "#/components/schemas/Error"}
+    operations = [(path, method, op) for path, ops in spec["paths"].items()
+                  for method, op in ops.items()]
+    assert len(operations) >= 19
+    for path, method, op in operations:
+        where = f"{method.upper()} {path}"
+        success = [code for code in op["responses"] if code.startswith("2")]
+        assert len(success) == 1, where
+        content = op["responses"][success[0]].get("content", {})
+        assert content and all("schema" in media for media in content.values()), where
+        for code, response in op["responses"].items():
+            if code[0] in "45":
+                assert response["content"]["application/json"]["schema"] == error, where
+        if path == f"{API}/health":
+            assert "security" not in op
+        else:
+            assert op["security"] == [{"bearer": []}] and "401" in op["responses"], where
+    schemas = spec["components"]["schemas"]
+    assert set(schemas["ExperimentDetail"]["properties"]) >= {"id", "name", "state", "trials",
+                                                              "search"}
 
 
 def test_openapi_is_served_and_lists_the_routes(http: httpx.Client) -> None:

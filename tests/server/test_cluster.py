@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
-from muster.client import Client
-from tests.server.conftest import RunningServer
+import pytest
 
+from muster.client import Client
+from tests.servers import RunningServer
+
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 def test_cluster_status_reports_slots_queue_and_disk(client: Client) -> None:
     info = client.cluster_status()

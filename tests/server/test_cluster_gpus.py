@@ -15,9 +15,11 @@ import pytest
 from muster.client import Client
 from muster.config.cluster import FakeGpuConfig
 from muster.schedule.inventory import FakeInventory
-from tests.server.conftest import RunningServer
 from tests.server.exposition import Exposition, parse
 from tests.server.queueing import serving_with, start_blocker
+from tests.servers import RunningServer
+
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 GIB = 1 << 30
 GPUS = [FakeGpuConfig(index=0, name="Fake-A100", memory=40 * GIB, type="a100"),

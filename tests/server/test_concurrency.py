@@ -15,8 +15,10 @@ import pytest
 
 from muster.client import Client
 from tests.processes import kill_home_processes
-from tests.server.conftest import RunningServer
 from tests.server.experiments import make_context, only_trial, submit, wait_ended
+from tests.servers import RunningServer
+
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 THREADS = 8
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from muster.client import Client
-from tests.server.conftest import RunningServer
 from tests.server.experiments import FAST_POLICY, wait_trial
 from tests.server.queueing import serving_with
+from tests.servers import RunningServer
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "fake_gpu_job.py"
 CLUSTER_YAML = """\
 gpus:

@@ -12,12 +12,13 @@ import pytest
 
 from muster import errors
 from muster.client import Client
-from tests.server.conftest import RunningServer
 from tests.server.experiments import wait_ended, wait_trial
 from tests.server.exposition import parse
 from tests.server.queueing import create_job, queue_reasons, serving_with, start_blocker
+from tests.servers import RunningServer
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,27 +14,23 @@ from muster.client import Client
 from muster.errors import Conflict
 from muster.launch.identity import is_alive, read_identity
 from tests.processes import live_group
-from tests.server.conftest import RunningServer
 from tests.server.experiments import (
     attempt_dir,
     create,
     only_trial,
     run_to_end,
-    serving,
     shim_record,
     submit,
     wait_ended,
     wait_trial,
     write_context,
 )
+from tests.servers import RunningServer, shared_server
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for this module: each test makes and inspects its own experiments."""
-    with serving(tmp_path_factory.mktemp("server") / "home") as running:
-        yield running
+server = shared_server()
 
 
 def replicas(trial: dict[str, Any]) -> list[dict[str, Any]]:
@@ -206,6 +201,7 @@ def test_kill_of_a_queued_trial_never_starts_it(client: Client, tmp_path: Path) 
 
 SHOW_DATA = """\
 import os, sys, time
+
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.02)
 print(open("data.txt").read(), end="")

@@ -7,7 +7,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -16,25 +15,21 @@ import pytest
 
 from muster.client import Client
 from muster.errors import NotFound
-from tests.server.conftest import RunningServer
 from tests.server.experiments import (
     FIXTURES,
     create,
     only_trial,
     read_whole_log,
     run_to_end,
-    serving,
     submit,
     wait_ended,
     write_context,
 )
+from tests.servers import RunningServer, shared_server
 
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for this module: each test makes and inspects its own experiments."""
-    with serving(tmp_path_factory.mktemp("server") / "home") as running:
-        yield running
+server = shared_server()
 
 
 def fixture_module(name: str) -> ModuleType:
@@ -124,6 +119,7 @@ def test_tail_keeps_empty_lines(client: Client, tmp_path: Path) -> None:
 
 TICKER = """\
 import time
+
 for i in range(40):
     print(f"tick {i}", flush=True)
     time.sleep(0.05)

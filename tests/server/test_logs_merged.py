@@ -20,13 +20,12 @@ from hypothesis import strategies as st
 
 from muster.client import Client
 from muster.errors import InvalidRequest
-from muster.launch.log_lines import MAX_LINE_BYTES, RankLog
-from muster.launch.logs import tail_offset
+from muster.launch.local import LocalLauncher
+from muster.launch.log_lines import MAX_LINE_BYTES
+from muster.launch.logs import FileLog, tail_offset
 from muster.services.logs import LogSlice, MergedSlice, follow_log, read_log
 from muster.services.merged_logs import LogCursor, merged_page, tail_cursor
 from muster.store import Store
-from tests.server.conftest import RunningServer
-from tests.server.experiments import serving
 from tests.server.rank_logs import (
     Chunk,
     RankFiles,
@@ -34,8 +33,12 @@ from tests.server.rank_logs import (
     add_trial_with_ranks,
     settle,
 )
+from tests.servers import RunningServer, shared_server
+
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 T0 = 1_700_000_000.0
+LAUNCHER = LocalLauncher()  # it only serves the logs here: nothing is launched
 
 
 def merged(*lines: tuple[int, bytes]) -> bytes:
@@ -49,7 +52,7 @@ def two_rank_trial(store: Store, run_dir: Path, **states: str) -> tuple[int, Ran
 
 
 def read_merged(store: Store, trial_id: int, **kw: object) -> MergedSlice:
-    piece = read_log(store, trial_id, **kw)
+    piece = read_log(store, LAUNCHER, trial_id, **kw)
     assert isinstance(piece, MergedSlice), piece
     return piece
 
@@ -106,13 +109,13 @@ def test_a_single_rank_reads_exactly_as_before(
     run_dir = tmp_path / "attempt-1"
     trial_id = add_trial_with_ranks(store, [run_dir], replica_rows)
     RankFiles(run_dir, 0).append((T0, ODD[:9]), (T0 + 1, ODD[9:]))
-    assert read_log(store, trial_id) == LogSlice(ODD, 1, 0, len(ODD), 0)
-    assert read_log(store, trial_id, offset=4, limit=3) == LogSlice(ODD[4:7], 1, 4, 7, 0)
-    tail = read_log(store, trial_id, tail=2)
+    assert read_log(store, LAUNCHER, trial_id) == LogSlice(ODD, 1, 0, len(ODD), 0)
+    assert read_log(store, LAUNCHER, trial_id, offset=4, limit=3) == LogSlice(ODD[4:7], 1, 4, 7, 0)
+    tail = read_log(store, LAUNCHER, trial_id, tail=2)
     assert isinstance(tail, LogSlice)
-    assert tail.data == ODD[tail_offset(run_dir / "rank-0.log", 2):]
+    assert tail.data == ODD[tail_offset(FileLog(0, run_dir / "rank-0.log"), 2):]
     assert tail.data == b"\nand no newline at the end"
-    assert str(read_log(store, trial_id, cursor="0:4", limit=3).next_cursor) == "0:7"
+    assert str(read_log(store, LAUNCHER, trial_id, cursor="0:4", limit=3).next_cursor) == "0:7"
 
 
 def test_ranks_found_on_disk_are_merged_without_replica_rows(
@@ -127,9 +130,10 @@ def test_ranks_found_on_disk_are_merged_without_replica_rows(
 
 def test_a_named_rank_is_its_raw_bytes(store: Store, tmp_path: Path) -> None:
     trial_id = interleaved_trial(store, tmp_path / "attempt-1")
-    assert read_log(store, trial_id, rank=1) == LogSlice(b"b1\nb2\nb3\n", 1, 0, 9, 1)
-    assert read_log(store, trial_id, rank=0, offset=9) == LogSlice(b"a4 first\n", 1, 9, 18, 0)
-    assert read_log(store, trial_id, rank=0, tail=1).data == b"a4 first\n"
+    assert read_log(store, LAUNCHER, trial_id, rank=1) == LogSlice(b"b1\nb2\nb3\n", 1, 0, 9, 1)
+    assert read_log(store, LAUNCHER, trial_id, rank=0, offset=9) == LogSlice(
+        b"a4 first\n", 1, 9, 18, 0)
+    assert read_log(store, LAUNCHER, trial_id, rank=0, tail=1).data == b"a4 first\n"
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 3, 6, 7, 50])
@@ -208,7 +212,7 @@ def test_a_wrong_cursor_says_what_to_pass(
 ) -> None:
     trial_id = interleaved_trial(store, tmp_path / "attempt-1")
     with pytest.raises(InvalidRequest, match=message):
-        read_log(store, trial_id, **kw)
+        read_log(store, LAUNCHER, trial_id, **kw)
 
 
 # -- follow --------------------------------------------------------------------------------
@@ -233,7 +237,7 @@ def test_follow_streams_new_lines_across_attempts_until_the_trial_settles(
     received = bytearray()
 
     async def scenario() -> None:
-        stream = await follow_log(store, trial_id, attempt=None, rank=None, offset=0,
+        stream = await follow_log(store, LAUNCHER, trial_id, attempt=None, rank=None, offset=0,
                                   tail=None)
 
         async def consume() -> None:
@@ -269,7 +273,8 @@ def test_follow_of_a_settled_trial_is_its_merged_log(store: Store, tmp_path: Pat
     trial_id = interleaved_trial(store, tmp_path / "attempt-1")
 
     async def collect(**kw: int | None) -> bytes:
-        stream = await follow_log(store, trial_id, attempt=None, rank=None, offset=0, **kw)
+        stream = await follow_log(store, LAUNCHER, trial_id, attempt=None, rank=None,
+                                  offset=0, **kw)
         return b"".join([chunk async for chunk in stream])
 
     assert asyncio.run(collect(tail=None)) == merged(*INTERLEAVED_LINES)
@@ -367,14 +372,14 @@ def _timed(steps: list[tuple[int, bytes]]) -> list[Chunk]:
     return chunks
 
 
-def _written(folder: Path, chunks: dict[int, list[Chunk]]) -> list[RankLog]:
+def _written(folder: Path, chunks: dict[int, list[Chunk]]) -> list[FileLog]:
     for rank, rank_chunks in chunks.items():
         RankFiles(folder, rank).append(*rank_chunks)
-    return [RankLog(rank, folder / f"rank-{rank}.log", folder / f"rank-{rank}.index")
+    return [FileLog(rank, folder / f"rank-{rank}.log", folder / f"rank-{rank}.index")
             for rank in chunks]
 
 
-def _all_pages(sources: list[RankLog], cursor: LogCursor, limit: int, final: bool) -> bytes:
+def _all_pages(sources: list[FileLog], cursor: LogCursor, limit: int, final: bool) -> bytes:
     pages = []
     while True:
         page, cursor = merged_page(sources, cursor, limit, final)
@@ -386,11 +391,7 @@ def _all_pages(sources: list[RankLog], cursor: LogCursor, limit: int, final: boo
 # -- through the server --------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for the API tests; each makes its own trial in the server's database."""
-    with serving(tmp_path_factory.mktemp("server") / "home") as running:
-        yield running
+server = shared_server()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,16 @@ from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.states import TrialState
 from muster.store import Trial, transition
 from muster.supervise.ingest import ingest_trial
-from tests.server.conftest import RunningServer
 from tests.server.experiments import (
     create,
     only_trial,
     run_to_end,
-    serving,
     wait_ended,
     wait_trial,
 )
+from tests.servers import RunningServer, shared_server
+
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 STEPS = 5
 REPORT_KEYS = {"kind", "step", "time", "attempt", "rank", "metrics"}
@@ -40,11 +40,7 @@ CHECKPOINT_KEYS = {"name", "path", "step", "attempt", "rank", "created_at", "siz
 _releases = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for this module: each test makes and inspects its own experiments."""
-    with serving(tmp_path_factory.mktemp("server") / "home") as running:
-        yield running
+server = shared_server()
 
 
 def raw(server: RunningServer, method: str, path: str, **kw: Any) -> httpx.Response:

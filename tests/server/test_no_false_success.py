@@ -19,18 +19,17 @@ import pytest
 
 from muster.client import Client
 from tests.processes import kill_home_processes
-from tests.server.conftest import RunningServer
 from tests.server.experiments import (
     FIXTURES,
     attempt_dir,
     only_trial,
-    serving,
     wait_ended,
     wait_trial,
 )
+from tests.servers import RunningServer, shared_server
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
 
 MINUS = "\u2212"
 CLASSES = ("0", "1", "2", "3")
@@ -38,11 +37,7 @@ PER_CLASS = 25  # 100 files in 4 class folders
 SCRIPT = "harness_train.py"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for the module's tests that do not kill it; each makes its own experiment."""
-    with serving(tmp_path_factory.mktemp("server") / "home") as running:
-        yield running
+server = shared_server()
 
 
 def make_context(parent: Path, *args: str, data: bool = True,

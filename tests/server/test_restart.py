@@ -23,10 +23,10 @@ from muster.client import Client
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import is_alive, send_signal
 from tests.processes import kill_home_processes, live_group
-from tests.server.conftest import RunningServer
+from tests.servers import RunningServer
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(180)]
 
 COUNTER = Path(__file__).resolve().parents[1] / "fixtures" / "count_until_file.py"
 ENDED = frozenset({"COMPLETED", "CANCELED", "ERROR"})

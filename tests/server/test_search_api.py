@@ -9,7 +9,6 @@ in COMPLETED experiments, so the supervisor has nothing to start or end for them
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,18 +16,15 @@ import pytest
 
 from muster.client import Client
 from muster.errors import Conflict, InvalidRequest, NotFound
-from tests.server.conftest import RunningServer
-from tests.server.experiments import serving
 from tests.server.test_search_views import add_experiment, add_trial, losses, search_config
+from tests.servers import RunningServer, shared_server
+
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 STOP = {"rung": 0, "step": 1, "value": math.nan}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for this module: each test stores and reads its own experiments."""
-    with serving(tmp_path_factory.mktemp("server") / "home") as running:
-        yield running
+server = shared_server()
 
 
 def raw(server: RunningServer, path: str, **params: str) -> httpx.Response:

@@ -13,11 +13,11 @@ from sqlalchemy import select
 
 from muster.store import Trial
 from tests.processes import kill_home_processes
-from tests.server.conftest import RunningServer
 from tests.server.experiments import wait_ended
+from tests.servers import RunningServer
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(240)]
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "search_job.py"
 MAX_TRIALS = 8
 

@@ -24,7 +24,14 @@ from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.services import views
 from muster.services.experiments import describe_experiment
 from muster.services.search import best_trial, list_trials
+from muster.services.validation import best_validation
 from muster.store import Experiment, Metric, Store, Trial
+
+
+@pytest.fixture
+def store(shared_store: Store) -> Store:
+    """One migrated store per module and backend: each test makes and reads its own rows."""
+    return shared_store
 
 _names = itertools.count(1)
 SEARCH_KEYS = {"searcher", "metric", "smaller_is_better", "max_trials", "max_concurrent_trials",
@@ -291,7 +298,7 @@ def test_best_validation_takes_one_query(shared_store: Store) -> None:
         exp = add_experiment(s, search_config())
         ids = [add_trial(s, exp, n, validation=losses(0.5 - n / 10, 0.9)).id for n in range(4)]
     with shared_store.session_scope() as s, queries(shared_store) as seen:
-        best = views.best_validation(s, ids, {"val_loss": True})
+        best = best_validation(s, ids, {"val_loss": True})
     assert len(seen) == 1, seen
     assert best == {trial_id: {"val_loss": pytest.approx(0.5 - n / 10)}
                     for n, trial_id in enumerate(ids)}

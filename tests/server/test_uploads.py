@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -13,17 +12,15 @@ import pytest
 from muster.client import Client
 from muster.errors import InvalidRequest
 from muster.services.uploads import extract_context
-from tests.server.conftest import RunningServer
-from tests.server.experiments import config_text, serving
+from tests.server.experiments import config_text
+from tests.servers import RunningServer, shared_server
+
+pytestmark = pytest.mark.lifecycle  # starts real processes
 
 Member = tuple[str, bytes] | tarfile.TarInfo
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for this module: each test makes and inspects its own experiments."""
-    with serving(tmp_path_factory.mktemp("server") / "home") as running:
-        yield running
+server = shared_server()
 
 
 def regular(name: str, data: bytes = b"x") -> tuple[str, bytes]:

@@ -16,7 +16,7 @@ from muster.states import TrialState
 from muster.store import Attempt, Trial
 from tests.supervise.conftest import Rig, Submitted, fixture_entrypoint
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(90)]
 
 
 def submit(rig: Rig, tmp_path: Path, harness: bool, variables: dict[str, str],

@@ -19,9 +19,16 @@ from sqlalchemy import JSON, event, select, type_coerce
 from muster import checkpoint_files
 from muster.errors import NotFound
 from muster.store import Attempt, Checkpoint, IngestCursor, Metric, Store
+from muster.supervise import ingest
 from muster.supervise.ingest import ingest_trial
 from tests.store.rows import add_experiment, add_trial
 from tests.test_checkpoint_files import DAMAGES
+
+
+@pytest.fixture
+def store(shared_store: Store) -> Store:
+    """One migrated store per module and backend: each test makes and reads its own rows."""
+    return shared_store
 
 
 @dataclass
@@ -133,13 +140,13 @@ def test_a_torn_last_line_waits_until_it_is_complete(store: Store, run: RunDir) 
 
 
 def test_a_restarted_server_neither_repeats_nor_misses_lines(
-    store: Store, db_url: str, run: RunDir
+    store: Store, run: RunDir
 ) -> None:
     for step in range(5):
         run.report(step)
     assert ingest_trial(store, run.trial_id).metrics_added == 5
     store.dispose()
-    restarted = Store(db_url)
+    restarted = Store(store.url)
     try:
         assert ingest_trial(restarted, run.trial_id).metrics_added == 0
         run.report(5)
@@ -157,7 +164,8 @@ def test_nan_and_infinity_survive_the_database(store: Store, run: RunDir) -> Non
     assert math.isnan(values["loss"])
     assert values["grad"] == math.inf and values["low"] == -math.inf and values["ok"] == 0.5
     with store.session_scope() as s:  # as the database holds them: strict JSON strings
-        raw = s.scalars(select(type_coerce(Metric.values, JSON))).one()
+        raw = s.scalars(select(type_coerce(Metric.values, JSON))
+                        .where(Metric.trial_id == run.trial_id)).one()
     assert raw == {"loss": "NaN", "grad": "Infinity", "low": "-Infinity", "ok": 0.5}
 
 
@@ -204,10 +212,19 @@ def test_attempts_and_ranks_keep_their_own_cursors(store: Store, run: RunDir) ->
                        for a, r in [(1, 0), (1, 1), (2, 0)]}
 
 
-def test_a_large_file_is_ingested_in_batches(store: Store, run: RunDir) -> None:
-    run.append(b"".join(report_line(step, acc=0.5, loss=0.25) for step in range(30_000)))
-    assert ingest_trial(store, run.trial_id).metrics_added == 30_000
-    assert len(stored(store, run.trial_id)) == 30_000
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 64 KiB instead of 1 MiB: a few thousand lines make several batches."""
+    monkeypatch.setattr(ingest, "BATCH_BYTES", 64 * 1024)
+
+
+def test_a_large_file_is_ingested_in_batches(
+    store: Store, run: RunDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small_batches(monkeypatch)
+    run.append(b"".join(report_line(step, acc=0.5, loss=0.25) for step in range(4_000)))
+    assert run.metrics_path().stat().st_size > 5 * ingest.BATCH_BYTES
+    assert ingest_trial(store, run.trial_id).metrics_added == 4_000
+    assert [row[3] for row in stored(store, run.trial_id)] == list(range(4_000))
 
 
 def test_nothing_new_means_no_writes(store: Store, run: RunDir, tmp_path: Path) -> None:
@@ -228,10 +245,12 @@ def test_nothing_new_means_no_writes(store: Store, run: RunDir, tmp_path: Path) 
 
 
 def test_two_ingestions_at_once_store_each_line_once(
-    store: Store, db_url: str, run: RunDir
+    store: Store, run: RunDir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run.append(b"".join(report_line(step) for step in range(40_000)))
-    stores = [Store(db_url), Store(db_url)]
+    small_batches(monkeypatch)  # many batches, so the two ingestions meet in the middle
+    run.append(b"".join(report_line(step) for step in range(6_000)))
+    assert run.metrics_path().stat().st_size > 5 * ingest.BATCH_BYTES
+    stores = [Store(store.url), Store(store.url)]
     added: list[int] = []
     threads = [threading.Thread(target=lambda s=s: added.append(
         ingest_trial(s, run.trial_id).metrics_added)) for s in stores]
@@ -243,8 +262,8 @@ def test_two_ingestions_at_once_store_each_line_once(
     finally:
         for other in stores:
             other.dispose()
-    assert sum(added) == 40_000
-    assert [r[3] for r in stored(store, run.trial_id)] == list(range(40_000))
+    assert sum(added) == 6_000
+    assert [r[3] for r in stored(store, run.trial_id)] == list(range(6_000))
 
 
 def test_a_file_that_shrank_is_read_on_from_its_new_end(

@@ -32,7 +32,7 @@ from muster.states import ExperimentState, TrialState
 from muster.store import Trial
 from tests.supervise.conftest import Rig, Submitted, TrialView, fixture_entrypoint
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(90)]
 
 MINUS = "\u2212"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"

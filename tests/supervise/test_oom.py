@@ -15,7 +15,7 @@ from muster.states import ExperimentState
 from muster.store import Trial
 from tests.supervise.conftest import Rig, Submitted, fixture_entrypoint
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(90)]
 
 NOT_RETRIED = (
     "OOM failure; not retried, since it would run out of memory the same way "

@@ -29,7 +29,7 @@ from tests.processes import live_group
 from tests.supervise.conftest import EventView, Rig, Submitted, TrialView, fixture_entrypoint
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(60)]
 
 
 def _reconcile_events(trial: TrialView) -> list[EventView]:

@@ -20,7 +20,7 @@ from muster.store import Attempt, Replica, Trial
 from tests.supervise.conftest import Rig, Submitted, TrialView, fixture_entrypoint
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(90)]
 
 
 @dataclass(frozen=True)

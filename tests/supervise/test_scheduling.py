@@ -22,7 +22,7 @@ from muster.store import Attempt, Event, GpuDevice, Store, Trial
 from muster.supervise.supervisor import Supervisor
 from tests.supervise.conftest import Rig, Submitted, fixture_entrypoint
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
 GiB = 1 << 30
 
 

@@ -19,7 +19,7 @@ from muster.states import ExperimentState, TrialState
 from muster.store import Event, Experiment, Metric, Replica, Store, Trial
 from tests.supervise.conftest import Rig, fixture_entrypoint
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(180)]
 LOSS = {"metric": "loss", "smaller_is_better": True}
 
 

@@ -18,7 +18,7 @@ from muster.store import Attempt, Trial
 from tests.supervise.conftest import Rig, Submitted, fixture_entrypoint
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(90)]
 
 
 def submit(rig: Rig, variables: dict[str, str] | None = None, **policy: object) -> Submitted:

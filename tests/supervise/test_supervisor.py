@@ -22,7 +22,7 @@ from tests.processes import live_group
 from tests.supervise.conftest import Rig, TrialView, fixture_entrypoint
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
 
 
 def _log(view: TrialView, number: int) -> bytes:

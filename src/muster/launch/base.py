@@ -1,8 +1,10 @@
-"""The Launcher interface: how the supervisor starts, observes and stops replicas.
+"""The Launcher interface: how the supervisor starts, observes and stops replicas, and how
+the server reads their logs.
 
-Planning is separate from doing: the supervisor builds a `ReplicaSpec` (plain data, easy to
-test and to show as a dry run) and a launcher executes it. Every backend (local shims now,
-Ray actors later) implements the same four methods.
+Planning is separate from doing, twice: the supervisor builds a `ReplicaSpec` (plain data)
+and the launcher turns it into a `LaunchRequest` (what it will write and start: a dry run)
+before it acts. Every backend (local shims now, Ray actors later) implements the same hooks
+under the same template methods.
 
 Ownership: a launcher owns processes and files under the attempt directory; it never
 touches the store. The supervisor owns every state change.
@@ -17,11 +19,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Literal
 
+from muster.launch.logs import ReplicaLog, log_size, read_range
 from muster.rundir import RankFiles
 
 # How the shim holds a replica to `ReplicaSpec.memory_limit` (see `muster.launch.memory`):
 # "auto" takes a writable cgroup memory controller where there is one, else the watchdog.
 MemoryEnforcement = Literal["auto", "cgroup", "watchdog"]
+LOG_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ class ExitRecord:
     memory_limit_bytes: int | None = None
     peak_memory_bytes: int | None = None
     memory_enforcement: str | None = None  # "cgroup-v1", "cgroup-v2" or "watchdog"
+    # Why the limit could not be enforced: the shim then killed the group (INTERNAL).
+    memory_error: str | None = None
 
 
 class ReplicaPhase(str, Enum):
@@ -110,26 +116,74 @@ class ReplicaStatus:
     started_at: float | None = None  # unix time the training process started, once it has
 
 
-class Launcher(abc.ABC):
-    """Starts, observes and stops replicas. Implementations must be safe to call again
-    after a server restart: everything they need is in the attempt directory."""
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What `Launcher.submit` will do for one replica, decided before anything is done: the
+    files it writes (atomically, before the start) and the command that starts the
+    process owning the replica (the shim), with its environment and working directory.
+    Plain data: a dry run prints it, a test compares it."""
 
-    @abc.abstractmethod
+    spec: ReplicaSpec  # the replica itself: its training command, environment and cwd
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str] | None = None  # None: the launcher's own environment
+    files: dict[Path, bytes] = field(default_factory=dict)
+
+
+class Launcher(abc.ABC):
+    """Starts, observes and stops replicas, and serves their logs.
+
+    Contract: every method is safe to call again after a server restart (what a launcher
+    needs is in the attempt directory and in process identities, never in its memory);
+    `describe` and the log methods have no side effects; `cancel` is idempotent and returns
+    at once. The public methods are templates over the hooks a backend implements:
+    `submit` plans (`plan`, a dry run) then acts (`_act`).
+    """
+
     def submit(self, spec: ReplicaSpec) -> ProcessIdentity:
         """Start the replica; return the identity of the process that owns it (the shim).
 
         Raises `muster.errors.LaunchError` if nothing could be started.
         """
+        return self._act(self.plan(spec))
+
+    @abc.abstractmethod
+    def plan(self, spec: ReplicaSpec) -> LaunchRequest:
+        """What `submit` would do for `spec`; changes nothing (a dry run)."""
+
+    @abc.abstractmethod
+    def _act(self, request: LaunchRequest) -> ProcessIdentity:
+        """Carry `request` out: write its files, start its command, record the launch."""
 
     @abc.abstractmethod
     def describe(self, attempt_dir: Path, rank: int) -> ReplicaStatus:
         """The replica's current phase, from its files and process identities. No side effects."""
 
-    @abc.abstractmethod
     def cancel(self, attempt_dir: Path, rank: int, grace: float | None = None) -> None:
         """Ask the replica to stop: SIGTERM to its group, grace, SIGKILL. Idempotent; returns
         at once (the exit arrives later through `describe`). `grace` overrides the spec's
-        `stop_grace` (seconds) for this stop."""
+        `stop_grace` (seconds) for this stop; the first request's grace is the one kept.
+
+        The request is recorded first (a replica that has not started yet obeys it when it
+        does), then delivered to whatever runs now.
+        """
+        if not attempt_dir.is_dir():
+            return  # nothing was ever launched there
+        if not self._stop_recorded(attempt_dir, rank):
+            self._record_stop(attempt_dir, rank, grace)
+        self._deliver_stop(attempt_dir, rank)
+
+    @abc.abstractmethod
+    def _stop_recorded(self, attempt_dir: Path, rank: int) -> bool:
+        """Whether a stop was requested for the replica already."""
+
+    @abc.abstractmethod
+    def _record_stop(self, attempt_dir: Path, rank: int, grace: float | None) -> None:
+        """Record the stop request durably, where the replica's owner looks for it."""
+
+    @abc.abstractmethod
+    def _deliver_stop(self, attempt_dir: Path, rank: int) -> None:
+        """Tell what runs now to stop (a signal); harmless when nothing runs."""
 
     @abc.abstractmethod
     def archive(self, attempt_dir: Path, rank: int, incarnation: int) -> None:
@@ -138,5 +192,21 @@ class Launcher(abc.ABC):
         next incarnation appends to them."""
 
     @abc.abstractmethod
+    def log(self, attempt_dir: Path, rank: int) -> ReplicaLog:
+        """The replica's log and its index, as this launcher serves them (they may not
+        exist yet). Everything that reads a log reads it through this."""
+
+    @abc.abstractmethod
+    def logged_ranks(self, attempt_dir: Path) -> list[int]:
+        """The ranks of the attempt that have a log, in order."""
+
     def log_iter(self, attempt_dir: Path, rank: int, offset: int = 0) -> Iterator[bytes]:
-        """The log's bytes from `offset` to the current end, in chunks; does not wait."""
+        """The log's bytes from `offset` to its size at the time of the call, in chunks of
+        at most 1 MiB; does not wait."""
+        log = self.log(attempt_dir, rank)
+        end = log_size(log)
+        while offset < end:
+            data, offset = read_range(log, offset, min(LOG_CHUNK_BYTES, end - offset))
+            if not data:
+                return
+            yield data

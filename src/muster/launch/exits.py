@@ -109,6 +109,13 @@ def _classify_status(obs: ExitObservation, record: ExitRecord) -> Classification
     if code == 0 and sig is None:
         message = f"The replica {name} exited with status 0"
         return Classification(Reason.OK, message, code, sig, term)
+    if record.memory_error is not None:
+        limit = (format_size(record.memory_limit_bytes) if record.memory_limit_bytes
+                 else "its limit")
+        message = (f"The replica {name} was stopped by muster: its memory limit of {limit} "
+                   f"could not be enforced ({record.memory_error}), and it must not run "
+                   "without it")
+        return Classification(Reason.INTERNAL, message, code, sig, term)
     reason = _failure_reason(obs, record, code, sig, term)
     if reason is Reason.OOM and record.oom:
         message = _over_limit_message(name, code, record)

@@ -15,15 +15,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from muster.atomic import atomic_write_json, read_json
+from muster.atomic import atomic_write_bytes, atomic_write_json, json_bytes, read_json
 from muster.errors import LaunchError
 from muster.launch import forkserver
 from muster.launch.base import (
     Launcher,
+    LaunchRequest,
     ProcessIdentity,
     ReplicaPhase,
     ReplicaSpec,
@@ -31,16 +31,16 @@ from muster.launch.base import (
 )
 from muster.launch.forkserver import ForkServerError
 from muster.launch.identity import group_members, is_alive, read_identity, send_signal
-from muster.launch.logs import log_size, read_range
+from muster.launch.logs import FileLog
 from muster.launch.records import exit_record_from_json, spec_to_json
-from muster.rundir import CONTROL_FILES, RankFiles
+from muster.rundir import CONTROL_FILES, AttemptDir, RankFile, RankFiles
 
 __all__ = ["LocalLauncher"]
 
 log = logging.getLogger(__name__)
 
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
-_LOG_CHUNK_BYTES = 1 << 20
+SHIM = "muster.launch.shim"  # the shim's module: `python -P -m muster.launch.shim SPEC`
 
 
 class LocalLauncher(Launcher):
@@ -56,15 +56,25 @@ class LocalLauncher(Launcher):
         # their replica has ended (`ReplicaSpec.notify`), so it need not wait for a poll.
         self.notify: ProcessIdentity | None = None
 
-    def submit(self, spec: ReplicaSpec) -> ProcessIdentity:
-        """Write the spec, start its shim, record the shim's identity; returns that identity."""
+    def plan(self, spec: ReplicaSpec) -> LaunchRequest:
+        """The spec file, and the shim that reads it (`python -P -m muster.launch.shim
+        SPEC`, in its attempt directory; forked by the fork server where it runs)."""
         if self.notify is not None and spec.notify is None:
             spec = dataclasses.replace(spec, notify=(self.notify.pid, self.notify.start_ticks))
         files = RankFiles(spec.attempt_dir, spec.rank)
+        # `-P` keeps the attempt directory (its cwd) off `sys.path`.
+        return LaunchRequest(spec=spec, argv=[sys.executable, "-P", "-m", SHIM, str(files.spec)],
+                             cwd=spec.attempt_dir,
+                             files={files.spec: json_bytes(spec_to_json(spec))})
+
+    def _act(self, request: LaunchRequest) -> ProcessIdentity:
+        """Write the spec, start its shim, record the shim's identity; returns that identity."""
+        spec = request.spec
+        files = RankFiles(spec.attempt_dir, spec.rank)
         where = f"rank {spec.rank} of trial {spec.trial_uuid} attempt {spec.attempt}"
         try:
-            self._prepare(spec, files)
-            shim = self._start_shim(files, where)
+            self._prepare(request, files)
+            shim = self._start_shim(request, files, where)
         except OSError as exc:
             raise LaunchError(f"Could not launch {where} in {spec.attempt_dir}: {exc}") from exc
         return self._record_launch(shim, files, where)
@@ -102,18 +112,20 @@ class LocalLauncher(Launcher):
         return ReplicaStatus(rank, phase, shim, child, None, stop, stop_at,
                              float(started_at) if isinstance(started_at, int | float) else None)
 
-    def cancel(self, attempt_dir: Path, rank: int, grace: float | None = None) -> None:
-        """Mark the replica stopped and SIGTERM its shim (which runs the grace and SIGKILL).
+    def _stop_recorded(self, attempt_dir: Path, rank: int) -> bool:
+        return RankFiles(attempt_dir, rank).stop.exists()
 
-        Idempotent and immediate. If the shim is gone but its child's group lives on, nobody
-        is left to run a grace period, so the group gets SIGKILL at once.
-        """
+    def _record_stop(self, attempt_dir: Path, rank: int, grace: float | None) -> None:
+        """The stop marker: the shim obeys it when it starts, and reads its grace from it
+        when it sends the SIGTERM."""
+        atomic_write_json(RankFiles(attempt_dir, rank).stop,
+                          {} if grace is None else {"grace": grace})
+
+    def _deliver_stop(self, attempt_dir: Path, rank: int) -> None:
+        """SIGTERM the shim (which runs the grace and the SIGKILL). If the shim is gone but
+        its child's group lives on, nobody is left to run a grace period, so the group gets
+        SIGKILL at once."""
         files = RankFiles(attempt_dir, rank)
-        if not attempt_dir.is_dir():
-            return
-        if not files.stop.exists():
-            # The shim reads the grace from the marker when it sends its SIGTERM.
-            atomic_write_json(files.stop, {} if grace is None else {"grace": grace})
         status = read_json(files.status)
         shim = _identity(status, "shim") or _identity(read_json(files.launch), "shim")
         if shim is not None and send_signal(shim, signal.SIGTERM):
@@ -137,27 +149,28 @@ class LocalLauncher(Launcher):
                 target.parent.mkdir(exist_ok=True)
                 path.rename(target)
 
-    def log_iter(self, attempt_dir: Path, rank: int, offset: int = 0) -> Iterator[bytes]:
-        """The log from `offset` to its size at the time of the call, in chunks of <= 1 MiB."""
-        path = RankFiles(attempt_dir, rank).log
-        end = log_size(path)
-        while offset < end:
-            data, offset = read_range(path, offset, min(_LOG_CHUNK_BYTES, end - offset))
-            if not data:
-                return
-            yield data
+    def log(self, attempt_dir: Path, rank: int) -> FileLog:
+        files = RankFiles(attempt_dir, rank)
+        return FileLog(rank, files.log, files.index)
 
-    def _prepare(self, spec: ReplicaSpec, files: RankFiles) -> None:
-        """Create the attempt directory and the spec; refuse to launch a replica twice."""
+    def logged_ranks(self, attempt_dir: Path) -> list[int]:
+        return [rank for rank, _ in AttemptDir(attempt_dir).ranks_with(RankFile.LOG)]
+
+    def _prepare(self, request: LaunchRequest, files: RankFiles) -> None:
+        """Create the attempt directory and the request's files; refuse to launch a replica
+        twice."""
+        spec = request.spec
         spec.attempt_dir.mkdir(parents=True, exist_ok=True)
         if files.launch.exists() or files.exit.exists():
             raise LaunchError(
                 f"Rank {spec.rank} was already launched in {spec.attempt_dir}; "
                 "start a new attempt in a new directory."
             )
-        atomic_write_json(files.spec, spec_to_json(spec))
+        for path, data in request.files.items():
+            atomic_write_bytes(path, data)
 
-    def _start_shim(self, files: RankFiles, where: str) -> ProcessIdentity:
+    def _start_shim(self, request: LaunchRequest, files: RankFiles, where: str
+                    ) -> ProcessIdentity:
         """Start the shim: forked by the fork server (`launch/forkserver.py`), which has
         the shim's imports done already, or, where that is off or fails, as a new
         interpreter. Returns its identity."""
@@ -172,7 +185,7 @@ class LocalLauncher(Launcher):
                     # marker that such a shim obeys when it starts.
                     raise LaunchError(f"Could not launch {where}: {exc}") from exc
                 log.warning("%s; starting the shim for %s as a new interpreter", exc, where)
-        proc = self._spawn_shim(files)
+        proc = self._spawn_shim(request, files)
         with self._lock:
             self._shims[(files.attempt_dir, files.rank)] = proc
         # Not yet reaped by us, the shim keeps its /proc entry even if it already exited.
@@ -181,20 +194,19 @@ class LocalLauncher(Launcher):
             raise LaunchError(f"The shim for {where} vanished right after it was started.")
         return identity
 
-    def _spawn_shim(self, files: RankFiles) -> subprocess.Popen[bytes]:
+    def _spawn_shim(self, request: LaunchRequest, files: RankFiles) -> subprocess.Popen[bytes]:
         """Start the shim in its own session with SIGTERM/SIGINT blocked.
 
         The shim inherits the blocked mask and unblocks it once its handlers are installed,
         so a cancel that arrives while its interpreter starts is delivered, not lost.
-        `-P` keeps the attempt directory (its cwd) off `sys.path`.
         """
-        argv = [sys.executable, "-P", "-m", "muster.launch.shim", str(files.spec)]
         with files.shim_log.open("ab") as shim_log:
             previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
             try:
                 return subprocess.Popen(
-                    argv,
-                    cwd=files.attempt_dir,
+                    request.argv,
+                    cwd=request.cwd,
+                    env=request.env,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=shim_log,

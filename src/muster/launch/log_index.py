@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator, Iterator
-from pathlib import Path
+from typing import BinaryIO
+
+from muster.launch.logs import LogPart, ReplicaLog, pread
 
 __all__ = ["IndexWalker"]
 
@@ -23,7 +25,6 @@ Entry = tuple[int, float]  # (log offset where a chunk starts, unix time it was 
 _BLOCK_BYTES = 64 * 1024
 # An index line is about 30 bytes; a probe reads enough to hold two whole lines.
 _PROBE_BYTES = 256
-_NO_FILE = (FileNotFoundError, NotADirectoryError)
 
 
 class IndexWalker:
@@ -33,8 +34,8 @@ class IndexWalker:
     every offset has time 0.0: such lines then sort by rank and offset alone.
     """
 
-    def __init__(self, path: Path, start: int) -> None:
-        self._entries = _entries_from(path, start)
+    def __init__(self, log: ReplicaLog, start: int) -> None:
+        self._entries = _entries_from(log, start)
         first = next(self._entries, None)
         self._time = first[1] if first else 0.0
         self._next = next(self._entries, None)
@@ -50,15 +51,15 @@ class IndexWalker:
         self._entries.close()
 
 
-def _entries_from(path: Path, start: int) -> Generator[Entry, None, None]:
+def _entries_from(log: ReplicaLog, start: int) -> Generator[Entry, None, None]:
     """The last entry at or before `start` (or the first entry), then every later one."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except _NO_FILE:
+    stream = log.open(LogPart.INDEX)
+    if stream is None:
         return
-    try:
+    with stream:
         before: Entry | None = None
-        for entry in _parse_from(fd, _bisect(fd, os.fstat(fd).st_size, start)):
+        size = stream.seek(0, os.SEEK_END)
+        for entry in _parse_from(stream, _bisect(stream, size, start)):
             if entry[0] <= start:
                 before = entry
                 continue
@@ -68,17 +69,15 @@ def _entries_from(path: Path, start: int) -> Generator[Entry, None, None]:
             yield entry
         if before is not None:
             yield before
-    finally:
-        os.close(fd)
 
 
-def _bisect(fd: int, size: int, target: int) -> int:
+def _bisect(stream: BinaryIO, size: int, target: int) -> int:
     """A position in the index at or before the line of the last entry at or before
     `target`: the start of a line, close enough that the walk from it is short."""
     lo, hi = 0, size
     while hi - lo > _PROBE_BYTES:
         mid = (lo + hi) // 2
-        found = _line_after(fd, mid)
+        found = _line_after(stream, mid)
         if found is None or found[0] >= hi or found[1][0] > target:
             hi = mid
         else:
@@ -86,9 +85,9 @@ def _bisect(fd: int, size: int, target: int) -> int:
     return lo
 
 
-def _line_after(fd: int, pos: int) -> tuple[int, Entry] | None:
+def _line_after(stream: BinaryIO, pos: int) -> tuple[int, Entry] | None:
     """The first whole line that starts at or after `pos` (> 0): its position and entry."""
-    data = os.pread(fd, _PROBE_BYTES, pos - 1)
+    data = pread(stream, _PROBE_BYTES, pos - 1)
     start = data.find(b"\n") + 1  # a line starts after a newline; data[0] is byte pos - 1
     end = data.find(b"\n", start)
     if start == 0 or end == -1:
@@ -97,10 +96,10 @@ def _line_after(fd: int, pos: int) -> tuple[int, Entry] | None:
     return (pos - 1 + start, entry) if entry is not None else None
 
 
-def _parse_from(fd: int, pos: int) -> Iterator[Entry]:
+def _parse_from(stream: BinaryIO, pos: int) -> Iterator[Entry]:
     """The entries of the whole lines from `pos` (a line start) to the end of the file."""
     pending = b""
-    while block := os.pread(fd, _BLOCK_BYTES, pos):
+    while block := pread(stream, _BLOCK_BYTES, pos):
         pos += len(block)
         lines = (pending + block).split(b"\n")
         pending = lines.pop()  # the part after the last newline: not a whole line yet

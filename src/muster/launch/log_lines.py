@@ -14,24 +14,15 @@ import os
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from itertools import chain
-from pathlib import Path
+from typing import BinaryIO
 
 from muster.launch.log_index import IndexWalker
+from muster.launch.logs import LogPart, ReplicaLog, pread
 
-__all__ = ["MAX_LINE_BYTES", "LineStartsBackward", "LogLine", "RankLog", "lines_from"]
+__all__ = ["MAX_LINE_BYTES", "LineStartsBackward", "LogLine", "lines_from"]
 
 MAX_LINE_BYTES = 1024**2
 _BLOCK_BYTES = 64 * 1024
-_NO_FILE = (FileNotFoundError, NotADirectoryError)
-
-
-@dataclass(frozen=True)
-class RankLog:
-    """One replica's log and its index (`RankFiles.log`, `RankFiles.index`)."""
-
-    rank: int
-    log: Path
-    index: Path
 
 
 @dataclass(frozen=True)
@@ -56,22 +47,21 @@ class LogLine:
 
 
 def lines_from(
-    source: RankLog, start: int, final: bool
+    source: ReplicaLog, start: int, final: bool
 ) -> Generator[LogLine, None, None]:
     """The complete lines from `start` (a line start) on, each with its chunk's time; with
     `final`, the partial last line too."""
-    times = IndexWalker(source.index, start)
+    times = IndexWalker(source, start)
     try:
-        for offset, data in _split(source.log, start, final):
+        for offset, data in _split(source, start, final):
             yield LogLine(source.rank, offset, times.time_at(offset), data)
     finally:
         times.close()
 
 
-def _split(path: Path, start: int, final: bool) -> Iterator[tuple[int, bytes]]:
-    try:
-        log = path.open("rb")
-    except _NO_FILE:
+def _split(source: ReplicaLog, start: int, final: bool) -> Iterator[tuple[int, bytes]]:
+    log = source.open(LogPart.LOG)
+    if log is None:
         return
     with log:
         log.seek(start)
@@ -107,16 +97,14 @@ class LineStartsBackward:
     start), not of the file. Close it when done.
     """
 
-    def __init__(self, path: Path, final: bool) -> None:
-        self._fd: int | None = None
+    def __init__(self, source: ReplicaLog, final: bool) -> None:
         self.end = 0
         self._starts: Iterator[int] = iter(())
-        try:
-            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except _NO_FILE:
+        self._stream = source.open(LogPart.LOG)
+        if self._stream is None:
             return
-        size = os.fstat(self._fd).st_size
-        newlines = _newlines_backward(self._fd, size)
+        size = self._stream.seek(0, os.SEEK_END)
+        newlines = _newlines_backward(self._stream, size)
         line_end = next(newlines, -1)  # the newline that ends the last whole line
         partial = _piece_starts(line_end + 1, size - line_end - 1)
         self.end = partial.pop() if partial and not final else size  # still being written
@@ -126,9 +114,9 @@ class LineStartsBackward:
         return self._starts
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
 
 def _whole_lines_backward(newlines: Iterator[int], line_end: int) -> Iterator[int]:
@@ -145,11 +133,11 @@ def _piece_starts(start: int, length: int) -> list[int]:
     return list(range(start, start + length, MAX_LINE_BYTES))
 
 
-def _newlines_backward(fd: int, end: int) -> Iterator[int]:
+def _newlines_backward(stream: BinaryIO, end: int) -> Iterator[int]:
     """The offsets of the newlines before `end`, last first."""
     while end > 0:
         start = max(0, end - _BLOCK_BYTES)
-        block = os.pread(fd, end - start, start)
+        block = pread(stream, end - start, start)
         pos = len(block)
         while (pos := block.rfind(b"\n", 0, pos)) != -1:
             yield start + pos

@@ -1,4 +1,9 @@
-"""Reading replica logs for the log API: byte ranges and tails, never the whole file.
+"""A replica's log as its launcher serves it, and reading it: byte ranges and tails, never the
+whole file.
+
+`ReplicaLog` is the launcher's log interface (`Launcher.log`): the server reads logs only
+through it, so a launcher whose files live on another machine can serve them. `FileLog` is
+the local one: the shim's files (`RankFiles.log`, `RankFiles.index`).
 
 Logs are stored byte-exact (invariant 2) and may be many GiB, so every helper here costs
 what it returns, not what the file holds. Text is decoded only in `tail_text`, for display.
@@ -6,26 +11,89 @@ what it returns, not what the file holds. Text is decoded only in `tail_text`, f
 
 from __future__ import annotations
 
+import abc
 import os
+from enum import Enum
 from pathlib import Path
+from typing import BinaryIO
 
-__all__ = ["BLOCK_BYTES", "log_size", "read_range", "tail_offset", "tail_text"]
+__all__ = ["BLOCK_BYTES", "FileLog", "LogPart", "ReplicaLog", "log_size", "pread", "read_range",
+           "tail_offset", "tail_text"]
 
 BLOCK_BYTES = 64 * 1024
 # A log under a path that is not a directory (an attempt directory that could not be made)
 # does not exist either.
-_NO_LOG = (FileNotFoundError, NotADirectoryError)
+_NO_FILE = (FileNotFoundError, NotADirectoryError)
 
 
-def log_size(path: Path) -> int:
+class LogPart(str, Enum):
+    LOG = "log"  # the replica's merged stdout and stderr, byte-exact, append-only
+    INDEX = "index"  # one "<log offset> <unix time>" line per chunk: when each part arrived
+
+
+class ReplicaLog(abc.ABC):
+    """One replica's log and its index, wherever its launcher keeps them.
+
+    Contract: both parts only grow; `open` never waits for a part to appear (None while
+    it does not exist) and returns a binary stream that can seek; `size` is what a stream
+    opened now would hold. Neither has side effects.
+    """
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    @abc.abstractmethod
+    def open(self, part: LogPart) -> BinaryIO | None:
+        """`part`, open for reading; None while it does not exist. Close it when done."""
+
+    def size(self, part: LogPart = LogPart.LOG) -> int:
+        """`part`'s size in bytes; 0 while it does not exist."""
+        stream = self.open(part)
+        if stream is None:
+            return 0
+        with stream:
+            return stream.seek(0, os.SEEK_END)
+
+
+class FileLog(ReplicaLog):
+    """A replica's log and index as local files."""
+
+    def __init__(self, rank: int, log: Path, index: Path | None = None) -> None:
+        super().__init__(rank)
+        self.log = log
+        self.index = index if index is not None else log.with_suffix(".index")
+
+    def __repr__(self) -> str:
+        return f"FileLog({self.rank}, {str(self.log)!r})"
+
+    def open(self, part: LogPart) -> BinaryIO | None:
+        try:
+            return self._path(part).open("rb", buffering=0)
+        except _NO_FILE:
+            return None
+
+    def size(self, part: LogPart = LogPart.LOG) -> int:
+        try:
+            return self._path(part).stat().st_size
+        except _NO_FILE:
+            return 0
+
+    def _path(self, part: LogPart) -> Path:
+        return self.log if part is LogPart.LOG else self.index
+
+
+def pread(stream: BinaryIO, size: int, offset: int) -> bytes:
+    """Up to `size` bytes of `stream` from `offset` (fewer only at its end)."""
+    stream.seek(offset)
+    return stream.read(size)
+
+
+def log_size(log: ReplicaLog) -> int:
     """The log's size in bytes; 0 while it does not exist yet."""
-    try:
-        return path.stat().st_size
-    except _NO_LOG:
-        return 0
+    return log.size(LogPart.LOG)
 
 
-def read_range(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+def read_range(log: ReplicaLog, offset: int, limit: int) -> tuple[bytes, int]:
     """Up to `limit` bytes from `offset`, and the offset to continue from.
 
     A missing file, or an offset at or past the end, gives b"" and the same offset, so a
@@ -33,16 +101,15 @@ def read_range(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
     """
     if offset < 0 or limit < 0:
         raise ValueError(f"offset and limit must be >= 0, but got {offset=} and {limit=}.")
-    try:
-        with path.open("rb") as log:
-            log.seek(offset)
-            data = log.read(limit)
-    except _NO_LOG:
+    stream = log.open(LogPart.LOG)
+    if stream is None:
         return b"", offset
+    with stream:
+        data = pread(stream, limit, offset)
     return data, offset + len(data)
 
 
-def tail_offset(path: Path, lines: int) -> int:
+def tail_offset(log: ReplicaLog, lines: int) -> int:
     """The byte offset where the last `lines` lines start (0 when the file has fewer).
 
     A final line without a trailing newline counts as a line. Blocks are read backward from
@@ -50,25 +117,22 @@ def tail_offset(path: Path, lines: int) -> int:
     """
     if lines < 0:
         raise ValueError(f"lines must be >= 0, but got {lines=}.")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except _NO_LOG:
+    stream = log.open(LogPart.LOG)
+    if stream is None:
         return 0
-    try:
-        return _tail_offset_fd(fd, os.fstat(fd).st_size, lines)
-    finally:
-        os.close(fd)
+    with stream:
+        return _tail_offset(stream, stream.seek(0, os.SEEK_END), lines)
 
 
-def _tail_offset_fd(fd: int, size: int, lines: int) -> int:
+def _tail_offset(stream: BinaryIO, size: int, lines: int) -> int:
     if lines == 0 or size == 0:
         return size
     # The newline that ends the last line does not start a line: search before it.
-    end = size - 1 if os.pread(fd, 1, size - 1) == b"\n" else size
+    end = size - 1 if pread(stream, 1, size - 1) == b"\n" else size
     wanted = lines
     while end > 0:
         start = max(0, end - BLOCK_BYTES)
-        block = os.pread(fd, end - start, start)
+        block = pread(stream, end - start, start)
         pos = len(block)
         while (pos := block.rfind(b"\n", 0, pos)) != -1:
             wanted -= 1
@@ -78,8 +142,8 @@ def _tail_offset_fd(fd: int, size: int, lines: int) -> int:
     return 0
 
 
-def tail_text(path: Path, lines: int) -> str:
+def tail_text(log: ReplicaLog, lines: int) -> str:
     """The last `lines` lines, decoded for display (invalid bytes become U+FFFD)."""
-    offset = tail_offset(path, lines)
-    data, _ = read_range(path, offset, max(0, log_size(path) - offset))
+    offset = tail_offset(log, lines)
+    data, _ = read_range(log, offset, max(0, log_size(log) - offset))
     return data.decode("utf-8", errors="replace")

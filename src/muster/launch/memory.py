@@ -12,7 +12,10 @@ The shim picks one `MemoryGuard` per replica before it starts the training proce
 - `RssWatchdog`: where no cgroup is writable, a thread sums the RSS of every process in the
   replica's process group every `WATCHDOG_INTERVAL_S` and SIGKILLs the group once the sum
   exceeds the limit. It counts shared pages once per process (conservative), and cannot see
-  a process that moved itself to another process group.
+  a process that moved itself to another process group. A watchdog that cannot sample
+  (`WATCHDOG_FAILURES` times in a row) does not go on as if it watched: it SIGKILLs the
+  group too, and its report's `error` says why, so the replica ends INTERNAL with that
+  reason instead of running without its limit.
 
 Contract, in the shim's order: `open_memory_guard` before the spawn (`child_setup` runs in
 the forked child before exec), `watch(pgid)` once the child runs, `breached()` from the
@@ -54,6 +57,7 @@ __all__ = [
 log = logging.getLogger("muster.shim")
 
 WATCHDOG_INTERVAL_S = 0.05
+WATCHDOG_FAILURES = 3  # samples that failed in a row before the limit counts as unenforced
 CGROUP_CHECK_S = 0.05  # how often `CgroupMemory.breached` reads the group's OOM counter
 RMDIR_TRIES = 100  # killed processes leave their cgroup only as they finish exiting
 RMDIR_PAUSE_S = 0.02
@@ -69,6 +73,7 @@ class MemoryReport:
     limit_bytes: int
     peak_bytes: int | None  # None where the mechanism cannot tell
     oom: bool
+    error: str | None = None  # why the limit could not be enforced (the group was killed)
 
 
 class MemoryGuard(abc.ABC):
@@ -91,6 +96,12 @@ class MemoryGuard(abc.ABC):
     def breached(self) -> bool:
         """True once the group crossed the limit (cheap: the shim calls it in its loop)."""
 
+    @property
+    def error(self) -> str | None:
+        """Why the limit can no longer be enforced, once that happened (the group is then
+        killed); None while it is enforced."""
+        return None
+
     @abc.abstractmethod
     def finish(self) -> MemoryReport:
         """Stop watching and report; call before the child is reaped."""
@@ -105,13 +116,16 @@ class RssWatchdog(MemoryGuard):
 
     mechanism = "watchdog"
 
-    def __init__(self, limit_bytes: int, interval_s: float = WATCHDOG_INTERVAL_S) -> None:
+    def __init__(self, limit_bytes: int, interval_s: float = WATCHDOG_INTERVAL_S,
+                 sample: Callable[[int], int] | None = None) -> None:
         super().__init__(limit_bytes)
         self._interval_s = interval_s
+        self._sample_group = sample or group_rss  # the group's RSS in bytes
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._peak = 0
         self._breached = False
+        self._error: str | None = None
 
     def watch(self, pgid: int) -> None:
         self._thread = threading.Thread(
@@ -120,19 +134,32 @@ class RssWatchdog(MemoryGuard):
         self._thread.start()
 
     def _run(self, pgid: int) -> None:
-        failed = False
-        while not self._breached:
+        failures = 0
+        while not self._breached and self._error is None:
             try:
                 self._sample(pgid)
-            except Exception:  # a watchdog that died would leave the limit unenforced
-                if not failed:
-                    log.exception("the memory watchdog failed to sample group %d", pgid)
-                failed = True
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - a watchdog that dies leaves no limit
+                failures += 1
+                log.warning("the memory watchdog could not sample group %d (%d in a row): "
+                            "%s: %s", pgid, failures, type(exc).__name__, exc)
+                if failures >= WATCHDOG_FAILURES:
+                    self._give_up(pgid, f"{type(exc).__name__}: {exc}")
             if self._stop.wait(self._interval_s):
                 return
 
+    def _give_up(self, pgid: int, error: str) -> None:
+        """The limit cannot be enforced any more: stop the group rather than let it run
+        without one, and say why."""
+        self._error = (f"the RSS watchdog could not sample the process group "
+                       f"{WATCHDOG_FAILURES} times in a row ({error})")
+        log.error("%s: SIGKILL to group %d so that it never runs without its memory limit "
+                  "of %s", self._error, pgid, format_size(self.limit_bytes))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
     def _sample(self, pgid: int) -> None:
-        total = group_rss(pgid)
+        total = self._sample_group(pgid)
         self._peak = max(self._peak, total)
         if total > self.limit_bytes:
             self._breached = True
@@ -146,11 +173,16 @@ class RssWatchdog(MemoryGuard):
     def breached(self) -> bool:
         return self._breached
 
+    @property
+    def error(self) -> str | None:
+        return self._error
+
     def finish(self) -> MemoryReport:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        return MemoryReport(self.mechanism, self.limit_bytes, self._peak, self._breached)
+        return MemoryReport(self.mechanism, self.limit_bytes, self._peak, self._breached,
+                            self._error)
 
     def close(self) -> None:
         """Nothing to remove: `finish` has stopped the thread."""

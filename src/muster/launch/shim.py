@@ -460,12 +460,18 @@ class Shim:
     def _enforce_memory(self, pgid: int) -> None:
         """Once the group crossed its memory limit, SIGKILL all of it, once. (The kernel's OOM
         killer in a cgroup takes one process; the watchdog has killed the group already.)"""
-        if self._memory is None or self._out_of_memory or not self._memory.breached():
+        if self._memory is None or self._out_of_memory:
+            return
+        limit = format_size(self._memory.limit_bytes)
+        if self._memory.breached():
+            log.warning("the replica hit its memory limit of %s: SIGKILL to group %d",
+                        limit, pgid)
+        elif self._memory.error is not None:
+            log.error("the memory limit of %s cannot be enforced (%s): SIGKILL to group %d",
+                      limit, self._memory.error, pgid)
+        else:
             return
         self._out_of_memory = True
-        limit = format_size(self._memory.limit_bytes)
-        log.warning("the replica hit its memory limit of %s: SIGKILL to group %d",
-                    limit, pgid)
         self._killpg(pgid, signal.SIGKILL)
 
     def _check_marker(self) -> None:
@@ -606,6 +612,7 @@ def _with_memory(record: ExitRecord, memory: MemoryReport | None) -> ExitRecord:
         memory_limit_bytes=memory.limit_bytes,
         peak_memory_bytes=memory.peak_bytes,
         memory_enforcement=memory.mechanism,
+        memory_error=memory.error,
     )
 
 

@@ -55,7 +55,8 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
         await asyncio.to_thread(launcher.warm_up)
         orchestrator = Orchestrator(supervisor)
         _wake_on_replica_exit(orchestrator, launcher)
-        app.state.muster = ServerState(home, store, ensure_token(home.token_path), orchestrator)
+        app.state.muster = ServerState(home, store, ensure_token(home.token_path), orchestrator,
+                                       launcher)
         task = asyncio.create_task(orchestrator.run(), name="muster-orchestrator")
         try:
             yield

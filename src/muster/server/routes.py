@@ -1,4 +1,9 @@
-"""HTTP routes: thin adapters from requests to the services in `muster.server.*`."""
+"""HTTP routes: thin adapters from requests to the services in `muster.services`.
+
+Each route declares its response model (`muster.server.api`) and the errors it can answer
+with, so `/openapi.json` is a contract a client, a fuzzer and a browser test can hold the
+server to. Every route but `/health` needs the bearer token (the `bearer` security scheme).
+"""
 
 from __future__ import annotations
 
@@ -6,22 +11,40 @@ import asyncio
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, Field
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from muster import __version__
-from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY
 from muster.errors import InvalidRequest
-from muster.server import prometheus
+from muster.server import api, prometheus
 from muster.server.auth import check_bearer
 from muster.server.state import ServerState
 from muster.services import cluster, experiments, jobs, logs, metrics, search
 from muster.services.uploads import MAX_UPLOAD_BYTES
 
 PREFIX = "/api/v1"
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
+                    description="the token in $MUSTER_HOME/token (`Authorization: Bearer ...`)")
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses` of a route that can answer with these error statuses."""
+    return {status: {"model": api.Error, "description": _ERROR_MEANINGS[status]}
+            for status in statuses}
+
+
+_ERROR_MEANINGS = {
+    400: "a malformed request (a bad parameter, cursor or upload)",
+    401: "a missing or wrong bearer token",
+    404: "no such experiment, trial or attempt",
+    409: "the request clashes with the current state (e.g. it has ended)",
+    422: "an invalid config or request body; the message names the key path",
+    503: "the database is unreachable",
+}
+COMMON = (401, 422, 503)  # what any protected route may answer
 
 
 def server_state(request: Request) -> ServerState:
@@ -30,30 +53,46 @@ def server_state(request: Request) -> ServerState:
 
 
 def require_token(
-    request: Request, authorization: Annotated[str | None, Header()] = None
+    request: Request,
+    # (declared for the OpenAPI security scheme; the header itself is checked below, so
+    # that every failure gets muster's own 401 shape)
+    _bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)] = None,
 ) -> ServerState:
     state = server_state(request)
-    check_bearer(authorization, state.token)
+    check_bearer(request.headers.get("authorization"), state.token)
     return state
 
 
 public = APIRouter(prefix=PREFIX)
-router = APIRouter(prefix=PREFIX, dependencies=[Depends(require_token)])
+router = APIRouter(prefix=PREFIX, dependencies=[Depends(require_token)],
+                   responses=_errors(*COMMON))
 State = Annotated[ServerState, Depends(server_state)]
 
 
-@public.get("/health")
-def health() -> dict[str, str | int]:
-    """Liveness; `pid` tells `muster up` that the server answering is the one it started."""
-    return {"status": "ok", "version": __version__, "pid": os.getpid()}
+@public.get("/health", response_model=api.Health)
+def health(state: State) -> dict[str, Any]:
+    """Liveness, and how the supervisor is doing: 200 while the server serves, with
+    `degraded` true while its passes fail (the last error and its time are kept)."""
+    passes = state.orchestrator.health
+    return {
+        "status": "ok", "version": __version__, "pid": os.getpid(),
+        "degraded": passes.degraded,
+        "last_supervisor_error": passes.last_error,
+        "last_supervisor_error_at": passes.last_error_at,
+        "supervisor": {"failures_in_a_row": passes.failures_in_a_row,
+                       "last_error": passes.last_error, "last_error_at": passes.last_error_at,
+                       "last_pass_at": passes.last_pass_at},
+    }
 
 
-@router.post("/experiments", status_code=201)
+@router.post("/experiments", status_code=201, response_model=api.ExperimentDetail,
+             responses=_errors(400))
 async def create_experiment(
     state: State,
     config: Annotated[str, Form(description="the experiment config, YAML")],
     context: Annotated[UploadFile | None, File(description="the context dir, tar.gz")] = None,
 ) -> dict[str, Any]:
+    """Validate the config, snapshot the context, record the experiment (and its trial)."""
     with tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp:
         archive = await _save_upload(context, Path(tmp)) if context is not None else None
         exp_id = await asyncio.to_thread(
@@ -78,13 +117,18 @@ async def _save_upload(upload: UploadFile, folder: Path) -> Path:
     return path
 
 
-@router.get("/cluster")
+@router.get("/cluster", response_model=api.ClusterStatus)
 def get_cluster(state: State) -> dict[str, Any]:
     """Slots, queue and disk of this installation (`muster cluster status`)."""
     return cluster.cluster_status(state.orchestrator.supervisor)
 
 
-@router.get("/metrics", response_class=Response)
+_PROMETHEUS_TEXT: dict[int | str, dict[str, Any]] = {200: {
+    "description": "Prometheus's text format, version 0.0.4",
+    "content": {prometheus.CONTENT_TYPE: {"schema": {"type": "string"}}}}}
+
+
+@router.get("/metrics", response_class=Response, responses=_PROMETHEUS_TEXT)
 def get_prometheus_metrics(state: State) -> Response:
     """The cluster's gauges and counters in Prometheus's text format (version 0.0.4)."""
     snapshot = cluster.read_cluster(state.orchestrator.supervisor)
@@ -98,20 +142,16 @@ scrape.add_api_route("/metrics", get_prometheus_metrics, methods=["GET"],
                      response_class=Response, include_in_schema=False)
 
 
-@router.get("/jobs")
+@router.get("/jobs", response_model=list[api.Job])
 def list_jobs(state: State) -> list[dict[str, Any]]:
     """Trials that run or wait: those holding resources, then the queue in its order (priority,
     then id), then paused ones; each with its resources, GPUs held and `queue_reason`."""
     return jobs.list_jobs(state.store)
 
 
-class PriorityRequest(BaseModel):
-    priority: Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY,
-                                   description="1 to 99; lower runs first")]
-
-
-@router.post("/trials/{trial_id}/priority")
-async def set_trial_priority(state: State, trial_id: int, body: PriorityRequest
+@router.post("/trials/{trial_id}/priority", response_model=api.TrialDescription,
+             responses=_errors(404, 409))
+async def set_trial_priority(state: State, trial_id: int, body: api.PriorityRequest
                              ) -> dict[str, Any]:
     """Move a trial in the queue; 409 once it has ended. Takes effect on the next pass."""
     view = await asyncio.to_thread(jobs.set_trial_priority, state.store, trial_id,
@@ -120,8 +160,9 @@ async def set_trial_priority(state: State, trial_id: int, body: PriorityRequest
     return view
 
 
-@router.post("/experiments/{experiment_id}/priority")
-async def set_experiment_priority(state: State, experiment_id: int, body: PriorityRequest
+@router.post("/experiments/{experiment_id}/priority", response_model=api.ExperimentDetail,
+             responses=_errors(404, 409))
+async def set_experiment_priority(state: State, experiment_id: int, body: api.PriorityRequest
                                   ) -> dict[str, Any]:
     """Set the priority of every trial of the experiment that has not ended, and of those
     it makes from now on; 409 once it has ended."""
@@ -131,17 +172,21 @@ async def set_experiment_priority(state: State, experiment_id: int, body: Priori
     return view
 
 
-@router.get("/experiments")
+@router.get("/experiments", response_model=list[api.ExperimentSummary])
 def list_experiments(state: State) -> list[dict[str, Any]]:
+    """Every experiment, oldest first."""
     return experiments.list_experiments(state.store)
 
 
-@router.get("/experiments/{experiment_id}")
+@router.get("/experiments/{experiment_id}", response_model=api.ExperimentDetail,
+            responses=_errors(404))
 def get_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+    """The experiment, its trials (attempts, replicas, how each ended) and its search."""
     return experiments.describe_experiment(state.store, experiment_id)
 
 
-@router.get("/experiments/{experiment_id}/best")
+@router.get("/experiments/{experiment_id}/best", response_model=api.TrialDetail,
+            responses=_errors(404, 409))
 def get_best_trial(state: State, experiment_id: int) -> dict[str, Any]:
     """The SUCCEEDED trial with the best value of the searcher's metric (early-stopped trials
     count; ties: lowest number), with its `best_validation`. 404 while there is none yet; 409
@@ -149,7 +194,8 @@ def get_best_trial(state: State, experiment_id: int) -> dict[str, Any]:
     return search.best_trial(state.store, experiment_id)
 
 
-@router.get("/experiments/{experiment_id}/trials")
+@router.get("/experiments/{experiment_id}/trials", response_model=list[api.TrialSummary],
+            responses=_errors(400, 404))
 def list_experiment_trials(
     state: State,
     experiment_id: int,
@@ -163,34 +209,58 @@ def list_experiment_trials(
     return search.list_trials(state.store, experiment_id, sort)
 
 
-@router.post("/experiments/{experiment_id}/kill")
+@router.post("/experiments/{experiment_id}/kill", response_model=api.ExperimentDetail,
+             responses=_errors(404, 409))
 async def kill_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+    """Stop every trial (SIGTERM, grace, SIGKILL); 409 once the experiment has ended."""
     view = await asyncio.to_thread(experiments.kill_experiment, state.store, experiment_id)
     state.orchestrator.wake.set()
     return view
 
 
-@router.post("/experiments/{experiment_id}/pause")
+@router.post("/experiments/{experiment_id}/pause", response_model=api.ExperimentDetail,
+             responses=_errors(404, 409))
 async def pause_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+    """Pause an ACTIVE experiment: its trials checkpoint and free their slots and GPUs."""
     view = await asyncio.to_thread(experiments.pause_experiment, state.store, experiment_id)
     state.orchestrator.wake.set()
     return view
 
 
-@router.post("/experiments/{experiment_id}/activate")
+@router.post("/experiments/{experiment_id}/activate", response_model=api.ExperimentDetail,
+             responses=_errors(404, 409))
 async def activate_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+    """Resume a PAUSED experiment: its trials resume from their latest checkpoints."""
     view = await asyncio.to_thread(experiments.activate_experiment, state.store,
                                    experiment_id)
     state.orchestrator.wake.set()
     return view
 
 
-@router.get("/trials/{trial_id}")
+@router.get("/trials/{trial_id}", response_model=api.TrialDescription, responses=_errors(404))
 def get_trial(state: State, trial_id: int) -> dict[str, Any]:
+    """The trial, its attempts and replicas, its `best_validation` and its events."""
     return experiments.describe_trial(state.store, trial_id)
 
 
-@router.get("/trials/{trial_id}/logs", response_model=None)
+_LOG_BYTES: dict[int | str, dict[str, Any]] = {200: {
+    "description": "log bytes as written; the cursor is in the X-Muster-* headers",
+    "content": {"application/octet-stream": {"schema": {"type": "string",
+                                                        "format": "binary"}}},
+    "headers": {
+        "X-Muster-Attempt": {"description": "the attempt read", "schema": {"type": "integer"}},
+        "X-Muster-Offset": {"description": "where the bytes start (one rank)",
+                            "schema": {"type": "integer"}},
+        "X-Muster-Next-Offset": {"description": "where to go on (one rank)",
+                                 "schema": {"type": "integer"}},
+        "X-Muster-Next-Cursor": {"description": "where to go on without a rank, e.g. "
+                                                "0:1234,1:88", "schema": {"type": "string"}},
+    },
+}}
+
+
+@router.get("/trials/{trial_id}/logs", response_class=Response,
+            responses={**_LOG_BYTES, **_errors(400, 404)})
 async def get_trial_logs(
     state: State,
     trial_id: int,
@@ -212,13 +282,12 @@ async def get_trial_logs(
         if cursor is not None:
             raise InvalidRequest("cursor pages reads without follow; to follow from the "
                                  "end, pass tail=N instead")
-        stream = await logs.follow_log(
-            state.store, trial_id, attempt=attempt, rank=rank, offset=offset, tail=tail
-        )
+        stream = await logs.follow_log(state.store, state.launcher, trial_id, attempt=attempt,
+                                       rank=rank, offset=offset, tail=tail)
         return StreamingResponse(stream, media_type="application/octet-stream")
     piece = await asyncio.to_thread(
-        logs.read_log, state.store, trial_id, attempt=attempt, rank=rank, offset=offset,
-        limit=limit, tail=tail, cursor=cursor,
+        logs.read_log, state.store, state.launcher, trial_id, attempt=attempt, rank=rank,
+        offset=offset, limit=limit, tail=tail, cursor=cursor,
     )
     return Response(piece.data, media_type="application/octet-stream",
                     headers=_log_headers(piece, rank_named=rank is not None))
@@ -234,7 +303,8 @@ def _log_headers(piece: logs.LogSlice | logs.MergedSlice, rank_named: bool) -> d
     return headers
 
 
-@router.get("/trials/{trial_id}/metrics")
+@router.get("/trials/{trial_id}/metrics", response_model=list[api.MetricReport],
+            responses=_errors(404))
 def get_trial_metrics(
     state: State,
     trial_id: int,
@@ -250,20 +320,17 @@ def get_trial_metrics(
                                 limit=limit, tail=tail)
 
 
-@router.get("/trials/{trial_id}/checkpoints")
+@router.get("/trials/{trial_id}/checkpoints", response_model=list[api.CheckpointView],
+            responses=_errors(404))
 def get_trial_checkpoints(state: State, trial_id: int) -> list[dict[str, Any]]:
     """Registered checkpoints by step, each with `intact` and, if not, the `problem`."""
     return metrics.list_checkpoints(state.store, trial_id)
 
 
-class ReviewRequest(BaseModel):
-    decision: Literal["approve", "reject"]
-    note: Annotated[str, Field(min_length=1, description="why; recorded with the decision")]
-    reviewer: Annotated[str, Field(min_length=1, description="who reviewed")]
-
-
-@router.post("/trials/{trial_id}/review")
-async def review_trial(state: State, trial_id: int, review: ReviewRequest) -> dict[str, Any]:
+@router.post("/trials/{trial_id}/review", response_model=api.TrialDescription,
+             responses=_errors(400, 404, 409))
+async def review_trial(state: State, trial_id: int, review: api.ReviewRequest
+                       ) -> dict[str, Any]:
     """Approve (→ SUCCEEDED) or reject (→ FAILED) a SUSPECT trial; 409 for any other state."""
     view = await asyncio.to_thread(experiments.review_trial, state.store, trial_id,
                                    review.decision, review.note, review.reviewer)

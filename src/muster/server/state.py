@@ -7,6 +7,7 @@ from pathlib import Path
 
 from muster.config import ClusterConfig, load_cluster_config
 from muster.home import Home
+from muster.launch.base import Launcher
 from muster.server.orchestrator import Orchestrator
 from muster.store import Store
 
@@ -35,3 +36,4 @@ class ServerState:
     store: Store
     token: str
     orchestrator: Orchestrator
+    launcher: Launcher  # what serves the replicas' logs

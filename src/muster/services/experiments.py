@@ -15,6 +15,7 @@ from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.home import Home
 from muster.services import views
 from muster.services.uploads import extract_context
+from muster.services.validation import best_validation
 from muster.states import EventReason, ExperimentState, StopIntent, TrialState
 from muster.store import Event, Experiment, Store, Trial, record_event, transition
 from muster.store.transitions import MAX_ACTOR, REVIEW_ACTOR_PREFIX
@@ -83,7 +84,7 @@ def list_experiments(store: Store) -> list[dict[str, Any]]:
 
 def describe_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
     with store.session_scope() as s:
-        return views.experiment_detail(experiment_or_404(s, experiment_id))
+        return experiment_view(s, experiment_or_404(s, experiment_id))
 
 
 def describe_trial(store: Store, trial_id: int) -> dict[str, Any]:
@@ -91,7 +92,7 @@ def describe_trial(store: Store, trial_id: int) -> dict[str, Any]:
         trial = trial_or_404(s, trial_id)
         view = views.trial_detail(trial)
         goals = views.searcher_goals(views.searcher_settings(trial.experiment))
-        view["best_validation"] = views.best_validation(s, [trial.id], goals).get(trial.id, {})
+        view["best_validation"] = best_validation(s, [trial.id], goals).get(trial.id, {})
         events = s.scalars(select(Event).where(Event.trial_id == trial_id).order_by(Event.id))
         view["events"] = [views.event_view(e) for e in events]
         return view
@@ -111,7 +112,7 @@ def kill_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
                          message="stopping every trial", experiment_id=exp.id)
         for trial in exp.trials:
             _stop_trial(s, trial)
-        return views.experiment_detail(exp)
+        return experiment_view(s, exp)
 
 
 def pause_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
@@ -126,7 +127,7 @@ def pause_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
         if exp.state == ExperimentState.PAUSED.value:
-            return views.experiment_detail(exp)
+            return experiment_view(s, exp)
         if exp.state != ExperimentState.ACTIVE.value or exp.stop_requested:
             raise Conflict(f"experiment {experiment_id} is {_state_words(exp)}; only an "
                            "ACTIVE experiment can be paused")
@@ -138,7 +139,7 @@ def pause_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
                            message="paused before it started")
             elif TrialState(trial.state).is_active() and not trial.stop_requested:
                 trial.stop_intent = trial.stop_intent or StopIntent.PAUSE.value
-        return views.experiment_detail(exp)
+        return experiment_view(s, exp)
 
 
 def activate_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
@@ -152,7 +153,7 @@ def activate_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
         if exp.state == ExperimentState.ACTIVE.value and not exp.stop_requested:
-            return views.experiment_detail(exp)
+            return experiment_view(s, exp)
         if exp.state != ExperimentState.PAUSED.value or exp.stop_requested:
             raise Conflict(f"experiment {experiment_id} is {_state_words(exp)}; only a "
                            "PAUSED experiment can be activated")
@@ -162,7 +163,7 @@ def activate_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
             if trial.state == TrialState.PAUSED.value:
                 transition(s, trial, TrialState.QUEUED, reason=EventReason.ACTIVATED, actor=USER,
                            message="back in the queue; it resumes from its latest checkpoint")
-        return views.experiment_detail(exp)
+        return experiment_view(s, exp)
 
 
 def _state_words(exp: Experiment) -> str:
@@ -214,6 +215,12 @@ def _stop_trial(s: Session, trial: Trial) -> None:
     if trial.state in (TrialState.QUEUED, TrialState.PAUSED):
         transition(s, trial, TrialState.CANCELED, reason=EventReason.KILLED, actor=USER,
                    message="killed before it started")
+
+
+def experiment_view(s: Session, exp: Experiment) -> dict[str, Any]:
+    """`views.experiment_detail`, with its trials' `best_validation` read from the store."""
+    goals = views.searcher_goals(views.searcher_settings(exp))
+    return views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals))
 
 
 def experiment_or_404(s: Session, experiment_id: int) -> Experiment:

@@ -16,8 +16,13 @@ from sqlalchemy.orm import Session, selectinload
 from muster.config import ExperimentConfig
 from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY, ResourcesConfig
 from muster.errors import Conflict, InvalidRequest
-from muster.services import views
-from muster.services.experiments import USER, describe_trial, experiment_or_404, trial_or_404
+from muster.services.experiments import (
+    USER,
+    describe_trial,
+    experiment_or_404,
+    experiment_view,
+    trial_or_404,
+)
 from muster.states import EventReason, ExperimentState, GpuState, TrialState
 from muster.store import GpuDevice, Store, Trial, record_event
 
@@ -127,7 +132,7 @@ def set_experiment_priority(store: Store, experiment_id: int, priority: int) -> 
         for trial in exp.trials:
             if not TrialState(trial.state).is_settled():
                 _change_priority(s, trial, priority)
-        return views.experiment_detail(exp)
+        return experiment_view(s, exp)
 
 
 def _change_priority(s: Session, trial: Trial, priority: int) -> None:

@@ -21,9 +21,8 @@ from typing import Protocol
 from sqlalchemy import select
 
 from muster.errors import InvalidRequest, NotFound
-from muster.launch.log_lines import RankLog
-from muster.launch.logs import log_size, read_range, tail_offset
-from muster.rundir import AttemptDir, RankFile, RankFiles
+from muster.launch.base import Launcher
+from muster.launch.logs import ReplicaLog, log_size, read_range, tail_offset
 from muster.services.experiments import trial_or_404
 from muster.services.merged_logs import LogCursor, merged_page, tail_cursor
 from muster.states import AttemptState, TrialState
@@ -63,18 +62,19 @@ class MergedSlice:
 
 @dataclass(frozen=True)
 class AttemptLogs:
-    """Where one attempt's logs are, and whether they are complete."""
+    """Where one attempt's logs are (its launcher serves them), and whether they are
+    complete."""
 
     number: int
     run_dir: Path
     ranks: tuple[int, ...]
     ended: bool  # its replicas are gone: no byte will be added
+    launcher: Launcher
 
-    def source(self, rank: int) -> RankLog:
-        files = RankFiles(self.run_dir, rank)
-        return RankLog(rank, files.log, files.index)
+    def source(self, rank: int) -> ReplicaLog:
+        return self.launcher.log(self.run_dir, rank)
 
-    def sources(self) -> list[RankLog]:
+    def sources(self) -> list[ReplicaLog]:
         return [self.source(rank) for rank in self.ranks]
 
 
@@ -90,7 +90,7 @@ class TrialLogs:
         return max(self.attempts) if self.attempts else 0
 
 
-def locate(store: Store, trial_id: int) -> TrialLogs:
+def locate(store: Store, launcher: Launcher, trial_id: int) -> TrialLogs:
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
         ended = TrialState(trial.state).is_settled()
@@ -104,22 +104,23 @@ def locate(store: Store, trial_id: int) -> TrialLogs:
     for attempt_id, rank in replicas:
         recorded[attempt_id].append(rank)
     return TrialLogs(attempts={
-        a.number: AttemptLogs(a.number, Path(a.run_dir), _ranks(Path(a.run_dir), recorded[a.id]),
-                              ended or AttemptState(a.state).is_terminal())
+        a.number: AttemptLogs(a.number, Path(a.run_dir),
+                              _ranks(launcher, Path(a.run_dir), recorded[a.id]),
+                              ended or AttemptState(a.state).is_terminal(), launcher)
         for a in attempts
     }, ended=ended)
 
 
-def _ranks(run_dir: Path, recorded: list[int]) -> tuple[int, ...]:
-    """The attempt's ranks: its replica rows, else the logs in its directory, else rank 0."""
+def _ranks(launcher: Launcher, run_dir: Path, recorded: list[int]) -> tuple[int, ...]:
+    """The attempt's ranks: its replica rows, else the ranks that have logged, else rank 0."""
     if recorded:
-        return tuple(sorted(recorded))
-    on_disk = [rank for rank, _ in AttemptDir(run_dir).ranks_with(RankFile.LOG)]
-    return tuple(on_disk) or (0,)
+        return tuple(sorted(set(recorded)))
+    return tuple(launcher.logged_ranks(run_dir)) or (0,)
 
 
 def read_log(
-    store: Store, trial_id: int, *, attempt: int | None = None, rank: int | None = None,
+    store: Store, launcher: Launcher, trial_id: int, *, attempt: int | None = None,
+    rank: int | None = None,
     offset: int = 0, limit: int = DEFAULT_LIMIT, tail: int | None = None,
     cursor: str | None = None,
 ) -> LogSlice | MergedSlice:
@@ -127,7 +128,7 @@ def read_log(
     or with no rank named, the only rank's bytes or every rank's lines merged."""
     if not 0 < limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
-    logs = locate(store, trial_id)
+    logs = locate(store, launcher, trial_id)
     number = _pick_attempt(logs, trial_id, attempt)
     if number == 0:
         return LogSlice(b"", 0, 0, 0, rank or 0)
@@ -136,7 +137,7 @@ def read_log(
     one = _single_rank(where, rank)
     if one is not None:
         begin = _rank_start(where, one, start.at(one) if start else offset, tail)
-        data, next_offset = read_range(where.source(one).log, begin, limit)
+        data, next_offset = read_range(where.source(one), begin, limit)
         return LogSlice(data, number, begin, next_offset, one)
     page_start = _merged_start(where, offset, start, tail)
     data, next_cursor = merged_page(where.sources(), page_start, limit, final=where.ended)
@@ -189,7 +190,7 @@ def _single_rank(where: AttemptLogs, rank: int | None) -> int | None:
 
 
 def _rank_start(where: AttemptLogs, rank: int, offset: int, tail: int | None) -> int:
-    return tail_offset(where.source(rank).log, tail) if tail is not None else offset
+    return tail_offset(where.source(rank), tail) if tail is not None else offset
 
 
 def _merged_start(
@@ -217,11 +218,11 @@ class _Reader(Protocol):
 class _RankReader:
     """One rank's bytes, as they are."""
 
-    def __init__(self, path: Path, offset: int) -> None:
-        self.path, self.offset = path, offset
+    def __init__(self, log: ReplicaLog, offset: int) -> None:
+        self.log, self.offset = log, offset
 
     async def read(self, final: bool) -> bytes:
-        data, self.offset = read_range(self.path, self.offset, DEFAULT_LIMIT)
+        data, self.offset = read_range(self.log, self.offset, DEFAULT_LIMIT)
         return data
 
 
@@ -230,12 +231,12 @@ class _MergedReader:
     real work), and only when a log has grown since the last empty one: a partial line
     is not read again on every poll."""
 
-    def __init__(self, sources: list[RankLog], cursor: LogCursor) -> None:
+    def __init__(self, sources: list[ReplicaLog], cursor: LogCursor) -> None:
         self.sources, self.cursor = sources, cursor
         self._idle_sizes: list[int] | None = None
 
     async def read(self, final: bool) -> bytes:
-        sizes = [log_size(source.log) for source in self.sources]
+        sizes = [log_size(source) for source in self.sources]
         if not final and sizes == self._idle_sizes:
             return b""
         data, self.cursor = await asyncio.to_thread(
@@ -247,19 +248,19 @@ class _MergedReader:
 def _reader(where: AttemptLogs, rank: int | None, offset: int, tail: int | None) -> _Reader:
     one = _single_rank(where, rank)
     if one is not None:
-        return _RankReader(where.source(one).log, _rank_start(where, one, offset, tail))
+        return _RankReader(where.source(one), _rank_start(where, one, offset, tail))
     return _MergedReader(where.sources(), _merged_start(where, offset, None, tail))
 
 
 async def follow_log(
-    store: Store, trial_id: int, *, attempt: int | None, rank: int | None, offset: int,
-    tail: int | None,
+    store: Store, launcher: Launcher, trial_id: int, *, attempt: int | None,
+    rank: int | None, offset: int, tail: int | None,
 ) -> AsyncIterator[bytes]:
     """The log as it grows, across attempts, until the trial has ended and every byte has
     been sent: one rank's bytes, or (no rank named) as `read_log` serves each attempt. The
     trial, attempt and start are checked here, before the stream (and its 200 status)
     starts, so a wrong cursor is an error status and not a broken stream."""
-    logs = await asyncio.to_thread(locate, store, trial_id)
+    logs = await asyncio.to_thread(locate, store, launcher, trial_id)
     number = _pick_attempt(logs, trial_id, attempt, upcoming=True) or 1
     where = logs.attempts.get(number)
     if where is not None:
@@ -269,12 +270,12 @@ async def follow_log(
                              "pass rank=R with offset")
     else:
         reader = None  # made when the attempt starts
-    return _follow(store, trial_id, rank, offset, logs, number, reader)
+    return _follow(store, launcher, trial_id, rank, offset, logs, number, reader)
 
 
 async def _follow(
-    store: Store, trial_id: int, rank: int | None, offset: int, logs: TrialLogs,
-    number: int, reader: _Reader | None,
+    store: Store, launcher: Launcher, trial_id: int, rank: int | None, offset: int,
+    logs: TrialLogs, number: int, reader: _Reader | None,
 ) -> AsyncIterator[bytes]:
     next_locate = 0.0
     while True:
@@ -286,7 +287,7 @@ async def _follow(
             await asyncio.sleep(FOLLOW_FILE_POLL_SECONDS)
             continue
         ended_before = logs.ended
-        logs = await asyncio.to_thread(locate, store, trial_id)
+        logs = await asyncio.to_thread(locate, store, launcher, trial_id)
         next_locate = time.monotonic() + FOLLOW_POLL_SECONDS
         if reader is None:
             if number in logs.attempts:

@@ -18,7 +18,8 @@ from itertools import islice
 
 from muster.errors import InvalidRequest
 from muster.launch.log_index import IndexWalker
-from muster.launch.log_lines import LineStartsBackward, LogLine, RankLog, lines_from
+from muster.launch.log_lines import LineStartsBackward, LogLine, lines_from
+from muster.launch.logs import ReplicaLog
 
 __all__ = ["LogCursor", "merged_page", "tail_cursor"]
 
@@ -58,7 +59,7 @@ class LogCursor:
 
 
 def merged_page(
-    sources: Sequence[RankLog], cursor: LogCursor, limit: int, final: bool
+    sources: Sequence[ReplicaLog], cursor: LogCursor, limit: int, final: bool
 ) -> tuple[bytes, LogCursor]:
     """The next merged lines from `cursor`, up to `limit` bytes (but at least one line), and
     the cursor after them. Only complete lines, unless `final` (no rank will write again):
@@ -77,7 +78,7 @@ def merged_page(
     return bytes(page), LogCursor(offsets)
 
 
-def tail_cursor(sources: Sequence[RankLog], count: int, final: bool) -> LogCursor:
+def tail_cursor(sources: Sequence[ReplicaLog], count: int, final: bool) -> LogCursor:
     """The cursor from which the rest of the logs are their last `count` merged lines.
 
     Each rank's lines are read from the end of its log back, newest first, and merged the
@@ -88,7 +89,7 @@ def tail_cursor(sources: Sequence[RankLog], count: int, final: bool) -> LogCurso
     with ExitStack() as stack:
         newest_first = []
         for source in sources:
-            starts = stack.enter_context(closing(LineStartsBackward(source.log, final)))
+            starts = stack.enter_context(closing(LineStartsBackward(source, final)))
             offsets[source.rank] = starts.end
             newest_first.append(_keyed(source, iter(starts), min(count, _KEY_BATCH)))
         for _, rank, start in islice(heapq.merge(*newest_first, reverse=True), count):
@@ -97,12 +98,12 @@ def tail_cursor(sources: Sequence[RankLog], count: int, final: bool) -> LogCurso
 
 
 def _keyed(
-    source: RankLog, starts: Iterator[int], batch: int
+    source: ReplicaLog, starts: Iterator[int], batch: int
 ) -> Iterator[tuple[float, int, int]]:
     """The merge keys (`LogLine.key`) of lines starting at `starts` (newest first), newest
     first. Times are looked up a batch at a time, walking the index forward over it."""
     while lines := list(islice(starts, batch)):
-        times = IndexWalker(source.index, lines[-1])
+        times = IndexWalker(source, lines[-1])
         try:
             keys = [(times.time_at(start), source.rank, start) for start in reversed(lines)]
         finally:

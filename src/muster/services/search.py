@@ -16,6 +16,7 @@ from muster.config.schema import SearcherConfig
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.services import views
 from muster.services.experiments import experiment_or_404
+from muster.services.validation import best_validation, validation_reports
 from muster.states import TrialState
 from muster.store import Store, Trial
 
@@ -41,7 +42,7 @@ def best_trial(store: Store, experiment_id: int) -> dict[str, Any]:
         succeeded = s.scalars(select(Trial).where(
             Trial.experiment_id == experiment_id,
             Trial.state == TrialState.SUCCEEDED.value)).all()
-        best = views.best_validation(s, [t.id for t in succeeded],
+        best = best_validation(s, [t.id for t in succeeded],
                                      views.searcher_goals(searcher))
         winner = views.best_trial_of(succeeded, best, searcher)
         if winner is None:
@@ -68,7 +69,7 @@ def list_trials(store: Store, experiment_id: int, sort: str | None = None) -> li
                            .options(selectinload(Trial.attempts))
                            .order_by(Trial.number, Trial.id)).all()
         goals = sort_goals(searcher, sort)
-        reports = views.validation_reports(s, [t.id for t in trials]) if goals else []
+        reports = validation_reports(s, [t.id for t in trials]) if goals else []
         best = views.best_of_reports(reports, goals)
         if sort is not None:
             _check_sort_metric(experiment_id, sort, searcher, reports)

@@ -1,17 +1,16 @@
 """Plain-dict views of stored records: the JSON the API returns and the CLI prints.
 
-Field names here are a fixed contract (see README "JSON contract"): extend, never rename.
+Pure mapping: a view reads the rows it is given (and what the service computed for them,
+such as `best_validation`), never the database. `muster.server.api` has the model of each
+view; field names are a fixed contract (see README "JSON contract"): extend, never rename.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard
-
-from sqlalchemy import select
-from sqlalchemy.orm import Session, object_session
 
 from muster.config.schema import SearcherConfig
 from muster.states import TrialState
@@ -47,13 +46,14 @@ def experiment_summary(exp: Experiment) -> dict[str, Any]:
     }
 
 
-def experiment_detail(exp: Experiment) -> dict[str, Any]:
-    """The experiment, every trial with its `best_validation`, and the search's progress."""
+def experiment_detail(exp: Experiment, best: Mapping[int, Mapping[str, float]]
+                      ) -> dict[str, Any]:
+    """The experiment, every trial with its `best_validation` (`best`, by trial id), and the
+    search's progress."""
     view = experiment_summary(exp)
     view["config"] = exp.config
     searcher = searcher_settings(exp)
-    best = best_validation(_session_of(exp), [t.id for t in exp.trials], searcher_goals(searcher))
-    view["trials"] = [{**trial_detail(t), "best_validation": best.get(t.id, {})}
+    view["trials"] = [{**trial_detail(t), "best_validation": dict(best.get(t.id, {}))}
                       for t in exp.trials]
     view["search"] = search_view(exp, searcher, best)
     return view
@@ -226,17 +226,6 @@ def searcher_goals(searcher: SearcherConfig) -> dict[str, bool]:
     return {} if searcher.metric is None else {searcher.metric: searcher.smaller_is_better}
 
 
-def validation_reports(
-    s: Session, trial_ids: Collection[int]
-) -> list[tuple[int, dict[str, Any]]]:
-    """(trial id, values) of every rank-0 validation report of these trials, in one query."""
-    if not trial_ids:
-        return []
-    rows = s.execute(select(Metric.trial_id, Metric.values).where(
-        Metric.trial_id.in_(trial_ids), Metric.kind == "validation", Metric.rank == 0))
-    return [(trial_id, values) for trial_id, values in rows]
-
-
 def best_of_reports(
     reports: Iterable[tuple[int, Mapping[str, Any]]], goals: Goals
 ) -> dict[int, dict[str, float]]:
@@ -253,15 +242,6 @@ def best_of_reports(
                     mine[name], smaller_is_better):
                 mine[name] = float(value)
     return best
-
-
-def best_validation(
-    s: Session, trial_ids: Collection[int], goals: Goals
-) -> dict[int, dict[str, float]]:
-    """`best_validation` of these trials (see `best_of_reports`), in one query."""
-    if not goals:
-        return {}
-    return best_of_reports(validation_reports(s, trial_ids), goals)
 
 
 def metric_order(value: float | None, smaller_is_better: bool) -> tuple[bool, float]:
@@ -291,11 +271,3 @@ def _finite_number(value: Any) -> TypeGuard[float]:
     """An int or a finite float: a value a trial can be ranked by (a bool is no number)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
         value)
-
-
-def _session_of(record: Experiment) -> Session:
-    session = object_session(record)
-    if session is None:
-        raise TypeError(f"experiment {record.id} is detached from its session; build its "
-                        "view inside `store.session_scope()`")
-    return session

@@ -50,12 +50,15 @@ class Ending:
         except OSError as exc:
             log.error("could not read the run directory of trial %s: %s", trial_id, exc)
 
-    def finish(self, attempt_id: int, statuses: Sequence[ReplicaStatus],
+    def log_tail(self, replica: Replica) -> str:
+        """The last lines of the replica's log, as its launcher serves it."""
+        log = self.ctx.launcher.log(Path(replica.attempt.run_dir), replica.rank)
+        return tail_text(log, TAIL_LINES)
+
+    def finish(self, attempt_id: int, trial_id: int, statuses: Sequence[ReplicaStatus],
                launch_error: LaunchError | None = None) -> None:
         """Classify every replica's end, end the attempt with the one that decided it, and
         make the trial's next move."""
-        with self.ctx.store.session_scope() as s:
-            trial_id = s.get_one(Attempt, attempt_id).trial_id
         self.ingest(trial_id)  # every metric line is in the store before the verdict
         with self.ctx.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
@@ -63,8 +66,9 @@ class Ending:
             by_rank = {status.rank: status for status in statuses}
             verdicts: dict[int, Classification] = {}
             for rank, replica in sorted(current_replicas(attempt).items()):
-                verdict = classify_replica(replica, by_rank[rank], trial, launch_error)
-                record_replica_end(replica, by_rank[rank], verdict)
+                tail = self.log_tail(replica)
+                verdict = classify_replica(replica, by_rank[rank], trial, tail, launch_error)
+                record_replica_end(replica, by_rank[rank], verdict, tail)
                 verdicts[rank] = verdict
             decisive = cause(verdicts, by_rank)
             if attempt.state == AttemptState.STARTING and any(map(started, statuses)):
@@ -103,7 +107,7 @@ class Ending:
             transition(s, trial, end, reason=move.reason, actor=ACTOR, message=move.message)
 
 
-def classify_replica(replica: Replica, status: ReplicaStatus, trial: Trial,
+def classify_replica(replica: Replica, status: ReplicaStatus, trial: Trial, log_tail: str,
                      launch_error: LaunchError | None = None) -> Classification:
     """Why this replica ended. It counts as stopped by muster only if the stop was asked
     before it ended: a replica that crashed first and was told to stop a moment later
@@ -130,7 +134,7 @@ def classify_replica(replica: Replica, status: ReplicaStatus, trial: Trial,
             rank=replica.rank,
             exit=record,
             lost=status.phase is ReplicaPhase.LOST,
-            log_tail=tail_text(Path(replica.log_path), TAIL_LINES),
+            log_tail=log_tail,
             transient_exit_codes=frozenset(policy.transient_exit_codes),
             stop_requested=stopped,
             stalled=stalled["reason"] if isinstance(stalled, dict) else None,
@@ -138,13 +142,14 @@ def classify_replica(replica: Replica, status: ReplicaStatus, trial: Trial,
     )
 
 
-def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classification) -> None:
+def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classification,
+                       log_tail: str) -> None:
     """Every ended replica explains itself (invariant 7)."""
     replica.exit_code = verdict.exit_code
     replica.signal = verdict.signal
     replica.reason = verdict.reason.value
     replica.message = verdict.message
-    replica.log_tail = tail_text(Path(replica.log_path), TAIL_LINES)
+    replica.log_tail = log_tail
     if status.exit is not None:
         replica.max_rss_bytes = status.exit.max_rss_bytes
         replica.started_at = status.exit.started_at

@@ -78,7 +78,7 @@ class Following:
         elif waiting:
             self._note_check_ins(live, statuses, waiting)
         if all(st.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST) for st in statuses):
-            self.ending.finish(live.id, statuses)
+            self.ending.finish(live.id, live.trial.id, statuses)
 
     def _ingest(self, live: LiveAttempt) -> IngestReport | None:
         """Bring the trial's metrics and checkpoints into the store (cheap when unchanged)."""

@@ -166,7 +166,8 @@ class Launching:
             for stopped_rank in [r for r, _ in launched] + [rank]:
                 self.ctx.launcher.cancel(specs[0].attempt_dir, stopped_rank)
             statuses = [ReplicaStatus(rank=spec.rank, phase=ReplicaPhase.LOST) for spec in specs]
-            self.ending.finish(attempt_id, statuses, launch_error=(rank, str(exc)))
+            self.ending.finish(attempt_id, trial_id, statuses,
+                               launch_error=(rank, str(exc)))
             return
         self.note_shims(attempt_id, dict(launched))
 

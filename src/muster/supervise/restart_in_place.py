@@ -18,7 +18,12 @@ from muster.launch.environment import free_port
 from muster.launch.exits import replica_name
 from muster.store import Attempt, Replica
 from muster.supervise.context import LiveAttempt, SupervisorContext, current_replicas
-from muster.supervise.ending import classify_replica, record_decision, record_replica_end
+from muster.supervise.ending import (
+    Ending,
+    classify_replica,
+    record_decision,
+    record_replica_end,
+)
 from muster.supervise.launching import Launching
 from muster.supervise.outcome import exited_cleanly
 
@@ -31,6 +36,7 @@ log = logging.getLogger(__name__)
 class RestartInPlace:
     ctx: SupervisorContext
     launching: Launching
+    ending: Ending
 
     def maybe_restart(self, live: LiveAttempt, status: ReplicaStatus) -> ReplicaStatus | None:
         """The new incarnation's status when the replica ended for an infrastructure reason
@@ -63,10 +69,11 @@ class RestartInPlace:
         with self.ctx.store.session_scope() as s:
             attempt = s.get_one(Attempt, live.id)
             trial, replica = attempt.trial, current_replicas(attempt)[status.rank]
-            verdict = classify_replica(replica, status, trial)
+            tail = self.ending.log_tail(replica)
+            verdict = classify_replica(replica, status, trial, tail)
             if not verdict.reason.is_infra() or replica.incarnation >= policy.replica_restarts:
                 return None
-            record_replica_end(replica, status, verdict)
+            record_replica_end(replica, status, verdict, tail)
             number = replica.incarnation + 1
             trial.replica_restarts += 1
             record_decision(s, trial, verdict.reason,

@@ -73,7 +73,7 @@ class Supervisor:
         self._search = Searching(self.store)
         self._launching = Launching(ctx, ending)
         self._standby = Standby(ctx, self._launching)
-        restart = RestartInPlace(ctx, self._launching)
+        restart = RestartInPlace(ctx, self._launching, ending)
         self._following = Following(ctx, self._search, ending, self._standby, restart)
         self._admission = Admission(ctx, self.start_attempt)
         self._closing = Closing(self.store)

@@ -1,0 +1,265 @@
+"""The HTTP API's shapes: one pydantic model per response (and request) body.
+
+The routes declare these as their response models, so `/openapi.json` documents every
+response, and a view that drifts from its model is a 500 in the tests rather than a silent
+change. Field names are a fixed contract (README "JSON contract"): extend, never rename.
+Every model forbids keys it does not name, so a field added to a view and forgotten here
+fails loudly instead of vanishing from the response.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY
+
+# Metric values: numbers, or "NaN", "Infinity", "-Infinity" (strict JSON has no other way).
+Number = float | int | str
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Error(_Shape):
+    """Every error: its kind (the `MusterError` class, or the HTTP phrase) and a sentence
+    that says what happened and what to do."""
+
+    error: str
+    message: str
+
+
+class SupervisorHealth(_Shape):
+    """How the supervisor's passes are going (the orchestrator's `PassHealth`)."""
+
+    failures_in_a_row: int
+    last_error: str | None
+    last_error_at: float | None
+    last_pass_at: float | None
+
+
+class Health(_Shape):
+    status: Literal["ok"]
+    version: str
+    pid: int  # `muster up` checks that the server answering is the one it started
+    degraded: bool  # the last supervisor pass failed: the server serves, the queue waits
+    last_supervisor_error: str | None
+    last_supervisor_error_at: float | None
+    supervisor: SupervisorHealth
+
+
+class Event(_Shape):
+    at: float
+    entity: str
+    entity_id: int
+    from_state: str | None
+    to_state: str | None
+    reason: str
+    actor: str
+    message: str | None
+
+
+class ReplicaView(_Shape):
+    rank: int
+    incarnation: int  # 0, or n after n restarts in place
+    host: str
+    pid: int | None
+    exit_code: int | None
+    signal: str | None  # a name such as "SIGKILL"
+    reason: str | None
+    message: str | None
+    log_path: str
+    log_tail: str | None
+    max_rss_bytes: int | None
+    started_at: float | None
+    ended_at: float | None
+
+
+class AttemptView(_Shape):
+    number: int
+    state: str
+    standby: bool  # a warm standby not (yet) promoted
+    reason: str | None
+    message: str | None
+    run_dir: str
+    started_at: float | None
+    ended_at: float | None
+    replicas: list[ReplicaView]
+
+
+class EarlyStop(_Shape):
+    """Where the searcher stopped a trial early."""
+
+    rung: int
+    step: int
+    value: Number
+
+
+class TrialDetail(_Shape):
+    id: int
+    uuid: str
+    experiment_id: int
+    state: str
+    reason: str | None
+    message: str | None
+    restarts: int
+    hparams: dict[str, Any]
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    attempts: list[AttemptView]
+    manifest: dict[str, Any] | None
+    verification: dict[str, Any] | None
+    early_stopped: bool
+    queue_reason: str | None
+    priority: int
+    number: int  # its place in the search, from 0
+    early_stop: EarlyStop | None
+    # The best finite value of the searcher's metric over rank 0's validation reports.
+    best_validation: dict[str, float]
+
+
+class TrialDescription(TrialDetail):
+    """A trial with its events: `GET /trials/{id}`."""
+
+    events: list[Event]
+
+
+class TrialSummary(_Shape):
+    """One row of an experiment's trial list."""
+
+    id: int
+    number: int
+    state: str
+    hparams: dict[str, Any]
+    early_stopped: bool
+    best_validation: dict[str, float]
+    restarts: int
+    started_at: float | None
+    ended_at: float | None
+
+
+class BestSoFar(_Shape):
+    trial_id: int
+    number: int
+    hparams: dict[str, Any]
+    metric: str
+    value: float
+    early_stopped: bool
+
+
+class SearchProgress(_Shape):
+    searcher: str
+    metric: str | None
+    smaller_is_better: bool
+    max_trials: int
+    max_concurrent_trials: int
+    ended: int  # SUCCEEDED, FAILED, CANCELED and SUSPECT
+    running: int  # STARTING, RUNNING and RESTARTING
+    queued: int  # QUEUED and PAUSED
+    remaining: int  # still to be made
+    best: BestSoFar | None
+
+
+class ExperimentSummary(_Shape):
+    id: int
+    uuid: str
+    name: str
+    description: str
+    labels: list[str]
+    state: str
+    message: str | None
+    created_at: float
+    ended_at: float | None
+    trial_states: list[str]
+    priority: int  # what its new trials get
+
+
+class ExperimentDetail(ExperimentSummary):
+    config: dict[str, Any]
+    trials: list[TrialDetail]
+    search: SearchProgress
+
+
+class MetricReport(_Shape):
+    kind: Literal["training", "validation"]
+    step: int
+    time: float
+    attempt: int
+    rank: int
+    metrics: dict[str, Number]
+
+
+class CheckpointView(_Shape):
+    name: str
+    path: str
+    step: int
+    attempt: int | None
+    rank: int | None
+    created_at: float | None
+    size_bytes: int
+    file_count: int
+    metadata: Any  # what the training code passed as save(metadata=...)
+    intact: bool
+    problem: str | None
+
+
+class Job(_Shape):
+    trial_id: int
+    experiment_id: int
+    experiment_name: str
+    state: str
+    priority: int
+    replicas: int
+    gpus_per_replica: int
+    gpu_type: str | None
+    gpus: list[int]
+    queue_reason: str | None
+
+
+class GpuView(_Shape):
+    index: int
+    name: str
+    type: str
+    memory_total_bytes: int
+    memory_used_bytes: int | None  # read live; None with `memory_error`
+    memory_error: str | None
+    state: str  # free | allocated | releasing
+    trial_id: int | None
+
+
+class FilesystemView(_Shape):
+    paths: list[str]
+    free_bytes: int
+    total_bytes: int
+
+
+class ClusterStatus(_Shape):
+    slots: int
+    slots_in_use: int
+    queued: int
+    queue_length: int
+    suspect: int
+    trial_counts: dict[str, int]
+    gpus: list[GpuView]
+    gpu_note: str
+    gpu_source: str
+    filesystems: list[FilesystemView]
+    runs_dir: str
+    free_disk_bytes: int
+    min_free_disk_bytes: int
+    disk_ok: bool
+    disk_message: str
+
+
+class PriorityRequest(BaseModel):
+    priority: Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY,
+                                   description="1 to 99; lower runs first")]
+
+
+class ReviewRequest(BaseModel):
+    decision: Literal["approve", "reject"]
+    note: Annotated[str, Field(min_length=1, description="why; recorded with the decision")]
+    reviewer: Annotated[str, Field(min_length=1, description="who reviewed")]

@@ -1,0 +1,126 @@
+"""Real muster servers for the tests: `python -m muster up` in a subprocess on a fresh home.
+
+One module for every test that needs a server: `RunningServer` (start, kill, restart,
+clients, the database), `serving()` (a server for a block), and `shared_server()`, the
+module-scoped fixture of modules whose tests each make and inspect their own experiments
+(it saves a server start per test).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from muster.client import Client
+from muster.errors import ServerUnavailable
+from muster.home import Home
+from muster.store import Store
+from tests.processes import kill_home_processes
+from tests.waiting import wait_until
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    home: Path
+    db_url: str
+    port: int = field(default_factory=_free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @contextmanager
+    def store(self) -> Iterator[Store]:
+        """The server's database, opened from the test process (closed afterwards)."""
+        opened = Store(self.db_url)
+        try:
+            yield opened
+        finally:
+            opened.dispose()
+
+    def start(self) -> None:
+        self.start_with(["--min-free-disk", "0"])
+
+    def start_with(self, options: list[str]) -> None:
+        """Start `muster up` with 4 slots and these extra options."""
+        argv = [sys.executable, "-m", "muster", "up", "--home", str(self.home),
+                "--port", str(self.port), "--db", self.db_url, "--slots", "4", *options]
+        log = open(self.home / "server.log", "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env={**os.environ})
+        log.close()
+        wait_until(self._healthy, timeout=60, what="the server to answer /health")
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"server exited: {(self.home / 'server.log').read_text()}")
+        try:
+            with Client(url=self.url, home=Home(self.home)) as c:
+                c.health()
+            return True
+        except ServerUnavailable:
+            return False
+
+    def client(self) -> Client:
+        return Client(url=self.url, home=Home(self.home))
+
+    def kill(self) -> None:
+        """SIGKILL the server (not its trials: they live in their own sessions)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextmanager
+def serving(home: Path, db_url: str | None = None,
+            options: Sequence[str] = ("--min-free-disk", "0")) -> Iterator[RunningServer]:
+    """A real server on `home` (SQLite in the home unless `db_url`), started with `muster up`
+    `options` (4 slots unless they say otherwise), stopped afterwards together with every
+    trial process it started."""
+    home.mkdir(parents=True, exist_ok=True)
+    running = RunningServer(home=home, db_url=db_url or f"sqlite:///{home / 'muster.db'}")
+    running.start_with(list(options))
+    try:
+        yield running
+    finally:
+        running.stop()
+        kill_home_processes(home)
+
+
+def shared_server() -> Callable[..., Any]:
+    """A module-scoped `server` fixture: `server = shared_server()` in a test module."""
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+        """One server for the module: each test makes and inspects its own experiments."""
+        with serving(tmp_path_factory.mktemp("server") / "home") as running:
+            yield running
+
+    return server

@@ -1,0 +1,164 @@
+"""The package layout holds (docs/architecture.md, "The module map"): no import cycle, the
+standard-library core and the harness import nothing above them, services know no HTTP,
+and only `muster.rundir` spells the run directory's file names."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+PACKAGE = SRC / "muster"
+# The standard-library core: what the harness may import inside a training process.
+CORE = {"muster", "muster.states", "muster.errors", "muster.rundir", "muster.metrics_lines",
+        "muster.checkpoint_files", "muster.atomic", "muster.home", "muster.sizes",
+        "muster.words"}
+HTTP = ("fastapi", "starlette", "uvicorn")
+# How run-directory files are named: only `muster.rundir` may spell these.
+RUN_DIR_NAMES = re.compile(
+    r"rank-\{|rank-\d|attempt-\{|attempt-\d|\.(?:metrics\.jsonl|heartbeat\.json|samples\.json|"
+    r"exit\.json|shim\.json|spec\.json|launch\.json|stop-ack\.json|standby-go\.json|"
+    r"stalled\.json|shim\.log)|hparams\.json")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, ast.Module]:
+    return {module_name(path): ast.parse(path.read_text(), str(path))
+            for path in sorted(PACKAGE.rglob("*.py")) if "alembic" not in path.parts}
+
+
+def imports(name: str) -> set[str]:
+    """Everything `name` imports, anywhere in it (lazy imports too), as module names."""
+    known = modules()
+    found: set[str] = set()
+    package = name if _is_package(name) else name.rpartition(".")[0]
+    for node in ast.walk(known[name]):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in known else base)
+    return found
+
+
+def _is_package(name: str) -> bool:
+    return (PACKAGE.parent / name.replace(".", "/") / "__init__.py").exists()
+
+
+def muster_imports(name: str) -> set[str]:
+    return {m for m in imports(name) if m in modules() and m != name}
+
+
+def test_there_is_no_import_cycle() -> None:
+    graph = {name: muster_imports(name) for name in modules()}
+    cycles = [component for component in _strongly_connected(graph) if len(component) > 1]
+    assert cycles == []
+
+
+def test_no_two_packages_import_each_other() -> None:
+    """Between packages too (config/ and search/ once did, through different modules)."""
+    graph: dict[str, set[str]] = {}
+    for name in modules():
+        graph.setdefault(_package(name), set()).update(
+            _package(m) for m in muster_imports(name) if _package(m) != _package(name))
+    cycles = [component for component in _strongly_connected(graph) if len(component) > 1]
+    assert cycles == []
+
+
+def _package(name: str) -> str:
+    """`muster.config` for `muster.config.schema`; a top-level module is its own."""
+    return ".".join(name.split(".")[:2])
+
+
+@pytest.mark.parametrize("name", sorted(
+    m for m in modules() if m in CORE or m.startswith("muster.harness")))
+def test_the_core_and_the_harness_import_only_the_core(name: str) -> None:
+    allowed = CORE | {m for m in modules() if m.startswith("muster.harness")}
+    assert muster_imports(name) <= allowed, muster_imports(name) - allowed
+    if name in CORE:
+        third_party = {m.split(".")[0] for m in imports(name)} - {"muster"} - set(
+            sys.stdlib_module_names)
+        assert third_party == set()
+
+
+@pytest.mark.parametrize("name", sorted(m for m in modules()
+                                        if m.startswith("muster.services")))
+def test_services_know_no_http(name: str) -> None:
+    used = {m for m in imports(name) if m.split(".")[0] in HTTP or m.startswith(
+        "muster.server")}
+    assert used == set()
+
+
+def test_only_rundir_spells_the_run_directory() -> None:
+    spelled = [(name, text) for name, tree in modules().items() if name != "muster.rundir"
+               for text in _code_strings(tree) if RUN_DIR_NAMES.search(text)]
+    assert spelled == []
+
+
+def _code_strings(tree: ast.Module) -> Iterator[str]:
+    """The string constants of a module that are not docstrings."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
+                                | ast.AsyncFunctionDef)
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docstrings):
+            yield node.value
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's algorithm, iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    components.append(component)
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return components
