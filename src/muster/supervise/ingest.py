@@ -147,6 +147,8 @@ def _metrics_files(attempt_dirs: dict[int, Path]) -> Iterator[MetricsFile]:
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
+                # Append-only files do not vanish; one that did has nothing left to read.
+                log.warning("%s was removed while its attempt's files were listed", path)
                 continue
             yield MetricsFile(number, rank, path, size)
 
