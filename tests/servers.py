@@ -46,6 +46,11 @@ class RunningServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def token(self) -> str:
+        """The API token the server made in its home."""
+        return Home(self.home).token_path.read_text().strip()
+
     @contextmanager
     def store(self) -> Iterator[Store]:
         """The server's database, opened from the test process (closed afterwards)."""

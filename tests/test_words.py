@@ -10,9 +10,15 @@ from muster.words import count, rank_list
 @pytest.mark.parametrize(("number", "noun", "text"), [
     (1, "slot", "1 slot"), (0, "slot", "0 slots"), (3, "retry", "3 retries"),
     (2, "day", "2 days"), (1797, "sample", "1,797 samples"), (1, "retry", "1 retry"),
+    (4, "epoch", "4 epochs"),
 ])
 def test_count(number: int, noun: str, text: str) -> None:
     assert count(number, noun) == text
+
+
+def test_count_with_its_own_plural() -> None:
+    assert (count(3, "match", "matches"), count(1, "match", "matches")) == (
+        "3 matches", "1 match")
 
 
 @pytest.mark.parametrize(("numbers", "text"), [

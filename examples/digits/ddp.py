@@ -1,6 +1,6 @@
 """Train the digits MLP with DistributedDataParallel on CPU ranks (gloo), resuming exactly.
 
-    muster submit ddp.yaml                                 # 2 replicas under muster
+    muster experiment create ddp.yaml .                   # 2 replicas under muster (from here)
     torchrun --nproc-per-node 2 ddp.py --data data         # by hand: writes ./muster-run/
 
 Each rank trains on its shard of the PNGs (prepare_data.py) through a DistributedSampler and

@@ -37,8 +37,8 @@ def json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, indent=2, sort_keys=True).encode() + b"\n"
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, json_bytes(obj))
+def atomic_write_json(path: Path, obj: Any, mode: int = 0o644) -> None:
+    atomic_write_bytes(path, json_bytes(obj), mode)
 
 
 def read_json(path: Path) -> Any | None:

@@ -12,10 +12,11 @@ for chunk in c.follow_logs(exp["trials"][0]["id"], attempt=1):
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +34,16 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 API = "/api/v1"
 CONTEXT_EXCLUDES = frozenset({".git", "__pycache__", ".venv", LOCAL_RUN_DIR, ".mypy_cache"})
 MAX_CONTEXT_BYTES = 256 * 1024**2
+MAX_CONTEXT_MEMBERS = 10_000  # the server's muster.services.uploads.MAX_MEMBERS
 
 _BY_STATUS: dict[int, type[errors.MusterError]] = {
     400: errors.InvalidRequest,
     401: errors.Unauthorized,
     404: errors.NotFound,
     409: errors.Conflict,
+    413: errors.PayloadTooLarge,
     422: errors.ConfigError,
+    429: errors.TooManyRequests,
     503: errors.StoreError,
 }
 
@@ -89,12 +93,19 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._json("GET", "/health", auth=False)  # type: ignore[no-any-return]
 
-    def create_experiment(self, config_text: str, context_dir: Path | None) -> dict[str, Any]:
+    def create_experiment(self, config_text: str, context_dir: Path | None,
+                          secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Submit a config, its context directory (packed here) and the values of its
+        `submit` secrets (`environment.secrets`), which the server keeps apart and never
+        returns."""
         files: dict[str, Any] = {}
         if context_dir is not None:
             files["context"] = ("context.tar.gz", pack_context(context_dir), "application/gzip")
+        data = {"config": config_text}
+        if secrets:
+            data["secrets"] = json.dumps(dict(secrets))
         return self._json(  # type: ignore[no-any-return]
-            "POST", "/experiments", data={"config": config_text}, files=files or None
+            "POST", "/experiments", data=data, files=files or None
         )
 
     def cluster_status(self) -> dict[str, Any]:
@@ -181,11 +192,19 @@ class Client:
 
     def follow_logs(
         self, trial_id: int, *, attempt: int | None = None, rank: int | None = None,
-        tail: int | None = None,
+        tail: int | None = None, one_attempt: bool = False,
     ) -> Iterator[bytes]:
-        """The log's bytes as they are written, until the trial ends: one rank's, or (no
-        rank) each attempt's as `read_logs` gives them, merged lines for several ranks."""
-        params = _params(attempt=attempt, rank=rank, tail=tail, follow="true")
+        """The log's bytes as they are written, until the trial ends (with `one_attempt`,
+        until that attempt ends): one rank's, or (no rank) each attempt's as `read_logs`
+        gives them, merged lines for several ranks.
+
+        Raises:
+            ServerUnavailable: the server could not be reached.
+            TooManyRequests: this token already holds as many follows as it may at once.
+            ServerError: the server broke the stream off after it had started.
+        """
+        params = _params(attempt=attempt, rank=rank, tail=tail, follow="true",
+                         one_attempt="true" if one_attempt else None)
         headers = self._auth()
         with self._reaching(), self._http.stream(
             "GET", API + f"/trials/{trial_id}/logs", params=params, headers=headers,
@@ -194,7 +213,12 @@ class Client:
             if response.status_code >= 400:
                 response.read()
                 self._raise_for(response, headers)
-            yield from response.iter_raw()
+            try:
+                yield from response.iter_raw()
+            except httpx.TransportError as exc:
+                raise errors.ServerError(
+                    f"server error: the log stream of trial {trial_id} broke off ({exc}); the "
+                    "server may have restarted: follow again, and see its log") from exc
 
     def get_metrics(
         self, trial_id: int, *, kind: str | None = None, after_step: int | None = None,
@@ -237,7 +261,7 @@ class Client:
     def wait_experiment(self, experiment_id: int, poll: float = 0.5) -> dict[str, Any]:
         """Block until the experiment has ended, or every trial is settled (ended, or SUSPECT
         and waiting for a review, which keeps the experiment ACTIVE); return it."""
-        while not _settled(exp := self.get_experiment(experiment_id)):
+        while not settled(exp := self.get_experiment(experiment_id)):
             time.sleep(poll)
         return exp
 
@@ -283,7 +307,7 @@ class Client:
         return self._request(method, path, auth=auth, **kw).json()
 
 
-def _settled(exp: dict[str, Any]) -> bool:
+def settled(exp: dict[str, Any]) -> bool:
     """Ended, or held open only by SUSPECT trials waiting for a review. (When every trial
     has ended, the experiment's own end follows within a supervisor pass: wait for it.)"""
     if ExperimentState(exp["state"]).is_terminal():
@@ -302,7 +326,10 @@ def _raise_for(response: httpx.Response) -> None:
         message = str(response.json()["message"])
     except (ValueError, KeyError, TypeError):
         message = response.text[:500] or response.reason_phrase
-    raise _BY_STATUS.get(response.status_code, errors.MusterError)(message)
+    if response.status_code >= 500:
+        message = f"server error ({response.status_code}): {message}"
+    raise _BY_STATUS.get(response.status_code, errors.ServerError
+                         if response.status_code >= 500 else errors.MusterError)(message)
 
 
 def pack_context(directory: Path, max_bytes: int = MAX_CONTEXT_BYTES) -> bytes:
@@ -310,8 +337,9 @@ def pack_context(directory: Path, max_bytes: int = MAX_CONTEXT_BYTES) -> bytes:
     if not directory.is_dir():
         raise errors.InvalidRequest(f"context directory {directory} does not exist")
     buffer = io.BytesIO()
+    members = _Members(directory)
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
-        tar.add(directory, arcname=".", filter=_exclude)
+        tar.add(directory, arcname=".", filter=members.admit)
     if buffer.tell() > max_bytes:
         raise errors.InvalidRequest(
             f"context directory {directory} packs to {buffer.tell() // 1024**2} MiB, over the "
@@ -320,6 +348,26 @@ def pack_context(directory: Path, max_bytes: int = MAX_CONTEXT_BYTES) -> bytes:
     return buffer.getvalue()
 
 
-def _exclude(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    parts = Path(info.name).parts
-    return None if any(p in CONTEXT_EXCLUDES for p in parts) else info
+@dataclass
+class _Members:
+    """What goes into the archive, checked as it is packed against what the server takes
+    (`muster.services.uploads`), so a context it would refuse is not uploaded first."""
+
+    directory: Path
+    count: int = 0
+
+    def admit(self, info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        if any(p in CONTEXT_EXCLUDES for p in parts):
+            return None
+        self.count += 1
+        if self.count > MAX_CONTEXT_MEMBERS:
+            raise errors.InvalidRequest(
+                f"context directory {self.directory} holds more than {MAX_CONTEXT_MEMBERS:,} "
+                "files, directories and links; keep data sets and environments out of it")
+        if info.issym() and (self.directory / info.name).is_dir():
+            raise errors.InvalidRequest(
+                f"context directory {self.directory}: {info.name.removeprefix('./')!r} is a "
+                f"link to a directory, and the server copies files, not links; copy the "
+                "directory in, or read it by its path (e.g. data.path)")
+        return info

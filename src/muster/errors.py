@@ -21,6 +21,13 @@ class InvalidRequest(MusterError):
     http_status = 400
 
 
+class PayloadTooLarge(InvalidRequest):
+    """A request, or what it unpacks to, passes a size, count or time limit; the message
+    names the limit and how to stay under it."""
+
+    http_status = 413
+
+
 class NotFound(MusterError):
     http_status = 404
 
@@ -39,6 +46,17 @@ class Conflict(MusterError):
     """The request clashes with the current state (e.g. killing a finished experiment)."""
 
     http_status = 409
+
+
+class TooManyRequests(MusterError):
+    """A caller holds as many of something as one may at once (e.g. open log follows); it
+    may retry after `retry_after` seconds, once it has given one back."""
+
+    http_status = 429
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class StoreError(MusterError):
@@ -60,6 +78,12 @@ class GpuError(MusterError):
 
 
 class ServerUnavailable(MusterError):
-    """The CLI/SDK could not reach the muster server."""
+    """The CLI/SDK could not reach the muster server (the connection itself failed)."""
 
     http_status = 503
+
+
+class ServerError(MusterError):
+    """The muster server answered with an error of its own (a 5xx), or broke a stream off."""
+
+    http_status = 500

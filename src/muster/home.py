@@ -1,4 +1,12 @@
-"""Where muster keeps its files: `$MUSTER_HOME` (default `~/.muster`) and its layout."""
+"""Where muster keeps its files: `$MUSTER_HOME` (default `~/.muster`) and its layout.
+
+The home is private to the user the server runs as: the directory is 0700, and the server
+creates its files 0600 and directories 0700 (`muster up` sets umask 077). Credentials sit in
+`secrets/`, which no run directory lies under: a job's working directory is under `runs/`,
+so walking up from it never passes the token. (A job runs as the server's user and can
+still read, by its full path, whatever that user can; running jobs as users of their own
+is the users issue's isolation.)
+"""
 
 from __future__ import annotations
 
@@ -15,7 +23,8 @@ class Home:
 
     ```
     $MUSTER_HOME/muster.db                       embedded SQLite store (WAL)
-    $MUSTER_HOME/token                           API bearer token (0600)
+    $MUSTER_HOME/secrets/token                   API bearer token (0600)
+    $MUSTER_HOME/secrets/experiments/<uuid>.json the secrets submitted with an experiment
     $MUSTER_HOME/server.json                     pid, start time and URL of a running server
     $MUSTER_HOME/experiments/<uuid>/context/     snapshot of the submitted context directory
     $MUSTER_HOME/runs/<trial-uuid>/              a trial's run directory (`muster.rundir`)
@@ -31,8 +40,16 @@ class Home:
         return cls(Path(raw).expanduser().resolve())
 
     def ensure(self) -> Home:
-        for path in (self.root, self.runs_dir, self.experiments_dir):
-            path.mkdir(parents=True, exist_ok=True)
+        """Create the layout, private to this user; a token left at the home's top level by
+        an earlier version moves into `secrets/` (the same token: clients keep working)."""
+        for path in (self.root, self.runs_dir, self.experiments_dir, self.secrets_dir):
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for path in (self.root, self.secrets_dir):
+            path.chmod(0o700)
+        old = self.root / "token"
+        if old.is_file() and not self.token_path.exists():
+            old.chmod(0o600)
+            os.replace(old, self.token_path)
         return self
 
     @property
@@ -40,8 +57,16 @@ class Home:
         return f"sqlite:///{self.root / 'muster.db'}"
 
     @property
+    def secrets_dir(self) -> Path:
+        return self.root / "secrets"
+
+    @property
     def token_path(self) -> Path:
-        return self.root / "token"
+        return self.secrets_dir / "token"
+
+    def secrets_file(self, experiment_uuid: str) -> Path:
+        """The values of the secrets submitted with an experiment (0600)."""
+        return self.secrets_dir / "experiments" / f"{experiment_uuid}.json"
 
     @property
     def server_file(self) -> Path:

@@ -3,6 +3,7 @@
 ```
 $MUSTER_HOME/runs/<trial-uuid>/                RunDir (MUSTER_RUN_DIR; ./muster-run off-platform)
   checkpoints/step-<step>-<hex>/               the trial's checkpoints (muster.checkpoint_files)
+  workdir/                                     its own copy of the context: every attempt's cwd
   attempt-<n>/                                 AttemptDir, one per launch of the replica set
     hparams.json                               the trial's hyperparameters (MUSTER_HPARAMS)
     restarts/<file>.<incarnation>              an ended incarnation's files (restart in place)
@@ -30,6 +31,7 @@ __all__ = [
 
 LOCAL_RUN_DIR = "muster-run"  # the run directory of a run off the platform, in its cwd
 CHECKPOINTS = "checkpoints"
+WORKDIR = "workdir"
 _ATTEMPT = re.compile(r"attempt-([0-9]+)")
 _RANK = re.compile(r"rank-([0-9]+)\.(.+)")
 
@@ -68,6 +70,11 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS
+
+    @property
+    def workdir(self) -> Path:
+        """The trial's own copy of its experiment's context: every attempt's cwd."""
+        return self.path / WORKDIR
 
     def attempt(self, number: int) -> AttemptDir:
         return AttemptDir(self.path / f"attempt-{number}")

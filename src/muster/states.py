@@ -125,6 +125,9 @@ class EventReason(str, Enum):
     REVIEW_REJECTED = "review rejected"
     TRIALS_FINISHED = "trials finished"
     NO_TRIAL_SUCCEEDED = "no trial succeeded"
+    INTERNAL_ERROR = "internal error"  # muster failed on this experiment; the others go on
+    SEARCH_STOPPED = "search stopped"  # its first trials all failed alike: no more draws
+    METRIC_MISSING = "metric missing"  # no ended trial reported the searcher's metric
 
 
 class StopIntent(str, Enum):
@@ -180,7 +183,7 @@ E, T, A = ExperimentState, TrialState, AttemptState
 
 EXPERIMENT_MOVES: dict[ExperimentState, frozenset[ExperimentState]] = {
     E.ACTIVE: frozenset({E.PAUSED, E.COMPLETED, E.CANCELED, E.ERROR}),
-    E.PAUSED: frozenset({E.ACTIVE, E.CANCELED}),
+    E.PAUSED: frozenset({E.ACTIVE, E.CANCELED, E.ERROR}),  # ERROR: muster failed on it
     E.COMPLETED: frozenset(),
     E.CANCELED: frozenset(),
     E.ERROR: frozenset(),

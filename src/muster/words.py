@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["count", "rank_list"]
+__all__ = ["NOT_VERIFIED", "count", "rank_list"]
+
+# How an exit 0 that no check of its results inspected is shown (it is SUCCEEDED, not a
+# failure, but never presented as verified).
+NOT_VERIFIED = "exit 0 — not verified (no checks configured)"
 
 
-def count(number: int, noun: str) -> str:
+def count(number: int, noun: str, plural: str | None = None) -> str:
     """`count(1, "slot")` -> "1 slot"; `count(3, "retry")` -> "3 retries";
-    `count(1797, "sample")` -> "1,797 samples"."""
-    if number != 1:
+    `count(1797, "sample")` -> "1,797 samples"; `count(2, "match", "matches")` when the
+    plural is not the noun with an s."""
+    if number != 1 and plural is not None:
+        noun = plural
+    elif number != 1:
         consonant_y = noun.endswith("y") and noun[-2:-1] not in ("a", "e", "i", "o", "u")
         noun = noun[:-1] + "ies" if consonant_y else noun + "s"
     return f"{number:,} {noun}"

@@ -168,7 +168,7 @@ def test_create_follow_streams_the_log(server: RunningServer, tmp_path: Path) ->
     context = make_context(tmp_path, "fail_traceback.py")
     done = on(server, "experiment", "create", str(context / "experiment.yaml"), str(context),
               "--follow")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # it ended ERROR: only COMPLETED exits 0
     assert done.stdout.startswith("training step 1\nTraceback (most recent call last):\n")
     assert done.stdout.endswith("ValueError: bad shape\n")
     assert "ended ERROR" in done.stderr

@@ -100,7 +100,7 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
         ),
         (
             "environment: {qqq: 1}",
-            "environment.qqq: unknown key; the keys allowed here are variables",
+            "environment.qqq: unknown key; the keys allowed here are secrets, variables",
         ),
         # numbers and their bounds, in nested sections
         (
@@ -303,10 +303,39 @@ base: &base {trial_retries: 1, replica_restarts: 1}
     config = load_config(merged)
     assert config.failure_policy.trial_retries == 2
     assert config.failure_policy.stop_grace == 5.0
-    assert problems(text + merged)[0] == "base: unknown key; the keys allowed here are " + (
-        "data, description, entrypoint, environment, failure_policy, harness, hyperparameters, "
-        "labels, name, reproducibility, resources, searcher, verify"
-    )
+    with pytest.raises(ConfigError, match="line 1, column 7: anchors and aliases"):
+        load_config(text + merged)
+
+
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n"
+    for i in range(8))
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    (BILLION_LAUGHS, "c.yaml, line 1, column 4: anchors and aliases (&name, *name, <<: *name) "
+                     "are not accepted in a muster config: write each value out"),
+    ("name: x\nentrypoint: t\nfailure_policy:\n  <<: *base\n",
+     "c.yaml, line 4, column 7: anchors and aliases"),
+    ("name: x\nentrypoint: t\nhyperparameters: " + "{a: " * 40 + "1" + "}" * 40 + "\n",
+     "nested more than 32 levels deep; a config needs far fewer"),
+    ("[" * 100_000 + "]" * 100_000, "c.yaml, line 1, column 33: nested more than 32 levels"),
+    ("name: x\nentrypoint: t\ndescription: " + "d" * (1024**2), "the config is 1,048,611 bytes, "
+     "over the 1 MiB limit; keep data and long lists in files the script reads"),
+    ("name: x\nentrypoint: t\nlabels: [ok, " + "l" * 70_000 + "]\n",
+     "labels[1]: a string of 70,000 characters, over the limit of 65,536"),
+    ('name: x\nentrypoint: ["python", "t\\0.py"]\n',
+     "entrypoint[1]: holds a NUL byte (\\0), which no argument, path or environment variable "
+     "can carry; remove it"),
+    ('name: x\nentrypoint: t\nenvironment: {variables: {"A\\0": "1"}}\n',
+     "environment.variables: holds a NUL byte"),
+])
+def test_a_config_costs_bounded_memory_and_time(text: str, problem: str) -> None:
+    """Issue 12: a 592-byte "billion laughs" config hung the server, and alias amplification
+    stored 100 MB from a 102 KB request. Each is refused before anything grows."""
+    with pytest.raises(ConfigError) as info:
+        load_config(text, source="c.yaml")
+    assert problem in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,29 @@ def test_grid_points() -> None:
                         "b": {"type": "categorical", "vals": ["x", "y", "z"]},
                         "c": {"type": "double", "minval": 0, "maxval": 1, "count": 2}})
     assert grid.grid_size() == 24
+    for param in (Int(0, 10, count=3), Int(0, 1, count=5), Int(0, 10, count=12), Int(-3, 7),
+                  Int(0, 100, count=99), Double(0, 1, count=4), Log(-3, -1, 10, count=2),
+                  Categorical(("a", 1, None))):
+        assert param.points() == len(param.grid()), param  # counted, as built
+
+
+def test_a_huge_grid_is_refused_by_counting_it_never_by_building_it() -> None:
+    """10^12 points (issue 12: the supervisor built them all, MemoryError under SQLite's
+    write lock): refused at once, naming the parameter with the most points."""
+    found = problems("searcher: {name: grid, metric: l}\nhyperparameters:\n"
+                     "  lr: {type: double, minval: 0, maxval: 1, count: 1000000}\n"
+                     "  wd: {type: log, minval: -5, maxval: -1, count: 1000000}\n"
+                     "  n: {type: int, minval: 0, maxval: 999, count: 100000000}\n")
+    assert found == ["hyperparameters.lr: the grid has about 10^15 points (lr 1000000 x wd "
+                     "1000000 x n 1000), more than the 10,000 trials an experiment may run; "
+                     "use fewer points, or a random or tpe search"]
+    at_cap = BASE + ("searcher: {name: grid, metric: l}\nhyperparameters:\n"
+                     "  a: {type: double, minval: 0, maxval: 1, count: 1000}\n"
+                     "  b: {type: categorical, vals: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}\n")
+    assert load_config(at_cap).trial_count() == 10_000
+    assert problems(at_cap.removeprefix(BASE).replace("1000}", "1001}")) == [
+        "hyperparameters.a: the grid has 10,010 points (a 1001 x b 10), more than the 10,000 "
+        "trials an experiment may run; use fewer points, or a random or tpe search"]
 
 
 @pytest.mark.parametrize(("text", "expected"), [

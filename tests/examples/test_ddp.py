@@ -53,7 +53,7 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def context(tmp_path: Path, digits: Path) -> Path:
-    """What `muster submit` would upload from examples/digits: the scripts and the data."""
+    """What `muster experiment create` uploads from examples/digits: scripts and data."""
     context = tmp_path / "context"
     context.mkdir()
     for name in ("ddp.py", "train.py"):

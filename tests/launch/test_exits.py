@@ -70,6 +70,21 @@ allocate memory)
 
 OVER_LIMIT = {"oom": True, "memory_limit_bytes": 4 << 30, "peak_memory_bytes": 4509715660}
 
+# The last 20 lines of a chained urllib traceback: the "Traceback" header is above them.
+URL_ERROR_TAIL = """\
+  File "/usr/lib/python3.11/urllib/request.py", line 519, in open
+    response = self._open(req, data)
+  File "/usr/lib/python3.11/urllib/request.py", line 536, in _open
+    result = self._call_chain(self.handle_open, protocol, protocol +
+  File "/usr/lib/python3.11/urllib/request.py", line 496, in _call_chain
+    result = func(*args)
+  File "/usr/lib/python3.11/urllib/request.py", line 1391, in https_open
+    return self.do_open(http.client.HTTPSConnection, req,
+  File "/usr/lib/python3.11/urllib/request.py", line 1351, in do_open
+    raise URLError(err)
+urllib.error.URLError: <urlopen error [Errno -3] Temporary failure in name resolution>
+"""
+
 FAULTHANDLER_DUMP = """\
 Fatal Python error: Segmentation fault
 
@@ -269,6 +284,10 @@ def test_only_the_last_exception_decides() -> None:
         ("epoch 1\nepoch 2\n", None),
         (FAULTHANDLER_DUMP, None),
         ('Traceback (most recent call last):\n  File "t.py", line 4, in <module>\n', None),
+        # A traceback longer than the tail: its header is gone, its exception is not.
+        (URL_ERROR_TAIL, "urllib.error.URLError: <urlopen error [Errno -3] Temporary failure "
+                         "in name resolution>"),
+        ('  File "t.py", line 4, in <module>\n    x()\nnot an exception line here\n', None),
     ],
 )
 def test_termination_reason(tail: str, reason: str | None) -> None:

@@ -39,7 +39,7 @@ def http(server: RunningServer) -> Any:
 
 
 def token_header(server: RunningServer) -> dict[str, str]:
-    return {"Authorization": f"Bearer {(server.home / 'token').read_text().strip()}"}
+    return {"Authorization": f"Bearer {server.token}"}
 
 
 def assert_error(response: httpx.Response, status: int, kind: str) -> str:
@@ -141,15 +141,18 @@ def test_a_home_without_a_token_is_told_where_the_token_lives(
 ) -> None:
     other = Home(tmp_path / "other-home")
     with Client(url=server.url, home=other) as stranger, pytest.raises(
-        Unauthorized, match=r"no API token at .*other-home/token"
+        Unauthorized, match=r"no API token at .*other-home/secrets/token"
     ):
         stranger.list_experiments()
 
 
 def test_the_token_file_is_private(server: RunningServer) -> None:
-    mode = (server.home / "token").stat().st_mode
-    assert stat.S_IMODE(mode) == 0o600
-    assert len((server.home / "token").read_text().strip()) >= 32
+    token = Home(server.home).token_path
+    assert token.parent == server.home / "secrets"  # under no run directory's parents
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert stat.S_IMODE(token.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(server.home.stat().st_mode) == 0o700
+    assert len(server.token) >= 32
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,7 @@ def inventory(server: RunningServer) -> Iterator[FakeInventory]:
 
 
 def metrics(server: RunningServer) -> Exposition:
-    token = (server.home / "token").read_text().strip()
+    token = server.token
     answer = httpx.get(f"{server.url}/api/v1/metrics",
                        headers={"Authorization": f"Bearer {token}"})
     assert answer.status_code == 200, answer.text

@@ -87,7 +87,7 @@ def test_a_lost_database_degrades_health_and_recovers(
                       what="health to say degraded")
     assert name in down["last_supervisor_error"]
     assert down["last_supervisor_error_at"] is not None
-    token = (server.home / "token").read_text().strip()
+    token = server.token
     listed = httpx.get(f"{server.url}{API}/experiments", timeout=10,
                        headers={"Authorization": f"Bearer {token}"})
     assert listed.status_code == 503 and listed.json()["error"] == "StoreError"

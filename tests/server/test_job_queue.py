@@ -107,7 +107,7 @@ def test_an_experiment_priority_moves_its_trials_and_its_future_ones(
 def test_priority_errors(server: RunningServer, client: Client,
                          queued: list[dict[str, Any]]) -> None:
     low, _, _ = trial_ids(queued)
-    headers = {"Authorization": f"Bearer {(server.home / 'token').read_text().strip()}"}
+    headers = {"Authorization": f"Bearer {server.token}"}
     for bad in (0, 100):
         answer = httpx.post(f"{server.url}/api/v1/trials/{low}/priority", headers=headers,
                             json={"priority": bad})
@@ -132,7 +132,7 @@ def test_metrics_need_the_token_and_parse(server: RunningServer, client: Client,
     url = f"{server.url}/api/v1/metrics"
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    token = (server.home / "token").read_text().strip()
+    token = server.token
     answer = httpx.get(url, headers={"Authorization": f"Bearer {token}"})
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")

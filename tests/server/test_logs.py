@@ -167,7 +167,7 @@ def test_a_missing_attempt_is_a_404(
         client.read_logs(trial_id, attempt=99)
     with pytest.raises(NotFound, match=f"trial {trial_id} has no attempt 99"):
         b"".join(client.follow_logs(trial_id, attempt=99))
-    token = (server.home / "token").read_text().strip()
+    token = server.token
     response = httpx.get(f"{server.url}/api/v1/trials/{trial_id}/logs",
                          params={"attempt": 99, "follow": "true"},
                          headers={"Authorization": f"Bearer {token}"})

@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ from muster.launch.log_lines import MAX_LINE_BYTES
 from muster.launch.logs import FileLog, tail_offset
 from muster.services.logs import LogSlice, MergedSlice, follow_log, read_log
 from muster.services.merged_logs import LogCursor, merged_page, tail_cursor
-from muster.store import Store
+from muster.store import Store, Trial
 from tests.server.rank_logs import (
     Chunk,
     RankFiles,
@@ -420,10 +421,30 @@ def test_the_api_merges_pages_and_serves_a_named_rank_raw(
     assert b"".join(client.follow_logs(trial_id)) == whole.data
     assert b"".join(client.follow_logs(trial_id, rank=0)) == b"a1\na2\na3\na4 first\n"
 
-    token = (server.home / "token").read_text().strip()
+    token = server.token
     response = httpx.get(f"{server.url}/api/v1/trials/{trial_id}/logs",
                          params={"cursor": "0:1;1:2"},
                          headers={"Authorization": f"Bearer {token}"})
     assert response.status_code == 400
     assert response.json()["error"] == "InvalidRequest"
     assert "X-Muster-Next-Cursor" in response.json()["message"]
+
+
+def test_follow_steps_over_a_dropped_warm_standby(store: Store, tmp_path: Path) -> None:
+    """Attempt 2 was a warm standby that was dropped (it never logs): a follower of attempt
+    1 goes on to attempt 3, and with one_attempt stops at the end of attempt 1."""
+    dirs = [tmp_path / f"attempt-{n}" for n in (1, 2, 3)]
+    trial_id = add_trial_with_ranks(store, dirs, 1)
+    with store.session_scope() as s:
+        standby = s.get_one(Trial, trial_id).attempts[1]
+        standby.standby, standby.state = True, "CANCELED"
+    RankFiles(dirs[0], 0).append((T0, b"first\n"))
+    RankFiles(dirs[2], 0).append((T0 + 5, b"third\n"))
+
+    async def collect(**kw: Any) -> bytes:
+        stream = await follow_log(store, LAUNCHER, trial_id, attempt=1, rank=None, offset=0,
+                                  tail=None, **kw)
+        return b"".join([chunk async for chunk in stream])
+
+    assert asyncio.run(collect()) == b"first\nthird\n"
+    assert asyncio.run(collect(one_attempt=True)) == b"first\n"

@@ -45,7 +45,7 @@ server = shared_server()
 
 def raw(server: RunningServer, method: str, path: str, **kw: Any) -> httpx.Response:
     """A request without the SDK (whose 422 is a ConfigError), with the server's token."""
-    token = (server.home / "token").read_text().strip()
+    token = server.token
     return httpx.request(method, f"{server.url}/api/v1{path}",
                          headers={"Authorization": f"Bearer {token}"}, timeout=30, **kw)
 

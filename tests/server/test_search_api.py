@@ -29,7 +29,7 @@ server = shared_server()
 
 def raw(server: RunningServer, path: str, **params: str) -> httpx.Response:
     """A GET without the SDK, to see the status codes, with the server's token."""
-    token = (server.home / "token").read_text().strip()
+    token = server.token
     return httpx.get(f"{server.url}/api/v1{path}", params=params, timeout=30,
                      headers={"Authorization": f"Bearer {token}"})
 
@@ -56,8 +56,8 @@ def test_describe_shows_the_search_and_each_trials_place_in_it(
     t0, t1, *_ = stored["trials"]
     assert exp["search"] == {
         "searcher": "random", "metric": "val_loss", "smaller_is_better": True,
-        "max_trials": 6, "max_concurrent_trials": 4, "ended": 2, "running": 1, "queued": 1,
-        "remaining": 2,
+        "max_trials": 6, "max_concurrent_trials": 4, "max_length": None,
+        "max_length_unit": "steps", "ended": 2, "running": 1, "queued": 1, "remaining": 2,
         "best": {"trial_id": t1, "number": 1, "hparams": {"lr": 0.002, "model": {"hidden": 64}},
                  "metric": "val_loss", "value": 0.2, "early_stopped": True}}
     trials = exp["trials"]

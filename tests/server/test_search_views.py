@@ -35,9 +35,10 @@ def store(shared_store: Store) -> Store:
 
 _names = itertools.count(1)
 SEARCH_KEYS = {"searcher", "metric", "smaller_is_better", "max_trials", "max_concurrent_trials",
-               "ended", "running", "queued", "remaining", "best"}
+               "max_length", "max_length_unit", "ended", "running", "queued", "remaining",
+               "best"}
 SUMMARY_KEYS = {"id", "number", "state", "hparams", "early_stopped", "best_validation",
-                "restarts", "started_at", "ended_at"}
+                "restarts", "started_at", "ended_at", "verified"}
 
 
 # -- rows ---------------------------------------------------------------------------------
@@ -247,8 +248,8 @@ def test_without_a_searcher_metric_there_is_no_best(shared_store: Store) -> None
     view = describe_experiment(shared_store, exp.id)
     assert view["search"] == {
         "searcher": "single", "metric": None, "smaller_is_better": True, "max_trials": 1,
-        "max_concurrent_trials": 16, "ended": 1, "running": 0, "queued": 0, "remaining": 0,
-        "best": None}
+        "max_concurrent_trials": 16, "max_length": None, "max_length_unit": "steps",
+        "ended": 1, "running": 0, "queued": 0, "remaining": 0, "best": None}
     assert view["trials"][0]["best_validation"] == {}
     assert view["trials"][0]["number"] == 0
 

@@ -182,6 +182,28 @@ def test_trial_times_are_stamped_once(store: Store) -> None:
     assert row["updated_at"] > suspect
 
 
+@pytest.mark.parametrize("path", [("STARTING", "FAILED"), ("CANCELED",),
+                                  ("STARTING", "RUNNING", "SUSPECT"), ("PAUSED",)])
+def test_a_trial_that_stops_waiting_forgets_why_it_waited(
+    store: Store, path: tuple[str, ...]
+) -> None:
+    """A trial that ends (or pauses) while queued for slots no longer shows "waiting for ..."."""
+    trial = _add(store, Trial, "QUEUED")
+    with store.session_scope() as session:
+        session.get_one(Trial, trial.id).queue_reason = "waiting for 1 slot (0 of 2 free)"
+    for target in path:
+        _move(store, trial, target)
+    assert _snapshot(store, Trial, trial.id)["queue_reason"] is None
+
+
+def test_a_running_trial_keeps_its_restart_wait(store: Store) -> None:
+    trial = _add(store, Trial, "RUNNING")
+    with store.session_scope() as session:
+        session.get_one(Trial, trial.id).queue_reason = "restart waits for 1 slot"
+    _move(store, trial, "RESTARTING")
+    assert _snapshot(store, Trial, trial.id)["queue_reason"] == "restart waits for 1 slot"
+
+
 def test_attempt_and_experiment_times(store: Store) -> None:
     attempt = _add(store, Attempt, "STARTING")
     assert _snapshot(store, Attempt, attempt.id)["started_at"] is None

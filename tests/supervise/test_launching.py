@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from muster.config import load_config
 from muster.harness.standby import GO_VARIABLE
+from muster.launch.environment import job_environment
 from muster.rundir import RunDir
 from muster.supervise.launching import AttemptPlan, replica_specs
 
@@ -20,28 +22,30 @@ resources: {replicas: 2, memory_limit: 1GiB}
 failure_policy: {stop_grace: 5s, heartbeat_timeout: 60s}
 """
 ENVIRON = {"PATH": "/usr/bin", "HOME": "/root", "MUSTER_SEED": "stale",
-           "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+           "CUDA_VISIBLE_DEVICES": "0,1,2,3", "MUSTER_HOME": "/srv/muster",
+           "MUSTER_DB": "postgresql://muster:pw@db/muster"}
 
 
 def plan(**changes: object) -> AttemptPlan:
     facts: dict[str, object] = dict(
         trial_id=7, trial_uuid="trial-uuid", trial_number=3, number=2, dir=RUN.attempt(2),
-        config=load_config(CONFIG), context_dir=Path("/home/experiments/e/context"),
+        config=load_config(CONFIG), workdir=RUN.workdir,
         master_port=29500, latest_checkpoint=None, gpus=None, seed=None)
     facts.update(changes)
     return AttemptPlan(**facts)  # type: ignore[arg-type]
 
 
 def test_one_spec_per_rank_with_the_torchrun_environment() -> None:
-    specs = replica_specs(plan(), ENVIRON)
+    specs = replica_specs(plan())
     assert [s.rank for s in specs] == [0, 1]
     for spec in specs:
         assert spec.argv == ["python", "train.py", "--epochs", "3"]
-        assert spec.cwd == Path("/home/experiments/e/context")
+        assert spec.cwd == RUN.workdir  # the trial's own copy of the context
         assert spec.attempt_dir == RUN.attempt(2).path
         assert (spec.trial_uuid, spec.attempt, spec.stop_grace) == ("trial-uuid", 2, 5.0)
         assert spec.memory_limit == 1 << 30
-        env = spec.env
+        assert "HOME" not in spec.env and "PATH" not in spec.env  # the job's own variables only
+        env = job_environment(ENVIRON, spec.env)
         assert (env["RANK"], env["LOCAL_RANK"]) == (str(spec.rank), str(spec.rank))
         assert (env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == (
             "2", "127.0.0.1", "29500")
@@ -62,7 +66,7 @@ def test_one_spec_per_rank_with_the_torchrun_environment() -> None:
 ])
 def test_each_rank_sees_exactly_its_gpus(gpus: dict[int, tuple[int, ...]],
                                          visible: list[str]) -> None:
-    specs = replica_specs(plan(gpus=gpus), ENVIRON)
+    specs = replica_specs(plan(gpus=gpus))
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == visible
     assert {s.env["CUDA_DEVICE_ORDER"] for s in specs} == {"PCI_BUS_ID"}
 
@@ -70,7 +74,7 @@ def test_each_rank_sees_exactly_its_gpus(gpus: dict[int, tuple[int, ...]],
 def test_resume_seed_restart_and_standby() -> None:
     latest = RUN.checkpoints / "step-000000000010-abcdef12"
     [spec] = replica_specs(plan(latest_checkpoint=latest, seed=1234, incarnation=2,
-                                standby=True), ENVIRON, ranks=[1])
+                                standby=True), ranks=[1])
     assert spec.rank == 1
     assert spec.env["MUSTER_LATEST_CHECKPOINT"] == str(latest)
     assert spec.env["MUSTER_SEED"] == "1234"
@@ -78,7 +82,15 @@ def test_resume_seed_restart_and_standby() -> None:
     assert spec.env[GO_VARIABLE] == str(RUN.attempt(2).rank(1).standby_go)
 
 
-def test_the_plan_does_not_touch_its_inputs() -> None:
-    environ = dict(ENVIRON)
-    replica_specs(plan(), environ)
-    assert environ == ENVIRON
+def test_the_job_gets_no_server_setting_and_python_first() -> None:
+    """The server's MUSTER_HOME and MUSTER_DB (a database password) never reach a job; the
+    inherited rest does, with the interpreter muster runs on first on PATH."""
+    env = job_environment(ENVIRON, {"OMP_NUM_THREADS": "2", "MUSTER_RUN_DIR": "/r"})
+    assert not {"MUSTER_HOME", "MUSTER_DB", "MUSTER_SEED"} & env.keys()
+    assert (env["HOME"], env["MUSTER_RUN_DIR"], env["OMP_NUM_THREADS"]) == ("/root", "/r", "2")
+    assert env["PATH"] == f"{Path(sys.executable).parent}:/usr/bin"
+
+
+def test_secrets_join_the_job_s_variables() -> None:
+    [spec, _] = replica_specs(plan(secrets={"TOKEN": "s3cr3t"}))
+    assert spec.env["TOKEN"] == "s3cr3t" and spec.env["OMP_NUM_THREADS"] == "2"

@@ -310,8 +310,11 @@ def test_a_crashed_attempt_resumes_from_its_latest_checkpoint(
 def test_a_missing_data_directory_fails_the_trial_before_any_launch(
     sqlite_rig: Rig, tmp_path: Path
 ) -> None:
+    """The data directory was there at submission (which checks it) and is gone by launch."""
     missing = tmp_path / "no-such-data"
+    missing.mkdir()
     job = submit(sqlite_rig, config(train("--epochs", "1"), data=str(missing)))
+    missing.rmdir()
 
     view = settle(sqlite_rig, job)
 

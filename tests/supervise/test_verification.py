@@ -13,13 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from muster.supervise.log_samples import LogSamples
 from muster.supervise.verification import (
+    NOT_VERIFIED,
     Check,
     CheckpointInfo,
     Evidence,
+    LogCounts,
     MetricPoint,
+    OutputFile,
     Verdict,
     VerifyConfig,
+    combine_log_counts,
     gather_evidence,
     verify,
 )
@@ -273,6 +278,7 @@ def test_verdict_to_json() -> None:
     verdict = verify(Evidence(samples_by_epoch={0: 10}), NO_CHECKS, 20)
     assert verdict.to_json() == {
         "passed": False,
+        "verified": False,
         "checks": [
             {"name": "samples", "passed": False,
              "detail": f"epoch 0: 10 samples seen, 20 expected ({MINUS}50.0%)"},
@@ -473,3 +479,91 @@ def test_an_empty_run_directory_gives_empty_evidence(tmp_path: Path) -> None:
     evidence = gather_evidence(tmp_path, [1, 2])
     assert evidence == Evidence(final_attempt=2)
     assert verify(evidence, VerifyConfig(), None).passed  # a script without the harness
+
+
+# --- verified: an exit 0 whose results were inspected --------------------------------------
+
+
+@pytest.mark.parametrize(("evidence", "config", "manifest", "passed", "verified"), [
+    # Nothing inspected the results: it passes (not a failure) but is not verified.
+    (Evidence(), NO_CHECKS, None, True, False),
+    (Evidence(metric_names=frozenset({"loss"}), metric_lines=3), VerifyConfig(
+        require_checkpoint=False), None, True, False),
+    (Evidence(samples_by_epoch={0: 10}), NO_CHECKS, 10, True, True),
+    (Evidence(samples_by_epoch={0: 9}), NO_CHECKS, 10, False, False),
+    (Evidence(checkpoints=(INTACT,)), VerifyConfig(require_checkpoint=True), None, True, True),
+    (Evidence(metric_names=frozenset({"loss"})), VerifyConfig(
+        require_checkpoint=False, require_metrics=["loss"]), None, True, True),
+])
+def test_verified_needs_a_check_of_the_results(
+    evidence: Evidence, config: VerifyConfig, manifest: int | None, passed: bool,
+    verified: bool,
+) -> None:
+    verdict = verify(evidence, config, manifest)
+    assert (verdict.passed, verdict.verified) == (passed, verified)
+    assert verdict.to_json()["verified"] is verified
+
+
+def test_the_words_for_an_unverified_exit_0() -> None:
+    assert NOT_VERIFIED == "exit 0 — not verified (no checks configured)"
+
+
+LOG_CONFIG = VerifyConfig(require_checkpoint=False, finite_metrics=False,
+                          samples_from_log=r"samples=(?P<samples>\d+)")
+
+
+@pytest.mark.parametrize(("counts", "passed", "detail"), [
+    (LogCounts({0: 1797, 1: 1797}, 2), True, "2 epochs in the logs, each within 1.0% of 1,797"),
+    (LogCounts({0: 1797, 1: 1581}, 2), False,
+     f"epoch 1: 1,581 samples seen, 1,797 expected ({MINUS}12.0%)"),
+    (LogCounts(), False, "no log line matched verify.samples_from_log; expected 1,797 per epoch"),
+    (LogCounts(unusable=3), False, "no log line matched verify.samples_from_log (3 matches "
+                                   "without whole numbers in its groups); expected 1,797 per "
+                                   "epoch"),
+    (LogCounts({0: 1797}, 1, problems=("attempt 1, rank 0: counting took longer than 60 s",)),
+     False, "attempt 1, rank 0: counting took longer than 60 s"),
+])
+def test_samples_from_log_check(counts: LogCounts, passed: bool, detail: str) -> None:
+    verdict = verify(Evidence(log_counts=counts), LOG_CONFIG, 1797)
+    assert check_of(verdict, "samples_from_log") == Check("samples_from_log", passed, detail)
+    assert verdict.verified is passed
+
+
+def test_samples_from_log_needs_an_expected_count_to_apply() -> None:
+    assert [c.name for c in verify(Evidence(), LOG_CONFIG, None).checks] == ["metrics_readable"]
+
+
+def test_log_counts_sum_ranks_and_take_each_epoch_from_its_last_attempt() -> None:
+    counts = combine_log_counts({
+        2: {0: LogSamples({1: 500}, 1), 1: LogSamples({1: 400}, 1, unusable=1)},
+        1: {0: LogSamples({0: 450, 1: 100}, 2), 1: LogSamples({0: 450}, 1, "it timed out")},
+    })
+    assert counts == LogCounts({0: 900, 1: 900}, matches=5, unusable=1,
+                               problems=("attempt 1, rank 1: it timed out",))
+
+
+@pytest.mark.parametrize(("outputs", "passed", "detail"), [
+    ((OutputFile("model.pt", 10, 200.0), OutputFile("eval/report.json", 3, 150.0)), True,
+     "2 files written: model.pt, eval/report.json"),
+    ((OutputFile("model.pt", None, None),), False, "model.pt is missing"),
+    ((OutputFile("model.pt", 0, 200.0),), False, "model.pt is empty"),
+    ((OutputFile("model.pt", 10, 50.0),), False,
+     "model.pt was not written during the run (it is older than the trial's first attempt)"),
+])
+def test_outputs_check(outputs: tuple[OutputFile, ...], passed: bool, detail: str) -> None:
+    config = VerifyConfig(require_checkpoint=False, outputs=[o.path for o in outputs])
+    verdict = verify(Evidence(outputs=outputs, started_at=100.0), config, None)
+    assert check_of(verdict, "outputs") == Check("outputs", passed, detail)
+    assert verdict.verified is passed
+
+
+def test_outputs_are_read_from_the_trials_working_directory(tmp_path: Path) -> None:
+    workdir = tmp_path / "workdir"
+    (workdir / "eval").mkdir(parents=True)
+    (workdir / "model.pt").write_bytes(b"weights")
+    (workdir / "eval" / "empty.json").write_bytes(b"")
+    (workdir / "a-dir").mkdir()
+    evidence = gather_evidence(tmp_path, [1], outputs=["model.pt", "eval/empty.json",
+                                                       "a-dir", "missing.bin"])
+    assert [(o.path, o.size) for o in evidence.outputs] == [
+        ("model.pt", 7), ("eval/empty.json", 0), ("a-dir", None), ("missing.bin", None)]

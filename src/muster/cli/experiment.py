@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
+from muster.cli import follow as following
 from muster.cli import render
-from muster.cli.options import HomeOption, JsonOption, UrlOption, client
-from muster.config import load_config_file
+from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stopped_following
+from muster.client import Client
+from muster.config import ExperimentConfig, load_config_file
+from muster.config.secrets import source_of
+from muster.errors import InvalidRequest
 
 app = typer.Typer(help="Create, list, describe and kill experiments.", no_args_is_help=True)
-
-TERMINAL_OK = "SUCCEEDED"
 
 
 @app.command()
@@ -23,26 +27,70 @@ def create(
     context_dir: Annotated[Path | None, typer.Argument(
         help="directory snapshotted as the trial's working directory "
              "(default: the config's directory)")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream the log")] = False,
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-f", help="stream the logs (a search: every trial's, prefixed "
+        "'[trial N] '); exit 0 only if the experiment COMPLETED and every trial SUCCEEDED"
+    )] = False,
     wait: Annotated[bool, typer.Option(
-        help="wait for the end; exit 0 only if every trial SUCCEEDED")] = False,
+        help="wait for the end; exit 0 only if the experiment COMPLETED and every trial "
+        "SUCCEEDED")] = False,
+    secret: Annotated[list[str] | None, typer.Option(
+        "--secret", metavar="NAME=VALUE", help="the value of a `submit` secret of the config "
+        "(environment.secrets); without one, it is read from your environment variable NAME"
+    )] = None,
     as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
     """Submit an experiment: validate the config, upload the context, queue its trial."""
-    load_config_file(config)  # fail fast, with the same message the server would give
+    parsed = load_config_file(config)  # fail fast, with the same message the server would give
+    values = _secret_values(parsed, secret or [])
     with client(home, url) as c:
-        exp = c.create_experiment(config.read_text(), context_dir or config.parent)
+        exp = c.create_experiment(config.read_text(), context_dir or config.parent, values)
         if not as_json:
             render.err_console.print(f"created experiment {exp['id']} ({exp['name']})")
-        if follow:
-            for chunk in c.follow_logs(exp["trials"][0]["id"], attempt=1):
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.buffer.flush()
         if follow or wait:
-            exp = c.wait_experiment(exp["id"])
+            with stopped_following(f"experiment {exp['id']}", exp["id"]):
+                exp = _follow(c, exp, home, url) if follow else c.wait_experiment(exp["id"])
     _report_created(exp, as_json, follow or wait)
-    if wait and not all(t["state"] == TERMINAL_OK for t in exp["trials"]):
+    if (follow or wait) and not following.succeeded(exp):
         raise typer.Exit(1)
+
+
+def _secret_values(config: ExperimentConfig, given: list[str]) -> dict[str, str]:
+    """The values of the config's `submit` secrets: `--secret NAME=VALUE`, else $NAME."""
+    wanted = [name for name, text in config.environment.secrets.items()
+              if source_of(text).kind == "submit"]
+    values: dict[str, str] = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidRequest(f"--secret {item!r}: write NAME=VALUE")
+        if name not in wanted:
+            raise InvalidRequest(f"--secret {name}: the config declares no such `submit` "
+                                 f"secret (environment.secrets: {', '.join(wanted) or 'none'})")
+        values[name] = value
+    for name in wanted:
+        if name not in values:
+            if name not in os.environ:
+                raise InvalidRequest(f"secret {name}: set it in your environment (export "
+                                     f"{name}=...) or pass --secret {name}=VALUE")
+            values[name] = os.environ[name]
+    return values
+
+
+def _follow(c: Client, exp: dict[str, Any], home: str | None, url: str | None
+            ) -> dict[str, Any]:
+    """Stream the experiment's logs until it has settled: its one trial's as written, or
+    a search's trial by trial."""
+    output = following.Output()
+    if (exp.get("search") or {}).get("searcher", "single") == "single" and exp["trials"]:
+        following.follow_trial(c, exp["trials"][0]["id"], _write_stdout, output)
+        return c.wait_experiment(exp["id"])
+    return following.follow_experiment(c, exp, output, lambda: client(home, url))
+
+
+def _write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _report_created(exp: dict[str, Any], as_json: bool, ended: bool) -> None:
@@ -82,6 +130,10 @@ def describe(
         return
     render.console.print(f"Experiment {exp['id']} [bold]{exp['name']}[/]: "
                          f"{render.state(exp['state'])}")
+    if exp.get("message"):
+        render.console.print(f"  {exp['message']}", markup=False)
+    for warning in exp.get("warnings", []):
+        render.console.print(f"[yellow]warning:[/] {escape(warning)}")
     search = exp.get("search")
     if search and search["searcher"] != "single":
         for line in render.search_lines(search):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -21,3 +24,17 @@ JsonOption = Annotated[bool, typer.Option("--json", help="machine-readable JSON 
 
 def client(home: str | None, url: str | None) -> Client:
     return Client(url=url, home=Home.resolve(home))
+
+
+INTERRUPTED = 130  # what a shell reports for a command ended by Ctrl-C (128 + SIGINT)
+
+
+@contextmanager
+def stopped_following(what: str, experiment_id: int) -> Iterator[None]:
+    """Ctrl-C while following: say that the run goes on and how to stop it; exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"\nstopped following; {what} keeps running (muster experiment kill "
+              f"{experiment_id})", file=sys.stderr, flush=True)
+        raise typer.Exit(INTERRUPTED) from None

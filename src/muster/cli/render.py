@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from muster.words import NOT_VERIFIED
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -49,9 +51,17 @@ def experiments_table(rows: list[dict[str, Any]]) -> Table:
 def trials_table(trials: list[dict[str, Any]]) -> Table:
     table = Table("Trial", "State", "Reason", "Restarts", "Started", "Ended")
     for trial in trials:
-        table.add_row(str(trial["id"]), state(trial["state"]), trial["reason"] or "-",
+        reason = NOT_VERIFIED if not_verified(trial) else trial["reason"] or "-"
+        table.add_row(str(trial["id"]), state(trial["state"]), escape(reason),
                       str(trial["restarts"]), when(trial["started_at"]), when(trial["ended_at"]))
     return table
+
+
+def not_verified(trial: dict[str, Any]) -> bool:
+    """A SUCCEEDED trial whose exit 0 no check of its results inspected."""
+    verdict = trial.get("verification") or {}
+    verified = trial.get("verified", verdict.get("verified"))
+    return trial["state"] == "SUCCEEDED" and verified is False
 
 
 def attempts_table(trial: dict[str, Any]) -> Table:
@@ -89,9 +99,11 @@ def metrics_table(reports: list[dict[str, Any]]) -> Table:
 def search_lines(search: dict[str, Any]) -> list[str]:
     """The search's progress in three lines: how it searches, how far it is, the best so far."""
     direction = "smaller is better" if search["smaller_is_better"] else "larger is better"
+    length = (f", {search['max_length']:,} {search.get('max_length_unit') or 'steps'} per trial"
+              if search.get("max_length") else "")
     lines = [
         f"Search: {search['searcher']} on {search['metric']} ({direction}), up to "
-        f"{search['max_concurrent_trials']} trials at once",
+        f"{search['max_concurrent_trials']} trials at once{length}",
         f"Trials: {search['ended']} ended, {search['running']} running, {search['queued']} "
         f"queued, {search['remaining']} remaining of {search['max_trials']}",
     ]
@@ -129,7 +141,8 @@ def search_trials_table(trials: list[dict[str, Any]], sort: str | None) -> Table
                   "Hyperparameters")
     for trial in trials:
         values = trial["best_validation"]
-        table.add_row(str(trial["id"]), str(trial["number"]), state(trial["state"]),
+        shown = state(trial["state"]) + (" (not verified)" if not_verified(trial) else "")
+        table.add_row(str(trial["id"]), str(trial["number"]), shown,
                       "yes" if trial["early_stopped"] else "-",
                       *(number(values[n]) if n in values else "-" for n in names),
                       escape(hparams_text(trial["hparams"])))
@@ -184,6 +197,8 @@ def manifest_line(manifest: dict[str, Any]) -> str:
 
 def verification_table(verification: dict[str, Any]) -> Table:
     verdict = "[green]passed[/]" if verification["passed"] else "[yellow]failed[/]"
+    if verification["passed"] and verification.get("verified") is False:
+        verdict = f"[yellow]{NOT_VERIFIED}[/]"
     table = Table("Check", "Passed", "Detail", title=f"Verification: {verdict}")
     for check in verification["checks"]:
         table.add_row(check["name"], "yes" if check["passed"] else "[red]no[/]",
@@ -196,7 +211,9 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     for event in events:
         move = (f"{event['from_state'] or '-'} → {event['to_state']}"
                 if event["to_state"] else "-")
-        table.add_row(when(event["at"]), f"{event['entity']} {event['entity_id']}", move,
+        entity = (f"attempt {event['attempt']}" if event.get("attempt") is not None
+                  else f"{event['entity']} {event['entity_id']}")
+        table.add_row(when(event["at"]), entity, move,
                       escape(event["reason"]), escape(event["actor"]),
                       escape(event["message"] or ""))
     return table

@@ -48,8 +48,13 @@ def up(
     detach: Annotated[bool, typer.Option(help="run in the background")] = False,
 ) -> None:
     """Start the muster server (and its supervisor) on this machine."""
+    from muster.launch.environment import JOB_UMASK_VARIABLE
     from muster.server.state import ServerSettings
 
+    # The server's files (database, logs, run files) are its user's alone; jobs get the
+    # user's own umask back (the shim restores it).
+    user_umask = os.umask(0o077)
+    os.environ.setdefault(JOB_UMASK_VARIABLE, f"{user_umask:04o}")
     where = Home.resolve(home).ensure()
     settings = ServerSettings(db, slots, _size(min_free_disk) if min_free_disk else None,
                               str(Path(cluster_config).resolve()) if cluster_config else None)

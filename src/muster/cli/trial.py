@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import codecs
 import getpass
 import sys
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from muster.cli import follow as following
 from muster.cli import render
-from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stopped_following
+from muster.errors import InvalidRequest
 
 app = typer.Typer(help="Describe trials, read their logs and metrics, review them.",
                   no_args_is_help=True)
@@ -77,11 +78,13 @@ def describe(
 @app.command()
 def logs(
     trial_id: int,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream until the trial ends")]
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-f", help="stream until the trial ends; exit 0 only if it SUCCEEDED")]
     = False,
-    tail: Annotated[int | None, typer.Option(help="only the last N lines")] = None,
-    attempt: Annotated[int | None, typer.Option(help="attempt number (default: latest)")]
-    = None,
+    tail: Annotated[int | None, typer.Option(help="only the last N lines (of the latest "
+                                             "attempt)")] = None,
+    attempt: Annotated[int | None, typer.Option(
+        help="only this attempt (default: every attempt, in order)")] = None,
     # A backslash before "[rank r]" keeps Rich from reading it as markup (also in the docstring).
     rank: Annotated[int | None, typer.Option(
         min=0, help="only this replica's log, as written (default: every rank, merged in "
@@ -91,34 +94,38 @@ def logs(
 ) -> None:
     r"""Write the trial's log to stdout (decoded as UTF-8 with replacement), nothing else.
 
-    Without --rank, the ranks of a multi-replica trial are merged in time order, whole lines
-    each prefixed '\[rank r] '; --rank R shows one rank's log exactly as it was written.
+    Every attempt in order, with a line between two attempts that says why the next one
+    started (on stderr when stdout is not a terminal); --attempt N shows one attempt. Without
+    --rank, the ranks of a multi-replica trial are merged in time order, whole lines each
+    prefixed '\[rank r] '; --rank R shows one rank's log exactly as it was written.
     """
-    out = sys.stdout
-    # Incremental: a character split across two chunks is decoded whole, not replaced.
-    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+    output = following.Output()
     with client(home, url) as c:
-        if follow:
-            for chunk in c.follow_logs(trial_id, attempt=attempt, rank=rank, tail=tail):
-                out.write(decode(chunk))
-                out.flush()
-            out.write(decode(b"", final=True))
+        trial = c.get_trial(trial_id)
+        _check_rank(trial, rank)
+        if not follow:
+            following.print_trial_logs(c, trial_id, _write, output, attempt=attempt,
+                                       rank=rank, tail=tail)
             return
-        offset, cursor = 0, None
-        while True:
-            piece = c.read_logs(trial_id, attempt=attempt, rank=rank, offset=offset,
-                                cursor=cursor, tail=tail)
-            out.write(decode(piece.data))
-            if not piece.data:
-                break
-            # A tail longer than one read goes on from where the first read ended.
-            attempt, tail = piece.attempt, None
-            if rank is None and piece.next_cursor is not None:
-                cursor = piece.next_cursor
-            else:  # one rank's bytes (or a server from before merged logs)
-                offset = piece.next_offset or 0
-    out.write(decode(b"", final=True))
-    out.flush()
+        with stopped_following(f"trial {trial_id}", trial["experiment_id"]):
+            trial = following.follow_trial(c, trial_id, _write, output, attempt=attempt,
+                                           rank=rank, tail=tail)
+    if trial["state"] != "SUCCEEDED":
+        render.err_console.print(f"trial {trial_id} is {trial['state']}")
+        raise typer.Exit(1)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _check_rank(trial: dict[str, Any], rank: int | None) -> None:
+    """Refuse a rank the trial does not have, naming the ones it has."""
+    ranks = sorted({r["rank"] for a in trial["attempts"] for r in a["replicas"]})
+    if rank is not None and ranks and rank not in ranks:
+        shown = ", ".join(map(str, ranks))
+        raise InvalidRequest(f"trial {trial['id']} has no rank {rank}; its ranks are {shown}")
 
 
 @app.command()

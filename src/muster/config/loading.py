@@ -2,27 +2,65 @@
 
 YAML is read with a safe loader (no Python objects from a config) that also refuses
 duplicate keys: plain `safe_load` keeps the last of two `failure_policy:` blocks silently.
+
+A config comes from whoever can reach the server, so reading one is bounded before it costs
+memory or time: the text is at most MAX_CONFIG_BYTES, anchors and aliases are refused (a
+592-byte "billion laughs" document expands to gigabytes), nesting stops at MAX_DEPTH, and
+every string is at most MAX_STRING_CHARS and holds no NUL byte (which no file name,
+argument or environment variable can carry). Each problem names its key path.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from muster.config.problems import config_error, show_value, validate_config_data
+from muster.config.problems import config_error, key_path, show_value, validate_config_data
 from muster.config.schema import ExperimentConfig
 from muster.errors import ConfigError
 
 __all__ = ["load_config", "load_config_file", "parse_yaml", "read_config_text"]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+MAX_CONFIG_BYTES = 1024**2
+MAX_DEPTH = 32  # mappings and lists within each other
+MAX_STRING_CHARS = 64 * 1024
+
+
+class _Refused(yaml.YAMLError):
+    """What the loader refuses to build, with where in the text it is."""
+
+    def __init__(self, problem: str, mark: yaml.Mark | None) -> None:
+        super().__init__(problem)
+        self.problem, self.mark = problem, mark
 
 
 class _StrictSafeLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that rejects a key given twice in one mapping."""
+    """`yaml.SafeLoader` that rejects a key given twice in one mapping, anchors and aliases,
+    and nesting deeper than MAX_DEPTH (checked before it recurses, not by RecursionError)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _Refused("anchors and aliases (&name, *name, <<: *name) are not accepted in "
+                           "a muster config: write each value out", event.start_mark)
+        nests = isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent)
+        if nests and self._depth >= MAX_DEPTH:
+            raise _Refused(f"nested more than {MAX_DEPTH} levels deep; a config needs far "
+                           "fewer", event.start_mark)
+        self._depth += nests
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= nests
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[str] = set()
@@ -48,6 +86,9 @@ def load_config(text: str, source: str = "<config>") -> ExperimentConfig:
         ConfigError: invalid YAML, or every validation problem, one per line.
     """
     data = parse_yaml(text, source)
+    problems = list(_string_problems(data, []))
+    if problems:
+        raise config_error(source, problems[:20])
     if not isinstance(data, dict):
         raise config_error(source, [f"(top level): {_not_a_mapping(data)}"])
     return validate_config_data(ExperimentConfig, data, source)
@@ -82,14 +123,40 @@ def parse_yaml(text: str, source: str) -> object:
     """The data in the YAML document `text`: safe types only, no key given twice.
 
     Raises:
-        ConfigError: invalid YAML, naming `source`, the line and the column.
+        ConfigError: invalid YAML, naming `source`, the line and the column; or text past
+            the bounds in the module docstring.
     """
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: the config is {size:,} bytes, over the "
+                          f"{MAX_CONFIG_BYTES // 1024**2} MiB limit; keep data and long lists "
+                          "in files the script reads")
     try:
         return yaml.load(text, Loader=_StrictSafeLoader)  # a SafeLoader: no Python objects
+    except _Refused as exc:
+        raise ConfigError(f"{source}{_at(exc.mark)}: {exc.problem}") from None
     except yaml.MarkedYAMLError as exc:
         raise ConfigError(_yaml_message(exc, source)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: invalid YAML: {exc}") from None
+
+
+def _string_problems(data: object, at: list[int | str]) -> Iterator[str]:
+    """Strings (keys too) that are too long or hold a NUL byte, by key path."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _string_problems(key, at)
+            yield from _string_problems(value, [*at, str(key)[:80]])
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from _string_problems(value, [*at, i])
+    elif isinstance(data, str):
+        if "\x00" in data:
+            yield (f"{key_path(at)}: holds a NUL byte (\\0), which no argument, path or "
+                   "environment variable can carry; remove it")
+        if len(data) > MAX_STRING_CHARS:
+            yield (f"{key_path(at)}: a string of {len(data):,} characters, over the limit of "
+                   f"{MAX_STRING_CHARS:,}; keep long text in a file the script reads")
 
 
 def _not_a_mapping(data: object) -> str:

@@ -172,6 +172,9 @@ _DESCRIBERS: dict[str, Callable[[dict[str, Any], object], str]] = {
 
 
 def _unknown_key(key: str, section: type[BaseModel] | None, value: object) -> str:
+    foreign: dict[str, str] = getattr(section, "FOREIGN_KEYS", {})
+    if key in foreign:
+        return f"not a muster key (Determined has it): {foreign[key]}"
     planned: frozenset[str] = getattr(section, "PLANNED_KEYS", frozenset())
     if key in planned:
         noun = "section" if value is None or isinstance(value, dict) else "setting"

@@ -3,7 +3,9 @@
 Models are strict (no silent `"5"` -> 5 or `true` -> 1) and forbid unknown keys, so a typo
 is an error, never a default quietly used. Keys that ARCHITECTURE.md plans but this version
 does not implement are listed in each model's `PLANNED_KEYS`; they are rejected with a
-message that says so (see `muster.config.problems`), not as unknown keys.
+message that says so (see `muster.config.problems`), not as unknown keys. Keys of a
+Determined AI config that muster spells differently or does not have are in `FOREIGN_KEYS`,
+each with a hint that names muster's way (Determined users bring their configs along).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
+from pathlib import PurePosixPath
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -24,6 +27,7 @@ from pydantic import (
 
 from muster.config import space
 from muster.config.problems import KeyedProblems, show_value, validate_config_data
+from muster.config.secrets import source_of
 from muster.config.units import parse_duration, parse_size
 
 __all__ = [
@@ -39,20 +43,69 @@ __all__ = [
 ]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_SECRETS = 100
+_TRIAL_CLASS = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # model_def:MNistTrial
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset()
+    FOREIGN_KEYS: ClassVar[dict[str, str]] = {}  # a Determined key -> what to write instead
+
+
+_NO_CONTAINERS = ("muster runs the script on the server's own Python, not in a container; "
+                  "install what it needs there (per-experiment environments are planned as "
+                  "environment.python)")
 
 
 class EnvironmentConfig(_Section):
     """Extra environment variables for every replica, on top of muster's own."""
 
     PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset({"python"})
+    FOREIGN_KEYS: ClassVar[dict[str, str]] = {
+        "image": _NO_CONTAINERS,
+        "force_pull_image": _NO_CONTAINERS,
+        "registry_auth": _NO_CONTAINERS,
+        "add_capabilities": _NO_CONTAINERS,
+        "drop_capabilities": _NO_CONTAINERS,
+        "pod_spec": "Kubernetes pod specs are not supported: muster runs processes on its "
+                    "hosts; use resources for what a trial needs",
+        "environment_variables": "muster spells it environment.variables, a mapping "
+                                 "(`variables: {OMP_NUM_THREADS: 1}`)",
+        "proxy_ports": "muster opens no proxy ports; a replica listens where it likes",
+    }
 
     variables: dict[str, str] = Field(default_factory=dict)
+    # Names whose values never appear in the config or the API: `muster.job_secrets`.
+    secrets: dict[str, str] = Field(default_factory=dict, max_length=MAX_SECRETS)
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _names_are_submitted(cls, value: object) -> object:
+        """`secrets: [A, B]` is `{A: submit, B: submit}`."""
+        if isinstance(value, list):
+            return {name: "submit" for name in value}
+        return value
+
+    @field_validator("secrets")
+    @classmethod
+    def _sources(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        problems = []
+        for name, text in value.items():
+            if not _ENV_NAME.fullmatch(name) or name.startswith("MUSTER_"):
+                problems.append((name, "is not a usable environment variable name (letters, "
+                                       "digits and '_', not starting with a digit or MUSTER_)"))
+                continue
+            if name in (info.data.get("variables") or {}):
+                problems.append((name, "is also in environment.variables; keep it in one"))
+            try:
+                source_of(text)
+            except ValueError as exc:
+                problems.append((name, str(exc)))
+        if problems:
+            raise KeyedProblems(problems)
+        return value
 
     @field_validator("variables", mode="before")
     @classmethod
@@ -119,6 +172,11 @@ class ManifestConfig(_Section):
 class DataConfig(_Section):
     """The training data muster scans before launch, independently of the training code."""
 
+    FOREIGN_KEYS: ClassVar[dict[str, str]] = {
+        key: "muster's data block names the directory it scans before launch (data.path); "
+             "values for the script, Determined's free-form `data`, go under hyperparameters"
+        for key in ("url", "urls", "bucket", "dir", "directory", "pachyderm", "worker")}
+
     path: str = Field(min_length=1)
     manifest: ManifestConfig = Field(default_factory=ManifestConfig)
 
@@ -136,6 +194,20 @@ class ResourcesConfig(_Section):
     memory each replica's processes may use together (bytes; None: no limit), how many GPUs
     each replica gets (of which type), the experiment's cap on replicas running at once,
     and its place in the queue (priority 1-99, lower runs first, as in Determined)."""
+
+    FOREIGN_KEYS: ClassVar[dict[str, str]] = {
+        "slots_per_trial": "muster asks for processes and GPUs apart: use resources.replicas "
+                           "(processes, one per GPU as Determined starts them) and "
+                           "resources.gpus_per_replica",
+        "resource_pool": "this server is the one pool; remove it (resources.gpu_type picks "
+                         "the GPUs)",
+        "shm_size": _NO_CONTAINERS,
+        "devices": _NO_CONTAINERS,
+        "agent_label": "this server is the one pool; remove it",
+        "weight": "muster orders the queue by resources.priority (1-99, lower first)",
+        "native_parallel": "remove it: every replica is a process muster starts",
+        "is_single_node": "remove it: a trial's replicas run on one host",
+    }
 
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
     memory_limit: int | None = None
@@ -176,6 +248,10 @@ class ResourcesConfig(_Section):
         return size
 
 
+MAX_OUTPUTS = 100
+MAX_PATTERN_CHARS = 1000
+
+
 class VerifyConfig(_Section):
     """The checks that must pass before an exit 0 counts as SUCCEEDED (else SUSPECT)."""
 
@@ -184,8 +260,39 @@ class VerifyConfig(_Section):
     require_checkpoint: bool | None = None  # None: required when the harness was used
     finite_metrics: bool = True
     require_metrics: list[str] = Field(default_factory=list)
+    # For scripts without the harness: a regex over the rank logs with a named group
+    # `samples` (and optionally `epoch`), compared with the data manifest like ctx.samples.
+    samples_from_log: str | None = Field(default=None, min_length=1,
+                                         max_length=MAX_PATTERN_CHARS)
+    # Files (relative to the trial's working directory) the run must write, not empty.
+    outputs: list[str] = Field(default_factory=list, max_length=MAX_OUTPUTS)
+
+    @field_validator("samples_from_log")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            compiled = re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"is not a regular expression: {exc}") from None
+        if "samples" not in compiled.groupindex:
+            raise ValueError("needs a named group `samples`, e.g. "
+                             "'epoch (?P<epoch>\\d+) .* samples=(?P<samples>\\d+)'")
+        return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _relative_paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            parts = PurePosixPath(path).parts
+            if not path or path.startswith("/") or ".." in parts or "\x00" in path:
+                raise ValueError(f"{path!r} must be a path inside the trial's working "
+                                 "directory (relative, without ..)")
+        return value
 
 
+LENGTH_UNITS = ("batches", "epochs", "records")
 SEARCHERS = ("single", "grid", "random", "tpe", "asha", "adaptive_asha")
 PRUNING_SEARCHERS = frozenset({"asha", "adaptive_asha"})  # they stop trials early
 MAX_TRIALS = 10_000
@@ -200,7 +307,20 @@ _ONLY_FOR = {
 
 class SearcherConfig(_Section):
     """How the experiment's trials are chosen (Determined's `searcher` block): `single` runs
-    one trial; the others sample `hyperparameters` (Optuna samplers and pruners)."""
+    one trial; the others sample `hyperparameters` (Optuna samplers and pruners).
+
+    `max_length` is in the units of report_validation's steps; Determined's
+    `max_length: {batches: N}` (or `epochs`, `records`) is accepted, the unit kept in
+    `max_length_unit` and shown with it."""
+
+    FOREIGN_KEYS: ClassVar[dict[str, str]] = {
+        "source_trial_id": "warm starts from another trial are not supported; remove it",
+        "source_checkpoint_uuid": "warm starts from a checkpoint are not supported; remove it",
+        "bracket_rungs": "muster's asha places rungs by divisor and max_rungs",
+        "stop_once": "muster's asha stops a trial once, at the rung it falls behind",
+        "max_time": "use searcher.max_length",
+        "time_metric": "use searcher.max_length, in report_validation's steps",
+    }
 
     name: Literal["single", "grid", "random", "tpe", "asha", "adaptive_asha"] = "single"
     metric: str | None = Field(default=None, min_length=1)
@@ -208,6 +328,7 @@ class SearcherConfig(_Section):
     max_trials: int | None = Field(default=None, ge=1, le=MAX_TRIALS)
     max_concurrent_trials: int = Field(default=16, ge=1)
     max_length: int | None = Field(default=None, ge=1)  # in report_validation's step units
+    max_length_unit: Literal["steps", "batches", "epochs", "records"] = "steps"
     mode: Literal["aggressive", "standard", "conservative"] = "standard"
     divisor: int = Field(default=4, ge=2, le=100)
     max_rungs: int = Field(default=5, ge=1, le=20)
@@ -215,6 +336,22 @@ class SearcherConfig(_Section):
     def prunes(self) -> bool:
         """Whether this searcher stops poor trials early (its pruner judges validation)."""
         return self.name in PRUNING_SEARCHERS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _length_with_a_unit(cls, data: object) -> object:
+        """Determined's `max_length: {batches: 100}` -> max_length 100, unit "batches"."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("max_length"), Mapping):
+            return data
+        length = dict(data["max_length"])
+        if len(length) != 1 or next(iter(length)) not in LENGTH_UNITS:
+            raise KeyedProblems([("max_length", "must be a number of steps, or one unit and "
+                                  "its count: {batches: N}, {epochs: N} or {records: N}")])
+        [(unit, value)] = length.items()
+        if "max_length_unit" in data and data["max_length_unit"] != unit:
+            raise KeyedProblems([("max_length_unit", f"says {data['max_length_unit']!r}, "
+                                  f"but max_length is in {unit}; keep one")])
+        return {**data, "max_length": value, "max_length_unit": unit}
 
     @model_validator(mode="after")
     def _complete(self) -> SearcherConfig:
@@ -265,6 +402,28 @@ class ExperimentConfig(_Section):
     """One experiment: what to run, in which environment, and how to handle failures."""
 
     PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset({"checkpoint_storage"})
+    FOREIGN_KEYS: ClassVar[dict[str, str]] = {
+        "bind_mounts": "muster runs on the host, so host paths need no mount: point data.path "
+                       "(or an argument) at them; the context is copied for each trial",
+        "max_restarts": "muster spells it failure_policy.trial_retries (and counts kinds of "
+                        "failure apart: see failure_policy)",
+        "records_per_epoch": "muster counts the data set itself (data.path); to give the "
+                             "count instead, set verify.expected_samples",
+        "min_validation_period": "the script decides when to validate "
+                                 "(muster.harness report_validation); remove it",
+        "min_checkpoint_period": "the script decides when to checkpoint "
+                                 "(muster.harness.torch.save); remove it",
+        "scheduling_unit": "remove it: the script reports metrics when it likes",
+        "perform_initial_validation": "remove it: the script validates when it likes",
+        "checkpoint_policy": "remove it: muster keeps the checkpoints the script saves",
+        "profiling": "remove it: muster does not profile (run the profiler in the script)",
+        "optimizations": "remove it: the script sets up its own distributed training",
+        "workspace": "muster has no workspaces yet; remove it",
+        "project": "muster has no projects yet; use labels",
+        "debug": "remove it: muster's logs always carry every line",
+        "slurm": "muster does not submit to Slurm; remove it",
+        "pbs": "muster does not submit to PBS; remove it",
+    }
 
     name: str = Field(min_length=1, max_length=128)
     description: str = ""
@@ -288,6 +447,12 @@ class ExperimentConfig(_Section):
     @classmethod
     def _argv(cls, value: object) -> object:
         """A string is split like a shell would split it, but never run by a shell."""
+        words = [value] if isinstance(value, str) else value
+        if (isinstance(words, list) and len(words) == 1 and isinstance(words[0], str)
+                and _TRIAL_CLASS.fullmatch(words[0])):
+            raise ValueError(f"{words[0]!r} names a Determined Trial class, and Trial classes "
+                             "are not supported; run a script (e.g. `entrypoint: python "
+                             "train.py`) that calls muster.harness")
         if isinstance(value, str):
             try:
                 return shlex.split(value)
@@ -324,7 +489,7 @@ class ExperimentConfig(_Section):
                 "searcher.name", f"the {searcher.name} searcher needs at least one "
                 "hyperparameter to choose (int, double, log or categorical) under "
                 "`hyperparameters`; with only constants use `name: single`")])
-        problems = parsed.grid_problems() if searcher.name == "grid" else []
+        problems = parsed.grid_problems(MAX_TRIALS) if searcher.name == "grid" else []
         if problems:
             raise KeyedProblems([(f"hyperparameters.{path}", problem)
                                  for path, problem in problems])
@@ -342,6 +507,17 @@ class ExperimentConfig(_Section):
             return self.space().grid_size()
         assert self.searcher.max_trials is not None, "checked by SearcherConfig"
         return self.searcher.max_trials
+
+    @model_validator(mode="after")
+    def _log_samples_have_a_count(self) -> ExperimentConfig:
+        """Samples counted from the log are compared with something: the data manifest or
+        `verify.expected_samples`."""
+        if (self.verify.samples_from_log is not None and self.data is None
+                and self.verify.expected_samples is None):
+            raise KeyedProblems([("verify.samples_from_log", "needs a count to compare with: "
+                                  "a `data` block (muster scans it) or "
+                                  "verify.expected_samples")])
+        return self
 
     @field_validator("failure_policy")
     @classmethod

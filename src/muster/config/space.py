@@ -53,6 +53,12 @@ class Int:
     maxval: int
     count: int | None = None
 
+    def points(self) -> int:
+        """How many values `grid` holds, without building it: rounded points that fall
+        on one integer count once, so never more than the range's integers."""
+        span = self.maxval - self.minval + 1
+        return span if self.count is None else min(self.count, span)
+
     def grid(self) -> list[Scalar]:
         points = self.count or (self.maxval - self.minval + 1)
         return list(dict.fromkeys(round(x) for x in _linspace(self.minval, self.maxval,
@@ -64,6 +70,10 @@ class Double:
     minval: float
     maxval: float
     count: int | None = None
+
+    def points(self) -> int:
+        assert self.count is not None, "checked by parse: a grid needs a count"
+        return self.count
 
     def grid(self) -> list[Scalar]:
         assert self.count is not None, "checked by parse: a grid needs a count"
@@ -87,6 +97,10 @@ class Log:
     def high(self) -> float:
         return float(self.base**self.maxval)
 
+    def points(self) -> int:
+        assert self.count is not None, "checked by parse: a grid needs a count"
+        return self.count
+
     def grid(self) -> list[Scalar]:
         assert self.count is not None, "checked by parse: a grid needs a count"
         return [float(self.base**x) for x in _linspace(self.minval, self.maxval, self.count)]
@@ -95,6 +109,9 @@ class Log:
 @dataclass(frozen=True)
 class Categorical:
     vals: tuple[Scalar, ...]
+
+    def points(self) -> int:
+        return len(self.vals)
 
     def grid(self) -> list[Scalar]:
         return list(self.vals)
@@ -114,10 +131,11 @@ class SearchSpace:
         """The parameters a searcher chooses (everything but constants)."""
         return {name: p for name, p in self.params.items() if not isinstance(p, Const)}
 
-    def grid_problems(self) -> list[tuple[str, str]]:
-        """What stops a grid over this space: a double or log range without `count`, or an
-        int range of more than MAX_INT_GRID values without one."""
-        problems = []
+    def grid_problems(self, max_points: int) -> list[tuple[str, str]]:
+        """What stops a grid over this space: a double or log range without `count`, an
+        int range of more than MAX_INT_GRID values without one, or more than `max_points`
+        points in all (counted, never built)."""
+        problems: list[tuple[str, str]] = []
         for name, p in self.searched().items():
             if isinstance(p, Double | Log) and p.count is None:
                 problems.append((f"{name}.count", "a grid search needs the number of points of "
@@ -126,10 +144,22 @@ class SearchSpace:
                 problems.append((f"{name}.count", f"this int range holds "
                                  f"{p.maxval - p.minval + 1} values; a grid over all of them is "
                                  "surely a mistake: add e.g. `count: 4`"))
+        if problems:
+            return problems
+        counts = {name: p.points() for name, p in self.searched().items()}
+        size = math.prod(counts.values())  # exact, and cheap however large
+        if size > max_points:
+            biggest = max(counts, key=lambda name: counts[name])
+            product = " x ".join(f"{name} {n}" for name, n in counts.items())
+            shown = f"{size:,}" if size < 10**15 else f"about 10^{len(str(size)) - 1}"
+            problems.append((biggest, f"the grid has {shown} points ({product}), more than "
+                                      f"the {max_points:,} trials an experiment may run; "
+                                      "use fewer points, or a random or tpe search"))
         return problems
 
     def grid_size(self) -> int:
-        return math.prod(len(p.grid()) for p in self.searched().values())
+        """How many points the grid holds, counted without building it."""
+        return math.prod(p.points() for p in self.searched().values())
 
     def hparams(self, chosen: Mapping[str, Any]) -> dict[str, Any]:
         """The nested hparams a trial sees: the constants plus the chosen values."""

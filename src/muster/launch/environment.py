@@ -1,4 +1,12 @@
-"""The environment a training process sees (ARCHITECTURE.md, "What a training process sees")."""
+"""The environment a training process sees (ARCHITECTURE.md, "What a training process sees").
+
+Two halves, joined where the process starts: `build_env` makes the job's own variables (the
+config's variables and secrets, then muster's, which win: a config cannot fake its rank);
+they are what a replica's spec file stores. `job_environment`, in the shim, puts them over
+the environment the shim inherited (the server's: CUDA libraries, proxies, HOME), less the
+server's own settings (`MUSTER_HOME`, `MUSTER_DB`, any other `MUSTER_*`): a job needs none
+of them, and the spec file never holds a copy of the server's environment.
+"""
 
 from __future__ import annotations
 
@@ -32,17 +40,13 @@ class ReplicaContext:
     seed: int | None = None  # the trial's seed: MUSTER_SEED
 
 
-def build_env(
-    base: Mapping[str, str], user_vars: Mapping[str, str], ctx: ReplicaContext
-) -> dict[str, str]:
-    """`base` (normally `os.environ`) plus the user's variables plus muster's own.
+# Set by `muster up`: the umask its user had, which jobs get back (the server runs with 077).
+JOB_UMASK_VARIABLE = "MUSTER_JOB_UMASK"
 
-    Built from a copy of the caller's environment, never from an empty dict, so the
-    training process finds what the user's shell had (CUDA libraries, proxies, HOME...).
-    muster's variables win over the user's: a config cannot fake its rank.
-    """
-    env = dict(base)
-    env.update(user_vars)
+
+def build_env(user_vars: Mapping[str, str], ctx: ReplicaContext) -> dict[str, str]:
+    """The job's own variables: the user's (config variables and secrets), then muster's."""
+    env = dict(user_vars)
     env.update(
         {
             "MUSTER_RUN_DIR": str(ctx.run_dir),
@@ -65,19 +69,32 @@ def build_env(
     for name, value in (("MUSTER_MAX_LENGTH", ctx.max_length), ("MUSTER_SEED", ctx.seed)):
         if value is not None:
             env[name] = str(value)
-        else:
-            env.pop(name, None)
     if ctx.latest_checkpoint is not None:
         env["MUSTER_LATEST_CHECKPOINT"] = str(ctx.latest_checkpoint)
-    else:
-        env.pop("MUSTER_LATEST_CHECKPOINT", None)
     if ctx.gpus is not None:
         # NVML numbers GPUs in PCI bus order; CUDA by default fastest first. The same order
         # for both, so index i here is GPU i in `muster cluster status`.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ctx.gpus))
+    return env
+
+
+def job_environment(inherited: Mapping[str, str], job: Mapping[str, str]) -> dict[str, str]:
+    """What the training process starts with: `inherited` without the server's `MUSTER_*`
+    settings, then the job's own variables (`build_env`), and `python` first on PATH."""
+    env = {name: value for name, value in inherited.items() if not name.startswith("MUSTER_")}
+    env.update(job)
     env["PATH"] = _path_with_interpreter_first(env.get("PATH", ""))
     return env
+
+
+def job_umask(inherited: Mapping[str, str]) -> int | None:
+    """The umask the training process gets back (`JOB_UMASK_VARIABLE`), if one was noted."""
+    text = inherited.get(JOB_UMASK_VARIABLE)
+    try:
+        return None if text is None else int(text, 8) & 0o777
+    except ValueError:
+        return None
 
 
 def _path_with_interpreter_first(path: str) -> str:

@@ -49,6 +49,8 @@ _OUT_OF_MEMORY_TEXT = re.compile(
 _MAX_SIGNAL = 64
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'\s+File "[^"]*", line \d+')
+_TRACEBACK_FRAME = re.compile(r'\s+File "[^"]*", line \d+, in ')
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?::|$)")
 
 
 @dataclass(frozen=True)
@@ -192,8 +194,14 @@ def termination_reason(log_tail: str) -> str | None:
         return _first_unindented(lines[headers[-1] + 1 :], prefix)
     frames = [i for i, line in enumerate(lines) if _FRAME.match(line)]
     line = _first_unindented(lines[frames[-1] + 1 :], "") if frames else None
-    # Other bare frames (faulthandler's dump on a crash) are not followed by an exception.
-    return line if line and _exception_name(line) in _SYNTAX_ERRORS else None
+    if line is None:
+        return None
+    if _exception_name(line) in _SYNTAX_ERRORS:
+        return line
+    # A traceback longer than the tail (urllib's, say) lost its header, not its exception;
+    # faulthandler's bare frames ("line 3 in f", no comma) are followed by none.
+    traceback_frame = _TRACEBACK_FRAME.match(lines[frames[-1]]) is not None
+    return line if traceback_frame and _EXCEPTION_LINE.match(line) else None
 
 
 def _is_out_of_memory(term: str) -> bool:

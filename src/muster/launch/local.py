@@ -167,7 +167,7 @@ class LocalLauncher(Launcher):
                 "start a new attempt in a new directory."
             )
         for path, data in request.files.items():
-            atomic_write_bytes(path, data)
+            atomic_write_bytes(path, data, mode=0o600)  # a spec holds the job's secrets
 
     def _start_shim(self, request: LaunchRequest, files: RankFiles, where: str
                     ) -> ProcessIdentity:

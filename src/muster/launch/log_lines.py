@@ -64,6 +64,8 @@ def _split(source: ReplicaLog, start: int, final: bool) -> Iterator[tuple[int, b
     if log is None:
         return
     with log:
+        if start >= log.seek(0, os.SEEK_END):  # nothing there yet (never seek past the end)
+            return
         log.seek(start)
         pending, base = bytearray(), start  # base: the offset of pending[0]
         while block := log.read(_BLOCK_BYTES):

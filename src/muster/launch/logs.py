@@ -12,15 +12,22 @@ what it returns, not what the file holds. Text is decoded only in `tail_text`, f
 from __future__ import annotations
 
 import abc
+import io
 import os
+import re
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["BLOCK_BYTES", "FileLog", "LogPart", "ReplicaLog", "log_size", "pread", "read_range",
-           "tail_offset", "tail_text"]
+__all__ = ["BLOCK_BYTES", "MAX_OFFSET", "FileLog", "LogPart", "MaskedLog", "ReplicaLog",
+           "log_size", "masked", "pread",
+           "read_range", "tail_offset", "tail_text"]
 
 BLOCK_BYTES = 64 * 1024
+# The largest byte offset there is (a signed 64-bit off_t). A file system refuses to seek far
+# short of it (ext4: past 16 TiB), so readers never seek past a log's end.
+MAX_OFFSET = 2**63 - 1
 # A log under a path that is not a directory (an attempt directory that could not be made)
 # does not exist either.
 _NO_FILE = (FileNotFoundError, NotADirectoryError)
@@ -82,6 +89,73 @@ class FileLog(ReplicaLog):
         return self.log if part is LogPart.LOG else self.index
 
 
+class MaskedLog(ReplicaLog):
+    """A log whose reads show each of `values` (secrets) as `*`s of the same length, so
+    every offset, cursor and size stays that of the bytes on disk. A value is masked where
+    it lies whole in the file, however a read cuts it: each read also looks at the bytes
+    around it (the longest value's length less one, on each side)."""
+
+    def __init__(self, inner: ReplicaLog, values: Sequence[bytes]) -> None:
+        super().__init__(inner.rank)
+        self.inner = inner
+        self.values = sorted({v for v in values if v}, key=len, reverse=True)
+
+    def __repr__(self) -> str:
+        return f"MaskedLog({self.inner!r}, {len(self.values)} values)"
+
+    def open(self, part: LogPart) -> BinaryIO | None:
+        stream = self.inner.open(part)
+        if stream is None or part is not LogPart.LOG or not self.values:
+            return stream
+        return _MaskedStream(stream, self.values)  # type: ignore[return-value]
+
+    def size(self, part: LogPart = LogPart.LOG) -> int:
+        return self.inner.size(part)
+
+
+def masked(log: ReplicaLog, values: Sequence[bytes]) -> ReplicaLog:
+    """`log`, masking `values` when there are any."""
+    return MaskedLog(log, values) if values else log
+
+
+class _MaskedStream(io.RawIOBase):
+    def __init__(self, raw: BinaryIO, values: Sequence[bytes]) -> None:
+        super().__init__()
+        self.raw = raw
+        self.margin = max(map(len, values)) - 1
+        self.pattern = re.compile(b"|".join(re.escape(v) for v in values))
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.position = self.raw.seek(offset, whence)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        want = len(buffer)
+        start = max(0, self.position - self.margin)
+        self.raw.seek(start)
+        data = self.raw.read(self.position - start + want + self.margin)
+        shown = self.pattern.sub(lambda m: b"*" * len(m.group()), data)
+        piece = shown[self.position - start:self.position - start + want]
+        buffer[:len(piece)] = piece
+        self.position += len(piece)
+        self.raw.seek(self.position)
+        return len(piece)
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
 def pread(stream: BinaryIO, size: int, offset: int) -> bytes:
     """Up to `size` bytes of `stream` from `offset` (fewer only at its end)."""
     stream.seek(offset)
@@ -105,6 +179,8 @@ def read_range(log: ReplicaLog, offset: int, limit: int) -> tuple[bytes, int]:
     if stream is None:
         return b"", offset
     with stream:
+        if offset >= stream.seek(0, os.SEEK_END):
+            return b"", offset
         data = pread(stream, limit, offset)
     return data, offset + len(data)
 

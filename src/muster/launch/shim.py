@@ -31,6 +31,7 @@ from types import FrameType
 from muster.atomic import atomic_write_json, read_json
 from muster.errors import LaunchError
 from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaSpec
+from muster.launch.environment import job_environment, job_umask
 from muster.launch.identity import group_members, own_identity, read_identity, send_signal
 from muster.launch.memory import MemoryGuard, MemoryReport, open_memory_guard
 from muster.launch.records import exit_record_to_json, spec_from_json
@@ -370,16 +371,31 @@ class Shim:
         proc = subprocess.Popen(
             self.spec.argv,
             cwd=self.spec.cwd,
-            env=self.spec.env,
+            env=job_environment(os.environ, self.spec.env),
             stdin=subprocess.DEVNULL,
             stdout=write_fd,
             stderr=write_fd,
             process_group=0,
             close_fds=True,
-            preexec_fn=self._memory.child_setup() if self._memory is not None else None,
+            preexec_fn=self._child_setup(),
         )
         log.info("started pid %d: %s", proc.pid, self.spec.argv)
         return proc
+
+    def _child_setup(self) -> Callable[[], None] | None:
+        """Between fork and exec: the user's umask back (the server's is 077, for its own
+        files), then the memory cgroup."""
+        umask = job_umask(os.environ)
+        cgroup = self._memory.child_setup() if self._memory is not None else None
+        if umask is None:
+            return cgroup
+
+        def setup() -> None:
+            os.umask(umask)
+            if cgroup is not None:
+                cgroup()
+
+        return setup
 
     def _supervise(self, proc: subprocess.Popen[bytes], read_fd: int, log_fd: int) -> int:
         started_at = time.time()

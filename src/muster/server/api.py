@@ -59,6 +59,7 @@ class Event(_Shape):
     reason: str
     actor: str
     message: str | None
+    attempt: int | None  # an attempt's number in its trial, for an attempt's event
 
 
 class ReplicaView(_Shape):
@@ -139,6 +140,7 @@ class TrialSummary(_Shape):
     restarts: int
     started_at: float | None
     ended_at: float | None
+    verified: bool | None  # its exit 0 was verified; None without a verdict
 
 
 class BestSoFar(_Shape):
@@ -156,6 +158,8 @@ class SearchProgress(_Shape):
     smaller_is_better: bool
     max_trials: int
     max_concurrent_trials: int
+    max_length: int | None  # the training each trial gets, in max_length_unit
+    max_length_unit: str  # steps (report_validation's), batches, epochs or records
     ended: int  # SUCCEEDED, FAILED, CANCELED and SUSPECT
     running: int  # STARTING, RUNNING and RESTARTING
     queued: int  # QUEUED and PAUSED
@@ -181,6 +185,7 @@ class ExperimentDetail(ExperimentSummary):
     config: dict[str, Any]
     trials: list[TrialDetail]
     search: SearchProgress
+    warnings: list[str]  # e.g. no ended trial reported the searcher's metric
 
 
 class MetricReport(_Shape):
@@ -259,7 +264,13 @@ class PriorityRequest(BaseModel):
                                    description="1 to 99; lower runs first")]
 
 
+MAX_NOTE_CHARS = 10_000
+_NO_NUL = r"^[^\x00]*$"  # text a database column can hold (PostgreSQL refuses NUL)
+
+
 class ReviewRequest(BaseModel):
     decision: Literal["approve", "reject"]
-    note: Annotated[str, Field(min_length=1, description="why; recorded with the decision")]
-    reviewer: Annotated[str, Field(min_length=1, description="who reviewed")]
+    note: Annotated[str, Field(min_length=1, max_length=MAX_NOTE_CHARS, pattern=_NO_NUL,
+                               description="why; recorded with the decision")]
+    reviewer: Annotated[str, Field(min_length=1, max_length=200, pattern=_NO_NUL,
+                                   description="who reviewed")]

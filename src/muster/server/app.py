@@ -1,4 +1,12 @@
-"""The FastAPI application: wiring of store, supervisor, routes and error handling."""
+"""The FastAPI application: wiring of store, supervisor, routes and error handling.
+
+The API's reference is `/openapi.json` (no token needed), and there is no `/docs` or
+`/redoc` page. FastAPI's pages load Swagger UI and ReDoc from a CDN, so on the offline
+machines muster runs on they are blank; serving the assets ourselves would mean shipping a
+copy of a JavaScript bundle (the PyPI packages that carry one, e.g. `swagger-ui-bundle`, lag
+Swagger UI by years) and keeping it patched, for a page the CLI and the SDK make
+unnecessary. Any OpenAPI viewer a user has reads `/openapi.json`.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +23,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from muster import __version__
-from muster.errors import MusterError
+from muster.errors import MusterError, TooManyRequests
 from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
 from muster.schedule.inventory import open_inventory
 from muster.server.auth import ensure_token
+from muster.server.body_limit import BodyLimit
 from muster.server.orchestrator import TICK_SECONDS, Orchestrator
-from muster.server.routes import public, router, scrape
+from muster.server.routes import PREFIX, public, router, scrape
 from muster.server.state import ServerSettings, ServerState
 from muster.store import Store
 from muster.supervise.supervisor import Supervisor
@@ -67,7 +76,9 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
             store.dispose()
             gpus.close()
 
-    app = FastAPI(title="muster", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="muster", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # see the module's docstring
+    app.add_middleware(BodyLimit, exempt=(("POST", f"{PREFIX}/experiments"),))
     app.include_router(public)
     app.include_router(router)
     app.include_router(scrape)
@@ -91,7 +102,10 @@ def _wake_on_replica_exit(orchestrator: Orchestrator, launcher: LocalLauncher) -
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(MusterError)
     async def muster_error(request: Request, exc: MusterError) -> JSONResponse:
-        return _error(exc.http_status, type(exc).__name__, str(exc))
+        response = _error(exc.http_status, type(exc).__name__, str(exc))
+        if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -102,10 +116,13 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        # Starlette's own errors (no such route, wrong method) in the same shape as ours.
-        kind = HTTPStatus(exc.status_code).phrase.replace(" ", "")
-        message = (f"{exc.detail}: {request.method} {request.url.path}; "
-                   "/openapi.json lists the routes")
+        # Starlette's and FastAPI's own errors (no such route, wrong method, a body that is
+        # not JSON) in the same shape as ours.
+        kind = ("PayloadTooLarge" if exc.status_code == 413
+                else HTTPStatus(exc.status_code).phrase.replace(" ", ""))
+        hint = ("/openapi.json lists the routes" if exc.status_code in (404, 405)
+                else "/openapi.json says what it takes (a JSON body is UTF-8 JSON)")
+        message = f"{exc.detail}: {request.method} {request.url.path}; {hint}"
         response = _error(exc.status_code, kind, message)
         response.headers.update(exc.headers or {})
         return response

@@ -35,12 +35,17 @@ def read_token(path: Path) -> str:
     return token
 
 
+def presented_token(header: str | None) -> str:
+    """The token an `Authorization: Bearer <token>` header presents ("" for another scheme)."""
+    scheme, _, given = (header or "").partition(" ")
+    return given.strip() if scheme.lower() == "bearer" else ""
+
+
 def check_bearer(header: str | None, token: str) -> None:
     """Raise Unauthorized unless `header` is `Bearer <token>`."""
-    scheme, _, given = (header or "").partition(" ")
+    given = presented_token(header)
     # Bytes, because compare_digest refuses non-ASCII str (a header may carry any byte).
-    matches = hmac.compare_digest(given.strip().encode(), token.encode())
-    if scheme.lower() != "bearer" or not matches:
+    if not hmac.compare_digest(given.encode(), token.encode()):
         raise Unauthorized(
-            "missing or wrong bearer token; the CLI reads it from $MUSTER_HOME/token"
+            "missing or wrong bearer token; the CLI reads it from $MUSTER_HOME/secrets/token"
         )

@@ -3,7 +3,7 @@
 The format is a few lines of text, so it is written here rather than with a client
 library: `cluster_metrics` turns a `ClusterSnapshot` into metrics, `render` writes them.
 Both are pure. The route needs the bearer token like every other; Prometheus sends it with
-`authorization: {credentials_file: <the server's $MUSTER_HOME/token>}` in its scrape config.
+`authorization: {credentials_file: <the server's $MUSTER_HOME/secrets/token>}` in its scrape config.
 """
 
 from __future__ import annotations

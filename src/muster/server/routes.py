@@ -8,43 +8,57 @@ server to. Every route but `/health` needs the bearer token (the `bearer` securi
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
-from fastapi.responses import Response, StreamingResponse
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi import Path as InPath
+from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from muster import __version__
 from muster.errors import InvalidRequest
-from muster.server import api, prometheus
-from muster.server.auth import check_bearer
+from muster.launch.logs import MAX_OFFSET
+from muster.server import api, prometheus, upload_form
+from muster.server.auth import check_bearer, presented_token
+from muster.server.follows import MAX_FOLLOWS_PER_TOKEN, FollowStream
 from muster.server.state import ServerState
 from muster.services import cluster, experiments, jobs, logs, metrics, search
-from muster.services.uploads import MAX_UPLOAD_BYTES
+from muster.store import MAX_BIGINT, MAX_INTEGER, MIN_BIGINT
 
 PREFIX = "/api/v1"
 BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
-                    description="the token in $MUSTER_HOME/token (`Authorization: Bearer ...`)")
+                    description="the token in $MUSTER_HOME/secrets/token "
+                                "(`Authorization: Bearer ...`)")
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The `responses` of a route that can answer with these error statuses."""
-    return {status: {"model": api.Error, "description": _ERROR_MEANINGS[status]}
+    return {status: {"model": api.Error, "description": _ERROR_MEANINGS[status],
+                     **_ERROR_HEADERS.get(status, {})}
             for status in statuses}
 
 
 _ERROR_MEANINGS = {
-    400: "a malformed request (a bad parameter, cursor or upload)",
+    400: "a malformed request (a body that is not JSON, a bad parameter, cursor or upload)",
     401: "a missing or wrong bearer token",
     404: "no such experiment, trial or attempt",
     409: "the request clashes with the current state (e.g. it has ended)",
-    422: "an invalid config or request body; the message names the key path",
+    413: "the request, or the archive it uploads, passes a size, count or time limit",
+    422: "an invalid config, request body or parameter (e.g. a number out of range); the "
+         "message names the key path or the parameter",
+    429: f"the token already holds {MAX_FOLLOWS_PER_TOKEN} log follows, the most at once; "
+         "close one and retry",
     503: "the database is unreachable",
 }
-COMMON = (401, 422, 503)  # what any protected route may answer
+_ERROR_HEADERS: dict[int, dict[str, Any]] = {429: {"headers": {"Retry-After": {
+    "description": "seconds to wait before trying again", "schema": {"type": "integer"}}}}}
+COMMON = (401, 413, 422, 503)  # what any protected route may answer (413: a body over 64 KiB)
 
 
 def server_state(request: Request) -> ServerState:
@@ -67,6 +81,10 @@ public = APIRouter(prefix=PREFIX)
 router = APIRouter(prefix=PREFIX, dependencies=[Depends(require_token)],
                    responses=_errors(*COMMON))
 State = Annotated[ServerState, Depends(server_state)]
+# Every number a route takes is bounded by what can hold it (an INTEGER column, a file
+# offset), so a value out of range is a 422 naming the parameter, never a driver overflow.
+ExperimentId = Annotated[int, InPath(ge=1, le=MAX_INTEGER, description="an experiment's id")]
+TrialId = Annotated[int, InPath(ge=1, le=MAX_INTEGER, description="a trial's id")]
 
 
 @public.get("/health", response_model=api.Health)
@@ -86,35 +104,31 @@ def health(state: State) -> dict[str, Any]:
 
 
 @router.post("/experiments", status_code=201, response_model=api.ExperimentDetail,
-             responses=_errors(400))
-async def create_experiment(
-    state: State,
-    config: Annotated[str, Form(description="the experiment config, YAML")],
-    context: Annotated[UploadFile | None, File(description="the context dir, tar.gz")] = None,
-) -> dict[str, Any]:
-    """Validate the config, snapshot the context, record the experiment (and its trial)."""
+             responses=_errors(400, 413), openapi_extra={"requestBody": upload_form.REQUEST_BODY})
+async def create_experiment(state: State, request: Request) -> dict[str, Any]:
+    """Validate the config, snapshot the context, record the experiment (and its trial).
+
+    The form (`config`, YAML; `context`, a tar.gz) is read by `upload_form`, after the token
+    check and within its limits, not declared as Form parameters: FastAPI reads those
+    before any dependency runs."""
     with tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp:
-        archive = await _save_upload(context, Path(tmp)) if context is not None else None
-        exp_id = await asyncio.to_thread(
-            experiments.create_experiment, state.store, state.home, config, archive
-        )
+        form = await upload_form.read_upload_form(request, Path(tmp))
+        create = functools.partial(
+            experiments.create_experiment, state.store, state.home, form.config, form.archive,
+            capacity=cluster.submission_capacity(state.orchestrator.supervisor),
+            secrets=form.secrets)
+        if form.archive is None:
+            exp_id = await asyncio.to_thread(create)
+        else:
+            exp_id = await asyncio.get_running_loop().run_in_executor(_UNPACKING, create)
     state.orchestrator.wake.set()
     return await asyncio.to_thread(experiments.describe_experiment, state.store, exp_id)
 
 
-async def _save_upload(upload: UploadFile, folder: Path) -> Path:
-    path = folder / "context.tar.gz"
-    size = 0
-    with path.open("wb") as out:
-        while chunk := await upload.read(1024**2):
-            size += len(chunk)
-            if size > MAX_UPLOAD_BYTES:
-                raise InvalidRequest(
-                    f"context upload is larger than {MAX_UPLOAD_BYTES // 1024**2} MiB; "
-                    "keep data sets out of the context directory"
-                )
-            out.write(chunk)
-    return path
+# Contexts are unpacked on threads of their own, two at a time: the default pool, shared by
+# every route, has only min(32, cpus + 4) threads, and six hostile archives (each allowed up
+# to a minute, uploads.EXTRACT_TIMEOUT_S) must not hold them all while other requests wait.
+_UNPACKING = ThreadPoolExecutor(max_workers=2, thread_name_prefix="muster-unpack")
 
 
 @router.get("/cluster", response_model=api.ClusterStatus)
@@ -150,8 +164,8 @@ def list_jobs(state: State) -> list[dict[str, Any]]:
 
 
 @router.post("/trials/{trial_id}/priority", response_model=api.TrialDescription,
-             responses=_errors(404, 409))
-async def set_trial_priority(state: State, trial_id: int, body: api.PriorityRequest
+             responses=_errors(400, 404, 409))
+async def set_trial_priority(state: State, trial_id: TrialId, body: api.PriorityRequest
                              ) -> dict[str, Any]:
     """Move a trial in the queue; 409 once it has ended. Takes effect on the next pass."""
     view = await asyncio.to_thread(jobs.set_trial_priority, state.store, trial_id,
@@ -161,9 +175,9 @@ async def set_trial_priority(state: State, trial_id: int, body: api.PriorityRequ
 
 
 @router.post("/experiments/{experiment_id}/priority", response_model=api.ExperimentDetail,
-             responses=_errors(404, 409))
-async def set_experiment_priority(state: State, experiment_id: int, body: api.PriorityRequest
-                                  ) -> dict[str, Any]:
+             responses=_errors(400, 404, 409))
+async def set_experiment_priority(state: State, experiment_id: ExperimentId,
+                                  body: api.PriorityRequest) -> dict[str, Any]:
     """Set the priority of every trial of the experiment that has not ended, and of those
     it makes from now on; 409 once it has ended."""
     view = await asyncio.to_thread(jobs.set_experiment_priority, state.store, experiment_id,
@@ -180,14 +194,14 @@ def list_experiments(state: State) -> list[dict[str, Any]]:
 
 @router.get("/experiments/{experiment_id}", response_model=api.ExperimentDetail,
             responses=_errors(404))
-def get_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+def get_experiment(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
     """The experiment, its trials (attempts, replicas, how each ended) and its search."""
     return experiments.describe_experiment(state.store, experiment_id)
 
 
 @router.get("/experiments/{experiment_id}/best", response_model=api.TrialDetail,
             responses=_errors(404, 409))
-def get_best_trial(state: State, experiment_id: int) -> dict[str, Any]:
+def get_best_trial(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
     """The SUCCEEDED trial with the best value of the searcher's metric (early-stopped trials
     count; ties: lowest number), with its `best_validation`. 404 while there is none yet; 409
     when the searcher names no metric."""
@@ -198,7 +212,7 @@ def get_best_trial(state: State, experiment_id: int) -> dict[str, Any]:
             responses=_errors(400, 404))
 def list_experiment_trials(
     state: State,
-    experiment_id: int,
+    experiment_id: ExperimentId,
     sort: Annotated[str | None, Query(
         min_length=1, description="a validation metric: the searcher's best first, any other "
         "smallest first; trials without a value last")] = None,
@@ -211,7 +225,7 @@ def list_experiment_trials(
 
 @router.post("/experiments/{experiment_id}/kill", response_model=api.ExperimentDetail,
              responses=_errors(404, 409))
-async def kill_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+async def kill_experiment(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
     """Stop every trial (SIGTERM, grace, SIGKILL); 409 once the experiment has ended."""
     view = await asyncio.to_thread(experiments.kill_experiment, state.store, experiment_id)
     state.orchestrator.wake.set()
@@ -220,7 +234,7 @@ async def kill_experiment(state: State, experiment_id: int) -> dict[str, Any]:
 
 @router.post("/experiments/{experiment_id}/pause", response_model=api.ExperimentDetail,
              responses=_errors(404, 409))
-async def pause_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+async def pause_experiment(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
     """Pause an ACTIVE experiment: its trials checkpoint and free their slots and GPUs."""
     view = await asyncio.to_thread(experiments.pause_experiment, state.store, experiment_id)
     state.orchestrator.wake.set()
@@ -229,7 +243,7 @@ async def pause_experiment(state: State, experiment_id: int) -> dict[str, Any]:
 
 @router.post("/experiments/{experiment_id}/activate", response_model=api.ExperimentDetail,
              responses=_errors(404, 409))
-async def activate_experiment(state: State, experiment_id: int) -> dict[str, Any]:
+async def activate_experiment(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
     """Resume a PAUSED experiment: its trials resume from their latest checkpoints."""
     view = await asyncio.to_thread(experiments.activate_experiment, state.store,
                                    experiment_id)
@@ -238,7 +252,7 @@ async def activate_experiment(state: State, experiment_id: int) -> dict[str, Any
 
 
 @router.get("/trials/{trial_id}", response_model=api.TrialDescription, responses=_errors(404))
-def get_trial(state: State, trial_id: int) -> dict[str, Any]:
+def get_trial(state: State, trial_id: TrialId) -> dict[str, Any]:
     """The trial, its attempts and replicas, its `best_validation` and its events."""
     return experiments.describe_trial(state.store, trial_id)
 
@@ -260,34 +274,46 @@ _LOG_BYTES: dict[int | str, dict[str, Any]] = {200: {
 
 
 @router.get("/trials/{trial_id}/logs", response_class=Response,
-            responses={**_LOG_BYTES, **_errors(400, 404)})
+            responses={**_LOG_BYTES, **_errors(400, 404, 429)})
 async def get_trial_logs(
+    request: Request,
     state: State,
-    trial_id: int,
-    attempt: Annotated[int | None, Query(ge=1)] = None,
+    trial_id: TrialId,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_INTEGER)] = None,
     rank: Annotated[int | None, Query(
-        ge=0, description="only this rank's log, raw (default: every rank, merged)")] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+        ge=0, le=MAX_INTEGER,
+        description="only this rank's log, raw (default: every rank, merged)")] = None,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=logs.MAX_LIMIT)] = logs.DEFAULT_LIMIT,
-    tail: Annotated[int | None, Query(ge=0)] = None,
+    tail: Annotated[int | None, Query(ge=0, le=MAX_OFFSET)] = None,
     cursor: Annotated[str | None, Query(
         description="where a read without rank goes on: X-Muster-Next-Cursor")] = None,
     follow: bool = False,
+    one_attempt: Annotated[bool, Query(
+        description="with follow: end the stream when that attempt ends")] = False,
 ) -> Response:
     """Log bytes. With `rank`, or for an attempt with one replica, that replica's raw bytes;
     else every rank's whole lines in time order, each prefixed `[rank r] `. Headers carry
     the cursor: X-Muster-Attempt, and X-Muster-Next-Offset for one rank's bytes or
-    X-Muster-Next-Cursor (pass it back as `cursor`) for a read without `rank`."""
+    X-Muster-Next-Cursor (pass it back as `cursor`) for a read without `rank`. A token
+    holds at most MAX_FOLLOWS_PER_TOKEN follows at once; one more is a 429 (Retry-After).
+    Every check of a follow is made before its 200: an error never breaks a stream."""
     if follow:
         if cursor is not None:
             raise InvalidRequest("cursor pages reads without follow; to follow from the "
                                  "end, pass tail=N instead")
-        stream = await logs.follow_log(state.store, state.launcher, trial_id, attempt=attempt,
-                                       rank=rank, offset=offset, tail=tail)
-        return StreamingResponse(stream, media_type="application/octet-stream")
+        ticket = state.follows.take(presented_token(request.headers.get("authorization")))
+        with contextlib.ExitStack() as on_error:
+            on_error.callback(ticket.release)
+            stream = await logs.follow_log(state.store, state.launcher, trial_id,
+                                           attempt=attempt, rank=rank, offset=offset,
+                                           tail=tail, one_attempt=one_attempt,
+                                           home=state.home)
+            on_error.pop_all()
+        return FollowStream(stream, ticket)
     piece = await asyncio.to_thread(
         logs.read_log, state.store, state.launcher, trial_id, attempt=attempt, rank=rank,
-        offset=offset, limit=limit, tail=tail, cursor=cursor,
+        offset=offset, limit=limit, tail=tail, cursor=cursor, home=state.home,
     )
     return Response(piece.data, media_type="application/octet-stream",
                     headers=_log_headers(piece, rank_named=rank is not None))
@@ -307,9 +333,9 @@ def _log_headers(piece: logs.LogSlice | logs.MergedSlice, rank_named: bool) -> d
             responses=_errors(404))
 def get_trial_metrics(
     state: State,
-    trial_id: int,
+    trial_id: TrialId,
     kind: metrics.MetricKind | None = None,
-    after_step: int | None = None,
+    after_step: Annotated[int | None, Query(ge=MIN_BIGINT, le=MAX_BIGINT)] = None,
     limit: Annotated[int, Query(ge=1, le=metrics.MAX_LIMIT)] = metrics.DEFAULT_LIMIT,
     tail: Annotated[int | None, Query(ge=1, le=metrics.MAX_LIMIT)] = None,
 ) -> list[dict[str, Any]]:
@@ -322,14 +348,14 @@ def get_trial_metrics(
 
 @router.get("/trials/{trial_id}/checkpoints", response_model=list[api.CheckpointView],
             responses=_errors(404))
-def get_trial_checkpoints(state: State, trial_id: int) -> list[dict[str, Any]]:
+def get_trial_checkpoints(state: State, trial_id: TrialId) -> list[dict[str, Any]]:
     """Registered checkpoints by step, each with `intact` and, if not, the `problem`."""
     return metrics.list_checkpoints(state.store, trial_id)
 
 
 @router.post("/trials/{trial_id}/review", response_model=api.TrialDescription,
              responses=_errors(400, 404, 409))
-async def review_trial(state: State, trial_id: int, review: api.ReviewRequest
+async def review_trial(state: State, trial_id: TrialId, review: api.ReviewRequest
                        ) -> dict[str, Any]:
     """Approve (→ SUCCEEDED) or reject (→ FAILED) a SUSPECT trial; 409 for any other state."""
     view = await asyncio.to_thread(experiments.review_trial, state.store, trial_id,

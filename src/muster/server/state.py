@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from muster.config import ClusterConfig, load_cluster_config
 from muster.home import Home
 from muster.launch.base import Launcher
+from muster.server.follows import FollowLimit
 from muster.server.orchestrator import Orchestrator
 from muster.store import Store
 
@@ -37,3 +38,4 @@ class ServerState:
     token: str
     orchestrator: Orchestrator
     launcher: Launcher  # what serves the replicas' logs
+    follows: FollowLimit = field(default_factory=FollowLimit)  # open log follows per token

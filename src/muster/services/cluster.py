@@ -7,7 +7,9 @@ only present it.
 
 from __future__ import annotations
 
+import logging
 import shutil
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +20,13 @@ from sqlalchemy import func, select
 from muster.errors import GpuError
 from muster.schedule.disk import disk_shortfall, free_bytes
 from muster.schedule.inventory import Gpu, GpuInventory
+from muster.services.submission import ClusterCapacity
 from muster.sizes import format_size
 from muster.states import GpuState, TrialState
 from muster.store import GpuDevice, Trial
 from muster.supervise.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,16 @@ class ClusterSnapshot:
     @property
     def queue_length(self) -> int:
         return self.trial_counts[TrialState.QUEUED.value]
+
+
+def submission_capacity(supervisor: Supervisor) -> ClusterCapacity:
+    """What a submitted trial's demand is compared with: every slot and GPU there is."""
+    try:
+        gpus = Counter(gpu.type.lower() for gpu in supervisor.gpus.gpus())
+    except GpuError as exc:
+        log.warning("GPU inventory unreadable at submission: %s", exc)
+        gpus = Counter()
+    return ClusterCapacity(slots=supervisor.slots, gpus=dict(gpus))
 
 
 def read_cluster(supervisor: Supervisor) -> ClusterSnapshot:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from muster import job_secrets
 from muster.config import ExperimentConfig, load_config
+from muster.config.problems import config_error
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.home import Home
 from muster.services import views
+from muster.services.submission import ClusterCapacity, check_submission
 from muster.services.uploads import extract_context
 from muster.services.validation import best_validation
 from muster.states import EventReason, ExperimentState, StopIntent, TrialState
@@ -27,11 +32,23 @@ REVIEW_DECISIONS = {
     "reject": (TrialState.FAILED, EventReason.REVIEW_REJECTED),
 }
 MAX_REVIEWER = MAX_ACTOR - len(REVIEW_ACTOR_PREFIX)
+# The supervisor's events an experiment shows as warnings.
+WARNING_REASONS = (EventReason.METRIC_MISSING.value, EventReason.SEARCH_STOPPED.value)
 
 
-def create_experiment(store: Store, home: Home, config_text: str, archive: Path | None) -> int:
-    """Validate the config, snapshot the context, record the experiment and its trial."""
-    config = load_config(config_text, source="the uploaded config")
+def create_experiment(store: Store, home: Home, config_text: str, archive: Path | None,
+                      capacity: ClusterCapacity | None = None,
+                      secrets: Mapping[str, str] | None = None) -> int:
+    """Validate the config and the submitted `secrets` (`environment.secrets`), snapshot
+    the context, check what can be checked now (`muster.services.submission`, against
+    `capacity` when given), keep the secrets (0600, never in the database), record the
+    experiment and its trial."""
+    source = "the uploaded config"
+    config = load_config(config_text, source=source)
+    problems = (job_secrets.check_submitted(config, secrets or {})
+                + job_secrets.check_server(config, os.environ))
+    if problems:
+        raise config_error(source, problems)
     exp_uuid = str(uuid.uuid4())
     context = home.context_dir(exp_uuid)
     try:
@@ -39,9 +56,13 @@ def create_experiment(store: Store, home: Home, config_text: str, archive: Path 
             extract_context(archive, context)
         else:
             context.mkdir(parents=True)
+        check_submission(config, context, capacity, source)
+        if secrets:
+            job_secrets.save_submitted(home, exp_uuid, secrets)
         return _insert_experiment(store, exp_uuid, config_text, config, context)
     except BaseException:
         shutil.rmtree(context.parent, ignore_errors=True)
+        job_secrets.delete_submitted(home, exp_uuid)
         raise
 
 
@@ -94,7 +115,8 @@ def describe_trial(store: Store, trial_id: int) -> dict[str, Any]:
         goals = views.searcher_goals(views.searcher_settings(trial.experiment))
         view["best_validation"] = best_validation(s, [trial.id], goals).get(trial.id, {})
         events = s.scalars(select(Event).where(Event.trial_id == trial_id).order_by(Event.id))
-        view["events"] = [views.event_view(e) for e in events]
+        numbers = {a.id: a.number for a in trial.attempts}
+        view["events"] = [views.event_view(e, numbers) for e in events]
         return view
 
 
@@ -218,9 +240,15 @@ def _stop_trial(s: Session, trial: Trial) -> None:
 
 
 def experiment_view(s: Session, exp: Experiment) -> dict[str, Any]:
-    """`views.experiment_detail`, with its trials' `best_validation` read from the store."""
+    """`views.experiment_detail`, with its trials' `best_validation` read from the store,
+    and the warnings the supervisor recorded (`warnings`: a metric no trial reports, a
+    search that stopped drawing)."""
     goals = views.searcher_goals(views.searcher_settings(exp))
-    return views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals))
+    view = views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals))
+    view["warnings"] = list(s.scalars(select(Event.message).where(
+        Event.experiment_id == exp.id, Event.entity == "experiment",
+        Event.reason.in_(WARNING_REASONS)).order_by(Event.id)))
+    return view
 
 
 def experiment_or_404(s: Session, experiment_id: int) -> Experiment:

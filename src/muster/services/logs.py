@@ -13,16 +13,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from sqlalchemy import select
 
+from muster import job_secrets
 from muster.errors import InvalidRequest, NotFound
+from muster.home import Home
 from muster.launch.base import Launcher
-from muster.launch.logs import ReplicaLog, log_size, read_range, tail_offset
+from muster.launch.logs import ReplicaLog, log_size, masked, read_range, tail_offset
 from muster.services.experiments import trial_or_404
 from muster.services.merged_logs import LogCursor, merged_page, tail_cursor
 from muster.states import AttemptState, TrialState
@@ -70,9 +72,10 @@ class AttemptLogs:
     ranks: tuple[int, ...]
     ended: bool  # its replicas are gone: no byte will be added
     launcher: Launcher
+    masks: tuple[bytes, ...] = ()  # the trial's secrets, shown as *s (`job_secrets`)
 
     def source(self, rank: int) -> ReplicaLog:
-        return self.launcher.log(self.run_dir, rank)
+        return masked(self.launcher.log(self.run_dir, rank), self.masks)
 
     def sources(self) -> list[ReplicaLog]:
         return [self.source(rank) for rank in self.ranks]
@@ -90,10 +93,15 @@ class TrialLogs:
         return max(self.attempts) if self.attempts else 0
 
 
-def locate(store: Store, launcher: Launcher, trial_id: int) -> TrialLogs:
+def locate(store: Store, launcher: Launcher, trial_id: int,
+           home: Home | None = None) -> TrialLogs:
+    """Where the trial's logs are; with `home`, read with its secrets masked."""
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
         ended = TrialState(trial.state).is_settled()
+        declared = (trial.experiment.config.get("environment") or {}).get("secrets") or {}
+        masks = () if home is None or not declared else tuple(job_secrets.masked_values(
+            declared, home, trial.experiment.uuid))
         attempts = s.execute(select(Attempt.id, Attempt.number, Attempt.run_dir, Attempt.state)
                              # a warm standby's log is empty until it is promoted
                              .where(Attempt.trial_id == trial_id, Attempt.standby.is_(False))
@@ -106,7 +114,7 @@ def locate(store: Store, launcher: Launcher, trial_id: int) -> TrialLogs:
     return TrialLogs(attempts={
         a.number: AttemptLogs(a.number, Path(a.run_dir),
                               _ranks(launcher, Path(a.run_dir), recorded[a.id]),
-                              ended or AttemptState(a.state).is_terminal(), launcher)
+                              ended or AttemptState(a.state).is_terminal(), launcher, masks)
         for a in attempts
     }, ended=ended)
 
@@ -122,13 +130,13 @@ def read_log(
     store: Store, launcher: Launcher, trial_id: int, *, attempt: int | None = None,
     rank: int | None = None,
     offset: int = 0, limit: int = DEFAULT_LIMIT, tail: int | None = None,
-    cursor: str | None = None,
+    cursor: str | None = None, home: Home | None = None,
 ) -> LogSlice | MergedSlice:
     """One slice of an attempt's log (default: the latest attempt): the named rank's bytes,
     or with no rank named, the only rank's bytes or every rank's lines merged."""
     if not 0 < limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
-    logs = locate(store, launcher, trial_id)
+    logs = locate(store, launcher, trial_id, home)
     number = _pick_attempt(logs, trial_id, attempt)
     if number == 0:
         return LogSlice(b"", 0, 0, 0, rank or 0)
@@ -254,29 +262,48 @@ def _reader(where: AttemptLogs, rank: int | None, offset: int, tail: int | None)
 
 async def follow_log(
     store: Store, launcher: Launcher, trial_id: int, *, attempt: int | None,
-    rank: int | None, offset: int, tail: int | None,
-) -> AsyncIterator[bytes]:
-    """The log as it grows, across attempts, until the trial has ended and every byte has
-    been sent: one rank's bytes, or (no rank named) as `read_log` serves each attempt. The
-    trial, attempt and start are checked here, before the stream (and its 200 status)
-    starts, so a wrong cursor is an error status and not a broken stream."""
-    logs = await asyncio.to_thread(locate, store, launcher, trial_id)
+    rank: int | None, offset: int, tail: int | None, one_attempt: bool = False,
+    home: Home | None = None,
+) -> AsyncGenerator[bytes, None]:
+    """The log as it grows, across attempts (with `one_attempt`, only that attempt's), until
+    the trial (or the attempt) has ended and every byte has been sent: one rank's bytes, or
+    (no rank named) as `read_log` serves each attempt. The trial, attempt and start are
+    checked here, before the stream (and its 200 status) starts, so a wrong cursor is an
+    error status and not a broken stream."""
+    logs = await asyncio.to_thread(locate, store, launcher, trial_id, home)
     number = _pick_attempt(logs, trial_id, attempt, upcoming=True) or 1
     where = logs.attempts.get(number)
     if where is not None:
+        if tail is None:
+            _check_follow_offset(where, rank, offset)
         reader: _Reader | None = _reader(where, rank, offset, tail)
     elif rank is None and offset:
         raise InvalidRequest(f"attempt {number} has not started, so its ranks are not known: "
                              "pass rank=R with offset")
     else:
         reader = None  # made when the attempt starts
-    return _follow(store, launcher, trial_id, rank, offset, logs, number, reader)
+    return _follow(store, launcher, trial_id, rank, offset, logs, number, reader, one_attempt,
+                   home)
+
+
+def _check_follow_offset(where: AttemptLogs, rank: int | None, offset: int) -> None:
+    """A follower's offset is where an earlier read ended, never past the log's end: such
+    an offset is a mistake, answered now rather than with a stream that skips bytes."""
+    one = _single_rank(where, rank)
+    size = log_size(where.source(one)) if one is not None else 0
+    if one is not None and offset > size:
+        raise InvalidRequest(
+            f"offset {offset} is past the end of rank {one}'s log of attempt {where.number} "
+            f"({size} bytes so far); pass an offset up to {size} (X-Muster-Next-Offset), or "
+            "tail=N to follow from the end"
+        )
 
 
 async def _follow(
     store: Store, launcher: Launcher, trial_id: int, rank: int | None, offset: int,
-    logs: TrialLogs, number: int, reader: _Reader | None,
-) -> AsyncIterator[bytes]:
+    logs: TrialLogs, number: int, reader: _Reader | None, one_attempt: bool,
+    home: Home | None,
+) -> AsyncGenerator[bytes, None]:
     next_locate = 0.0
     while True:
         data = await reader.read(final=False) if reader else b""
@@ -287,19 +314,25 @@ async def _follow(
             await asyncio.sleep(FOLLOW_FILE_POLL_SECONDS)
             continue
         ended_before = logs.ended
-        logs = await asyncio.to_thread(locate, store, launcher, trial_id)
+        logs = await asyncio.to_thread(locate, store, launcher, trial_id, home)
         next_locate = time.monotonic() + FOLLOW_POLL_SECONDS
         if reader is None:
-            if number in logs.attempts:
+            # The attempt it waits for, or the next that logs (a dropped standby has none).
+            coming = [n for n in logs.attempts if n >= number]
+            if coming:
+                offset = offset if min(coming) == number else 0
+                number = min(coming)
                 reader = _reader(logs.attempts[number], rank, offset, None)
                 continue
         elif number < logs.latest or (ended_before and logs.ended):
             # The attempt has ended: what it holds now is all it will ever hold.
             while data := await reader.read(final=True):
                 yield data
-            if number == logs.latest:
+            if number == logs.latest or one_attempt:
                 return
-            number, reader = number + 1, _reader(logs.attempts[number + 1], rank, 0, None)
+            # The next attempt that logs: a dropped warm standby's number has none.
+            number = min(n for n in logs.attempts if n > number)
+            reader = _reader(logs.attempts[number], rank, 0, None)
             continue
         if ended_before and logs.ended:
             return

@@ -19,11 +19,13 @@ from itertools import islice
 from muster.errors import InvalidRequest
 from muster.launch.log_index import IndexWalker
 from muster.launch.log_lines import LineStartsBackward, LogLine, lines_from
-from muster.launch.logs import ReplicaLog
+from muster.launch.logs import MAX_OFFSET, ReplicaLog
+from muster.store import MAX_INTEGER
 
 __all__ = ["LogCursor", "merged_page", "tail_cursor"]
 
-_CURSOR_PART = re.compile(r"([0-9]+):([0-9]+)")
+# At most 19 digits each (2**63 - 1 has 19), so a number is never too long to be read.
+_CURSOR_PART = re.compile(r"([0-9]{1,19}):([0-9]{1,19})")
 # Line starts whose times a tail looks up at once: a short tail costs a short read, and a
 # tail of millions of lines does not keep millions of offsets.
 _KEY_BATCH = 4096
@@ -40,15 +42,19 @@ class LogCursor:
 
     @classmethod
     def parse(cls, text: str) -> LogCursor:
+        """The cursor written `text`; InvalidRequest unless it is rank:offset pairs, each
+        rank once, every number in range (a rank an INTEGER, an offset a file offset)."""
         offsets: dict[int, int] = {}
         for part in filter(None, text.split(",")):
             match = _CURSOR_PART.fullmatch(part.strip())
-            if match is None or int(match[1]) in offsets:
+            rank, offset = (int(match[1]), int(match[2])) if match else (-1, -1)
+            if match is None or rank in offsets or rank > MAX_INTEGER or offset > MAX_OFFSET:
                 raise InvalidRequest(
                     f"cursor must be rank:offset pairs like '0:1234,1:88', each rank once, "
-                    f"got {text!r}; pass the X-Muster-Next-Cursor of the previous read"
+                    f"ranks up to {MAX_INTEGER} and offsets up to {MAX_OFFSET}, got "
+                    f"{text[:200]!r}; pass the X-Muster-Next-Cursor of the previous read"
                 )
-            offsets[int(match[1])] = int(match[2])
+            offsets[rank] = offset
         return cls(offsets)
 
     def at(self, rank: int) -> int:

@@ -71,6 +71,8 @@ def search_view(
         "smaller_is_better": searcher.smaller_is_better,
         "max_trials": exp.max_trials,
         "max_concurrent_trials": searcher.max_concurrent_trials,
+        "max_length": searcher.max_length,
+        "max_length_unit": searcher.max_length_unit,
         "ended": sum(states[s] for s in ENDED_STATES),
         "running": sum(states[s] for s in RUNNING_STATES),
         "queued": sum(states[s] for s in QUEUED_STATES),
@@ -126,7 +128,16 @@ def trial_summary(trial: Trial, best: Mapping[str, float]) -> dict[str, Any]:
         "restarts": _restarts(trial),
         "started_at": trial.started_at,
         "ended_at": trial.ended_at,
+        "verified": verified(trial),
     }
+
+
+def verified(trial: Trial) -> bool | None:
+    """Whether its exit 0 was verified (a check inspected its results and all passed);
+    None while it has no verdict (it has not exited 0, or ended before verdicts said)."""
+    verdict = trial.verification or {}
+    value = verdict.get("verified")
+    return value if isinstance(value, bool) else None
 
 
 def _restarts(trial: Trial) -> int:
@@ -172,7 +183,10 @@ def replica_detail(replica: Replica) -> dict[str, Any]:
     }
 
 
-def event_view(event: Event) -> dict[str, Any]:
+def event_view(event: Event, attempt_numbers: dict[int, int] | None = None) -> dict[str, Any]:
+    """One event; an attempt's event also names the attempt by its number in the trial
+    (`attempt`), the number the attempts table and `--attempt` use, not its row id."""
+    attempt = (attempt_numbers or {}).get(event.entity_id) if event.entity == "attempt" else None
     return {
         "at": event.at,
         "entity": event.entity,
@@ -182,6 +196,7 @@ def event_view(event: Event) -> dict[str, Any]:
         "reason": event.reason,
         "actor": event.actor,
         "message": event.message,
+        "attempt": attempt,
     }
 
 

@@ -2,6 +2,9 @@
 
 from muster.store.db import Store, redact
 from muster.store.models import (
+    MAX_BIGINT,
+    MAX_INTEGER,
+    MIN_BIGINT,
     Attempt,
     Base,
     Checkpoint,
@@ -16,6 +19,9 @@ from muster.store.models import (
 from muster.store.transitions import record_event, transition
 
 __all__ = [
+    "MAX_BIGINT",
+    "MAX_INTEGER",
+    "MIN_BIGINT",
     "Attempt",
     "Base",
     "Checkpoint",

@@ -27,6 +27,13 @@ from sqlalchemy.types import TypeDecorator
 
 from muster.states import GpuState, StopIntent
 
+# The range of an INTEGER column in every supported database (32 bits in PostgreSQL): ids,
+# attempt numbers and ranks. A number the API takes for one of them is bounded by it, so a
+# value no row can hold is a 4xx at the door and never an overflow in the driver.
+MAX_INTEGER = 2**31 - 1
+# The range of a BIGINT column (metric steps): 64 bits, signed.
+MIN_BIGINT, MAX_BIGINT = -(2**63), 2**63 - 1
+
 
 def now() -> float:
     """Wall-clock time as stored: seconds since the epoch (float, UTC)."""

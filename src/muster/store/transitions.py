@@ -193,6 +193,8 @@ def _stamp(obj: Entity, target: State, at: float, reason: str, message: str | No
     if isinstance(obj, Experiment):
         return
     obj.reason = reason
+    if isinstance(obj, Trial) and (_ends_run(target) or target is TrialState.PAUSED):
+        obj.queue_reason = None  # a settled or paused trial waits for nothing
     if target.value == "RUNNING" and obj.started_at is None:
         obj.started_at = at
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TypeVar, cast
 
 from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session, selectinload
@@ -21,12 +21,14 @@ from muster.store import Trial, record_event
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import pause, record_decision
+from muster.supervise.isolation import Isolation
 from muster.supervise.launching import GpuPlan
 from muster.supervise.outcome import Move, Next
 
 __all__ = ["Admission"]
 
 Start = Callable[[int, GpuPlan], None]  # start an attempt of a trial, on these GPUs
+Need = TypeVar("Need", Demand, Holding)
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,17 @@ class _Queue:
 class Admission:
     ctx: SupervisorContext
     start: Start
+    isolation: Isolation
     _disk_warning: str | None = field(default=None, init=False)
 
     def admit(self, slots: int, preemption: bool) -> None:
         """Start the next attempts of RESTARTING trials (they keep what they hold), then the
         QUEUED trials the scheduler admits (priority, then first come, first served; whole
         replica sets; slots and GPUs); note why the others wait; preempt where it says so."""
-        queue = self._read(slots)
+        broken: list[tuple[int, Exception]] = []
+        queue = self._read(slots, broken)
+        for trial_id, exc in broken:
+            self.isolation.trial_failed(trial_id, "reading what it needs to start", exc)
         for trial_id in queue.restarting:
             if self._may_restart(trial_id):
                 self.start(trial_id, ())
@@ -91,20 +97,25 @@ class Admission:
         self._disk_warning = shortfall
         return shortfall is not None
 
-    def _read(self, slots: int) -> _Queue:
+    def _read(self, slots: int, broken: list[tuple[int, Exception]]) -> _Queue:
+        """The queue; a trial whose config cannot be read goes to `broken` instead."""
         with self.ctx.store.session_scope() as s:
             trials = list(s.scalars(
                 select(Trial).options(selectinload(Trial.experiment))
                 .where(Trial.state.in_([TrialState.QUEUED.value, TrialState.RESTARTING.value]))
                 .order_by(Trial.priority, Trial.id)))
             queued = [t for t in trials if t.state == TrialState.QUEUED]
-            held = self.ctx.pool.held(s) if queued else {}
+            demands = _each(queued, _demand, broken)
+            held = self.ctx.pool.held(s) if demands else {}
+            holdings = (_each(list(_holders(s)), lambda t: _holding(t, held.get(t.id, ())),
+                              broken) if demands else [])
+            wanted = {d.trial_id for d in demands}
             return _Queue(
                 restarting=[t.id for t in trials if t.state == TrialState.RESTARTING],
-                demands=[_demand(t) for t in queued],
-                shown={t.id: t.queue_reason for t in queued},
-                holdings=[_holding(t, held.get(t.id, ())) for t in _holders(s)] if queued else [],
-                capacity=Capacity(slots, self.ctx.pool.slots(s) if queued else ()))
+                demands=demands,
+                shown={t.id: t.queue_reason for t in queued if t.id in wanted},
+                holdings=holdings,
+                capacity=Capacity(slots, self.ctx.pool.slots(s) if demands else ()))
 
     def _may_restart(self, trial_id: int) -> bool:
         """False when the trial's next attempt must not start now: it is being paused or
@@ -146,6 +157,18 @@ class Admission:
                     record_event(s, entity="trial", entity_id=trial.id,
                                  reason=EventReason.DISK_LOW, actor=ACTOR, message=shortfall,
                                  experiment_id=trial.experiment_id, trial_id=trial.id)
+
+
+def _each(trials: list[Trial], read: Callable[[Trial], Need],
+          broken: list[tuple[int, Exception]]) -> list[Need]:
+    """`read` of every trial; one that raises goes to `broken` (with its error) instead."""
+    found = []
+    for trial in trials:
+        try:
+            found.append(read(trial))
+        except Exception as exc:  # noqa: BLE001 - handed to the isolation, which ends it
+            broken.append((trial.id, exc))
+    return found
 
 
 def _holders(s: Session) -> Sequence[Trial]:

@@ -8,7 +8,7 @@ session only to write what it decided.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,8 +95,14 @@ def current_replicas(attempt: Attempt) -> dict[int, Replica]:
     return current
 
 
-def read_live_attempts(s: Session, ids: Iterable[int] | None = None) -> list[LiveAttempt]:
-    """Every live attempt (or those of `ids`), by id, with what settling them needs."""
+def read_live_attempts(s: Session, ids: Iterable[int] | None = None,
+                       on_broken: Callable[[int, Exception], None] | None = None
+                       ) -> list[LiveAttempt]:
+    """Every live attempt (or those of `ids`), by id, with what settling them needs.
+
+    An attempt that cannot be read (its experiment's stored config no longer validates) is
+    left out and handed to `on_broken(trial_id, error)`; without `on_broken` it raises.
+    """
     query = (select(Attempt).where(Attempt.state.in_(values(AttemptState.live())))
              .options(selectinload(Attempt.replicas),
                       selectinload(Attempt.trial).selectinload(Trial.experiment),
@@ -109,7 +115,15 @@ def read_live_attempts(s: Session, ids: Iterable[int] | None = None) -> list[Liv
     waiting: dict[int, bool] = defaultdict(bool)
     for attempt in attempts:
         waiting[attempt.trial_id] |= attempt.standby
-    return [_live(a, known[a.trial_id], waiting[a.trial_id]) for a in attempts]
+    live = []
+    for attempt in attempts:
+        try:
+            live.append(_live(attempt, known[attempt.trial_id], waiting[attempt.trial_id]))
+        except Exception as exc:
+            if on_broken is None:
+                raise
+            on_broken(attempt.trial_id, exc)
+    return live
 
 
 def _live(attempt: Attempt, known: Known, standby_waiting: bool) -> LiveAttempt:

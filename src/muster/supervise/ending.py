@@ -15,10 +15,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from muster import job_secrets
 from muster.atomic import read_json
 from muster.launch.base import ReplicaPhase, ReplicaStatus
 from muster.launch.exits import Classification, ExitObservation, classify_exit, replica_name
-from muster.launch.logs import tail_text
+from muster.launch.logs import masked, tail_text
 from muster.rundir import AttemptDir
 from muster.states import AttemptState, EventReason, ExperimentState, Reason, TrialState
 from muster.store import Attempt, Replica, Trial, record_event, transition
@@ -27,9 +28,19 @@ from muster.supervise import verification
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext, current_replicas
 from muster.supervise.ingest import ingest_trial
-from muster.supervise.outcome import Move, Next, attempt_end, cause, next_move, started
+from muster.supervise.log_samples import count_log_samples
+from muster.supervise.outcome import (
+    Move,
+    Next,
+    attempt_end,
+    cause,
+    exited_cleanly,
+    next_move,
+    started,
+)
 from muster.supervise.policy import Budgets
 from muster.supervise.searching import early_stop_note
+from muster.supervise.verification import LogCounts, combine_log_counts
 
 __all__ = ["TAIL_LINES", "Ending", "classify_replica", "record_decision", "record_replica_end"]
 
@@ -51,8 +62,13 @@ class Ending:
             log.error("could not read the run directory of trial %s: %s", trial_id, exc)
 
     def log_tail(self, replica: Replica) -> str:
-        """The last lines of the replica's log, as its launcher serves it."""
-        log = self.ctx.launcher.log(Path(replica.attempt.run_dir), replica.rank)
+        """The last lines of the replica's log, as its launcher serves it, its trial's
+        secrets masked (the tail's exception line becomes the trial's message)."""
+        experiment = replica.attempt.trial.experiment
+        secrets = job_secrets.masked_values(experiment_config(experiment).environment.secrets,
+                                            self.ctx.home, experiment.uuid)
+        log = masked(self.ctx.launcher.log(Path(replica.attempt.run_dir), replica.rank),
+                     secrets)
         return tail_text(log, TAIL_LINES)
 
     def finish(self, attempt_id: int, trial_id: int, statuses: Sequence[ReplicaStatus],
@@ -60,6 +76,8 @@ class Ending:
         """Classify every replica's end, end the attempt with the one that decided it, and
         make the trial's next move."""
         self.ingest(trial_id)  # every metric line is in the store before the verdict
+        # Counted outside the transaction: it reads whole logs, in a child process.
+        counts = self._log_counts(trial_id, statuses)
         with self.ctx.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
             trial = attempt.trial
@@ -80,9 +98,28 @@ class Ending:
                              + ("checked in" if harness else "started"))
             transition(s, attempt, attempt_end(decisive.reason), reason=decisive.reason,
                        actor=ACTOR, message=decisive.message)
-            self._move(s, trial, decisive)
+            self._move(s, trial, decisive, counts)
 
-    def _move(self, s: Session, trial: Trial, verdict: Classification) -> None:
+    def _log_counts(self, trial_id: int, statuses: Sequence[ReplicaStatus]) -> LogCounts | None:
+        """The samples `verify.samples_from_log` finds in every rank log of the trial's
+        attempts; None when the config asks for none or the primary did not exit 0."""
+        primary = next((st for st in statuses if st.rank == 0), None)
+        if primary is None or not exited_cleanly(primary):
+            return None
+        with self.ctx.store.session_scope() as s:
+            trial = s.get_one(Trial, trial_id)
+            pattern = experiment_config(trial.experiment).verify.samples_from_log
+            logs = {a.number: (Path(a.run_dir), sorted({r.rank for r in a.replicas}))
+                    for a in trial.attempts if not a.standby}
+        if pattern is None:
+            return None
+        return combine_log_counts({
+            number: {rank: count_log_samples(self.ctx.launcher.log(where, rank), pattern)
+                     for rank in ranks}
+            for number, (where, ranks) in logs.items()})
+
+    def _move(self, s: Session, trial: Trial, verdict: Classification,
+              counts: LogCounts | None) -> None:
         policy = experiment_config(trial.experiment).failure_policy
         move = next_move(TrialState(trial.state), trial.intent, verdict, _budgets(trial),
                          policy)
@@ -94,7 +131,7 @@ class Ending:
             return
         if move.next is Next.VERIFY:
             trial.early_stopped = trial.early_stopped or move.early_stopped
-            verify_success(s, trial, move)
+            verify_success(s, trial, move, counts)
         elif move.next is Next.PAUSE:
             pause(s, trial, move)
         elif move.next is Next.RETRY:
@@ -184,7 +221,8 @@ def pause(s: Session, trial: Trial, move: Move) -> None:
                            "from its latest checkpoint")
 
 
-def verify_success(s: Session, trial: Trial, move: Move) -> None:
+def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | None = None
+                   ) -> None:
     """Exit 0 is not success until every configured check passed (invariant 1).
 
     A trial the searcher stopped early ran part of its training by design: its sample
@@ -199,9 +237,14 @@ def verify_success(s: Session, trial: Trial, move: Move) -> None:
     checks = config.verify
     if move.early_stopped:
         manifest_count = None
-        checks = checks.model_copy(update={"expected_samples": None, "finite_metrics": False})
+        checks = checks.model_copy(update={"expected_samples": None, "finite_metrics": False,
+                                           "samples_from_log": None, "outputs": []})
+    # Written during the run: after its first attempt was recorded (before anything ran).
+    began = min((a.created_at for a in trial.attempts if not a.standby), default=None)
+    evidence = verification.gather_evidence(run_dir.path, attempts, log_counts=counts,
+                                            outputs=checks.outputs, started_at=began)
     result = verification.verify(
-        verification.gather_evidence(run_dir.path, attempts),
+        evidence,
         checks,
         manifest_count,
         harness_ranks=config.resources.replicas if config.harness else None,
@@ -209,6 +252,8 @@ def verify_success(s: Session, trial: Trial, move: Move) -> None:
     trial.verification = result.to_json()
     if result.passed:
         message = early_stop_note(trial) if move.early_stopped else move.message
+        if not result.verified:
+            message = f"{message}; {verification.NOT_VERIFIED}"
         transition(s, trial, TrialState.SUCCEEDED, reason=move.reason, actor=ACTOR,
                    message=message)
         return

@@ -2,7 +2,8 @@
 
 `CANCELED` if it was killed, `COMPLETED` if a trial succeeded, else `ERROR`. A search
 draws its trials as it goes, so an experiment closes only once it has all `max_trials` of
-them (or was killed); a SUSPECT trial keeps it open until reviewed.
+them, was killed, or stopped drawing (`searching`: its first trials all failed alike; its
+ERROR then says why); a SUSPECT trial keeps it open until reviewed.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import selectinload
 
 from muster.states import EventReason, ExperimentState, TrialState, values
-from muster.store import Experiment, Store, Trial, transition
+from muster.store import Event, Experiment, Store, Trial, transition
 from muster.supervise.context import ACTOR
+from muster.supervise.isolation import Isolation
+from muster.supervise.searching import note_search_end, stopped_drawing
 
 __all__ = ["Closing", "experiment_end"]
 
@@ -23,6 +26,7 @@ __all__ = ["Closing", "experiment_end"]
 @dataclass
 class Closing:
     store: Store
+    isolation: Isolation
 
     def close(self) -> None:
         """End the experiments whose trials have all ended (selected in SQL: a pass must not
@@ -31,11 +35,15 @@ class Closing:
         created = (select(func.count(Trial.id)).where(Trial.experiment_id == Experiment.id)
                    .scalar_subquery())
         # (A search killed before its first draw has no trial at all.)
+        gave_up = select(Event.id).where(
+            Event.experiment_id == Experiment.id,
+            Event.reason == EventReason.SEARCH_STOPPED.value).exists()
         has_trials = (((created > 0) & (created >= Experiment.max_trials))
-                      | Experiment.stop_requested.is_(True))
+                      | Experiment.stop_requested.is_(True) | gave_up)
         unfinished = select(Trial.id).where(
             Trial.experiment_id == Experiment.id,
             Trial.state.not_in(values(TrialState.terminal()))).exists()
+        searches: list[int] = []
         with self.store.session_scope() as s:
             ending = s.scalars(select(Experiment).options(selectinload(Experiment.trials)).where(
                 (Experiment.state == ExperimentState.ACTIVE.value)
@@ -47,7 +55,15 @@ class Closing:
                 if (states or experiment.stop_requested) and all(
                         st.is_terminal() for st in states):
                     end, why = experiment_end(experiment.stop_requested, states)
-                    transition(s, experiment, end, reason=why, actor=ACTOR)
+                    if experiment.max_trials > 1:
+                        searches.append(experiment.id)
+                    message = (stopped_drawing(s, experiment.id)
+                               if end is ExperimentState.ERROR else None)
+                    transition(s, experiment, end, reason=why, actor=ACTOR, message=message)
+        for experiment_id in searches:  # (each reads its config: isolated)
+            with (self.isolation.experiment(experiment_id, "noting the end of its search"),
+                  self.store.session_scope() as s):
+                note_search_end(s, s.get_one(Experiment, experiment_id))
 
 
 def experiment_end(killed: bool, states: Sequence[TrialState]

@@ -10,18 +10,19 @@ ends the attempt INTERNAL, so the policy retries it.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from muster import checkpoint_files
+from muster import checkpoint_files, job_secrets
 from muster.atomic import atomic_write_json
 from muster.config import ExperimentConfig
-from muster.errors import GpuError, LaunchError, MusterError
+from muster.errors import ConfigError, GpuError, LaunchError
 from muster.harness.standby import GO_VARIABLE
 from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec, ReplicaStatus
 from muster.launch.environment import ReplicaContext, build_env, free_port
@@ -31,14 +32,23 @@ from muster.store import Attempt, Replica, Trial, transition
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import Ending
-from muster.supervise.manifest import scan_manifest
+from muster.supervise.scans import DataScans, ScanFailed
 from muster.supervise.searching import trial_seed
+from muster.supervise.workdir import prepare_workdir
 
 __all__ = ["AttemptPlan", "GpuPlan", "Launching", "latest_checkpoint", "replica_specs"]
 
 log = logging.getLogger(__name__)
 
 GpuPlan = tuple[tuple[int, ...], ...]  # the GPU indices of each rank, from the scheduler
+
+
+class Scan(Enum):
+    """Where a trial's data scan stands before its first launch."""
+
+    READY = "ready"  # scanned (or nothing to scan): it may launch
+    WAITING = "waiting"  # the scan runs, off the pass: it stays queued
+    FAILED = "failed"  # the trial has ended FAILED with the reason
 MASTER_ADDR = "127.0.0.1"
 
 
@@ -52,7 +62,7 @@ class AttemptPlan:
     number: int  # the attempt's
     dir: AttemptDir
     config: ExperimentConfig
-    context_dir: Path  # the trial's working directory
+    workdir: Path  # the trial's own copy of the context: every replica's cwd
     master_port: int
     latest_checkpoint: Path | None
     # Rank -> its GPU indices where muster schedules GPUs (a rank without any sees none);
@@ -61,13 +71,14 @@ class AttemptPlan:
     seed: int | None
     incarnation: int = 0
     standby: bool = False  # a warm standby: it waits in init() for its go file
+    secrets: Mapping[str, str] = field(default_factory=dict)  # environment.secrets' values
 
 
-def replica_specs(plan: AttemptPlan, environ: Mapping[str, str],
-                  ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
+def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
     """One launch plan per rank (all of them by default), with the torchrun environment:
     one MASTER_PORT per attempt, so a restarted rendezvous never meets the last attempt's
-    stragglers. Pure: `environ` is the environment the replicas start from."""
+    stragglers. Pure: each spec holds the job's own variables only (`build_env`); the shim
+    puts them over the environment it inherited."""
     config = plan.config
     world_size = config.resources.replicas
     specs = []
@@ -81,12 +92,12 @@ def replica_specs(plan: AttemptPlan, environ: Mapping[str, str],
             gpus=None if plan.gpus is None else plan.gpus.get(rank, ()),
             max_length=config.searcher.max_length, seed=plan.seed,
         )
-        env = build_env(environ, config.environment.variables, ctx)
+        env = build_env({**config.environment.variables, **plan.secrets}, ctx)
         if plan.standby:
             env[GO_VARIABLE] = str(plan.dir.rank(rank).standby_go)
         specs.append(ReplicaSpec(
             trial_uuid=plan.trial_uuid, attempt=plan.number, rank=rank,
-            argv=list(config.entrypoint), env=env, cwd=plan.context_dir,
+            argv=list(config.entrypoint), env=env, cwd=plan.workdir,
             attempt_dir=plan.dir.path, stop_grace=config.failure_policy.stop_grace,
             memory_limit=config.resources.memory_limit,
         ))
@@ -105,6 +116,7 @@ class Launching:
 
     ctx: SupervisorContext
     ending: Ending
+    scans: DataScans = field(default_factory=DataScans)
 
     def plan(self, s: Session, trial: Trial, number: int, port: int, *,
              incarnation: int = 0, standby: bool = False) -> AttemptPlan:
@@ -117,43 +129,65 @@ class Launching:
         return AttemptPlan(
             trial_id=trial.id, trial_uuid=trial.uuid, trial_number=trial.number,
             number=number, dir=run_dir.attempt(number), config=config,
-            context_dir=Path(trial.experiment.context_dir), master_port=port,
+            workdir=run_dir.workdir, master_port=port,
             latest_checkpoint=latest_checkpoint(run_dir), gpus=gpus if scheduled else None,
             seed=trial_seed(trial.experiment, config, trial.number),
-            incarnation=incarnation, standby=standby)
+            incarnation=incarnation, standby=standby,
+            secrets=job_secrets.resolve(config, self.ctx.home, trial.experiment.uuid))
 
     def specs(self, plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
-        return replica_specs(plan, os.environ, ranks)
+        return replica_specs(plan, ranks)
 
-    def scan_data(self, trial_id: int) -> bool:
-        """Scan the trial's data directory once, before its first launch; False if it failed
-        (the trial then ends FAILED with the reason)."""
+    def scan_data(self, trial_id: int) -> Scan:
+        """Scan the trial's data directory once, before its first launch, in a child
+        process (`muster.supervise.scans`): WAITING while it runs (the trial says so in its
+        queue reason), FAILED when it failed (the trial has then ended FAILED with why)."""
         with self.ctx.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
-            data = experiment_config(trial.experiment).data
-            if data is None or trial.manifest is not None or trial.stop_requested:
-                return True
-            path = Path(trial.experiment.context_dir) / Path(data.path).expanduser()
-        try:
-            manifest = scan_manifest(path, data.manifest.extensions, data.manifest.labels)
-        except MusterError as exc:
-            self._fail_before_launch(trial_id, f"the data manifest scan failed: {exc}")
-            return False
+            data, path = experiment_config(trial.experiment).data, context_of(trial).data
+            if data is None or path is None or trial.manifest is not None or trial.stop_requested:
+                return Scan.READY
+        found = self.scans.poll(trial_id, path, data.manifest.extensions, data.manifest.labels)
+        if isinstance(found, ScanFailed):
+            self._fail_before_launch(trial_id, f"the data manifest scan failed: {found.why}")
+            return Scan.FAILED
         with self.ctx.store.session_scope() as s:
-            s.get_one(Trial, trial_id).manifest = manifest.to_json()
-        return True
+            trial = s.get_one(Trial, trial_id)
+            if found is None:
+                if trial.state == TrialState.QUEUED:
+                    trial.queue_reason = (f"scanning its data in {path} "
+                                          f"({self.scans.seconds(trial_id):.0f} s so far)")
+                return Scan.WAITING
+            trial.manifest = found.to_json()
+        return Scan.READY
+
+    def drop_stale_scans(self) -> None:
+        """Stop the scans of trials that no longer wait in the queue (killed, paused)."""
+        scanning = self.scans.running()
+        if not scanning:
+            return
+        with self.ctx.store.session_scope() as s:
+            waiting = set(s.scalars(select(Trial.id).where(
+                Trial.id.in_(scanning), Trial.state == TrialState.QUEUED.value,
+                Trial.stop_requested.is_(False))))
+        self.scans.forget_all_but(waiting)
 
     def start(self, trial_id: int, gpus: GpuPlan = ()) -> None:
         """Record a new attempt of a QUEUED or RESTARTING trial (committed first, with the
         GPUs a queued trial is given), then prepare its directory and launch its replicas;
         if one cannot be launched, the ones already launched are stopped."""
-        recorded = self._record_attempt(trial_id, gpus)
+        try:
+            recorded = self._record_attempt(trial_id, gpus)
+        except ConfigError as exc:  # a secret that cannot be read now (rolled back)
+            self._fail_before_launch(trial_id, f"cannot launch: {exc}")
+            return
         if recorded is None:
             return
-        attempt_id, specs, hparams = recorded
+        attempt_id, specs, hparams, context = recorded
         launched: list[tuple[int, ProcessIdentity]] = []
         try:
             prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), hparams)
+            prepare_workdir(context.snapshot, specs[0].cwd, context.data)
             for spec in specs:
                 launched.append((spec.rank, self.ctx.launcher.submit(spec)))
         except LaunchError as exc:
@@ -196,9 +230,9 @@ class Launching:
 
     def _record_attempt(
         self, trial_id: int, gpus: GpuPlan
-    ) -> tuple[int, list[ReplicaSpec], dict[str, Any]] | None:
+    ) -> tuple[int, list[ReplicaSpec], dict[str, Any], Context] | None:
         """Record the attempt and its replicas (and a queued trial's GPUs); returns its id,
-        its launch plans (by rank) and the trial's hparams."""
+        its launch plans (by rank), the trial's hparams and where its context is."""
         with self.ctx.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
             if trial.state not in (TrialState.QUEUED, TrialState.RESTARTING):
@@ -221,7 +255,7 @@ class Launching:
                        + (f" ({world_size} replicas)" if world_size > 1 else ""))
             assert attempt.master_port is not None
             plan = self.plan(s, trial, attempt.number, attempt.master_port)
-            return attempt.id, self.specs(plan), dict(trial.hparams)
+            return attempt.id, self.specs(plan), dict(trial.hparams), context_of(trial)
 
     def _fail_before_launch(self, trial_id: int, message: str) -> None:
         with self.ctx.store.session_scope() as s:
@@ -231,6 +265,20 @@ class Launching:
                            actor=ACTOR)
             transition(s, trial, TrialState.FAILED, reason=Reason.PERMANENT_ERROR,
                        actor=ACTOR, message=message)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where a trial's working directory is copied from."""
+
+    snapshot: Path  # the experiment's context, as submitted
+    data: Path | None  # the data path, when it is inside the context (linked, not copied)
+
+
+def context_of(trial: Trial) -> Context:
+    snapshot = Path(trial.experiment.context_dir)
+    data = experiment_config(trial.experiment).data
+    return Context(snapshot, snapshot / Path(data.path).expanduser() if data else None)
 
 
 def prepare_attempt_dir(attempt_dir: AttemptDir, hparams: dict[str, Any]) -> None:

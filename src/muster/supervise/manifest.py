@@ -3,13 +3,19 @@
 Verification compares the samples a training run reports against this count (invariant 1),
 so the count must come from the files themselves and not from the code under test. The walk
 uses `os.scandir`, whose entries carry the file type from the directory listing, so only
-counted files cost a `stat`.
+counted files cost a `stat`. A walk is bounded: it stops at a deadline and past
+`MAX_SCAN_FILES` counted files (the fingerprint keeps one entry per file). The supervisor
+runs it in a child process (`python -m muster.supervise.manifest`, see
+`muster.supervise.scans`), never in its pass.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import json
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -27,6 +33,7 @@ PATH_KEY = "data.path"
 EXTENSIONS_KEY = "data.manifest.extensions"
 LABELS_KEY = "data.manifest.labels"
 MAX_NOTES = 20  # a directory of 10,000 dangling links needs a count, not 10,000 lines
+MAX_SCAN_FILES = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -89,12 +96,17 @@ class _Tally:
 
     root: str
     extensions: tuple[str, ...] | None
+    deadline: float | None = None  # time.monotonic() past which the walk gives up
     files: list[tuple[str, int, int]] = field(default_factory=list)
     by_extension: Counter[str] = field(default_factory=Counter)
     classes: Counter[str] = field(default_factory=Counter)
     left_out: list[str] = field(default_factory=list)
 
     def add(self, relative: str, label: str, extension: str, stat: os.stat_result) -> None:
+        if len(self.files) >= MAX_SCAN_FILES:
+            raise ConfigError(f"the data directory {self.root} holds more than "
+                              f"{MAX_SCAN_FILES:,} files to count; point {PATH_KEY} at the data "
+                              f"set itself, or narrow {EXTENSIONS_KEY}")
         self.files.append((relative, stat.st_size, stat.st_mtime_ns))
         self.by_extension[extension] += 1
         self.classes[label] += 1
@@ -110,7 +122,8 @@ class _Tally:
 
 
 def scan_manifest(
-    path: Path, extensions: Sequence[str] | None, labels: LabelMode
+    path: Path, extensions: Sequence[str] | None, labels: LabelMode,
+    seconds: float | None = None,
 ) -> Manifest:
     """Count the files under `path` whose extension is in `extensions` (None: every file).
 
@@ -120,13 +133,15 @@ def scan_manifest(
     Raises:
         ConfigError: `path` is missing, not a directory, or a directory under it is
             unreadable; `extensions` holds a name without a leading dot; `labels` is
-            neither "from_dirs" nor "none".
+            neither "from_dirs" nor "none"; the walk took longer than `seconds` or found
+            more than MAX_SCAN_FILES files to count.
     """
     started, scanned_at = time.perf_counter(), time.time()
     if labels not in ("from_dirs", "none"):
         raise ConfigError(f"labels must be 'from_dirs' or 'none', got {labels!r} ({LABELS_KEY})")
     root = _data_root(path)
-    tally = _Tally(root, _normalize_extensions(extensions))
+    deadline = None if seconds is None else time.monotonic() + seconds
+    tally = _Tally(root, _normalize_extensions(extensions), deadline)
     _walk(tally)
     return Manifest(
         path=root,
@@ -180,6 +195,10 @@ def _walk(tally: _Tally) -> None:
     prefix_length = len(root.rstrip(os.sep)) + 1
     stack: list[tuple[str, str]] = [(root, "")]
     while stack:
+        if tally.deadline is not None and time.monotonic() > tally.deadline:
+            raise ConfigError(f"the scan of the data directory {root} did not finish in time "
+                              f"({len(tally.files):,} files counted so far); point {PATH_KEY} "
+                              "at the data set itself")
         directory, label = stack.pop()
         for entry in _list_directory(directory, root):
             relative = entry.path[prefix_length:]
@@ -240,3 +259,26 @@ def _fingerprint(files: list[tuple[str, int, int]]) -> str:
     # NUL separates the fields: it is the one byte a file name cannot hold.
     text = "".join(f"{name}\0{size}\0{mtime}\0" for name, size, mtime in sorted(files))
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def main(argv: list[str]) -> int:
+    """`python -m muster.supervise.manifest PATH [--extension .png ...] [--labels MODE]
+    [--seconds S]`: prints `{"manifest": ...}`, or `{"error": ...}` for a problem with the
+    data the trial's message should name (anything else is a crash, with its traceback)."""
+    parser = argparse.ArgumentParser(prog="python -m muster.supervise.manifest")
+    parser.add_argument("path", type=Path)
+    parser.add_argument("--extension", action="append", dest="extensions")
+    parser.add_argument("--labels", choices=("from_dirs", "none"), default="none")
+    parser.add_argument("--seconds", type=float, default=None)
+    args = parser.parse_args(argv)
+    try:
+        manifest = scan_manifest(args.path, args.extensions, args.labels, args.seconds)
+    except ConfigError as exc:
+        json.dump({"error": str(exc)}, sys.stdout)
+    else:
+        json.dump({"manifest": manifest.to_json()}, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

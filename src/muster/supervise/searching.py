@@ -8,6 +8,12 @@ from the store (`muster.search.base`), and the trial is committed with its value
 anything runs it. The unique (experiment, number) index makes a second draw of N after a
 restart impossible, so a search ends with exactly `max_trials` trials.
 
+A search whose first `max(3, max_concurrent_trials)` trials all ended FAILED with
+PERMANENT_ERROR, none succeeding, draws no more (a `search stopped` event with their common
+message; the experiment then ends ERROR once its trials have ended): the same mistake would
+fail every trial it has left. A search none of whose ended trials reported its metric,
+although one succeeded, gets a `metric missing` warning once, which the experiment shows.
+
 After a running trial's metrics are ingested, each new validation value of the searcher's
 metric (rank 0's) is shown to the pruner in step order. When it says stop, the trial is
 marked (`StopIntent.EARLY_STOP`, with an event that says why); the next pass
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,9 +36,11 @@ from sqlalchemy.orm import Session
 from muster.config import ExperimentConfig
 from muster.search.history import Outcome, PastTrial
 from muster.search.history import trial_seed as seed_for
-from muster.states import EventReason, ExperimentState, StopIntent, TrialState
-from muster.store import Experiment, Metric, Store, Trial, record_event
+from muster.states import EventReason, ExperimentState, Reason, StopIntent, TrialState
+from muster.store import Event, Experiment, Metric, Store, Trial, record_event
 from muster.supervise.configs import experiment_config
+from muster.supervise.isolation import Isolation
+from muster.words import count
 
 if TYPE_CHECKING:
     from muster.search.base import Searcher
@@ -39,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ACTOR = "searcher"
+GIVE_UP_AFTER = 3  # at least this many first trials failing alike stop a search
 _FAILED = {TrialState.FAILED, TrialState.CANCELED, TrialState.SUSPECT}
 _SHOWN_PARAMS = 6  # values named in a new trial's event
 
@@ -65,6 +75,7 @@ def trial_seed(experiment: Experiment, config: ExperimentConfig, number: int) ->
 @dataclass
 class Searching:
     store: Store
+    isolation: Isolation
 
     def top_up(self) -> None:
         """Draw the next trials of every active search that has room for them."""
@@ -77,7 +88,8 @@ class Searching:
                 .group_by(Experiment.id, Experiment.max_trials)
                 .having(created < Experiment.max_trials)).scalars().all()
         for experiment_id in rows:
-            self._top_up(experiment_id)
+            with self.isolation.experiment(experiment_id, "drawing its next trial"):
+                self._top_up(experiment_id)
 
     def _top_up(self, experiment_id: int) -> None:
         while True:
@@ -90,11 +102,13 @@ class Searching:
                     Trial.experiment_id == experiment_id).order_by(Trial.number)))
                 unfinished = sum(TrialState(t.state).is_unfinished() for t in trials)
                 if (len(trials) >= experiment.max_trials
-                        or unfinished >= config.searcher.max_concurrent_trials):
+                        or unfinished >= config.searcher.max_concurrent_trials
+                        or _gave_up(s, experiment, trials, config)):
                     return
                 number = len(trials)
                 searcher = _searcher(experiment, config)
                 history = _history(s, trials, config)
+                warn_if_metric_missing(s, experiment, trials, config, history)
                 params, attrs = searcher.ask(history, number)
                 trial = Trial(experiment=experiment, number=number,
                               state=TrialState.QUEUED.value, priority=experiment.priority,
@@ -153,6 +167,76 @@ class Searching:
                     break
             trial.search_state = state
             return trial.intent is StopIntent.EARLY_STOP
+
+
+def _gave_up(s: Session, experiment: Experiment, trials: Sequence[Trial],
+             config: ExperimentConfig) -> bool:
+    """True when the search draws no more: its first trials all failed alike (noted once,
+    with an event that the experiment's end repeats)."""
+    if stopped_drawing(s, experiment.id) is not None:
+        return True
+    first = streak_of_permanent_errors(trials, config)
+    if first is None:
+        return False
+    message, times = Counter(t.message or "" for t in first).most_common(1)[0]
+    common = (f"all with: {message}" if times == len(first)
+              else f"most often ({times} of {len(first)}): {message}")
+    record_event(s, entity="experiment", entity_id=experiment.id,
+                 reason=EventReason.SEARCH_STOPPED, actor=ACTOR, experiment_id=experiment.id,
+                 message=f"the first {len(first)} trials all failed with PERMANENT_ERROR and "
+                         f"none succeeded, so the search draws no more; {common}")
+    return True
+
+
+def streak_of_permanent_errors(trials: Sequence[Trial], config: ExperimentConfig
+                               ) -> list[Trial] | None:
+    """The first `max(3, max_concurrent_trials)` trials when every one of them ended FAILED
+    with PERMANENT_ERROR and no trial succeeded; else None."""
+    needed = max(GIVE_UP_AFTER, config.searcher.max_concurrent_trials)
+    first = sorted((t for t in trials if t.number < needed), key=lambda t: t.number)
+    if len(first) < needed or any(t.state == TrialState.SUCCEEDED for t in trials):
+        return None
+    if all(t.state == TrialState.FAILED and t.reason == Reason.PERMANENT_ERROR for t in first):
+        return first
+    return None
+
+
+def stopped_drawing(s: Session, experiment_id: int) -> str | None:
+    """Why the search stopped drawing trials (its `search stopped` event), if it did."""
+    return s.scalars(select(Event.message).where(
+        Event.experiment_id == experiment_id, Event.reason == EventReason.SEARCH_STOPPED.value)
+        .limit(1)).first()
+
+
+def warn_if_metric_missing(s: Session, experiment: Experiment, trials: Sequence[Trial],
+                           config: ExperimentConfig, history: Sequence[PastTrial]) -> None:
+    """Warn once when trials succeed without reporting the searcher's metric: the search
+    then compares nothing (a misspelt `searcher.metric`, or a script that reports another)."""
+    metric = config.searcher.metric
+    succeeded = [t for t in trials if t.state == TrialState.SUCCEEDED and not t.early_stopped]
+    if metric is None or not succeeded or any(p.intermediate for p in history):
+        return
+    if s.scalars(select(Event.id).where(
+            Event.experiment_id == experiment.id,
+            Event.reason == EventReason.METRIC_MISSING.value).limit(1)).first() is not None:
+        return
+    ended = sum(TrialState(t.state).is_terminal() for t in trials)
+    record_event(s, entity="experiment", entity_id=experiment.id,
+                 reason=EventReason.METRIC_MISSING, actor=ACTOR, experiment_id=experiment.id,
+                 message=f"none of the {count(ended, 'ended trial')} reported the searcher's "
+                         f"metric {metric!r} ({count(len(succeeded), 'succeeded', 'succeeded')}"
+                         f" without it), so the search cannot compare them: check "
+                         f"searcher.metric against the names the script passes to "
+                         f"report_validation")
+
+
+def note_search_end(s: Session, experiment: Experiment) -> None:
+    """What a search's end adds: the missing-metric warning, if its last trials ended
+    after its last draw."""
+    config = experiment_config(experiment)
+    if searches(config):
+        trials = list(experiment.trials)
+        warn_if_metric_missing(s, experiment, trials, config, _history(s, trials, config))
 
 
 def early_stop_note(trial: Trial) -> str:

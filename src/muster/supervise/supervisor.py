@@ -38,7 +38,8 @@ from muster.supervise.context import LiveAttempt, SupervisorContext, read_live_a
 from muster.supervise.ending import Ending
 from muster.supervise.experiments import Closing
 from muster.supervise.following import Following
-from muster.supervise.launching import GpuPlan, Launching
+from muster.supervise.isolation import Isolation
+from muster.supervise.launching import GpuPlan, Launching, Scan
 from muster.supervise.restart_in_place import RestartInPlace
 from muster.supervise.searching import Searching
 from muster.supervise.standby import Standby
@@ -64,30 +65,39 @@ class Supervisor:
     _following: Following = field(init=False)
     _admission: Admission = field(init=False)
     _closing: Closing = field(init=False)
+    _isolation: Isolation = field(init=False)
 
     def __post_init__(self) -> None:
         self._pool = GpuPool(self.store, self.gpus, self.gpu_release)
         ctx = SupervisorContext(self.store, self.launcher, self.home, self.host, self._pool,
                                 self.gpus)
         ending = Ending(ctx)
-        self._search = Searching(self.store)
+        self._isolation = Isolation(ctx)
+        self._search = Searching(self.store, self._isolation)
         self._launching = Launching(ctx, ending)
         self._standby = Standby(ctx, self._launching)
         restart = RestartInPlace(ctx, self._launching, ending)
         self._following = Following(ctx, self._search, ending, self._standby, restart)
-        self._admission = Admission(ctx, self.start_attempt)
-        self._closing = Closing(self.store)
+        self._admission = Admission(ctx, self.start_attempt, self._isolation)
+        self._closing = Closing(self.store, self._isolation)
 
     def tick(self) -> None:
-        """One pass: settle live attempts, start what may start, close finished experiments."""
+        """One pass: settle live attempts, start what may start, close finished experiments.
+
+        Each trial's and each experiment's step is isolated (`isolation`): one that fails
+        unexpectedly ends that trial or experiment, and the pass goes on."""
+        broken: list[tuple[int, Exception]] = []
         with self.store.session_scope() as s:
-            live = read_live_attempts(s)
+            live = read_live_attempts(s, on_broken=lambda *found: broken.append(found))
+        for trial_id, exc in broken:
+            self._isolation.trial_failed(trial_id, "reading its running attempt", exc)
         self._settle(live)
         self._standby.drop_unneeded(live)
         self._pool.settle()  # GPUs of trials that ended go back once their memory is free
         self._search.top_up()  # each search's next trials, drawn before admission
         if not self._admission.disk_low(self.min_free_disk):  # nothing launches while low
             self._admission.admit(self.slots, self.preemption)
+        self._launching.drop_stale_scans()
         self._closing.close()
 
     def active_attempt_ids(self) -> list[int]:
@@ -107,11 +117,12 @@ class Supervisor:
     def start_attempt(self, trial_id: int, gpus: GpuPlan = ()) -> None:
         """Start the trial's next attempt: its data scanned first (once), its warm standby
         promoted if one waits, else a new attempt launched."""
-        if not self._launching.scan_data(trial_id):
-            return
-        if self._standby.promote(trial_id):
-            return
-        self._launching.start(trial_id, gpus)
+        with self._isolation.trial(trial_id, "starting its next attempt"):
+            if self._launching.scan_data(trial_id) is not Scan.READY:
+                return
+            if self._standby.promote(trial_id):
+                return
+            self._launching.start(trial_id, gpus)
 
     def slots_in_use(self) -> int:
         """One slot per replica without GPUs of every trial that holds its resources."""
@@ -120,5 +131,6 @@ class Supervisor:
     def _settle(self, live: list[LiveAttempt]) -> None:
         followed = [attempt for attempt in live if not attempt.standby]
         for attempt in followed:
-            self._following.settle(attempt)
+            with self._isolation.trial(attempt.trial.id, f"following attempt {attempt.number}"):
+                self._following.settle(attempt)
         self._following.forget_all_but(followed)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+import stat
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -18,15 +19,21 @@ from muster import checkpoint_files, metrics_lines
 from muster.config import VerifyConfig
 from muster.metrics_lines import MetricLine
 from muster.rundir import RankFile, RunDir
-from muster.words import count, rank_list
+from muster.supervise.log_samples import LogSamples
+from muster.words import NOT_VERIFIED, count, rank_list
 
 __all__ = [
+    "NOT_VERIFIED",
+    "RESULT_CHECKS",
     "Check",
     "CheckpointInfo",
     "Evidence",
+    "LogCounts",
     "MetricPoint",
+    "OutputFile",
     "Verdict",
     "VerifyConfig",
+    "combine_log_counts",
     "gather_evidence",
     "verify",
 ]
@@ -61,6 +68,25 @@ class CheckpointInfo:
 
 
 @dataclass(frozen=True)
+class OutputFile:
+    """A file the config says the run must write (`verify.outputs`), as found."""
+
+    path: str  # as the config names it, relative to the trial's working directory
+    size: int | None  # None: missing (or not a regular file)
+    modified_at: float | None
+
+
+@dataclass(frozen=True)
+class LogCounts:
+    """Samples per epoch counted from the rank logs (`verify.samples_from_log`)."""
+
+    by_epoch: dict[int, int] = field(default_factory=dict)
+    matches: int = 0
+    unusable: int = 0
+    problems: tuple[str, ...] = ()  # e.g. "attempt 1, rank 0: counting took longer than 60 s"
+
+
+@dataclass(frozen=True)
 class Evidence:
     """What the run directory says about a trial, read once, for `verify` to judge.
 
@@ -82,6 +108,9 @@ class Evidence:
     harness_used: bool = False
     final_attempt: int | None = None
     checked_in: frozenset[int] = frozenset()  # ranks of the final attempt that checked in
+    log_counts: LogCounts = field(default_factory=LogCounts)
+    outputs: tuple[OutputFile, ...] = ()
+    started_at: float | None = None  # when the trial's first attempt started
 
 
 @dataclass(frozen=True)
@@ -91,14 +120,27 @@ class Check:
     detail: str
 
 
+# The checks that look at what the run produced. An exit 0 is *verified* only when one of
+# them ran and every check passed; the others (finite metrics, readable metric lines,
+# check-ins) pass vacuously for a script that reports nothing.
+RESULT_CHECKS = frozenset({"samples", "checkpoint", "require_metrics", "outputs",
+                           "samples_from_log"})
+
+
 @dataclass(frozen=True)
 class Verdict:
     passed: bool
     checks: list[Check]
 
+    @property
+    def verified(self) -> bool:
+        """Every check passed, and at least one of them inspected the run's results."""
+        return self.passed and any(c.name in RESULT_CHECKS for c in self.checks)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
+            "verified": self.verified,
             "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail}
                        for c in self.checks],
         }
@@ -123,12 +165,16 @@ def verify(
                           else config.require_checkpoint)
     checks = [
         _check_check_ins(evidence, harness_ranks) if harness_ranks is not None else None,
-        _check_samples(evidence, expected, config.samples_tolerance) if expected is not None
+        _check_samples(evidence, expected, config.samples_tolerance)
+        if expected is not None and (config.samples_from_log is None or evidence.harness_used)
         else None,
         _check_checkpoint(evidence.checkpoints) if require_checkpoint else None,
         _check_finite_metrics(evidence) if config.finite_metrics else None,
         _check_required_metrics(evidence.metric_names, config.require_metrics)
         if config.require_metrics else None,
+        _check_log_samples(evidence.log_counts, expected, config.samples_tolerance)
+        if config.samples_from_log is not None and expected is not None else None,
+        _check_outputs(evidence.outputs, evidence.started_at) if config.outputs else None,
         _check_metrics_readable(evidence),
     ]
     kept = [c for c in checks if c is not None]
@@ -143,14 +189,54 @@ def _check_samples(evidence: Evidence, expected: int, tolerance: float) -> Check
     if not evidence.samples_by_epoch:
         return Check("samples", False, "no samples were reported (ctx.samples.seen); "
                                        f"expected {expected:,} per epoch")
-    failing = [_epoch_shortfall(epoch, seen, expected)
-               for epoch, seen in sorted(evidence.samples_by_epoch.items())
-               if abs(seen - expected) > tolerance * expected]
+    failing = _shortfalls(evidence.samples_by_epoch, expected, tolerance)
     if failing:
         return Check("samples", False, "; ".join(failing))
     epochs = count(len(evidence.samples_by_epoch), "epoch")
     return Check("samples", True,
                  f"{epochs}, each within {_tolerance_text(tolerance)} of {expected:,}")
+
+
+def _shortfalls(by_epoch: Mapping[int, int], expected: int, tolerance: float) -> list[str]:
+    """What each epoch whose count is off by more than the tolerance says, in order."""
+    return [_epoch_shortfall(epoch, seen, expected) for epoch, seen in sorted(by_epoch.items())
+            if abs(seen - expected) > tolerance * expected]
+
+
+def _check_log_samples(counts: LogCounts, expected: int, tolerance: float) -> Check:
+    """Samples counted from the logs in each epoch, summed over ranks, against the expected
+    count (as `_check_samples` does with the harness's counts)."""
+    if counts.problems:
+        return Check("samples_from_log", False, "; ".join(counts.problems))
+    if not counts.by_epoch:
+        unusable = (f" ({count(counts.unusable, 'match', 'matches')} without whole numbers in its "
+                    "groups)"
+                    if counts.unusable else "")
+        return Check("samples_from_log", False, "no log line matched "
+                     f"verify.samples_from_log{unusable}; expected {expected:,} per epoch")
+    failing = _shortfalls(counts.by_epoch, expected, tolerance)
+    if failing:
+        return Check("samples_from_log", False, "; ".join(failing))
+    return Check("samples_from_log", True,
+                 f"{count(len(counts.by_epoch), 'epoch')} in the logs, each within "
+                 f"{_tolerance_text(tolerance)} of {expected:,}")
+
+
+def _check_outputs(outputs: Sequence[OutputFile], started_at: float | None) -> Check:
+    """Each file the config names exists, is not empty, and was written during the run."""
+    problems = []
+    for output in outputs:
+        if output.size is None:
+            problems.append(f"{output.path} is missing")
+        elif output.size == 0:
+            problems.append(f"{output.path} is empty")
+        elif started_at is not None and (output.modified_at or 0.0) < started_at:
+            problems.append(f"{output.path} was not written during the run (it is older "
+                            "than the trial's first attempt)")
+    if problems:
+        return Check("outputs", False, "; ".join(problems))
+    return Check("outputs", True, f"{count(len(outputs), 'file')} written: "
+                                  + ", ".join(o.path for o in outputs))
 
 
 def _check_check_ins(evidence: Evidence, world_size: int) -> Check:
@@ -242,8 +328,12 @@ def _non_finite_text(point: MetricPoint) -> str:
 # --- the readers --------------------------------------------------------------------------
 
 
-def gather_evidence(run_dir: Path, attempts: Sequence[int]) -> Evidence:
-    """Read what the trial's attempts left in `run_dir` (all attempts, any order)."""
+def gather_evidence(
+    run_dir: Path, attempts: Sequence[int], *, log_counts: LogCounts | None = None,
+    outputs: Sequence[str] = (), started_at: float | None = None,
+) -> Evidence:
+    """Read what the trial's attempts left in `run_dir` (all attempts, any order); with
+    `outputs`, which of those files its working directory holds."""
     ordered = sorted(attempts)
     samples, unreadable_samples = _read_samples(run_dir, ordered)
     metrics = _read_metrics(run_dir, ordered)
@@ -262,7 +352,39 @@ def gather_evidence(run_dir: Path, attempts: Sequence[int]) -> Evidence:
         final_attempt=ordered[-1] if ordered else None,
         checked_in=frozenset(rank for rank, _ in heartbeats[ordered[-1]])
         if ordered else frozenset(),
+        log_counts=log_counts or LogCounts(),
+        outputs=tuple(_output_file(RunDir(run_dir).workdir, path) for path in outputs),
+        started_at=started_at,
     )
+
+
+def combine_log_counts(per_attempt: Mapping[int, Mapping[int, LogSamples]]) -> LogCounts:
+    """One trial's log counts (attempt -> rank -> counts): per epoch, the sum over ranks of
+    the last attempt that reported that epoch (an epoch redone after a restart counts once),
+    as for the harness's samples."""
+    by_epoch: dict[int, int] = {}
+    matches = unusable = 0
+    problems = []
+    for attempt, ranks in sorted(per_attempt.items()):
+        in_attempt: dict[int, int] = {}
+        for rank, counted in sorted(ranks.items()):
+            if counted.problem is not None:
+                problems.append(f"attempt {attempt}, rank {rank}: {counted.problem}")
+            for epoch, samples in counted.by_epoch.items():
+                in_attempt[epoch] = in_attempt.get(epoch, 0) + samples
+            matches, unusable = matches + counted.matches, unusable + counted.unusable
+        by_epoch.update(in_attempt)
+    return LogCounts(dict(sorted(by_epoch.items())), matches, unusable, tuple(problems))
+
+
+def _output_file(workdir: Path, relative: str) -> OutputFile:
+    try:
+        info = (workdir / relative).stat()
+    except OSError:
+        return OutputFile(relative, None, None)
+    if not stat.S_ISREG(info.st_mode):
+        return OutputFile(relative, None, None)
+    return OutputFile(relative, info.st_size, info.st_mtime)
 
 
 def _read_samples(

@@ -1,0 +1,274 @@
+"""The upload form of `POST /experiments` (config and context), read from the request stream.
+
+The route reads its body here, after the bearer token has been checked, instead of
+declaring `Form`/`File` parameters: FastAPI parses those before any dependency runs, so an
+anonymous client could make the server spool a body of any size to /tmp. Here a body
+announced too large is refused unread, and every body is counted as it arrives and refused
+past its limit whatever Content-Length says. A multipart form (at most MAX_REQUEST_BYTES)
+streams its `context` part to a file (at most MAX_UPLOAD_BYTES), keeps its `config` part in
+memory (at most MAX_CONFIG_BYTES) and reads past any other part; a urlencoded form (what
+clients send without a context) holds the config alone (at most MAX_URLENCODED_BYTES).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from fastapi.exceptions import RequestValidationError
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect, Request
+
+from muster.errors import InvalidRequest, PayloadTooLarge
+from muster.services.uploads import MAX_UPLOAD_BYTES
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
+
+MAX_CONFIG_BYTES = 1024**2
+MAX_SECRETS_BYTES = 1024**2  # the `secrets` field: a JSON object of NAME: value
+MAX_REQUEST_BYTES = (MAX_UPLOAD_BYTES + MAX_CONFIG_BYTES + MAX_SECRETS_BYTES
+                     + 64 * 1024)  # + part headers
+MAX_URLENCODED_BYTES = 3 * MAX_CONFIG_BYTES + 1024  # percent-encoding triples a byte at most
+CONFIG, CONTEXT, SECRETS = "config", "context", "secrets"
+_MiB = 1024**2
+_HOW = ("send multipart/form-data with the fields `config` and `context` (or a urlencoded "
+        "form with `config` alone), as `muster experiment create CONFIG DIR` does")
+_KEEP_OUT = "keep data sets and environments out of the context directory"
+_CONFIG_SCHEMA = {"type": "string",
+                  "description": f"the experiment config, YAML (at most {MAX_CONFIG_BYTES} bytes)"}
+_SECRETS_SCHEMA = {"type": "string",
+                   "description": "the values of the config's `submit` secrets "
+                                  "(environment.secrets), a JSON object of NAME: value; never "
+                                  "returned by the API"}
+
+# For /openapi.json: the route declares no Form parameters, so it states its body itself.
+REQUEST_BODY: dict[str, Any] = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {"schema": {
+            "type": "object",
+            "required": [CONFIG],
+            "properties": {
+                CONFIG: _CONFIG_SCHEMA,
+                CONTEXT: {"type": "string", "format": "binary",
+                          "description": "the context directory, a tar.gz (gzip) archive of "
+                                         f"at most {MAX_UPLOAD_BYTES // _MiB} MiB"},
+                SECRETS: _SECRETS_SCHEMA,
+            },
+        }},
+        "application/x-www-form-urlencoded": {"schema": {
+            "type": "object", "required": [CONFIG],
+            "properties": {CONFIG: _CONFIG_SCHEMA, SECRETS: _SECRETS_SCHEMA},
+        }},
+    },
+}
+
+
+@dataclass(frozen=True)
+class UploadForm:
+    config: str
+    archive: Path | None  # the uploaded context, if the form has one
+    secrets: dict[str, str] | None = None  # the `submit` secrets' values, if sent
+
+
+async def read_upload_form(request: Request, folder: Path) -> UploadForm:
+    """The form of `request`; its context, if any, is written to `folder/context.tar.gz`.
+
+    Raises:
+        InvalidRequest: not a form, malformed, cut off, or with a field twice.
+        PayloadTooLarge: the body, the context or the config passes its limit.
+        RequestValidationError: the form has no `config` (a 422, as for any missing field).
+    """
+    content_type = request.headers.get("content-type")
+    kind, options = parse_options_header(content_type)
+    if kind == b"multipart/form-data":
+        return await _read_multipart(request, options.get(b"boundary"), folder)
+    if kind in (b"", b"application/x-www-form-urlencoded"):
+        return await _read_urlencoded(request)
+    raise InvalidRequest(f"the request's Content-Type is {content_type!r}, not a form; {_HOW}")
+
+
+async def _read_multipart(request: Request, boundary: bytes | None, folder: Path
+                          ) -> UploadForm:
+    if not boundary:
+        raise InvalidRequest(f"the request's multipart/form-data Content-Type has no "
+                             f"boundary; {_HOW}")
+    form = _Form(folder / "context.tar.gz")
+    try:
+        parser = MultipartParser(boundary, form.callbacks())
+        async for chunk in _body(request, MAX_REQUEST_BYTES, holds=(
+                f"a context of at most {MAX_UPLOAD_BYTES // _MiB} MiB and a config of at most "
+                f"{MAX_CONFIG_BYTES // _MiB} MiB")):
+            parser.write(chunk)
+    except FormParserError as exc:
+        raise InvalidRequest(f"the request is not a readable multipart form ({exc}); {_HOW}"
+                             ) from exc
+    finally:
+        form.close()
+    return form.result()
+
+
+async def _read_urlencoded(request: Request) -> UploadForm:
+    chunks = [chunk async for chunk in _body(request, MAX_URLENCODED_BYTES, holds=(
+        f"a urlencoded form holds only the config, at most {MAX_CONFIG_BYTES // _MiB} MiB"))]
+    try:
+        fields = urllib.parse.parse_qs(b"".join(chunks).decode("ascii"), keep_blank_values=True,
+                                       errors="strict", max_num_fields=16)
+    except ValueError as exc:  # (UnicodeDecodeError too)
+        raise InvalidRequest(f"the request is not a readable urlencoded form ({exc}); {_HOW}"
+                             ) from exc
+    configs = fields.get(CONFIG, [])
+    if len(configs) > 1:
+        raise InvalidRequest(f"the form has the field `config` twice; {_HOW}")
+    if not configs:
+        raise _missing_config()
+    if len(configs[0].encode()) > MAX_CONFIG_BYTES:
+        raise _config_too_large()
+    secrets = fields.get(SECRETS, [])
+    if len(secrets) > 1:
+        raise InvalidRequest(f"the form has the field `secrets` twice; {_HOW}")
+    return UploadForm(configs[0], None, _secrets(secrets[0].encode()) if secrets else None)
+
+
+def _secrets(raw: bytes) -> dict[str, str]:
+    """The `secrets` field: a JSON object of names and text values."""
+    if len(raw) > MAX_SECRETS_BYTES:
+        raise PayloadTooLarge(f"the `secrets` field is larger than "
+                              f"{MAX_SECRETS_BYTES // _MiB} MiB")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:  # (UnicodeDecodeError too)
+        raise InvalidRequest(f"the `secrets` field is not JSON text ({exc}); send an object "
+                             'of NAME: value, e.g. {"WANDB_API_KEY": "..."}') from exc
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise InvalidRequest('the `secrets` field must be a JSON object of NAME: text value, '
+                             'e.g. {"WANDB_API_KEY": "..."}')
+    return data
+
+
+async def _body(request: Request, limit: int, holds: str) -> AsyncIterator[bytes]:
+    """The body as it arrives. One announced larger than `limit` is refused unread; one
+    without a Content-Length, or with a wrong one, when it passes `limit`."""
+    declared = request.headers.get("content-length")
+    if declared is not None and not declared.isdigit():
+        raise InvalidRequest(f"the request's Content-Length {declared!r} is not a number")
+    if declared is not None and int(declared) > limit:
+        raise _too_large(limit, holds)
+    received = 0
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit:
+                raise _too_large(limit, holds)
+            yield chunk
+    except ClientDisconnect as exc:
+        raise InvalidRequest("the client went away before the form was sent whole") from exc
+
+
+def _too_large(limit: int, holds: str) -> PayloadTooLarge:
+    size = f"{limit // _MiB} MiB" if limit >= _MiB else f"{limit} bytes"
+    return PayloadTooLarge(f"the request is larger than {size} ({holds}); {_KEEP_OUT}")
+
+
+def _config_too_large() -> PayloadTooLarge:
+    return PayloadTooLarge(f"the `config` field is larger than {MAX_CONFIG_BYTES // _MiB} MiB; "
+                           "a config is YAML text: keep data out of it")
+
+
+def _missing_config() -> RequestValidationError:
+    return RequestValidationError([{"type": "missing", "loc": ("body", CONFIG),
+                                    "msg": f"Field required: {_HOW}", "input": None}])
+
+
+class _Form:
+    """The parser's callbacks: where each part's bytes go, within each part's limit."""
+
+    def __init__(self, archive: Path) -> None:
+        self.archive = archive
+        self.config: bytearray | None = None
+        self.secrets: bytearray | None = None
+        self.context: BinaryIO | None = None
+        self.context_bytes = 0
+        self.part: str | None = None  # the field being read, if it is one we keep
+        self.header_name, self.header_value = bytearray(), bytearray()
+        self.disposition = b""
+        self.complete = False  # the closing boundary has been read
+
+    def callbacks(self) -> MultipartCallbacks:
+        return {"on_part_begin": self._part_begin, "on_header_field": self._header_field,
+                "on_header_value": self._header_value, "on_header_end": self._header_end,
+                "on_headers_finished": self._headers_finished, "on_part_data": self._data,
+                "on_end": self._end}
+
+    def result(self) -> UploadForm:
+        if not self.complete:
+            raise InvalidRequest(f"the form ends before its closing boundary; {_HOW}")
+        if self.config is None:
+            raise _missing_config()
+        try:
+            config = self.config.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(f"the `config` field is not UTF-8 text ({exc})") from exc
+        return UploadForm(config, self.archive if self.context is not None else None,
+                          None if self.secrets is None else _secrets(bytes(self.secrets)))
+
+    def close(self) -> None:
+        if self.context is not None:
+            self.context.close()
+
+    def _part_begin(self) -> None:
+        self.part, self.disposition = None, b""
+
+    def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self.header_name += data[start:end]
+
+    def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self.header_value += data[start:end]
+
+    def _header_end(self) -> None:
+        if self.header_name.lower() == b"content-disposition":
+            self.disposition = bytes(self.header_value)
+        self.header_name, self.header_value = bytearray(), bytearray()
+
+    def _headers_finished(self) -> None:
+        name = parse_options_header(self.disposition)[1].get(b"name", b"")
+        self.part = {CONFIG.encode(): CONFIG, CONTEXT.encode(): CONTEXT,
+                     SECRETS.encode(): SECRETS}.get(name)
+        if self.part == SECRETS:
+            if self.secrets is not None:
+                raise InvalidRequest(f"the form has the field `secrets` twice; {_HOW}")
+            self.secrets = bytearray()
+        elif self.part == CONFIG:
+            if self.config is not None:
+                raise InvalidRequest(f"the form has the field `config` twice; {_HOW}")
+            self.config = bytearray()
+        elif self.part == CONTEXT:
+            if self.context is not None:
+                raise InvalidRequest(f"the form has the field `context` twice; {_HOW}")
+            self.context = self.archive.open("xb")
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        if self.part == CONFIG and self.config is not None:
+            self.config += data[start:end]
+            if len(self.config) > MAX_CONFIG_BYTES:
+                raise _config_too_large()
+        elif self.part == SECRETS and self.secrets is not None:
+            self.secrets += data[start:end]
+            if len(self.secrets) > MAX_SECRETS_BYTES:
+                raise PayloadTooLarge(f"the `secrets` field is larger than "
+                                      f"{MAX_SECRETS_BYTES // _MiB} MiB")
+        elif self.part == CONTEXT and self.context is not None:
+            self.context_bytes += end - start
+            if self.context_bytes > MAX_UPLOAD_BYTES:
+                raise PayloadTooLarge(f"the context upload is larger than "
+                                      f"{MAX_UPLOAD_BYTES // _MiB} MiB; {_KEEP_OUT}")
+            self.context.write(data[start:end])
+
+    def _end(self) -> None:
+        self.complete = True
