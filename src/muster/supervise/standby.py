@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 class Standby:
     ctx: SupervisorContext
     launching: Launching
+    # A standby started during this pass is not in the pass's `live` list, and its trial
+    # may settle in the same pass (a quick attempt checks in and ends between two passes).
+    _started: bool = False
 
     def ensure(self, live: LiveAttempt, trial_running: bool) -> None:
         """Start the next attempt's replicas while `live` runs, unless the trial has a
@@ -60,6 +63,7 @@ class Standby:
                                        standby=True)
             standby_id, specs = standby.id, self.launching.specs(plan)
             hparams = dict(trial.hparams)
+        self._started = True
         try:
             prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), hparams)
             for spec in specs:
@@ -100,7 +104,8 @@ class Standby:
     def drop_unneeded(self, live: list[LiveAttempt]) -> None:
         """Stop the standbys of trials that have settled or are being stopped (read again
         only when a standby waits: this pass may have settled its trial)."""
-        if not any(attempt.standby for attempt in live):
+        started, self._started = self._started, False
+        if not started and not any(attempt.standby for attempt in live):
             return
         with self.ctx.store.session_scope() as s:
             unneeded = [a.id for a in s.scalars(select(Attempt).where(
