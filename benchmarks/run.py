@@ -27,7 +27,10 @@ import tail
 import throughput
 from report import Outcome, describe_machine, render_markdown, write_json
 
-import search  # this folder's search.py; ruff sorts it apart, as tests/search/ exists
+# This folder's environments.py and search.py: ruff sorts them apart, as tests/environments/
+# and tests/search/ exist.
+import environments
+import search
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 
@@ -43,6 +46,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "recovery": recovery.run,
     "queue": queue_throughput.run,
     "search": search.run,
+    "environments": environments.run,
 }
 
 

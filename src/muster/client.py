@@ -111,6 +111,21 @@ class Client:
     def cluster_status(self) -> dict[str, Any]:
         return self._json("GET", "/cluster")  # type: ignore[no-any-return]
 
+    def list_environments(self) -> list[dict[str, Any]]:
+        """`{hash, python, inherit, packages, setup, state, size_bytes, built_at, last_used,
+        message, trials}` of every environment."""
+        return self._json("GET", "/environments")  # type: ignore[no-any-return]
+
+    def environment_log(self, prefix: str, offset: int = 0) -> tuple[str, bytes]:
+        """(the full hash, up to 1 MiB of its build log from `offset`)."""
+        response = self._request("GET", f"/environments/{prefix}/log",
+                                 params={"offset": offset})
+        return response.headers.get("X-Environment", prefix), response.content
+
+    def prune_environments(self, older_than: str = "7d") -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            "POST", "/environments/prune", json={"older_than": older_than})
+
     def list_jobs(self) -> list[dict[str, Any]]:
         """Trials that run or wait: those holding resources, then the queue in its order,
         then paused ones; `{trial_id, experiment_id, experiment_name, state, priority,

@@ -28,6 +28,7 @@ class Home:
     $MUSTER_HOME/server.json                     pid, start time and URL of a running server
     $MUSTER_HOME/experiments/<uuid>/context/     snapshot of the submitted context directory
     $MUSTER_HOME/runs/<trial-uuid>/              a trial's run directory (`muster.rundir`)
+    $MUSTER_HOME/envs/                           built Python environments (`muster.environments`)
     ```
     """
 
@@ -81,6 +82,11 @@ class Home:
     def fake_gpus_dir(self) -> Path:
         """Where a fake GPU inventory keeps each GPU's used memory (`<index>/used_bytes`)."""
         return self.root / "fake-gpus"
+
+    @property
+    def envs_dir(self) -> Path:
+        """Built Python environments (`muster.environments`)."""
+        return self.root / "envs"
 
     @property
     def runs_dir(self) -> Path:

@@ -4,6 +4,7 @@
 $MUSTER_HOME/runs/<trial-uuid>/                RunDir (MUSTER_RUN_DIR; ./muster-run off-platform)
   checkpoints/step-<step>-<hex>/               the trial's checkpoints (muster.checkpoint_files)
   workdir/                                     its own copy of the context: every attempt's cwd
+  env/                                         its own environment layer: every attempt's python
   attempt-<n>/                                 AttemptDir, one per launch of the replica set
     hparams.json                               the trial's hyperparameters (MUSTER_HPARAMS)
     restarts/<file>.<incarnation>              an ended incarnation's files (restart in place)
@@ -32,6 +33,7 @@ __all__ = [
 LOCAL_RUN_DIR = "muster-run"  # the run directory of a run off the platform, in its cwd
 CHECKPOINTS = "checkpoints"
 WORKDIR = "workdir"
+ENV = "env"
 _ATTEMPT = re.compile(r"attempt-([0-9]+)")
 _RANK = re.compile(r"rank-([0-9]+)\.(.+)")
 
@@ -75,6 +77,12 @@ class RunDir:
     def workdir(self) -> Path:
         """The trial's own copy of its experiment's context: every attempt's cwd."""
         return self.path / WORKDIR
+
+    @property
+    def env(self) -> Path:
+        """The trial's own environment layer (`muster.environments`): every attempt's
+        `python`; what a script installs goes there."""
+        return self.path / ENV
 
     def attempt(self, number: int) -> AttemptDir:
         return AttemptDir(self.path / f"attempt-{number}")

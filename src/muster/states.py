@@ -128,6 +128,7 @@ class EventReason(str, Enum):
     INTERNAL_ERROR = "internal error"  # muster failed on this experiment; the others go on
     SEARCH_STOPPED = "search stopped"  # its first trials all failed alike: no more draws
     METRIC_MISSING = "metric missing"  # no ended trial reported the searcher's metric
+    ENVIRONMENT = "environment"  # its environment's build failed, and is tried again
 
 
 class StopIntent(str, Enum):

@@ -98,7 +98,9 @@ def test_json_round_trip() -> None:
     data = config.to_json_dict()
     assert data["entrypoint"] == ["python", "train.py"]
     assert data["failure_policy"]["stop_grace"] == 60.0
-    assert data["environment"] == {"variables": {"A": "1"}, "secrets": {}}
+    assert data["environment"] == {"variables": {"A": "1"}, "secrets": {}, "python": None,
+                                   "pip": [], "requirements": None, "inherit": None,
+                                   "setup": []}
     assert ExperimentConfig.from_json_dict(data) == config
 
 

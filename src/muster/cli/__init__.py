@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from muster.cli import checkpoint, cluster, experiment, job, server, trial
+from muster.cli import checkpoint, cluster, env, experiment, job, server, trial
 from muster.errors import MusterError
 
 app = typer.Typer(
@@ -25,6 +25,7 @@ app.add_typer(trial.app, name="t", hidden=True)
 app.add_typer(checkpoint.app, name="checkpoint")
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(job.app, name="job")
+app.add_typer(env.app, name="env")
 
 
 def main() -> None:

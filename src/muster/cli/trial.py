@@ -72,7 +72,37 @@ def describe(
     if trial.get("queue_reason"):
         waiting = "queued" if trial["state"] == "QUEUED" else "waiting"
         render.console.print(f"{waiting}: {trial['queue_reason']}", markup=False)
+    _environment(trial, home, url)
     render.console.print(render.events_table(trial.get("events", [])))
+
+
+_BUILD_LOG_LINES = 15
+
+
+def _environment(trial: dict[str, Any], home: str | None, url: str | None) -> None:
+    """Which environment the trial runs in; while it is built, or when its build failed
+    the trial, the end of the build's log."""
+    env = trial.get("environment") or {}
+    key = env.get("hash")
+    python = env.get("python") or "the server's own"
+    if key is None:
+        render.console.print(f"environment: {python} interpreter, under the trial's own "
+                             "layer", markup=False)
+        return
+    frozen = env.get("freeze")
+    render.console.print(f"environment: {key}" + (f" ({len(frozen)} packages frozen)"
+                                                   if frozen else ""), markup=False)
+    building = trial["state"] == "QUEUED" and "building environment" in (
+        trial.get("queue_reason") or "")
+    if not building and key not in (trial.get("message") or ""):
+        return
+    with client(home, url) as c:
+        _key, data = c.environment_log(key)
+    lines = data.decode("utf-8", errors="replace").splitlines()[-_BUILD_LOG_LINES:]
+    render.console.print(f"its build log, last {len(lines)} lines (`muster env logs {key}`):",
+                         markup=False)
+    for line in lines:
+        render.console.print(f"  {line}", markup=False)
 
 
 @app.command()

@@ -8,6 +8,7 @@ documentation URLs never reach the user: they name pydantic's concepts, not the 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, get_args
 
@@ -102,13 +103,19 @@ def describe_error(error: ErrorDetails, root: type[BaseModel]) -> str:
     loc = tuple(error["loc"])
     nested = getattr(error.get("ctx", {}).get("error"), "problems", None)
     if error["type"] == "value_error" and isinstance(nested, list):
-        return "\n".join(f"{key_path(loc + tuple(str(path).split('.')))}: {problem}"
+        return "\n".join(f"{key_path(loc + _parts(str(path)))}: {problem}"
                          for path, problem in nested)
     if error["type"] == "extra_forbidden":
         problem = _unknown_key(str(loc[-1]), _section_at(root, loc[:-1]), error["input"])
     else:
         problem = _problem(error)
     return f"{key_path(loc)}: {problem}"
+
+
+def _parts(path: str) -> tuple[int | str, ...]:
+    """A relative key path's parts; `[3]` is list index 3."""
+    return tuple(int(part[1:-1]) if re.fullmatch(r"\[[0-9]+\]", part) else part
+                 for part in path.split("."))
 
 
 def _problem(error: ErrorDetails) -> str:

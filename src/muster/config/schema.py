@@ -54,15 +54,19 @@ class _Section(BaseModel):
     FOREIGN_KEYS: ClassVar[dict[str, str]] = {}  # a Determined key -> what to write instead
 
 
-_NO_CONTAINERS = ("muster runs the script on the server's own Python, not in a container; "
-                  "install what it needs there (per-experiment environments are planned as "
-                  "environment.python)")
+_NO_CONTAINERS = ("muster runs the script in a Python environment, not in a container; name "
+                  "what it needs in environment.pip or environment.requirements (muster "
+                  "builds a venv for it), or run an existing one with environment.python")
+MAX_REQUIREMENTS = 1000  # environment.pip entries
+MAX_SETUP_COMMANDS = 100
+MAX_SETUP_WORDS = 1000
+_REQUIREMENT_CHARS = 1000
 
 
 class EnvironmentConfig(_Section):
-    """Extra environment variables for every replica, on top of muster's own."""
+    """What every replica runs in: its Python environment (`muster.environments`) and extra
+    environment variables on top of muster's own."""
 
-    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset({"python"})
     FOREIGN_KEYS: ClassVar[dict[str, str]] = {
         "image": _NO_CONTAINERS,
         "force_pull_image": _NO_CONTAINERS,
@@ -77,6 +81,14 @@ class EnvironmentConfig(_Section):
     }
 
     variables: dict[str, str] = Field(default_factory=dict)
+    # The interpreter (or a venv's) the trial runs on, or that a built venv is based on;
+    # None: the one muster runs on.
+    python: str | None = None
+    pip: list[str] = Field(default_factory=list, max_length=MAX_REQUIREMENTS)
+    requirements: str | None = None  # a requirements file inside the context
+    # The built venv sees the base interpreter's packages; None: true (false only by choice).
+    inherit: bool | None = None
+    setup: list[list[str]] = Field(default_factory=list, max_length=MAX_SETUP_COMMANDS)
     # Names whose values never appear in the config or the API: `muster.job_secrets`.
     secrets: dict[str, str] = Field(default_factory=dict, max_length=MAX_SECRETS)
 
@@ -106,6 +118,80 @@ class EnvironmentConfig(_Section):
         if problems:
             raise KeyedProblems(problems)
         return value
+
+    @field_validator("python")
+    @classmethod
+    def _absolute_python(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if "\x00" in value or not value.strip():
+            raise ValueError("is not a path")
+        if not (value.startswith("/") or value.startswith("~")):
+            raise ValueError(f"{value!r} is not an absolute path; name the interpreter by its "
+                             "full path, e.g. /opt/venvs/train/bin/python")
+        return value
+
+    @field_validator("pip")
+    @classmethod
+    def _requirement_lines(cls, value: list[str]) -> list[str]:
+        problems = []
+        for i, line in enumerate(value):
+            if not line.strip() or any(c in line for c in "\r\n\x00"):
+                problems.append((f"[{i}]", "is not one requirement (an empty string, or one "
+                                           "with a line break)"))
+            elif len(line) > _REQUIREMENT_CHARS:
+                problems.append((f"[{i}]", f"is longer than {_REQUIREMENT_CHARS} characters"))
+            elif line.lstrip().startswith("-"):
+                problems.append((f"[{i}]", f"{line!r} is an option, not a requirement; put "
+                                           "index options (--index-url, --find-links) in a "
+                                           "requirements file (environment.requirements)"))
+        if problems:
+            raise KeyedProblems(problems)
+        return value
+
+    @field_validator("requirements")
+    @classmethod
+    def _relative_file(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        path = PurePosixPath(value)
+        if not value.strip() or "\x00" in value or path.is_absolute() or ".." in path.parts:
+            raise ValueError(f"{value!r} is not a path inside the context directory; name the "
+                             "file relative to it, e.g. requirements.txt")
+        return value
+
+    @field_validator("setup")
+    @classmethod
+    def _argv_lists(cls, value: list[list[str]]) -> list[list[str]]:
+        problems = []
+        for i, argv in enumerate(value):
+            if not argv or not argv[0].strip():
+                problems.append((f"[{i}]", "is an empty command; give a program and its "
+                                           "arguments, e.g. [python, -m, pip, install, x]"))
+            elif len(argv) > MAX_SETUP_WORDS:
+                problems.append((f"[{i}]", f"has more than {MAX_SETUP_WORDS} words"))
+            elif any("\x00" in word for word in argv):
+                problems.append((f"[{i}]", "holds a NUL character"))
+        if problems:
+            raise KeyedProblems(problems)
+        return value
+
+    @field_validator("setup", mode="before")
+    @classmethod
+    def _one_word_commands(cls, value: object) -> object:
+        """A setup command is an argv list; a string is refused (no shell parses it)."""
+        if isinstance(value, list):
+            for i, argv in enumerate(value):
+                if isinstance(argv, str):
+                    raise KeyedProblems([(f"[{i}]", f"{argv!r} is a string, but setup commands "
+                                                    "run without a shell; write it as a list "
+                                                    f"of words, e.g. {argv.split()!r}")])
+        return value
+
+    def builds(self) -> bool:
+        """Whether muster builds a venv for this environment (else the trial runs on the
+        base interpreter, under a layer of its own)."""
+        return bool(self.pip or self.requirements or self.setup or self.inherit is False)
 
     @field_validator("variables", mode="before")
     @classmethod

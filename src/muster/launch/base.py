@@ -56,6 +56,10 @@ class ReplicaSpec:
     # The process (pid, start ticks) the shim sends SIGUSR1 once the exit record is written,
     # so that it notices the end at once; None: nobody, it polls.
     notify: tuple[int, int] | None = None
+    # The directories put first on PATH: the trial's environment's `bin` (its own layer,
+    # then the ones below); None: the interpreter muster runs on (specs written before
+    # environments existed).
+    path: tuple[str, ...] | None = None
 
     @property
     def log_path(self) -> Path:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +39,9 @@ class ReplicaContext:
     max_length: int | None = None  # the searcher's max_length: MUSTER_MAX_LENGTH
     seed: int | None = None  # the trial's seed: MUSTER_SEED
 
+
+# What would point the trial's `python` at another environment than its own.
+_OTHER_ENVIRONMENTS = frozenset({"PYTHONHOME", "CONDA_PREFIX", "CONDA_DEFAULT_ENV"})
 
 # Set by `muster up`: the umask its user had, which jobs get back (the server runs with 077).
 JOB_UMASK_VARIABLE = "MUSTER_JOB_UMASK"
@@ -79,12 +82,21 @@ def build_env(user_vars: Mapping[str, str], ctx: ReplicaContext) -> dict[str, st
     return env
 
 
-def job_environment(inherited: Mapping[str, str], job: Mapping[str, str]) -> dict[str, str]:
+def job_environment(inherited: Mapping[str, str], job: Mapping[str, str],
+                    path: Sequence[str] | None = None) -> dict[str, str]:
     """What the training process starts with: `inherited` without the server's `MUSTER_*`
-    settings, then the job's own variables (`build_env`), and `python` first on PATH."""
-    env = {name: value for name, value in inherited.items() if not name.startswith("MUSTER_")}
+    settings and Python settings that would point it at another environment, then the
+    job's own variables (`build_env`), and `path` (its environment's `bin` directories)
+    first on PATH: `python` and `pip` are its environment's, never muster's own venv."""
+    env = {name: value for name, value in inherited.items()
+           if not name.startswith("MUSTER_") and name not in _OTHER_ENVIRONMENTS}
     env.update(job)
-    env["PATH"] = _path_with_interpreter_first(env.get("PATH", ""))
+    first = [str(Path(sys.executable).parent)] if path is None else list(path)
+    # muster's own interpreter directory is dropped from the rest: a trial whose
+    # environment does not inherit it must not find muster's venv's programs either.
+    dropped = {*first, str(Path(sys.executable).parent)}
+    rest = [p for p in env.get("PATH", "").split(os.pathsep) if p and p not in dropped]
+    env["PATH"] = os.pathsep.join([*first, *rest])
     return env
 
 
@@ -95,13 +107,6 @@ def job_umask(inherited: Mapping[str, str]) -> int | None:
         return None if text is None else int(text, 8) & 0o777
     except ValueError:
         return None
-
-
-def _path_with_interpreter_first(path: str) -> str:
-    """`python` in an entrypoint means the interpreter muster runs on (and can import muster)."""
-    interpreter_dir = str(Path(sys.executable).parent)
-    rest = [p for p in path.split(os.pathsep) if p and p != interpreter_dir]
-    return os.pathsep.join([interpreter_dir, *rest])
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -22,6 +22,7 @@ def spec_to_json(spec: ReplicaSpec) -> dict[str, Any]:
     data["cwd"] = str(spec.cwd)
     data["attempt_dir"] = str(spec.attempt_dir)
     data["notify"] = list(spec.notify) if spec.notify else None
+    data["path"] = list(spec.path) if spec.path is not None else None
     return data
 
 
@@ -40,6 +41,7 @@ def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
         memory_limit=None if data.get("memory_limit") is None else int(data["memory_limit"]),
         memory_enforcement=_enforcement(data.get("memory_enforcement", "auto")),
         notify=_notify_target(data.get("notify")),
+        path=None if data.get("path") is None else tuple(str(p) for p in data["path"]),
     )
 
 

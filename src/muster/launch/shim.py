@@ -371,7 +371,7 @@ class Shim:
         proc = subprocess.Popen(
             self.spec.argv,
             cwd=self.spec.cwd,
-            env=job_environment(os.environ, self.spec.env),
+            env=job_environment(os.environ, self.spec.env, self.spec.path),
             stdin=subprocess.DEVNULL,
             stdout=write_fd,
             stderr=write_fd,

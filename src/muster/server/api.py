@@ -98,6 +98,15 @@ class EarlyStop(_Shape):
     value: Number
 
 
+class TrialEnvironmentView(_Shape):
+    """What a trial runs in: the hash of its built environment (None: the base interpreter
+    under the trial's own layer) and what that held when the trial first launched."""
+
+    hash: str | None
+    python: str | None  # environment.python, None: the interpreter muster runs on
+    freeze: list[str] | None
+
+
 class TrialDetail(_Shape):
     id: int
     uuid: str
@@ -120,6 +129,7 @@ class TrialDetail(_Shape):
     early_stop: EarlyStop | None
     # The best finite value of the searcher's metric over rank 0's validation reports.
     best_validation: dict[str, float]
+    environment: TrialEnvironmentView
 
 
 class TrialDescription(TrialDetail):
@@ -257,6 +267,39 @@ class ClusterStatus(_Shape):
     min_free_disk_bytes: int
     disk_ok: bool
     disk_message: str
+    environments: EnvironmentsDisk
+
+
+class EnvironmentView(_Shape):
+    """One environment: `GET /environments`, `muster env list --json`."""
+
+    hash: str
+    python: str
+    inherit: bool
+    packages: list[str]
+    setup: list[list[str]]
+    state: str  # READY, BUILDING, FAILED, MISSING (requested, not built yet)
+    size_bytes: int | None
+    built_at: float | None
+    last_used: float | None
+    message: str | None  # why its build failed
+    trials: list[int]  # the trials that need it or ran in it
+
+
+class PruneRequest(BaseModel):
+    older_than: Annotated[str, Field(max_length=32, pattern=r"^[0-9a-z. ]+$",
+                                     description="a duration: 7d, 12h, 30m, 0s")] = "7d"
+
+
+class PruneResultView(_Shape):
+    removed: list[str]
+    kept_in_use: list[str]
+    freed_bytes: int
+
+
+class EnvironmentsDisk(_Shape):
+    count: int
+    bytes: int
 
 
 class PriorityRequest(BaseModel):

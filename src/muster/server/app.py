@@ -73,6 +73,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            supervisor.envs.stop_all()  # a build half done is redone by the next server
             store.dispose()
             gpus.close()
 

@@ -22,13 +22,14 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from muster import __version__
+from muster.config.units import parse_duration
 from muster.errors import InvalidRequest
 from muster.launch.logs import MAX_OFFSET
 from muster.server import api, prometheus, upload_form
 from muster.server.auth import check_bearer, presented_token
 from muster.server.follows import MAX_FOLLOWS_PER_TOKEN, FollowStream
 from muster.server.state import ServerState
-from muster.services import cluster, experiments, jobs, logs, metrics, search
+from muster.services import cluster, environments, experiments, jobs, logs, metrics, search
 from muster.store import MAX_BIGINT, MAX_INTEGER, MIN_BIGINT
 
 PREFIX = "/api/v1"
@@ -135,6 +136,45 @@ _UNPACKING = ThreadPoolExecutor(max_workers=2, thread_name_prefix="muster-unpack
 def get_cluster(state: State) -> dict[str, Any]:
     """Slots, queue and disk of this installation (`muster cluster status`)."""
     return cluster.cluster_status(state.orchestrator.supervisor)
+
+
+@router.get("/environments", response_model=list[api.EnvironmentView])
+def list_environments(state: State) -> list[dict[str, Any]]:
+    """Every environment muster was asked to build: its state, packages, size, last use and
+    the trials that need it or ran in it (`muster env list`)."""
+    return environments.list_environments(state.store, state.orchestrator.supervisor.envs)
+
+
+_BUILD_LOG: dict[int | str, dict[str, Any]] = {200: {
+    "description": "the build's log, bytes from `offset` (at most 1 MiB)",
+    "content": {"text/plain": {"schema": {"type": "string"}}}}}
+
+
+@router.get("/environments/{prefix}/log", response_class=Response,
+            responses={**_BUILD_LOG, **_errors(404, 422)})
+def environment_log(state: State,
+                    prefix: Annotated[str, InPath(min_length=4, max_length=16,
+                                                  pattern="^[0-9a-fA-F]+$")],
+                    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> Response:
+    """The build log of the environment whose hash starts with `prefix` (`muster env logs`);
+    the `X-Environment` header names it in full."""
+    key, data = environments.environment_log(state.orchestrator.supervisor.envs, prefix,
+                                             offset)
+    return Response(data, media_type="text/plain; charset=utf-8",
+                    headers={"X-Environment": key})
+
+
+@router.post("/environments/prune", response_model=api.PruneResultView,
+             responses=_errors(400, 422))
+def prune_environments(state: State, body: api.PruneRequest) -> dict[str, Any]:
+    """Remove built environments unused for `older_than` (and the leftovers of failed or
+    killed builds); never one a trial that has not ended needs (`muster env prune`)."""
+    try:
+        older_than = parse_duration(body.older_than)
+    except ValueError as exc:
+        raise InvalidRequest(f"older_than: {exc}") from exc
+    return environments.prune_environments(state.store, state.orchestrator.supervisor.envs,
+                                           older_than)
 
 
 _PROMETHEUS_TEXT: dict[int | str, dict[str, Any]] = {200: {

@@ -162,7 +162,13 @@ def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
         "disk_ok": shortfall is None,
         "disk_message": shortfall or (f"{format_size(free)} free, at least "
                                       f"{format_size(supervisor.min_free_disk)} required"),
+        "environments": _environments_disk(supervisor),
     }
+
+
+def _environments_disk(supervisor: Supervisor) -> dict[str, int]:
+    built = [s for s in supervisor.envs.summaries() if s.state == "READY"]
+    return {"count": len(built), "bytes": sum(s.size_bytes or 0 for s in built)}
 
 
 def _gpu_view(gpu: GpuStatus) -> dict[str, Any]:

@@ -15,6 +15,9 @@ from sqlalchemy.orm import Session
 from muster import job_secrets
 from muster.config import ExperimentConfig, load_config
 from muster.config.problems import config_error
+from muster.environments.layout import EnvHome
+from muster.environments.registry import keep_request
+from muster.environments.request import RequestError, build_request
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.home import Home
 from muster.services import views
@@ -57,17 +60,31 @@ def create_experiment(store: Store, home: Home, config_text: str, archive: Path 
         else:
             context.mkdir(parents=True)
         check_submission(config, context, capacity, source)
+        environment = _keep_environment(home, config, context, source)
         if secrets:
             job_secrets.save_submitted(home, exp_uuid, secrets)
-        return _insert_experiment(store, exp_uuid, config_text, config, context)
+        return _insert_experiment(store, exp_uuid, config_text, config, context, environment)
     except BaseException:
         shutil.rmtree(context.parent, ignore_errors=True)
         job_secrets.delete_submitted(home, exp_uuid)
         raise
 
 
+def _keep_environment(home: Home, config: ExperimentConfig, context: Path,
+                      source: str) -> str | None:
+    """The hash of the environment the experiment's trials need built (its request kept
+    for the build), or None; the base interpreter and the requirements file are checked
+    now, with their key paths."""
+    try:
+        request = build_request(config, context)
+    except RequestError as exc:
+        raise config_error(source, [str(exc)]) from exc
+    return None if request is None else keep_request(EnvHome(home.envs_dir), request)
+
+
 def _insert_experiment(
-    store: Store, exp_uuid: str, text: str, config: ExperimentConfig, context: Path
+    store: Store, exp_uuid: str, text: str, config: ExperimentConfig, context: Path,
+    environment: str | None = None,
 ) -> int:
     """The experiment, and its trial unless a searcher draws its trials (the orchestrator
     does, from its next pass on)."""
@@ -77,6 +94,7 @@ def _insert_experiment(
             labels=list(config.labels), config=config.to_json_dict(), config_yaml=text,
             context_dir=str(context), state=ExperimentState.ACTIVE.value,
             priority=config.resources.priority, max_trials=config.trial_count(),
+            environment_key=environment,
         )
         s.add(exp)
         s.flush()

@@ -113,6 +113,12 @@ def trial_detail(trial: Trial) -> dict[str, Any]:
         "priority": trial.priority,
         "number": trial.number,  # its place in the search, from 0
         "early_stop": _early_stop(trial),
+        "environment": {
+            "hash": trial.environment_key or trial.experiment.environment_key,
+            "python": (trial.experiment.config.get("environment") or {}).get("python"),
+            "freeze": None if trial.environment_freeze is None
+            else trial.environment_freeze.splitlines(),
+        },
     }
 
 

@@ -138,6 +138,9 @@ class Experiment(Base):
     priority: Mapped[int] = mapped_column(Integer, default=42, server_default="42")
     # How many trials it runs in all: 1, a grid's size, or the searcher's max_trials.
     max_trials: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # The hash of the environment muster builds for its trials (`muster.environments`);
+    # None: they run on the base interpreter, each under its own layer.
+    environment_key: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
     trials: Mapped[list[Trial]] = relationship(
         back_populates="experiment", order_by="Trial.id", cascade="all, delete-orphan"
@@ -184,6 +187,10 @@ class Trial(Base):
     # The searcher's notes on the trial (Optuna's system attributes: the rungs it reached,
     # its grid point; the last validation step judged; where it was stopped early).
     search_state: Mapped[dict[str, Any] | None] = mapped_column(NonFiniteJSON, nullable=True)
+    # The environment it first launched in, and what that held (`pip freeze`): part of
+    # its record, whatever becomes of the build.
+    environment_key: Mapped[str | None] = mapped_column(String(16), nullable=True, index=True)
+    environment_freeze: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     experiment: Mapped[Experiment] = relationship(back_populates="trials")
     attempts: Mapped[list[Attempt]] = relationship(

@@ -21,6 +21,7 @@ from muster.store import Trial, record_event
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import pause, record_decision
+from muster.supervise.environments import EnvironmentGate, Sorted
 from muster.supervise.isolation import Isolation
 from muster.supervise.launching import GpuPlan
 from muster.supervise.outcome import Move, Next
@@ -40,6 +41,7 @@ class _Queue:
     shown: dict[int, str | None]  # trial id -> the queue reason it shows now
     holdings: list[Holding]
     capacity: Capacity
+    environments: Sorted  # the queued trials by where their environments stand
 
 
 @dataclass
@@ -48,6 +50,10 @@ class Admission:
     start: Start
     isolation: Isolation
     _disk_warning: str | None = field(default=None, init=False)
+    _gate: EnvironmentGate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._gate = EnvironmentGate(self.ctx)
 
     def admit(self, slots: int, preemption: bool) -> None:
         """Start the next attempts of RESTARTING trials (they keep what they hold), then the
@@ -57,18 +63,21 @@ class Admission:
         queue = self._read(slots, broken)
         for trial_id, exc in broken:
             self.isolation.trial_failed(trial_id, "reading what it needs to start", exc)
+        self._gate.fail(queue.environments.failed)
         for trial_id in queue.restarting:
             if self._may_restart(trial_id):
                 self.start(trial_id, ())
-        if not queue.demands:
-            return
-        decided = plan(queue.demands, queue.holdings, queue.capacity, preemption)
-        for admit in decided.admit:
-            self.start(admit.trial_id, admit.gpus)
+        waiting = dict(queue.environments.waiting)
+        decided = None
+        if queue.demands:
+            decided = plan(queue.demands, queue.holdings, queue.capacity, preemption)
+            for admit in decided.admit:
+                self.start(admit.trial_id, admit.gpus)
+            waiting.update(decided.waiting)
         # One statement for every reason that changed (positions shift whenever the head
         # starts), and only for trials still QUEUED.
         changed = [{"waiting_id": trial_id, "waiting_reason": reason}
-                   for trial_id, reason in decided.waiting.items()
+                   for trial_id, reason in waiting.items()
                    if queue.shown[trial_id] != reason]
         if changed:
             with self.ctx.store.session_scope() as s:
@@ -77,7 +86,7 @@ class Admission:
                     update(trials).where(trials.c.id == bindparam("waiting_id"),
                                          trials.c.state == TrialState.QUEUED.value)
                     .values(queue_reason=bindparam("waiting_reason")), changed)
-        for victim, beneficiary in decided.preempt.items():
+        for victim, beneficiary in (decided.preempt.items() if decided else ()):
             self._preempt(victim, beneficiary)
 
     def slots_in_use(self) -> int:
@@ -104,7 +113,8 @@ class Admission:
                 select(Trial).options(selectinload(Trial.experiment))
                 .where(Trial.state.in_([TrialState.QUEUED.value, TrialState.RESTARTING.value]))
                 .order_by(Trial.priority, Trial.id)))
-            queued = [t for t in trials if t.state == TrialState.QUEUED]
+            environments = self._gate.sort([t for t in trials if t.state == TrialState.QUEUED])
+            queued = environments.ready
             demands = _each(queued, _demand, broken)
             held = self.ctx.pool.held(s) if demands else {}
             holdings = (_each(list(_holders(s)), lambda t: _holding(t, held.get(t.id, ())),
@@ -113,9 +123,11 @@ class Admission:
             return _Queue(
                 restarting=[t.id for t in trials if t.state == TrialState.RESTARTING],
                 demands=demands,
-                shown={t.id: t.queue_reason for t in queued if t.id in wanted},
+                shown={t.id: t.queue_reason for t in trials
+                       if t.id in wanted or t.id in environments.waiting},
                 holdings=holdings,
-                capacity=Capacity(slots, self.ctx.pool.slots(s) if demands else ()))
+                capacity=Capacity(slots, self.ctx.pool.slots(s) if demands else ()),
+                environments=environments)
 
     def _may_restart(self, trial_id: int) -> bool:
         """False when the trial's next attempt must not start now: it is being paused or

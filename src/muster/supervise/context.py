@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from muster.config import ExperimentConfig
+from muster.environments.registry import Environments
 from muster.home import Home
 from muster.launch.base import Launcher
 from muster.rundir import AttemptDir
@@ -34,7 +35,8 @@ ACTOR = "supervisor"
 
 @dataclass(frozen=True)
 class SupervisorContext:
-    """The store, the launcher, the home and the GPUs every part of the supervisor uses."""
+    """The store, the launcher, the home, the GPUs and the environments every part of the
+    supervisor uses."""
 
     store: Store
     launcher: Launcher
@@ -42,6 +44,7 @@ class SupervisorContext:
     host: str
     pool: GpuPool
     inventory: GpuInventory
+    envs: Environments
 
 
 @dataclass(frozen=True)

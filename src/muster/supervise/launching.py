@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from muster import checkpoint_files, job_secrets
 from muster.atomic import atomic_write_json
 from muster.config import ExperimentConfig
+from muster.environments.registry import TrialEnvironment
 from muster.errors import ConfigError, GpuError, LaunchError
 from muster.harness.standby import GO_VARIABLE
 from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec, ReplicaStatus
@@ -72,6 +73,9 @@ class AttemptPlan:
     incarnation: int = 0
     standby: bool = False  # a warm standby: it waits in init() for its go file
     secrets: Mapping[str, str] = field(default_factory=dict)  # environment.secrets' values
+    # What its replicas run in (their PATH's first directories); None: the interpreter
+    # muster runs on, as before environments (plans made by hand in tests).
+    environment: TrialEnvironment | None = None
 
 
 def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
@@ -93,6 +97,8 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             max_length=config.searcher.max_length, seed=plan.seed,
         )
         env = build_env({**config.environment.variables, **plan.secrets}, ctx)
+        if plan.environment is not None:
+            env["VIRTUAL_ENV"] = str(plan.environment.layer)
         if plan.standby:
             env[GO_VARIABLE] = str(plan.dir.rank(rank).standby_go)
         specs.append(ReplicaSpec(
@@ -100,6 +106,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             argv=list(config.entrypoint), env=env, cwd=plan.workdir,
             attempt_dir=plan.dir.path, stop_grace=config.failure_policy.stop_grace,
             memory_limit=config.resources.memory_limit,
+            path=plan.environment.path if plan.environment is not None else None,
         ))
     return specs
 
@@ -133,7 +140,9 @@ class Launching:
             latest_checkpoint=latest_checkpoint(run_dir), gpus=gpus if scheduled else None,
             seed=trial_seed(trial.experiment, config, trial.number),
             incarnation=incarnation, standby=standby,
-            secrets=job_secrets.resolve(config, self.ctx.home, trial.experiment.uuid))
+            secrets=job_secrets.resolve(config, self.ctx.home, trial.experiment.uuid),
+            environment=self.ctx.envs.for_trial(config, trial.experiment.environment_key,
+                                                run_dir.env))
 
     def specs(self, plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
         return replica_specs(plan, ranks)
@@ -178,16 +187,19 @@ class Launching:
         if one cannot be launched, the ones already launched are stopped."""
         try:
             recorded = self._record_attempt(trial_id, gpus)
-        except ConfigError as exc:  # a secret that cannot be read now (rolled back)
+        except (ConfigError, LaunchError) as exc:  # a secret that cannot be read now, an
+            # interpreter that is gone (rolled back)
             self._fail_before_launch(trial_id, f"cannot launch: {exc}")
             return
         if recorded is None:
             return
-        attempt_id, specs, hparams, context = recorded
+        attempt_id, specs, hparams, context, environment = recorded
         launched: list[tuple[int, ProcessIdentity]] = []
         try:
             prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), hparams)
             prepare_workdir(context.snapshot, specs[0].cwd, context.data)
+            if environment is not None:
+                self.ctx.envs.prepare(environment)
             for spec in specs:
                 launched.append((spec.rank, self.ctx.launcher.submit(spec)))
         except LaunchError as exc:
@@ -230,9 +242,11 @@ class Launching:
 
     def _record_attempt(
         self, trial_id: int, gpus: GpuPlan
-    ) -> tuple[int, list[ReplicaSpec], dict[str, Any], Context] | None:
+    ) -> tuple[int, list[ReplicaSpec], dict[str, Any], Context,
+               TrialEnvironment | None] | None:
         """Record the attempt and its replicas (and a queued trial's GPUs); returns its id,
-        its launch plans (by rank), the trial's hparams and where its context is."""
+        its launch plans (by rank), the trial's hparams, where its context is and what it
+        runs in. A trial's first attempt records its environment's hash and freeze."""
         with self.ctx.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
             if trial.state not in (TrialState.QUEUED, TrialState.RESTARTING):
@@ -255,16 +269,21 @@ class Launching:
                        + (f" ({world_size} replicas)" if world_size > 1 else ""))
             assert attempt.master_port is not None
             plan = self.plan(s, trial, attempt.number, attempt.master_port)
-            return attempt.id, self.specs(plan), dict(trial.hparams), context_of(trial)
+            if attempt.number == 1 and plan.environment is not None:
+                trial.environment_key = plan.environment.key
+                trial.environment_freeze = plan.environment.freeze()
+            return (attempt.id, self.specs(plan), dict(trial.hparams), context_of(trial),
+                    plan.environment)
 
-    def _fail_before_launch(self, trial_id: int, message: str) -> None:
+    def _fail_before_launch(self, trial_id: int, message: str,
+                            reason: Reason = Reason.PERMANENT_ERROR) -> None:
         with self.ctx.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
             if trial.state == TrialState.QUEUED:
                 transition(s, trial, TrialState.STARTING, reason=EventReason.LAUNCHING,
                            actor=ACTOR)
-            transition(s, trial, TrialState.FAILED, reason=Reason.PERMANENT_ERROR,
-                       actor=ACTOR, message=message)
+            transition(s, trial, TrialState.FAILED, reason=reason, actor=ACTOR,
+                       message=message)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from muster.config import GpuReleaseConfig
+from muster.environments.registry import Environments
 from muster.home import Home
 from muster.launch.base import Launcher
 from muster.schedule.gpu_pool import GpuPool
@@ -66,11 +67,13 @@ class Supervisor:
     _admission: Admission = field(init=False)
     _closing: Closing = field(init=False)
     _isolation: Isolation = field(init=False)
+    envs: Environments = field(init=False)
 
     def __post_init__(self) -> None:
         self._pool = GpuPool(self.store, self.gpus, self.gpu_release)
+        self.envs = Environments(self.home.envs_dir)
         ctx = SupervisorContext(self.store, self.launcher, self.home, self.host, self._pool,
-                                self.gpus)
+                                self.gpus, self.envs)
         ending = Ending(ctx)
         self._isolation = Isolation(ctx)
         self._search = Searching(self.store, self._isolation)
@@ -93,6 +96,7 @@ class Supervisor:
             self._isolation.trial_failed(trial_id, "reading its running attempt", exc)
         self._settle(live)
         self._standby.drop_unneeded(live)
+        self.envs.reap()
         self._pool.settle()  # GPUs of trials that ended go back once their memory is free
         self._search.top_up()  # each search's next trials, drawn before admission
         if not self._admission.disk_low(self.min_free_disk):  # nothing launches while low

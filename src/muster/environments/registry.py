@@ -1,0 +1,400 @@
+"""The server's view of its environments: built, building, failed; what a trial runs in.
+
+The files under `$MUSTER_HOME/envs/` are the truth (`layout`): a published link means
+built, a `.result.json` that says failed means failed. The builds running now are this
+process's children (`build`), started by the supervisor's pass and only looked at by it:
+a build never holds up a pass, and a restarted server starts again whatever was being
+built (the killed build left nothing that looks built).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+from muster.atomic import atomic_write_json, read_json
+from muster.config import ExperimentConfig
+from muster.environments.build import EXIT_BUSY
+from muster.environments.interpreters import Interpreter, InterpreterError, inspect, own
+from muster.environments.layers import lower_scripts, site_packages, write_layer
+from muster.environments.layout import RECORD, EnvHome, is_hash
+from muster.environments.request import BuildRequest
+from muster.errors import LaunchError, NotFound
+
+__all__ = ["EnvState", "EnvSummary", "Environments", "PruneResult", "TrialEnvironment",
+           "keep_request"]
+
+log = logging.getLogger(__name__)
+
+State = Literal["READY", "BUILDING", "FAILED", "MISSING"]
+
+
+@dataclass(frozen=True)
+class EnvState:
+    state: State
+    stage: str | None = None  # BUILDING: what it does now
+    seconds: float | None = None  # BUILDING: how long it has run
+    reason: str | None = None  # FAILED: PERMANENT_ERROR, INFRA or INTERNAL
+    message: str | None = None  # FAILED: the resolver's (or the command's) own words
+
+
+@dataclass(frozen=True)
+class EnvSummary:
+    """One environment, as `muster env list` shows it."""
+
+    hash: str
+    python: str
+    inherit: bool
+    packages: list[str]
+    setup: list[list[str]]
+    state: State
+    size_bytes: int | None
+    built_at: float | None
+    last_used: float | None
+    message: str | None
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    removed: list[str]
+    kept_in_use: list[str]
+    freed_bytes: int
+
+
+@dataclass(frozen=True)
+class TrialEnvironment:
+    """What a trial runs in: its own layer (`RunDir.env`) over a built venv or the base
+    interpreter itself, and the `bin` directories first on its PATH."""
+
+    layer: Path
+    base: Interpreter
+    built: Path | None  # the built venv below the layer, if any
+    inherit: bool
+    key: str | None
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        dirs = [str(self.layer / "bin")]
+        if self.built is not None:
+            dirs.append(str(self.built / "bin"))
+        if self.built is None or self.inherit:
+            dirs.append(self.base.bin_dir)  # programs that are not Python scripts
+        return tuple(dict.fromkeys(dirs))
+
+    @property
+    def lower_sites(self) -> tuple[str, ...]:
+        if self.built is not None:
+            return (str(site_packages(self.built, self.base)),)
+        return self.base.sites
+
+    def freeze(self) -> str | None:
+        if self.built is None:
+            return None
+        try:
+            return (self.built / RECORD / "freeze.txt").read_text()
+        except OSError:
+            return None
+
+
+@dataclass
+class _Build:
+    child: subprocess.Popen[bytes]
+    err: IO[bytes]
+    started: float
+
+
+@dataclass
+class Environments:
+    """The environments of one home: requests kept at submission, builds started and
+    followed by the supervisor's pass, trial layers made at a trial's first launch."""
+
+    root: Path  # $MUSTER_HOME/envs
+    _running: dict[str, _Build] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.layout = EnvHome(self.root).ensure()
+        self.harness = self.layout.ensure_harness()
+
+    # -- at submission ---------------------------------------------------------------
+    def keep_request(self, request: BuildRequest) -> str:
+        return keep_request(self.layout, request)
+
+    # -- the pass --------------------------------------------------------------------
+    def state(self, key: str) -> EnvState:
+        """Where the environment stands; a build that has ended is read here."""
+        with self._lock:
+            build = self._running.get(key)
+        if build is not None and build.child.poll() is not None:
+            self._ended(key, build)
+            build = None
+        if self.layout.built(key) is not None:
+            return EnvState("READY")
+        if build is not None:
+            stage = _read_text(self.layout.stage(key)) or "starting"
+            return EnvState("BUILDING", stage=stage, seconds=time.monotonic() - build.started)
+        found = read_json(self.layout.result(key))
+        if found is not None and found.get("state") == "failed":
+            return EnvState("FAILED", reason=str(found.get("reason", "INTERNAL")),
+                            message=str(found.get("message", "")))
+        return EnvState("MISSING")
+
+    def reap(self) -> None:
+        """Read the builds that have ended (each pass: none is left a zombie)."""
+        with self._lock:
+            ended = [(k, b) for k, b in self._running.items() if b.child.poll() is not None]
+        for key, build in ended:
+            self._ended(key, build)
+
+    def start(self, key: str) -> EnvState:
+        """Start building `key` (it must have a request), unless it runs already."""
+        with self._lock:
+            running = key in self._running
+        if running:
+            return self.state(key)
+        with self._lock:
+            if not self.layout.request(key).is_file():
+                atomic_write_json(self.layout.result(key), {
+                    "state": "failed", "reason": "INTERNAL", "at": time.time(),
+                    "message": "what to build was not kept (requests/ was removed); submit "
+                               "the experiment again"}, 0o600)
+                return self.state(key)
+            self.layout.result(key).unlink(missing_ok=True)  # what it says next is this build's
+            err = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _ended
+            child = subprocess.Popen(
+                [sys.executable, "-P", "-m", "muster.environments.build", str(self.root), key,
+                 str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
+            self._running[key] = _Build(child, err, time.monotonic())
+        log.info("building environment %s (pid %d)", key, child.pid)
+        return EnvState("BUILDING", stage="starting", seconds=0.0)
+
+    def forget_failure(self, key: str) -> None:
+        """Drop a failed result, so that the next look builds it again (an INFRA failure
+        the policy retries)."""
+        self.layout.result(key).unlink(missing_ok=True)
+
+    def running(self) -> list[str]:
+        with self._lock:
+            return list(self._running)
+
+    def stop_all(self) -> None:
+        """Stop every build this process runs (the server is shutting down)."""
+        with self._lock:
+            builds = list(self._running.items())
+        for key, build in builds:
+            _kill_group(build.child)
+            self._ended(key, build)
+
+    def _ended(self, key: str, build: _Build) -> None:
+        with self._lock:
+            if self._running.get(key) is not build:
+                return
+            del self._running[key]
+        code = build.child.wait()
+        build.err.seek(0)
+        err = build.err.read().decode("utf-8", errors="replace")
+        build.err.close()
+        _kill_group(build.child)  # what it started and left behind (killed, say)
+        if code == EXIT_BUSY:
+            log.warning("environment %s is being built by another process", key)
+            return
+        if code != 0 and not self.layout.result(key).is_file():
+            why = (f"the environment build was killed ({signal.Signals(-code).name})"
+                   if code < 0 else f"the environment build failed unexpectedly (exit {code})")
+            tail = err.strip().splitlines()[-1:] or []
+            atomic_write_json(self.layout.result(key), {
+                "state": "failed", "reason": "INFRA" if code < 0 else "INTERNAL",
+                "message": why + (f": {tail[0][:500]}" if tail else ""),
+                "at": time.time()}, 0o600)
+            log.error("environment %s: %s\n%s", key, why, err[-4000:])
+
+    # -- trials ----------------------------------------------------------------------
+    def for_trial(self, config: ExperimentConfig, key: str | None,
+                  layer: Path) -> TrialEnvironment:
+        """What a trial of `config` (its experiment's environment hash `key`) runs in, its
+        own layer at `layer`.
+
+        Raises:
+            LaunchError: the base interpreter cannot be used now, or `key` is not built.
+        """
+        try:
+            base = own() if config.environment.python is None else inspect(
+                config.environment.python)
+        except (InterpreterError, OSError) as exc:
+            raise LaunchError(f"environment.python cannot be used: {exc}") from exc
+        built = None
+        if key is not None:
+            built = self.layout.built(key)
+            if built is None:
+                raise LaunchError(f"environment {key} is not built")
+        return TrialEnvironment(layer=layer, base=base, built=built,
+                                inherit=config.environment.inherit is not False, key=key)
+
+    def prepare(self, env: TrialEnvironment) -> bool:
+        """Make the trial's own layer, once (every attempt shares it: what it installed
+        stays); True when made now. Made under a temporary name and renamed into place.
+
+        Raises:
+            LaunchError: it could not be made (a full disk); nothing is left of it.
+        """
+        if env.built is not None:
+            _touch(env.built / RECORD / "last_used")
+        if env.layer.is_dir():
+            return False
+        tmp = env.layer.with_name(f".{env.layer.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        lower_bin = str(env.built / "bin") if env.built is not None else env.base.bin_dir
+        try:
+            env.layer.parent.mkdir(parents=True, exist_ok=True)
+            write_layer(tmp, env.base, env.lower_sites, lower_scripts(lower_bin), self.harness,
+                        final=env.layer)
+            tmp.rename(env.layer)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise LaunchError(f"Could not make the trial's environment layer in "
+                              f"{env.layer}: {exc}") from exc
+        return True
+
+    # -- listing, logs, pruning ------------------------------------------------------
+    def summaries(self) -> list[EnvSummary]:
+        found = []
+        for key in self.layout.hashes():
+            request = read_json(self.layout.request(key)) or {}
+            built = self.layout.built(key)
+            record = read_json(built / RECORD / "env.json") if built is not None else None
+            state = self.state(key)
+            base = request.get("base") or {}
+            found.append(EnvSummary(
+                hash=key, python=str((record or {}).get("python") or base.get("path", "?")),
+                inherit=bool((record or request).get("inherit", True)),
+                packages=list((record or {}).get("packages") or [
+                    x for x in request.get("requirements", []) if not x.startswith("-")]),
+                setup=list((record or request).get("setup", [])), state=state.state,
+                size_bytes=None if record is None else int(record.get("size_bytes", 0)),
+                built_at=None if record is None else float(record["built_at"]),
+                last_used=_mtime(built / RECORD / "last_used") if built else None,
+                message=state.message))
+        return found
+
+    def resolve(self, prefix: str) -> str:
+        """The hash `prefix` starts (at least 4 hex digits, unambiguous).
+
+        Raises:
+            NotFound: no environment, or several, start with it.
+        """
+        matches = [k for k in self.layout.hashes() if k.startswith(prefix.lower())]
+        if len(prefix) < 4 or len(matches) != 1:
+            what = "several environments start with" if len(matches) > 1 else "no environment"
+            raise NotFound(f"{what} {prefix!r}; `muster env list` shows them "
+                           "(give at least 4 digits of a hash)")
+        return matches[0]
+
+    def log_path(self, key: str) -> Path:
+        return self.layout.log(key)
+
+    def disk_bytes(self) -> int:
+        return sum(s.size_bytes or 0 for s in self.summaries())
+
+    def prune(self, older_than_s: float, in_use: Collection[str]) -> PruneResult:
+        """Remove built environments last used longer ago than `older_than_s`, never one
+        in `in_use` (a trial not ended needs it) nor one building; failed records and the
+        leftovers of killed builds go too."""
+        removed, kept, freed = [], [], 0
+        cutoff = time.time() - older_than_s
+        running = set(self.running())
+        for summary in self.summaries():
+            key = summary.hash
+            if key in running:
+                continue
+            if key in in_use:
+                kept.append(key)
+                continue
+            if summary.state == "READY":
+                used = summary.last_used or summary.built_at or 0.0
+                if used > cutoff:
+                    continue
+                built = self.layout.built(key)
+                self.layout.published(key).unlink(missing_ok=True)
+                if built is not None:
+                    shutil.rmtree(built, ignore_errors=True)
+                freed += summary.size_bytes or 0
+            elif summary.state == "BUILDING":
+                continue
+            for path in (self.layout.request(key), self.layout.result(key),
+                         self.layout.log(key), self.layout.stage(key)):
+                path.unlink(missing_ok=True)
+            removed.append(key)
+        linked = {self.layout.built(k) for k in self.layout.hashes()}
+        for path in _children(self.layout.store):
+            key = path.name.split("-", 1)[0]
+            if path.resolve() not in linked and key not in running and is_hash(key):
+                freed += _tree_bytes(path)
+                shutil.rmtree(path, ignore_errors=True)
+        return PruneResult(removed, kept, freed)
+
+
+def keep_request(layout: EnvHome, request: BuildRequest) -> str:
+    """Store what to build under its hash (once), at submission; a failed build of it is
+    forgotten, so that a new submission builds it again. Returns the hash."""
+    key = request.key
+    layout.ensure()
+    path = layout.request(key)
+    if not path.is_file():
+        atomic_write_json(path, request.to_json(), 0o600)
+    found = read_json(layout.result(key))
+    if found is not None and found.get("state") == "failed":
+        layout.result(key).unlink(missing_ok=True)
+    return key
+
+
+def _kill_group(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _touch(path: Path) -> None:
+    try:
+        path.touch()
+    except OSError as exc:
+        log.warning("could not note the use of %s: %s", path.parent.parent, exc)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _children(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _tree_bytes(path: Path) -> int:
+    from muster.environments.build import tree_size
+
+    return tree_size(path)

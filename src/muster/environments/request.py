@@ -1,0 +1,208 @@
+"""What an experiment's `environment:` block asks muster to build, and its content hash.
+
+The hash names the build (`$MUSTER_HOME/envs/<hash>`): one build per hash, shared by every
+trial that needs it. It covers everything the result depends on that muster can see: the
+base interpreter (its real binary, its venv, and — when inherited — the packages it
+imports), `inherit`, the requirement lines after `-r` includes are read in, the setup
+commands, and the bytes of local wheels and archives the lines name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from muster.config import ExperimentConfig
+from muster.environments.interpreters import Interpreter, InterpreterError, inspect, own
+from muster.environments.layout import HASH_CHARS
+
+__all__ = ["CONSTRAINT", "LAYOUT_VERSION", "MAX_REQUIREMENT_LINES", "BuildRequest", "RequestError",
+           "base_interpreter", "build_request"]
+
+LAYOUT_VERSION = 1  # bumped when a build's layout changes: every hash changes with it
+MAX_REQUIREMENTS_BYTES = 1 << 20
+MAX_REQUIREMENT_LINES = 10_000
+MAX_INCLUDE_DEPTH = 8
+_INCLUDE = re.compile(r"^(-r|--requirement|-c|--constraint)(\s*=\s*|\s+)(\S+)\s*$")
+_LOCAL_FILE = re.compile(r"(?:^|@\s*)(?:file://)?(/\S+\.(?:whl|tar\.gz|zip|tgz))$")
+_HASHED_FILE_BYTES = 4 << 30
+CONSTRAINT = "-c "  # a line read from a constraints file: the build passes it as one
+
+
+class RequestError(Exception):
+    """One problem with the environment block, already worded with its key path."""
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything a build needs, in plain data (stored as `requests/<hash>.json`)."""
+
+    base: Interpreter
+    inherit: bool
+    requirements: tuple[str, ...]  # lines, includes read in, comments and blanks dropped
+    setup: tuple[tuple[str, ...], ...]
+    context: str | None  # where relative paths in the lines are read from
+    files: dict[str, str] = field(default_factory=dict)  # local archive -> its sha256
+
+    @property
+    def key(self) -> str:
+        identity = {
+            "layout": LAYOUT_VERSION,
+            "python": [self.base.executable, self.base.prefix, self.base.version],
+            "inherit": self.inherit,
+            "inherited": self.base.packages_digest() if self.inherit else None,
+            "requirements": list(self.requirements),
+            "setup": [list(argv) for argv in self.setup],
+            "files": self.files,
+        }
+        text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+
+    def packages(self) -> list[str]:
+        """The requirements, less options and constraints (what `env list` shows)."""
+        return [line for line in self.requirements if not line.startswith("-")]
+
+    def split(self) -> tuple[list[str], list[str]]:
+        """(requirement and option lines, constraint lines): the build's two files."""
+        constraints = [x.removeprefix(CONSTRAINT) for x in self.requirements
+                       if x.startswith(CONSTRAINT)]
+        return [x for x in self.requirements if not x.startswith(CONSTRAINT)], constraints
+
+    def to_json(self) -> dict[str, object]:
+        return {"key": self.key, "base": self.base.to_json(), "inherit": self.inherit,
+                "requirements": list(self.requirements),
+                "setup": [list(argv) for argv in self.setup], "context": self.context,
+                "files": self.files}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> BuildRequest:
+        base = data["base"]
+        assert isinstance(base, dict)
+        return cls(base=Interpreter.from_json(base, str(base["path"])),
+                   inherit=bool(data["inherit"]),
+                   requirements=tuple(str(x) for x in data["requirements"]),  # type: ignore[attr-defined]
+                   setup=tuple(tuple(str(w) for w in argv)
+                               for argv in data["setup"]),  # type: ignore[attr-defined]
+                   context=None if data.get("context") is None else str(data["context"]),
+                   files={str(k): str(v) for k, v in data.get("files", {}).items()})  # type: ignore[attr-defined]
+
+
+def base_interpreter(config: ExperimentConfig) -> Interpreter:
+    """The interpreter the experiment's environment is based on (or runs on).
+
+    Raises:
+        RequestError: `environment.python` cannot be used.
+    """
+    python = config.environment.python
+    if python is None:
+        return own()
+    try:
+        return inspect(python)
+    except InterpreterError as exc:
+        raise RequestError(f"environment.python: {exc}") from exc
+
+
+def build_request(config: ExperimentConfig, context: Path) -> BuildRequest | None:
+    """What to build for `config`, read against the submitted `context`; None when nothing
+    is built (the trial runs on the base interpreter, under its own layer).
+
+    Raises:
+        RequestError: the base interpreter or the requirements file cannot be used.
+    """
+    env = config.environment
+    base = base_interpreter(config)
+    if not env.builds():
+        return None
+    lines = list(env.pip)
+    if env.requirements is not None:
+        lines += _read_requirements(context, PurePosixPath(env.requirements), "environment."
+                                    "requirements", depth=0, total=[0])
+    return BuildRequest(base=base, inherit=env.inherit is not False,
+                        requirements=tuple(lines), setup=tuple(tuple(a) for a in env.setup),
+                        context=str(context), files=_local_files(lines, context))
+
+
+def _read_requirements(context: Path, name: PurePosixPath, where: str, depth: int,
+                       total: list[int], constraint: bool = False) -> list[str]:
+    """The lines of a requirements file inside the context, `-r`/`-c` includes read in
+    (they stay inside the context too), comments and blank lines dropped. A constraint
+    file's lines come back as `-c <line>`."""
+    path = context / name
+    try:
+        resolved = path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise RequestError(f"{where}: {str(name)!r} is not in the uploaded context "
+                           "directory; upload the directory that holds it, or fix the path"
+                           ) from exc
+    if not resolved.is_relative_to(context.resolve()):
+        raise RequestError(f"{where}: {str(name)!r} points outside the context directory")
+    if not resolved.is_file():
+        raise RequestError(f"{where}: {str(name)!r} is not a file")
+    if resolved.stat().st_size > MAX_REQUIREMENTS_BYTES:
+        raise RequestError(f"{where}: {str(name)!r} is larger than 1 MiB")
+    try:
+        text = resolved.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RequestError(f"{where}: {str(name)!r} cannot be read as UTF-8 text: {exc}"
+                           ) from exc
+    lines: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = _strip_comment(raw)
+        if not line:
+            continue
+        total[0] += 1
+        if total[0] > MAX_REQUIREMENT_LINES:
+            raise RequestError(f"{where}: more than {MAX_REQUIREMENT_LINES:,} requirement "
+                               "lines")
+        if "\x00" in line:
+            raise RequestError(f"{where}: line {number} of {str(name)!r} holds a NUL "
+                               "character")
+        include = _INCLUDE.match(line)
+        if include is None:
+            lines.append(f"{CONSTRAINT}{line}" if constraint else line)
+            continue
+        flag, target = include.group(1), include.group(3)
+        if depth + 1 > MAX_INCLUDE_DEPTH:
+            raise RequestError(f"{where}: includes nest deeper than {MAX_INCLUDE_DEPTH}")
+        included = PurePosixPath(os.path.normpath(name.parent / target))
+        if included.is_absolute() or included.parts[:1] == ("..",):
+            raise RequestError(f"{where}: line {number} of {str(name)!r} includes {target!r}, "
+                               "which is not inside the context directory")
+        lines += _read_requirements(context, included, f"{where} (included from {name})",
+                                    depth + 1, total,
+                                    constraint or flag in ("-c", "--constraint"))
+    return lines
+
+
+def _strip_comment(raw: str) -> str:
+    """A requirements line without its comment (` #` starts one, as pip reads it)."""
+    line = raw.strip()
+    if line.startswith("#"):
+        return ""
+    return re.split(r"\s+#", line, maxsplit=1)[0].strip()
+
+
+def _local_files(lines: list[str], context: Path) -> dict[str, str]:
+    """sha256 of each local wheel or archive the lines name: a rebuilt wheel of the same
+    name and version is a different environment."""
+    found = {}
+    for line in lines:
+        match = _LOCAL_FILE.search(line)
+        if match is None:
+            continue
+        path = Path(match.group(1))
+        try:
+            if path.stat().st_size > _HASHED_FILE_BYTES:
+                continue
+            digest = hashlib.sha256()
+            with path.open("rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+        except OSError:
+            continue  # uv says what is wrong with it, in the build's log
+        found[str(path)] = digest.hexdigest()
+    return found

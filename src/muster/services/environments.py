@@ -1,0 +1,73 @@
+"""Environments as the API shows them: `muster env list`, `env logs`, `env prune`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import or_, select
+
+from muster.environments.registry import Environments
+from muster.errors import InvalidRequest
+from muster.launch.logs import MAX_OFFSET
+from muster.states import ExperimentState, TrialState, values
+from muster.store import Experiment, Store, Trial
+
+__all__ = ["LOG_CHUNK_BYTES", "environment_log", "list_environments", "prune_environments"]
+
+LOG_CHUNK_BYTES = 1 << 20
+
+
+def list_environments(store: Store, envs: Environments) -> list[dict[str, Any]]:
+    """Every environment, with the trials that use it (those of experiments that need it
+    and those that ran in it)."""
+    trials = _trials_by_key(store)
+    found = []
+    for summary in envs.summaries():
+        row = dataclasses.asdict(summary)
+        row["trials"] = sorted(trials.get(summary.hash, set()))
+        found.append(row)
+    return found
+
+
+def environment_log(envs: Environments, prefix: str, offset: int = 0) -> tuple[str, bytes]:
+    """(hash, up to 1 MiB of its build log from `offset`)."""
+    if not 0 <= offset <= MAX_OFFSET:
+        raise InvalidRequest(f"offset must be 0 to {MAX_OFFSET}")
+    key = envs.resolve(prefix)
+    try:
+        with envs.log_path(key).open("rb") as f:
+            f.seek(offset)
+            return key, f.read(LOG_CHUNK_BYTES)
+    except FileNotFoundError:
+        return key, b""
+
+
+def prune_environments(store: Store, envs: Environments, older_than_s: float) -> dict[str, Any]:
+    """Remove what no trial that has not ended needs, unused for `older_than_s`."""
+    with store.session_scope() as s:
+        live = values([t for t in TrialState if not t.is_terminal()])
+        rows = s.execute(select(Trial.environment_key, Experiment.environment_key)
+                         .join(Experiment, Trial.experiment_id == Experiment.id)
+                         .where(Trial.state.in_(live))).all()
+        waiting = s.scalars(select(Experiment.environment_key).where(
+            Experiment.environment_key.is_not(None),
+            Experiment.state.in_(values([e for e in ExperimentState
+                                         if not e.is_terminal()])))).all()
+    in_use: set[str] = {k for row in rows for k in row if k} | {k for k in waiting if k}
+    return dataclasses.asdict(envs.prune(older_than_s, in_use))
+
+
+def _trials_by_key(store: Store) -> dict[str, set[int]]:
+    found: dict[str, set[int]] = defaultdict(set)
+    with store.session_scope() as s:
+        rows = s.execute(select(Trial.id, Trial.environment_key, Experiment.environment_key)
+                         .join(Experiment, Trial.experiment_id == Experiment.id)
+                         .where(or_(Trial.environment_key.is_not(None),
+                                    Experiment.environment_key.is_not(None)))).all()
+    for trial_id, own, wanted in rows:
+        for key in {own, wanted}:
+            if key is not None:
+                found[key].add(trial_id)
+    return found
