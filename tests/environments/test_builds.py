@@ -186,6 +186,20 @@ def test_a_failing_requirement_fails_the_trial_with_the_resolvers_words(
     assert "its build log" in described and "No solution found" in described
 
 
+def test_an_index_that_does_not_answer_is_infra_retried_then_failed(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """A real network failure: the only index is a closed port on this machine."""
+    context = _context(tmp_path, {"requirements": "requirements.txt"},
+                       ["--index-url http://127.0.0.1:9/simple", "tinyalpha==1.0"],
+                       failure_policy={"trial_retries": 1})
+    trial = _ended_trial(server, _submit(server, context))
+    assert (trial["state"], trial["reason"]) == ("FAILED", "INFRA"), trial["message"]
+    assert "127.0.0.1:9" in trial["message"]
+    retried = [e["message"] for e in trial["events"] if e["reason"] == "environment"]
+    assert len(retried) == 1 and "retry 1 of 1" in retried[0]
+
+
 def test_pip_install_in_a_trial_changes_its_layer_never_musters_venv_or_the_build(
     server: RunningServer, tmp_path: Path
 ) -> None:

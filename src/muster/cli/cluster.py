@@ -30,6 +30,9 @@ def status(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption 
     render.console.print(table)
     render.console.print(info["disk_message"], markup=False)
     render.console.print(f"trials: {_trial_counts(info['trial_counts'])}", markup=False)
+    envs = info["environments"]
+    render.console.print(f"environments: {envs['count']} built, {format_size(envs['bytes'])} "
+                         "(muster env list)", markup=False)
     render.console.print(info["gpu_note"], markup=False)
     if info["gpus"]:
         render.console.print(gpus_table(info["gpus"]))

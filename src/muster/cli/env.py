@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
@@ -31,7 +31,8 @@ def list_(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption =
         render.console.print("no environments (an experiment with environment.pip, "
                              "requirements or setup gets one)", markup=False)
         return
-    table = Table("Hash", "State", "Python", "Packages", "Size", "Last used", "Trials")
+    table = Table(Column("Hash", no_wrap=True), "State", "Python", "Packages", "Size",
+                  "Last used", "Trials")
     for env in found:
         packages = env["packages"][:_SHOWN_PACKAGES]
         more = len(env["packages"]) - len(packages)
