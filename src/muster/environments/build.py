@@ -143,12 +143,9 @@ class _Builder:
             if time.monotonic() >= self.deadline:
                 raise BuildFailed("INFRA", f"{what} took longer than the build's "
                                            f"{BUILD_TIMEOUT_S:g} s")
-            raise BuildFailed(self.failure_reason(output), f"{what} failed (exit {code}):\n"
-                                                            f"{uv_message(output)}")
+            raise BuildFailed(classify_failure(output), f"{what} failed (exit {code}):\n"
+                                                         f"{uv_message(output)}")
         return output
-
-    def failure_reason(self, output: str) -> str:
-        return classify_failure(output)
 
     def uv_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
@@ -178,10 +175,10 @@ class _Builder:
         if requirements:
             packages = request.packages()
             self.stage(f"installing {_count(len(packages), 'package')}")
-            files = [record / "requirements.txt"]
-            (record / "requirements.txt").write_text("".join(f"{x}\n" for x in requirements))
+            lines = record / "requirements.txt"
+            lines.write_text("".join(f"{x}\n" for x in requirements))
             argv = [self.uv, "pip", "install", "--python", str(venv / "bin" / "python"),
-                    "-r", str(files[0])]
+                    "-r", str(lines)]
             if constraints:
                 (record / "constraints.txt").write_text("".join(f"{x}\n" for x in constraints))
                 argv += ["-c", str(record / "constraints.txt")]
@@ -227,8 +224,8 @@ def tree_size(root: Path) -> int:
         for name in files:
             try:
                 st = os.lstat(os.path.join(folder, name))
-            except OSError:
-                continue
+            except FileNotFoundError:
+                continue  # removed while walked (a prune, uv): it takes no space
             if (st.st_dev, st.st_ino) not in seen:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_size

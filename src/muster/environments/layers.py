@@ -18,6 +18,7 @@ installed (torch is not downloaded again), and one that it replaces removes only
 from __future__ import annotations
 
 import importlib.metadata as md
+import logging
 import os
 import re
 import shutil
@@ -30,6 +31,8 @@ from muster.environments.interpreters import Interpreter
 
 __all__ = ["LAYERS_PTH", "Script", "lower_scripts", "site_packages", "write_layer",
            "write_stubs"]
+
+log = logging.getLogger(__name__)
 
 LAYERS_PTH = "_muster_layers.pth"
 HARNESS_PTH = "_muster_harness.pth"
@@ -133,7 +136,8 @@ def lower_scripts(bin_dir: str) -> list[Script]:
 def _read_scripts(bin_dir: Path) -> Iterable[Script]:
     try:
         entries = sorted(os.scandir(bin_dir), key=lambda e: e.name)
-    except OSError:
+    except OSError as exc:
+        log.warning("the scripts of %s are not rebased into new layers: %s", bin_dir, exc)
         return
     own = {str(bin_dir), os.path.realpath(bin_dir)}
     for entry in entries:
@@ -145,7 +149,9 @@ def _read_scripts(bin_dir: Path) -> Iterable[Script]:
                 continue
             with open(entry.path, "rb") as f:
                 data = f.read(_MAX_SCRIPT_BYTES)
-        except OSError:
+        except OSError as exc:
+            # It stays on PATH below the layer, run by its own (lower) interpreter.
+            log.warning("%s is not rebased into new layers: %s", entry.path, exc)
             continue
         body = _body(data, own)
         if body is not None:

@@ -26,7 +26,7 @@ from typing import IO, Literal
 
 from muster.atomic import atomic_write_json, read_json
 from muster.config import ExperimentConfig
-from muster.environments.build import EXIT_BUSY
+from muster.environments.build import EXIT_BUSY, tree_size
 from muster.environments.interpreters import Interpreter, InterpreterError, inspect, own
 from muster.environments.layers import lower_scripts, site_packages, write_layer
 from muster.environments.layout import RECORD, EnvHome, is_hash
@@ -305,9 +305,6 @@ class Environments:
     def log_path(self, key: str) -> Path:
         return self.layout.log(key)
 
-    def disk_bytes(self) -> int:
-        return sum(s.size_bytes or 0 for s in self.summaries())
-
     def prune(self, older_than_s: float, in_use: Collection[str]) -> PruneResult:
         """Remove built environments last used longer ago than `older_than_s`, never one
         in `in_use` (a trial not ended needs it) nor one building; failed records and the
@@ -341,7 +338,7 @@ class Environments:
         for path in _children(self.layout.store):
             key = path.name.split("-", 1)[0]
             if path.resolve() not in linked and key not in running and is_hash(key):
-                freed += _tree_bytes(path)
+                freed += tree_size(path)
                 shutil.rmtree(path, ignore_errors=True)
         return PruneResult(removed, kept, freed)
 
@@ -393,8 +390,3 @@ def _children(path: Path) -> list[Path]:
     except FileNotFoundError:
         return []
 
-
-def _tree_bytes(path: Path) -> int:
-    from muster.environments.build import tree_size
-
-    return tree_size(path)

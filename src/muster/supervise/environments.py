@@ -92,8 +92,8 @@ def waiting_reason(key: str, state: EnvState) -> str:
 
 
 def _apply(s: Session, trial: Trial, item: _Failed) -> None:
-    reason = Reason(item.state.reason or "INTERNAL") if item.state.reason in {
-        r.value for r in Reason} else Reason.INTERNAL
+    # The build says PERMANENT_ERROR, INFRA or INTERNAL; anything else is muster's fault.
+    reason = next((r for r in Reason if r.value == item.state.reason), Reason.INTERNAL)
     what = (f"its environment {item.key} could not be built: {item.state.message} "
             f"(the whole log: `muster env logs {item.key}`)")
     policy = experiment_config(trial.experiment).failure_policy
