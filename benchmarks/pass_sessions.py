@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from muster.home import Home
 from muster.launch.local import LocalLauncher
 from muster.services.experiments import create_experiment
+from muster.services.users import bootstrap, principal
 from muster.states import TrialState
 from muster.store import Store, Trial
 from muster.supervise.supervisor import Supervisor
@@ -64,8 +65,9 @@ def running(trials: int, harness: bool) -> Iterator[tuple[CountingStore, Supervi
         script.write_text(HARNESS_LOOP if harness else PLAIN_LOOP)
         config = {"name": "sessions", "entrypoint": [sys.executable, str(script)],
                   "harness": harness}
+        admin = principal(store, bootstrap(store, home.token_path))
         for _ in range(trials):
-            create_experiment(store, home, yaml.safe_dump(config), None)
+            create_experiment(store, home, admin, yaml.safe_dump(config), None)
         supervisor = Supervisor(store, LocalLauncher(), home, slots=trials, min_free_disk=0)
         try:
             for _ in range(600):

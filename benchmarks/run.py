@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import auth
 import first_log
 import harness_overhead
 import ingest
@@ -47,6 +48,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "queue": queue_throughput.run,
     "search": search.run,
     "environments": environments.run,
+    "auth": auth.run,
 }
 
 

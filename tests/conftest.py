@@ -74,6 +74,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.lifecycle)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_credentials(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test sees the tokens of the person running the tests: no MUSTER_TOKEN, and a
+    credentials file (`muster login`) of the session's own."""
+    saved = {name: os.environ.get(name) for name in ("MUSTER_TOKEN", "XDG_CONFIG_HOME")}
+    os.environ.pop("MUSTER_TOKEN", None)
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("xdg-config"))
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture
 def pg_url(_postgres_server: str) -> Iterator[str]:
     """The URL of a fresh, empty PostgreSQL database, dropped after the test."""

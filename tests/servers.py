@@ -41,6 +41,7 @@ class RunningServer:
     db_url: str
     port: int = field(default_factory=_free_port)
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # over the test's own environment
 
     @property
     def url(self) -> str:
@@ -69,7 +70,7 @@ class RunningServer:
                 "--port", str(self.port), "--db", self.db_url, "--slots", "4", *options]
         log = open(self.home / "server.log", "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env={**os.environ})
+                                     start_new_session=True, env={**os.environ, **self.env})
         log.close()
         wait_until(self._healthy, timeout=60, what="the server to answer /health")
 

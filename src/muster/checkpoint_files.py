@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
+from muster.atomic import open_regular, read_regular
+
 METADATA_FILE = "metadata.json"
 NAME_PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
@@ -169,7 +171,7 @@ def latest_intact(
 
 
 def sha256_of(path: Path) -> str:
-    with path.open("rb") as stream:
+    with os.fdopen(open_regular(path), "rb") as stream:  # never through a link
         return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
@@ -215,7 +217,7 @@ def _files(path: Path) -> tuple[dict[str, int], set[str]]:
 
 def _read_document(path: Path) -> tuple[dict[str, Any], list[str]]:
     try:
-        document = json.loads(path.read_bytes())
+        document = json.loads(read_regular(path))
     except FileNotFoundError:
         return {}, [f"{METADATA_FILE} is missing"]
     except OSError as exc:

@@ -3,6 +3,7 @@
 ```python
 from muster.client import Client
 c = Client()                       # MUSTER_URL / $MUSTER_HOME/server.json / 127.0.0.1:8080
+                                   # token: MUSTER_TOKEN / `muster login` / the home's token
 exp = c.create_experiment(Path("exp.yaml").read_text(), Path("."))
 for chunk in c.follow_logs(exp["trials"][0]["id"], attempt=1):
     sys.stdout.buffer.write(chunk)
@@ -26,6 +27,7 @@ import httpx
 
 from muster import errors
 from muster.atomic import read_json
+from muster.credentials import Credentials
 from muster.home import Home
 from muster.rundir import LOCAL_RUN_DIR
 from muster.states import ExperimentState, TrialState
@@ -39,6 +41,7 @@ MAX_CONTEXT_MEMBERS = 10_000  # the server's muster.services.uploads.MAX_MEMBERS
 _BY_STATUS: dict[int, type[errors.MusterError]] = {
     400: errors.InvalidRequest,
     401: errors.Unauthorized,
+    403: errors.Forbidden,
     404: errors.NotFound,
     409: errors.Conflict,
     413: errors.PayloadTooLarge,
@@ -70,13 +73,18 @@ def resolve_url(home: Home, url: str | None = None) -> str:
 
 
 class Client:
+    """Calls the API of one server with one token: `token`, else `$MUSTER_TOKEN`, else the
+    token `muster login` kept for the server's URL, else the home's admin token."""
+
     def __init__(
         self, url: str | None = None, token: str | None = None, home: Home | None = None,
-        timeout: float = 30.0,
+        timeout: float = 30.0, credentials: Credentials | None = None,
     ) -> None:
         self.home = home or Home.resolve()
         self.url = resolve_url(self.home, url)
+        self.credentials = credentials or Credentials()
         self._token = token
+        self._token_source = "the token given" if token else ""
         self._http = httpx.Client(base_url=self.url, timeout=timeout)
 
     def close(self) -> None:
@@ -91,7 +99,81 @@ class Client:
     # -- calls -------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        return self._json("GET", "/health", auth=False)  # type: ignore[no-any-return]
+        """Liveness; with a token, also the supervisor's last error's text."""
+        return self._json("GET", "/health")  # type: ignore[no-any-return]
+
+    # -- accounts ------------------------------------------------------------------------
+
+    def whoami(self) -> dict[str, Any]:
+        """The caller: `{name, display_name, role, active, via, token_id, ...}`."""
+        return self._json("GET", "/whoami")  # type: ignore[no-any-return]
+
+    def login_token(self, name: str, password: str, token_name: str,
+                    expires: str | None = None) -> dict[str, Any]:
+        """Log in with a password and make an API token with the web session that opens
+        (then log it out): `{id, name, token, ...}`, the token shown this once."""
+        with self._reaching():
+            response = self._http.post(API + "/login",
+                                       json={"name": name, "password": password})
+        if response.status_code >= 400:
+            _raise_for(response)
+        csrf = {"X-CSRF-Token": response.json()["csrf_token"]}
+        try:
+            return self._json(  # type: ignore[no-any-return]
+                "POST", "/tokens", auth=False, headers=csrf,
+                json=_params(name=token_name, expires=expires))
+        finally:
+            self._request("POST", "/logout", auth=False, headers=csrf)
+            self._http.cookies.clear()
+
+    def list_users(self) -> list[dict[str, Any]]:
+        return self._json("GET", "/users")  # type: ignore[no-any-return]
+
+    def get_user(self, name: str) -> dict[str, Any]:
+        return self._json("GET", f"/users/{name}")  # type: ignore[no-any-return]
+
+    def create_user(self, name: str, role: str, *, display_name: str = "",
+                    password: str | None = None, unix_user: str | None = None
+                    ) -> dict[str, Any]:
+        """A new user and their first API token (`token`, shown this once)."""
+        body = _params(name=name, role=role, display_name=display_name, password=password,
+                       unix_user=unix_user)
+        return self._json("POST", "/users", json=body)  # type: ignore[no-any-return]
+
+    def edit_user(self, name: str, **change: str | None) -> dict[str, Any]:
+        """Change `display_name`, `role`, `password` (your own: with `current_password`) or
+        `unix_user` ("" for the user's name)."""
+        return self._json(  # type: ignore[no-any-return]
+            "PATCH", f"/users/{name}", json=_params(**change))
+
+    def deactivate_user(self, name: str) -> dict[str, Any]:
+        return self._json("POST", f"/users/{name}/deactivate")  # type: ignore[no-any-return]
+
+    def activate_user(self, name: str) -> dict[str, Any]:
+        return self._json("POST", f"/users/{name}/activate")  # type: ignore[no-any-return]
+
+    def create_token(self, name: str = "api token", expires: str | None = None,
+                     user: str | None = None) -> dict[str, Any]:
+        """A new API token `{id, name, token, ...}` (an admin: for `user`), shown once."""
+        return self._json(  # type: ignore[no-any-return]
+            "POST", "/tokens", json=_params(name=name, expires=expires, user=user))
+
+    def list_tokens(self, user: str | None = None) -> list[dict[str, Any]]:
+        return self._json(  # type: ignore[no-any-return]
+            "GET", "/tokens", params=_params(user=user))
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self._json("DELETE", f"/tokens/{token_id}")  # type: ignore[no-any-return]
+
+    def list_events(self, *, experiment_id: int | None = None, trial_id: int | None = None,
+                    user: str | None = None, after_id: int | None = None,
+                    limit: int | None = None, tail: int | None = None) -> list[dict[str, Any]]:
+        """The audit trail, oldest first: `{id, at, actor, kind, message, ...}`."""
+        params = _params(experiment_id=experiment_id, trial_id=trial_id, user=user,
+                         after_id=after_id, limit=limit, tail=tail)
+        return self._json("GET", "/events", params=params)  # type: ignore[no-any-return]
+
+    # -- experiments and trials ------------------------------------------------------
 
     def create_experiment(self, config_text: str, context_dir: Path | None,
                           secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -144,8 +226,11 @@ class Client:
             "POST", f"/experiments/{experiment_id}/priority", json={"priority": priority}
         )
 
-    def list_experiments(self) -> list[dict[str, Any]]:
-        return self._json("GET", "/experiments")  # type: ignore[no-any-return]
+    def list_experiments(self, owner: str | None = None, mine: bool = False
+                         ) -> list[dict[str, Any]]:
+        """Every experiment, or `owner`'s, or (`mine`) the caller's."""
+        params = _params(owner=owner, mine="true" if mine else None)
+        return self._json("GET", "/experiments", params=params)  # type: ignore[no-any-return]
 
     def get_experiment(self, experiment_id: int) -> dict[str, Any]:
         return self._json("GET", f"/experiments/{experiment_id}")  # type: ignore[no-any-return]
@@ -264,11 +349,10 @@ class Client:
             "GET", f"/trials/{trial_id}/checkpoints"
         )
 
-    def review_trial(
-        self, trial_id: int, decision: str, note: str, reviewer: str
-    ) -> dict[str, Any]:
-        """Approve ("approve" → SUCCEEDED) or reject ("reject" → FAILED) a SUSPECT trial."""
-        body = {"decision": decision, "note": note, "reviewer": reviewer}
+    def review_trial(self, trial_id: int, decision: str, note: str) -> dict[str, Any]:
+        """Approve ("approve" → SUCCEEDED) or reject ("reject" → FAILED) a SUSPECT trial; the
+        review is recorded as the token's user's."""
+        body = {"decision": decision, "note": note}
         return self._json(  # type: ignore[no-any-return]
             "POST", f"/trials/{trial_id}/review", json=body
         )
@@ -283,14 +367,29 @@ class Client:
     # -- plumbing ----------------------------------------------------------------------
 
     def _auth(self) -> dict[str, str]:
-        """The bearer header; empty when the home has no token yet (see `_raise_for`)."""
+        """The bearer header; empty when there is no token to send (see `_raise_for`)."""
         if self._token is None:
-            try:
-                self._token = self.home.token_path.read_text().strip()
-            except FileNotFoundError:
+            self._token, self._token_source = self._find_token()
+            if self._token is None:
                 # Ask anyway: with no server there, "cannot reach" is the message that helps.
                 return {}
         return {"Authorization": f"Bearer {self._token}"}
+
+    def _find_token(self) -> tuple[str | None, str]:
+        """(the token to send, where it came from)."""
+        if os.environ.get("MUSTER_TOKEN"):
+            return os.environ["MUSTER_TOKEN"].strip(), "$MUSTER_TOKEN"
+        try:
+            kept = self.credentials.token_for(self.url)
+        except ValueError as exc:
+            raise errors.InvalidRequest(str(exc)) from exc
+        if kept is not None:
+            return kept, f"the token `muster login` kept in {self.credentials.path}"
+        try:
+            return (self.home.token_path.read_text().strip(),
+                    f"the server's admin token in {self.home.token_path}")
+        except (FileNotFoundError, PermissionError):
+            return None, ""
 
     @contextmanager
     def _reaching(self) -> Iterator[None]:
@@ -303,7 +402,7 @@ class Client:
             ) from exc
 
     def _request(self, method: str, path: str, auth: bool = True, **kw: Any) -> httpx.Response:
-        headers = self._auth() if auth else {}
+        headers = {**(self._auth() if auth else {}), **kw.pop("headers", {})}
         with self._reaching():
             response = self._http.request(method, API + path, headers=headers, **kw)
         if response.status_code >= 400:
@@ -313,9 +412,11 @@ class Client:
     def _raise_for(self, response: httpx.Response, headers: dict[str, str]) -> None:
         if response.status_code == 401 and "Authorization" not in headers:
             raise errors.Unauthorized(
-                f"no API token at {self.home.token_path}; the server creates it on first "
-                "start (`muster up`), or set MUSTER_HOME to the server's home"
-            )
+                f"no API token to send to {self.url}: set MUSTER_TOKEN, run `muster login "
+                f"{self.url}`, or on the server's machine use its home (the server writes "
+                f"its admin token to {self.home.token_path} on first start)")
+        if response.status_code == 401:
+            _raise_for(response, f" (sent {self._token_source})")
         _raise_for(response)
 
     def _json(self, method: str, path: str, auth: bool = True, **kw: Any) -> Any:
@@ -336,11 +437,11 @@ def _params(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _raise_for(response: httpx.Response) -> None:
+def _raise_for(response: httpx.Response, suffix: str = "") -> None:
     try:
-        message = str(response.json()["message"])
+        message = str(response.json()["message"]) + suffix
     except (ValueError, KeyError, TypeError):
-        message = response.text[:500] or response.reason_phrase
+        message = (response.text[:500] or response.reason_phrase) + suffix
     if response.status_code >= 500:
         message = f"server error ({response.status_code}): {message}"
     raise _BY_STATUS.get(response.status_code, errors.ServerError

@@ -36,6 +36,13 @@ class Unauthorized(MusterError):
     http_status = 401
 
 
+class Forbidden(MusterError):
+    """The caller is known but may not do this (its role, or someone else's experiment);
+    the message names who may."""
+
+    http_status = 403
+
+
 class IllegalTransition(MusterError):
     """A state change the state machine forbids, e.g. leaving a terminal state."""
 
@@ -49,8 +56,8 @@ class Conflict(MusterError):
 
 
 class TooManyRequests(MusterError):
-    """A caller holds as many of something as one may at once (e.g. open log follows); it
-    may retry after `retry_after` seconds, once it has given one back."""
+    """A caller holds as many of something as one may at once (e.g. open log follows), or
+    failed too often (password logins); it may retry after `retry_after` seconds."""
 
     http_status = 429
 

@@ -40,18 +40,39 @@ class Home:
         raw = override or os.environ.get("MUSTER_HOME") or "~/.muster"
         return cls(Path(raw).expanduser().resolve())
 
-    def ensure(self) -> Home:
+    def ensure(self, jobs_enter: bool = False) -> Home:
         """Create the layout, private to this user; a token left at the home's top level by
-        an earlier version moves into `secrets/` (the same token: clients keep working)."""
+        an earlier version moves into `secrets/` (the same token: clients keep working).
+
+        Args:
+            jobs_enter: jobs run as other accounts (`run_as`): they may pass through the
+                home and `runs/` to their own run directories (0711: entered, never listed);
+                everything else stays 0700/0600.
+        """
         for path in (self.root, self.runs_dir, self.experiments_dir, self.secrets_dir):
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for path in (self.root, self.secrets_dir):
-            path.chmod(0o700)
+        passable = 0o711 if jobs_enter else 0o700
+        for path, mode in ((self.root, passable), (self.runs_dir, passable),
+                           (self.secrets_dir, 0o700), (self.experiments_dir, 0o700)):
+            path.chmod(mode)
+        if jobs_enter:
+            self._close_top_level()
         old = self.root / "token"
         if old.is_file() and not self.token_path.exists():
             old.chmod(0o600)
             os.replace(old, self.token_path)
         return self
+
+    def _close_top_level(self) -> None:
+        """Once jobs may pass through the home, nothing at its top level but `runs/` and
+        `envs/` may be open to others: not a database, a log redirected by hand, or a file
+        an earlier version made 0644."""
+        for entry in os.scandir(self.root):
+            if entry.name in (self.runs_dir.name, self.envs_dir.name) or entry.is_symlink():
+                continue
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if mode & 0o077:
+                os.chmod(entry.path, mode & 0o700)
 
     @property
     def default_db_url(self) -> str:

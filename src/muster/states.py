@@ -129,6 +129,23 @@ class EventReason(str, Enum):
     SEARCH_STOPPED = "search stopped"  # its first trials all failed alike: no more draws
     METRIC_MISSING = "metric missing"  # no ended trial reported the searcher's metric
     ENVIRONMENT = "environment"  # its environment's build failed, and is tried again
+    USER_CREATED = "user created"
+    USER_CHANGED = "user changed"  # role, display name, password or Unix account
+    USER_DEACTIVATED = "user deactivated"  # its tokens and sessions stop working at once
+    USER_ACTIVATED = "user activated"
+    TOKEN_CREATED = "token created"
+    TOKEN_REVOKED = "token revoked"
+    LOGGED_IN = "logged in"  # a password login that opened a web session
+
+
+class Role(str, Enum):
+    """What a muster user may do (`muster.services.access` has the whole table): a viewer
+    reads everything; a user also submits experiments and acts on its own; an admin acts on
+    everything and manages users."""
+
+    ADMIN = "admin"
+    USER = "user"
+    VIEWER = "viewer"
 
 
 class StopIntent(str, Enum):
@@ -213,9 +230,12 @@ ATTEMPT_MOVES: dict[AttemptState, frozenset[AttemptState]] = {
     A.CANCELED: frozenset(),
 }
 
-# Moves that only a person's review may make; the transition function demands a review actor.
+# Moves that only a person's review may make; the transition function demands a review's
+# reason (REVIEW_REASONS) and an actor that is a person, not `system:...`.
 REVIEW_ONLY_MOVES: frozenset[tuple[TrialState, TrialState]] = frozenset(
     {(T.SUSPECT, T.SUCCEEDED), (T.SUSPECT, T.FAILED)}
 )
+
+REVIEW_REASONS = frozenset({EventReason.REVIEW_APPROVED, EventReason.REVIEW_REJECTED})
 
 del E, T, A

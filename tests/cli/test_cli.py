@@ -27,16 +27,22 @@ CONTRACT_REPLICA = {"rank", "exit_code", "signal", "reason", "message", "log_pat
 
 
 def muster(
-    home: Path, url: str | None, *args: str, cwd: Path | None = None
+    home: Path, url: str | None, *args: str, cwd: Path | None = None,
+    token: str | None = None, stdin: str | None = None, env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m muster ARGS` with MUSTER_HOME (and MUSTER_URL) set; never a shell."""
-    env = {**os.environ, "MUSTER_HOME": str(home), "PYTHONIOENCODING": "utf-8",
-           "COLUMNS": "200", "NO_COLOR": "1"}
-    env.pop("MUSTER_URL", None)
+    """Run `python -m muster ARGS` with MUSTER_HOME (and MUSTER_URL, MUSTER_TOKEN, `env`)
+    set; never a shell."""
+    variables = {**os.environ, "MUSTER_HOME": str(home), "PYTHONIOENCODING": "utf-8",
+                 "COLUMNS": "200", "NO_COLOR": "1"}
+    variables.pop("MUSTER_URL", None)
+    variables.pop("MUSTER_TOKEN", None)
     if url is not None:
-        env["MUSTER_URL"] = url
-    return subprocess.run([sys.executable, "-m", "muster", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+        variables["MUSTER_URL"] = url
+    if token is not None:
+        variables["MUSTER_TOKEN"] = token
+    variables.update(env or {})
+    return subprocess.run([sys.executable, "-m", "muster", *args], env=variables, cwd=cwd,
+                          capture_output=True, text=True, timeout=120, input=stdin)
 
 
 def on(server: RunningServer, *args: str) -> subprocess.CompletedProcess[str]:
@@ -196,7 +202,8 @@ def test_a_missing_record_is_one_clear_line(server: RunningServer, tmp_path: Pat
 def test_a_home_without_a_token_says_so(server: RunningServer, tmp_path: Path) -> None:
     done = muster(tmp_path / "other-home", server.url, "experiment", "list")
     stderr = assert_clean_failure(done)
-    assert "no API token at" in stderr and "other-home" in stderr
+    assert "no API token to send" in stderr and "MUSTER_TOKEN" in stderr
+    assert "muster login" in stderr and "other-home" in stderr
 
 
 @pytest.mark.timeout(60)

@@ -3,7 +3,6 @@ subprocesses against a real server (files ingested as in tests/server/test_metri
 
 from __future__ import annotations
 
-import getpass
 import json
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 
 from muster.client import Client
-from tests.cli.test_cli import assert_clean_failure, on
+from tests.cli.test_cli import assert_clean_failure, muster, on
 from tests.server.test_metrics_api import STEPS, reported_trial, suspect_trial
 from tests.servers import RunningServer
 
@@ -89,7 +88,7 @@ def test_checkpoint_list(server: RunningServer, reported: dict[str, Any]) -> Non
 
 
 @pytest.mark.timeout(90)
-def test_review_approve_with_the_os_user_as_reviewer(
+def test_review_approve_as_the_token_s_user(
     server: RunningServer, client: Client, tmp_path: Path
 ) -> None:
     trial_id = suspect_trial(client, server, tmp_path)
@@ -98,21 +97,24 @@ def test_review_approve_with_the_os_user_as_reviewer(
     assert done.stdout.strip() == f"trial {trial_id} approved: SUCCEEDED"
     last = client.get_trial(trial_id)["events"][-1]
     assert (last["actor"], last["message"], last["to_state"]) == (
-        f"review:{getpass.getuser()}", "checked by hand", "SUCCEEDED")
+        "admin", "checked by hand", "SUCCEEDED")
     again = on(server, "trial", "review", str(trial_id), "--reject", "--note", "no")
     assert "only a SUSPECT trial" in assert_clean_failure(again)
 
 
 @pytest.mark.timeout(90)
-def test_review_reject_as_a_named_reviewer(
+def test_a_review_is_recorded_as_the_reviewer_s_own_and_admins_review_anything(
     server: RunningServer, client: Client, tmp_path: Path
 ) -> None:
+    """The reviewer is who the token says, not a name the client sends: carol, a second
+    admin, rejects a trial of the first admin's."""
+    carol = client.create_user("carol", "admin")
     trial_id = suspect_trial(client, server, tmp_path)
-    done = on(server, "trial", "review", str(trial_id), "--reject", "--note", "loss is NaN",
-              "--reviewer", "carol", "--json")
+    done = muster(server.home, server.url, "trial", "review", str(trial_id), "--reject",
+                  "--note", "loss is NaN", "--json", token=carol["token"])
     assert done.returncode == 0, done.stderr
     trial = json.loads(done.stdout)
-    assert trial["state"] == "FAILED" and trial["events"][-1]["actor"] == "review:carol"
+    assert trial["state"] == "FAILED" and trial["events"][-1]["actor"] == carol["name"]
 
 
 @pytest.mark.timeout(90)

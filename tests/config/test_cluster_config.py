@@ -74,7 +74,7 @@ def test_no_free_disk_guard(tmp_path: Path) -> None:
         (
             "zzz: 1",
             "zzz: unknown key; the keys allowed here are gpu_release, gpus, min_free_disk, "
-            "preemption, slots",
+            "preemption, priority_floor, run_as, slots",
         ),
         ("slots: 0", "slots: must be >= 1, got 0"),
         ("slots: '2'", "slots: must be a whole number, got '2'"),

@@ -71,7 +71,8 @@ def example_config() -> dict[str, Any]:
 def submit(rig: Rig, config: dict[str, Any], context: Path) -> Submitted:
     archive = context.with_name("context.tar.gz")
     archive.write_bytes(pack_context(context))
-    experiment_id = create_experiment(rig.store, rig.home, yaml.safe_dump(config), archive)
+    experiment_id = create_experiment(rig.store, rig.home, rig.admin,
+                                      yaml.safe_dump(config), archive)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id))
         return Submitted(experiment_id, trial_id.one())

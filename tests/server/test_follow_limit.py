@@ -1,4 +1,4 @@
-"""At most `MAX_FOLLOWS_PER_TOKEN` open log follows per token: the next is a 429 with
+"""At most `MAX_FOLLOWS_PER_TOKEN` open log follows per user: the next is a 429 with
 `Retry-After`, and a place comes back when a stream ends or its client goes away (real
 streams on a real server, closed as a client closes them)."""
 
@@ -157,5 +157,24 @@ def test_the_cli_says_so_in_one_line(
         done = on(server, "trial", "logs", "-f", str(trial_id))
     stderr = assert_clean_failure(done)
     assert stderr.splitlines() == [
-        f"error: {MAX_FOLLOWS_PER_TOKEN} log streams already open with this token, the most "
-        "at once; close one (Ctrl-C a `muster trial logs -f`) and retry"]
+        f"error: {MAX_FOLLOWS_PER_TOKEN} log streams already open for admin, the most one "
+        "user may hold at once; close one (Ctrl-C a `muster trial logs -f`) and retry"]
+
+
+def test_the_limit_is_each_user_s_whatever_token_they_use(
+    http: httpx.Client, server: RunningServer, running: tuple[int, Path]
+) -> None:
+    trial_id, _ = running
+    with server.client() as admin:
+        second = admin.create_token("second")["token"]
+        other = admin.create_user("reader", "viewer")["token"]
+    path = f"{API}/trials/{trial_id}/logs"
+    with ExitStack() as stack:
+        hold(http, stack, trial_id, MAX_FOLLOWS_PER_TOKEN)
+        again = httpx.get(server.url + path, params={"follow": "true"}, timeout=30,
+                          headers={"Authorization": f"Bearer {second}"})
+        assert again.status_code == 429  # the same user, another token
+        reader = stack.enter_context(httpx.stream(
+            "GET", server.url + path, params={"follow": "true"}, timeout=30,
+            headers={"Authorization": f"Bearer {other}"}))
+        assert reader.status_code == 200  # another user has places of their own

@@ -73,6 +73,7 @@ def test_jobs_list_what_runs_then_the_queue_by_priority(
     assert running["state"] == "RUNNING" and running["queue_reason"] is None
     assert first == {
         "trial_id": high, "experiment_id": queued[2]["id"], "experiment_name": "high",
+        "owner": "admin",
         "state": "QUEUED", "priority": 10, "replicas": 1, "gpus_per_replica": 0,
         "gpu_type": None, "gpus": [], "queue_reason": reasons[0],
     }
@@ -90,7 +91,7 @@ def test_a_new_priority_reorders_the_queue(
     wait_positions(client, [low, high, default])
     assert [j["trial_id"] for j in client.list_jobs()][1:] == [low, high, default]
     event = [e for e in trial["events"] if e["reason"] == "priority changed"]
-    assert [(e["message"], e["actor"]) for e in event] == [("priority 50 → 5", "user")]
+    assert [(e["message"], e["actor"]) for e in event] == [("priority 50 → 5", "admin")]
 
 
 @pytest.mark.timeout(120)

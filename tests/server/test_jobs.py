@@ -11,7 +11,12 @@ from sqlalchemy import select
 from muster.config import load_config
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.services import jobs
+from muster.services.access import Principal
+from muster.states import Role
 from muster.store import Event, Experiment, GpuDevice, Store, Trial
+
+# The services check roles and owners with the principal alone: an admin acts on anything.
+ADMIN = Principal(user_id=1, name="admin", role=Role.ADMIN)
 
 
 def add_experiment(store: Store, *states: str, priority: int = 42,
@@ -69,38 +74,38 @@ def test_list_jobs_shows_only_trials_that_run_or_wait_in_order(store: Store) -> 
 
 def test_set_trial_priority_records_who_changed_what(store: Store) -> None:
     _, (trial,) = add_experiment(store, "QUEUED")
-    view = jobs.set_trial_priority(store, trial, 10)
+    view = jobs.set_trial_priority(store, ADMIN, trial, 10)
     assert view["priority"] == 10
-    assert events(store, trial)[-1] == ("priority changed", "priority 42 → 10", "user")
-    jobs.set_trial_priority(store, trial, 10)  # the same again: nothing to record
+    assert events(store, trial)[-1] == ("priority changed", "priority 42 → 10", "admin")
+    jobs.set_trial_priority(store, ADMIN, trial, 10)  # the same again: nothing to record
     assert [e for e in events(store, trial) if e[0] == "priority changed"] == [
-        ("priority changed", "priority 42 → 10", "user")]
+        ("priority changed", "priority 42 → 10", "admin")]
 
 
 @pytest.mark.parametrize("priority", [0, 100, -5])
 def test_a_priority_outside_1_to_99_is_refused(store: Store, priority: int) -> None:
     _, (trial,) = add_experiment(store, "QUEUED")
     with pytest.raises(InvalidRequest, match=f"priority must be 1 to 99.*got {priority}"):
-        jobs.set_trial_priority(store, trial, priority)
+        jobs.set_trial_priority(store, ADMIN, trial, priority)
 
 
 @pytest.mark.parametrize("state", ["SUCCEEDED", "FAILED", "CANCELED", "SUSPECT"])
 def test_an_ended_trial_keeps_its_priority(store: Store, state: str) -> None:
     _, (trial,) = add_experiment(store, state)
     with pytest.raises(Conflict, match=f"trial {trial} is {state}: it will not run again"):
-        jobs.set_trial_priority(store, trial, 10)
+        jobs.set_trial_priority(store, ADMIN, trial, 10)
 
 
 def test_unknown_ids_are_not_found(store: Store) -> None:
     with pytest.raises(NotFound, match="trial 999 does not exist"):
-        jobs.set_trial_priority(store, 999, 10)
+        jobs.set_trial_priority(store, ADMIN, 999, 10)
     with pytest.raises(NotFound, match="experiment 999 does not exist"):
-        jobs.set_experiment_priority(store, 999, 10)
+        jobs.set_experiment_priority(store, ADMIN, 999, 10)
 
 
 def test_set_experiment_priority_moves_its_trials_that_have_not_ended(store: Store) -> None:
     exp, (queued, running, ended) = add_experiment(store, "QUEUED", "RUNNING", "FAILED")
-    view = jobs.set_experiment_priority(store, exp, 7)
+    view = jobs.set_experiment_priority(store, ADMIN, exp, 7)
     assert view["priority"] == 7
     assert {t["id"]: t["priority"] for t in view["trials"]} == {
         queued: 7, running: 7, ended: 42}
@@ -116,4 +121,4 @@ def test_an_ended_experiment_keeps_its_priority(store: Store) -> None:
     with store.session_scope() as s:
         s.get_one(Experiment, exp).state = "COMPLETED"
     with pytest.raises(Conflict, match=f"experiment {exp} is COMPLETED"):
-        jobs.set_experiment_priority(store, exp, 10)
+        jobs.set_experiment_priority(store, ADMIN, exp, 10)

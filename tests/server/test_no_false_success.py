@@ -123,19 +123,19 @@ def test_a_silent_drop_is_suspect_and_a_review_settles_it(
     if decision == "reject":
         note = "the loader drops damaged files"
         done = muster_cli(server, "trial", "review", str(trial_id), "--reject",
-                          "--note", note, "--reviewer", "bob")
+                          "--note", note)
         assert done.returncode == 0, done.stderr
         assert f"trial {trial_id} rejected: FAILED" in done.stdout
         expected = ("FAILED", "ERROR")
     else:
         note = "12% is fine for this run"
-        client.review_trial(trial_id, "approve", note, "bob")
+        client.review_trial(trial_id, "approve", note)
         expected = ("SUCCEEDED", "COMPLETED")
     reviewed = client.get_trial(trial_id)
     assert reviewed["state"] == expected[0]
     last = reviewed["events"][-1]
     assert (last["from_state"], last["to_state"], last["actor"], last["message"]) == (
-        "SUSPECT", expected[0], "review:bob", note)
+        "SUSPECT", expected[0], "admin", note)
     assert wait_ended(client, experiment_id)["state"] == expected[1]
 
 

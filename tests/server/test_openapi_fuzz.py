@@ -71,11 +71,13 @@ def labels(schema: BaseSchema) -> set[str]:
 def answers(api_schema: BaseSchema) -> Iterator[defaultdict[str, Counter[int]]]:
     """The statuses each operation answered the fuzzer with. Once all have run: every
     operation was sent cases, and most of them were not refused a 401 (the token went with
-    them and they reached the routes; schemathesis sends a few without it on purpose)."""
+    them and they reached the routes; schemathesis sends a few without it on purpose). A
+    login with made-up names and passwords is a 401 by design."""
     seen: defaultdict[str, Counter[int]] = defaultdict(Counter)
     yield seen
     assert set(seen) == labels(api_schema)
-    refused = sorted(op for op, codes in seen.items() if codes[401] * 2 > codes.total())
+    refused = sorted(op for op, codes in seen.items() if codes[401] * 2 > codes.total()
+                     and op != "POST /api/v1/login")
     assert not refused, f"most cases of these were refused a 401: {refused}"
 
 

@@ -64,11 +64,12 @@ def _events(store: Store, about: Entity | None = None) -> list[Event]:
         return list(session.scalars(query))
 
 
-def _move(store: Store, obj: Entity, target: State | str, actor: str = "supervisor") -> Event:
+def _move(store: Store, obj: Entity, target: State | str, actor: str = "system:supervisor",
+          reason: str = "test") -> Event:
     with store.session_scope() as session:
         row = session.get_one(type(obj), obj.id)
         assert isinstance(row, Experiment | Trial | Attempt)
-        return transition(session, row, target, reason="test", actor=actor, message="why")
+        return transition(session, row, target, reason=reason, actor=actor, message="why")
 
 
 def _owners(obj: Entity) -> tuple[int, int | None]:
@@ -85,21 +86,21 @@ def _check_pair(
     obj = _add(store, kind, current.value)
     before = _snapshot(store, kind, obj.id)
     review = (current, target) in REVIEW_ONLY_MOVES
-    actor = "review:alice" if review else "supervisor"
+    actor, reason = ("alice", "review approved") if review else ("system:supervisor", "test")
     if not legal:
         with pytest.raises(IllegalTransition, match=f"is {current.value}"):
-            _move(store, obj, target, actor)
+            _move(store, obj, target, actor, reason)
         assert _snapshot(store, kind, obj.id) == before
         assert _events(store, about=obj) == []
         return
-    _move(store, obj, target, actor)
+    _move(store, obj, target, actor, reason)
     after = _snapshot(store, kind, obj.id)
     (event,) = _events(store, about=obj)
     assert after["state"] == target.value
     assert after["updated_at"] == event.at >= before["updated_at"]
     assert (event.experiment_id, event.trial_id) == _owners(obj)
     assert (event.from_state, event.to_state) == (current.value, target.value)
-    assert (event.reason, event.actor, event.message) == ("test", actor, "why")
+    assert (event.reason, event.actor, event.message) == (reason, actor, "why")
 
 
 @pytest.mark.parametrize(("current", "target"), _every_pair(ExperimentState))
@@ -161,10 +162,15 @@ def test_racing_writers_move_a_row_once(store: Store) -> None:
 
 
 def test_suspect_exits_only_by_review(store: Store) -> None:
+    """A review is a review's reason, by a person: not muster's, not another move's."""
     trial = _add(store, Trial, "SUSPECT")
-    with pytest.raises(IllegalTransition, match="only a review can move it to SUCCEEDED"):
-        _move(store, trial, TrialState.SUCCEEDED, actor="supervisor")
-    _move(store, trial, TrialState.SUCCEEDED, actor="review:alice")
+    refused = "only a person's review can move it to SUCCEEDED"
+    for actor, reason in (("system:supervisor", "test"), ("alice", "test"),
+                          ("system:supervisor", "review approved")):
+        with pytest.raises(IllegalTransition, match=refused):
+            _move(store, trial, TrialState.SUCCEEDED, actor=actor, reason=reason)
+    assert _snapshot(store, Trial, trial.id)["state"] == "SUSPECT"
+    _move(store, trial, TrialState.SUCCEEDED, actor="alice", reason="review approved")
     assert _snapshot(store, Trial, trial.id)["state"] == "SUCCEEDED"
 
 
@@ -176,7 +182,7 @@ def test_trial_times_are_stamped_once(store: Store) -> None:
     suspect = _events(store)[-1].at
     row = _snapshot(store, Trial, trial.id)
     assert (row["started_at"], row["ended_at"]) == (first_run, suspect)
-    _move(store, trial, "FAILED", actor="review:bob")
+    _move(store, trial, "FAILED", actor="bob", reason="review rejected")
     row = _snapshot(store, Trial, trial.id)
     assert (row["started_at"], row["ended_at"]) == (first_run, suspect)
     assert row["updated_at"] > suspect

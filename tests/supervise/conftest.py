@@ -18,10 +18,12 @@ from sqlalchemy import select
 
 from muster.home import Home
 from muster.launch.local import LocalLauncher
+from muster.services.access import Principal
 from muster.services.experiments import create_experiment
 from muster.states import ExperimentState, TrialState
 from muster.store import Attempt, Event, Experiment, Store, Trial
 from muster.supervise.supervisor import Supervisor
+from tests.accounts import first_admin
 from tests.processes import kill_home_processes
 from tests.waiting import wait_until
 
@@ -119,11 +121,12 @@ class Rig:
     store: Store
     home: Home
     supervisor: Supervisor
+    admin: Principal  # who submits and acts: the first admin
 
     def submit(self, entrypoint: list[str], **policy: Any) -> Submitted:
         experiment_id = create_experiment(
-            self.store, self.home, experiment_yaml(entrypoint, **policy), archive=None
-        )
+            self.store, self.home, self.admin, experiment_yaml(entrypoint, **policy),
+            archive=None)
         with self.store.session_scope() as s:
             trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id))
             return Submitted(experiment_id, trial_id.one())
@@ -132,7 +135,7 @@ class Rig:
         """The same store and home under a NEW supervisor and launcher, as after a restart."""
         supervisor = Supervisor(self.store, LocalLauncher(), self.home,
                                 slots=self.supervisor.slots, min_free_disk=0)
-        return Rig(self.store, self.home, supervisor)
+        return Rig(self.store, self.home, supervisor, self.admin)
 
     def trial(self, trial_id: int) -> TrialView:
         with self.store.session_scope() as s:
@@ -210,7 +213,8 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
 
 
 def _rig(store: Store, home: Home) -> Rig:
-    return Rig(store, home, Supervisor(store, LocalLauncher(), home, slots=4, min_free_disk=0))
+    return Rig(store, home, Supervisor(store, LocalLauncher(), home, slots=4, min_free_disk=0),
+               first_admin(store, home))
 
 
 @pytest.fixture

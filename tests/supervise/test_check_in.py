@@ -30,7 +30,8 @@ def submit(rig: Rig, tmp_path: Path, harness: bool, variables: dict[str, str],
         "failure_policy": {"stop_grace": 5.0, **policy},
         "verify": {"require_checkpoint": False},
     }
-    experiment_id = create_experiment(rig.store, rig.home, yaml.safe_dump(config), archive=None)
+    experiment_id = create_experiment(rig.store, rig.home, rig.admin,
+                                      yaml.safe_dump(config), archive=None)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id)).one()
     return Submitted(experiment_id, trial_id)

@@ -35,7 +35,8 @@ ENDED_ALONE = "and ended this trial so that the others go on"
 def _submit(rig: Rig, config: dict[str, Any]) -> Submitted:
     base = {"name": "isolation", "entrypoint": [sys.executable, "-c", "print('ok')"],
             "failure_policy": {"stop_grace": 1.0}}
-    experiment_id = create_experiment(rig.store, rig.home, yaml.safe_dump({**base, **config}),
+    experiment_id = create_experiment(rig.store, rig.home, rig.admin,
+                                      yaml.safe_dump({**base, **config}),
                                       archive=None)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id))
@@ -81,7 +82,7 @@ def test_a_data_path_the_os_refuses_ends_only_its_own_trial(rig: Rig, tmp_path: 
 def test_a_search_that_cannot_draw_ends_alone(rig: Rig) -> None:
     search = {"hyperparameters": {"x": {"type": "categorical", "vals": [1, 2]}},
               "searcher": {"name": "grid", "metric": "loss"}}
-    experiment_id = create_experiment(rig.store, rig.home, yaml.safe_dump(
+    experiment_id = create_experiment(rig.store, rig.home, rig.admin, yaml.safe_dump(
         {"name": "search", "entrypoint": ["true"], **search}), archive=None)
     with rig.store.session_scope() as s:
         experiment = s.get_one(Experiment, experiment_id)

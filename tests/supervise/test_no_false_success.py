@@ -73,7 +73,8 @@ def submit(rig: Rig, experiment: dict[str, Any], context: Path | None = None) ->
     if context is not None:
         archive = context.with_name(context.name + ".tar.gz")
         archive.write_bytes(pack_context(context))
-    experiment_id = create_experiment(rig.store, rig.home, yaml.safe_dump(experiment), archive)
+    experiment_id = create_experiment(rig.store, rig.home, rig.admin,
+                                      yaml.safe_dump(experiment), archive)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id))
         return Submitted(experiment_id, trial_id.one())
@@ -138,13 +139,13 @@ def test_a_silent_drop_is_suspect_until_a_person_reviews_it(
     assert sqlite_rig.experiment_state(job.experiment_id) is ExperimentState.ACTIVE
 
     note = "the loader skips damaged files" if decision == "reject" else "12% is expected"
-    reviewed = review_trial(sqlite_rig.store, job.trial_id, decision, note, "alice")
+    reviewed = review_trial(sqlite_rig.store, sqlite_rig.admin, job.trial_id, decision, note)
     end = {"reject": ("FAILED", ExperimentState.ERROR),
            "approve": ("SUCCEEDED", ExperimentState.COMPLETED)}[decision]
     assert reviewed["state"] == end[0]
     last = reviewed["events"][-1]
     assert (last["from_state"], last["to_state"], last["actor"], last["message"]) == (
-        "SUSPECT", end[0], "review:alice", note)
+        "SUSPECT", end[0], "admin", note)
     sqlite_rig.tick_until(lambda: sqlite_rig.experiment_state(job.experiment_id) is end[1],
                           what=f"the experiment to be {end[1].value}")
 
@@ -257,7 +258,7 @@ def test_a_run_that_obeys_a_kill_and_exits_0_is_canceled_not_succeeded(
     # Checked in: the harness has taken over SIGTERM, so the stop reaches should_stop().
     sqlite_rig.tick_until(heartbeat.exists, what="the check-in")
 
-    kill_experiment(sqlite_rig.store, job.experiment_id)
+    kill_experiment(sqlite_rig.store, sqlite_rig.admin, job.experiment_id)
     view = settle(sqlite_rig, job)
 
     assert view.state == "CANCELED"

@@ -32,7 +32,8 @@ def submit(rig: Rig, entrypoint: list[str], resources: dict[str, Any]) -> Submit
         "resources": resources,
         "failure_policy": {"stop_grace": 1.0, **GENEROUS},
     }
-    experiment_id = create_experiment(rig.store, rig.home, yaml.safe_dump(config), archive=None)
+    experiment_id = create_experiment(rig.store, rig.home, rig.admin,
+                                      yaml.safe_dump(config), archive=None)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id)).one()
     return Submitted(experiment_id, trial_id)

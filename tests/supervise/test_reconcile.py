@@ -68,7 +68,7 @@ def test_an_exit_while_down_is_finalised_from_its_exit_record(rig: Rig, tmp_path
     [attempt] = trial.attempts
     assert (attempt.state, attempt.replica_reason, attempt.exit_code) == ("SUCCEEDED", "OK", 0)
     assert [(e.entity, e.actor, e.message) for e in _reconcile_events(trial)] == [
-        ("attempt", "server-start", "attempt 1 finalised from its exit record")
+        ("attempt", "system:server-start", "attempt 1 finalised from its exit record")
     ]
     assert files.log.read_bytes() == b"waiting\nreleased\n"
     restarted.supervisor.tick()
@@ -211,7 +211,7 @@ def test_killing_a_trial_whose_pid_was_recycled_signals_nothing(
     attempt_dir = _record_running_attempt(
         rig, job, _earlier(impostors[0]), _earlier(impostors[1])
     )
-    kill_experiment(rig.store, job.experiment_id)  # asked just before the crash
+    kill_experiment(rig.store, rig.admin, job.experiment_id)  # asked just before the crash
 
     found = reconcile_attempts(rig.restarted().supervisor)
 

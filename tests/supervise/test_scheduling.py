@@ -20,6 +20,7 @@ from muster.services.experiments import activate_experiment, create_experiment, 
 from muster.states import TrialState
 from muster.store import Attempt, Event, GpuDevice, Store, Trial
 from muster.supervise.supervisor import Supervisor
+from tests.accounts import first_admin
 from tests.supervise.conftest import Rig, Submitted, fixture_entrypoint
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
@@ -32,7 +33,7 @@ def gpu_rig(store: Store, home: Home, gpus: int = 4, slots: int = 2,
     supervisor = Supervisor(store, LocalLauncher(), home, slots=slots, min_free_disk=0,
                             gpus=FakeInventory(specs, home.fake_gpus_dir),
                             gpu_release=release or GpuReleaseConfig(), preemption=preemption)
-    return Rig(store, home, supervisor)
+    return Rig(store, home, supervisor, first_admin(store, home))
 
 
 def submit(rig: Rig, entrypoint: list[str], variables: dict[str, str] | None = None,
@@ -45,7 +46,8 @@ def submit(rig: Rig, entrypoint: list[str], variables: dict[str, str] | None = N
         "resources": resources,
         "failure_policy": {"stop_grace": 10.0},
     }
-    experiment_id = create_experiment(rig.store, rig.home, yaml.safe_dump(config), archive=None)
+    experiment_id = create_experiment(rig.store, rig.home, rig.admin,
+                                      yaml.safe_dump(config), archive=None)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id)).one()
     return Submitted(experiment_id, trial_id)
@@ -238,14 +240,14 @@ def test_pause_frees_the_slot_and_activate_resumes_at_the_saved_step(
 ) -> None:
     job, until = harness_job(rig, tmp_path, "paused")
     rig.tick_until(lambda: steps_reported(rig, job) > 3, what="a few steps")
-    pause_experiment(rig.store, job.experiment_id)
+    pause_experiment(rig.store, rig.admin, job.experiment_id)
     trial = rig.until_trial(job, TrialState.PAUSED)
     assert rig.supervisor.slots_in_use() == 0
     assert trial.counters == (0, 0, 0, 0)  # a pause is no failure and uses no budget
     for _ in range(5):
         rig.supervisor.tick()
     assert rig.trial(job.trial_id).state == "PAUSED"  # it waits for a person
-    activate_experiment(rig.store, job.experiment_id)
+    activate_experiment(rig.store, rig.admin, job.experiment_id)
     rig.until_trial(job, TrialState.RUNNING)
     rig.tick_until(lambda: "restored step" in log_of(rig, job, attempt=2),
                    what="attempt 2 to restore the checkpoint saved at the pause")

@@ -36,7 +36,7 @@ def submit_search(rig: Rig, searcher: dict[str, Any], hyperparameters: dict[str,
     }
     if seed is not None:
         config["reproducibility"] = {"experiment_seed": seed}
-    return create_experiment(rig.store, rig.home, yaml.safe_dump(config), archive=None)
+    return create_experiment(rig.store, rig.home, rig.admin, yaml.safe_dump(config), archive=None)
 
 
 def trials_of(store: Store, experiment_id: int) -> list[Trial]:
@@ -194,7 +194,7 @@ def test_a_search_killed_before_its_first_draw_ends_canceled(sqlite_rig: Rig) ->
     experiment_id = submit_search(
         sqlite_rig, {"name": "random", "max_trials": 3, **LOSS},
         {"x": {"type": "double", "minval": 0, "maxval": 1}})
-    kill_experiment(sqlite_rig.store, experiment_id)
+    kill_experiment(sqlite_rig.store, sqlite_rig.admin, experiment_id)
     sqlite_rig.supervisor.tick()
     assert sqlite_rig.experiment_state(experiment_id) is ExperimentState.CANCELED
     assert trials_of(sqlite_rig.store, experiment_id) == []  # and nothing was drawn

@@ -24,7 +24,7 @@ def _search(rig: Rig, code: str, values: int, **searcher: Any) -> int:
               "failure_policy": {"stop_grace": 1.0},
               "hyperparameters": {"x": {"type": "int", "minval": 1, "maxval": values}},
               "searcher": {"name": "grid", "metric": "loss", **searcher}}
-    return create_experiment(rig.store, rig.home, yaml.safe_dump(config), archive=None)
+    return create_experiment(rig.store, rig.home, rig.admin, yaml.safe_dump(config), archive=None)
 
 
 def _ended(rig: Rig, experiment_id: int) -> dict[str, Any]:

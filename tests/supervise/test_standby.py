@@ -31,7 +31,8 @@ def submit(rig: Rig, variables: dict[str, str] | None = None, **policy: object) 
         "failure_policy": {"stop_grace": 5.0, "warm_standby": True, **policy},
         "verify": {"require_checkpoint": False},
     }
-    experiment_id = create_experiment(rig.store, rig.home, yaml.safe_dump(config), archive=None)
+    experiment_id = create_experiment(rig.store, rig.home, rig.admin,
+                                      yaml.safe_dump(config), archive=None)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id)).one()
     return Submitted(experiment_id, trial_id)

@@ -18,6 +18,7 @@ from muster.states import ExperimentState, TrialState
 from muster.store import Store
 from muster.supervise.policy import INTERNAL_FAILURE_MESSAGE
 from muster.supervise.supervisor import Supervisor
+from tests.accounts import first_admin
 from tests.processes import live_group
 from tests.supervise.conftest import Rig, TrialView, fixture_entrypoint
 from tests.waiting import wait_until
@@ -50,7 +51,7 @@ def test_exit_0_succeeds_with_one_attempt_and_its_events(rig: Rig) -> None:
         ("STARTING", "RUNNING", "started"),
         ("RUNNING", "SUCCEEDED", "OK"),
     ]
-    assert all(e.actor == "supervisor" for e in trial.events if e.reason != "created")
+    assert all(e.actor == "system:supervisor" for e in trial.events if e.reason != "created")
 
 
 # (fixture and its arguments, failure_policy, trial reason, attempts, counters as
@@ -166,7 +167,8 @@ def test_a_launch_that_cannot_happen_is_internal_and_gives_up_after_3_attempts(
     sqlite_store: Store, blocked_home: Home
 ) -> None:
     rig = Rig(sqlite_store, blocked_home, Supervisor(sqlite_store, LocalLauncher(), blocked_home,
-                                                      min_free_disk=0))
+                                                      min_free_disk=0),
+              first_admin(sqlite_store, blocked_home))
     job = rig.submit(fixture_entrypoint("exit0.sh"))
     trial = rig.run_to_end(job)
 
@@ -238,7 +240,7 @@ def test_kill_while_running_cancels_the_trial(
     log = running.attempts[0].run_dir / "rank-0.log"
     wait_until(lambda: log.exists() and log.read_bytes(), what="the script's first line")
 
-    kill_experiment(rig.store, job.experiment_id)
+    kill_experiment(rig.store, rig.admin, job.experiment_id)
     trial = rig.run_to_end(job)
 
     assert (trial.state, trial.reason) == ("CANCELED", "killed")
@@ -267,7 +269,7 @@ def test_kill_while_restarting_starts_no_new_attempt(rig: Rig) -> None:
         return rig.trial(job.trial_id).state == "RESTARTING"
 
     wait_until(settled_only, timeout=30, what="the trial to be RESTARTING")
-    kill_experiment(rig.store, job.experiment_id)
+    kill_experiment(rig.store, rig.admin, job.experiment_id)
     trial = rig.run_to_end(job)
 
     assert (trial.state, trial.reason) == ("CANCELED", "killed")
@@ -282,6 +284,6 @@ def test_kill_while_queued_cancels_at_once(rig: Rig) -> None:
     rig.supervisor.slots = 0
     job = rig.submit(fixture_entrypoint("exit0.sh"))
     rig.supervisor.tick()
-    kill_experiment(rig.store, job.experiment_id)
+    kill_experiment(rig.store, rig.admin, job.experiment_id)
     trial = rig.run_to_end(job)
     assert (trial.state, trial.reason, trial.attempts) == ("CANCELED", "killed", [])

@@ -41,7 +41,7 @@ def run_experiment(rig: Rig, tmp_path: Path, name: str, files: dict[str, str],
     archive = tmp_path / f"{name}.tar.gz"
     archive.write_bytes(pack_context(context))
     full = {"name": name, "failure_policy": {"stop_grace": "1s"}, **config}
-    experiment_id = create_experiment(rig.store, rig.home, yaml.safe_dump(full), archive)
+    experiment_id = create_experiment(rig.store, rig.home, rig.admin, yaml.safe_dump(full), archive)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id)).one()
     rig.tick_until(lambda: TrialState(rig.trial(trial_id).state).is_settled(),

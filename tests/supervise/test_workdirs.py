@@ -57,7 +57,7 @@ def submit_two_trials(rig: Rig, tmp_path: Path) -> int:
               "searcher": {"name": "grid", "metric": "loss", "max_concurrent_trials": 1},
               "data": {"path": "data"}, "verify": {"require_checkpoint": False},
               "failure_policy": {"stop_grace": "1s"}}
-    return create_experiment(rig.store, rig.home, yaml.safe_dump(config), archive)
+    return create_experiment(rig.store, rig.home, rig.admin, yaml.safe_dump(config), archive)
 
 
 def test_trials_never_see_each_others_files(sqlite_rig: Rig, tmp_path: Path) -> None:

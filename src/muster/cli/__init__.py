@@ -6,7 +6,18 @@ import sys
 
 import typer
 
-from muster.cli import checkpoint, cluster, env, experiment, job, server, trial
+from muster.cli import (
+    checkpoint,
+    cluster,
+    env,
+    events,
+    experiment,
+    job,
+    server,
+    tokens,
+    trial,
+    users,
+)
 from muster.errors import MusterError
 
 app = typer.Typer(
@@ -26,6 +37,12 @@ app.add_typer(checkpoint.app, name="checkpoint")
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(job.app, name="job")
 app.add_typer(env.app, name="env")
+app.add_typer(users.app, name="user")
+app.add_typer(tokens.app, name="token")
+app.command("login")(tokens.login)
+app.command("logout")(tokens.logout)
+app.command("whoami")(users.whoami)
+app.command("events")(events.events)
 
 
 def main() -> None:

@@ -110,10 +110,14 @@ def _report_created(exp: dict[str, Any], as_json: bool, ended: bool) -> None:
 
 
 @app.command("list")
-def list_(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
-    """List experiments."""
+def list_(
+    mine: Annotated[bool, typer.Option("--mine", help="only yours")] = False,
+    owner: Annotated[str | None, typer.Option(help="only this user's")] = None,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """List experiments (every user's, or --mine, or --owner NAME's)."""
     with client(home, url) as c:
-        rows = c.list_experiments()
+        rows = c.list_experiments(owner=owner, mine=mine)
     render.print_json(rows) if as_json else render.console.print(render.experiments_table(rows))
 
 

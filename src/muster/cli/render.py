@@ -40,11 +40,12 @@ def duration(start: float | None, end: float | None) -> str:
 
 
 def experiments_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("ID", "Name", "State", "Trials", "Created", "Ended")
+    table = Table("ID", "Name", "Owner", "State", "Trials", "Created", "Ended")
     for exp in rows:
         trials = ", ".join(exp["trial_states"]) or "-"
-        table.add_row(str(exp["id"]), exp["name"], state(exp["state"]), trials,
-                      when(exp["created_at"]), when(exp["ended_at"]))
+        table.add_row(str(exp["id"]), escape(exp["name"]), escape(exp.get("owner") or "-"),
+                      state(exp["state"]), trials, when(exp["created_at"]),
+                      when(exp["ended_at"]))
     return table
 
 

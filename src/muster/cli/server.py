@@ -58,7 +58,8 @@ def up(
     where = Home.resolve(home).ensure()
     settings = ServerSettings(db, slots, _size(min_free_disk) if min_free_disk else None,
                               str(Path(cluster_config).resolve()) if cluster_config else None)
-    settings.cluster(where)  # a bad cluster config stops here, with every problem named
+    settings.run_as(settings.cluster(where))  # a bad cluster config stops here, with every
+    # problem named (and a run_as this machine cannot honour)
     _refuse_second_server(where)
     if detach:
         _start_detached(where, host, port, settings)

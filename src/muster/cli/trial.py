@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import sys
 from enum import Enum
 from typing import Annotated, Any
@@ -191,24 +190,17 @@ def review(
     note: Annotated[str, typer.Option(help="why; recorded with the decision")],
     approve: Annotated[bool, typer.Option("--approve", help="the trial SUCCEEDED")] = False,
     reject: Annotated[bool, typer.Option("--reject", help="the trial FAILED")] = False,
-    reviewer: Annotated[str | None, typer.Option(
-        help="who reviews (default: your user name)")] = None,
     as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
-    """Settle a SUSPECT trial (exit 0, a verification failed): --approve or --reject it."""
+    """Settle a SUSPECT trial (exit 0, a verification failed): --approve or --reject it.
+    The review is recorded as yours (the muster user of your token)."""
     if approve == reject:
         raise typer.BadParameter("give exactly one of --approve and --reject")
     decision = "approve" if approve else "reject"
     with client(home, url) as c:
-        trial = c.review_trial(trial_id, decision, note, reviewer or _user_name())
+        trial = c.review_trial(trial_id, decision, note)
     if as_json:
         render.print_json(trial)
         return
     render.console.print(f"trial {trial_id} {DONE[decision]}: {render.state(trial['state'])}")
 
-
-def _user_name() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no login name, no passwd entry for this uid
-        raise typer.BadParameter("cannot tell your user name; pass --reviewer NAME") from None

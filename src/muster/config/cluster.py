@@ -7,6 +7,9 @@ gpus: auto               # `auto` (NVML), `none`, or a fake inventory:
 min_free_disk: 5GiB      # no new replica starts below this much free disk; 0: no guard
 preemption: false
 gpu_release: {max_used_fraction: 0.05, timeout: 60s}
+priority_floor: 10       # priorities 1-9 are admins' alone (lower runs first)
+run_as: owner            # jobs run as their owner's Unix account, or {user: NAME}; none:
+                         # as the server's own user (the default)
 ```
 
 The file is optional (`$MUSTER_HOME/cluster.yaml`); its models are as strict as the
@@ -24,13 +27,14 @@ from pydantic import Field, TypeAdapter, ValidationInfo, field_validator
 
 from muster.config.loading import parse_yaml, read_config_text
 from muster.config.problems import config_error, show_value, validate_config_data
-from muster.config.schema import _Section
+from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY, _Section
 from muster.config.units import parse_duration, parse_size
 
-__all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "gpu_type_from_name",
-           "load_cluster_config"]
+__all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "RunAsAccount",
+           "gpu_type_from_name", "load_cluster_config"]
 
 DEFAULT_MIN_FREE_DISK = 5 << 30
+DEFAULT_PRIORITY_FLOOR = 10
 _WHAT = "cluster config"
 
 
@@ -59,6 +63,13 @@ class FakeGpuConfig(_Section):
 
 
 _FAKE_INVENTORY = TypeAdapter(list[FakeGpuConfig])
+_UNIX_NAME = r"^[a-z_][a-z0-9_-]{0,30}\$?$"
+
+
+class RunAsAccount(_Section):
+    """`run_as: {user: NAME}`: every job runs as this Unix account."""
+
+    user: str = Field(min_length=1, max_length=32, pattern=_UNIX_NAME)
 
 
 class GpuReleaseConfig(_Section):
@@ -82,6 +93,14 @@ class ClusterConfig(_Section):
     min_free_disk: int = Field(default=DEFAULT_MIN_FREE_DISK, ge=0)
     preemption: bool = False
     gpu_release: GpuReleaseConfig = Field(default_factory=GpuReleaseConfig)
+    # The best (lowest) priority a user who is not an admin may give a trial; better ones
+    # are an admin's, so nobody jumps the queue to 1 on their own.
+    priority_floor: int = Field(default=DEFAULT_PRIORITY_FLOOR, ge=MIN_PRIORITY,
+                                le=MAX_PRIORITY)
+    # Whom jobs run as: None, the server's own user; "owner", each experiment's owner's
+    # Unix account (`muster.launch.accounts`); or one account for every job. The server
+    # must run as root to drop to them.
+    run_as: Literal["owner"] | RunAsAccount | None = None
 
     @field_validator("gpus", mode="plain")
     @classmethod
@@ -98,6 +117,17 @@ class ClusterConfig(_Section):
             )
         # pydantic reports this ValidationError's problems under `gpus`, each at its own path.
         return _distinct_indices(_FAKE_INVENTORY.validate_python(value, strict=True))
+
+    @field_validator("run_as", mode="plain")
+    @classmethod
+    def _run_as(cls, value: object) -> Literal["owner"] | RunAsAccount | None:
+        if value is None or value == "owner":
+            return value
+        if not isinstance(value, dict):
+            raise ValueError("must be 'owner' (each experiment's owner's Unix account) or "
+                             f"{{user: NAME}} (one account for every job), got "
+                             f"{show_value(value)}")
+        return RunAsAccount.model_validate(value, strict=True)
 
     @field_validator("min_free_disk", mode="before")
     @classmethod

@@ -24,9 +24,13 @@ class EnvHome:
 
     root: Path
 
-    def ensure(self) -> EnvHome:
+    def ensure(self, shared: bool = False) -> EnvHome:
+        """Make the layout; `shared`: jobs run as other accounts (`run_as`) and must reach
+        the built environments and the harness (0711 on the way, never listed)."""
         for path in (self.root, self.store, self.requests, self.logs, self.locks):
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for path in (self.root, self.store):
+            path.chmod(0o711 if shared else 0o700)
         return self
 
     @property
@@ -86,12 +90,14 @@ class EnvHome:
         found |= {p.name for p in _listing(self.root) if p.is_symlink()}
         return sorted(k for k in found if is_hash(k))
 
-    def ensure_harness(self) -> Path:
-        """The harness directory, its link pointing at the muster package running now."""
+    def ensure_harness(self, shared: bool = False) -> Path:
+        """The harness directory, its link pointing at the muster package running now
+        (readable by everyone when `shared`)."""
         import muster
 
         package = Path(muster.__file__).resolve().parent
         self.harness.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.harness.chmod(0o755 if shared else 0o700)
         link = self.harness / "muster"
         if not link.is_symlink() or Path(os.readlink(link)) != package:
             tmp = self.harness / f".muster.tmp-{os.getpid()}"

@@ -121,12 +121,14 @@ class Environments:
     followed by the supervisor's pass, trial layers made at a trial's first launch."""
 
     root: Path  # $MUSTER_HOME/envs
+    # Jobs run as other accounts (`run_as`): builds are readable by everyone (umask 022).
+    shared: bool = False
     _running: dict[str, _Build] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.layout = EnvHome(self.root).ensure()
-        self.harness = self.layout.ensure_harness()
+        self.layout = EnvHome(self.root).ensure(self.shared)
+        self.harness = self.layout.ensure_harness(self.shared)
 
     # -- at submission ---------------------------------------------------------------
     def keep_request(self, request: BuildRequest) -> str:
@@ -176,7 +178,8 @@ class Environments:
             child = subprocess.Popen(
                 [sys.executable, "-P", "-m", "muster.environments.build", str(self.root), key,
                  str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
+                umask=0o022 if self.shared else -1)
             self._running[key] = _Build(child, err, time.monotonic())
         log.info("building environment %s (pid %d)", key, child.pid)
         return EnvState("BUILDING", stage="starting", seconds=0.0)

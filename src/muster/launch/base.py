@@ -19,6 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Literal
 
+from muster.launch.accounts import Account
 from muster.launch.logs import ReplicaLog, log_size, read_range
 from muster.rundir import RankFiles
 
@@ -60,6 +61,9 @@ class ReplicaSpec:
     # then the ones below); None: the interpreter muster runs on (specs written before
     # environments existed).
     path: tuple[str, ...] | None = None
+    # The Unix account the training process runs as (the cluster config's `run_as`);
+    # None: the shim's own (the server's user).
+    account: Account | None = None
 
     @property
     def log_path(self) -> Path:

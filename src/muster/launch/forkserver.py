@@ -219,7 +219,7 @@ def _fork_shim(run: Any, request: dict[str, Any]) -> int:
         os.setsid()
         os.chdir(cwd)
         null = os.open(os.devnull, os.O_RDWR)
-        err = os.open(shim_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        err = os.open(shim_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         os.dup2(null, 0)
         os.dup2(null, 1)
         os.dup2(err, 2)

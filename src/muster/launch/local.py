@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -144,9 +146,9 @@ class LocalLauncher(Launcher):
                               "replica can be archived")
         for kind in CONTROL_FILES:
             path = files.path(kind)
-            if path.exists():
+            if os.path.lexists(path):
                 target = files.archived(kind, incarnation)
-                target.parent.mkdir(exist_ok=True)
+                _real_directory(target.parent)
                 path.rename(target)
 
     def log(self, attempt_dir: Path, rank: int) -> FileLog:
@@ -200,7 +202,8 @@ class LocalLauncher(Launcher):
         The shim inherits the blocked mask and unblocks it once its handlers are installed,
         so a cancel that arrives while its interpreter starts is delivered, not lost.
         """
-        with files.shim_log.open("ab") as shim_log:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(files.shim_log, flags, 0o644), "ab") as shim_log:
             previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
             try:
                 return subprocess.Popen(
@@ -290,3 +293,21 @@ def _mtime(path: Path) -> float | None:
         return path.stat().st_mtime
     except (FileNotFoundError, NotADirectoryError):
         return None
+
+
+def _real_directory(path: Path) -> None:
+    """Make `path` a directory of this process's own, replacing a link or a file in its
+    place (under `run_as` the job owns the attempt's directory: moving muster's files
+    through a link it planted would put them wherever it points)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        path.mkdir()
+        return
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    path.mkdir()

@@ -12,6 +12,7 @@ what it returns, not what the file holds. Text is decoded only in `tail_text`, f
 from __future__ import annotations
 
 import abc
+import errno
 import io
 import os
 import re
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import BinaryIO
+
+from muster.atomic import open_regular
 
 __all__ = ["BLOCK_BYTES", "MAX_OFFSET", "FileLog", "LogPart", "MaskedLog", "ReplicaLog",
            "log_size", "masked", "pread",
@@ -74,14 +77,20 @@ class FileLog(ReplicaLog):
         return f"FileLog({self.rank}, {str(self.log)!r})"
 
     def open(self, part: LogPart) -> BinaryIO | None:
+        """The file, or None while there is none. A link or anything but a regular file in
+        its place (a job under `run_as` owns the directory) is no log: None too."""
         try:
-            return self._path(part).open("rb", buffering=0)
+            return os.fdopen(open_regular(self._path(part)), "rb", buffering=0)
         except _NO_FILE:
             return None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EINVAL):
+                return None
+            raise
 
     def size(self, part: LogPart = LogPart.LOG) -> int:
         try:
-            return self._path(part).stat().st_size
+            return os.lstat(self._path(part)).st_size
         except _NO_FILE:
             return 0
 

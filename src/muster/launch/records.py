@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, cast, get_args
 
+from muster.launch.accounts import account_from_json
 from muster.launch.base import ExitRecord, MemoryEnforcement, ReplicaSpec
 
 __all__ = ["exit_record_from_json", "exit_record_to_json", "spec_from_json", "spec_to_json"]
@@ -23,6 +24,7 @@ def spec_to_json(spec: ReplicaSpec) -> dict[str, Any]:
     data["attempt_dir"] = str(spec.attempt_dir)
     data["notify"] = list(spec.notify) if spec.notify else None
     data["path"] = list(spec.path) if spec.path is not None else None
+    data["account"] = spec.account.to_json() if spec.account is not None else None
     return data
 
 
@@ -42,6 +44,7 @@ def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
         memory_enforcement=_enforcement(data.get("memory_enforcement", "auto")),
         notify=_notify_target(data.get("notify")),
         path=None if data.get("path") is None else tuple(str(p) for p in data["path"]),
+        account=account_from_json(data.get("account")),  # absent before run_as existed
     )
 
 

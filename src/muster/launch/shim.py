@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import json
 import logging
 import os
 import select
@@ -28,8 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from muster.atomic import atomic_write_json, read_json
+from muster.atomic import atomic_write_json, open_regular, read_json
 from muster.errors import LaunchError
+from muster.launch.accounts import drop_to, job_identity
 from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaSpec
 from muster.launch.environment import job_environment, job_umask
 from muster.launch.identity import group_members, own_identity, read_identity, send_signal
@@ -265,7 +267,10 @@ def _pidfd(pid: int) -> int | None:
 
 
 def _open_append(path: Path) -> int:
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    """Never through a link: under `run_as` the job owns the attempt's directory, and a link
+    it put in the log's place would have this (root) process write where the link points."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW,
+                   0o644)
 
 
 def _open_log(path: Path) -> int:
@@ -368,10 +373,13 @@ class Shim:
         everything it starts are counted from their first byte. (The shim has no other thread
         yet at this point, which is what makes `preexec_fn` safe.)
         """
+        env = job_environment(os.environ, self.spec.env, self.spec.path)
+        if self.spec.account is not None:
+            env.update(job_identity(self.spec.account))
         proc = subprocess.Popen(
             self.spec.argv,
             cwd=self.spec.cwd,
-            env=job_environment(os.environ, self.spec.env, self.spec.path),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=write_fd,
             stderr=write_fd,
@@ -384,16 +392,21 @@ class Shim:
 
     def _child_setup(self) -> Callable[[], None] | None:
         """Between fork and exec: the user's umask back (the server's is 077, for its own
-        files), then the memory cgroup."""
+        files), then the memory cgroup (joined as root), then, under `run_as`, the job's own
+        account for good."""
         umask = job_umask(os.environ)
         cgroup = self._memory.child_setup() if self._memory is not None else None
-        if umask is None:
+        account = self.spec.account
+        if umask is None and account is None:
             return cgroup
 
         def setup() -> None:
-            os.umask(umask)
+            if umask is not None:
+                os.umask(umask)
             if cgroup is not None:
                 cgroup()
+            if account is not None:
+                drop_to(account)
 
         return setup
 
@@ -633,7 +646,17 @@ def _with_memory(record: ExitRecord, memory: MemoryReport | None) -> ExitRecord:
 
 
 def load_spec(path: Path) -> ReplicaSpec:
-    data = read_json(path)
+    """The replica's spec. A shim running as root takes only a spec root wrote: under
+    `run_as` the job owns the attempt's directory, and a spec of its own making (one without
+    the account, say) must not start anything as root."""
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        raise SystemExit(f"muster shim: no replica spec at {path}") from None
+    with os.fdopen(fd, "rb") as file:
+        if os.geteuid() == 0 and os.fstat(file.fileno()).st_uid != 0:
+            raise SystemExit(f"muster shim: the replica spec {path} is not root's; refusing it")
+        data = json.loads(file.read())
     if not isinstance(data, dict):
         raise SystemExit(f"muster shim: no replica spec at {path}")
     return spec_from_json(data)

@@ -29,11 +29,12 @@ from muster.schedule.plan import GpuSlot
 from muster.sizes import format_size
 from muster.states import EventReason, GpuState, TrialState
 from muster.store import GpuDevice, Store, Trial, record_event
+from muster.store.actors import SUPERVISOR
 from muster.store.models import now
 
 log = logging.getLogger(__name__)
 
-ACTOR = "supervisor"
+ACTOR = SUPERVISOR
 FREE, ALLOCATED, RELEASING = (GpuState.FREE.value, GpuState.ALLOCATED.value,
                               GpuState.RELEASING.value)
 

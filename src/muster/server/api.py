@@ -189,6 +189,7 @@ class ExperimentSummary(_Shape):
     ended_at: float | None
     trial_states: list[str]
     priority: int  # what its new trials get
+    owner: str | None  # the user who submitted it (None only for older experiments)
 
 
 class ExperimentDetail(ExperimentSummary):
@@ -225,6 +226,7 @@ class Job(_Shape):
     trial_id: int
     experiment_id: int
     experiment_name: str
+    owner: str | None
     state: str
     priority: int
     replicas: int
@@ -315,5 +317,103 @@ class ReviewRequest(BaseModel):
     decision: Literal["approve", "reject"]
     note: Annotated[str, Field(min_length=1, max_length=MAX_NOTE_CHARS, pattern=_NO_NUL,
                                description="why; recorded with the decision")]
-    reviewer: Annotated[str, Field(min_length=1, max_length=200, pattern=_NO_NUL,
-                                   description="who reviewed")]
+    reviewer: Annotated[str | None, Field(
+        max_length=200, pattern=_NO_NUL,
+        description="ignored: the review is recorded as the authenticated user's (kept so "
+                    "that older clients still work)")] = None
+
+
+# -- users, tokens, sessions, the audit trail ---------------------------------------------
+
+_USER_NAME = r"^[a-z_][a-z0-9_.-]{0,31}$"
+_UNIX_NAME = r"^([a-z_][a-z0-9_-]{0,30}\$?)?$"
+_PASSWORD = Field(min_length=1, max_length=1024, description="8 to 1024 characters")
+UserName = Annotated[str, Field(min_length=1, max_length=32, pattern=_USER_NAME,
+                                description="a-z, 0-9, '_', '.', '-'; at most 32")]
+
+
+class UserView(_Shape):
+    name: str
+    display_name: str
+    role: Literal["admin", "user", "viewer"]
+    active: bool
+    has_password: bool  # can log in to the web UI
+    unix_user: str | None  # its jobs' account under `run_as: owner` (None: its name)
+    created_at: float
+    last_seen_at: float | None
+
+
+class NewUser(UserView):
+    token: str  # its first API token: shown this once
+    token_id: str
+
+
+class UserCreateRequest(BaseModel):
+    name: UserName
+    role: Literal["admin", "user", "viewer"] = "user"
+    display_name: Annotated[str, Field(max_length=200, pattern=_NO_NUL)] = ""
+    password: Annotated[str | None, _PASSWORD] = None
+    unix_user: Annotated[str | None, Field(max_length=32, pattern=_UNIX_NAME)] = None
+
+
+class UserEditRequest(BaseModel):
+    display_name: Annotated[str | None, Field(max_length=200, pattern=_NO_NUL)] = None
+    role: Literal["admin", "user", "viewer"] | None = None
+    password: Annotated[str | None, _PASSWORD] = None
+    current_password: Annotated[str | None, Field(
+        max_length=1024, description="your current password, to change your own")] = None
+    unix_user: Annotated[str | None, Field(max_length=32, pattern=_UNIX_NAME, description=(
+        "the Unix account its jobs run as under `run_as: owner`; \"\" for its name"))] = None
+
+
+class TokenView(_Shape):
+    id: str
+    name: str
+    user: str
+    created_at: float
+    expires_at: float | None
+    last_used_at: float | None
+    expired: bool
+
+
+class NewToken(TokenView):
+    token: str  # shown this once
+
+
+class TokenCreateRequest(BaseModel):
+    name: Annotated[str, Field(min_length=1, max_length=100, pattern=_NO_NUL)] = "api token"
+    expires: Annotated[str | None, Field(
+        max_length=32, pattern=r"^[0-9a-z. ]+$",
+        description="a duration such as 30d or 12h (at most 3650d); none: never")] = None
+    user: Annotated[str | None, Field(
+        min_length=1, max_length=32, pattern=_USER_NAME,
+        description="an admin makes a token for this user (a service account)")] = None
+
+
+class LoginRequest(BaseModel):
+    name: Annotated[str, Field(min_length=1, max_length=32)]
+    password: Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class Whoami(UserView):
+    via: Literal["token", "session"]
+    token_id: str | None
+    csrf_token: str | None  # a web session's: send it as X-CSRF-Token on unsafe requests
+
+
+class LoginView(Whoami):
+    expires_at: float  # when the web session ends
+
+
+class AuditEvent(_Shape):
+    id: int
+    at: float
+    actor: str  # a user's name, or system:supervisor, system:searcher, ...
+    kind: str  # what happened: the event's reason ("killed", "review approved", ...)
+    message: str | None
+    entity: str  # experiment, trial, attempt or user
+    entity_id: int
+    experiment_id: int | None
+    trial_id: int | None
+    from_state: str | None
+    to_state: str | None

@@ -28,11 +28,12 @@ from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
 from muster.schedule.inventory import open_inventory
-from muster.server.auth import ensure_token
+from muster.server import account_routes
 from muster.server.body_limit import BodyLimit
 from muster.server.orchestrator import TICK_SECONDS, Orchestrator
 from muster.server.routes import PREFIX, public, router, scrape
 from muster.server.state import ServerSettings, ServerState
+from muster.services.users import bootstrap
 from muster.store import Store
 from muster.supervise.supervisor import Supervisor
 
@@ -40,11 +41,16 @@ log = logging.getLogger(__name__)
 
 
 def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
-    """The muster server for `home`."""
-    home.ensure()
+    """The muster server for `home`.
+
+    Raises:
+        ConfigError: the cluster config is invalid, or its `run_as` cannot be met here.
+    """
     settings = settings or ServerSettings()
-    store = Store(settings.db_url or home.default_db_url)
     cluster = settings.cluster(home)
+    run_as = settings.run_as(cluster)
+    home.ensure(jobs_enter=run_as is not None)
+    store = Store(settings.db_url or home.default_db_url)
     gpus = open_inventory(cluster.gpus, home.fake_gpus_dir)
     log.info("GPU inventory: %s", gpus.note)
     launcher = LocalLauncher()
@@ -53,6 +59,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
         min_free_disk=(settings.min_free_disk if settings.min_free_disk is not None
                        else cluster.min_free_disk),
         gpus=gpus, gpu_release=cluster.gpu_release, preemption=cluster.preemption,
+        run_as=run_as,
     )
     slots = settings.slots if settings.slots is not None else cluster.slots
     if slots is not None:
@@ -61,11 +68,13 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(store.upgrade)
+        admin = await asyncio.to_thread(bootstrap, store, home.token_path)
+        log.info("the token in %s is %s's (an admin)", home.token_path, admin)
         await asyncio.to_thread(launcher.warm_up)
         orchestrator = Orchestrator(supervisor)
         _wake_on_replica_exit(orchestrator, launcher)
-        app.state.muster = ServerState(home, store, ensure_token(home.token_path), orchestrator,
-                                       launcher)
+        app.state.muster = ServerState(home, store, orchestrator, launcher,
+                                       priority_floor=cluster.priority_floor, run_as=run_as)
         task = asyncio.create_task(orchestrator.run(), name="muster-orchestrator")
         try:
             yield
@@ -82,6 +91,8 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, exempt=(("POST", f"{PREFIX}/experiments"),))
     app.include_router(public)
     app.include_router(router)
+    app.include_router(account_routes.public)
+    app.include_router(account_routes.router)
     app.include_router(scrape)
     _install_error_handlers(app)
     return app

@@ -2,8 +2,8 @@
 
 A follow (`GET /trials/{id}/logs?follow=true`) holds a connection and a poll loop for as
 long as its trial runs, so one script in a loop could hold every one the server has. The
-count is kept per token (today there is one, the server's; with users it becomes per
-user); the follow past the limit is refused with a 429 before any stream starts, and a
+count is kept per user (all of a user's tokens and sessions together); the follow past the
+limit is refused with a 429 before any stream starts, and a
 stream gives its place back however it ends: its trial ended, its client went away, or
 the server broke it off.
 """
@@ -39,7 +39,8 @@ class FollowTicket:
 
 
 class FollowLimit:
-    """The open follows of each caller (keyed by its token). Safe to use from any thread."""
+    """The open follows of each caller (keyed by its user's name). Safe to use from any
+    thread."""
 
     def __init__(self, limit: int = MAX_FOLLOWS_PER_TOKEN) -> None:
         if limit < 1:
@@ -57,8 +58,8 @@ class FollowLimit:
         with self._lock:
             if self._open[key] >= self.limit:
                 raise TooManyRequests(
-                    f"{self.limit} log streams already open with this token, the most at "
-                    "once; close one (Ctrl-C a `muster trial logs -f`) and retry",
+                    f"{self.limit} log streams already open for {key}, the most one user may "
+                    "hold at once; close one (Ctrl-C a `muster trial logs -f`) and retry",
                     retry_after=RETRY_AFTER_SECONDS,
                 )
             self._open[key] += 1

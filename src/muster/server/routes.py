@@ -2,7 +2,9 @@
 
 Each route declares its response model (`muster.server.api`) and the errors it can answer
 with, so `/openapi.json` is a contract a client, a fuzzer and a browser test can hold the
-server to. Every route but `/health` needs the bearer token (the `bearer` security scheme).
+server to. Every route but `/health`, `/login` and `/openapi.json` needs a credential (the
+`bearer` security scheme, or a web session's cookie), and each names the action it performs
+(`allow(Action...)`), checked against `muster.services.access`'s table before it runs.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
 import os
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,19 +27,21 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from muster import __version__
 from muster.config.units import parse_duration
-from muster.errors import InvalidRequest
+from muster.errors import InvalidRequest, MusterError
 from muster.launch.logs import MAX_OFFSET
 from muster.server import api, prometheus, upload_form
-from muster.server.auth import check_bearer, presented_token
+from muster.server.auth import authenticate, presented_token
 from muster.server.follows import MAX_FOLLOWS_PER_TOKEN, FollowStream
 from muster.server.state import ServerState
 from muster.services import cluster, environments, experiments, jobs, logs, metrics, search
+from muster.services.access import Action, Principal, authorize
 from muster.store import MAX_BIGINT, MAX_INTEGER, MIN_BIGINT
 
 PREFIX = "/api/v1"
 BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
-                    description="the token in $MUSTER_HOME/secrets/token "
-                                "(`Authorization: Bearer ...`)")
+                    description="an API token (`Authorization: Bearer mst_...`): `muster "
+                    "token create`, `muster login`, or the server's admin token in "
+                    "$MUSTER_HOME/secrets/token")
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -47,19 +53,24 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 _ERROR_MEANINGS = {
     400: "a malformed request (a body that is not JSON, a bad parameter, cursor or upload)",
-    401: "a missing or wrong bearer token",
-    404: "no such experiment, trial or attempt",
+    401: "a missing, unknown, revoked or expired token (or web session), or a deactivated "
+         "user's",
+    403: "the caller may not do this: its role, someone else's experiment, a priority "
+         "reserved for admins, or a web session's request without its CSRF token",
+    404: "no such experiment, trial, attempt, user or token",
     409: "the request clashes with the current state (e.g. it has ended)",
     413: "the request, or the archive it uploads, passes a size, count or time limit",
     422: "an invalid config, request body or parameter (e.g. a number out of range); the "
          "message names the key path or the parameter",
-    429: f"the token already holds {MAX_FOLLOWS_PER_TOKEN} log follows, the most at once; "
-         "close one and retry",
+    429: f"too many at once: the caller already holds {MAX_FOLLOWS_PER_TOKEN} log follows, "
+         "or failed to log in too often; retry after Retry-After seconds",
     503: "the database is unreachable",
 }
 _ERROR_HEADERS: dict[int, dict[str, Any]] = {429: {"headers": {"Retry-After": {
     "description": "seconds to wait before trying again", "schema": {"type": "integer"}}}}}
-COMMON = (401, 413, 422, 503)  # what any protected route may answer (413: a body over 64 KiB)
+# What any protected route may answer (403: a role's refusal, or a session without its
+# CSRF token; 413: a body over 64 KiB).
+COMMON = (401, 403, 413, 422, 503)
 
 
 def server_state(request: Request) -> ServerState:
@@ -67,21 +78,33 @@ def server_state(request: Request) -> ServerState:
     return state
 
 
-def require_token(
+def authenticated(
     request: Request,
     # (declared for the OpenAPI security scheme; the header itself is checked below, so
     # that every failure gets muster's own 401 shape)
     _bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)] = None,
-) -> ServerState:
-    state = server_state(request)
-    check_bearer(request.headers.get("authorization"), state.token)
-    return state
+) -> Principal:
+    """Who the request acts as (every protected route; once per request)."""
+    return authenticate(request, server_state(request).store)
+
+
+def allow(action: Action) -> Callable[..., Principal]:
+    """A route's dependency: the caller, once its role may perform `action` (ownership is
+    checked by the service, with the row it reads)."""
+
+    def allowed(principal: Annotated[Principal, Depends(authenticated)]) -> Principal:
+        authorize(principal, action)
+        return principal
+
+    allowed.__name__ = f"allow_{action.name.lower()}"
+    return allowed
 
 
 public = APIRouter(prefix=PREFIX)
-router = APIRouter(prefix=PREFIX, dependencies=[Depends(require_token)],
+router = APIRouter(prefix=PREFIX, dependencies=[Depends(authenticated)],
                    responses=_errors(*COMMON))
 State = Annotated[ServerState, Depends(server_state)]
+Reader = Annotated[Principal, Depends(allow(Action.READ))]
 # Every number a route takes is bounded by what can hold it (an INTEGER column, a file
 # offset), so a value out of range is a 422 naming the parameter, never a driver overflow.
 ExperimentId = Annotated[int, InPath(ge=1, le=MAX_INTEGER, description="an experiment's id")]
@@ -89,25 +112,51 @@ TrialId = Annotated[int, InPath(ge=1, le=MAX_INTEGER, description="a trial's id"
 
 
 @public.get("/health", response_model=api.Health)
-def health(state: State) -> dict[str, Any]:
+def health(state: State, request: Request) -> dict[str, Any]:
     """Liveness, and how the supervisor is doing: 200 while the server serves, with
-    `degraded` true while its passes fail (the last error and its time are kept)."""
+    `degraded` true while its passes fail (the last error and its time are kept). The
+    error's text (it may name paths and hosts) only to a caller with a credential."""
     passes = state.orchestrator.health
+    error = passes.last_error if _known_caller(request, state) else None
+    shown = "(sign in to see the error)" if passes.last_error and error is None else error
     return {
         "status": "ok", "version": __version__, "pid": os.getpid(),
         "degraded": passes.degraded,
-        "last_supervisor_error": passes.last_error,
+        "last_supervisor_error": shown,
         "last_supervisor_error_at": passes.last_error_at,
         "supervisor": {"failures_in_a_row": passes.failures_in_a_row,
-                       "last_error": passes.last_error, "last_error_at": passes.last_error_at,
+                       "last_error": shown, "last_error_at": passes.last_error_at,
                        "last_pass_at": passes.last_pass_at},
     }
 
 
+def _known_caller(request: Request, state: ServerState) -> bool:
+    """True for a caller with a working credential, or with the home's admin token: that
+    one is checked against its file, so the error stays readable while the database is
+    what fails."""
+    bearer = presented_token(request.headers.get("authorization"))
+    try:
+        home_token = state.home.token_path.read_text().strip()
+    except OSError:
+        home_token = ""
+    if bearer and home_token and hmac.compare_digest(bearer.encode(), home_token.encode()):
+        return True
+    if not (bearer or request.cookies):
+        return False
+    try:
+        authenticate(request, state.store)
+    except MusterError:  # a bad credential, or no database: served as to anyone
+        return False
+    return True
+
+
 @router.post("/experiments", status_code=201, response_model=api.ExperimentDetail,
              responses=_errors(400, 413), openapi_extra={"requestBody": upload_form.REQUEST_BODY})
-async def create_experiment(state: State, request: Request) -> dict[str, Any]:
-    """Validate the config, snapshot the context, record the experiment (and its trial).
+async def create_experiment(state: State, request: Request,
+                            owner: Annotated[Principal, Depends(allow(Action.SUBMIT))]
+                            ) -> dict[str, Any]:
+    """Validate the config, snapshot the context, record the experiment (and its trial),
+    owned by the caller.
 
     The form (`config`, YAML; `context`, a tar.gz) is read by `upload_form`, after the token
     check and within its limits, not declared as Form parameters: FastAPI reads those
@@ -115,9 +164,9 @@ async def create_experiment(state: State, request: Request) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp:
         form = await upload_form.read_upload_form(request, Path(tmp))
         create = functools.partial(
-            experiments.create_experiment, state.store, state.home, form.config, form.archive,
-            capacity=cluster.submission_capacity(state.orchestrator.supervisor),
-            secrets=form.secrets)
+            experiments.create_experiment, state.store, state.home, owner, form.config,
+            form.archive, capacity=cluster.submission_capacity(state.orchestrator.supervisor),
+            secrets=form.secrets, priority_floor=state.priority_floor, run_as=state.run_as)
         if form.archive is None:
             exp_id = await asyncio.to_thread(create)
         else:
@@ -133,13 +182,13 @@ _UNPACKING = ThreadPoolExecutor(max_workers=2, thread_name_prefix="muster-unpack
 
 
 @router.get("/cluster", response_model=api.ClusterStatus)
-def get_cluster(state: State) -> dict[str, Any]:
+def get_cluster(state: State, _: Reader) -> dict[str, Any]:
     """Slots, queue and disk of this installation (`muster cluster status`)."""
     return cluster.cluster_status(state.orchestrator.supervisor)
 
 
 @router.get("/environments", response_model=list[api.EnvironmentView])
-def list_environments(state: State) -> list[dict[str, Any]]:
+def list_environments(state: State, _: Reader) -> list[dict[str, Any]]:
     """Every environment muster was asked to build: its state, packages, size, last use and
     the trials that need it or ran in it (`muster env list`)."""
     return environments.list_environments(state.store, state.orchestrator.supervisor.envs)
@@ -152,7 +201,7 @@ _BUILD_LOG: dict[int | str, dict[str, Any]] = {200: {
 
 @router.get("/environments/{prefix}/log", response_class=Response,
             responses={**_BUILD_LOG, **_errors(404, 422)})
-def environment_log(state: State,
+def environment_log(state: State, _: Reader,
                     prefix: Annotated[str, InPath(min_length=4, max_length=16,
                                                   pattern="^[0-9a-fA-F]+$")],
                     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> Response:
@@ -166,7 +215,9 @@ def environment_log(state: State,
 
 @router.post("/environments/prune", response_model=api.PruneResultView,
              responses=_errors(400, 422))
-def prune_environments(state: State, body: api.PruneRequest) -> dict[str, Any]:
+def prune_environments(state: State, body: api.PruneRequest,
+                       _: Annotated[Principal, Depends(allow(Action.PRUNE_ENVIRONMENTS))]
+                       ) -> dict[str, Any]:
     """Remove built environments unused for `older_than` (and the leftovers of failed or
     killed builds); never one a trial that has not ended needs (`muster env prune`)."""
     try:
@@ -183,7 +234,7 @@ _PROMETHEUS_TEXT: dict[int | str, dict[str, Any]] = {200: {
 
 
 @router.get("/metrics", response_class=Response, responses=_PROMETHEUS_TEXT)
-def get_prometheus_metrics(state: State) -> Response:
+def get_prometheus_metrics(state: State, _: Reader) -> Response:
     """The cluster's gauges and counters in Prometheus's text format (version 0.0.4)."""
     snapshot = cluster.read_cluster(state.orchestrator.supervisor)
     return Response(prometheus.render(prometheus.cluster_metrics(snapshot)),
@@ -191,13 +242,13 @@ def get_prometheus_metrics(state: State) -> Response:
 
 
 # Prometheus scrapes `/metrics` by default: the same text there, with the same token.
-scrape = APIRouter(dependencies=[Depends(require_token)])
+scrape = APIRouter(dependencies=[Depends(authenticated)])
 scrape.add_api_route("/metrics", get_prometheus_metrics, methods=["GET"],
                      response_class=Response, include_in_schema=False)
 
 
 @router.get("/jobs", response_model=list[api.Job])
-def list_jobs(state: State) -> list[dict[str, Any]]:
+def list_jobs(state: State, _: Reader) -> list[dict[str, Any]]:
     """Trials that run or wait: those holding resources, then the queue in its order (priority,
     then id), then paused ones; each with its resources, GPUs held and `queue_reason`."""
     return jobs.list_jobs(state.store)
@@ -205,43 +256,53 @@ def list_jobs(state: State) -> list[dict[str, Any]]:
 
 @router.post("/trials/{trial_id}/priority", response_model=api.TrialDescription,
              responses=_errors(400, 404, 409))
-async def set_trial_priority(state: State, trial_id: TrialId, body: api.PriorityRequest
+async def set_trial_priority(state: State, trial_id: TrialId, body: api.PriorityRequest,
+                             who: Annotated[Principal, Depends(allow(Action.SET_PRIORITY))]
                              ) -> dict[str, Any]:
-    """Move a trial in the queue; 409 once it has ended. Takes effect on the next pass."""
-    view = await asyncio.to_thread(jobs.set_trial_priority, state.store, trial_id,
-                                   body.priority)
+    """Move a trial in the queue; 409 once it has ended. Takes effect on the next pass. A
+    user moves its own trials, and not above the cluster's `priority_floor`."""
+    view = await asyncio.to_thread(jobs.set_trial_priority, state.store, who, trial_id,
+                                   body.priority, state.priority_floor)
     state.orchestrator.wake.set()
     return view
 
 
 @router.post("/experiments/{experiment_id}/priority", response_model=api.ExperimentDetail,
              responses=_errors(400, 404, 409))
-async def set_experiment_priority(state: State, experiment_id: ExperimentId,
-                                  body: api.PriorityRequest) -> dict[str, Any]:
+async def set_experiment_priority(
+    state: State, experiment_id: ExperimentId, body: api.PriorityRequest,
+    who: Annotated[Principal, Depends(allow(Action.SET_PRIORITY))],
+) -> dict[str, Any]:
     """Set the priority of every trial of the experiment that has not ended, and of those
     it makes from now on; 409 once it has ended."""
-    view = await asyncio.to_thread(jobs.set_experiment_priority, state.store, experiment_id,
-                                   body.priority)
+    view = await asyncio.to_thread(jobs.set_experiment_priority, state.store, who,
+                                   experiment_id, body.priority, state.priority_floor)
     state.orchestrator.wake.set()
     return view
 
 
-@router.get("/experiments", response_model=list[api.ExperimentSummary])
-def list_experiments(state: State) -> list[dict[str, Any]]:
-    """Every experiment, oldest first."""
-    return experiments.list_experiments(state.store)
+@router.get("/experiments", response_model=list[api.ExperimentSummary],
+            responses=_errors(404))
+def list_experiments(
+    state: State, who: Reader,
+    owner: Annotated[str | None, Query(min_length=1, max_length=32,
+                                       description="only this user's")] = None,
+    mine: Annotated[bool, Query(description="only the caller's")] = False,
+) -> list[dict[str, Any]]:
+    """Every experiment (or only `owner`'s, or with `mine` the caller's), oldest first."""
+    return experiments.list_experiments(state.store, who.name if mine else owner)
 
 
 @router.get("/experiments/{experiment_id}", response_model=api.ExperimentDetail,
             responses=_errors(404))
-def get_experiment(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
+def get_experiment(state: State, _: Reader, experiment_id: ExperimentId) -> dict[str, Any]:
     """The experiment, its trials (attempts, replicas, how each ended) and its search."""
     return experiments.describe_experiment(state.store, experiment_id)
 
 
 @router.get("/experiments/{experiment_id}/best", response_model=api.TrialDetail,
             responses=_errors(404, 409))
-def get_best_trial(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
+def get_best_trial(state: State, _: Reader, experiment_id: ExperimentId) -> dict[str, Any]:
     """The SUCCEEDED trial with the best value of the searcher's metric (early-stopped trials
     count; ties: lowest number), with its `best_validation`. 404 while there is none yet; 409
     when the searcher names no metric."""
@@ -252,6 +313,7 @@ def get_best_trial(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
             responses=_errors(400, 404))
 def list_experiment_trials(
     state: State,
+    _: Reader,
     experiment_id: ExperimentId,
     sort: Annotated[str | None, Query(
         min_length=1, description="a validation metric: the searcher's best first, any other "
@@ -265,34 +327,42 @@ def list_experiment_trials(
 
 @router.post("/experiments/{experiment_id}/kill", response_model=api.ExperimentDetail,
              responses=_errors(404, 409))
-async def kill_experiment(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
+async def kill_experiment(state: State, experiment_id: ExperimentId,
+                        who: Annotated[Principal, Depends(allow(Action.KILL))]
+                        ) -> dict[str, Any]:
     """Stop every trial (SIGTERM, grace, SIGKILL); 409 once the experiment has ended."""
-    view = await asyncio.to_thread(experiments.kill_experiment, state.store, experiment_id)
+    view = await asyncio.to_thread(experiments.kill_experiment, state.store, who,
+                                   experiment_id)
     state.orchestrator.wake.set()
     return view
 
 
 @router.post("/experiments/{experiment_id}/pause", response_model=api.ExperimentDetail,
              responses=_errors(404, 409))
-async def pause_experiment(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
+async def pause_experiment(state: State, experiment_id: ExperimentId,
+                        who: Annotated[Principal, Depends(allow(Action.PAUSE))]
+                        ) -> dict[str, Any]:
     """Pause an ACTIVE experiment: its trials checkpoint and free their slots and GPUs."""
-    view = await asyncio.to_thread(experiments.pause_experiment, state.store, experiment_id)
+    view = await asyncio.to_thread(experiments.pause_experiment, state.store, who,
+                                   experiment_id)
     state.orchestrator.wake.set()
     return view
 
 
 @router.post("/experiments/{experiment_id}/activate", response_model=api.ExperimentDetail,
              responses=_errors(404, 409))
-async def activate_experiment(state: State, experiment_id: ExperimentId) -> dict[str, Any]:
+async def activate_experiment(state: State, experiment_id: ExperimentId,
+                        who: Annotated[Principal, Depends(allow(Action.ACTIVATE))]
+                        ) -> dict[str, Any]:
     """Resume a PAUSED experiment: its trials resume from their latest checkpoints."""
-    view = await asyncio.to_thread(experiments.activate_experiment, state.store,
+    view = await asyncio.to_thread(experiments.activate_experiment, state.store, who,
                                    experiment_id)
     state.orchestrator.wake.set()
     return view
 
 
 @router.get("/trials/{trial_id}", response_model=api.TrialDescription, responses=_errors(404))
-def get_trial(state: State, trial_id: TrialId) -> dict[str, Any]:
+def get_trial(state: State, _: Reader, trial_id: TrialId) -> dict[str, Any]:
     """The trial, its attempts and replicas, its `best_validation` and its events."""
     return experiments.describe_trial(state.store, trial_id)
 
@@ -318,6 +388,7 @@ _LOG_BYTES: dict[int | str, dict[str, Any]] = {200: {
 async def get_trial_logs(
     request: Request,
     state: State,
+    who: Reader,
     trial_id: TrialId,
     attempt: Annotated[int | None, Query(ge=1, le=MAX_INTEGER)] = None,
     rank: Annotated[int | None, Query(
@@ -342,7 +413,7 @@ async def get_trial_logs(
         if cursor is not None:
             raise InvalidRequest("cursor pages reads without follow; to follow from the "
                                  "end, pass tail=N instead")
-        ticket = state.follows.take(presented_token(request.headers.get("authorization")))
+        ticket = state.follows.take(who.name)
         with contextlib.ExitStack() as on_error:
             on_error.callback(ticket.release)
             stream = await logs.follow_log(state.store, state.launcher, trial_id,
@@ -373,6 +444,7 @@ def _log_headers(piece: logs.LogSlice | logs.MergedSlice, rank_named: bool) -> d
             responses=_errors(404))
 def get_trial_metrics(
     state: State,
+    _: Reader,
     trial_id: TrialId,
     kind: metrics.MetricKind | None = None,
     after_step: Annotated[int | None, Query(ge=MIN_BIGINT, le=MAX_BIGINT)] = None,
@@ -388,20 +460,23 @@ def get_trial_metrics(
 
 @router.get("/trials/{trial_id}/checkpoints", response_model=list[api.CheckpointView],
             responses=_errors(404))
-def get_trial_checkpoints(state: State, trial_id: TrialId) -> list[dict[str, Any]]:
+def get_trial_checkpoints(state: State, _: Reader, trial_id: TrialId
+                          ) -> list[dict[str, Any]]:
     """Registered checkpoints by step, each with `intact` and, if not, the `problem`."""
     return metrics.list_checkpoints(state.store, trial_id)
 
 
 @router.post("/trials/{trial_id}/review", response_model=api.TrialDescription,
              responses=_errors(400, 404, 409))
-async def review_trial(state: State, trial_id: TrialId, review: api.ReviewRequest
+async def review_trial(state: State, trial_id: TrialId, review: api.ReviewRequest,
+                       who: Annotated[Principal, Depends(allow(Action.REVIEW))]
                        ) -> dict[str, Any]:
-    """Approve (→ SUCCEEDED) or reject (→ FAILED) a SUSPECT trial; 409 for any other state."""
-    view = await asyncio.to_thread(experiments.review_trial, state.store, trial_id,
-                                   review.decision, review.note, review.reviewer)
+    """Approve (→ SUCCEEDED) or reject (→ FAILED) a SUSPECT trial; 409 for any other state.
+    The review is recorded as the caller's (a user reviews its own trials)."""
+    view = await asyncio.to_thread(experiments.review_trial, state.store, who, trial_id,
+                                   review.decision, review.note)
     state.orchestrator.wake.set()  # its experiment may now be over
     return view
 
 
-__all__ = ["public", "router", "scrape"]
+__all__ = ["COMMON", "PREFIX", "allow", "authenticated", "public", "router", "scrape"]

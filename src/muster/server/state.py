@@ -7,9 +7,12 @@ from pathlib import Path
 
 from muster.config import ClusterConfig, load_cluster_config
 from muster.home import Home
+from muster.launch.accounts import RunAs, check_can_switch
 from muster.launch.base import Launcher
 from muster.server.follows import FollowLimit
+from muster.server.login_limit import LoginLimiter
 from muster.server.orchestrator import Orchestrator
+from muster.services.passwords import PasswordChecker
 from muster.store import Store
 
 
@@ -28,6 +31,22 @@ class ServerSettings:
         path = Path(self.cluster_config).expanduser() if self.cluster_config else None
         return load_cluster_config(path, home.cluster_config_path)
 
+    @staticmethod
+    def run_as(cluster: ClusterConfig) -> RunAs | None:
+        """Whom the cluster config has jobs run as, checked against this machine.
+
+        Raises:
+            AccountError: not root, or `run_as.user` is missing or root.
+        """
+        if cluster.run_as is None:
+            return None
+        check_can_switch()
+        if cluster.run_as == "owner":
+            return RunAs(owner=True)
+        run_as = RunAs(account=cluster.run_as.user)
+        run_as.account_for(None, None)  # that account exists, and is not root
+        return run_as
+
 
 @dataclass
 class ServerState:
@@ -35,7 +54,10 @@ class ServerState:
 
     home: Home
     store: Store
-    token: str
     orchestrator: Orchestrator
     launcher: Launcher  # what serves the replicas' logs
-    follows: FollowLimit = field(default_factory=FollowLimit)  # open log follows per token
+    priority_floor: int  # the best priority a non-admin may give (cluster config)
+    run_as: RunAs | None  # whom jobs run as (cluster config); None: the server's user
+    follows: FollowLimit = field(default_factory=FollowLimit)  # open log follows per user
+    passwords: PasswordChecker = field(default_factory=PasswordChecker)
+    logins: LoginLimiter = field(default_factory=LoginLimiter)  # failed logins

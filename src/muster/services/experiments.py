@@ -10,44 +10,56 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from muster import job_secrets
 from muster.config import ExperimentConfig, load_config
 from muster.config.problems import config_error
+from muster.config.schema import MIN_PRIORITY
 from muster.environments.layout import EnvHome
 from muster.environments.registry import keep_request
 from muster.environments.request import RequestError, build_request
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.home import Home
+from muster.launch.accounts import RunAs
 from muster.services import views
+from muster.services.access import Action, Principal, authorize, check_priority_floor
 from muster.services.submission import ClusterCapacity, check_submission
 from muster.services.uploads import extract_context
 from muster.services.validation import best_validation
 from muster.states import EventReason, ExperimentState, StopIntent, TrialState
-from muster.store import Event, Experiment, Store, Trial, record_event, transition
-from muster.store.transitions import MAX_ACTOR, REVIEW_ACTOR_PREFIX
+from muster.store import Event, Experiment, Store, Trial, User, record_event, transition
 
-USER = "user"
 # A review's decision: the state it moves a SUSPECT trial to, and the event's reason.
 REVIEW_DECISIONS = {
     "approve": (TrialState.SUCCEEDED, EventReason.REVIEW_APPROVED),
     "reject": (TrialState.FAILED, EventReason.REVIEW_REJECTED),
 }
-MAX_REVIEWER = MAX_ACTOR - len(REVIEW_ACTOR_PREFIX)
 # The supervisor's events an experiment shows as warnings.
 WARNING_REASONS = (EventReason.METRIC_MISSING.value, EventReason.SEARCH_STOPPED.value)
 
 
-def create_experiment(store: Store, home: Home, config_text: str, archive: Path | None,
-                      capacity: ClusterCapacity | None = None,
-                      secrets: Mapping[str, str] | None = None) -> int:
+def create_experiment(store: Store, home: Home, owner: Principal, config_text: str,
+                      archive: Path | None, capacity: ClusterCapacity | None = None,
+                      secrets: Mapping[str, str] | None = None,
+                      priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None) -> int:
     """Validate the config and the submitted `secrets` (`environment.secrets`), snapshot
     the context, check what can be checked now (`muster.services.submission`, against
     `capacity` when given), keep the secrets (0600, never in the database), record the
-    experiment and its trial."""
+    experiment, owned by `owner`, and its trial. A non-admin may ask for no priority better
+    than `priority_floor`; under `run_as: owner` the owner's Unix account must exist.
+
+    Raises:
+        Forbidden: `owner` may not submit, or asks for a priority reserved for admins.
+        ConfigError: (422) the config is invalid, or its jobs have no account to run as.
+    """
+    authorize(owner, Action.SUBMIT)
     source = "the uploaded config"
     config = load_config(config_text, source=source)
+    check_priority_floor(owner, config.resources.priority, priority_floor,
+                         where="resources.priority")
+    if run_as is not None:
+        _check_account(store, run_as, owner)
     problems = (job_secrets.check_submitted(config, secrets or {})
                 + job_secrets.check_server(config, os.environ))
     if problems:
@@ -63,11 +75,18 @@ def create_experiment(store: Store, home: Home, config_text: str, archive: Path 
         environment = _keep_environment(home, config, context, source)
         if secrets:
             job_secrets.save_submitted(home, exp_uuid, secrets)
-        return _insert_experiment(store, exp_uuid, config_text, config, context, environment)
+        return _insert_experiment(store, owner, exp_uuid, config_text, config, context,
+                                  environment)
     except BaseException:
         shutil.rmtree(context.parent, ignore_errors=True)
         job_secrets.delete_submitted(home, exp_uuid)
         raise
+
+
+def _check_account(store: Store, run_as: RunAs, owner: Principal) -> None:
+    with store.session_scope() as s:
+        unix_user = s.get_one(User, owner.user_id).unix_user
+    run_as.account_for(owner.name, unix_user)
 
 
 def _keep_environment(home: Home, config: ExperimentConfig, context: Path,
@@ -83,8 +102,8 @@ def _keep_environment(home: Home, config: ExperimentConfig, context: Path,
 
 
 def _insert_experiment(
-    store: Store, exp_uuid: str, text: str, config: ExperimentConfig, context: Path,
-    environment: str | None = None,
+    store: Store, owner: Principal, exp_uuid: str, text: str, config: ExperimentConfig,
+    context: Path, environment: str | None = None,
 ) -> int:
     """The experiment, and its trial unless a searcher draws its trials (the orchestrator
     does, from its next pass on)."""
@@ -94,13 +113,13 @@ def _insert_experiment(
             labels=list(config.labels), config=config.to_json_dict(), config_yaml=text,
             context_dir=str(context), state=ExperimentState.ACTIVE.value,
             priority=config.resources.priority, max_trials=config.trial_count(),
-            environment_key=environment,
+            environment_key=environment, owner_id=owner.user_id,
         )
         s.add(exp)
         s.flush()
         searcher = config.searcher.name
         record_event(s, entity="experiment", entity_id=exp.id, reason=EventReason.CREATED,
-                     actor=USER, message=f"experiment {exp.name!r} created"
+                     actor=owner.name, message=f"experiment {exp.name!r} created"
                      + (f"; the {searcher} searcher runs {exp.max_trials} trials"
                         if searcher != "single" else ""), experiment_id=exp.id)
         if searcher == "single":
@@ -110,15 +129,27 @@ def _insert_experiment(
             s.add(trial)
             s.flush()
             record_event(s, entity="trial", entity_id=trial.id, reason=EventReason.CREATED,
-                         actor=USER, message="trial queued", experiment_id=exp.id,
+                         actor=owner.name, message="trial queued", experiment_id=exp.id,
                          trial_id=trial.id)
         return exp.id
 
 
-def list_experiments(store: Store) -> list[dict[str, Any]]:
+def list_experiments(store: Store, owner: str | None = None) -> list[dict[str, Any]]:
+    """Every experiment (of `owner`, when named), oldest first.
+
+    Raises:
+        NotFound: there is no user `owner`.
+    """
+    query = select(Experiment).order_by(Experiment.id).options(
+        selectinload(Experiment.owner), selectinload(Experiment.trials))
     with store.session_scope() as s:
-        return [views.experiment_summary(e) for e in s.scalars(select(Experiment).order_by(
-            Experiment.id))]
+        if owner is not None:
+            user_id = s.scalar(select(User.id).where(User.name == owner))
+            if user_id is None:
+                raise NotFound(f"user {owner!r} does not exist; `muster user list` shows the "
+                               "users")
+            query = query.where(Experiment.owner_id == user_id)
+        return [views.experiment_summary(e) for e in s.scalars(query)]
 
 
 def describe_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
@@ -138,70 +169,84 @@ def describe_trial(store: Store, trial_id: int) -> dict[str, Any]:
         return view
 
 
-def kill_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
+def kill_experiment(store: Store, principal: Principal, experiment_id: int) -> dict[str, Any]:
     """Ask every trial to stop. Queued trials end at once; running ones through the
-    supervisor (SIGTERM, grace, SIGKILL). Killing twice is harmless."""
+    supervisor (SIGTERM, grace, SIGKILL). Killing twice is harmless.
+
+    Raises:
+        Forbidden: it is not the caller's (and the caller is no admin).
+        Conflict: it has ended.
+    """
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
+        authorize_on(principal, Action.KILL, exp)
         if ExperimentState(exp.state).is_terminal():
             raise Conflict(f"experiment {experiment_id} is already {exp.state}; nothing to kill")
         if not exp.stop_requested:
             exp.stop_requested = True
             record_event(s, entity="experiment", entity_id=exp.id,
-                         reason=EventReason.KILL_REQUESTED, actor=USER,
+                         reason=EventReason.KILL_REQUESTED, actor=principal.name,
                          message="stopping every trial", experiment_id=exp.id)
         for trial in exp.trials:
-            _stop_trial(s, trial)
+            _stop_trial(s, trial, principal.name)
         return experiment_view(s, exp)
 
 
-def pause_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
+def pause_experiment(store: Store, principal: Principal, experiment_id: int
+                     ) -> dict[str, Any]:
     """Pause an ACTIVE experiment: queued trials become PAUSED at once; running ones are
     stopped by the supervisor (SIGTERM and `stop_grace`, so the harness's `should_stop()`
     lets them checkpoint), their resources freed, and they end PAUSED. Pausing a paused
     experiment is harmless.
 
     Raises:
+        Forbidden: it is not the caller's (and the caller is no admin).
         Conflict: the experiment has ended (or is being killed).
     """
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
+        authorize_on(principal, Action.PAUSE, exp)
         if exp.state == ExperimentState.PAUSED.value:
             return experiment_view(s, exp)
         if exp.state != ExperimentState.ACTIVE.value or exp.stop_requested:
             raise Conflict(f"experiment {experiment_id} is {_state_words(exp)}; only an "
                            "ACTIVE experiment can be paused")
-        transition(s, exp, ExperimentState.PAUSED, reason=EventReason.PAUSED, actor=USER,
+        transition(s, exp, ExperimentState.PAUSED, reason=EventReason.PAUSED,
+                   actor=principal.name,
                    message="pausing every trial; `muster experiment activate` resumes them")
         for trial in exp.trials:
             if trial.state == TrialState.QUEUED.value:
-                transition(s, trial, TrialState.PAUSED, reason=EventReason.PAUSED, actor=USER,
-                           message="paused before it started")
+                transition(s, trial, TrialState.PAUSED, reason=EventReason.PAUSED,
+                           actor=principal.name, message="paused before it started")
             elif TrialState(trial.state).is_active() and not trial.stop_requested:
                 trial.stop_intent = trial.stop_intent or StopIntent.PAUSE.value
         return experiment_view(s, exp)
 
 
-def activate_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
+def activate_experiment(store: Store, principal: Principal, experiment_id: int
+                        ) -> dict[str, Any]:
     """Resume a PAUSED experiment: its PAUSED trials go back to the queue and resume from
     their latest checkpoints; trials still being paused are requeued as soon as they have
     stopped. Activating an active experiment is harmless.
 
     Raises:
+        Forbidden: it is not the caller's (and the caller is no admin).
         Conflict: the experiment has ended (or is being killed).
     """
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
+        authorize_on(principal, Action.ACTIVATE, exp)
         if exp.state == ExperimentState.ACTIVE.value and not exp.stop_requested:
             return experiment_view(s, exp)
         if exp.state != ExperimentState.PAUSED.value or exp.stop_requested:
             raise Conflict(f"experiment {experiment_id} is {_state_words(exp)}; only a "
                            "PAUSED experiment can be activated")
-        transition(s, exp, ExperimentState.ACTIVE, reason=EventReason.ACTIVATED, actor=USER,
-                   message="requeuing its paused trials")
+        transition(s, exp, ExperimentState.ACTIVE, reason=EventReason.ACTIVATED,
+                   actor=principal.name, message="requeuing its paused trials")
         for trial in exp.trials:
             if trial.state == TrialState.PAUSED.value:
-                transition(s, trial, TrialState.QUEUED, reason=EventReason.ACTIVATED, actor=USER,
+                transition(s, trial, TrialState.QUEUED, reason=EventReason.ACTIVATED,
+                           actor=principal.name,
                            message="back in the queue; it resumes from its latest checkpoint")
         return experiment_view(s, exp)
 
@@ -212,32 +257,40 @@ def _state_words(exp: Experiment) -> str:
 
 
 def review_trial(
-    store: Store, trial_id: int, decision: str, note: str, reviewer: str
+    store: Store, reviewer: Principal, trial_id: int, decision: str, note: str
 ) -> dict[str, Any]:
     """A person's verdict on a SUSPECT trial: "approve" → SUCCEEDED, "reject" → FAILED.
 
-    The only way out of SUSPECT (invariant 3); the event records the reviewer as the actor
-    (`review:<reviewer>`) and the note as its message. Returns the trial as `describe_trial`.
+    The only way out of SUSPECT (invariant 3); the event records the authenticated reviewer
+    as the actor and the note as its message. Returns the trial as `describe_trial`.
 
     Raises:
-        InvalidRequest: an unknown decision, an empty note, or an empty or too long reviewer.
+        InvalidRequest: an unknown decision or an empty note.
+        Forbidden: the trial is not the reviewer's (and the reviewer is no admin).
         Conflict: the trial is not SUSPECT.
     """
     to_state, reason = _review_move(decision)
-    note, reviewer = note.strip(), reviewer.strip()
+    note = note.strip()
     if not note:
         raise InvalidRequest("a review needs a note that says why; the note is empty")
-    if not 0 < len(reviewer) <= MAX_REVIEWER:
-        raise InvalidRequest(f"reviewer must be 1 to {MAX_REVIEWER} characters, got {reviewer!r}")
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
+        authorize_on(reviewer, Action.REVIEW, trial.experiment, f"trial {trial_id}")
         s.refresh(trial, with_for_update=True)  # a second review waits, then sees the first
         if trial.state != TrialState.SUSPECT.value:
             raise Conflict(f"trial {trial_id} is {trial.state}; only a SUSPECT trial (one that "
                            "exited 0 but failed a verification) can be reviewed")
-        transition(s, trial, to_state, reason=reason, actor=f"{REVIEW_ACTOR_PREFIX}{reviewer}",
-                   message=note)
+        transition(s, trial, to_state, reason=reason, actor=reviewer.name, message=note)
     return describe_trial(store, trial_id)
+
+
+def authorize_on(principal: Principal, action: Action, exp: Experiment,
+                 subject: str | None = None) -> None:
+    """`authorize` for an action on `exp` (or on `subject`, one of its trials)."""
+    what = subject or f"experiment {exp.id}"
+    if subject is not None:
+        what += f" (experiment {exp.id})"
+    authorize(principal, action, owner=exp.owner_name, subject=what)
 
 
 def _review_move(decision: str) -> tuple[TrialState, EventReason]:
@@ -248,12 +301,12 @@ def _review_move(decision: str) -> tuple[TrialState, EventReason]:
                              f"got {decision!r}") from None
 
 
-def _stop_trial(s: Session, trial: Trial) -> None:
+def _stop_trial(s: Session, trial: Trial, actor: str) -> None:
     if TrialState(trial.state).is_terminal():
         return
     trial.stop_requested = True
     if trial.state in (TrialState.QUEUED, TrialState.PAUSED):
-        transition(s, trial, TrialState.CANCELED, reason=EventReason.KILLED, actor=USER,
+        transition(s, trial, TrialState.CANCELED, reason=EventReason.KILLED, actor=actor,
                    message="killed before it started")
 
 

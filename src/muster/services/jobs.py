@@ -16,15 +16,16 @@ from sqlalchemy.orm import Session, selectinload
 from muster.config import ExperimentConfig
 from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY, ResourcesConfig
 from muster.errors import Conflict, InvalidRequest
+from muster.services.access import Action, Principal, check_priority_floor
 from muster.services.experiments import (
-    USER,
+    authorize_on,
     describe_trial,
     experiment_or_404,
     experiment_view,
     trial_or_404,
 )
 from muster.states import EventReason, ExperimentState, GpuState, TrialState
-from muster.store import GpuDevice, Store, Trial, record_event
+from muster.store import Experiment, GpuDevice, Store, Trial, record_event
 
 __all__ = ["JOB_STATES", "check_priority", "job_order", "list_jobs",
            "set_experiment_priority", "set_trial_priority"]
@@ -45,7 +46,8 @@ def list_jobs(store: Store) -> list[dict[str, Any]]:
     """Every job, in `job_order`, with what it needs and the GPUs it holds."""
     with store.session_scope() as s:
         trials = s.scalars(select(Trial).where(Trial.state.in_(JOB_STATES))
-                           .options(selectinload(Trial.experiment))).all()
+                           .options(selectinload(Trial.experiment)
+                                    .selectinload(Experiment.owner))).all()
         held = _held_gpus(s)
         resources: dict[int, ResourcesConfig] = {}
         jobs = []
@@ -71,6 +73,7 @@ def _job_view(trial: Trial, resources: ResourcesConfig, gpus: list[int]) -> dict
         "trial_id": trial.id,
         "experiment_id": trial.experiment_id,
         "experiment_name": trial.experiment.name,
+        "owner": trial.experiment.owner_name,
         "state": trial.state,
         "priority": trial.priority,
         "replicas": resources.replicas,
@@ -88,58 +91,68 @@ def check_priority(priority: int) -> None:
                              f"first), but got {priority}")
 
 
-def set_trial_priority(store: Store, trial_id: int, priority: int) -> dict[str, Any]:
-    """Give one trial a new priority; returns the trial as `describe_trial`.
+def set_trial_priority(store: Store, principal: Principal, trial_id: int, priority: int,
+                       floor: int = MIN_PRIORITY) -> dict[str, Any]:
+    """Give one trial a new priority; returns the trial as `describe_trial`. A non-admin
+    may give no priority better than `floor`.
 
     Raises:
         InvalidRequest: `priority` is not 1 to 99.
+        Forbidden: not the caller's trial, or a priority reserved for admins.
         NotFound: there is no such trial.
         Conflict: the trial has ended (or is SUSPECT): it will not run again.
     """
     check_priority(priority)
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
+        authorize_on(principal, Action.SET_PRIORITY, trial.experiment, f"trial {trial_id}")
+        check_priority_floor(principal, priority, floor)
         s.refresh(trial, with_for_update=True)
         if TrialState(trial.state).is_settled():
             raise Conflict(f"trial {trial_id} is {trial.state}: it will not run again, so its "
                            "priority no longer matters")
-        _change_priority(s, trial, priority)
+        _change_priority(s, trial, priority, principal.name)
     return describe_trial(store, trial_id)
 
 
-def set_experiment_priority(store: Store, experiment_id: int, priority: int) -> dict[str, Any]:
+def set_experiment_priority(store: Store, principal: Principal, experiment_id: int,
+                            priority: int, floor: int = MIN_PRIORITY) -> dict[str, Any]:
     """Give an experiment's trials that have not ended, and the trials it makes from now
-    on, a new priority; returns the experiment as `describe_experiment`.
+    on, a new priority; returns the experiment as `describe_experiment`. A non-admin may
+    give no priority better than `floor`.
 
     Raises:
         InvalidRequest: `priority` is not 1 to 99.
+        Forbidden: not the caller's experiment, or a priority reserved for admins.
         NotFound: there is no such experiment.
         Conflict: the experiment has ended.
     """
     check_priority(priority)
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
+        authorize_on(principal, Action.SET_PRIORITY, exp)
+        check_priority_floor(principal, priority, floor)
         s.refresh(exp, with_for_update=True)
         if ExperimentState(exp.state).is_terminal():
             raise Conflict(f"experiment {experiment_id} is {exp.state}: its trials will not "
                            "run again, so its priority no longer matters")
         if exp.priority != priority:
             record_event(s, entity="experiment", entity_id=exp.id,
-                         reason=EventReason.PRIORITY_CHANGED, actor=USER,
+                         reason=EventReason.PRIORITY_CHANGED, actor=principal.name,
                          message=f"priority {exp.priority} → {priority}",
                          experiment_id=exp.id)
             exp.priority = priority
         for trial in exp.trials:
             if not TrialState(trial.state).is_settled():
-                _change_priority(s, trial, priority)
+                _change_priority(s, trial, priority, principal.name)
         return experiment_view(s, exp)
 
 
-def _change_priority(s: Session, trial: Trial, priority: int) -> None:
+def _change_priority(s: Session, trial: Trial, priority: int, actor: str) -> None:
     if trial.priority == priority:
         return  # setting the same priority twice records nothing
     record_event(s, entity="trial", entity_id=trial.id,
-                 reason=EventReason.PRIORITY_CHANGED, actor=USER,
+                 reason=EventReason.PRIORITY_CHANGED, actor=actor,
                  message=f"priority {trial.priority} → {priority}",
                  experiment_id=trial.experiment_id, trial_id=trial.id)
     trial.priority = priority

@@ -43,6 +43,7 @@ def experiment_summary(exp: Experiment) -> dict[str, Any]:
         "ended_at": exp.ended_at,
         "trial_states": [t.state for t in exp.trials],
         "priority": exp.priority,  # what its new trials get
+        "owner": exp.owner_name,  # who submitted it; None only before users existed
     }
 
 

@@ -5,6 +5,7 @@ from muster.store.models import (
     MAX_BIGINT,
     MAX_INTEGER,
     MIN_BIGINT,
+    ApiToken,
     Attempt,
     Base,
     Checkpoint,
@@ -15,6 +16,7 @@ from muster.store.models import (
     Metric,
     Replica,
     Trial,
+    User,
 )
 from muster.store.transitions import record_event, transition
 
@@ -22,6 +24,7 @@ __all__ = [
     "MAX_BIGINT",
     "MAX_INTEGER",
     "MIN_BIGINT",
+    "ApiToken",
     "Attempt",
     "Base",
     "Checkpoint",
@@ -33,6 +36,7 @@ __all__ = [
     "Replica",
     "Store",
     "Trial",
+    "User",
     "record_event",
     "redact",
     "transition",

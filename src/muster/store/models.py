@@ -116,6 +116,50 @@ class NonFiniteJSON(TypeDecorator[Any]):
         return None if value is None else decode_non_finite(value)
 
 
+class User(Base):
+    """A person (or a service account) who uses muster, and what they may do (`role`, a
+    `muster.states.Role`). Never deleted: events and experiments name them."""
+
+    __tablename__ = "users"
+    __table_args__ = NO_ID_REUSE
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(32), unique=True)
+    display_name: Mapped[str] = mapped_column(String(200), default="")
+    role: Mapped[str] = mapped_column(String(16))
+    active: Mapped[bool] = mapped_column(default=True)
+    # An argon2id hash (the web UI's login); None: this user signs in with tokens only.
+    password_hash: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The Unix account its jobs run as under the cluster config's `run_as: owner`; None:
+    # the account named like the user.
+    unix_user: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+    last_seen_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    tokens: Mapped[list[ApiToken]] = relationship(back_populates="user",
+                                                  order_by="ApiToken.created_at")
+
+
+class ApiToken(Base):
+    """A credential of a user: an API token (`kind` api) or a web session (`kind` session).
+    Only the SHA-256 of the secret is kept: the database holds no usable token."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)  # public, random hex
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # a `muster.services.tokens.TokenKind`
+    name: Mapped[str] = mapped_column(String(100), default="")
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256, hex
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    user: Mapped[User] = relationship(back_populates="tokens")
+
+
 class Experiment(Base):
     __tablename__ = "experiments"
     __table_args__ = NO_ID_REUSE
@@ -141,10 +185,19 @@ class Experiment(Base):
     # The hash of the environment muster builds for its trials (`muster.environments`);
     # None: they run on the base interpreter, each under its own layer.
     environment_key: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Who submitted it: they (and admins) may act on it. None only for experiments made
+    # before users existed and not yet given to the first admin.
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True,
+                                                 index=True)
 
     trials: Mapped[list[Trial]] = relationship(
         back_populates="experiment", order_by="Trial.id", cascade="all, delete-orphan"
     )
+    owner: Mapped[User | None] = relationship()
+
+    @property
+    def owner_name(self) -> str | None:
+        return self.owner.name if self.owner is not None else None
 
 
 class Trial(Base):
@@ -292,7 +345,9 @@ class Event(Base):
     from_state: Mapped[str | None] = mapped_column(String(20), nullable=True)
     to_state: Mapped[str | None] = mapped_column(String(20), nullable=True)
     reason: Mapped[str] = mapped_column(String(64))
-    actor: Mapped[str] = mapped_column(String(64))  # e.g. "user", "supervisor", "review:alice"
+    # A user's name, or `system:...` (`muster.store.actors`); before users existed: "user",
+    # "supervisor", "review:<name>".
+    actor: Mapped[str] = mapped_column(String(64), index=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 

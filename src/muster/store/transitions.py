@@ -20,6 +20,7 @@ from muster.states import (
     ATTEMPT_MOVES,
     EXPERIMENT_MOVES,
     REVIEW_ONLY_MOVES,
+    REVIEW_REASONS,
     TRIAL_MOVES,
     AttemptState,
     EventReason,
@@ -27,6 +28,7 @@ from muster.states import (
     Reason,
     TrialState,
 )
+from muster.store.actors import is_system
 from muster.store.models import Attempt, Event, Experiment, Trial, now
 
 State = ExperimentState | TrialState | AttemptState
@@ -34,7 +36,6 @@ Entity = Experiment | Trial | Attempt
 # Why: how a replica ended, or one of the words of a move or decision (one spelling each).
 Why = Reason | EventReason
 
-REVIEW_ACTOR_PREFIX = "review:"
 # Column widths, checked here so that SQLite (which ignores them) and PostgreSQL (which
 # refuses) treat a too-long value the same way.
 MAX_REASON = 32
@@ -83,7 +84,8 @@ def transition(
 
     Raises:
         IllegalTransition: the move is not legal from the current state (which includes any
-            move out of a terminal state), or it needs a review and `actor` is not one.
+            move out of a terminal state), or it needs a review and this is not one (a
+            review's reason, by a person).
     """
     word = _word(reason)
     _check_widths(word, actor)
@@ -91,7 +93,7 @@ def transition(
     _lock(session, obj)
     current = machine.parse(obj.state, obj.id)
     target = machine.parse(to_state, obj.id)
-    _check_move(machine, obj.id, current, target, actor)
+    _check_move(machine, obj.id, current, target, actor, reason)
     at = now()
     _stamp(obj, target, at, word, message)
     experiment_id, trial_id = _owners(obj)
@@ -165,7 +167,8 @@ def _lock(session: Session, obj: Entity) -> None:
 
 
 def _check_move(
-    machine: _Machine, entity_id: int, current: State, target: State, actor: str
+    machine: _Machine, entity_id: int, current: State, target: State, actor: str,
+    reason: Why | str,
 ) -> None:
     where = f"{machine.name} {entity_id} is {current.value}"
     if current.is_terminal():
@@ -176,10 +179,11 @@ def _check_move(
         raise IllegalTransition(
             f"{where}; it cannot move to {target.value} (it can move to {options})"
         )
-    if (current, target) in REVIEW_ONLY_MOVES and not actor.startswith(REVIEW_ACTOR_PREFIX):
+    if (current, target) in REVIEW_ONLY_MOVES and (reason not in REVIEW_REASONS
+                                                   or is_system(actor)):
         raise IllegalTransition(
-            f"{where}; only a review can move it to {target.value}, and {actor!r} is not "
-            f"a review (the actor must start with {REVIEW_ACTOR_PREFIX!r})"
+            f"{where}; only a person's review can move it to {target.value}, and this move "
+            f"({_word(reason)!r} by {actor!r}) is not one"
         )
 
 

@@ -18,19 +18,21 @@ from sqlalchemy.orm import Session, selectinload
 from muster.config import ExperimentConfig
 from muster.environments.registry import Environments
 from muster.home import Home
+from muster.launch.accounts import RunAs
 from muster.launch.base import Launcher
 from muster.rundir import AttemptDir
 from muster.schedule.gpu_pool import GpuPool
 from muster.schedule.inventory import GpuInventory
 from muster.states import AttemptState, StopIntent, TrialState, values
 from muster.store import Attempt, Replica, Store, Trial
+from muster.store.actors import SUPERVISOR
 from muster.supervise.configs import experiment_config
 from muster.supervise.ingest import Known, known_files
 
 __all__ = ["ACTOR", "LiveAttempt", "ReplicaFacts", "SupervisorContext", "TrialFacts",
            "current_replicas", "read_live_attempts"]
 
-ACTOR = "supervisor"
+ACTOR = SUPERVISOR
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class SupervisorContext:
     pool: GpuPool
     inventory: GpuInventory
     envs: Environments
+    run_as: RunAs | None = None  # whom jobs run as; None: the server's own user
 
 
 @dataclass(frozen=True)

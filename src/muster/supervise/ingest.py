@@ -32,6 +32,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from muster import checkpoint_files, metrics_lines
+from muster.atomic import open_regular
 from muster.checkpoint_files import Inspection
 from muster.errors import NotFound
 from muster.rundir import AttemptDir, RankFile, RunDir
@@ -169,7 +170,7 @@ def _ingest_metrics_file(
         _commit_batch(store, trial_id, file, offset, file.size, [])
         return
     warned = 0
-    with file.path.open("rb") as stream:
+    with os.fdopen(open_regular(file.path), "rb") as stream:
         stream.seek(offset)
         while data := _read_complete_lines(stream, file.size - offset):
             rows, problems = _parse_lines(data, file, trial_id, offset)

@@ -25,14 +25,16 @@ from muster.config import ExperimentConfig
 from muster.environments.registry import TrialEnvironment
 from muster.errors import ConfigError, GpuError, LaunchError
 from muster.harness.standby import GO_VARIABLE
+from muster.launch.accounts import Account, RunAs
 from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec, ReplicaStatus
 from muster.launch.environment import ReplicaContext, build_env, free_port
 from muster.rundir import AttemptDir, RunDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
-from muster.store import Attempt, Replica, Trial, transition
+from muster.store import Attempt, Experiment, Replica, Trial, transition
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import Ending
+from muster.supervise.ownership import grant_attempt, grant_trial
 from muster.supervise.scans import DataScans, ScanFailed
 from muster.supervise.searching import trial_seed
 from muster.supervise.workdir import prepare_workdir
@@ -76,6 +78,7 @@ class AttemptPlan:
     # What its replicas run in (their PATH's first directories); None: the interpreter
     # muster runs on, as before environments (plans made by hand in tests).
     environment: TrialEnvironment | None = None
+    account: Account | None = None  # the Unix account its jobs run as (`run_as`)
 
 
 def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
@@ -107,6 +110,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             attempt_dir=plan.dir.path, stop_grace=config.failure_policy.stop_grace,
             memory_limit=config.resources.memory_limit,
             path=plan.environment.path if plan.environment is not None else None,
+            account=plan.account,
         ))
     return specs
 
@@ -142,7 +146,8 @@ class Launching:
             incarnation=incarnation, standby=standby,
             secrets=job_secrets.resolve(config, self.ctx.home, trial.experiment.uuid),
             environment=self.ctx.envs.for_trial(config, trial.experiment.environment_key,
-                                                run_dir.env))
+                                                run_dir.env),
+            account=job_account(self.ctx.run_as, trial.experiment))
 
     def specs(self, plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
         return replica_specs(plan, ranks)
@@ -188,18 +193,21 @@ class Launching:
         try:
             recorded = self._record_attempt(trial_id, gpus)
         except (ConfigError, LaunchError) as exc:  # a secret that cannot be read now, an
-            # interpreter that is gone (rolled back)
+            # interpreter that is gone, a job account that is gone (rolled back)
             self._fail_before_launch(trial_id, f"cannot launch: {exc}")
             return
         if recorded is None:
             return
         attempt_id, specs, hparams, context, environment = recorded
         launched: list[tuple[int, ProcessIdentity]] = []
+        account = specs[0].account
         try:
-            prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), hparams)
             prepare_workdir(context.snapshot, specs[0].cwd, context.data)
             if environment is not None:
                 self.ctx.envs.prepare(environment)
+            if account is not None:
+                grant_trial(AttemptDir(specs[0].attempt_dir).run, account)
+            prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), hparams, account)
             for spec in specs:
                 launched.append((spec.rank, self.ctx.launcher.submit(spec)))
         except LaunchError as exc:
@@ -300,8 +308,10 @@ def context_of(trial: Trial) -> Context:
     return Context(snapshot, snapshot / Path(data.path).expanduser() if data else None)
 
 
-def prepare_attempt_dir(attempt_dir: AttemptDir, hparams: dict[str, Any]) -> None:
-    """Create the attempt directory and its hparams file, after the attempt is recorded.
+def prepare_attempt_dir(attempt_dir: AttemptDir, hparams: dict[str, Any],
+                        account: Account | None = None) -> None:
+    """Create the attempt directory and its hparams file, after the attempt is recorded;
+    under `run_as`, give the directory to the job's `account` (`supervise/ownership.py`).
 
     A failure here (a full disk, a home that is not writable) is a failure to launch: the
     attempt ends INTERNAL and the policy retries it, rather than every pass failing anew.
@@ -313,4 +323,19 @@ def prepare_attempt_dir(attempt_dir: AttemptDir, hparams: dict[str, Any]) -> Non
         raise LaunchError(
             f"Could not prepare the attempt directory {attempt_dir.path}: {exc}"
         ) from exc
+    if account is not None:
+        grant_attempt(attempt_dir, account)
+
+
+def job_account(run_as: RunAs | None, experiment: Experiment) -> Account | None:
+    """The Unix account the experiment's jobs run as; None: the server's own user.
+
+    Raises:
+        AccountError: `run_as` names an account that is missing, or root.
+    """
+    if run_as is None:
+        return None
+    owner = experiment.owner
+    return run_as.account_for(owner.name if owner else None,
+                              owner.unix_user if owner else None)
 

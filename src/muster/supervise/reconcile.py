@@ -15,6 +15,7 @@ from pathlib import Path
 from muster.launch.base import ReplicaPhase
 from muster.states import EventReason
 from muster.store import Attempt, record_event
+from muster.store.actors import SERVER_START
 from muster.supervise.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def _note_phases(supervisor: Supervisor, attempt_id: int) -> list[ReplicaPhase]:
                 f"rank {rank} {_VERB[phase]}" for rank, phase in zip(ranks, phases, strict=True))
         record_event(
             s, entity="attempt", entity_id=attempt.id, reason=EventReason.RECONCILE,
-            actor="server-start", message=message, experiment_id=attempt.trial.experiment_id,
+            actor=SERVER_START, message=message, experiment_id=attempt.trial.experiment_id,
             trial_id=attempt.trial_id,
         )
         return phases

@@ -38,6 +38,7 @@ from muster.search.history import Outcome, PastTrial
 from muster.search.history import trial_seed as seed_for
 from muster.states import EventReason, ExperimentState, Reason, StopIntent, TrialState
 from muster.store import Event, Experiment, Metric, Store, Trial, record_event
+from muster.store.actors import SEARCHER
 from muster.supervise.configs import experiment_config
 from muster.supervise.isolation import Isolation
 from muster.words import count
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ACTOR = "searcher"
+ACTOR = SEARCHER
 GIVE_UP_AFTER = 3  # at least this many first trials failing alike stop a search
 _FAILED = {TrialState.FAILED, TrialState.CANCELED, TrialState.SUSPECT}
 _SHOWN_PARAMS = 6  # values named in a new trial's event

@@ -65,7 +65,7 @@ class Standby:
             hparams = dict(trial.hparams)
         self._started = True
         try:
-            prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), hparams)
+            prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), hparams, plan.account)
             for spec in specs:
                 shim = self.ctx.launcher.submit(spec)
                 self.launching.note_shims(standby_id, {spec.rank: shim})
@@ -92,8 +92,9 @@ class Standby:
             standby = s.get_one(Attempt, standby_id)
             latest = latest_checkpoint(attempt_dir.run)
             go = {"env": {"MUSTER_LATEST_CHECKPOINT": str(latest) if latest else None}}
-            for rank in ranks:
-                atomic_write_json(attempt_dir.rank(rank).standby_go, go)
+            for rank in ranks:  # root's, readable by a job running as its own account
+                atomic_write_json(attempt_dir.rank(rank).standby_go, go, mode=0o644,
+                                  exact_mode=True)
             standby.standby = False
             standby.trial.queue_reason = None
             transition(s, standby.trial, TrialState.STARTING, reason=EventReason.LAUNCHING,

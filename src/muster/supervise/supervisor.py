@@ -29,6 +29,7 @@ from sqlalchemy import select
 from muster.config import GpuReleaseConfig
 from muster.environments.registry import Environments
 from muster.home import Home
+from muster.launch.accounts import RunAs
 from muster.launch.base import Launcher
 from muster.schedule.gpu_pool import GpuPool
 from muster.schedule.inventory import GpuInventory, NoGpus
@@ -59,6 +60,7 @@ class Supervisor:
     gpus: GpuInventory = field(default_factory=lambda: NoGpus("no GPUs: none configured"))
     gpu_release: GpuReleaseConfig = field(default_factory=GpuReleaseConfig)
     preemption: bool = False
+    run_as: RunAs | None = None  # whom jobs run as (cluster config `run_as`)
     _pool: GpuPool = field(init=False)
     _search: Searching = field(init=False)
     _launching: Launching = field(init=False)
@@ -71,9 +73,9 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self._pool = GpuPool(self.store, self.gpus, self.gpu_release)
-        self.envs = Environments(self.home.envs_dir)
+        self.envs = Environments(self.home.envs_dir, shared=self.run_as is not None)
         ctx = SupervisorContext(self.store, self.launcher, self.home, self.host, self._pool,
-                                self.gpus, self.envs)
+                                self.gpus, self.envs, self.run_as)
         ending = Ending(ctx)
         self._isolation = Isolation(ctx)
         self._search = Searching(self.store, self._isolation)

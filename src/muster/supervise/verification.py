@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from muster import checkpoint_files, metrics_lines
+from muster.atomic import open_regular, read_regular
 from muster.config import VerifyConfig
 from muster.metrics_lines import MetricLine
 from muster.rundir import RankFile, RunDir
@@ -409,7 +411,7 @@ def _read_samples(
 def _epoch_counts(path: Path) -> dict[int, int] | None:
     """{epoch: samples} from one rank's samples file; None when it is not that shape."""
     try:
-        epochs = json.loads(path.read_bytes())["epochs"]
+        epochs = json.loads(read_regular(path))["epochs"]
         counts = {int(epoch): seen for epoch, seen in epochs.items()}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
@@ -441,7 +443,7 @@ def _read_metrics_file(
     path: Path, attempt: int, rank: int, summary: _MetricsSummary, shown_as: str
 ) -> None:
     kept_here = 0
-    with path.open("rb") as lines:
+    with os.fdopen(open_regular(path), "rb") as lines:
         for number, line in enumerate(lines, start=1):
             if not metrics_lines.is_complete(line):
                 continue  # a torn last line: not written yet, so not judged

@@ -1,0 +1,164 @@
+"""HTTP routes of accounts: password login and logout (web sessions), who am I, users, API
+tokens, and the audit trail. Thin, like `muster.server.routes`: the services decide."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi import Path as InPath
+from fastapi.responses import Response
+
+from muster.config.units import parse_duration
+from muster.errors import InvalidRequest, Unauthorized
+from muster.server import api
+from muster.server.auth import SESSION_COOKIE, clear_session_cookie, set_session_cookie
+from muster.server.routes import COMMON, PREFIX, Reader, State, _errors, allow, authenticated
+from muster.services import audit, tokens, users
+from muster.services.access import Action, Principal
+from muster.states import Role
+from muster.store import MAX_INTEGER
+
+__all__ = ["public", "router"]
+
+public = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, dependencies=[Depends(authenticated)],
+                   responses=_errors(*COMMON))
+Account = Annotated[Principal, Depends(allow(Action.OWN_ACCOUNT))]
+Admin = Annotated[Principal, Depends(allow(Action.MANAGE_USERS))]
+NamePath = Annotated[str, InPath(min_length=1, max_length=32, pattern=r"^[a-z_][a-z0-9_.-]*$",
+                                 description="a user's name")]
+TokenIdPath = Annotated[str, InPath(pattern=r"^[0-9a-f]{16}$",
+                                    description="a token's id (`muster token list`)")]
+
+
+@public.post("/login", response_model=api.LoginView,
+             responses=_errors(400, 401, 413, 422, 429))
+async def log_in(state: State, request: Request, response: Response, body: api.LoginRequest
+                 ) -> dict[str, Any]:
+    """Check a user's password and open a web session: the `muster_session` cookie
+    (HttpOnly, SameSite=Strict; Secure over TLS) and its CSRF token, which every unsafe
+    request of the session sends as `X-CSRF-Token`. Failed logins are limited per user name
+    and per address (429 with Retry-After)."""
+    address = request.client.host if request.client else "unknown"
+    state.logins.check(body.name, address)
+    try:
+        login = await asyncio.to_thread(users.log_in, state.store, state.passwords,
+                                        body.name, body.password)
+    except Unauthorized:
+        state.logins.failed(body.name, address)
+        raise
+    state.logins.succeeded(body.name)
+    set_session_cookie(response, request, login.secret)
+    view = await asyncio.to_thread(users.whoami, state.store, login.principal)
+    return {**view, "csrf_token": tokens.csrf_token(login.secret),
+            "expires_at": login.expires_at}
+
+
+@router.post("/logout", status_code=204, response_class=Response)
+def log_out(state: State, request: Request, who: Account) -> Response:
+    """End the web session the request comes with (its cookie stops working at once) and
+    clear the cookie; with an API token, nothing to end (`muster token revoke` ends one)."""
+    tokens.end_session(state.store, who)
+    response = Response(status_code=204)
+    clear_session_cookie(response, request)
+    return response
+
+
+@router.get("/whoami", response_model=api.Whoami)
+def whoami(state: State, request: Request, who: Reader) -> dict[str, Any]:
+    """The caller: name, role, the credential it came with, and a web session's CSRF token."""
+    cookie = request.cookies.get(SESSION_COOKIE) if who.via_session else None
+    return {**users.whoami(state.store, who),
+            "csrf_token": tokens.csrf_token(cookie) if cookie else None}
+
+
+@router.get("/users", response_model=list[api.UserView])
+def list_users(state: State, _: Reader) -> list[dict[str, Any]]:
+    """Every user, oldest first (deactivated ones too)."""
+    return users.list_users(state.store)
+
+
+@router.post("/users", status_code=201, response_model=api.NewUser,
+             responses=_errors(400, 409))
+def create_user(state: State, body: api.UserCreateRequest, who: Admin) -> dict[str, Any]:
+    """A new user (admins only) and their first API token, shown this once."""
+    return users.create_user(state.store, who, body.name, Role(body.role),
+                             display_name=body.display_name, password=body.password,
+                             unix_user=body.unix_user)
+
+
+@router.get("/users/{name}", response_model=api.UserView, responses=_errors(404))
+def get_user(state: State, _: Reader, name: NamePath) -> dict[str, Any]:
+    return users.get_user(state.store, name)
+
+
+@router.patch("/users/{name}", response_model=api.UserView, responses=_errors(400, 404, 409))
+def edit_user(state: State, name: NamePath, body: api.UserEditRequest, who: Account
+              ) -> dict[str, Any]:
+    """Change your own display name or password (with your current one), or, as an admin,
+    anything of anyone: role, Unix account, password. The last active admin keeps the role."""
+    change = users.UserChange(
+        display_name=body.display_name, role=Role(body.role) if body.role else None,
+        password=body.password, current_password=body.current_password,
+        unix_user=body.unix_user)
+    return users.edit_user(state.store, who, name, change, state.passwords)
+
+
+@router.post("/users/{name}/deactivate", response_model=api.UserView,
+             responses=_errors(404, 409))
+def deactivate_user(state: State, name: NamePath, who: Admin) -> dict[str, Any]:
+    """Deactivate a user: their tokens and sessions stop working with the next request;
+    their experiments keep running and stay visible."""
+    return users.deactivate_user(state.store, who, name)
+
+
+@router.post("/users/{name}/activate", response_model=api.UserView, responses=_errors(404))
+def activate_user(state: State, name: NamePath, who: Admin) -> dict[str, Any]:
+    return users.activate_user(state.store, who, name)
+
+
+@router.get("/tokens", response_model=list[api.TokenView], responses=_errors(404))
+def list_tokens(state: State, who: Account,
+                user: Annotated[str | None, Query(min_length=1, max_length=32, description=(
+                    "an admin lists this user's tokens"))] = None) -> list[dict[str, Any]]:
+    """Your API tokens that are not revoked (an admin: `user`'s), oldest first; never the
+    tokens themselves."""
+    return tokens.list_tokens(state.store, who, user)
+
+
+@router.post("/tokens", status_code=201, response_model=api.NewToken,
+             responses=_errors(400, 404, 409))
+def create_token(state: State, body: api.TokenCreateRequest, who: Account) -> dict[str, Any]:
+    """A new API token for you (an admin: for `user`), shown this once; `expires` a
+    duration (30d), none for never."""
+    try:
+        expires_in = parse_duration(body.expires) if body.expires is not None else None
+    except ValueError as exc:
+        raise InvalidRequest(f"expires: {exc}") from exc
+    return tokens.create_api_token(state.store, who, body.name, expires_in, body.user)
+
+
+@router.delete("/tokens/{token_id}", response_model=api.TokenView, responses=_errors(404))
+def revoke_token(state: State, token_id: TokenIdPath, who: Account) -> dict[str, Any]:
+    """Revoke one of your API tokens (an admin: anyone's); it stops working at once."""
+    return tokens.revoke_token(state.store, who, token_id)
+
+
+@router.get("/events", response_model=list[api.AuditEvent], responses=_errors(404))
+def list_events(
+    state: State, _: Reader,
+    experiment_id: Annotated[int | None, Query(ge=1, le=MAX_INTEGER)] = None,
+    trial_id: Annotated[int | None, Query(ge=1, le=MAX_INTEGER)] = None,
+    user: Annotated[str | None, Query(min_length=1, max_length=64, description=(
+        "only what this actor did: a user's name, or system:supervisor, ..."))] = None,
+    after_id: Annotated[int | None, Query(ge=0, le=MAX_INTEGER)] = None,
+    limit: Annotated[int, Query(ge=1, le=audit.MAX_LIMIT)] = audit.DEFAULT_LIMIT,
+    tail: Annotated[int | None, Query(ge=1, le=audit.MAX_LIMIT)] = None,
+) -> list[dict[str, Any]]:
+    """The audit trail, oldest first: who did what (`actor`: a user, or `system:...`),
+    of an experiment, a trial or an actor; `limit` events after `after_id`, or the last
+    `tail`."""
+    return audit.list_events(state.store, experiment_id=experiment_id, trial_id=trial_id,
+                             actor=user, after_id=after_id, limit=limit, tail=tail)

@@ -1,0 +1,73 @@
+"""The audit trail: the event log read back, by experiment, trial or acting user.
+
+Every event names who acted (`actor`: a user's name, or `system:...`), so this is the
+answer to "who killed experiment 12" and "what did alice do today".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Select, select
+
+from muster.errors import NotFound
+from muster.store import Event, Experiment, Store, Trial
+
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "event_entry", "list_events"]
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+
+
+def list_events(store: Store, *, experiment_id: int | None = None,
+                trial_id: int | None = None, actor: str | None = None,
+                after_id: int | None = None, limit: int = DEFAULT_LIMIT,
+                tail: int | None = None) -> list[dict[str, Any]]:
+    """Events oldest first: the first `limit` after `after_id`, or the last `tail`.
+
+    Raises:
+        NotFound: the experiment or trial named does not exist.
+    """
+    query = select(Event)
+    if experiment_id is not None:
+        query = query.where(Event.experiment_id == experiment_id)
+    if trial_id is not None:
+        query = query.where(Event.trial_id == trial_id)
+    if actor is not None:
+        query = query.where(Event.actor == actor)
+    if after_id is not None:
+        query = query.where(Event.id > after_id)
+    with store.session_scope() as s:
+        _check_exists(s.get(Experiment, experiment_id) if experiment_id else True,
+                      f"experiment {experiment_id}")
+        _check_exists(s.get(Trial, trial_id) if trial_id else True, f"trial {trial_id}")
+        return [event_entry(e) for e in s.scalars(_page(query, limit, tail))]
+
+
+def _page(query: Select[Event], limit: int, tail: int | None) -> Select[Event]:
+    if tail is None:
+        return query.order_by(Event.id).limit(limit)
+    last = query.order_by(Event.id.desc()).limit(tail).subquery()
+    return select(Event).join(last, Event.id == last.c.id).order_by(Event.id)
+
+
+def _check_exists(found: object, what: str) -> None:
+    if found is None:
+        raise NotFound(f"{what} does not exist")
+
+
+def event_entry(event: Event) -> dict[str, Any]:
+    """An event as the audit trail shows it (`kind` is its reason)."""
+    return {
+        "id": event.id,
+        "at": event.at,
+        "actor": event.actor,
+        "kind": event.reason,
+        "message": event.message,
+        "entity": event.entity,
+        "entity_id": event.entity_id,
+        "experiment_id": event.experiment_id,
+        "trial_id": event.trial_id,
+        "from_state": event.from_state,
+        "to_state": event.to_state,
+    }

@@ -1,0 +1,247 @@
+"""API tokens and web sessions: made, looked up by hash, listed, revoked.
+
+A token is `mst_` (an API token) or `mss_` (a web session) and 43 random URL-safe
+characters; the store keeps only its SHA-256 (`ApiToken.secret_hash`, unique), so a copy of
+the database holds no usable token. A token is shown once, when it is made. Each has a
+public id (16 hex digits, random: not guessable from another's) that lists and revocations
+name. A request's token is looked up by its hash on every request, with its user: a revoked
+or expired token, or one of a deactivated user, is refused by the very next request.
+
+A token from before users existed (43 characters without a prefix, in the home's token
+file) is adopted as the first admin's on the first start (`muster.services.users`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from enum import Enum
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from muster.errors import Conflict, InvalidRequest, NotFound, Unauthorized
+from muster.services.access import Action, Principal, authorize
+from muster.states import EventReason, Role
+from muster.store import ApiToken, Store, User, record_event
+from muster.store.models import now
+
+__all__ = ["MAX_TOKEN_CHARS", "SESSION_SECONDS", "TokenKind", "authenticate",
+           "create_api_token", "csrf_token", "hash_secret", "issue", "list_tokens",
+           "revoke_token", "token_view"]
+
+MAX_TOKEN_CHARS = 200  # longer is no token of ours: refused before it is hashed
+MAX_EXPIRY_SECONDS = 3650 * 86_400
+SESSION_SECONDS = 12 * 3600  # a web session lasts this long from its login
+LAST_USED_EVERY_S = 60.0  # `last_used_at` and `last_seen_at` are written at most this often
+MAX_TOKEN_NAME = 100
+MAX_API_TOKENS = 100  # a user's API tokens that are not revoked
+MAX_SESSIONS = 20  # a user's open web sessions; the oldest ends when one more opens
+
+
+class TokenKind(str, Enum):
+    API = "api"  # `Authorization: Bearer mst_...`
+    SESSION = "session"  # the web UI's cookie, `mss_...`
+
+    @property
+    def prefix(self) -> str:
+        return "mst_" if self is TokenKind.API else "mss_"
+
+
+def hash_secret(secret: str) -> str:
+    """The stored form of a token: its SHA-256, hex."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def csrf_token(session_secret: str) -> str:
+    """The CSRF token of a web session: derived from the session's secret (which the page's
+    scripts cannot read: the cookie is HttpOnly), so it needs no storage of its own."""
+    return hmac.new(session_secret.encode(), b"muster csrf", hashlib.sha256).hexdigest()
+
+
+def issue(s: Session, user: User, kind: TokenKind, name: str, *,
+          expires_at: float | None = None, secret: str | None = None) -> tuple[ApiToken, str]:
+    """A new token of `user` in the caller's transaction: (its row, the secret to show once).
+    `secret` adopts an existing one (the home token of a muster from before users)."""
+    secret = secret or kind.prefix + secrets.token_urlsafe(32)
+    row = ApiToken(id=secrets.token_hex(8), user=user, kind=kind.value, name=name,
+                   secret_hash=hash_secret(secret), expires_at=expires_at)
+    s.add(row)
+    s.flush()
+    return row, secret
+
+
+def authenticate(store: Store, secret: str, kind: TokenKind) -> Principal:
+    """Who `secret` (presented as `kind`) acts as.
+
+    Raises:
+        Unauthorized: no such token, revoked, expired, of another kind, or its user is
+            deactivated; the message says which and what to do.
+    """
+    if not secret or len(secret) > MAX_TOKEN_CHARS:
+        raise Unauthorized(_unknown(kind))
+    with store.session_scope() as s:
+        found = s.execute(select(ApiToken, User).join(User, ApiToken.user_id == User.id)
+                          .where(ApiToken.secret_hash == hash_secret(secret))).first()
+        if found is None:
+            raise Unauthorized(_unknown(kind))
+        row, user = found
+        if row.revoked_at is not None or row.kind != kind.value:
+            raise Unauthorized(_unknown(kind))
+        at = now()
+        if row.expires_at is not None and row.expires_at <= at:
+            raise Unauthorized(f"{_what(kind)} {row.id} ({row.name}) has expired; "
+                               + _fix(kind))
+        if not user.active:
+            raise Unauthorized(f"user {user.name} is deactivated; an admin can activate "
+                               f"them again (muster user activate {user.name})")
+        if row.last_used_at is None or at - row.last_used_at >= LAST_USED_EVERY_S:
+            row.last_used_at = user.last_seen_at = at
+        return Principal(user_id=user.id, name=user.name, role=Role(user.role),
+                         token_id=row.id, via_session=kind is TokenKind.SESSION)
+
+
+def _what(kind: TokenKind) -> str:
+    return "token" if kind is TokenKind.API else "web session"
+
+
+def _fix(kind: TokenKind) -> str:
+    if kind is TokenKind.SESSION:
+        return "log in again"
+    return ("make a new one with `muster login URL` or `muster token create`; the server's "
+            "own admin token is in $MUSTER_HOME/secrets/token")
+
+
+def _unknown(kind: TokenKind) -> str:
+    if kind is TokenKind.SESSION:
+        return "not logged in (no such web session, or it ended); log in again"
+    return ("missing, unknown or revoked API token (Authorization: Bearer ...); "
+            + _fix(kind))
+
+
+def create_api_token(store: Store, principal: Principal, name: str,
+                     expires_in: float | None, for_user: str | None = None) -> dict[str, Any]:
+    """A new API token for the caller (or, for an admin, for `for_user`): `{id, name, token,
+    user, created_at, expires_at, last_used_at}`, the token shown this once.
+
+    Raises:
+        InvalidRequest: a name or expiry out of bounds.
+        Forbidden: `for_user` is someone else and the caller is no admin.
+        NotFound: no such user.
+    """
+    name = _token_name(name)
+    if expires_in is not None and not 0 < expires_in <= MAX_EXPIRY_SECONDS:
+        days = MAX_EXPIRY_SECONDS // 86_400
+        raise InvalidRequest(f"expires must be more than 0 s and at most {days} days")
+    with store.session_scope() as s:
+        user = _owner(s, principal, for_user)
+        held = s.scalar(select(func.count()).select_from(ApiToken).where(
+            ApiToken.user_id == user.id, ApiToken.kind == TokenKind.API.value,
+            ApiToken.revoked_at.is_(None)))
+        if held is not None and held >= MAX_API_TOKENS:
+            raise Conflict(f"{user.name} holds {held} API tokens, the most there may be; "
+                           "revoke some first (muster token list, muster token revoke ID)")
+        expires_at = now() + expires_in if expires_in is not None else None
+        row, secret = issue(s, user, TokenKind.API, name, expires_at=expires_at)
+        record_event(s, entity="user", entity_id=user.id, reason=EventReason.TOKEN_CREATED,
+                     actor=principal.name, message=f"token {row.id} ({name}) of {user.name}"
+                     + (f", expiring in {expires_in / 86_400:g} days" if expires_in else ""))
+        return {**token_view(row), "token": secret}
+
+
+def _token_name(name: str) -> str:
+    name = name.strip()
+    if not 0 < len(name) <= MAX_TOKEN_NAME or "\x00" in name:
+        raise InvalidRequest(f"a token's name must be 1 to {MAX_TOKEN_NAME} characters "
+                             "(without NUL)")
+    return name
+
+
+def _owner(s: Session, principal: Principal, for_user: str | None) -> User:
+    """The user whose tokens the caller manages: itself, or (an admin) `for_user`."""
+    if for_user is None or for_user == principal.name:
+        authorize(principal, Action.OWN_ACCOUNT)
+        return s.get_one(User, principal.user_id)
+    authorize(principal, Action.MANAGE_USERS)
+    user = s.scalar(select(User).where(User.name == for_user))
+    if user is None:
+        raise NotFound(f"user {for_user!r} does not exist; `muster user list` shows the users")
+    return user
+
+
+def list_tokens(store: Store, principal: Principal, for_user: str | None = None
+                ) -> list[dict[str, Any]]:
+    """The API tokens of the caller (or of `for_user`, for an admin) that are not revoked,
+    oldest first: `{id, name, user, created_at, expires_at, last_used_at, expired}`."""
+    with store.session_scope() as s:
+        user = _owner(s, principal, for_user)
+        rows = s.scalars(select(ApiToken).where(
+            ApiToken.user_id == user.id, ApiToken.kind == TokenKind.API.value,
+            ApiToken.revoked_at.is_(None)).order_by(ApiToken.created_at, ApiToken.id))
+        return [token_view(row) for row in rows]
+
+
+def revoke_token(store: Store, principal: Principal, token_id: str) -> dict[str, Any]:
+    """Revoke an API token: the caller's own, or (an admin) anyone's. It stops working at
+    once. Revoking a revoked token is harmless.
+
+    Raises:
+        NotFound: no such token, or (for a non-admin) not one of the caller's.
+    """
+    with store.session_scope() as s:
+        row = s.get(ApiToken, token_id)
+        if row is None or row.kind != TokenKind.API.value or (
+                row.user_id != principal.user_id and not principal.is_admin):
+            raise NotFound(f"token {token_id} is not one of yours; `muster token list` shows "
+                           "your tokens")
+        authorize(principal, Action.OWN_ACCOUNT if row.user_id == principal.user_id
+                  else Action.MANAGE_USERS)
+        if row.revoked_at is None:
+            row.revoked_at = now()
+            record_event(s, entity="user", entity_id=row.user_id,
+                         reason=EventReason.TOKEN_REVOKED, actor=principal.name,
+                         message=f"token {row.id} ({row.name}) of {row.user.name}")
+        return token_view(row)
+
+
+def open_session(s: Session, user: User) -> tuple[ApiToken, str]:
+    """A new web session of `user` in the caller's transaction. The user's ended sessions
+    are deleted (a session is no record anyone needs once over), and past `MAX_SESSIONS`
+    open ones the oldest ends, so logins cannot grow the table without bound."""
+    at = now()
+    sessions = list(s.scalars(select(ApiToken).where(
+        ApiToken.user_id == user.id, ApiToken.kind == TokenKind.SESSION.value)
+        .order_by(ApiToken.created_at)))
+    open_ones = []
+    for row in sessions:
+        if row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= at):
+            s.delete(row)
+        else:
+            open_ones.append(row)
+    for row in open_ones[:max(0, len(open_ones) - MAX_SESSIONS + 1)]:
+        row.revoked_at = at
+    return issue(s, user, TokenKind.SESSION, "web session", expires_at=at + SESSION_SECONDS)
+
+
+def end_session(store: Store, principal: Principal) -> None:
+    """Log a web session out: its cookie stops working at once."""
+    if principal.token_id is None or not principal.via_session:
+        return
+    with store.session_scope() as s:
+        row = s.get(ApiToken, principal.token_id)
+        if row is not None and row.revoked_at is None:
+            row.revoked_at = now()
+
+
+def token_view(row: ApiToken) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "user": row.user.name,
+        "created_at": row.created_at,
+        "expires_at": row.expires_at,
+        "last_used_at": row.last_used_at,
+        "expired": row.expires_at is not None and row.expires_at <= now(),
+    }

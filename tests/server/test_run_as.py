@@ -1,0 +1,239 @@
+"""Job isolation (`run_as: owner`): real Unix accounts, a real server running as root, and
+jobs that try to read what is not theirs.
+
+The test makes two accounts (`useradd`), links muster users alice and bob to them, and
+runs alice's probe while bob's job waits: the probe, running as alice's account, must not
+read the server's token, its database, its log, the submitted contexts or bob's run
+directory, and must be able to write its own working directory, use the harness and
+checkpoint. It then plants a link to the token in place of its own log; the server must not
+serve the token through the log API. Skipped (with the reason) where accounts cannot be
+made: not root, or no `useradd`; CI sets MUSTER_REQUIRE_RUN_AS=1 to fail instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+import muster
+from muster.client import Client
+from muster.errors import ConfigError
+from muster.home import Home
+from tests.processes import kill_home_processes
+from tests.server.experiments import only_trial, wait_ended, wait_trial
+from tests.servers import RunningServer
+
+pytestmark = pytest.mark.lifecycle  # a real server, real accounts, real jobs
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+PROBE = r'''
+import json, os, sys
+import muster.harness as mh
+
+targets = json.loads(os.environ["PROBE_TARGETS"])
+results = {"uid": os.getuid(), "gid": os.getgid(), "home": os.environ.get("HOME"),
+           "groups": os.getgroups()}
+for name, path in targets.items():
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            with open(path, "rb") as f:
+                f.read(1)
+        results[name] = "READ"
+    except OSError as exc:
+        results[name] = type(exc).__name__
+with open("mine.txt", "w") as f:  # its own working directory
+    f.write("written by the job")
+with mh.init() as ctx:
+    ctx.report_training(1, {"loss": 0.5})
+    ctx.report_validation(1, {"val_loss": 0.25})
+    with ctx.checkpoint.save(1) as path:
+        (path / "state.txt").write_text("step 1")
+with open("results.json", "w") as f:
+    json.dump(results, f)
+# Last: put a link to the token where muster's log of this replica is.
+log = os.path.join(os.environ["MUSTER_RUN_DIR"], "attempt-1", "rank-0.log")
+os.rename(log, log + ".moved")
+os.symlink(targets["token"], log)
+print("after the swap: this line lands in the moved log, through the shim's descriptor")
+'''
+
+WAITER = r'''
+import os, time
+with open("bob-secret.txt", "w") as f:
+    f.write("bob's private words")
+print("bob waits", flush=True)
+while not os.path.exists(os.environ["RELEASE"]):
+    time.sleep(0.05)
+'''
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "making Unix accounts and dropping to them needs root"
+    if shutil.which("useradd") is None or shutil.which("userdel") is None:
+        return "no useradd/userdel on this machine"
+    if not SYSTEM_PYTHON.exists():
+        return f"no {SYSTEM_PYTHON}: the jobs need an interpreter every account can run"
+    return None
+
+
+@dataclass(frozen=True)
+class Accounts:
+    alice: pwd.struct_passwd
+    bob: pwd.struct_passwd
+
+
+@pytest.fixture(scope="module")
+def accounts() -> Iterator[Accounts]:
+    reason = _skip_reason()
+    if reason is not None:
+        if os.environ.get("MUSTER_REQUIRE_RUN_AS") == "1":
+            pytest.fail(f"{reason} (and MUSTER_REQUIRE_RUN_AS=1 requires the run_as tests)")
+        pytest.skip(reason)
+    tag = secrets.token_hex(3)
+    names = [f"mst-alice-{tag}", f"mst-bob-{tag}"]
+    for name in names:
+        subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
+                        "/usr/sbin/nologin", name], check=True, capture_output=True)
+    try:
+        yield Accounts(*(pwd.getpwnam(name) for name in names))
+    finally:
+        for name in names:
+            subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def shared_server(accounts: Accounts) -> Iterator[RunningServer]:
+    """A server with `run_as: owner`, its home where the accounts can reach their runs
+    (pytest's own temporary directory is root's alone). It runs the muster package from a
+    copy every account can read, as an installation in /opt would be: the checkout this
+    test runs from may lie where other accounts cannot look (root's home)."""
+    top = Path(tempfile.mkdtemp(prefix="muster-run-as-", dir="/tmp"))
+    top.chmod(0o755)
+    package = Path(muster.__file__).resolve().parent
+    shutil.copytree(package, top / "src" / "muster",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["chmod", "-R", "a+rX", str(top / "src")], check=True)
+    home = top / "home"
+    home.mkdir()
+    cluster = top / "cluster.yaml"
+    cluster.write_text("run_as: owner\n")
+    server = RunningServer(home=home, db_url=f"sqlite:///{home / 'muster.db'}",
+                           env={"PYTHONPATH": str(top / "src")})
+    server.start_with(["--min-free-disk", "0", "--cluster-config", str(cluster)])
+    try:
+        yield server
+    finally:
+        server.stop()
+        kill_home_processes(home)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def config(name: str, script: str, harness: bool = False, **variables: str) -> str:
+    return yaml.safe_dump({
+        "name": name, "entrypoint": ["python", script], "harness": harness,
+        "environment": {"python": str(SYSTEM_PYTHON), "variables": variables},
+        "failure_policy": {"stop_grace": "2s"},
+    })
+
+
+def context(parent: Path, script: str, text: str) -> Path:
+    where = parent / script.removesuffix(".py")
+    where.mkdir()
+    (where / script).write_text(text)
+    return where
+
+
+def test_a_job_reads_nothing_of_muster_s_or_another_owner_s(
+    shared_server: RunningServer, accounts: Accounts, tmp_path: Path
+) -> None:
+    home = Home(shared_server.home)
+    with shared_server.client() as admin:
+        alice = admin.create_user("alice", "user", unix_user=accounts.alice.pw_name)
+        bob = admin.create_user("bob", "user", unix_user=accounts.bob.pw_name)
+    release = shared_server.home.parent / "release"  # where bob's account can look
+    with Client(url=shared_server.url, token=bob["token"]) as as_bob:
+        waiting = as_bob.create_experiment(
+            config("waiter", "waiter.py", RELEASE=str(release)),
+            context(tmp_path, "waiter.py", WAITER))
+        bob_trial = wait_trial(as_bob, only_trial(waiting)["id"], {"RUNNING"})
+    bob_run = home.run_dir(bob_trial["uuid"])
+    targets = {
+        "token": str(home.token_path), "database": str(shared_server.home / "muster.db"),
+        "server_log": str(shared_server.home / "server.log"),
+        "contexts": str(home.experiments_dir), "runs_listing": str(home.runs_dir),
+        "bob_run": str(bob_run.path), "bob_workdir": str(bob_run.workdir),
+        "bob_secret": str(bob_run.workdir / "bob-secret.txt"),
+        "bob_log": str(bob_run.attempt(1).rank(0).log), "secrets": str(home.secrets_dir),
+    }
+    with Client(url=shared_server.url, token=alice["token"]) as as_alice:
+        probe = as_alice.create_experiment(
+            config("probe", "probe.py", harness=True, PROBE_TARGETS=json.dumps(targets)),
+            context(tmp_path, "probe.py", PROBE))
+        ended = wait_ended(as_alice, probe["id"], timeout=90)
+        trial = only_trial(ended)
+        run = home.run_dir(trial["uuid"])
+        results = json.loads((run.workdir / "results.json").read_text())
+        denied = {name: results[name] for name in targets}
+        assert denied == {name: "PermissionError" for name in targets}, results
+        assert (results["uid"], results["gid"]) == (accounts.alice.pw_uid,
+                                                   accounts.alice.pw_gid)
+        assert results["home"] == accounts.alice.pw_dir
+        assert 0 not in results["groups"]
+        assert ended["state"] == "COMPLETED", trial["message"]
+        assert trial["state"] == "SUCCEEDED" and trial["verification"]["verified"]
+        assert [m["metrics"] for m in as_alice.get_metrics(trial["id"], kind="validation")] \
+            == [{"val_loss": 0.25}]
+        assert [c["intact"] for c in as_alice.list_checkpoints(trial["id"])] == [True]
+        # The planted link is no log: muster (root) serves nothing through it.
+        served = as_alice.read_logs(trial["id"]).data
+        token = home.token_path.read_bytes().strip()
+        assert token not in served and served == b""
+        assert b"after the swap" in (run.attempt(1).rank(0).log.parent
+                                     / "rank-0.log.moved").read_bytes()
+    _check_ownership(run, accounts.alice)
+    release.touch()
+    with shared_server.client() as admin:
+        assert wait_ended(admin, waiting["id"])["state"] == "COMPLETED"
+
+
+def _check_ownership(run: object, account: pwd.struct_passwd) -> None:
+    from muster.rundir import RunDir
+
+    assert isinstance(run, RunDir)
+    top = run.path.lstat()
+    assert (top.st_uid, stat.S_IMODE(top.st_mode)) == (0, 0o711)  # root's: entered only
+    for mine in (run.workdir, run.env, run.checkpoints, run.attempt(1).path):
+        info = mine.lstat()
+        assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (account.pw_uid, 0o700), mine
+    assert (run.workdir / "mine.txt").stat().st_uid == account.pw_uid
+    assert run.attempt(1).rank(0).spec.stat().st_uid == 0  # muster's files stay root's
+    assert stat.S_IMODE(run.attempt(1).rank(0).spec.stat().st_mode) == 0o600
+
+
+def test_an_owner_without_an_account_is_refused_at_submission(
+    shared_server: RunningServer, tmp_path: Path
+) -> None:
+    with shared_server.client() as admin:
+        carol = admin.create_user("carol", "user", unix_user="mst-nobody-here")
+    with Client(url=shared_server.url, token=carol["token"]) as as_carol, \
+            pytest.raises(ConfigError) as refused:
+        as_carol.create_experiment(config("x", "probe.py"), context(tmp_path, "probe.py",
+                                                                    "print(1)\n"))
+    assert "there is no Unix account 'mst-nobody-here'" in str(refused.value)
+    assert "muster user edit carol --unix-user NAME" in str(refused.value)
