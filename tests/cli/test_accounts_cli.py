@@ -12,7 +12,7 @@ import pytest
 
 from muster.client import Client
 from tests.cli.test_cli import assert_clean_failure, muster, on
-from tests.server.experiments import make_context, only_trial, wait_ended
+from tests.server.experiments import make_context, only_trial, submit, wait_ended
 from tests.servers import RunningServer
 
 pytestmark = pytest.mark.lifecycle  # a real server
@@ -121,11 +121,8 @@ def test_login_keeps_a_token_for_the_url_and_logout_revokes_it(
 
 
 def test_events_show_who_did_what(server: RunningServer, alice: str, tmp_path: Path) -> None:
-    context = make_context(tmp_path, "exit0.sh")
-    exp = as_json(muster(server.home, server.url, "experiment", "create",
-                         str(context / "experiment.yaml"), "--wait", "--json", token=alice))
-    with server.client() as admin:
-        wait_ended(admin, exp["id"])
+    with Client(url=server.url, token=alice) as as_alice:
+        exp = wait_ended(as_alice, submit(as_alice, make_context(tmp_path, "exit0.sh"))["id"])
     events = as_json(on(server, "events", "--experiment", str(exp["id"]), "--json"))
     assert all({"actor", "kind", "at", "message"} <= set(e) for e in events)
     actors = {(e["actor"], e["kind"]) for e in events}
@@ -140,9 +137,8 @@ def test_events_show_who_did_what(server: RunningServer, alice: str, tmp_path: P
 
 def test_experiment_list_mine_and_by_owner(server: RunningServer, alice: str,
                                            tmp_path: Path) -> None:
-    context = make_context(tmp_path, "exit0.sh")
-    mine = as_json(muster(server.home, server.url, "experiment", "create",
-                          str(context / "experiment.yaml"), "--json", token=alice))
+    with Client(url=server.url, token=alice) as as_alice:
+        mine = submit(as_alice, make_context(tmp_path, "exit0.sh"))
     listed = as_json(muster(server.home, server.url, "experiment", "list", "--mine", "--json",
                             token=alice))
     assert listed and {e["owner"] for e in listed} == {"alice"}

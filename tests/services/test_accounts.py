@@ -12,13 +12,10 @@ from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unautho
 from muster.home import Home
 from muster.services import tokens, users
 from muster.services.access import Principal
-from muster.services.passwords import PasswordChecker
 from muster.services.tokens import TokenKind
 from muster.states import Role
 from muster.store import ApiToken, Event, Experiment, Store, User
 from tests.accounts import first_admin
-
-CHECKER = PasswordChecker()
 
 
 @pytest.fixture
@@ -140,7 +137,7 @@ def test_revoked_expired_and_deactivated_tokens_are_refused_at_once(
 def test_a_token_works_only_as_its_kind(store: Store, home: Home) -> None:
     admin = first_admin(store, home)
     make_user(store, admin, "vera", Role.VIEWER, password="correct horse")
-    login = users.log_in(store, CHECKER, "vera", "correct horse")
+    login = users.log_in(store, "vera", "correct horse")
     assert tokens.authenticate(store, login.secret, TokenKind.SESSION).via_session
     with pytest.raises(Unauthorized):
         tokens.authenticate(store, login.secret, TokenKind.API)
@@ -219,7 +216,7 @@ def test_only_admins_manage_users_and_the_last_admin_stays(store: Store, home: H
     with pytest.raises(Forbidden, match="user alice cannot manage users"):
         users.create_user(store, alice, "mallory", Role.ADMIN)
     with pytest.raises(Forbidden):
-        users.edit_user(store, alice, "alice", users.UserChange(role=Role.ADMIN), CHECKER)
+        users.edit_user(store, alice, "alice", users.UserChange(role=Role.ADMIN))
     with pytest.raises(Conflict, match="user alice exists already"):
         users.create_user(store, admin, "alice", Role.USER)
     with pytest.raises(InvalidRequest, match="user name 'Al:ice' must be"):
@@ -227,12 +224,12 @@ def test_only_admins_manage_users_and_the_last_admin_stays(store: Store, home: H
     with pytest.raises(Forbidden, match="cannot deactivate yourself"):
         users.deactivate_user(store, admin, "admin")
     with pytest.raises(Conflict, match="admin is the only active admin"):
-        users.edit_user(store, admin, "admin", users.UserChange(role=Role.USER), CHECKER)
-    users.edit_user(store, admin, "alice", users.UserChange(role=Role.ADMIN), CHECKER)
+        users.edit_user(store, admin, "admin", users.UserChange(role=Role.USER))
+    users.edit_user(store, admin, "alice", users.UserChange(role=Role.ADMIN))
     alice = tokens.authenticate(store, make_token(store, admin, "alice"), TokenKind.API)
     users.deactivate_user(store, alice, "admin")  # another admin may
     with pytest.raises(Conflict, match="alice is the only active admin"):
-        users.edit_user(store, alice, "alice", users.UserChange(role=Role.VIEWER), CHECKER)
+        users.edit_user(store, alice, "alice", users.UserChange(role=Role.VIEWER))
     with store.session_scope() as s:
         actors = [(e.actor, e.reason) for e in s.scalars(
             select(Event).where(Event.entity == "user").order_by(Event.id))]
@@ -250,16 +247,16 @@ def test_one_s_own_password_changes_only_with_the_current_one(
     alice, _ = make_user(store, admin, "alice", password="first password")
     change = users.UserChange(password="second password", current_password="wrong one!")
     with pytest.raises(Forbidden, match="give your current one too"):
-        users.edit_user(store, alice, "alice", change, CHECKER)
+        users.edit_user(store, alice, "alice", change)
     users.edit_user(store, alice, "alice", users.UserChange(
-        password="second password", current_password="first password"), CHECKER)
-    assert users.log_in(store, CHECKER, "alice", "second password").principal.name == "alice"
-    users.edit_user(store, admin, "alice", users.UserChange(password="third password"),
-                    CHECKER)  # an admin sets it without the old one
+        password="second password", current_password="first password"))
+    assert users.log_in(store, "alice", "second password").principal.name == "alice"
+    # An admin sets it without the old one.
+    users.edit_user(store, admin, "alice", users.UserChange(password="third password"))
     with pytest.raises(Unauthorized, match="wrong user name or password"):
-        users.log_in(store, CHECKER, "alice", "second password")
+        users.log_in(store, "alice", "second password")
     with pytest.raises(InvalidRequest, match="a password must be 8 to 1024 characters"):
-        users.edit_user(store, admin, "alice", users.UserChange(password="short"), CHECKER)
+        users.edit_user(store, admin, "alice", users.UserChange(password="short"))
 
 
 def test_a_login_says_the_same_for_every_wrong_guess(store: Store, home: Home) -> None:
@@ -269,7 +266,7 @@ def test_a_login_says_the_same_for_every_wrong_guess(store: Store, home: Home) -
     for name, password in (("alice", "wrong password"), ("nobody", "right password"),
                            ("tokenonly", "anything at all"), ("Bad Name", "x")):
         with pytest.raises(Unauthorized, match=r"^wrong user name or password$"):
-            users.log_in(store, CHECKER, name, password)
+            users.log_in(store, name, password)
     users.deactivate_user(store, admin, "alice")
     with pytest.raises(Unauthorized, match="user alice is deactivated"):
-        users.log_in(store, CHECKER, "alice", "right password")
+        users.log_in(store, "alice", "right password")

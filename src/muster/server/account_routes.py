@@ -44,8 +44,7 @@ async def log_in(state: State, request: Request, response: Response, body: api.L
     address = request.client.host if request.client else "unknown"
     state.logins.check(body.name, address)
     try:
-        login = await asyncio.to_thread(users.log_in, state.store, state.passwords,
-                                        body.name, body.password)
+        login = await asyncio.to_thread(users.log_in, state.store, body.name, body.password)
     except Unauthorized:
         state.logins.failed(body.name, address)
         raise
@@ -103,7 +102,7 @@ def edit_user(state: State, name: NamePath, body: api.UserEditRequest, who: Acco
         display_name=body.display_name, role=Role(body.role) if body.role else None,
         password=body.password, current_password=body.current_password,
         unix_user=body.unix_user)
-    return users.edit_user(state.store, who, name, change, state.passwords)
+    return users.edit_user(state.store, who, name, change)
 
 
 @router.post("/users/{name}/deactivate", response_model=api.UserView,

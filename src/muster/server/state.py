@@ -12,7 +12,6 @@ from muster.launch.base import Launcher
 from muster.server.follows import FollowLimit
 from muster.server.login_limit import LoginLimiter
 from muster.server.orchestrator import Orchestrator
-from muster.services.passwords import PasswordChecker
 from muster.store import Store
 
 
@@ -59,5 +58,4 @@ class ServerState:
     priority_floor: int  # the best priority a non-admin may give (cluster config)
     run_as: RunAs | None  # whom jobs run as (cluster config); None: the server's user
     follows: FollowLimit = field(default_factory=FollowLimit)  # open log follows per user
-    passwords: PasswordChecker = field(default_factory=PasswordChecker)
     logins: LoginLimiter = field(default_factory=LoginLimiter)  # failed logins

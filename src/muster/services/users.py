@@ -23,7 +23,7 @@ from muster.atomic import atomic_write_bytes
 from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
 from muster.services import tokens
 from muster.services.access import Action, Principal, authorize
-from muster.services.passwords import PasswordChecker, hash_password
+from muster.services.passwords import check_strength, hash_password, matches
 from muster.states import EventReason, Role
 from muster.store import ApiToken, Experiment, Store, User, record_event
 from muster.store.actors import SERVER
@@ -165,10 +165,10 @@ def create_user(store: Store, principal: Principal, name: str, role: Role, *,
     check_name(name)
     display_name = _check_display_name(display_name)
     unix_user = _check_unix_user(unix_user)
+    _check_free(store, name)  # before the (slow) hash
     password_hash = hash_password(password) if password is not None else None
     with store.session_scope() as s:
-        if s.scalar(select(User.id).where(User.name == name)) is not None:
-            raise Conflict(f"user {name} exists already; `muster user list` shows the users")
+        _check_free(s, name)
         user = User(name=name, display_name=display_name, role=role.value,
                     password_hash=password_hash, unix_user=unix_user)
         s.add(user)
@@ -179,6 +179,15 @@ def create_user(store: Store, principal: Principal, name: str, role: Role, *,
         record_event(s, entity="user", entity_id=user.id, reason=EventReason.TOKEN_CREATED,
                      actor=principal.name, message=f"token {row.id} (first token) of {name}")
         return {**user_view(user), "token": secret, "token_id": row.id}
+
+
+def _check_free(where: Store | Session, name: str) -> None:
+    if isinstance(where, Store):
+        with where.session_scope() as s:
+            _check_free(s, name)
+        return
+    if where.scalar(select(User.id).where(User.name == name)) is not None:
+        raise Conflict(f"user {name} exists already; `muster user list` shows the users")
 
 
 def list_users(store: Store) -> list[dict[str, Any]]:
@@ -212,8 +221,8 @@ class UserChange:
         return self.role is not None or self.unix_user is not None
 
 
-def edit_user(store: Store, principal: Principal, name: str, change: UserChange,
-              checker: PasswordChecker) -> dict[str, Any]:
+def edit_user(store: Store, principal: Principal, name: str, change: UserChange
+              ) -> dict[str, Any]:
     """Change a user: one's own display name and password (with the current one, if set),
     or, for an admin, anything of anyone.
 
@@ -227,9 +236,13 @@ def edit_user(store: Store, principal: Principal, name: str, change: UserChange,
     display_name = (_check_display_name(change.display_name)
                     if change.display_name is not None else None)
     unix_user = _check_unix_user(change.unix_user)
-    password_hash = hash_password(change.password) if change.password is not None else None
-    if password_hash is not None and own:
-        _check_current_password(store, principal, change.current_password, checker)
+    password_hash = None
+    if change.password is not None:  # checked first, then the (slow) hashes
+        check_strength(change.password)
+        get_user(store, name)
+        if own:
+            _check_current_password(store, principal, change.current_password)
+        password_hash = hash_password(change.password)
     with store.session_scope() as s:
         user = user_or_404(s, name)
         words = _apply(s, user, change, display_name, unix_user, password_hash)
@@ -261,13 +274,13 @@ def _apply(s: Session, user: User, change: UserChange, display_name: str | None,
     return words
 
 
-def _check_current_password(store: Store, principal: Principal, current: str | None,
-                            checker: PasswordChecker) -> None:
+def _check_current_password(store: Store, principal: Principal, current: str | None
+                            ) -> None:
     with store.session_scope() as s:
         stored = s.get_one(User, principal.user_id).password_hash
     if stored is None:
         return
-    if current is None or not checker.matches(current, stored):
+    if current is None or not matches(current, stored):
         raise Forbidden("to change your password, give your current one too "
                         "(current_password); an admin can set it for you")
 
@@ -325,7 +338,7 @@ class Login:
     expires_at: float
 
 
-def log_in(store: Store, checker: PasswordChecker, name: str, password: str) -> Login:
+def log_in(store: Store, name: str, password: str) -> Login:
     """Check a password and open a web session.
 
     Raises:
@@ -336,7 +349,7 @@ def log_in(store: Store, checker: PasswordChecker, name: str, password: str) -> 
         user = s.scalar(select(User).where(User.name == name)) if NAME_PATTERN.fullmatch(
             name) else None
         stored = user.password_hash if user is not None else None
-    if not checker.matches(password, stored) or user is None:
+    if not matches(password, stored) or user is None:
         raise Unauthorized("wrong user name or password")
     with store.session_scope() as s:
         user = s.get_one(User, user.id)
