@@ -118,6 +118,11 @@ def test_login_keeps_a_token_for_the_url_and_logout_revokes_it(
         revoked.whoami()
     nothing = muster(other_home, server.url, "whoami", env=config)
     assert "no API token to send" in assert_clean_failure(nothing)
+    kept_token = muster(other_home, None, "login", server.url, "--token-stdin",
+                        stdin=alice + "\n", env=config)
+    assert kept_token.returncode == 0 and "as alice (user)" in kept_token.stdout
+    assert as_json(muster(other_home, server.url, "whoami", "--json", env=config))[
+        "token_id"] is not None
 
 
 def test_events_show_who_did_what(server: RunningServer, alice: str, tmp_path: Path) -> None:
