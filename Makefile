@@ -3,16 +3,41 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The web UI's third-party files, from npm (ui/package-lock.json), copied into the package:
+VENDOR := src/muster/ui/static/vendor
+ASSETS := $(VENDOR)/.built
+BROWSER := $(VENV)/.browser
 
 .PHONY: install demo test lint typecheck unit quick bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(ASSETS) $(BROWSER)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,examples]'
 	touch $(STAMP)
+
+# Node 20 and npm build the UI's assets: exact versions from the lockfile, nothing committed.
+$(ASSETS): ui/package.json ui/package-lock.json
+	@command -v npm >/dev/null || { echo "npm (Node 20) is needed to build the web UI's assets"; exit 1; }
+	npm ci --prefix ui --no-audit --no-fund --loglevel=error
+	mkdir -p $(VENDOR)
+	cp ui/node_modules/htmx.org/dist/htmx.min.js $(VENDOR)/
+	cp ui/node_modules/uplot/dist/uPlot.iife.min.js ui/node_modules/uplot/dist/uPlot.min.css $(VENDOR)/
+	cp ui/node_modules/htmx.org/LICENSE $(VENDOR)/htmx.LICENSE
+	cp ui/node_modules/uplot/LICENSE $(VENDOR)/uPlot.LICENSE
+	touch $(ASSETS)
+
+# The browser tests drive Debian's Chromium: installed here when we may (root with apt);
+# elsewhere they skip with the reason (CI sets MUSTER_REQUIRE_BROWSER=1 and fails instead).
+$(BROWSER):
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+	  || echo "could not install chromium: the browser tests will skip"; \
+	else echo "no /usr/bin/chromium and no apt as root: the browser tests will skip"; fi
+	touch $(BROWSER)
 
 demo: install
 	bash examples/demo.sh
@@ -23,11 +48,13 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# Two workers, a test module's tests on one of them (its shared server is made once): most
+# tests wait on real processes, so two at a time nearly halve the suite on 2 cores.
 unit: install
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q -n 2 --dist loadscope --durations=25
 
 quick: install  # the inner loop: every test that starts no server and no process
-	$(BIN)/pytest -q -m "not lifecycle"
+	$(BIN)/pytest -q -n 2 --dist loadscope -m "not lifecycle"
 
 test: lint typecheck unit
 
@@ -35,4 +62,4 @@ bench: install
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) .muster-demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .muster-demo .pytest_cache .mypy_cache .ruff_cache ui/node_modules $(VENDOR)

@@ -226,10 +226,17 @@ class Client:
             "POST", f"/experiments/{experiment_id}/priority", json={"priority": priority}
         )
 
-    def list_experiments(self, owner: str | None = None, mine: bool = False
-                         ) -> list[dict[str, Any]]:
-        """Every experiment, or `owner`'s, or (`mine`) the caller's."""
-        params = _params(owner=owner, mine="true" if mine else None)
+    def list_experiments(self, owner: str | None = None, mine: bool = False, *,
+                         state: str | None = None, label: str | None = None,
+                         name: str | None = None, sort: str | None = None,
+                         descending: bool = False, offset: int | None = None,
+                         limit: int | None = None) -> list[dict[str, Any]]:
+        """Experiments: every one, or `owner`'s, or (`mine`) the caller's; narrowed by
+        `state`, `label` and part of the `name`; by `sort` (id, name, state, created, ended,
+        priority, owner); a page of `limit` from `offset`."""
+        params = _params(owner=owner, mine="true" if mine else None, state=state,
+                         label=label, name=name, sort=sort,
+                         order="desc" if descending else None, offset=offset, limit=limit)
         return self._json("GET", "/experiments", params=params)  # type: ignore[no-any-return]
 
     def get_experiment(self, experiment_id: int) -> dict[str, Any]:

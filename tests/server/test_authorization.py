@@ -146,7 +146,8 @@ def test_the_authorisation_table(team: Team) -> None:
     # What the allowed did, they did: the owner's act first, then the admin's on it.
     assert answers["pause", "alice"] == answers["pause", "admin"] == 200
     assert (answers["review", "alice"], answers["review", "admin"]) == (200, 409)
-    assert answers["kill", "alice"] == answers["kill", "admin"] == 200  # killing twice: harmless
+    # Killing twice is harmless (200), or the first kill has ended it already (409).
+    assert answers["kill", "alice"] == 200 and answers["kill", "admin"] in (200, 409)
     assert (answers["create a user", "admin"], answers["make a token", "vera"]) == (201, 201)
 
 

@@ -137,3 +137,30 @@ def test_guessing_is_limited_per_name_and_the_answer_never_tells_names_apart(
         assert "too many failed logins for user gus" in locked.json()["message"]
     with Client(url=server.url, token=people["gus"]) as gus:
         assert gus.whoami()["name"] == "gus"  # the API token is not locked out
+
+
+def test_an_api_token_opens_a_web_session_too(
+    server: RunningServer, browser: httpx.Client, people: dict[str, str]
+) -> None:
+    done = browser.post("/login", json={"token": people["vera"]})
+    assert done.status_code == 200, done.text
+    assert (done.json()["name"], done.json()["via"]) == ("vera", "session")
+    assert browser.get("/whoami").json()["via"] == "session"
+    neither = browser.post("/login", json={"name": "vera"})
+    assert neither.status_code == 400 and "log in with `name` and `password`" in neither.text
+    wrong = browser.post("/login", json={"token": "mst_" + "x" * 43})
+    assert wrong.status_code == 401
+
+
+def test_the_list_pages_on_the_server(server: RunningServer, people: dict[str, str]) -> None:
+    with server.client() as admin:
+        for number in range(3):
+            admin.create_experiment(f"name: paged-{number}\nentrypoint: ['true']\n"
+                                    "labels: [paged]\n", None)
+    response = httpx.get(server.url + API + "/experiments", timeout=30,
+                         params={"label": "paged", "sort": "name", "order": "desc",
+                                 "limit": 2},
+                         headers={"Authorization": f"Bearer {people['vera']}"})
+    assert response.status_code == 200 and response.headers["X-Total-Count"] == "3"
+    assert [e["name"] for e in response.json()] == ["paged-2", "paged-1"]
+    assert {"progress", "awaiting_review", "unverified", "best"} <= set(response.json()[0])

@@ -113,11 +113,18 @@ def _report_created(exp: dict[str, Any], as_json: bool, ended: bool) -> None:
 def list_(
     mine: Annotated[bool, typer.Option("--mine", help="only yours")] = False,
     owner: Annotated[str | None, typer.Option(help="only this user's")] = None,
+    state: Annotated[str | None, typer.Option(help="only those in this state")] = None,
+    label: Annotated[str | None, typer.Option(help="only those with this label")] = None,
+    name: Annotated[str | None, typer.Option(help="only those whose name holds this")] = None,
+    last: Annotated[int | None, typer.Option(help="only the N newest")] = None,
     as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
-    """List experiments (every user's, or --mine, or --owner NAME's)."""
+    """List experiments (every user's, or --mine, or --owner NAME's), oldest first."""
     with client(home, url) as c:
-        rows = c.list_experiments(owner=owner, mine=mine)
+        rows = c.list_experiments(owner=owner, mine=mine, state=state, label=label, name=name,
+                                  descending=last is not None, limit=last)
+    if last is not None:
+        rows.reverse()
     render.print_json(rows) if as_json else render.console.print(render.experiments_table(rows))
 
 

@@ -4,6 +4,7 @@ tokens, and the audit trail. Thin, like `muster.server.routes`: the services dec
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -15,6 +16,7 @@ from muster.errors import InvalidRequest, Unauthorized
 from muster.server import api
 from muster.server.auth import SESSION_COOKIE, clear_session_cookie, set_session_cookie
 from muster.server.routes import COMMON, PREFIX, Reader, State, _errors, allow, authenticated
+from muster.server.state import ServerState
 from muster.services import audit, tokens, users
 from muster.services.access import Action, Principal
 from muster.states import Role
@@ -37,22 +39,47 @@ TokenIdPath = Annotated[str, InPath(pattern=r"^[0-9a-f]{16}$",
              responses=_errors(400, 401, 413, 422, 429))
 async def log_in(state: State, request: Request, response: Response, body: api.LoginRequest
                  ) -> dict[str, Any]:
-    """Check a user's password and open a web session: the `muster_session` cookie
-    (HttpOnly, SameSite=Strict; Secure over TLS) and its CSRF token, which every unsafe
-    request of the session sends as `X-CSRF-Token`. Failed logins are limited per user name
-    and per address (429 with Retry-After)."""
+    """Check a user's password (`name`, `password`), or an API token of theirs (`token`),
+    and open a web session: the `muster_session` cookie (HttpOnly, SameSite=Strict; Secure
+    over TLS) and its CSRF token, which every unsafe request of the session sends as
+    `X-CSRF-Token`. Failed logins are limited per user name and per address (429 with
+    Retry-After)."""
     address = request.client.host if request.client else "unknown"
-    state.logins.check(body.name, address)
-    try:
-        login = await asyncio.to_thread(users.log_in, state.store, body.name, body.password)
-    except Unauthorized:
-        state.logins.failed(body.name, address)
-        raise
-    state.logins.succeeded(body.name)
+    login = await open_session(state, address, body.name, body.password, body.token)
     set_session_cookie(response, request, login.secret)
     view = await asyncio.to_thread(users.whoami, state.store, login.principal)
     return {**view, "csrf_token": tokens.csrf_token(login.secret),
             "expires_at": login.expires_at}
+
+
+TOKEN_LOGIN = "(token)"  # the name failed token logins are counted under
+
+
+async def open_session(state: ServerState, address: str, name: str | None,
+                       password: str | None, token: str | None) -> users.Login:
+    """A password or token login, counted against guessing (`LoginLimiter`); what the API's
+    and the UI's login share.
+
+    Raises:
+        InvalidRequest: neither a name and password nor a token.
+        Unauthorized: they do not work.
+        TooManyRequests: too many failures lately.
+    """
+    if token:
+        key, attempt = TOKEN_LOGIN, functools.partial(users.log_in_with_token, state.store,
+                                                      token)
+    elif name and password:
+        key, attempt = name, functools.partial(users.log_in, state.store, name, password)
+    else:
+        raise InvalidRequest("log in with `name` and `password`, or with a `token`")
+    state.logins.check(key, address)
+    try:
+        login = await asyncio.to_thread(attempt)
+    except Unauthorized:
+        state.logins.failed(key, address)
+        raise
+    state.logins.succeeded(key)
+    return login
 
 
 @router.post("/logout", status_code=204, response_class=Response)

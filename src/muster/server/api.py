@@ -177,6 +177,13 @@ class SearchProgress(_Shape):
     best: BestSoFar | None
 
 
+class Progress(_Shape):
+    ended: int  # SUCCEEDED, FAILED, CANCELED, SUSPECT
+    running: int  # STARTING, RUNNING, RESTARTING
+    queued: int  # QUEUED, PAUSED
+    total: int  # every trial it will make (1, a grid's size, max_trials)
+
+
 class ExperimentSummary(_Shape):
     id: int
     uuid: str
@@ -190,6 +197,10 @@ class ExperimentSummary(_Shape):
     trial_states: list[str]
     priority: int  # what its new trials get
     owner: str | None  # the user who submitted it (None only for older experiments)
+    progress: Progress  # its trials by stage, of all it will make
+    awaiting_review: int  # SUSPECT trials: exit 0, a check failed, a person must decide
+    unverified: int  # SUCCEEDED trials whose exit 0 no check of their results inspected
+    best: BestSoFar | None  # the search's best trial so far (its searcher's metric)
 
 
 class ExperimentDetail(ExperimentSummary):
@@ -391,8 +402,11 @@ class TokenCreateRequest(BaseModel):
 
 
 class LoginRequest(BaseModel):
-    name: Annotated[str, Field(min_length=1, max_length=32)]
-    password: Annotated[str, Field(min_length=1, max_length=1024)]
+    """A user's name and password, or an API token of theirs."""
+
+    name: Annotated[str | None, Field(min_length=1, max_length=32)] = None
+    password: Annotated[str | None, Field(min_length=1, max_length=1024)] = None
+    token: Annotated[str | None, Field(min_length=1, max_length=200)] = None
 
 
 class Whoami(UserView):

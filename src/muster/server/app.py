@@ -19,10 +19,11 @@ from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from muster import __version__
+from muster import __version__, ui
 from muster.errors import MusterError, TooManyRequests
 from muster.home import Home
 from muster.launch.identity import own_identity
@@ -31,6 +32,7 @@ from muster.schedule.inventory import open_inventory
 from muster.server import account_routes
 from muster.server.body_limit import BodyLimit
 from muster.server.orchestrator import TICK_SECONDS, Orchestrator
+from muster.server.pages import error_page, pages
 from muster.server.routes import PREFIX, public, router, scrape
 from muster.server.state import ServerSettings, ServerState
 from muster.services.users import bootstrap
@@ -94,6 +96,8 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(account_routes.public)
     app.include_router(account_routes.router)
     app.include_router(scrape)
+    app.include_router(pages)
+    app.mount("/static", StaticFiles(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app
 
@@ -113,21 +117,25 @@ def _wake_on_replica_exit(orchestrator: Orchestrator, launcher: LocalLauncher) -
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(MusterError)
-    async def muster_error(request: Request, exc: MusterError) -> JSONResponse:
+    async def muster_error(request: Request, exc: MusterError) -> Response:
+        if _is_page(request):
+            return error_page(request, exc.http_status, str(exc))
         response = _error(exc.http_status, type(exc).__name__, str(exc))
         if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
             response.headers["Retry-After"] = str(exc.retry_after)
         return response
 
     @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def bad_request(request: Request, exc: RequestValidationError) -> Response:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
+        if _is_page(request):
+            return error_page(request, 404 if "path" in problems else 422, problems)
         return _error(422, "InvalidRequest", problems)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         # Starlette's and FastAPI's own errors (no such route, wrong method, a body that is
         # not JSON) in the same shape as ours.
         kind = ("PayloadTooLarge" if exc.status_code == 413
@@ -135,6 +143,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         hint = ("/openapi.json lists the routes" if exc.status_code in (404, 405)
                 else "/openapi.json says what it takes (a JSON body is UTF-8 JSON)")
         message = f"{exc.detail}: {request.method} {request.url.path}; {hint}"
+        if _is_page(request) and exc.status_code in (404, 405):
+            return error_page(request, exc.status_code, f"There is no page {request.url.path}.")
         response = _error(exc.status_code, kind, message)
         response.headers.update(exc.headers or {})
         return response
@@ -143,6 +153,13 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
         return _error(500, "InternalError", "internal server error; the server log has details")
+
+
+def _is_page(request: Request) -> bool:
+    """A request of the web UI's (an HTML page), not of the API or Prometheus."""
+    path = request.url.path
+    return not (path.startswith(("/api/", "/static/")) or path in ("/metrics",
+                                                                     "/openapi.json"))
 
 
 def _error(status: int, kind: str, message: str) -> JSONResponse:

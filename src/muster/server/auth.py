@@ -39,8 +39,10 @@ def presented_token(header: str | None) -> str:
     return given.strip() if scheme.lower() == "bearer" else ""
 
 
-def authenticate(request: Request, store: Store) -> Principal:
-    """The principal of `request`, from its bearer token, else its session cookie.
+def authenticate(request: Request, store: Store, csrf: bool = True) -> Principal:
+    """The principal of `request`, from its bearer token, else its session cookie (whose
+    unsafe requests must pass the CSRF check; `csrf=False` for a page's own form, which
+    checks its hidden field instead).
 
     Raises:
         Unauthorized: no credential, or one that does not (or no longer) work.
@@ -57,7 +59,7 @@ def authenticate(request: Request, store: Store) -> Principal:
             "$MUSTER_TOKEN, your `muster login`, or the server's $MUSTER_HOME/secrets/token) "
             "or log in to the web UI")
     principal = tokens.authenticate(store, cookie, TokenKind.SESSION)
-    if request.method not in SAFE_METHODS:
+    if csrf and request.method not in SAFE_METHODS:
         check_csrf(request, cookie)
     return principal
 

@@ -33,8 +33,18 @@ from muster.server import api, prometheus, upload_form
 from muster.server.auth import authenticate, presented_token
 from muster.server.follows import MAX_FOLLOWS_PER_TOKEN, FollowStream
 from muster.server.state import ServerState
-from muster.services import cluster, environments, experiments, jobs, logs, metrics, search
+from muster.services import (
+    cluster,
+    environments,
+    experiments,
+    jobs,
+    listing,
+    logs,
+    metrics,
+    search,
+)
 from muster.services.access import Action, Principal, authorize
+from muster.states import ExperimentState
 from muster.store import MAX_BIGINT, MAX_INTEGER, MIN_BIGINT
 
 PREFIX = "/api/v1"
@@ -281,16 +291,39 @@ async def set_experiment_priority(
     return view
 
 
+_TOTAL_COUNT: dict[int | str, dict[str, Any]] = {200: {"headers": {"X-Total-Count": {
+    "description": "how many experiments the filter matches in all (for paging)",
+    "schema": {"type": "integer"}}}}}
+
+
 @router.get("/experiments", response_model=list[api.ExperimentSummary],
-            responses=_errors(404))
+            responses={**_TOTAL_COUNT, **_errors(400, 404)})
 def list_experiments(
-    state: State, who: Reader,
+    state: State, who: Reader, response: Response,
     owner: Annotated[str | None, Query(min_length=1, max_length=32,
                                        description="only this user's")] = None,
     mine: Annotated[bool, Query(description="only the caller's")] = False,
+    experiment_state: Annotated[ExperimentState | None, Query(
+        alias="state", description="only experiments in this state")] = None,
+    label: Annotated[str | None, Query(min_length=1, max_length=200,
+                                       pattern=r"^[^\x00]*$")] = None,
+    name: Annotated[str | None, Query(min_length=1, max_length=200, pattern=r"^[^\x00]*$",
+                                      description="part of the name, any case")] = None,
+    sort: Annotated[str, Query(pattern="^(" + "|".join(listing.SORTS) + ")$")] = "id",
+    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    limit: Annotated[int | None, Query(ge=1, le=listing.MAX_PAGE)] = None,
 ) -> list[dict[str, Any]]:
-    """Every experiment (or only `owner`'s, or with `mine` the caller's), oldest first."""
-    return experiments.list_experiments(state.store, who.name if mine else owner)
+    """Experiments, oldest first by default (every one without `limit`): filtered by
+    `owner` (or `mine`), `state`, `label`, `name`; sorted by `sort` and `order`; a page of
+    `limit` from `offset`, with the count of all matches in `X-Total-Count`. Each has its
+    progress, its SUSPECT and unverified trials and the best trial so far."""
+    where = listing.ExperimentFilter(state=experiment_state, owner=who.name if mine else owner,
+                                     label=label, name=name)
+    page = listing.list_page(state.store, where, sort=sort, descending=order == "desc",
+                             offset=offset, limit=limit)
+    response.headers["X-Total-Count"] = str(page.total)
+    return page.rows
 
 
 @router.get("/experiments/{experiment_id}", response_model=api.ExperimentDetail,

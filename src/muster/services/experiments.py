@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from muster import job_secrets
 from muster.config import ExperimentConfig, load_config
@@ -22,7 +22,7 @@ from muster.environments.request import RequestError, build_request
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.home import Home
 from muster.launch.accounts import RunAs
-from muster.services import views
+from muster.services import listing, views
 from muster.services.access import Action, Principal, authorize, check_priority_floor
 from muster.services.submission import ClusterCapacity, check_submission
 from muster.services.uploads import extract_context
@@ -135,26 +135,26 @@ def _insert_experiment(
 
 
 def list_experiments(store: Store, owner: str | None = None) -> list[dict[str, Any]]:
-    """Every experiment (of `owner`, when named), oldest first.
+    """Every experiment (of `owner`, when named), oldest first (`listing.list_page` pages,
+    sorts and filters).
 
     Raises:
         NotFound: there is no user `owner`.
     """
-    query = select(Experiment).order_by(Experiment.id).options(
-        selectinload(Experiment.owner), selectinload(Experiment.trials))
-    with store.session_scope() as s:
-        if owner is not None:
-            user_id = s.scalar(select(User.id).where(User.name == owner))
-            if user_id is None:
-                raise NotFound(f"user {owner!r} does not exist; `muster user list` shows the "
-                               "users")
-            query = query.where(Experiment.owner_id == user_id)
-        return [views.experiment_summary(e) for e in s.scalars(query)]
+    return listing.list_page(store, listing.ExperimentFilter(owner=owner)).rows
 
 
 def describe_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
     with store.session_scope() as s:
         return experiment_view(s, experiment_or_404(s, experiment_id))
+
+
+def experiment_header(store: Store, experiment_id: int) -> dict[str, Any]:
+    """What a trial's page says of its experiment: `{id, name, state, owner}`, without
+    reading its trials."""
+    with store.session_scope() as s:
+        exp = experiment_or_404(s, experiment_id)
+        return {"id": exp.id, "name": exp.name, "state": exp.state, "owner": exp.owner_name}
 
 
 def describe_trial(store: Store, trial_id: int) -> dict[str, Any]:

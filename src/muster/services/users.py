@@ -30,7 +30,8 @@ from muster.store.actors import SERVER
 from muster.store.models import now
 
 __all__ = ["FIRST_ADMIN", "NAME_PATTERN", "UserChange", "activate_user", "bootstrap",
-           "create_user", "deactivate_user", "edit_user", "list_users", "log_in", "principal",
+           "create_user", "deactivate_user", "edit_user", "list_users", "log_in",
+           "log_in_with_token", "principal",
            "user_view", "whoami"]
 
 log = logging.getLogger(__name__)
@@ -363,6 +364,23 @@ def log_in(store: Store, name: str, password: str) -> Login:
                      actor=user.name, message=f"web session {row.id} opened")
         return Login(Principal(user_id=user.id, name=user.name, role=Role(user.role),
                                token_id=row.id, via_session=True), secret, expires_at)
+
+
+def log_in_with_token(store: Store, token: str) -> Login:
+    """Open a web session for the user of an API token (the UI's "Token" login).
+
+    Raises:
+        Unauthorized: the token does not work (unknown, revoked, expired, deactivated).
+    """
+    user = tokens.authenticate(store, token, tokens.TokenKind.API)
+    with store.session_scope() as s:
+        row, secret = tokens.open_session(s, s.get_one(User, user.user_id))
+        record_event(s, entity="user", entity_id=user.user_id, reason=EventReason.LOGGED_IN,
+                     actor=user.name, message=f"web session {row.id} opened with token "
+                                              f"{user.token_id}")
+        return Login(Principal(user_id=user.user_id, name=user.name, role=user.role,
+                               token_id=row.id, via_session=True), secret,
+                     row.expires_at or 0.0)
 
 
 def whoami(store: Store, principal: Principal) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from muster.config.schema import SearcherConfig
@@ -30,7 +30,16 @@ del T
 Goals = Mapping[str, bool]
 
 
-def experiment_summary(exp: Experiment) -> dict[str, Any]:
+def experiment_summary(exp: Experiment, *, states: Sequence[str] | None = None,
+                       unverified: int | None = None,
+                       best: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The experiment as lists show it. `states` (its trials' states, by id) and
+    `unverified` are taken from `exp.trials` when not given (a list reads them in bulk);
+    `best` is the search's best trial so far (`best_view`), if any."""
+    if states is None:
+        states = [t.state for t in exp.trials]
+    if unverified is None:
+        unverified = sum(is_unverified(t) for t in exp.trials)
     return {
         "id": exp.id,
         "uuid": exp.uuid,
@@ -41,22 +50,41 @@ def experiment_summary(exp: Experiment) -> dict[str, Any]:
         "message": exp.message,
         "created_at": exp.created_at,
         "ended_at": exp.ended_at,
-        "trial_states": [t.state for t in exp.trials],
+        "trial_states": list(states),
         "priority": exp.priority,  # what its new trials get
         "owner": exp.owner_name,  # who submitted it; None only before users existed
+        "progress": progress_view(exp.max_trials, states),
+        "awaiting_review": sum(state == TrialState.SUSPECT.value for state in states),
+        "unverified": unverified,
+        "best": None if best is None else dict(best),
     }
+
+
+def progress_view(max_trials: int, states: Sequence[str]) -> dict[str, int]:
+    """Its trials by stage, of `total` (all it will make: 1, a grid's size, max_trials)."""
+    counts = Counter(states)
+    return {"ended": sum(counts[s] for s in ENDED_STATES),
+            "running": sum(counts[s] for s in RUNNING_STATES),
+            "queued": sum(counts[s] for s in QUEUED_STATES),
+            "total": max(max_trials, len(states))}
+
+
+def is_unverified(trial: Trial) -> bool:
+    """A SUCCEEDED trial whose exit 0 no check of its results inspected."""
+    return trial.state == TrialState.SUCCEEDED.value and verified(trial) is False
 
 
 def experiment_detail(exp: Experiment, best: Mapping[int, Mapping[str, float]]
                       ) -> dict[str, Any]:
     """The experiment, every trial with its `best_validation` (`best`, by trial id), and the
     search's progress."""
-    view = experiment_summary(exp)
-    view["config"] = exp.config
     searcher = searcher_settings(exp)
+    search = search_view(exp, searcher, best)
+    view = experiment_summary(exp, best=search["best"])
+    view["config"] = exp.config
     view["trials"] = [{**trial_detail(t), "best_validation": dict(best.get(t.id, {}))}
                       for t in exp.trials]
-    view["search"] = search_view(exp, searcher, best)
+    view["search"] = search
     return view
 
 
@@ -78,11 +106,11 @@ def search_view(
         "running": sum(states[s] for s in RUNNING_STATES),
         "queued": sum(states[s] for s in QUEUED_STATES),
         "remaining": max(0, exp.max_trials - len(exp.trials)),
-        "best": _best_view(exp.trials, best, searcher),
+        "best": best_view(exp.trials, best, searcher),
     }
 
 
-def _best_view(
+def best_view(
     trials: Iterable[Trial], best: Mapping[int, Mapping[str, float]], searcher: SearcherConfig
 ) -> dict[str, Any] | None:
     metric, winner = searcher.metric, best_trial_of(trials, best, searcher)

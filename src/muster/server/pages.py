@@ -1,0 +1,371 @@
+"""The web UI's pages: server-rendered HTML (Jinja2), made live with htmx.
+
+Every page and fragment is rendered from the same service calls as the API routes that
+serve the same data (named in each docstring), with the same principal, so the UI shows
+nothing the API (and the CLI) cannot; its actions are calls to the API itself, from the
+browser, with the session's CSRF token (`hx-headers` on the page's body). A request without
+a working session is shown the login form at `/` and sent there from every other page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hmac
+import math
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+import yaml
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from muster import __version__, ui
+from muster.errors import InvalidRequest, MusterError, NotFound, TooManyRequests, Unauthorized
+from muster.server.account_routes import open_session
+from muster.server.auth import (
+    SESSION_COOKIE,
+    authenticate,
+    check_csrf,
+    clear_session_cookie,
+    own_origin,
+    set_session_cookie,
+)
+from muster.server.state import ServerState
+from muster.services import audit, cluster, experiments, jobs, listing, metrics, tokens
+from muster.services.access import Principal
+from muster.sizes import format_size
+from muster.states import ExperimentState, Role, TrialState
+from muster.store import MAX_INTEGER
+
+__all__ = ["PAGE_ROWS", "error_page", "pages"]
+
+PAGE_ROWS = 50  # experiments per page of the list
+LOGIN_CHECK = "muster_login"  # the login form's double-submit cookie
+
+pages = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=ui.TEMPLATES)
+
+
+NONE = "\N{EN DASH}"  # what a table cell without a value shows
+
+
+def _when(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else NONE
+
+
+def _duration(start: float | None, end: float | None) -> str:
+    if not start:
+        return NONE
+    seconds = max(0.0, (end or time.time()) - start)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def _flat(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested hyperparameters as (dotted name, value) pairs."""
+    if not isinstance(tree, dict):
+        return [(prefix, tree)]
+    pairs: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        pairs += _flat(value, f"{prefix}.{key}" if prefix else str(key))
+    return pairs
+
+
+templates.env.filters.update(when=_when, duration=_duration, number=_number, flat=_flat,
+                             size=format_size)
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.muster
+    return state
+
+
+def _visitor(request: Request) -> Principal | None:
+    """Who the browser is logged in as (a session cookie; a bearer token works too, for
+    scripts such as `make screenshots`); None for nobody."""
+    try:
+        return authenticate(request, _state(request).store, csrf=False)
+    except Unauthorized:
+        return None
+
+
+Visitor = Annotated[Principal | None, Depends(_visitor)]
+
+
+def _render(request: Request, template: str, who: Principal | None, status: int = 200,
+            **context: Any) -> HTMLResponse:
+    cookie = request.cookies.get(SESSION_COOKIE)
+    csrf = tokens.csrf_token(cookie) if who is not None and who.via_session and cookie else ""
+    return templates.TemplateResponse(request, template, status_code=status, context={
+        "me": who, "csrf": csrf, "version": __version__,
+        "can_submit": who is not None and who.role is not Role.VIEWER,
+        "assets_missing": ui.assets_missing(), **context})
+
+
+def _to_login(request: Request) -> RedirectResponse:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
+
+
+def error_page(request: Request, status: int, message: str) -> HTMLResponse:
+    """A page's error as a page (the API's errors stay JSON)."""
+    return _render(request, "error.html", _visitor_or_none(request), status=status,
+                   status_code=status, message=message)
+
+
+def _visitor_or_none(request: Request) -> Principal | None:
+    try:
+        return _visitor(request)
+    except MusterError:  # the database is what failed: the error page shows no user
+        return None
+
+
+# -- logging in and out ------------------------------------------------------------------
+
+@pages.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, who: Visitor, next: str = "/") -> Response:
+    if who is not None:
+        return RedirectResponse(_local(next), status_code=303)
+    return _login_form(request, next)
+
+
+def _login_form(request: Request, next: str, problem: str = "", name: str = "",
+                status: int = 200) -> HTMLResponse:
+    """The login form, with a fresh value for its double-submit check (a cross-site form
+    cannot read the cookie to copy it into the field)."""
+    check = secrets.token_urlsafe(16)
+    response = _render(request, "login.html", None, status=status, login_check=check,
+                       next=_local(next), problem=problem, name=name)
+    response.set_cookie(LOGIN_CHECK, check, max_age=3600, path="/login", httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+@pages.post("/login", response_class=HTMLResponse)
+async def log_in(request: Request) -> Response:
+    """The login form's post: a password or a token → a web session, then `next`."""
+    form = await request.form()
+    fields = {key: str(form.get(key) or "") for key in
+              ("name", "password", "token", "login_check", "next")}
+    origin = request.headers.get("origin")
+    if (not fields["login_check"] or fields["login_check"] != request.cookies.get(LOGIN_CHECK)
+            or (origin is not None and origin != own_origin(request))):
+        return _login_form(request, fields["next"], "The login form expired; log in again.",
+                           fields["name"], status=403)
+    address = request.client.host if request.client else "unknown"
+    try:
+        login = await open_session(_state(request), address, fields["name"] or None,
+                                   fields["password"] or None, fields["token"].strip() or None)
+    except (Unauthorized, InvalidRequest, TooManyRequests) as exc:
+        status = 429 if isinstance(exc, TooManyRequests) else 401
+        return _login_form(request, fields["next"], str(exc), fields["name"], status=status)
+    response = RedirectResponse(_local(fields["next"]), status_code=303)
+    set_session_cookie(response, request, login.secret)
+    response.delete_cookie(LOGIN_CHECK, path="/login")
+    return response
+
+
+@pages.post("/logout")
+async def log_out(request: Request, who: Visitor) -> Response:
+    """The logout button (a form with the session's CSRF token)."""
+    response = RedirectResponse("/", status_code=303)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if who is not None and who.via_session and cookie:
+        form = await request.form()
+        _check_form_csrf(request, cookie, str(form.get("csrf_token") or ""))
+        await asyncio.to_thread(tokens.end_session, _state(request).store, who)
+    clear_session_cookie(response, request)
+    return response
+
+
+def _check_form_csrf(request: Request, cookie: str, given: str) -> None:
+    """A plain form's CSRF check: its hidden field, as htmx's header would be."""
+    if not hmac.compare_digest(given.encode(), tokens.csrf_token(cookie).encode()):
+        check_csrf(request, cookie)  # no header either: refused with the API's sentence
+
+
+def _local(target: str) -> str:
+    """`target` if it is a path on this server, else `/` (no open redirect)."""
+    return target if target.startswith("/") and not target.startswith("//") else "/"
+
+
+# -- the experiments list ----------------------------------------------------------------
+
+COLUMNS = [("id", "ID"), ("name", "Name"), ("owner", "Owner"), ("state", "State"),
+           ("", "Trials"), ("", "Best"), ("created", "Created"), ("", "Duration")]
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """The list page's query string: filters, sort, order and where the page starts."""
+
+    state: str | None = None
+    owner: str | None = None
+    label: str | None = None
+    name: str | None = None
+    sort: str = "id"
+    order: str = "desc"  # the newest first
+    offset: int = 0
+
+    @property
+    def filtered(self) -> bool:
+        return any((self.state, self.owner, self.label, self.name))
+
+    @property
+    def params(self) -> str:
+        values = {"state": self.state, "owner": self.owner, "label": self.label,
+                  "name": self.name, "sort": self.sort, "order": self.order,
+                  "offset": self.offset or None}
+        return urlencode({k: v for k, v in values.items() if v})
+
+    def sorted_by(self, key: str) -> str:
+        order = "asc" if self.sort == key and self.order == "desc" else "desc"
+        return replace(self, sort=key, order=order, offset=0).params
+
+    def at(self, offset: int) -> str:
+        return replace(self, offset=max(0, offset)).params
+
+    def where(self) -> listing.ExperimentFilter:
+        return listing.ExperimentFilter(
+            state=ExperimentState(self.state) if self.state else None, owner=self.owner,
+            label=self.label, name=self.name)
+
+
+def _list_query(
+    state: Annotated[str | None, Query(pattern="^(|" + "|".join(
+        s.value for s in ExperimentState) + ")$")] = None,
+    owner: Annotated[str | None, Query(max_length=32)] = None,
+    label: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
+    name: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
+    sort: Annotated[str, Query(pattern="^(" + "|".join(listing.SORTS) + ")$")] = "id",
+    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+) -> ListQuery:
+    return ListQuery(state or None, owner or None, label or None, name or None, sort, order,
+                     offset)
+
+
+Listed = Annotated[ListQuery, Depends(_list_query)]
+
+
+@pages.get("/", response_class=HTMLResponse)
+def experiments_page(request: Request, who: Visitor, query: Listed) -> Response:
+    """The experiments list (`GET /api/v1/experiments` with the same filters and paging);
+    the login form for a visitor without a session."""
+    if who is None:
+        return _login_form(request, "/")
+    return _render(request, "experiments.html", who, nav="experiments",
+                   **_list_context(request, query))
+
+
+@pages.get("/ui/experiments", response_class=HTMLResponse)
+def experiments_fragment(request: Request, who: Visitor, query: Listed) -> Response:
+    """The list's table, polled by the page every few seconds for live states."""
+    if who is None:
+        return Response(status_code=401)
+    return _render(request, "_experiments_table.html", who, **_list_context(request, query))
+
+
+def _list_context(request: Request, query: ListQuery) -> dict[str, Any]:
+    try:
+        page = listing.list_page(_state(request).store, query.where(), sort=query.sort,
+                                 descending=query.order == "desc", offset=query.offset,
+                                 limit=PAGE_ROWS)
+    except MusterError as exc:  # an owner that is no user: an empty page that says so
+        page = listing.Page([], 0, 0, PAGE_ROWS)
+        return {"page": page, "query": query, "columns": COLUMNS, "problem": str(exc),
+                "states": [s.value for s in ExperimentState]}
+    return {"page": page, "query": query, "columns": COLUMNS,
+            "states": [s.value for s in ExperimentState]}
+
+
+# -- an experiment, a trial --------------------------------------------------------------
+
+def _bounded(value: int, what: str) -> int:
+    if not 1 <= value <= MAX_INTEGER:
+        raise NotFound(f"{what} {value} does not exist")
+    return value
+
+
+@pages.get("/experiments/{experiment_id}", response_class=HTMLResponse)
+def experiment_page(request: Request, who: Visitor, experiment_id: int) -> Response:
+    """An experiment (`GET /api/v1/experiments/{id}` and its `/events`)."""
+    if who is None:
+        return _to_login(request)
+    store = _state(request).store
+    exp = experiments.describe_experiment(store, _bounded(experiment_id, "experiment"))
+    events = audit.list_events(store, experiment_id=exp["id"], tail=200)
+    return _render(request, "experiment.html", who, nav="experiments", exp=exp,
+                   events=events, can_act=_can_act(who, exp["owner"]),
+                   config_yaml=yaml.safe_dump(exp["config"], sort_keys=False),
+                   **_trial_rows(exp))
+
+
+@pages.get("/ui/experiments/{experiment_id}/live", response_class=HTMLResponse)
+def experiment_fragment(request: Request, who: Visitor, experiment_id: int) -> Response:
+    """The experiment's state, search progress and trials, polled by its page."""
+    if who is None:
+        return Response(status_code=401)
+    exp = experiments.describe_experiment(_state(request).store,
+                                          _bounded(experiment_id, "experiment"))
+    return _render(request, "_experiment_live.html", who, exp=exp,
+                   can_act=_can_act(who, exp["owner"]), **_trial_rows(exp))
+
+
+def _trial_rows(exp: dict[str, Any]) -> dict[str, Any]:
+    """The trials table's rows (each trial with its hyperparameters flattened) and the
+    hyperparameters' names, in the order of the first trial that has them."""
+    rows = [(trial, dict(_flat(trial["hparams"]))) for trial in exp["trials"]]
+    names: dict[str, None] = {}
+    for _, hp in rows:
+        names.update(dict.fromkeys(hp))
+    return {"trial_rows": rows, "hparam_names": [n for n in names if n]}
+
+
+@pages.get("/trials/{trial_id}", response_class=HTMLResponse)
+def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
+    """A trial (`GET /api/v1/trials/{id}`); its log is read by the page from
+    `GET /api/v1/trials/{id}/logs` (tail, then follow)."""
+    if who is None:
+        return _to_login(request)
+    store = _state(request).store
+    trial = experiments.describe_trial(store, _bounded(trial_id, "trial"))
+    exp = experiments.experiment_header(store, trial["experiment_id"])
+    ranks = sorted({r["rank"] for a in trial["attempts"] for r in a["replicas"]})
+    return _render(request, "trial.html", who, nav="experiments", trial=trial, exp=exp,
+                   can_act=_can_act(who, exp["owner"]), ranks=ranks,
+                   checkpoints=metrics.list_checkpoints(store, trial["id"]),
+                   settled=TrialState(trial["state"]).is_settled())
+
+
+@pages.get("/cluster", response_class=HTMLResponse)
+@pages.get("/ui/cluster", response_class=HTMLResponse)
+def cluster_page(request: Request, who: Visitor) -> Response:
+    """Slots, GPUs, the queue and the disk (`GET /api/v1/cluster` and `/jobs`); its part
+    `#cluster` is polled by the page."""
+    if who is None:
+        return _to_login(request)
+    state = _state(request)
+    return _render(request, "cluster.html", who, nav="cluster",
+                   cluster=cluster.cluster_status(state.orchestrator.supervisor),
+                   jobs=jobs.list_jobs(state.store))
+
+
+def _can_act(who: Principal, owner: str | None) -> bool:
+    """Whether the controls that act on this experiment are shown: its owner's and admins'
+    (a viewer's page has none; the API refuses anyone else anyway)."""
+    return who.role is Role.ADMIN or (who.role is Role.USER and owner == who.name)
