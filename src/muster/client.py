@@ -176,14 +176,17 @@ class Client:
     # -- experiments and trials ------------------------------------------------------
 
     def create_experiment(self, config_text: str, context_dir: Path | None,
-                          secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """Submit a config, its context directory (packed here) and the values of its
-        `submit` secrets (`environment.secrets`), which the server keeps apart and never
-        returns."""
+                          secrets: Mapping[str, str] | None = None,
+                          context_from: int | None = None) -> dict[str, Any]:
+        """Submit a config, its context directory (packed here; or with `context_from`, an
+        earlier experiment's snapshot, as "run again") and the values of its `submit`
+        secrets (`environment.secrets`), which the server keeps apart and never returns."""
         files: dict[str, Any] = {}
         if context_dir is not None:
             files["context"] = ("context.tar.gz", pack_context(context_dir), "application/gzip")
         data = {"config": config_text}
+        if context_from is not None:
+            data["context_from"] = str(context_from)
         if secrets:
             data["secrets"] = json.dumps(dict(secrets))
         return self._json(  # type: ignore[no-any-return]

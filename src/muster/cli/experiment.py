@@ -38,13 +38,20 @@ def create(
         "--secret", metavar="NAME=VALUE", help="the value of a `submit` secret of the config "
         "(environment.secrets); without one, it is read from your environment variable NAME"
     )] = None,
+    context_from: Annotated[int | None, typer.Option(
+        "--context-from", metavar="ID", help="run again: reuse experiment ID's context "
+        "snapshot instead of uploading a directory")] = None,
     as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
     """Submit an experiment: validate the config, upload the context, queue its trial."""
     parsed = load_config_file(config)  # fail fast, with the same message the server would give
     values = _secret_values(parsed, secret or [])
+    if context_from is not None and context_dir is not None:
+        raise InvalidRequest("give a context directory or --context-from, not both")
     with client(home, url) as c:
-        exp = c.create_experiment(config.read_text(), context_dir or config.parent, values)
+        exp = c.create_experiment(
+            config.read_text(), None if context_from is not None else (
+                context_dir or config.parent), values, context_from=context_from)
         if not as_json:
             render.err_console.print(f"created experiment {exp['id']} ({exp['name']})")
         if follow or wait:

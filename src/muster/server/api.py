@@ -205,6 +205,7 @@ class ExperimentSummary(_Shape):
 
 class ExperimentDetail(ExperimentSummary):
     config: dict[str, Any]
+    config_yaml: str  # the config as it was submitted (secrets are never in it)
     trials: list[TrialDetail]
     search: SearchProgress
     warnings: list[str]  # e.g. no ended trial reported the searcher's metric

@@ -37,7 +37,7 @@ from muster.server.auth import (
 )
 from muster.server.state import ServerState
 from muster.services import audit, cluster, experiments, jobs, listing, metrics, tokens
-from muster.services.access import Principal
+from muster.services.access import Action, Principal, authorize
 from muster.sizes import format_size
 from muster.states import ExperimentState, Role, TrialState
 from muster.store import MAX_INTEGER
@@ -350,6 +350,36 @@ def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
                    can_act=_can_act(who, exp["owner"]), ranks=ranks,
                    checkpoints=metrics.list_checkpoints(store, trial["id"]),
                    settled=TrialState(trial["state"]).is_settled())
+
+
+@pages.get("/new", response_class=HTMLResponse)
+def new_page(request: Request, who: Visitor) -> Response:
+    """Start a run: a config and a context (`POST /api/v1/experiments`, sent by the page)."""
+    if who is None:
+        return _to_login(request)
+    authorize(who, Action.SUBMIT)
+    return _render(request, "new.html", who, nav="new", source=None, config_text=NEW_CONFIG)
+
+
+@pages.get("/experiments/{experiment_id}/again", response_class=HTMLResponse)
+def again_page(request: Request, who: Visitor, experiment_id: int) -> Response:
+    """Run again: the experiment's config as submitted, to edit, and its context snapshot
+    (`context_from`)."""
+    if who is None:
+        return _to_login(request)
+    authorize(who, Action.SUBMIT)
+    exp = experiments.describe_experiment(_state(request).store,
+                                          _bounded(experiment_id, "experiment"))
+    return _render(request, "new.html", who, nav="new", source=exp,
+                   config_text=exp["config_yaml"])
+
+
+NEW_CONFIG = """\
+name: my-run
+entrypoint: python train.py --epochs 5
+harness: true     # train.py calls muster.harness.init()
+failure_policy: {trial_retries: 3}
+"""
 
 
 @pages.get("/cluster", response_class=HTMLResponse)

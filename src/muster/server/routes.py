@@ -176,7 +176,8 @@ async def create_experiment(state: State, request: Request,
         create = functools.partial(
             experiments.create_experiment, state.store, state.home, owner, form.config,
             form.archive, capacity=cluster.submission_capacity(state.orchestrator.supervisor),
-            secrets=form.secrets, priority_floor=state.priority_floor, run_as=state.run_as)
+            secrets=form.secrets, priority_floor=state.priority_floor, run_as=state.run_as,
+            context_from=form.context_from)
         if form.archive is None:
             exp_id = await asyncio.to_thread(create)
         else:

@@ -35,13 +35,17 @@ MAX_SECRETS_BYTES = 1024**2  # the `secrets` field: a JSON object of NAME: value
 MAX_REQUEST_BYTES = (MAX_UPLOAD_BYTES + MAX_CONFIG_BYTES + MAX_SECRETS_BYTES
                      + 64 * 1024)  # + part headers
 MAX_URLENCODED_BYTES = 3 * MAX_CONFIG_BYTES + 1024  # percent-encoding triples a byte at most
-CONFIG, CONTEXT, SECRETS = "config", "context", "secrets"
+CONFIG, CONTEXT, SECRETS, CONTEXT_FROM = "config", "context", "secrets", "context_from"
+MAX_CONTEXT_FROM_BYTES = 16
 _MiB = 1024**2
 _HOW = ("send multipart/form-data with the fields `config` and `context` (or a urlencoded "
         "form with `config` alone), as `muster experiment create CONFIG DIR` does")
 _KEEP_OUT = "keep data sets and environments out of the context directory"
 _CONFIG_SCHEMA = {"type": "string",
                   "description": f"the experiment config, YAML (at most {MAX_CONFIG_BYTES} bytes)"}
+_CONTEXT_FROM_SCHEMA = {"type": "string", "pattern": "^[0-9]{1,10}$",
+                        "description": "run again: the id of an experiment whose context "
+                                       "snapshot this one reuses (instead of `context`)"}
 _SECRETS_SCHEMA = {"type": "string",
                    "description": "the values of the config's `submit` secrets "
                                   "(environment.secrets), a JSON object of NAME: value; never "
@@ -57,14 +61,16 @@ REQUEST_BODY: dict[str, Any] = {
             "properties": {
                 CONFIG: _CONFIG_SCHEMA,
                 CONTEXT: {"type": "string", "format": "binary",
-                          "description": "the context directory, a tar.gz (gzip) archive of "
-                                         f"at most {MAX_UPLOAD_BYTES // _MiB} MiB"},
+                          "description": "the context directory, a tar.gz (gzip) or zip "
+                                         f"archive of at most {MAX_UPLOAD_BYTES // _MiB} MiB"},
                 SECRETS: _SECRETS_SCHEMA,
+                CONTEXT_FROM: _CONTEXT_FROM_SCHEMA,
             },
         }},
         "application/x-www-form-urlencoded": {"schema": {
             "type": "object", "required": [CONFIG],
-            "properties": {CONFIG: _CONFIG_SCHEMA, SECRETS: _SECRETS_SCHEMA},
+            "properties": {CONFIG: _CONFIG_SCHEMA, SECRETS: _SECRETS_SCHEMA,
+                           CONTEXT_FROM: _CONTEXT_FROM_SCHEMA},
         }},
     },
 }
@@ -75,6 +81,7 @@ class UploadForm:
     config: str
     archive: Path | None  # the uploaded context, if the form has one
     secrets: dict[str, str] | None = None  # the `submit` secrets' values, if sent
+    context_from: int | None = None  # run again: that experiment's context snapshot
 
 
 async def read_upload_form(request: Request, folder: Path) -> UploadForm:
@@ -133,7 +140,19 @@ async def _read_urlencoded(request: Request) -> UploadForm:
     secrets = fields.get(SECRETS, [])
     if len(secrets) > 1:
         raise InvalidRequest(f"the form has the field `secrets` twice; {_HOW}")
-    return UploadForm(configs[0], None, _secrets(secrets[0].encode()) if secrets else None)
+    sources = fields.get(CONTEXT_FROM, [])
+    if len(sources) > 1:
+        raise InvalidRequest(f"the form has the field `context_from` twice; {_HOW}")
+    return UploadForm(configs[0], None, _secrets(secrets[0].encode()) if secrets else None,
+                      _context_from(sources[0].encode()) if sources else None)
+
+
+def _context_from(raw: bytes) -> int:
+    """The `context_from` field: an experiment's id."""
+    text = raw.decode("ascii", "replace").strip()
+    if not text.isdigit() or not 1 <= int(text) <= 2**31 - 1:
+        raise InvalidRequest(f"`context_from` must be an experiment's id, got {text[:20]!r}")
+    return int(text)
 
 
 def _secrets(raw: bytes) -> dict[str, str]:
@@ -193,6 +212,7 @@ class _Form:
         self.archive = archive
         self.config: bytearray | None = None
         self.secrets: bytearray | None = None
+        self.context_from: bytearray | None = None
         self.context: BinaryIO | None = None
         self.context_bytes = 0
         self.part: str | None = None  # the field being read, if it is one we keep
@@ -215,8 +235,12 @@ class _Form:
             config = self.config.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidRequest(f"the `config` field is not UTF-8 text ({exc})") from exc
+        if self.context is not None and self.context_from is not None:
+            raise InvalidRequest("the form has both `context` and `context_from`; send one")
         return UploadForm(config, self.archive if self.context is not None else None,
-                          None if self.secrets is None else _secrets(bytes(self.secrets)))
+                          None if self.secrets is None else _secrets(bytes(self.secrets)),
+                          None if self.context_from is None
+                          else _context_from(bytes(self.context_from)))
 
     def close(self) -> None:
         if self.context is not None:
@@ -239,8 +263,12 @@ class _Form:
     def _headers_finished(self) -> None:
         name = parse_options_header(self.disposition)[1].get(b"name", b"")
         self.part = {CONFIG.encode(): CONFIG, CONTEXT.encode(): CONTEXT,
-                     SECRETS.encode(): SECRETS}.get(name)
-        if self.part == SECRETS:
+                     SECRETS.encode(): SECRETS, CONTEXT_FROM.encode(): CONTEXT_FROM}.get(name)
+        if self.part == CONTEXT_FROM:
+            if self.context_from is not None:
+                raise InvalidRequest(f"the form has the field `context_from` twice; {_HOW}")
+            self.context_from = bytearray()
+        elif self.part == SECRETS:
             if self.secrets is not None:
                 raise InvalidRequest(f"the form has the field `secrets` twice; {_HOW}")
             self.secrets = bytearray()
@@ -254,7 +282,11 @@ class _Form:
             self.context = self.archive.open("xb")
 
     def _data(self, data: bytes, start: int, end: int) -> None:
-        if self.part == CONFIG and self.config is not None:
+        if self.part == CONTEXT_FROM and self.context_from is not None:
+            self.context_from += data[start:end]
+            if len(self.context_from) > MAX_CONTEXT_FROM_BYTES:
+                raise InvalidRequest("`context_from` must be an experiment's id")
+        elif self.part == CONFIG and self.config is not None:
             self.config += data[start:end]
             if len(self.config) > MAX_CONFIG_BYTES:
                 raise _config_too_large()

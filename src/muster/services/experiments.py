@@ -42,14 +42,17 @@ WARNING_REASONS = (EventReason.METRIC_MISSING.value, EventReason.SEARCH_STOPPED.
 def create_experiment(store: Store, home: Home, owner: Principal, config_text: str,
                       archive: Path | None, capacity: ClusterCapacity | None = None,
                       secrets: Mapping[str, str] | None = None,
-                      priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None) -> int:
+                      priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None,
+                      context_from: int | None = None) -> int:
     """Validate the config and the submitted `secrets` (`environment.secrets`), snapshot
     the context, check what can be checked now (`muster.services.submission`, against
     `capacity` when given), keep the secrets (0600, never in the database), record the
     experiment, owned by `owner`, and its trial. A non-admin may ask for no priority better
     than `priority_floor`; under `run_as: owner` the owner's Unix account must exist.
+    `context_from` (run again) reuses that experiment's snapshot instead of an upload.
 
     Raises:
+        NotFound: `context_from` names no experiment.
         Forbidden: `owner` may not submit, or asks for a priority reserved for admins.
         ConfigError: (422) the config is invalid, or its jobs have no account to run as.
     """
@@ -69,6 +72,8 @@ def create_experiment(store: Store, home: Home, owner: Principal, config_text: s
     try:
         if archive is not None:
             extract_context(archive, context)
+        elif context_from is not None:
+            _copy_snapshot(store, context_from, context)
         else:
             context.mkdir(parents=True)
         check_submission(config, context, capacity, source)
@@ -81,6 +86,29 @@ def create_experiment(store: Store, home: Home, owner: Principal, config_text: s
         shutil.rmtree(context.parent, ignore_errors=True)
         job_secrets.delete_submitted(home, exp_uuid)
         raise
+
+
+def _copy_snapshot(store: Store, experiment_id: int, context: Path) -> None:
+    """Experiment `experiment_id`'s context snapshot, for a new experiment: hard links where
+    the file system allows (a snapshot is never written to), else copies."""
+    with store.session_scope() as s:
+        source = Path(experiment_or_404(s, experiment_id).context_dir)
+    if not source.is_dir():
+        raise Conflict(f"experiment {experiment_id}'s context snapshot is gone ({source}); "
+                       "upload the context again")
+    context.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shutil.copytree(source, context, symlinks=True, copy_function=_link_or_copy)
+    except (OSError, shutil.Error) as exc:
+        raise Conflict(f"experiment {experiment_id}'s context snapshot could not be reused "
+                       f"({exc}); upload the context again") from exc
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _check_account(store: Store, run_as: RunAs, owner: Principal) -> None:

@@ -1,4 +1,5 @@
-"""Safe extraction of an uploaded context directory: a tar.gz from a client we do not trust.
+"""Safe extraction of an uploaded context directory: a tar.gz (or a zip) from a client we do
+not trust.
 
 Extraction is muster's own loop over a streamed `tarfile` (mode `r|`), not `extractall`:
 the `data` filter of Python 3.11.7 can be walked around (CVE-2025-4517), and `getmembers()`
@@ -23,6 +24,12 @@ of the archive, resolved by name in the archive's own namespace (never through t
 system), becomes a copy of that file. Directories are made here; files are created with
 O_EXCL | O_NOFOLLOW, mode 0644 or 0755 (no setuid, no group or world write), only where
 the parent's realpath is inside `dest`. On any refusal or error `dest` is removed whole.
+
+A zip (what a browser's "compress folder" makes) goes through the same checks and limits,
+member by member (`_ZipExtraction`): its central directory is bounded before it is read
+(at most `max_members` entries and MAX_ZIP_DIRECTORY_BYTES), only stored and deflated
+members are taken, every byte inflated is counted as it is written, and encrypted members
+and links are refused.
 """
 
 from __future__ import annotations
@@ -33,8 +40,11 @@ import io
 import os
 import posixpath
 import shutil
+import stat
+import struct
 import tarfile
 import time
+import zipfile
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,10 +63,14 @@ MAX_HEADER_BYTES = 1024**2  # the headers of one member (pax records, long names
 MAX_LINK_HOPS = 32
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_ZIP_MAGIC = b"PK\x03\x04"
+_ZIP_END = b"PK\x05\x06"  # the end of central directory record
+_ZIP_END_SEARCH = 22 + 65_535  # the record and the longest comment it may carry
+MAX_ZIP_DIRECTORY_BYTES = 16 * 1024**2
 _READ_AHEAD = 64 * 1024  # tarfile's read buffer: it may have read this much past its use
 _CHUNK = 1024**2
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_UNREADABLE = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile)
+_UNREADABLE = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, zipfile.BadZipFile)
 _KEEP_OUT = "keep data sets and environments out of the context directory and read them by path"
 
 
@@ -70,32 +84,39 @@ def extract_context(
         InvalidRequest: the archive is not a readable tar.gz, or a member is refused.
         PayloadTooLarge: it passes the byte, member or time limit.
     """
-    _check_gzip(archive)
+    is_zip = _check_format(archive)
     budget = _Budget(max_bytes, max_members, timeout_s)
     dest.mkdir(parents=True, exist_ok=False)
     try:
+        if is_zip:
+            return _ZipExtraction(dest, budget).run(archive)
         with gzip.open(archive, "rb") as unzipped:
             return _Extraction(dest, budget).run(_CountingReader(unzipped, budget))
     except _UNREADABLE as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise InvalidRequest(
-            f"the context upload is not a readable tar.gz archive ({exc}); "
-            "upload the directory with `muster experiment create CONFIG DIR`"
+            f"the context upload is not a readable {'zip' if is_zip else 'tar.gz'} archive "
+            f"({exc}); upload the directory with `muster experiment create CONFIG DIR`"
         ) from exc
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
 
 
-def _check_gzip(archive: Path) -> None:
+def _check_format(archive: Path) -> bool:
+    """True for a zip, False for a gzip; anything else is refused."""
     with archive.open("rb") as head:
-        magic = head.read(len(_GZIP_MAGIC))
-    if magic != _GZIP_MAGIC:
+        magic = head.read(len(_ZIP_MAGIC))
+    if magic == _ZIP_MAGIC:
+        return True
+    if magic[:len(_GZIP_MAGIC)] != _GZIP_MAGIC:
         raise InvalidRequest(
-            f"the context upload is not a readable tar.gz archive (it starts with {magic!r}, "
-            "not gzip's 1f 8b): the context must be a tar.gz archive (gzip), not bzip2, xz "
-            "or a bare tar; upload the directory with `muster experiment create CONFIG DIR`"
+            f"the context upload is not a readable tar.gz archive (it starts with "
+            f"{magic[:2]!r}, not gzip's 1f 8b): the context must be a tar.gz archive (gzip) "
+            "or a zip, not bzip2, xz or a bare tar; upload the directory with `muster "
+            "experiment create CONFIG DIR`"
         )
+    return False
 
 
 def _size(n: int) -> str:
@@ -143,8 +164,20 @@ class _Budget:
         self._check_bytes(member.offset_data + claimed + self.copied)
         self.check_time()
 
+    def enter_zip(self, name: str, claimed: int) -> None:
+        """Count a zip's member and check its claimed size, before it is written."""
+        self.at = f"member {name!r}"
+        self.members += 1
+        if self.members > self.max_members:
+            raise PayloadTooLarge(
+                f"context archive has more than {self.max_members} members (files and "
+                f"directories; at {self.at}); {_KEEP_OUT}"
+            )
+        self._check_bytes(self.copied + claimed)
+        self.check_time()
+
     def copy(self, link: str, n: int) -> None:
-        """`n` more bytes written for the link `link`."""
+        """`n` more bytes written for the link (or the zip member) `link`."""
         self.at = f"member {link!r}"
         self.copied += n
         self._check_bytes(self.decompressed + self.copied - _READ_AHEAD)
@@ -348,6 +381,72 @@ class _Extraction:
             raise InvalidRequest(f"context archive member {name!r} would be written outside "
                                  "the context directory")
         return path
+
+
+class _ZipExtraction:
+    """A zip written into `dest` by the tar extraction's own rules: the same names, the same
+    directories and files (its `_claim`, `_add_dir`, `_create`), the same budget."""
+
+    def __init__(self, dest: Path, budget: _Budget) -> None:
+        self.into = _Extraction(dest, budget)
+        self.budget = budget
+
+    def run(self, archive: Path) -> int:
+        _check_zip_directory(archive, self.budget.max_members)
+        try:
+            with zipfile.ZipFile(archive) as zipped:
+                for info in zipped.infolist():
+                    self._take_zip(zipped, info)
+        except zipfile.BadZipFile as exc:
+            raise InvalidRequest(f"the context upload is not a readable zip archive ({exc}); "
+                                 "upload a tar.gz or a zip of the directory") from exc
+        return self.into.files
+
+    def _take_zip(self, zipped: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
+        name = _checked_name(info.filename.rstrip("/") or ".")
+        self.budget.enter_zip(name, info.file_size)
+        mode = info.external_attr >> 16
+        if stat.S_ISLNK(mode):
+            raise InvalidRequest(f"context archive member {name!r} is a link; zip contexts "
+                                 "keep files and directories only (a tar.gz keeps links to "
+                                 "files, as copies)")
+        if info.flag_bits & 0x1:
+            raise InvalidRequest(f"context archive member {name!r} is encrypted")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise InvalidRequest(f"context archive member {name!r} is compressed with method "
+                                 f"{info.compress_type}; only stored and deflated members "
+                                 "are read")
+        if info.is_dir():
+            if name != ".":
+                self.into._add_dir(name)
+            return
+        self.into._claim(name, _Kind.FILE)
+        with zipped.open(info) as source, self.into._create(
+                name, 0o755 if mode & 0o100 else 0o644) as out:
+            while chunk := source.read(_CHUNK):
+                self.budget.copy(name, len(chunk))
+                out.write(chunk)
+        self.into.files += 1
+
+
+def _check_zip_directory(archive: Path, max_members: int) -> None:
+    """Refuse a zip whose central directory would cost too much to read: more entries than
+    members allowed, or more than MAX_ZIP_DIRECTORY_BYTES (zipfile reads it whole)."""
+    size = archive.stat().st_size
+    with archive.open("rb") as file:
+        file.seek(max(0, size - _ZIP_END_SEARCH))
+        tail = file.read()
+    at = tail.rfind(_ZIP_END)
+    if at < 0 or len(tail) - at < 22:
+        raise InvalidRequest("the context upload is not a readable zip archive (it has no end "
+                             "of central directory record)")
+    entries, directory_bytes = struct.unpack("<HI", tail[at + 10:at + 16])
+    if entries > max_members:  # 0xFFFF (zip64) included: more than the limit anyway
+        raise PayloadTooLarge(f"context archive has more than {max_members} members; "
+                              f"{_KEEP_OUT}")
+    if directory_bytes > MAX_ZIP_DIRECTORY_BYTES:
+        raise PayloadTooLarge(f"context archive's central directory is over "
+                              f"{_size(MAX_ZIP_DIRECTORY_BYTES)}; {_KEEP_OUT}")
 
 
 def _checked_name(name: str) -> str:

@@ -82,6 +82,7 @@ def experiment_detail(exp: Experiment, best: Mapping[int, Mapping[str, float]]
     search = search_view(exp, searcher, best)
     view = experiment_summary(exp, best=search["best"])
     view["config"] = exp.config
+    view["config_yaml"] = exp.config_yaml  # as submitted: what "run again" starts from
     view["trials"] = [{**trial_detail(t), "best_validation": dict(best.get(t.id, {}))}
                       for t in exp.trials]
     view["search"] = search
