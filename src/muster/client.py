@@ -17,16 +17,19 @@ import json
 import os
 import tarfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Generator, Iterator, Mapping
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
-from muster import errors
+from muster import checkpoint_archive, errors
 from muster.atomic import read_json
+from muster.checkpoint_archive import unpack_checkpoint
+from muster.checkpoint_files import Inspection
 from muster.credentials import Credentials
 from muster.home import Home
 from muster.rundir import LOCAL_RUN_DIR
@@ -252,6 +255,14 @@ class Client:
             "GET", f"/experiments/{experiment_id}/best"
         )
 
+    def experiment_importance(self, experiment_id: int) -> dict[str, Any]:
+        """Each varied hyperparameter's share of the importance for the searcher's metric:
+        `{experiment_id, evaluator, metric, smaller_is_better, ended_trials, trials_used,
+        importances: [{name, importance}], message}`. Conflict while it cannot be told."""
+        return self._json(  # type: ignore[no-any-return]
+            "GET", f"/experiments/{experiment_id}/importance"
+        )
+
     def list_trials(self, experiment_id: int, sort: str | None = None) -> list[dict[str, Any]]:
         """The experiment's trials `{id, number, state, hparams, early_stopped,
         best_validation, restarts, started_at, ended_at}`: by number, or with `sort` by
@@ -358,6 +369,43 @@ class Client:
         return self._json(  # type: ignore[no-any-return]
             "GET", f"/trials/{trial_id}/checkpoints"
         )
+
+    def stream_checkpoint(self, trial_id: int, name: str) -> Generator[bytes, None, None]:
+        """An intact checkpoint as a tar (`muster.checkpoint_archive`), as it arrives.
+
+        Raises:
+            NotFound: no such trial or checkpoint.
+            Conflict: the checkpoint is not intact, or has changed since it was registered.
+            ServerError: the download broke off (a file changed while it was sent).
+        """
+        headers = self._auth()
+        with self._reaching(), self._http.stream(
+            "GET", API + f"/trials/{trial_id}/checkpoints/{quote(name, safe='')}/download",
+            headers=headers, timeout=httpx.Timeout(30.0, read=300.0),
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                self._raise_for(response, headers)
+            try:
+                yield from response.iter_bytes(checkpoint_archive.CHUNK_BYTES)
+            except httpx.TransportError as exc:
+                raise errors.ServerError(
+                    f"the download of checkpoint {name} of trial {trial_id} broke off ({exc}); "
+                    "see the server's log for why, and download it again") from exc
+
+    def download_checkpoint(self, trial_id: int, name: str, dest: Path) -> Inspection:
+        """Unpack an intact checkpoint into `dest` (new, or an empty directory), every file
+        checked against its sha256 in metadata.json before the directory is given that
+        name; what is there (`checkpoint_files.Inspection`).
+
+        Raises:
+            InvalidRequest: `dest` is in the way (a file, or a directory with files in it).
+            NotFound, Conflict: as `stream_checkpoint`.
+            ServerError: the download broke off, or what arrived is not intact; nothing of
+                it is kept.
+        """
+        with closing(self.stream_checkpoint(trial_id, name)) as chunks:
+            return unpack_checkpoint(chunks, dest, name, trial_id)
 
     def review_trial(self, trial_id: int, decision: str, note: str) -> dict[str, Any]:
         """Approve ("approve" → SUCCEEDED) or reject ("reject" → FAILED) a SUSPECT trial; the

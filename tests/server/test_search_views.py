@@ -25,7 +25,8 @@ from muster.services import views
 from muster.services.experiments import describe_experiment
 from muster.services.search import best_trial, list_trials
 from muster.services.validation import best_validation
-from muster.store import Experiment, Metric, Store, Trial
+from muster.store import Experiment, Store, Trial
+from tests.store.rows import add_metric
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ SEARCH_KEYS = {"searcher", "metric", "smaller_is_better", "max_trials", "max_con
                "max_length", "max_length_unit", "ended", "running", "queued", "remaining",
                "best"}
 SUMMARY_KEYS = {"id", "number", "state", "hparams", "early_stopped", "best_validation",
-                "restarts", "started_at", "ended_at", "verified"}
+                "restarts", "started_at", "ended_at", "verified", "early_stop"}
 
 
 # -- rows ---------------------------------------------------------------------------------
@@ -94,8 +95,7 @@ def add_trial(
 
 def report(s: Session, trial: Trial, step: int, values: dict[str, float], *, rank: int = 0,
            kind: str = "validation") -> None:
-    s.add(Metric(trial_id=trial.id, attempt=1, rank=rank, kind=kind, step=step,
-                 time=float(step), values=values))
+    add_metric(s, trial, values, step=step, kind=kind, rank=rank)
     s.flush()
 
 

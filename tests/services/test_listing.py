@@ -11,7 +11,8 @@ from muster.errors import InvalidRequest, NotFound
 from muster.services import listing
 from muster.services.listing import ExperimentFilter
 from muster.states import ExperimentState
-from muster.store import Experiment, Metric, Store, Trial, User
+from muster.store import Experiment, Store, Trial, User
+from tests.store.rows import add_metric
 
 SEARCH = {"name": "search", "searcher": {"name": "random", "metric": "val_loss",
                                           "max_trials": 4}}
@@ -43,8 +44,7 @@ def seed(store: Store) -> dict[str, Any]:
         s.flush()
         for trial, value in ((trials[1], 0.5), (trials[2], 0.25), (trials[2], 0.75),
                              (trials[3], 0.01)):
-            s.add(Metric(trial_id=trial.id, attempt=1, rank=0, kind="validation", step=1,
-                         time=1.0, values={"val_loss": value}))
+            add_metric(s, trial, {"val_loss": value})
         return {"search": search.id, "run": run.id, "old": old.id, "best": trials[2].id}
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from muster.store import Attempt, Experiment, Replica, Trial
+from muster.store import Attempt, Experiment, Metric, Replica, Trial, series
 
 
 def add_experiment(session: Session, state: str = "ACTIVE", name: str = "exp") -> Experiment:
@@ -42,3 +43,18 @@ def add_replica(session: Session, attempt: Attempt, rank: int = 0) -> Replica:
     session.add(replica)
     session.flush()
     return replica
+
+
+def add_metric(session: Session, trial: Trial, values: dict[str, float], *, step: int = 1,
+               kind: str = "validation", rank: int = 0, attempt: int = 1) -> None:
+    """One report, stored as ingestion stores it: the row and its metric series."""
+    add_reports(session, trial, [(step, values)], kind=kind, rank=rank, attempt=attempt)
+
+
+def add_reports(session: Session, trial: Trial, reports: list[tuple[int, dict[str, float]]],
+                *, kind: str = "validation", rank: int = 0, attempt: int = 1) -> None:
+    """(step, values) reports, stored as one batch of ingestion stores them."""
+    rows = [{"trial_id": trial.id, "attempt": attempt, "rank": rank, "kind": kind,
+             "step": step, "time": 1.0 + step, "values": values} for step, values in reports]
+    session.execute(insert(Metric), rows)
+    series.record(session, trial.id, rows)

@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from muster.config import ExperimentConfig
 from muster.errors import StoreError
+from muster.services.validation import best_validation
 from muster.states import StopIntent
 from muster.store import Base, Experiment, Store, Trial
 from muster.store.db import alembic_config
@@ -193,5 +194,42 @@ def test_0008_spells_stop_intents_and_reasons_one_way(db_url: str) -> None:
                            3: StopIntent.EARLY_STOP, 4: None, 5: None}
         _migrate(store, db_url, "0007", down=True)
         assert snapshot("pause_requested") == before
+    finally:
+        store.dispose()
+
+
+def test_0011_marks_trials_with_reports_partial_and_their_values_still_read(
+        db_url: str) -> None:
+    """Trials that reported before series existed are read from their reports: their best
+    value is the same as before the upgrade; the downgrade drops the series."""
+    store = Store(db_url)
+    try:
+        _migrate(store, db_url, "0010")
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql(
+                "INSERT INTO experiments (id, uuid, name, description, labels, config, "
+                "config_yaml, context_dir, state, stop_requested, created_at, updated_at, "
+                "priority, max_trials) "
+                "VALUES (1, 'e', 'x', '', '[]', '{}', '', '/tmp', 'ACTIVE', false, 0, 0, 42, 2)")
+            for trial_id in (1, 2):
+                connection.execute(text(
+                    "INSERT INTO trials (id, uuid, experiment_id, state, hparams, stop_requested, "
+                    "replica_restarts, trial_retries, internal_retries, user_error_retries, "
+                    "created_at, updated_at, number, early_stopped, priority) VALUES (:id, "
+                    ":uuid, 1, 'SUCCEEDED', '{}', false, 0, 0, 0, 0, 0, 0, :id, false, 42)"),
+                    {"id": trial_id, "uuid": f"t{trial_id}"})
+            for step, value in ((1, 0.5), (2, 0.25), (3, "NaN")):
+                connection.execute(text(
+                    "INSERT INTO metrics (trial_id, attempt, rank, kind, step, time, \"values\") "
+                    "VALUES (1, 1, 0, 'validation', :step, 0, :values)"),
+                    {"step": step, "values": json.dumps({"val_loss": value})})
+        store.upgrade()
+        store.check_schema()
+        with store.session_scope() as s:
+            partial = {t.id: t.series_partial for t in s.scalars(select(Trial))}
+            assert partial == {1: True, 2: False}
+            assert best_validation(s, [1, 2], {"val_loss": True}) == {1: {"val_loss": 0.25}}
+        _migrate(store, db_url, "0010", down=True)
+        assert "metric_series" not in inspect(store.engine).get_table_names()
     finally:
         store.dispose()

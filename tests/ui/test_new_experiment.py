@@ -47,7 +47,7 @@ def test_a_zip_upload_starts_a_run_whose_log_comes_live(page_of: Any, team: Team
     page.get_by_role("button", name="Submit").click()
     expect(page).to_have_url(re.compile(r"/experiments/\d+$"))
     expect(page.get_by_role("heading", name=re.compile("from-a-zip"))).to_be_visible()
-    page.locator("table.trials a").first.click()
+    page.locator("table.trials tbody a").first.click()
     expect(page.locator("#log")).to_contain_text("hello from a zip")
     expect(page.locator("#log")).to_contain_text("tick 20")
 
@@ -60,7 +60,7 @@ def test_a_folder_is_packed_in_the_browser(page_of: Any, team: Team, tmp_path: P
     page.get_by_role("button", name="Submit").click()
     expect(page).to_have_url(re.compile(r"/experiments/\d+$"))
     experiment_id = int(page.url.rsplit("/", 1)[1])
-    page.locator("table.trials a").first.click()
+    page.locator("table.trials tbody a").first.click()
     expect(page.locator("#log")).to_contain_text("hello from a folder")
     with team.client("alice") as alice:
         exp = alice.get_experiment(experiment_id)
@@ -91,7 +91,7 @@ def test_run_again_edits_the_config_and_reuses_the_snapshot(page_of: Any, team: 
     editor.fill(CONFIG.format(name="second-run"))
     page.get_by_role("button", name="Submit").click()
     expect(page.get_by_role("heading", name=re.compile("second-run"))).to_be_visible()
-    page.locator("table.trials a").first.click()
+    page.locator("table.trials tbody a").first.click()
     expect(page.locator("#log")).to_contain_text("hello again")
 
 

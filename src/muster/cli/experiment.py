@@ -182,6 +182,25 @@ def best(
 
 
 @app.command()
+def importance(
+    experiment_id: int, as_json: JsonOption = False, home: HomeOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Show how much each hyperparameter the search varied mattered for the searcher's
+    metric (Optuna's PED-ANOVA over the SUCCEEDED trials with a value)."""
+    with client(home, url) as c:
+        answer = c.experiment_importance(experiment_id)
+    if as_json:
+        render.print_json(answer)
+        return
+    for line in render.importance_lines(answer):
+        render.console.print(line, markup=False)
+    render.console.print(render.importance_table(answer))
+    if answer["message"]:
+        render.console.print(f"note: {answer['message']}", markup=False)
+
+
+@app.command()
 def kill(
     experiment_id: int, as_json: JsonOption = False, home: HomeOption = None,
     url: UrlOption = None,

@@ -218,3 +218,22 @@ def events_table(events: list[dict[str, Any]]) -> Table:
                       escape(event["reason"]), escape(event["actor"]),
                       escape(event["message"] or ""))
     return table
+
+
+def importance_lines(answer: dict[str, Any]) -> list[str]:
+    """What an experiment's hyperparameter importance is of, and how it was computed."""
+    better = "smaller" if answer["smaller_is_better"] else "larger"
+    return [f"Experiment {answer['experiment_id']}: hyperparameter importance for "
+            f"{answer['metric']} ({better} is better)",
+            f"{answer['evaluator']} over {answer['trials_used']} trials with a value "
+            f"({answer['ended_trials']} ended)"]
+
+
+def importance_table(answer: dict[str, Any]) -> Table:
+    """The importances, the largest share first, each with a bar."""
+    table = Table("Hyperparameter", "Importance", "")
+    bar = 30  # characters for a share of 1
+    for row in answer["importances"]:
+        table.add_row(escape(row["name"]), f"{row['importance']:.3f}",
+                      "█" * round(row["importance"] * bar))
+    return table

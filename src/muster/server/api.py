@@ -151,6 +151,66 @@ class TrialSummary(_Shape):
     started_at: float | None
     ended_at: float | None
     verified: bool | None  # its exit 0 was verified; None without a verdict
+    early_stop: EarlyStop | None = None  # where the searcher stopped it
+
+
+class CurveView(_Shape):
+    """One trial's learning curve: steps and values, downsampled (min/max buckets)."""
+
+    trial_id: int
+    number: int
+    state: str
+    hparams: dict[str, Any]
+    early_stop: EarlyStop | None  # where the searcher stopped it
+    reports: int  # finite values the curve stands for
+    steps: list[int]
+    values: list[float]
+
+
+class ExperimentCurves(_Shape):
+    experiment_id: int
+    metric: str
+    kind: str
+    smaller_is_better: bool | None  # None for a metric other than the searcher's
+    points_per_trial: int
+    trials: list[CurveView]
+
+
+class SeriesView(_Shape):
+    """One metric of a trial as a curve (rank 0), downsampled (min/max buckets)."""
+
+    kind: str
+    name: str
+    reports: int  # reports that named it, NaN and ±inf included
+    lowest: float | None  # finite values only
+    highest: float | None
+    last_step: int | None
+    steps: list[int]
+    values: list[float]
+
+
+class TrialSeries(_Shape):
+    trial_id: int
+    series: list[SeriesView]
+
+
+class ParamImportance(_Shape):
+    name: str  # the key path, e.g. "optimizer.lr"
+    importance: float  # its share; the shares of an answer sum to 1
+
+
+class Importance(_Shape):
+    """How much each hyperparameter the search varied mattered for the searcher's metric:
+    `GET /experiments/{id}/importance`."""
+
+    experiment_id: int
+    evaluator: str  # Optuna's evaluator, by class name: PedAnovaImportanceEvaluator
+    metric: str
+    smaller_is_better: bool
+    ended_trials: int  # SUCCEEDED, FAILED, CANCELED and SUSPECT, when this was computed
+    trials_used: int  # the SUCCEEDED ones with a finite value of the metric
+    importances: list[ParamImportance]  # the largest share first
+    message: str | None  # what to keep in mind when reading it (few trials, ties)
 
 
 class BestSoFar(_Shape):

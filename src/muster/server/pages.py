@@ -36,7 +36,7 @@ from muster.server.auth import (
     set_session_cookie,
 )
 from muster.server.state import ServerState
-from muster.services import audit, cluster, experiments, jobs, listing, metrics, tokens
+from muster.services import audit, cluster, experiments, jobs, listing, metrics, search, tokens
 from muster.services.access import Action, Principal, authorize
 from muster.sizes import format_size
 from muster.states import ExperimentState, Role, TrialState
@@ -301,39 +301,129 @@ def _bounded(value: int, what: str) -> int:
     return value
 
 
+TRIAL_ROWS = 50  # trials per page of an experiment's table
+
+
+@dataclass(frozen=True)
+class TrialsQuery:
+    """The trials table's query string: a metric (`sort`) or another order, the direction,
+    the states shown and where the page starts."""
+
+    sort: str | None = None
+    order_by: str | None = None
+    order: str = "asc"
+    state: tuple[str, ...] = ()
+    offset: int = 0
+
+    def params(self, **changes: Any) -> str:
+        query = replace(self, **changes)
+        values: list[tuple[str, Any]] = [("sort", query.sort), ("order_by", query.order_by),
+                                         ("order", query.order if query.order == "desc"
+                                          else None), ("offset", query.offset or None)]
+        values += [("state", state) for state in query.state]
+        return urlencode([(k, v) for k, v in values if v])
+
+    def sorted_by(self, *, sort: str | None = None, order_by: str | None = None) -> str:
+        """The query that sorts by this column: ascending first, flipped when it already is
+        the order (a metric: its best first)."""
+        same = (sort, order_by) == (self.sort, self.order_by)
+        order = "desc" if same and self.order == "asc" else "asc"
+        return self.params(sort=sort, order_by=order_by, order=order, offset=0)
+
+    def marker(self, *, sort: str | None = None, order_by: str | None = None) -> str:
+        if (sort, order_by) != (self.sort, self.order_by):
+            return ""
+        return " \N{DOWNWARDS ARROW}" if self.order == "desc" else " \N{UPWARDS ARROW}"
+
+    def search(self) -> search.TrialQuery:
+        return search.TrialQuery(sort=self.sort, order_by=self.order_by,
+                                 descending=self.order == "desc",
+                                 states=frozenset(TrialState(s) for s in self.state),
+                                 offset=self.offset, limit=TRIAL_ROWS)
+
+
+def _trials_query(
+    sort: Annotated[str | None, Query(max_length=200)] = None,
+    order_by: Annotated[str | None, Query(max_length=210)] = None,
+    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
+    state: Annotated[list[str] | None, Query(max_length=len(TrialState))] = None,
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+) -> TrialsQuery:
+    known = {s.value for s in TrialState}
+    states = tuple(s for s in (state or []) if s in known)
+    return TrialsQuery(sort or None, order_by or None, order, states, offset)
+
+
+TrialsShown = Annotated[TrialsQuery, Depends(_trials_query)]
+
+
 @pages.get("/experiments/{experiment_id}", response_class=HTMLResponse)
-def experiment_page(request: Request, who: Visitor, experiment_id: int) -> Response:
-    """An experiment (`GET /api/v1/experiments/{id}` and its `/events`)."""
+def experiment_page(request: Request, who: Visitor, experiment_id: int,
+                    query: TrialsShown) -> Response:
+    """An experiment (`GET /api/v1/experiments/{id}` without its trials, its `/events`, and
+    a page of `/trials`); its charts are drawn by the page from `/curves`, `/trials` and
+    `/importance`."""
     if who is None:
         return _to_login(request)
     store = _state(request).store
-    exp = experiments.describe_experiment(store, _bounded(experiment_id, "experiment"))
+    exp = experiments.experiment_overview(store, _bounded(experiment_id, "experiment"))
     events = audit.list_events(store, experiment_id=exp["id"], tail=200)
     return _render(request, "experiment.html", who, nav="experiments", exp=exp,
                    events=events, can_act=_can_act(who, exp["owner"]),
                    config_yaml=yaml.safe_dump(exp["config"], sort_keys=False),
-                   **_trial_rows(exp))
+                   hparam_types=_hparam_types(exp["config"].get("hyperparameters") or {}),
+                   **_trials_context(store, exp, query))
 
 
 @pages.get("/ui/experiments/{experiment_id}/live", response_class=HTMLResponse)
-def experiment_fragment(request: Request, who: Visitor, experiment_id: int) -> Response:
-    """The experiment's state, search progress and trials, polled by its page."""
+def experiment_fragment(request: Request, who: Visitor, experiment_id: int,
+                        query: TrialsShown) -> Response:
+    """The experiment's state, search progress and page of trials, polled by its page."""
     if who is None:
         return Response(status_code=401)
-    exp = experiments.describe_experiment(_state(request).store,
-                                          _bounded(experiment_id, "experiment"))
+    store = _state(request).store
+    exp = experiments.experiment_overview(store, _bounded(experiment_id, "experiment"))
     return _render(request, "_experiment_live.html", who, exp=exp,
-                   can_act=_can_act(who, exp["owner"]), **_trial_rows(exp))
+                   can_act=_can_act(who, exp["owner"]), **_trials_context(store, exp, query))
 
 
-def _trial_rows(exp: dict[str, Any]) -> dict[str, Any]:
-    """The trials table's rows (each trial with its hyperparameters flattened) and the
-    hyperparameters' names, in the order of the first trial that has them."""
-    rows = [(trial, dict(_flat(trial["hparams"]))) for trial in exp["trials"]]
-    names: dict[str, None] = {}
+def _trials_context(store: Any, exp: dict[str, Any], query: TrialsQuery) -> dict[str, Any]:
+    """The trials table's page (each trial with its hyperparameters flattened), the
+    hyperparameters' names (from the config's space, then any a trial has), and a problem
+    with the query, if any (the table is then empty and says why)."""
+    problem = None
+    try:
+        page = search.trial_page(store, exp["id"], query.search())
+    except InvalidRequest as exc:
+        page, problem = search.TrialPage([], 0), str(exc)
+    rows = [(trial, dict(_flat(trial["hparams"]))) for trial in page.rows]
+    names = dict.fromkeys(_space_names(exp["config"].get("hyperparameters") or {}))
     for _, hp in rows:
         names.update(dict.fromkeys(hp))
-    return {"trial_rows": rows, "hparam_names": [n for n in names if n]}
+    return {"trial_rows": rows, "hparam_names": [n for n in names if n], "trials_total":
+            page.total, "tq": query, "trial_rows_per_page": TRIAL_ROWS, "table_problem": problem,
+            "trial_states": [s.value for s in TrialState]}
+
+
+def _space_names(space: Any, prefix: str = "") -> list[str]:
+    """The dotted names of a config's hyperparameters, searched or constant, in order."""
+    if isinstance(space, dict) and not (isinstance(space.get("type"), str) and prefix):
+        return [name for key, value in space.items()
+                for name in _space_names(value, f"{prefix}.{key}" if prefix else str(key))]
+    return [prefix] if prefix else []
+
+
+def _hparam_types(space: Any, prefix: str = "") -> dict[str, str]:
+    """Each searched hyperparameter's type (`int`, `double`, `log`, `categorical`) by dotted
+    name: how the charts draw its axis."""
+    found: dict[str, str] = {}
+    if not isinstance(space, dict):
+        return found
+    if isinstance(space.get("type"), str) and prefix:
+        return {prefix: space["type"]}
+    for key, value in space.items():
+        found.update(_hparam_types(value, f"{prefix}.{key}" if prefix else str(key)))
+    return found
 
 
 @pages.get("/trials/{trial_id}", response_class=HTMLResponse)

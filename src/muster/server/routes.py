@@ -25,18 +25,23 @@ from fastapi import Path as InPath
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from muster import __version__
+from muster import __version__, checkpoint_archive
 from muster.config.units import parse_duration
+from muster.downsample import MAX_POINTS
 from muster.errors import InvalidRequest, MusterError
 from muster.launch.logs import MAX_OFFSET
 from muster.server import api, prometheus, upload_form
 from muster.server.auth import authenticate, presented_token
+from muster.server.downloads import Download
 from muster.server.follows import MAX_FOLLOWS_PER_TOKEN, FollowStream
 from muster.server.state import ServerState
 from muster.services import (
+    checkpoints,
     cluster,
+    curves,
     environments,
     experiments,
+    importance,
     jobs,
     listing,
     logs,
@@ -44,7 +49,7 @@ from muster.services import (
     search,
 )
 from muster.services.access import Action, Principal, authorize
-from muster.states import ExperimentState
+from muster.states import ExperimentState, TrialState
 from muster.store import MAX_BIGINT, MAX_INTEGER, MIN_BIGINT
 
 PREFIX = "/api/v1"
@@ -343,20 +348,65 @@ def get_best_trial(state: State, _: Reader, experiment_id: ExperimentId) -> dict
     return search.best_trial(state.store, experiment_id)
 
 
+@router.get("/experiments/{experiment_id}/importance", response_model=api.Importance,
+            responses=_errors(404, 409))
+def get_importance(state: State, _: Reader, experiment_id: ExperimentId) -> dict[str, Any]:
+    """Each varied hyperparameter's share of the importance for the searcher's metric
+    (Optuna's PedAnovaImportanceEvaluator over the SUCCEEDED trials with a value), the
+    largest first; recomputed when another trial ends. 409 without a searcher metric, a
+    varied hyperparameter, or 10 such trials."""
+    return importance.experiment_importance(state.store, experiment_id)
+
+
 @router.get("/experiments/{experiment_id}/trials", response_model=list[api.TrialSummary],
             responses=_errors(400, 404))
 def list_experiment_trials(
     state: State,
     _: Reader,
+    response: Response,
     experiment_id: ExperimentId,
     sort: Annotated[str | None, Query(
-        min_length=1, description="a validation metric: the searcher's best first, any other "
-        "smallest first; trials without a value last")] = None,
+        min_length=1, max_length=200, description="a validation metric: the searcher's best "
+        "first, any other smallest first; trials without a value last")] = None,
+    order_by: Annotated[str | None, Query(
+        min_length=1, max_length=210, description="instead of sort: " + ", ".join(
+            search.ORDERS) + ", or hparam:NAME (a hyperparameter's dotted name)")] = None,
+    order: Annotated[str | None, Query(
+        pattern="^(asc|desc)$", description="desc reverses the order")] = None,
+    trial_state: Annotated[list[TrialState] | None, Query(
+        alias="state", max_length=len(TrialState), description="only trials in these "
+        "states (repeat it)")] = None,
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    limit: Annotated[int | None, Query(ge=1, le=search.MAX_TRIAL_PAGE)] = None,
 ) -> list[dict[str, Any]]:
-    """The experiment's trials `{id, number, state, hparams, early_stopped, best_validation,
-    restarts, started_at, ended_at}`, by number or by `sort`; 400 for a metric no trial
+    """The experiment's trials `{id, number, state, hparams, early_stopped, early_stop,
+    best_validation, restarts, started_at, ended_at, verified}`, by number, by `sort` or by
+    `order_by`, filtered by `state`, a page of `limit` from `offset` (every one without),
+    with the count of all matches in `X-Total-Count`; 400 for a metric no trial
     reported."""
-    return search.list_trials(state.store, experiment_id, sort)
+    query = search.TrialQuery(sort=sort, order_by=order_by, descending=order == "desc",
+                              states=frozenset(trial_state or ()), offset=offset, limit=limit)
+    page = search.trial_page(state.store, experiment_id, query)
+    response.headers["X-Total-Count"] = str(page.total)
+    return page.rows
+
+
+@router.get("/experiments/{experiment_id}/curves", response_model=api.ExperimentCurves,
+            responses=_errors(400, 404, 409))
+def get_experiment_curves(
+    state: State,
+    _: Reader,
+    experiment_id: ExperimentId,
+    metric: Annotated[str | None, Query(
+        min_length=1, max_length=200, description="default: the searcher's")] = None,
+    kind: Annotated[str, Query(pattern="^(training|validation)$")] = "validation",
+    points: Annotated[int | None, Query(
+        ge=4, le=MAX_POINTS, description="per curve at most (default: a budget of "
+        f"{curves.CURVES_BUDGET:,} points shared by the curves)")] = None,
+) -> dict[str, Any]:
+    """Every trial's learning curve of one metric (rank 0's reports), downsampled on the
+    server (min/max buckets), with where the searcher stopped each trial."""
+    return curves.experiment_curves(state.store, experiment_id, metric, kind, points)
 
 
 @router.post("/experiments/{experiment_id}/kill", response_model=api.ExperimentDetail,
@@ -474,6 +524,37 @@ def _log_headers(piece: logs.LogSlice | logs.MergedSlice, rank_named: bool) -> d
     return headers
 
 
+def _file_response(media_type: str, description: str) -> dict[int | str, dict[str, Any]]:
+    """The 200 of a route that answers with a file to save (`server/downloads.py`)."""
+    return {200: {"description": description,
+                  "content": {media_type: {"schema": {"type": "string", "format": "binary"}}},
+                  "headers": {"Content-Disposition": {
+                      "description": 'attachment; filename="..."', "required": True,
+                      "schema": {"type": "string"}}}}}
+
+
+@router.get("/trials/{trial_id}/logs/download", response_class=Response,
+            responses={**_file_response("application/octet-stream",
+                                        "the replica's whole log as written (secrets masked), "
+                                        "its bytes when the request came"),
+                       **_errors(404)})
+async def download_trial_log(
+    state: State,
+    _: Reader,
+    trial_id: TrialId,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_INTEGER,
+                                         description="default: the latest")] = None,
+    rank: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+) -> Response:
+    """One replica's whole log as a file, `trial-<id>-attempt-<a>-rank-<r>.log`: every byte
+    it held when the request came (Content-Length), however large; 404 before it exists."""
+    raw = await asyncio.to_thread(logs.open_raw_log, state.store, state.launcher, trial_id,
+                                  attempt=attempt, rank=rank, home=state.home)
+    return Download(raw.chunks(), size=raw.size, filename=raw.filename,
+                    media_type="application/octet-stream", close=raw.close,
+                    headers={"X-Muster-Attempt": str(raw.attempt)})
+
+
 @router.get("/trials/{trial_id}/metrics", response_model=list[api.MetricReport],
             responses=_errors(404))
 def get_trial_metrics(
@@ -492,12 +573,44 @@ def get_trial_metrics(
                                 limit=limit, tail=tail)
 
 
+@router.get("/trials/{trial_id}/series", response_model=api.TrialSeries,
+            responses=_errors(400, 404))
+def get_trial_series(
+    state: State, _: Reader, trial_id: TrialId,
+    points: Annotated[int, Query(ge=4, le=MAX_POINTS, description="per curve at most")
+                      ] = MAX_POINTS,
+) -> dict[str, Any]:
+    """Every metric the trial reported (rank 0, training and validation) as a curve
+    downsampled on the server (min/max buckets), with its report count and its lowest and
+    highest finite value."""
+    return curves.trial_series(state.store, trial_id, points)
+
+
 @router.get("/trials/{trial_id}/checkpoints", response_model=list[api.CheckpointView],
             responses=_errors(404))
 def get_trial_checkpoints(state: State, _: Reader, trial_id: TrialId
                           ) -> list[dict[str, Any]]:
     """Registered checkpoints by step, each with `intact` and, if not, the `problem`."""
     return metrics.list_checkpoints(state.store, trial_id)
+
+
+CheckpointName = Annotated[str, InPath(min_length=1, max_length=255, pattern=r"^[^/\x00]+$",
+                                       description="a registered checkpoint's name")]
+
+
+@router.get("/trials/{trial_id}/checkpoints/{name}/download", response_class=Response,
+            responses={**_file_response(checkpoint_archive.MEDIA_TYPE,
+                                        "the checkpoint's files as an uncompressed tar"),
+                       **_errors(404, 409)})
+async def download_trial_checkpoint(state: State, _: Reader, trial_id: TrialId,
+                                    name: CheckpointName) -> Response:
+    """An intact checkpoint as a tar, `trial-<id>-<name>.tar`: `<name>/metadata.json`, then
+    each file it lists. 409 for one that is not intact, or no longer matches its
+    registration; a file whose sha256 fails while it is sent breaks the download off."""
+    download = await asyncio.to_thread(checkpoints.open_checkpoint_download, state.store,
+                                       trial_id, name)
+    return Download(download.chunks(), size=download.size, filename=download.filename,
+                    media_type=checkpoint_archive.MEDIA_TYPE, close=download.close)
 
 
 @router.post("/trials/{trial_id}/review", response_model=api.TrialDescription,

@@ -177,6 +177,19 @@ def describe_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
         return experiment_view(s, experiment_or_404(s, experiment_id))
 
 
+def experiment_overview(store: Store, experiment_id: int) -> dict[str, Any]:
+    """`describe_experiment` without `trials`: its summary, config, search progress and
+    warnings, read without any trial's attempts (a page of a search of thousands of
+    trials shows those a page at a time, `search.trial_page`)."""
+    with store.session_scope() as s:
+        exp = experiment_or_404(s, experiment_id)
+        succeeded = [t.id for t in exp.trials if t.state == TrialState.SUCCEEDED.value]
+        goals = views.searcher_goals(views.searcher_settings(exp))
+        view = views.experiment_overview(exp, best_validation(s, succeeded, goals))
+        view["warnings"] = _warnings(s, exp.id)
+        return view
+
+
 def experiment_header(store: Store, experiment_id: int) -> dict[str, Any]:
     """What a trial's page says of its experiment: `{id, name, state, owner}`, without
     reading its trials."""
@@ -344,10 +357,14 @@ def experiment_view(s: Session, exp: Experiment) -> dict[str, Any]:
     search that stopped drawing)."""
     goals = views.searcher_goals(views.searcher_settings(exp))
     view = views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals))
-    view["warnings"] = list(s.scalars(select(Event.message).where(
-        Event.experiment_id == exp.id, Event.entity == "experiment",
-        Event.reason.in_(WARNING_REASONS)).order_by(Event.id)))
+    view["warnings"] = _warnings(s, exp.id)
     return view
+
+
+def _warnings(s: Session, experiment_id: int) -> list[str]:
+    return list(s.scalars(select(Event.message).where(
+        Event.experiment_id == experiment_id, Event.entity == "experiment",
+        Event.reason.in_(WARNING_REASONS)).order_by(Event.id)))
 
 
 def experiment_or_404(s: Session, experiment_id: int) -> Experiment:

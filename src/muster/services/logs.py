@@ -5,26 +5,28 @@ cursor is (attempt, offset). When no rank is named, an attempt with one replica 
 the same way, so a single-replica trial looks as it always did, and an attempt with several
 is served merged (`merged_logs`): whole lines in time order, each prefixed `[rank r] `, with
 a cursor of one offset per rank. Following starts at one attempt and moves on to the next
-attempt of the trial when one ends, so a follower sees every restart.
+attempt of the trial when one ends, so a follower sees every restart. One rank's whole log
+is also served as a file (`open_raw_log`): its bytes as they were when it was opened.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import defaultdict
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from sqlalchemy import select
 
 from muster import job_secrets
-from muster.errors import InvalidRequest, NotFound
+from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.home import Home
 from muster.launch.base import Launcher
-from muster.launch.logs import ReplicaLog, log_size, masked, read_range, tail_offset
+from muster.launch.logs import LogPart, ReplicaLog, log_size, masked, read_range, tail_offset
 from muster.services.experiments import trial_or_404
 from muster.services.merged_logs import LogCursor, merged_page, tail_cursor
 from muster.states import AttemptState, TrialState
@@ -32,6 +34,7 @@ from muster.store import Attempt, Replica, Store
 
 MAX_LIMIT = 16 * 1024**2
 DEFAULT_LIMIT = 1024**2
+RAW_CHUNK_BYTES = 1024**2  # what a download of a whole log reads at a time
 # A follower looks at the log file often (cheap: one read) and asks the store for new
 # attempts and the trial's end less often (a query on a worker thread).
 FOLLOW_POLL_SECONDS = 0.05
@@ -150,6 +153,71 @@ def read_log(
     page_start = _merged_start(where, offset, start, tail)
     data, next_cursor = merged_page(where.sources(), page_start, limit, final=where.ended)
     return MergedSlice(data, number, next_cursor)
+
+
+@dataclass
+class RawLog:
+    """One replica's whole log, open: its first `size` bytes, what it held when opened (a
+    log only grows, so bytes added later are left for another download)."""
+
+    stream: BinaryIO
+    size: int
+    trial_id: int
+    attempt: int
+    rank: int
+
+    @property
+    def filename(self) -> str:
+        return f"trial-{self.trial_id}-attempt-{self.attempt}-rank-{self.rank}.log"
+
+    def chunks(self) -> Iterator[bytes]:
+        """The `size` bytes, RAW_CHUNK_BYTES at a time; the stream is closed at the end.
+
+        Raises:
+            Conflict: the file ended before `size` bytes (it was replaced meanwhile): the
+                download is cut short rather than completed with other bytes.
+        """
+        with self.stream:
+            self.stream.seek(0)
+            left = self.size
+            while left:
+                data = self.stream.read(min(RAW_CHUNK_BYTES, left))
+                if not data:
+                    raise Conflict(f"{self.filename} ended after {self.size - left:,} of its "
+                                   f"{self.size:,} bytes: the log was replaced while it was "
+                                   "being sent; download it again")
+                left -= len(data)
+                yield data
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def open_raw_log(
+    store: Store, launcher: Launcher, trial_id: int, *, attempt: int | None = None,
+    rank: int = 0, home: Home | None = None,
+) -> RawLog:
+    """One rank's whole log (default: the latest attempt's), open as it is now; with
+    `home`, its secrets masked as `read_log` masks them (the size stays the file's).
+
+    Raises:
+        NotFound: no such trial, attempt or rank, or the replica has written no log yet.
+    """
+    logs = locate(store, launcher, trial_id, home)
+    number = _pick_attempt(logs, trial_id, attempt)
+    if number == 0:
+        raise NotFound(f"trial {trial_id} has not started an attempt yet, so it has no log; "
+                       "download it once it runs (`muster trial describe "
+                       f"{trial_id}` shows its state)")
+    where = logs.attempts[number]
+    if rank not in where.ranks:
+        raise NotFound(f"attempt {number} of trial {trial_id} has no rank {rank}; pass rank= "
+                       f"one of its ranks: {', '.join(map(str, where.ranks))}")
+    stream = where.source(rank).open(LogPart.LOG)
+    if stream is None:
+        raise NotFound(f"rank {rank} of attempt {number} of trial {trial_id} has written no "
+                       "log yet; download it again once the replica has started")
+    return RawLog(stream, stream.seek(0, os.SEEK_END), trial_id, number, rank)
 
 
 def _pick_attempt(

@@ -7,6 +7,8 @@ is the best of its rank-0 validation reports (NaN and ±inf are no value); see
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -14,13 +16,15 @@ from sqlalchemy.orm import selectinload
 
 from muster.config.schema import SearcherConfig
 from muster.errors import Conflict, InvalidRequest, NotFound
+from muster.metrics_lines import VALIDATION
 from muster.services import views
 from muster.services.experiments import experiment_or_404
-from muster.services.validation import best_validation, validation_reports
+from muster.services.validation import best_validation
 from muster.states import TrialState
-from muster.store import Store, Trial
+from muster.store import Store, Trial, series
 
-__all__ = ["best_trial", "list_trials", "sort_goals"]
+__all__ = ["ORDERS", "TrialPage", "TrialQuery", "best_trial", "list_trials", "sort_goals",
+           "trial_page"]
 
 
 def best_trial(store: Store, experiment_id: int) -> dict[str, Any]:
@@ -62,20 +66,116 @@ def list_trials(store: Store, experiment_id: int, sort: str | None = None) -> li
         NotFound: no such experiment.
         InvalidRequest: `sort` is neither the searcher's metric nor one a trial reported.
     """
+    return trial_page(store, experiment_id, TrialQuery(sort=sort)).rows
+
+
+@dataclass(frozen=True)
+class TrialQuery:
+    """Which of an experiment's trials a table shows, in what order, a page at a time.
+
+    `sort` is a validation metric (`list_trials`); `order_by` one of `ORDERS`, or
+    `hparam:NAME` for a hyperparameter by its dotted name (numbers before text before none);
+    `descending` flips either (default: a metric's best first, else ascending)."""
+
+    sort: str | None = None
+    order_by: str | None = None
+    descending: bool = False
+    states: frozenset[TrialState] = frozenset()
+    offset: int = 0
+    limit: int | None = None
+
+
+ORDERS = ("number", "state", "restarts", "started", "ended")
+HPARAM_ORDER = "hparam:"
+MAX_TRIAL_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class TrialPage:
+    rows: list[dict[str, Any]]
+    total: int  # how many trials the filter matches in all
+
+
+def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage:
+    """A page of the experiment's trials (`trial_summary` rows, with `early_stop`): those in
+    `query.states` (any when empty), in `query`'s order (ties: number), `limit` from
+    `offset`, and how many match in all.
+
+    Raises:
+        NotFound: no such experiment.
+        InvalidRequest: both `sort` and `order_by`; an unknown `order_by`; a `sort` metric
+            no trial reported; a `limit` over `MAX_TRIAL_PAGE`.
+    """
+    if query.sort is not None and query.order_by is not None:
+        raise InvalidRequest("give sort (a validation metric) or order_by, not both")
+    if query.order_by is not None and query.order_by not in ORDERS and not (
+            query.order_by.startswith(HPARAM_ORDER) and len(query.order_by) > len(HPARAM_ORDER)):
+        raise InvalidRequest(f"order_by must be one of {', '.join(ORDERS)} or hparam:NAME "
+                             f"(a hyperparameter's dotted name), got {query.order_by!r}")
+    if query.limit is not None and not 1 <= query.limit <= MAX_TRIAL_PAGE:
+        raise InvalidRequest(f"limit must be 1 to {MAX_TRIAL_PAGE}, got {query.limit}")
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
         searcher = views.searcher_settings(exp)
-        trials = s.scalars(select(Trial).where(Trial.experiment_id == experiment_id)
-                           .options(selectinload(Trial.attempts))
-                           .order_by(Trial.number, Trial.id)).all()
-        goals = sort_goals(searcher, sort)
-        reports = validation_reports(s, [t.id for t in trials]) if goals else []
-        best = views.best_of_reports(reports, goals)
-        if sort is not None:
-            _check_sort_metric(experiment_id, sort, searcher, reports)
-            trials = sorted(trials, key=lambda t: (
-                views.metric_order(best.get(t.id, {}).get(sort), goals[sort]), t.number, t.id))
-        return [views.trial_summary(t, best.get(t.id, {})) for t in trials]
+        select_trials = select(Trial).where(Trial.experiment_id == experiment_id).options(
+            selectinload(Trial.attempts)).order_by(Trial.number, Trial.id)
+        if query.states:
+            select_trials = select_trials.where(Trial.state.in_(
+                sorted(state.value for state in query.states)))
+        trials = list(s.scalars(select_trials).all())
+        goals = sort_goals(searcher, query.sort)
+        best = best_validation(s, [t.id for t in trials], goals)
+        if query.sort is not None:
+            metric, sign = query.sort, -1 if query.descending else 1
+            _check_sort_metric(experiment_id, metric, searcher,
+                               series.names(s, [t.id for t in trials], VALIDATION))
+
+            def by_metric(t: Trial) -> tuple[bool, float, int, int]:
+                missing, value = views.metric_order(best.get(t.id, {}).get(metric),
+                                                    goals[metric])
+                return missing, sign * value, t.number, t.id  # no value: last either way
+
+            trials.sort(key=by_metric)
+        elif query.order_by is not None:
+            trials.sort(key=_order_key(query.order_by), reverse=query.descending)
+        elif query.descending:
+            trials.reverse()
+        end = None if query.limit is None else query.offset + query.limit
+        rows = [{**views.trial_summary(t, best.get(t.id, {})),
+                 "early_stop": views.early_stop(t)} for t in trials[query.offset:end]]
+        return TrialPage(rows, len(trials))
+
+
+def _order_key(order_by: str) -> Callable[[Trial], tuple[Any, ...]]:
+    if order_by.startswith(HPARAM_ORDER):
+        path = order_by[len(HPARAM_ORDER):].split(".")
+        return lambda t: (*_value_order(_dig(t.hparams, path)), t.number, t.id)
+    if order_by == "state":
+        return lambda t: (t.state, t.number, t.id)
+    if order_by == "restarts":
+        return lambda t: (views.restarts(t), t.number, t.id)
+    if order_by in ("started", "ended"):
+        return lambda t: (*_value_order(getattr(t, f"{order_by}_at")), t.number, t.id)
+    return lambda t: (t.number, t.id)
+
+
+def _dig(tree: Any, path: list[str]) -> Any:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def _value_order(value: Any) -> tuple[int, float, str]:
+    """Numbers by value, then text, then anything else, then no value."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return 0, float(value), ""
+    if isinstance(value, str):
+        return 1, 0.0, value
+    if value is None:
+        return 3, 0.0, ""
+    return 2, 0.0, repr(value)
 
 
 def sort_goals(searcher: SearcherConfig, sort: str | None) -> dict[str, bool]:
@@ -88,11 +188,9 @@ def sort_goals(searcher: SearcherConfig, sort: str | None) -> dict[str, bool]:
 
 
 def _check_sort_metric(
-    experiment_id: int, sort: str, searcher: SearcherConfig,
-    reports: list[tuple[int, dict[str, Any]]],
+    experiment_id: int, sort: str, searcher: SearcherConfig, reported: set[str]
 ) -> None:
-    known = set(views.searcher_goals(searcher)).union(
-        *(values for _, values in reports))
+    known = set(views.searcher_goals(searcher)) | reported
     if sort not in known:
         shown = ", ".join(sorted(known)) or "none reported yet"
         raise InvalidRequest(f"no trial of experiment {experiment_id} reported a validation "

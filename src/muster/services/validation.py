@@ -1,7 +1,8 @@
 """Trials' validation values as the store holds them: what `best_validation` is made of.
 
 A trial's value of a validation metric is the best of its rank-0 validation reports (NaN
-and ±inf are no value); `views.best_of_reports` picks it, here the reports are read.
+and ±inf are no value): `views.best_of_reports` over the reports, or, as `best_validation`
+reads it, the lowest or highest value its metric series keeps (`muster.store.series`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from muster.metrics_lines import VALIDATION
-from muster.services.views import Goals, best_of_reports
-from muster.store import Metric
+from muster.services.views import Goals
+from muster.store import Metric, series
 
 __all__ = ["best_validation", "validation_reports"]
 
@@ -33,7 +34,12 @@ def validation_reports(
 def best_validation(
     s: Session, trial_ids: Collection[int], goals: Goals
 ) -> dict[int, dict[str, float]]:
-    """`best_validation` of these trials (see `views.best_of_reports`), in one query."""
+    """`best_validation` of these trials (what `views.best_of_reports` makes of their
+    reports), read from their metric series: one row per trial and metric."""
     if not goals:
         return {}
-    return best_of_reports(validation_reports(s, trial_ids), goals)
+    best: dict[int, dict[str, float]] = {}
+    for trial_id, values in series.extremes(s, trial_ids, VALIDATION, list(goals)).items():
+        best[trial_id] = {name: low if goals[name] else high
+                          for name, (low, high) in values.items()}
+    return best

@@ -78,13 +78,22 @@ def experiment_detail(exp: Experiment, best: Mapping[int, Mapping[str, float]]
                       ) -> dict[str, Any]:
     """The experiment, every trial with its `best_validation` (`best`, by trial id), and the
     search's progress."""
+    view = experiment_overview(exp, best)
+    view["trials"] = [{**trial_detail(t), "best_validation": dict(best.get(t.id, {}))}
+                      for t in exp.trials]
+    return view
+
+
+def experiment_overview(exp: Experiment, best: Mapping[int, Mapping[str, float]]
+                        ) -> dict[str, Any]:
+    """`experiment_detail` without its trials: the summary, the config and the search's
+    progress (what a page shows above its trials table, read without each trial's
+    attempts)."""
     searcher = searcher_settings(exp)
     search = search_view(exp, searcher, best)
     view = experiment_summary(exp, best=search["best"])
     view["config"] = exp.config
     view["config_yaml"] = exp.config_yaml  # as submitted: what "run again" starts from
-    view["trials"] = [{**trial_detail(t), "best_validation": dict(best.get(t.id, {}))}
-                      for t in exp.trials]
     view["search"] = search
     return view
 
@@ -130,7 +139,7 @@ def trial_detail(trial: Trial) -> dict[str, Any]:
         "state": trial.state,
         "reason": trial.reason,
         "message": trial.message,
-        "restarts": _restarts(trial),
+        "restarts": restarts(trial),
         "hparams": trial.hparams,
         "created_at": trial.created_at,
         "started_at": trial.started_at,
@@ -142,7 +151,7 @@ def trial_detail(trial: Trial) -> dict[str, Any]:
         "queue_reason": trial.queue_reason,
         "priority": trial.priority,
         "number": trial.number,  # its place in the search, from 0
-        "early_stop": _early_stop(trial),
+        "early_stop": early_stop(trial),
         "environment": {
             "hash": trial.environment_key or trial.experiment.environment_key,
             "python": (trial.experiment.config.get("environment") or {}).get("python"),
@@ -161,7 +170,7 @@ def trial_summary(trial: Trial, best: Mapping[str, float]) -> dict[str, Any]:
         "hparams": trial.hparams,
         "early_stopped": trial.early_stopped,
         "best_validation": dict(best),
-        "restarts": _restarts(trial),
+        "restarts": restarts(trial),
         "started_at": trial.started_at,
         "ended_at": trial.ended_at,
         "verified": verified(trial),
@@ -176,11 +185,11 @@ def verified(trial: Trial) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _restarts(trial: Trial) -> int:
+def restarts(trial: Trial) -> int:
     return max(0, sum(not a.standby for a in trial.attempts) - 1)
 
 
-def _early_stop(trial: Trial) -> Any:
+def early_stop(trial: Trial) -> Any:
     """Where the searcher stopped the trial (`{rung, step, value}`), or None."""
     stop = (trial.search_state or {}).get("early_stop")
     return encode_non_finite(stop)

@@ -98,6 +98,9 @@ def decode_non_finite(value: Any) -> Any:
     return value
 
 
+SERIES_NAME_LENGTH = 200  # a longer metric name has no `MetricSeries`
+
+
 class NonFiniteJSON(TypeDecorator[Any]):
     """A JSON column that keeps NaN and ±Infinity on every backend (see `NON_FINITE_WORDS`).
 
@@ -244,6 +247,9 @@ class Trial(Base):
     # its record, whatever becomes of the build.
     environment_key: Mapped[str | None] = mapped_column(String(16), nullable=True, index=True)
     environment_freeze: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # A metric of this trial has no `MetricSeries` (too many names, or one too long): what
+    # is read from the series is read from its reports instead (`muster.store.series`).
+    series_partial: Mapped[bool] = mapped_column(default=False, server_default=false())
 
     experiment: Mapped[Experiment] = relationship(back_populates="trials")
     attempts: Mapped[list[Attempt]] = relationship(
@@ -368,6 +374,26 @@ class Metric(Base):
     step: Mapped[int] = mapped_column(BigInteger)
     time: Mapped[float] = mapped_column(Float)
     values: Mapped[dict[str, Any]] = mapped_column(NonFiniteJSON)
+
+
+class MetricSeries(Base):
+    """One metric of one kind of a trial's rank-0 reports, kept small as it grows: how many
+    reports name it, its lowest and highest finite value, and its curve as min/max buckets
+    (`muster.downsample.Series`). Written with the reports (`muster.store.series`), so a
+    trial's best value and its curve cost one row, however many reports it made."""
+
+    __tablename__ = "metric_series"
+    __table_args__ = (UniqueConstraint("trial_id", "kind", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # training | validation
+    name: Mapped[str] = mapped_column(String(SERIES_NAME_LENGTH))
+    reports: Mapped[int] = mapped_column(BigInteger, default=0)  # NaN and ±inf included
+    lowest: Mapped[float | None] = mapped_column(Float, nullable=True)  # finite values only
+    highest: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    curve: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
 class IngestCursor(Base):

@@ -36,7 +36,7 @@ from muster.atomic import open_regular
 from muster.checkpoint_files import Inspection
 from muster.errors import NotFound
 from muster.rundir import AttemptDir, RankFile, RunDir
-from muster.store import Attempt, Checkpoint, IngestCursor, Metric, Store, Trial
+from muster.store import Attempt, Checkpoint, IngestCursor, Metric, Store, Trial, series
 from muster.store.models import now
 
 log = logging.getLogger(__name__)
@@ -251,6 +251,7 @@ def _commit_batch(
             return False
         if rows:
             s.execute(insert(METRICS_TABLE), rows)  # Core executemany: no ORM objects
+            series.record(s, trial_id, rows)
         cursor.byte_offset, cursor.updated_at = end, now()
     return True
 

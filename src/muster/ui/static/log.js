@@ -1,7 +1,8 @@
 // The trial page's log viewer, over GET /api/v1/trials/{id}/logs: the tail first (a 1 GB
 // log opens at once), earlier bytes when scrolled to the top, then, while the trial runs,
 // a follow of the current attempt; when an attempt ends and another starts, a marker line
-// says why, and the next attempt is followed.
+// says why, and the next attempt is followed. The download link saves one rank's whole log of
+// the selected attempt, as written (GET /api/v1/trials/{id}/logs/download).
 "use strict";
 
 (function () {
@@ -26,6 +27,16 @@
     if (attemptSelect.value) { params.set("attempt", attemptSelect.value); }
     if (rankSelect.value !== "") { params.set("rank", rankSelect.value); }
     return "/api/v1/trials/" + trial + "/logs?" + params.toString();
+  }
+
+  // The rank shown, or rank 0 while every rank is shown merged: a download is one file.
+  function setDownload() {
+    const rank = rankSelect.value === "" ? "0" : rankSelect.value;
+    const params = new URLSearchParams({rank: rank});
+    if (attemptSelect.value) { params.set("attempt", attemptSelect.value); }
+    download.href = "/api/v1/trials/" + trial + "/logs/download?" + params.toString();
+    download.textContent = "download rank " + rank + " (raw)";
+    download.hidden = !attemptSelect.value;
   }
 
   function render(keepScroll) {
@@ -56,7 +67,6 @@
     const start = response.headers.get("X-Muster-Offset");
     firstOffset = start === null ? null : Number(start);
     text = await response.text();
-    download.href = base({limit: 16 * 1024 * 1024});
     render(false);
     pre.scrollTop = pre.scrollHeight;
     return true;
@@ -128,6 +138,7 @@
 
   async function open() {
     if (controller) { controller.abort(); controller = null; }
+    setDownload();
     const selected = Number(attemptSelect.value);
     const latest = attemptSelect.options.length ? Number(attemptSelect.options[attemptSelect.options.length - 1].value) : 0;
     if (pre.dataset.settled === "true" || selected !== latest || !selected) {
@@ -139,7 +150,6 @@
     // A running trial: its last lines, then its bytes as they come, in one stream.
     text = "";
     firstOffset = null;
-    download.href = base({limit: 16 * 1024 * 1024});
     await follow(selected, TAIL_LINES);
   }
 

@@ -1,0 +1,140 @@
+"""A metric's curve kept small as it grows: min/max buckets (M4), built one report at a time.
+
+A chart a few hundred pixels wide shows at most a few points per pixel column, so a series
+of any length is kept as at most `MAX_BUCKETS` buckets of consecutive points, and each
+bucket is drawn by its first, lowest, highest and last point (M4: Jugel et al., "M4: A
+Visualization-Oriented Time Series Data Aggregation", VLDB 2014) -- the picture of the
+whole series, spikes included, in at most `4 * MAX_BUCKETS` points. Buckets are made as
+reports arrive (`Series.add`): a bucket takes `width` points, and when there are too many
+buckets, neighbours merge in pairs and `width` doubles, so the work per report is constant
+on average and the series never has to be read again.
+
+A resumed attempt reports steps again from its checkpoint: a step at or before the last one
+kept ends the series there (`Series.add` drops the buckets from that step on), so the curve
+shows the run that continued, as the search does.
+
+Pure: no store, no I/O. The store keeps a `Series` as `Series.to_json()` (see
+`muster.store.series`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MAX_BUCKETS", "MAX_POINTS", "Bucket", "Series", "points_of"]
+
+MAX_BUCKETS = 250  # kept per series
+MAX_POINTS = 4 * MAX_BUCKETS  # what `Series.points` gives at most: 1,000
+
+
+@dataclass(slots=True)
+class Bucket:
+    """Consecutive points: how many, and the first, lowest, highest and last of them."""
+
+    n: int
+    first: tuple[int, float]
+    low: tuple[int, float]
+    high: tuple[int, float]
+    last: tuple[int, float]
+
+    @classmethod
+    def of(cls, step: int, value: float) -> Bucket:
+        point = (step, value)
+        return cls(1, point, point, point, point)
+
+    def take(self, other: Bucket) -> None:
+        """This bucket followed by `other` (its points come after this one's)."""
+        self.n += other.n
+        self.last = other.last
+        if other.low[1] < self.low[1]:
+            self.low = other.low
+        if other.high[1] > self.high[1]:
+            self.high = other.high
+
+    def points(self) -> list[tuple[int, float]]:
+        """Its first, lowest, highest and last points by step, each once."""
+        seen = {self.first[0]: self.first, self.low[0]: self.low, self.high[0]: self.high,
+                self.last[0]: self.last}
+        return [seen[step] for step in sorted(seen)]
+
+    def to_json(self) -> list[Any]:
+        return [self.n, *self.first, *self.low, *self.high, *self.last]
+
+    @classmethod
+    def from_json(cls, row: Sequence[Any]) -> Bucket:
+        n, *flat = row
+        pairs = [(int(flat[i]), float(flat[i + 1])) for i in range(0, 8, 2)]
+        return cls(int(n), *pairs)
+
+
+@dataclass
+class Series:
+    """One metric's finite values by step, in buckets of `width` points (see the module)."""
+
+    width: int = 1
+    buckets: list[Bucket] = field(default_factory=list)
+
+    def add(self, step: int, value: float) -> None:
+        """One report (finite `value`; NaN and ±inf are no point). A step at or before the
+        last one kept first drops what was kept from that step on."""
+        if self.buckets and step <= self.buckets[-1].last[0]:
+            self._cut(step)
+        if self.buckets and self.buckets[-1].n < self.width:
+            self.buckets[-1].take(Bucket.of(step, value))
+            return
+        self.buckets.append(Bucket.of(step, value))
+        if len(self.buckets) > MAX_BUCKETS:
+            self.buckets = _merged(self.buckets, 2)
+            self.width *= 2
+
+    def _cut(self, step: int) -> None:
+        """Drop the buckets that hold `step` or a later one (a bucket is kept whole or not
+        at all: the few points before `step` in its bucket go with it)."""
+        while self.buckets and self.buckets[-1].last[0] >= step:
+            self.buckets.pop()
+
+    def points(self, limit: int = MAX_POINTS) -> tuple[list[int], list[float]]:
+        """The curve as (steps, values), at most `limit` (≥ 4) points: each bucket's M4
+        points, after merging neighbouring buckets until they fit."""
+        return points_of(self.buckets, limit)
+
+    @property
+    def count(self) -> int:
+        return sum(b.n for b in self.buckets)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"width": self.width, "buckets": [b.to_json() for b in self.buckets]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Series:
+        """A stored series; anything else (a row from before, a damaged one) is empty."""
+        if not isinstance(data, dict) or not isinstance(data.get("buckets"), list):
+            return cls()
+        return cls(max(1, int(data.get("width") or 1)),
+                   [Bucket.from_json(row) for row in data["buckets"]])
+
+
+def points_of(buckets: Sequence[Bucket], limit: int) -> tuple[list[int], list[float]]:
+    """`buckets` drawn in at most `limit` (≥ 4) points (see `Series.points`)."""
+    group = max(1, math.ceil(len(buckets) / max(1, limit // 4)))
+    steps: list[int] = []
+    values: list[float] = []
+    for bucket in _merged(buckets, group) if group > 1 else buckets:
+        for step, value in bucket.points():
+            steps.append(step)
+            values.append(value)
+    return steps, values
+
+
+def _merged(buckets: Iterable[Bucket], group: int) -> list[Bucket]:
+    """Every `group` neighbours as one bucket (copies: `buckets` are left as they are)."""
+    merged: list[Bucket] = []
+    for i, bucket in enumerate(buckets):
+        if i % group == 0:
+            merged.append(Bucket(bucket.n, bucket.first, bucket.low, bucket.high, bucket.last))
+        else:
+            merged[-1].take(bucket)
+    return merged

@@ -1,0 +1,165 @@
+"""Metric series: each metric's best values and curve kept with the reports that make them.
+
+Rank 0's reports are what a trial's values are (the best validation value, the curves of the
+web UI); `record` folds a batch of them into one `MetricSeries` row per (kind, metric), in
+the transaction that inserts the reports, so a trial's best value or curve is one row to
+read however many reports it made. What cannot be kept (more than `MAX_SERIES` metrics of
+a kind, a name longer than `SERIES_NAME_LENGTH`) marks the trial `series_partial`, and its
+readers fall back to the reports for that trial: a value is never missing, only slower.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import Insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from muster.downsample import Series
+from muster.store.models import SERIES_NAME_LENGTH, Metric, MetricSeries, Trial
+
+__all__ = ["MAX_SERIES", "extremes", "finite", "names", "record"]
+
+MAX_SERIES = 1000  # metrics of one kind kept per trial
+
+
+def record(s: Session, trial_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Fold the rank-0 reports among `rows` (`metrics` rows: kind, step, values, rank) into
+    the trial's series, in `s`'s transaction.
+
+    Series rows are made if absent and then locked in one order (kind, name), so two
+    ingestions of one trial's files wait for each other instead of losing an update.
+    """
+    reports: dict[tuple[str, str], list[tuple[int, Any]]] = {}
+    for row in rows:
+        if row["rank"] != 0:
+            continue
+        for name, value in row["values"].items():
+            reports.setdefault((row["kind"], name), []).append((row["step"], value))
+    if not reports:
+        return
+    keys = sorted(key for key in reports if len(key[1]) <= SERIES_NAME_LENGTH)
+    partial = len(keys) < len(reports)
+    kept = _existing(s, trial_id, keys)
+    room = {kind: MAX_SERIES - _count(s, trial_id, kind) for kind in {k for k, _ in keys}}
+    for kind, name in keys:
+        if (kind, name) in kept:
+            continue
+        if room[kind] <= 0:
+            partial = True
+            continue
+        room[kind] -= 1
+        kept.add((kind, name))
+        s.execute(_insert_if_absent(s, {"trial_id": trial_id, "kind": kind, "name": name,
+                                         "reports": 0, "curve": {}}))
+    for series in _locked(s, trial_id, kept):
+        _fold(series, reports[(series.kind, series.name)])
+    if partial:
+        s.execute(update(Trial).where(Trial.id == trial_id).values(series_partial=True))
+
+
+def _existing(s: Session, trial_id: int, keys: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    rows = s.execute(select(MetricSeries.kind, MetricSeries.name).where(
+        MetricSeries.trial_id == trial_id, MetricSeries.name.in_({n for _, n in keys})))
+    return {(kind, name) for kind, name in rows} & set(keys)
+
+
+def _count(s: Session, trial_id: int, kind: str) -> int:
+    return len(s.scalars(select(MetricSeries.id).where(
+        MetricSeries.trial_id == trial_id, MetricSeries.kind == kind)).all())
+
+
+def _locked(s: Session, trial_id: int, wanted: set[tuple[str, str]]) -> list[MetricSeries]:
+    rows = s.scalars(select(MetricSeries).where(
+        MetricSeries.trial_id == trial_id, MetricSeries.name.in_({n for _, n in wanted}))
+        .order_by(MetricSeries.kind, MetricSeries.name).with_for_update()).all()
+    return [row for row in rows if (row.kind, row.name) in wanted]
+
+
+def _fold(series: MetricSeries, points: list[tuple[int, Any]]) -> None:
+    curve = Series.from_json(series.curve)
+    lowest, highest = series.lowest, series.highest
+    for step, reported in points:
+        value = finite(reported)
+        if value is not None:
+            curve.add(step, value)
+            lowest = value if lowest is None else min(lowest, value)
+            highest = value if highest is None else max(highest, value)
+    series.reports += len(points)
+    series.lowest, series.highest = lowest, highest
+    series.last_step = points[-1][0]
+    series.curve = curve.to_json()
+
+
+def finite(value: Any) -> float | None:
+    """`value` as a float if it is a finite number (NaN, ±inf and an int too large for a
+    float are no value)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _insert_if_absent(s: Session, values: dict[str, Any]) -> Insert:
+    dialect = postgresql if s.get_bind().dialect.name == "postgresql" else sqlite
+    statement: Insert = dialect.insert(MetricSeries).values(**values).on_conflict_do_nothing()
+    return statement
+
+
+def extremes(
+    s: Session, trial_ids: Collection[int], kind: str, names: Collection[str]
+) -> dict[int, dict[str, tuple[float, float]]]:
+    """Per trial, (lowest, highest) finite value of each of `names` its rank-0 reports of
+    `kind` hold; a trial without a finite value of a name leaves it out. Read from the
+    series, and from the reports for a `series_partial` trial."""
+    if not trial_ids or not names:
+        return {}
+    found: dict[int, dict[str, tuple[float, float]]] = {}
+    partial = []
+    rows = s.execute(select(Trial.id, Trial.series_partial, MetricSeries.name,
+                            MetricSeries.lowest, MetricSeries.highest)
+                     .outerjoin(MetricSeries, (MetricSeries.trial_id == Trial.id)
+                                & (MetricSeries.kind == kind) & MetricSeries.name.in_(names)
+                                & MetricSeries.lowest.is_not(None))
+                     .where(Trial.id.in_(trial_ids)))
+    for trial_id, is_partial, name, lowest, highest in rows:
+        if is_partial:
+            partial.append(trial_id)
+        if name is not None and lowest is not None and highest is not None:
+            found.setdefault(trial_id, {})[name] = (lowest, highest)
+    for trial_id, values in _reports(s, set(partial), kind):
+        for name in names:
+            value = finite(values.get(name))
+            if value is not None:
+                low, high = found.setdefault(trial_id, {}).get(name, (value, value))
+                found[trial_id][name] = (min(low, value), max(high, value))
+    return found
+
+
+def names(s: Session, trial_ids: Collection[int], kind: str) -> set[str]:
+    """The metric names the trials' rank-0 reports of `kind` hold (a `series_partial`
+    trial's read from its reports)."""
+    if not trial_ids:
+        return set()
+    found = set(s.scalars(select(MetricSeries.name).where(
+        MetricSeries.trial_id.in_(trial_ids), MetricSeries.kind == kind).distinct()))
+    partial = s.scalars(select(Trial.id).where(Trial.id.in_(trial_ids),
+                                               Trial.series_partial.is_(True))).all()
+    for _, values in _reports(s, partial, kind):
+        found.update(values)
+    return found
+
+
+def _reports(s: Session, trial_ids: Collection[int], kind: str
+             ) -> Iterable[tuple[int, dict[str, Any]]]:
+    if not trial_ids:
+        return []
+    rows = s.execute(select(Metric.trial_id, Metric.values).where(
+        Metric.trial_id.in_(trial_ids), Metric.kind == kind, Metric.rank == 0))
+    return [(trial_id, values) for trial_id, values in rows]

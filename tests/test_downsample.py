@@ -1,0 +1,87 @@
+"""Min/max (M4) buckets of a metric's curve: bounded however long it grows, spikes kept,
+exact while small, and a resumed attempt's steps replacing what it redid."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from muster.downsample import MAX_BUCKETS, MAX_POINTS, Series, points_of
+
+
+def test_a_short_series_is_kept_exactly() -> None:
+    series = Series()
+    for step in range(100):
+        series.add(step, step / 10)
+    assert series.points() == (list(range(100)), [step / 10 for step in range(100)])
+
+
+def test_a_long_series_stays_within_its_buckets_and_keeps_its_spikes() -> None:
+    series = Series()
+    rng = random.Random(7)
+    for step in range(0, 200_000, 2):
+        series.add(step, 1.0 + rng.random() / 100)
+        if step == 102_468:
+            series.add(step + 1, 50.0)  # one spike up ...
+        if step == 155_554:
+            series.add(step + 1, -50.0)  # ... and one down
+    assert len(series.buckets) <= MAX_BUCKETS
+    assert series.count == 100_002
+    steps, values = series.points()
+    assert len(steps) <= MAX_POINTS
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    assert steps[0] == 0 and steps[-1] == 199_998
+    assert (102_469, 50.0) in zip(steps, values, strict=True)
+    assert (155_555, -50.0) in zip(steps, values, strict=True)
+
+
+def test_fewer_points_are_asked_for() -> None:
+    series = Series()
+    for step in range(10_000):
+        series.add(step, math.sin(step / 100))
+    for limit in (4, 5, 37, 100, 999):
+        steps, values = series.points(limit)
+        assert 0 < len(steps) <= limit
+        assert steps[0] == 0 and steps[-1] == 9_999
+        assert max(values) > 0.99 and min(values) < -0.99  # the extremes survive
+
+
+def test_a_resumed_attempt_replaces_the_steps_it_redid() -> None:
+    series = Series()
+    for step in range(10):
+        series.add(step, 1.0)
+    for step in range(6, 12):  # resumed from the checkpoint at step 5
+        series.add(step, 2.0)
+    steps, values = series.points()
+    assert steps == list(range(12))
+    assert values == [1.0] * 6 + [2.0] * 6
+
+
+def test_a_stored_series_reads_back_and_a_damaged_one_is_empty() -> None:
+    series = Series()
+    for step in range(1_000):
+        series.add(step * 3, step * 0.5)
+    again = Series.from_json(series.to_json())
+    assert again.points() == series.points() and again.width == series.width
+    assert Series.from_json(None).points() == ([], [])
+    assert Series.from_json({"width": 4}).points() == ([], [])
+
+
+@given(st.lists(st.tuples(st.integers(-10**6, 10**6),
+                          st.floats(-1e6, 1e6, allow_nan=False)), max_size=3_000),
+       st.integers(4, 2_000))
+def test_any_reports_give_a_bounded_ordered_curve_of_their_own_points(
+        reports: list[tuple[int, float]], limit: int) -> None:
+    series = Series()
+    for step, value in reports:
+        series.add(step, value)
+    steps, values = series.points(limit)
+    assert len(steps) <= min(limit, MAX_POINTS)
+    assert steps == sorted(set(steps))
+    assert set(zip(steps, values, strict=True)) <= set(reports)
+    if reports:  # the last report is always the curve's end
+        assert (steps[-1], values[-1]) == reports[-1]
+    assert points_of(series.buckets, limit) == (steps, values)

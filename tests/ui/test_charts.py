@@ -1,0 +1,113 @@
+"""Charts in Chromium over a real search: one learning curve per trial, the best trial
+marked, the metric against each hyperparameter, importance by PED-ANOVA, a trial's metrics,
+and the trials table sorted, filtered and paged on the server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from tests.server.experiments import ENDED
+from tests.ui.conftest import Team
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.lifecycle  # a real server, real trials, a real browser
+
+# Validation loss falls with the epochs, lower for a larger lr: the best trial is the one
+# with the largest lr.
+TRAIN = """\
+import muster.harness as mh
+
+with mh.init() as ctx:
+    lr = ctx.hparams["lr"]
+    for epoch in range(1, 6):
+        ctx.report_training(epoch, {"loss": 1.0 / epoch})
+        ctx.report_validation(epoch, {"val_loss": (1.0 - lr) / epoch})
+"""
+
+SEARCH = """\
+name: chart-search
+entrypoint: python train.py
+harness: true
+verify: {require_checkpoint: false}  # a few metrics, no model: nothing to keep
+hyperparameters:
+  lr: {type: double, minval: 0.05, maxval: 0.95}
+  width: {type: categorical, vals: [8, 16]}
+searcher: {name: random, metric: val_loss, max_trials: 12, max_concurrent_trials: 4}
+"""
+
+
+@pytest.fixture(scope="module")
+def finished_search(team: Team, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    context = tmp_path_factory.mktemp("chart-search")
+    (context / "train.py").write_text(TRAIN)
+    with team.client("alice") as alice:
+        exp = alice.create_experiment(SEARCH, context)
+        ended = wait_until(lambda: (e := alice.get_experiment(exp["id"]))["state"] in ENDED
+                           and e, timeout=240, what="the search to end")
+        assert ended["state"] == "COMPLETED", ended
+        best = alice.best_trial(exp["id"])
+    return {"id": exp["id"], "trials": ended["trials"], "best": best}
+
+
+def test_one_curve_per_trial_and_the_best_trial(page_of: Any, team: Team,
+                                                finished_search: dict[str, Any]) -> None:
+    page = page_of("vera")
+    page.goto(f"{team.server.url}/experiments/{finished_search['id']}")
+    curves = page.locator("#curves[data-drawn]")
+    expect(curves).to_have_attribute("data-curves", "12")
+    expect(curves).to_have_attribute("data-best", str(finished_search["best"]["number"]))
+    expect(page.locator("#curves canvas")).to_have_count(1)
+    expect(page.locator("#curves-note")).to_contain_text(
+        f"black: the best trial, #{finished_search['best']['number']}")
+    expect(page.locator(".best")).to_contain_text(f"trial #{finished_search['best']['number']}")
+    expect(page.locator("tr.best-row")).to_contain_text(f"trial {finished_search['best']['id']}")
+    hp = page.locator("#hp-charts[data-drawn] .hp-chart")
+    expect(hp).to_have_count(2)
+    expect(hp.first).to_contain_text("lr")
+    bars = page.locator("#importance[data-drawn] .bar")
+    expect(bars).to_have_count(2)  # width varies too ...
+    expect(bars.first).to_contain_text("lr")  # ... but only lr drives the metric: first
+    expect(page.locator("#importance")).to_contain_text("PedAnovaImportanceEvaluator")
+
+
+def test_the_trials_table_sorts_and_filters_on_the_server(
+        page_of: Any, team: Team, finished_search: dict[str, Any]) -> None:
+    page = page_of("vera")
+    page.goto(f"{team.server.url}/experiments/{finished_search['id']}")
+    page.get_by_role("link", name="best val_loss").click()
+    first = page.locator("table.trials tbody tr").first
+    expect(first).to_contain_text(f"trial {finished_search['best']['id']}")
+    assert "sort=val_loss" in page.url
+    page.get_by_role("link", name="lr").click()
+    lrs = [t["hparams"]["lr"] for t in finished_search["trials"]]
+    expect(page.locator("table.trials tbody tr").first).to_contain_text(f"{min(lrs):.4g}")
+    page.get_by_label("FAILED").check()
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("table.trials tbody")).to_contain_text("No trial in these states.")
+
+
+def test_a_trial_page_charts_each_metric(page_of: Any, team: Team,
+                                         finished_search: dict[str, Any]) -> None:
+    page = page_of("vera")
+    page.goto(f"{team.server.url}/trials/{finished_search['best']['id']}")
+    charts = page.locator("#metric-charts[data-drawn]")
+    expect(charts).to_have_attribute("data-curves", "2")
+    expect(charts).to_contain_text("training loss (5 reports")
+    expect(charts).to_contain_text("validation val_loss (5 reports")
+
+
+def test_charts_read_only_the_public_api(team: Team, finished_search: dict[str, Any]) -> None:
+    """What the page draws is what the API answers: the curves' points are the reports."""
+    with team.client("vera") as vera:
+        trial = finished_search["best"]
+        reports = vera.all_metrics(trial["id"], kind="validation")
+        answer = httpx.get(f"{team.server.url}/api/v1/experiments/{finished_search['id']}/curves",
+                           headers={"Authorization": f"Bearer {team.tokens['vera']}"},
+                           timeout=30).json()
+    (mine,) = [t for t in answer["trials"] if t["trial_id"] == trial["id"]]
+    assert mine["steps"] == [r["step"] for r in reports]
+    assert mine["values"] == [r["metrics"]["val_loss"] for r in reports]
