@@ -85,3 +85,16 @@ def test_any_reports_give_a_bounded_ordered_curve_of_their_own_points(
     if reports:  # the last report is always the curve's end
         assert (steps[-1], values[-1]) == reports[-1]
     assert points_of(series.buckets, limit) == (steps, values)
+
+
+@given(st.lists(st.tuples(st.integers(-50, 3_000),
+                          st.floats(-1e6, 1e6, allow_nan=False)), max_size=3_000),
+       st.integers(1, 400))
+def test_extending_in_batches_is_adding_one_by_one(reports: list[tuple[int, float]],
+                                                    batch: int) -> None:
+    one_by_one, batched = Series(), Series()
+    for step, value in reports:
+        one_by_one.add(step, value)
+    for start in range(0, len(reports), batch):
+        batched.extend(reports[start:start + batch])
+    assert batched.to_json() == one_by_one.to_json()

@@ -36,7 +36,17 @@ from muster.server.auth import (
     set_session_cookie,
 )
 from muster.server.state import ServerState
-from muster.services import audit, cluster, experiments, jobs, listing, metrics, search, tokens
+from muster.services import (
+    audit,
+    cluster,
+    environments,
+    experiments,
+    jobs,
+    listing,
+    metrics,
+    search,
+    tokens,
+)
 from muster.services.access import Action, Principal, authorize
 from muster.sizes import format_size
 from muster.states import ExperimentState, Role, TrialState
@@ -475,14 +485,17 @@ failure_policy: {trial_retries: 3}
 @pages.get("/cluster", response_class=HTMLResponse)
 @pages.get("/ui/cluster", response_class=HTMLResponse)
 def cluster_page(request: Request, who: Visitor) -> Response:
-    """Slots, GPUs, the queue and the disk (`GET /api/v1/cluster` and `/jobs`); its part
+    """Slots, GPUs, the queue, the disk and the environments (`GET /api/v1/cluster`, `/jobs`
+    and `/environments`); its part
     `#cluster` is polled by the page."""
     if who is None:
         return _to_login(request)
     state = _state(request)
     return _render(request, "cluster.html", who, nav="cluster",
                    cluster=cluster.cluster_status(state.orchestrator.supervisor),
-                   jobs=jobs.list_jobs(state.store))
+                   jobs=jobs.list_jobs(state.store),
+                   envs=environments.list_environments(state.store,
+                                                       state.orchestrator.supervisor.envs))
 
 
 def _can_act(who: Principal, owner: str | None) -> bool:

@@ -33,18 +33,26 @@ def record(s: Session, trial_id: int, rows: Iterable[Mapping[str, Any]]) -> None
     Series rows are made if absent and then locked in one order (kind, name), so two
     ingestions of one trial's files wait for each other instead of losing an update.
     """
-    reports: dict[tuple[str, str], list[tuple[int, Any]]] = {}
+    by_kind: dict[str, dict[str, list[tuple[int, Any]]]] = {}
     for row in rows:
         if row["rank"] != 0:
             continue
+        step, names = row["step"], by_kind.setdefault(row["kind"], {})
         for name, value in row["values"].items():
-            reports.setdefault((row["kind"], name), []).append((row["step"], value))
+            points = names.get(name)
+            if points is None:
+                points = names[name] = []
+            points.append((step, value))
+    reports = {(kind, name): points for kind, names in by_kind.items()
+               for name, points in names.items()}
     if not reports:
         return
     keys = sorted(key for key in reports if len(key[1]) <= SERIES_NAME_LENGTH)
     partial = len(keys) < len(reports)
-    kept = _existing(s, trial_id, keys)
-    room = {kind: MAX_SERIES - _count(s, trial_id, kind) for kind in {k for k, _ in keys}}
+    stored = {(kind, name) for kind, name in s.execute(select(  # MAX_SERIES a kind at most
+        MetricSeries.kind, MetricSeries.name).where(MetricSeries.trial_id == trial_id))}
+    kept = stored & set(keys)
+    room = {kind: MAX_SERIES - sum(k == kind for k, _ in stored) for kind, _ in keys}
     for kind, name in keys:
         if (kind, name) in kept:
             continue
@@ -61,17 +69,6 @@ def record(s: Session, trial_id: int, rows: Iterable[Mapping[str, Any]]) -> None
         s.execute(update(Trial).where(Trial.id == trial_id).values(series_partial=True))
 
 
-def _existing(s: Session, trial_id: int, keys: list[tuple[str, str]]) -> set[tuple[str, str]]:
-    rows = s.execute(select(MetricSeries.kind, MetricSeries.name).where(
-        MetricSeries.trial_id == trial_id, MetricSeries.name.in_({n for _, n in keys})))
-    return {(kind, name) for kind, name in rows} & set(keys)
-
-
-def _count(s: Session, trial_id: int, kind: str) -> int:
-    return len(s.scalars(select(MetricSeries.id).where(
-        MetricSeries.trial_id == trial_id, MetricSeries.kind == kind)).all())
-
-
 def _locked(s: Session, trial_id: int, wanted: set[tuple[str, str]]) -> list[MetricSeries]:
     rows = s.scalars(select(MetricSeries).where(
         MetricSeries.trial_id == trial_id, MetricSeries.name.in_({n for _, n in wanted}))
@@ -80,16 +77,19 @@ def _locked(s: Session, trial_id: int, wanted: set[tuple[str, str]]) -> list[Met
 
 
 def _fold(series: MetricSeries, points: list[tuple[int, Any]]) -> None:
+    kept = [(step, value) for step, value in points
+            if type(value) is float and value - value == 0.0]  # finite floats: the usual
+    if len(kept) < len(points):  # ints, NaN or ±inf among them: one by one
+        kept = [(step, number) for step, value in points
+                if (number := finite(value)) is not None]
     curve = Series.from_json(series.curve)
-    lowest, highest = series.lowest, series.highest
-    for step, reported in points:
-        value = finite(reported)
-        if value is not None:
-            curve.add(step, value)
-            lowest = value if lowest is None else min(lowest, value)
-            highest = value if highest is None else max(highest, value)
+    curve.extend(kept)
+    if kept:
+        values = [value for _, value in kept]
+        lowest, highest = min(values), max(values)
+        series.lowest = lowest if series.lowest is None else min(series.lowest, lowest)
+        series.highest = highest if series.highest is None else max(series.highest, highest)
     series.reports += len(points)
-    series.lowest, series.highest = lowest, highest
     series.last_step = points[-1][0]
     series.curve = curve.to_json()
 
@@ -97,6 +97,8 @@ def _fold(series: MetricSeries, points: list[tuple[int, Any]]) -> None:
 def finite(value: Any) -> float | None:
     """`value` as a float if it is a finite number (NaN, ±inf and an int too large for a
     float are no value)."""
+    if type(value) is float and value - value == 0.0:  # the usual case, first
+        return value
     if not isinstance(value, int | float) or isinstance(value, bool):
         return None
     try:
