@@ -8,7 +8,7 @@ VENDOR := src/muster/ui/static/vendor
 ASSETS := $(VENDOR)/.built
 BROWSER := $(VENV)/.browser
 
-.PHONY: install demo test lint typecheck unit quick bench clean
+.PHONY: install demo test lint typecheck unit quick bench screenshots clean
 
 install: $(STAMP) $(ASSETS) $(BROWSER)
 
@@ -43,7 +43,7 @@ demo: install
 	bash examples/demo.sh
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples scripts
 
 typecheck: install
 	$(BIN)/mypy
@@ -60,6 +60,9 @@ test: lint typecheck unit
 
 bench: install
 	$(BIN)/python benchmarks/run.py
+
+screenshots: install  # docs/ui/*.png, from a real server running a real search
+	$(BIN)/python scripts/screenshots.py
 
 clean:
 	rm -rf $(VENV) .muster-demo .pytest_cache .mypy_cache .ruff_cache ui/node_modules $(VENDOR)

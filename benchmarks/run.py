@@ -26,6 +26,7 @@ import recovery
 import replicas
 import tail
 import throughput
+import ui_budget
 from report import Outcome, describe_machine, render_markdown, write_json
 
 # This folder's environments.py and search.py: ruff sorts them apart, as tests/environments/
@@ -49,6 +50,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "search": search.run,
     "environments": environments.run,
     "auth": auth.run,
+    "ui_budget": ui_budget.run,
 }
 
 

@@ -9,7 +9,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from muster.downsample import MAX_BUCKETS, MAX_POINTS, Series, points_of
+from muster.downsample import MAX_BUCKETS, MAX_POINTS, Series, points_of, stored_points
 
 
 def test_a_short_series_is_kept_exactly() -> None:
@@ -98,3 +98,13 @@ def test_extending_in_batches_is_adding_one_by_one(reports: list[tuple[int, floa
     for start in range(0, len(reports), batch):
         batched.extend(reports[start:start + batch])
     assert batched.to_json() == one_by_one.to_json()
+
+
+@given(st.lists(st.tuples(st.integers(0, 5_000),
+                          st.floats(-1e6, 1e6, allow_nan=False)), max_size=3_000),
+       st.integers(4, 1_200))
+def test_points_of_a_stored_series_are_its_points(reports: list[tuple[int, float]],
+                                                 limit: int) -> None:
+    series = Series()
+    series.extend(reports)
+    assert stored_points(series.to_json(), limit) == series.points(limit)

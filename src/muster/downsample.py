@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-__all__ = ["MAX_BUCKETS", "MAX_POINTS", "Bucket", "Series", "points_of"]
+__all__ = ["MAX_BUCKETS", "MAX_POINTS", "Bucket", "Series", "points_of", "stored_points"]
 
 MAX_BUCKETS = 250  # kept per series
 MAX_POINTS = 4 * MAX_BUCKETS  # what `Series.points` gives at most: 1,000
@@ -163,6 +163,33 @@ def points_of(buckets: Sequence[Bucket], limit: int) -> tuple[list[int], list[fl
             steps.append(step)
             values.append(value)
     return steps, values
+
+
+def stored_points(data: Any, limit: int) -> tuple[list[int], list[float]]:
+    """`Series.from_json(data).points(limit)` without making a `Bucket` of each stored one:
+    what drawing many stored curves at a few points each costs (an experiment's learning
+    curves)."""
+    rows = data.get("buckets") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        return [], []
+    group = max(1, math.ceil(len(rows) / max(1, limit // 4)))
+    if group == 1:
+        return Series.from_json(data).points(limit)
+    steps: list[int] = []
+    values: list[float] = []
+    for start in range(0, len(rows), group):
+        part = rows[start:start + group]
+        low, high = min(part, key=_stored_low), max(part, key=_stored_high)
+        seen = {part[0][1]: part[0][2], low[3]: low[4], high[5]: high[6],
+                part[-1][7]: part[-1][8]}
+        for step in sorted(seen):
+            steps.append(int(step))
+            values.append(float(seen[step]))
+    return steps, values
+
+
+_stored_low = itemgetter(4)  # a stored bucket: [n, first step, value, low step, value,
+_stored_high = itemgetter(6)  # high step, value, last step, value]
 
 
 def _merged(buckets: Iterable[Bucket], group: int) -> list[Bucket]:

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from muster.downsample import MAX_POINTS, Series
+from muster.downsample import MAX_POINTS, Series, stored_points
 from muster.errors import Conflict, InvalidRequest
 from muster.metrics_lines import KINDS, VALIDATION
 from muster.services import views
@@ -55,17 +55,19 @@ def experiment_curves(store: Store, experiment_id: int, metric: str | None = Non
             metric = searcher.metric
         trials = s.scalars(select(Trial).where(Trial.experiment_id == experiment_id)
                            .order_by(Trial.number, Trial.id)).all()
-        curves = _curves(s, trials, kind, metric)
+        curves = {trial_id: curve for trial_id, curve in _curves(s, trials, kind, metric).items()
+                  if curve.get("buckets")}
         each = points or min(MAX_POINTS, max(MIN_POINTS, CURVES_BUDGET // max(1, len(curves))))
         rows = []
         for trial in trials:
             curve = curves.get(trial.id)
-            if curve is None or not curve.buckets:
+            if curve is None:
                 continue
-            steps, values = curve.points(each)
+            steps, values = stored_points(curve, each)
             rows.append({"trial_id": trial.id, "number": trial.number, "state": trial.state,
                          "hparams": trial.hparams, "early_stop": views.early_stop(trial),
-                         "reports": curve.count, "steps": steps, "values": values})
+                         "reports": sum(bucket[0] for bucket in curve["buckets"]),
+                         "steps": steps, "values": values})
         return {"experiment_id": experiment_id, "metric": metric, "kind": kind,
                 "smaller_is_better": searcher.smaller_is_better
                 if metric == searcher.metric else None,
@@ -111,17 +113,16 @@ def _check(kind: str, points: int | None) -> None:
 
 
 def _curves(s: Session, trials: Collection[Trial], kind: str, metric: str
-            ) -> dict[int, Series]:
-    """The trials' curves of `metric`, by trial id: from their series, or from the reports
-    of those whose series are partial."""
+            ) -> dict[int, Any]:
+    """The trials' curves of `metric` as stored (`Series.to_json`), by trial id: from their
+    series, or made from the reports of those whose series are partial."""
     partial = [t.id for t in trials if t.series_partial]
     whole = [t.id for t in trials if not t.series_partial]
-    curves = {trial_id: Series.from_json(curve) for trial_id, curve in s.execute(
-        select(MetricSeries.trial_id, MetricSeries.curve).where(
-            MetricSeries.trial_id.in_(whole), MetricSeries.kind == kind,
-            MetricSeries.name == metric))} if whole else {}
+    curves = dict(s.execute(select(MetricSeries.trial_id, MetricSeries.curve).where(
+        MetricSeries.trial_id.in_(whole), MetricSeries.kind == kind,
+        MetricSeries.name == metric)).all()) if whole else {}
     for (trial_id, _, _), curve in _from_reports(s, partial, kind, metric).items():
-        curves[trial_id] = curve
+        curves[trial_id] = curve.to_json()
     return curves
 
 

@@ -62,11 +62,16 @@
   }
 
   async function readTail() {
-    const response = await fetch(base({tail: TAIL_LINES}), {credentials: "same-origin"});
+    const url = base({tail: TAIL_LINES});
+    // The page asked for this very tail before its scripts loaded (trial.html): use it.
+    const early = window.musterLogTail && url.endsWith(window.musterLogTail.url.split("?")[1]) ? window.musterLogTail : null;
+    window.musterLogTail = null;
+    const got = early ? await early.answer : null;
+    const response = got ? got.response : await fetch(url, {credentials: "same-origin"});
     if (!response.ok) { status.textContent = "log: " + response.status; return false; }
     const start = response.headers.get("X-Muster-Offset");
     firstOffset = start === null ? null : Number(start);
-    text = await response.text();
+    text = got ? got.text : await response.text();
     render(false);
     pre.scrollTop = pre.scrollHeight;
     return true;
