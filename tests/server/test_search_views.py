@@ -132,11 +132,20 @@ def queries(store: Store) -> Iterator[list[str]]:
      {1: {"a": 1.0, "b": 9.0}, 2: {"b": 4.0}}),
     ([(1, {"a": 1.0})], {}, {}),
 ])
-def test_best_of_reports(
-    reports: list[tuple[int, dict[str, Any]]], goals: dict[str, bool],
+def test_best_validation_of_stored_reports(
+    shared_store: Store, reports: list[tuple[int, dict[str, Any]]], goals: dict[str, bool],
     expected: dict[int, dict[str, float]],
 ) -> None:
-    assert views.best_of_reports(reports, goals) == expected
+    """A trial's best value of each metric over its reports, as ingestion stores them: NaN,
+    ±inf and anything not a number are no value; a trial with none is left out."""
+    with shared_store.session_scope() as s:
+        exp = add_experiment(s, search_config())
+        trials = {n: add_trial(s, exp, n - 1) for n in {n for n, _ in reports}}
+        for step, (n, values) in enumerate(reports, start=1):
+            report(s, trials[n], step, values)
+        ids = {trial.id: n for n, trial in trials.items()}
+        best = best_validation(s, list(ids), goals)
+    assert {ids[trial_id]: values for trial_id, values in best.items()} == expected
 
 
 @pytest.mark.parametrize(("values", "smaller_is_better", "expected"), [

@@ -74,6 +74,8 @@ def test_another_metric_and_bad_requests(shared_store: Store) -> None:
     assert acc["smaller_is_better"] is None and acc["trials"][0]["values"] == [0.7]
     training = curves.experiment_curves(shared_store, exp_id, metric="loss", kind="training")
     assert training["trials"][0]["steps"] == [1, 3]
+    # A name no series can hold (PostgreSQL's text has no NUL): nothing drawn, no error.
+    assert curves.experiment_curves(shared_store, exp_id, metric="val\x00loss")["trials"] == []
     with pytest.raises(Conflict, match=r"\?metric=NAME"):
         curves.experiment_curves(shared_store, bare_id)
     with pytest.raises(InvalidRequest, match="kind must be one of"):
@@ -149,6 +151,7 @@ def test_the_trials_table_sorts_filters_and_pages(shared_store: Store, table: in
     ({"order_by": "hparam:"}, "order_by must be one of"),
     ({"limit": 0}, "limit must be 1 to 1000"),
     ({"sort": "nothing"}, "no trial of experiment"),
+    ({"sort": "val\x00loss"}, "no trial of experiment"),
 ])
 def test_a_bad_table_query_says_what_to_ask(shared_store: Store, table: int,
                                             query: dict[str, Any], problem: str) -> None:

@@ -12,9 +12,8 @@ import pytest
 from sqlalchemy import select
 
 from muster.downsample import Series
-from muster.services.validation import best_validation, validation_reports
-from muster.services.views import best_of_reports
-from muster.store import MetricSeries, Store, Trial, series
+from muster.services.validation import best_validation
+from muster.store import Metric, MetricSeries, Store, Trial, series
 from muster.supervise.ingest import ingest_trial
 from tests.supervise.test_ingest import RunDir, add_run
 
@@ -25,8 +24,18 @@ def store(shared_store: Store) -> Store:
 
 
 def _from_reports(store: Store, trial_id: int, goals: dict[str, bool]) -> dict[str, float]:
+    """The best of each metric over the trial's rank-0 validation reports, read from the
+    reports themselves: what the series must agree with."""
     with store.session_scope() as s:
-        return best_of_reports(validation_reports(s, [trial_id]), goals).get(trial_id, {})
+        reports = s.scalars(select(Metric.values).where(
+            Metric.trial_id == trial_id, Metric.kind == "validation", Metric.rank == 0)).all()
+    best: dict[str, float] = {}
+    for name, smaller_is_better in goals.items():
+        values = [float(v[name]) for v in reports if isinstance(v.get(name), int | float)
+                  and not isinstance(v.get(name), bool) and math.isfinite(v[name])]
+        if values:
+            best[name] = min(values) if smaller_is_better else max(values)
+    return best
 
 
 def _best(store: Store, trial_id: int, goals: dict[str, bool]) -> dict[str, float]:
@@ -95,3 +104,17 @@ def test_a_name_too_long_to_keep_is_read_from_the_reports(store: Store, tmp_path
     ingest_trial(store, run.trial_id)
     goals = {"ok": True, long_name: False}
     assert _best(store, run.trial_id, goals) == {"ok": 2.0, long_name: 502.0}
+
+
+def test_a_name_no_database_text_can_hold_is_read_from_the_reports(
+        store: Store, tmp_path: Path) -> None:
+    """PostgreSQL's text holds no NUL, and UTF-8 no lone surrogate: such names (which JSON
+    can spell, and the reports' JSON keeps) get no series, and never stop ingestion."""
+    run = add_run(store, tmp_path / "run")
+    odd = ["nul\x00name", "half\ud800surrogate"]
+    _fill(run, ["ok", *odd])
+    assert ingest_trial(store, run.trial_id).metrics_added == 9
+    goals = dict.fromkeys(["ok", *odd], True)
+    assert _best(store, run.trial_id, goals) == _from_reports(store, run.trial_id, goals)
+    with store.session_scope() as s:
+        assert s.get(Trial, run.trial_id).series_partial

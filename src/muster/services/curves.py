@@ -23,7 +23,7 @@ from muster.errors import Conflict, InvalidRequest
 from muster.metrics_lines import KINDS, VALIDATION
 from muster.services import views
 from muster.services.experiments import experiment_or_404, trial_or_404
-from muster.store import Metric, MetricSeries, Store, Trial
+from muster.store import Metric, MetricSeries, Store, Trial, series
 from muster.store.series import finite
 
 __all__ = ["CURVES_BUDGET", "experiment_curves", "trial_series"]
@@ -120,7 +120,7 @@ def _curves(s: Session, trials: Collection[Trial], kind: str, metric: str
     whole = [t.id for t in trials if not t.series_partial]
     curves = dict(s.execute(select(MetricSeries.trial_id, MetricSeries.curve).where(
         MetricSeries.trial_id.in_(whole), MetricSeries.kind == kind,
-        MetricSeries.name == metric)).all()) if whole else {}
+        MetricSeries.name == metric)).all()) if whole and series.keepable(metric) else {}
     for (trial_id, _, _), curve in _from_reports(s, partial, kind, metric).items():
         curves[trial_id] = curve.to_json()
     return curves

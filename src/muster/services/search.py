@@ -2,7 +2,7 @@
 
 What the routes call, and what tests call directly. A trial's value of a validation metric
 is the best of its rank-0 validation reports (NaN and ±inf are no value); see
-`views.best_of_reports`.
+`validation.best_validation`.
 """
 
 from __future__ import annotations

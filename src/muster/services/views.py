@@ -7,10 +7,9 @@ view; field names are a fixed contract (see README "JSON contract"): extend, nev
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeGuard
+from typing import Any
 
 from muster.config.schema import SearcherConfig
 from muster.states import TrialState
@@ -286,24 +285,6 @@ def searcher_goals(searcher: SearcherConfig) -> dict[str, bool]:
     return {} if searcher.metric is None else {searcher.metric: searcher.smaller_is_better}
 
 
-def best_of_reports(
-    reports: Iterable[tuple[int, Mapping[str, Any]]], goals: Goals
-) -> dict[int, dict[str, float]]:
-    """Per trial, the best value of each metric in `goals` over its reports. NaN and ±inf
-    are no value; a trial that reported none of the metrics is left out."""
-    best: dict[int, dict[str, float]] = {}
-    for trial_id, values in reports:
-        for name, smaller_is_better in goals.items():
-            value = values.get(name)
-            if not _finite_number(value):
-                continue
-            mine = best.setdefault(trial_id, {})
-            if name not in mine or metric_order(value, smaller_is_better) < metric_order(
-                    mine[name], smaller_is_better):
-                mine[name] = float(value)
-    return best
-
-
 def metric_order(value: float | None, smaller_is_better: bool) -> tuple[bool, float]:
     """A sort key that puts the best value first and a missing one last."""
     if value is None:
@@ -325,9 +306,3 @@ def best_trial_of(
         return None
     return min(candidates, key=lambda t: (
         metric_order(best[t.id][metric], searcher.smaller_is_better), t.number, t.id))
-
-
-def _finite_number(value: Any) -> TypeGuard[float]:
-    """An int or a finite float: a value a trial can be ranked by (a bool is no number)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
-        value)

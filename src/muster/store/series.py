@@ -4,8 +4,9 @@ Rank 0's reports are what a trial's values are (the best validation value, the c
 web UI); `record` folds a batch of them into one `MetricSeries` row per (kind, metric), in
 the transaction that inserts the reports, so a trial's best value or curve is one row to
 read however many reports it made. What cannot be kept (more than `MAX_SERIES` metrics of
-a kind, a name longer than `SERIES_NAME_LENGTH`) marks the trial `series_partial`, and its
-readers fall back to the reports for that trial: a value is never missing, only slower.
+a kind, a name longer than `SERIES_NAME_LENGTH` or one a database cannot hold as text)
+marks the trial `series_partial`, and its readers fall back to the reports for that trial:
+a value is never missing, only slower.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session
 from muster.downsample import Series
 from muster.store.models import SERIES_NAME_LENGTH, Metric, MetricSeries, Trial
 
-__all__ = ["MAX_SERIES", "extremes", "finite", "names", "record"]
+__all__ = ["MAX_SERIES", "extremes", "finite", "keepable", "names", "record"]
 
 MAX_SERIES = 1000  # metrics of one kind kept per trial
 
@@ -47,7 +48,7 @@ def record(s: Session, trial_id: int, rows: Iterable[Mapping[str, Any]]) -> None
                for name, points in names.items()}
     if not reports:
         return
-    keys = sorted(key for key in reports if len(key[1]) <= SERIES_NAME_LENGTH)
+    keys = sorted(key for key in reports if keepable(key[1]))
     partial = len(keys) < len(reports)
     stored = {(kind, name) for kind, name in s.execute(select(  # MAX_SERIES a kind at most
         MetricSeries.kind, MetricSeries.name).where(MetricSeries.trial_id == trial_id))}
@@ -67,6 +68,19 @@ def record(s: Session, trial_id: int, rows: Iterable[Mapping[str, Any]]) -> None
         _fold(series, reports[(series.kind, series.name)])
     if partial:
         s.execute(update(Trial).where(Trial.id == trial_id).values(series_partial=True))
+
+
+def keepable(name: str) -> bool:
+    """Whether a metric name fits a series row: at most `SERIES_NAME_LENGTH` characters and
+    text every database holds (no NUL, which PostgreSQL's text refuses, and no lone
+    surrogate, which is no UTF-8; JSON can spell both, and the reports keep them)."""
+    if len(name) > SERIES_NAME_LENGTH or "\x00" in name:
+        return False
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _locked(s: Session, trial_id: int, wanted: set[tuple[str, str]]) -> list[MetricSeries]:
@@ -124,10 +138,11 @@ def extremes(
         return {}
     found: dict[int, dict[str, tuple[float, float]]] = {}
     partial = []
+    kept = [name for name in names if keepable(name)]  # the others have no series
     rows = s.execute(select(Trial.id, Trial.series_partial, MetricSeries.name,
                             MetricSeries.lowest, MetricSeries.highest)
                      .outerjoin(MetricSeries, (MetricSeries.trial_id == Trial.id)
-                                & (MetricSeries.kind == kind) & MetricSeries.name.in_(names)
+                                & (MetricSeries.kind == kind) & MetricSeries.name.in_(kept)
                                 & MetricSeries.lowest.is_not(None))
                      .where(Trial.id.in_(trial_ids)))
     for trial_id, is_partial, name, lowest, highest in rows:

@@ -195,7 +195,11 @@
     async function draw() {
       try {
         const answer = await getJSON("/api/v1/experiments/" + experiment + "/curves");
-        const best = await getJSON("/api/v1/experiments/" + experiment + "/best").catch(() => null);
+        // 404: no SUCCEEDED trial with a value yet, so no best to mark; anything else shows.
+        const best = await getJSON("/api/v1/experiments/" + experiment + "/best").catch((error) => {
+          if (error.status === 404) { return null; }
+          throw error;
+        });
         drawCurves(curves, note, answer, best ? best.id : null);
       } catch (error) {
         note.textContent = "Learning curves: " + error.message;
@@ -245,9 +249,10 @@
       box.dataset.curves = String(answer.series.length);
       box.dataset.drawn = "true";
     }
-    await draw().catch((error) => { box.textContent = "Metrics: " + error.message; });
+    const failed = (error) => { box.textContent = "Metrics: " + error.message; };
+    await draw().catch(failed);
     if (box.dataset.settled !== "true") {
-      setInterval(() => { if (!document.hidden) { draw().catch(() => {}); } }, REFRESH_MS);
+      setInterval(() => { if (!document.hidden) { draw().catch(failed); } }, REFRESH_MS);
     }
   }
 
