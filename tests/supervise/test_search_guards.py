@@ -12,8 +12,10 @@ import pytest
 import yaml
 from sqlalchemy import select
 
+from muster.config.loading import load_config
 from muster.services.experiments import create_experiment, describe_experiment
-from muster.store import Event, Experiment
+from muster.store import Event, Experiment, Trial
+from muster.supervise.searching import streak_of_permanent_errors
 from tests.supervise.conftest import Rig
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
@@ -37,7 +39,8 @@ def test_a_search_whose_first_trials_all_fail_alike_stops(sqlite_rig: Rig) -> No
     experiment_id = _search(sqlite_rig, "import no_such_module", 20, max_concurrent_trials=2)
     exp = _ended(sqlite_rig, experiment_id)
     drawn = len(exp["trials"])
-    assert 3 <= drawn <= 4 < 20  # the first 3, and at most one drawn beside the third
+    # the first 3 to end, and at most one more drawn while they ran (2 run at a time)
+    assert 3 <= drawn <= 4 < 20
     assert {(t["state"], t["reason"]) for t in exp["trials"]} == {("FAILED", "PERMANENT_ERROR")}
     assert exp["state"] == "ERROR"
     assert exp["message"].startswith("the first 3 trials all failed with PERMANENT_ERROR and "
@@ -74,3 +77,24 @@ def test_a_metric_no_trial_reports_is_a_warning(sqlite_rig: Rig, concurrent: int
         warning)
     with sqlite_rig.store.session_scope() as s:
         assert s.get_one(Experiment, experiment_id).state == "COMPLETED"
+
+
+def _trial(number: int, state: str, ended_at: float | None = None) -> Trial:
+    return Trial(number=number, state=state, ended_at=ended_at,
+                 reason="PERMANENT_ERROR" if state == "FAILED" else None)
+
+
+def test_the_streak_is_of_the_first_trials_to_end_not_the_lowest_numbers() -> None:
+    """A slow trial 2 does not let 3, 4, 5 ... fail one by one, each freeing a slot."""
+    config = load_config(yaml.safe_dump({
+        "name": "s", "entrypoint": ["true"], "hyperparameters": {"x": {"type": "int",
+                                                                      "minval": 1, "maxval": 9}},
+        "searcher": {"name": "grid", "metric": "loss", "max_concurrent_trials": 2}}))
+    slow = [_trial(0, "FAILED", 1.0), _trial(1, "FAILED", 2.0), _trial(2, "RUNNING"),
+            _trial(3, "FAILED", 3.0)]
+    assert [t.number for t in streak_of_permanent_errors(slow, config) or []] == [0, 1, 3]
+    assert streak_of_permanent_errors(slow[:2] + slow[2:3], config) is None  # only 2 ended
+    ok = [*slow, _trial(4, "SUCCEEDED", 4.0)]
+    assert streak_of_permanent_errors(ok, config) is None  # a success: the search goes on
+    mixed = [_trial(0, "FAILED", 1.0), _trial(1, "SUCCEEDED", 0.5), _trial(2, "FAILED", 2.0)]
+    assert streak_of_permanent_errors(mixed, config) is None

@@ -191,14 +191,22 @@ def _gave_up(s: Session, experiment: Experiment, trials: Sequence[Trial],
 
 def streak_of_permanent_errors(trials: Sequence[Trial], config: ExperimentConfig
                                ) -> list[Trial] | None:
-    """The first `max(3, max_concurrent_trials)` trials when every one of them ended FAILED
-    with PERMANENT_ERROR and no trial succeeded; else None."""
+    """The first `max(3, max_concurrent_trials)` trials to end, when every one of them ended
+    FAILED with PERMANENT_ERROR and no trial succeeded; else None.
+
+    The first to *end*, not the lowest numbers: a slow trial 2 must not let trials 3, 4, ...
+    fail one after another, each freeing a slot for yet another draw, while the search waits
+    on it. So at most `needed - 1 + max_concurrent_trials` trials are ever drawn."""
     needed = max(GIVE_UP_AFTER, config.searcher.max_concurrent_trials)
-    first = sorted((t for t in trials if t.number < needed), key=lambda t: t.number)
-    if len(first) < needed or any(t.state == TrialState.SUCCEEDED for t in trials):
+    if any(t.state == TrialState.SUCCEEDED for t in trials):
         return None
-    if all(t.state == TrialState.FAILED and t.reason == Reason.PERMANENT_ERROR for t in first):
-        return first
+    ended = sorted((t for t in trials if TrialState(t.state).is_terminal()),
+                   key=lambda t: (t.ended_at if t.ended_at is not None else float("inf"),
+                                  t.number))
+    first = ended[:needed]
+    if len(first) == needed and all(t.state == TrialState.FAILED
+                                    and t.reason == Reason.PERMANENT_ERROR for t in first):
+        return sorted(first, key=lambda t: t.number)
     return None
 
 
