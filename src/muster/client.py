@@ -236,13 +236,15 @@ class Client:
                          state: str | None = None, label: str | None = None,
                          name: str | None = None, sort: str | None = None,
                          descending: bool = False, offset: int | None = None,
-                         limit: int | None = None) -> list[dict[str, Any]]:
+                         limit: int | None = None, archived: bool = False
+                         ) -> list[dict[str, Any]]:
         """Experiments: every one, or `owner`'s, or (`mine`) the caller's; narrowed by
         `state`, `label` and part of the `name`; by `sort` (id, name, state, created, ended,
         priority, owner); a page of `limit` from `offset`."""
         params = _params(owner=owner, mine="true" if mine else None, state=state,
                          label=label, name=name, sort=sort,
-                         order="desc" if descending else None, offset=offset, limit=limit)
+                         order="desc" if descending else None, offset=offset, limit=limit,
+                         archived="true" if archived else None)
         return self._json("GET", "/experiments", params=params)  # type: ignore[no-any-return]
 
     def get_experiment(self, experiment_id: int) -> dict[str, Any]:
@@ -378,10 +380,13 @@ class Client:
             Conflict: the checkpoint is not intact, or has changed since it was registered.
             ServerError: the download broke off (a file changed while it was sent).
         """
+        path = f"/trials/{trial_id}/checkpoints/{quote(name, safe='')}/download"
+        yield from self._stream_archive(path, f"checkpoint {name} of trial {trial_id}")
+
+    def _stream_archive(self, path: str, what: str) -> Generator[bytes, None, None]:
         headers = self._auth()
         with self._reaching(), self._http.stream(
-            "GET", API + f"/trials/{trial_id}/checkpoints/{quote(name, safe='')}/download",
-            headers=headers, timeout=httpx.Timeout(30.0, read=300.0),
+            "GET", API + path, headers=headers, timeout=httpx.Timeout(30.0, read=300.0),
         ) as response:
             if response.status_code >= 400:
                 response.read()
@@ -390,8 +395,42 @@ class Client:
                 yield from response.iter_bytes(checkpoint_archive.CHUNK_BYTES)
             except httpx.TransportError as exc:
                 raise errors.ServerError(
-                    f"the download of checkpoint {name} of trial {trial_id} broke off ({exc}); "
-                    "see the server's log for why, and download it again") from exc
+                    f"the download of {what} broke off ({exc}); see the server's log for "
+                    "why, and download it again") from exc
+
+    def get_checkpoint(self, checkpoint: str) -> dict[str, Any]:
+        """One checkpoint by id or uuid (as `list_checkpoints` shows it)."""
+        return self._json(  # type: ignore[no-any-return]
+            "GET", f"/checkpoints/{quote(checkpoint, safe='')}")
+
+    def download_checkpoint_by_ref(self, checkpoint: str, dest: Path
+                                   ) -> tuple[dict[str, Any], Inspection]:
+        """Unpack a checkpoint (by id or uuid) into `dest`, from the run directory or from
+        storage, every sha256 checked as `download_checkpoint` does; its view and what is
+        there."""
+        view = self.get_checkpoint(checkpoint)
+        path = f"/checkpoints/{quote(checkpoint, safe='')}/download"
+        with closing(self._stream_archive(path, f"checkpoint {checkpoint}")) as chunks:
+            return view, unpack_checkpoint(chunks, dest, view["name"], view["trial_id"])
+
+    def list_experiment_checkpoints(self, experiment_id: int) -> list[dict[str, Any]]:
+        return self._json(  # type: ignore[no-any-return]
+            "GET", f"/experiments/{experiment_id}/checkpoints")
+
+    def collect_checkpoints(self, experiment_id: int, dry_run: bool,
+                            counts: dict[str, int]) -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            "POST", f"/experiments/{experiment_id}/checkpoints/gc",
+            json={"dry_run": dry_run, **counts})
+
+    def delete_experiment(self, experiment_id: int) -> dict[str, Any]:
+        return self._json(  # type: ignore[no-any-return]
+            "DELETE", f"/experiments/{experiment_id}")
+
+    def archive_experiment(self, experiment_id: int, archived: bool) -> dict[str, Any]:
+        verb = "archive" if archived else "unarchive"
+        return self._json(  # type: ignore[no-any-return]
+            "POST", f"/experiments/{experiment_id}/{verb}")
 
     def download_checkpoint(self, trial_id: int, name: str, dest: Path) -> Inspection:
         """Unpack an intact checkpoint into `dest` (new, or an empty directory), every file

@@ -94,3 +94,10 @@ class ServerError(MusterError):
     """The muster server answered with an error of its own (a 5xx), or broke a stream off."""
 
     http_status = 500
+
+
+class StorageError(MusterError):
+    """Checkpoint storage (a shared directory, an S3 bucket) failed or refused an operation;
+    the message names the storage URL and what to check. Retried by the upload worker."""
+
+    http_status = 502

@@ -114,6 +114,16 @@ class Home:
         return self.root / "runs"
 
     @property
+    def checkpoints_dir(self) -> Path:
+        """The default checkpoint storage (shared_fs), when no config names another."""
+        return self.root / "checkpoints"
+
+    @property
+    def checkpoint_cache_dir(self) -> Path:
+        """Checkpoints fetched back from storage for a trial whose run directory lacks them."""
+        return self.root / "checkpoint-cache"
+
+    @property
     def experiments_dir(self) -> Path:
         return self.root / "experiments"
 

@@ -68,10 +68,34 @@ def check_server(config: ExperimentConfig, environ: Mapping[str, str]) -> list[s
     problems = []
     for name, text in config.environment.secrets.items():
         try:
-            _read_on_server(name, source_of(text), environ)
+            read_on_server(name, source_of(text), environ)
         except ConfigError as exc:
             problems.append(f"environment.secrets.{name}: {exc}")
+    storage = config.checkpoint_storage
+    for name in ("access_key", "secret_key"):
+        text = getattr(storage, name)
+        if text is None:
+            continue
+        try:
+            read_on_server(name, source_of(text), environ)
+        except ConfigError as exc:
+            problems.append(f"checkpoint_storage.{name}: {exc}")
+    if storage.type == "shared_fs" and storage.path is not None:
+        problems += _writable_directory(storage.path)
     return problems
+
+
+def _writable_directory(path: str) -> list[str]:
+    """A problem when the server cannot make or write `path` (checkpoint_storage.path)."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return [f"checkpoint_storage.path: the server cannot make {path} "
+                f"({exc.strerror or exc}); name a directory it can write"]
+    if not os.access(path, os.W_OK | os.X_OK):
+        return [f"checkpoint_storage.path: the server cannot write in {path}; name a "
+                "directory it can write"]
+    return []
 
 
 def save_submitted(home: Home, experiment_uuid: str, values: Mapping[str, str]) -> None:
@@ -108,7 +132,7 @@ def resolve(config: ExperimentConfig, home: Home, experiment_uuid: str,
             values[name] = submitted[name]
         else:
             try:
-                values[name] = _read_on_server(name, source, environ)
+                values[name] = read_on_server(name, source, environ)
             except ConfigError as exc:
                 raise ConfigError(f"secret {name}: {exc}") from None
     return values
@@ -127,7 +151,7 @@ def masked_values(secrets: Mapping[str, str], home: Home, experiment_uuid: str
             continue
         try:
             value = (_submitted_values(home, experiment_uuid).get(name, "")
-                     if source.kind == "submit" else _read_on_server(name, source, os.environ))
+                     if source.kind == "submit" else read_on_server(name, source, os.environ))
         except ConfigError:
             continue
         if len(value) >= MIN_MASKED_CHARS:
@@ -146,7 +170,7 @@ def _submitted_values(home: Home, experiment_uuid: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def _read_on_server(name: str, source: SecretSource, environ: Mapping[str, str]) -> str:
+def read_on_server(name: str, source: SecretSource, environ: Mapping[str, str]) -> str:
     if source.kind == "submit":
         return ""
     if source.kind == "env":

@@ -136,6 +136,14 @@ class EventReason(str, Enum):
     TOKEN_CREATED = "token created"
     TOKEN_REVOKED = "token revoked"
     LOGGED_IN = "logged in"  # a password login that opened a web session
+    CHECKPOINT_DELETED = "checkpoint deleted"  # by GC (its reason says why) or with its experiment
+    RESTORE_SKIPPED = "restore skipped"  # a checkpoint corrupt in storage, passed over
+    CHECKPOINT_UPLOAD_FAILED = "upload failed"  # retried with backoff, unless it cannot help
+    GC_POLICY_CHANGED = "gc policy changed"  # `muster checkpoint gc --save-...`
+    ARCHIVED = "archived"
+    UNARCHIVED = "unarchived"
+    DELETE_REQUESTED = "delete requested"  # `muster experiment delete`; its files go first
+    EXPERIMENT_DELETED = "experiment deleted"  # its files and records are gone
 
 
 class Role(str, Enum):

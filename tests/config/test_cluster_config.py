@@ -73,8 +73,8 @@ def test_no_free_disk_guard(tmp_path: Path) -> None:
         ("slot: 2", "slot: unknown key; did you mean 'slots'?"),
         (
             "zzz: 1",
-            "zzz: unknown key; the keys allowed here are gpu_release, gpus, min_free_disk, "
-            "preemption, priority_floor, run_as, slots",
+            "zzz: unknown key; the keys allowed here are checkpoint_storage, gpu_release, gpus, "
+            "min_free_disk, preemption, priority_floor, run_as, slots",
         ),
         ("slots: 0", "slots: must be >= 1, got 0"),
         ("slots: '2'", "slots: must be a whole number, got '2'"),

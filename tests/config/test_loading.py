@@ -86,8 +86,8 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
         ("label: [a]", "label: unknown key; did you mean 'labels'?"),
         (
             "zzz: 1",
-            "zzz: unknown key; the keys allowed here are data, description, entrypoint, "
-            "environment, failure_policy, harness, hyperparameters, labels, name, "
+            "zzz: unknown key; the keys allowed here are checkpoint_storage, data, description, "
+            "entrypoint, environment, failure_policy, harness, hyperparameters, labels, name, "
             "reproducibility, resources, searcher, verify",
         ),
         (
@@ -227,10 +227,6 @@ _UNSUPPORTED = "not supported by this version of muster yet; remove it"
 @pytest.mark.parametrize(
     ("body", "problem"),
     [
-        (
-            "checkpoint_storage: {type: shared_fs}",
-            f"checkpoint_storage: this section is {_UNSUPPORTED}",
-        ),
         (
             "reproducibility: {deterministic: true}",
             f"reproducibility.deterministic: this setting is {_UNSUPPORTED}",

@@ -107,11 +107,10 @@ def test_json_round_trip() -> None:
 def test_from_json_dict_reports_problems_as_config_errors() -> None:
     with pytest.raises(ConfigError) as info:
         ExperimentConfig.from_json_dict({"name": "x", "entrypoint": [],
-                                         "checkpoint_storage": {}})
+                                         "checkpoint_storage": {"type": "gcs"}})
     message = str(info.value)
     assert "entrypoint: must not be empty" in message
-    assert ("checkpoint_storage: this section is not supported by this version of muster yet"
-            in message)
+    assert "checkpoint_storage.type: " in message and "'gcs'" in message
     assert "pydantic" not in message
 
 

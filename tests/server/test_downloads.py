@@ -275,9 +275,8 @@ def test_the_trial_page_links_the_intact_checkpoints_and_the_log(
     page = httpx.get(f"{server.url}/trials/{trial_id}", timeout=30,
                      headers={"Authorization": f"Bearer {server.token}"})
     assert page.status_code == 200, page.text
-    assert (f'href="/api/v1/trials/{trial_id}/checkpoints/{saved["name"]}/download" '
-            "download>") in page.text
-    assert corrupt in page.text and f"/checkpoints/{corrupt}/download" not in page.text
+    assert f'href="/api/v1/checkpoints/{saved["id"]}/download" download>' in page.text
+    assert corrupt in page.text and page.text.count('href="/api/v1/checkpoints/') == 1
     assert f'id="log-download" href="/api/v1/trials/{trial_id}/logs/download"' in page.text
 
 

@@ -233,3 +233,41 @@ def test_0011_marks_trials_with_reports_partial_and_their_values_still_read(
         assert "metric_series" not in inspect(store.engine).get_table_names()
     finally:
         store.dispose()
+
+
+def test_0012_gives_existing_checkpoints_uuids_and_the_local_state(db_url: str) -> None:
+    """Checkpoints registered before storage existed stay `local` (the worker uploads them
+    later), each with its own uuid; the downgrade drops the columns again."""
+    store = Store(db_url)
+    try:
+        _migrate(store, db_url, "0011")
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql(
+                "INSERT INTO experiments (id, uuid, name, description, labels, config, "
+                "config_yaml, context_dir, state, stop_requested, created_at, updated_at, "
+                "priority, max_trials) "
+                "VALUES (1, 'e', 'x', '', '[]', '{}', '', '/tmp', 'ACTIVE', false, 0, 0, 42, 1)")
+            connection.execute(text(
+                "INSERT INTO trials (id, uuid, experiment_id, state, hparams, stop_requested, "
+                "replica_restarts, trial_retries, internal_retries, user_error_retries, "
+                "created_at, updated_at, number, early_stopped, priority, series_partial) "
+                "VALUES (1, 't', 1, 'SUCCEEDED', '{}', false, 0, 0, 0, 0, 0, 0, 0, false, 42, "
+                "false)"))
+            for number in (1, 2):
+                connection.execute(text(
+                    "INSERT INTO checkpoints (trial_id, name, path, step, size_bytes, "
+                    "file_count, metadata, intact, registered_at) VALUES (1, :name, '/x', "
+                    ":step, 1, 1, '{}', true, 0)"), {"name": f"step-{number}", "step": number})
+        store.upgrade()
+        store.check_schema()
+        with store.session_scope() as s:
+            rows = s.execute(text("SELECT uuid, state, upload_tries FROM checkpoints")).all()
+            assert [(state, tries) for _, state, tries in rows] == [("local", 0)] * 2
+            assert len({uuid for uuid, _, _ in rows}) == 2 and all(len(u) == 36 for u, *_ in rows)
+            archived = s.execute(text("SELECT archived FROM experiments")).scalar_one()
+            assert archived in (False, 0)
+        _migrate(store, db_url, "0011", down=True)
+        columns = {c["name"] for c in inspect(store.engine).get_columns("checkpoints")}
+        assert "uuid" not in columns and "state" not in columns
+    finally:
+        store.dispose()

@@ -164,6 +164,10 @@ class Rig:
                         what=f"experiment {job.experiment_id} to end")
         return self.trial(job.trial_id)
 
+    def run_to_end_of(self, experiment_id: int, trial_id: int) -> TrialView:
+        """`run_to_end` of an experiment created some other way than `submit`."""
+        return self.run_to_end(Submitted(experiment_id, trial_id))
+
     def until_trial(self, job: Submitted, state: TrialState) -> TrialView:
         view = self.tick_until(
             lambda: (t := self.trial(job.trial_id)).state == state.value and t,

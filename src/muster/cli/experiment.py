@@ -124,12 +124,14 @@ def list_(
     label: Annotated[str | None, typer.Option(help="only those with this label")] = None,
     name: Annotated[str | None, typer.Option(help="only those whose name holds this")] = None,
     last: Annotated[int | None, typer.Option(help="only the N newest")] = None,
+    archived: Annotated[bool, typer.Option("--archived", help="archived ones too")] = False,
     as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
-    """List experiments (every user's, or --mine, or --owner NAME's), oldest first."""
+    """List experiments (every user's, or --mine, or --owner NAME's), oldest first;
+    archived ones only with --archived."""
     with client(home, url) as c:
         rows = c.list_experiments(owner=owner, mine=mine, state=state, label=label, name=name,
-                                  descending=last is not None, limit=last)
+                                  descending=last is not None, limit=last, archived=archived)
     if last is not None:
         rows.reverse()
     render.print_json(rows) if as_json else render.console.print(render.experiments_table(rows))
@@ -198,6 +200,51 @@ def importance(
     render.console.print(render.importance_table(answer))
     if answer["message"]:
         render.console.print(f"note: {answer['message']}", markup=False)
+
+
+@app.command()
+def delete(
+    experiment_id: int,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")
+                   ] = False,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Delete an ended experiment for good: its checkpoints (in storage too), run
+    directories, logs and records. Asks first unless --yes."""
+    if not yes and not _confirmed(f"Delete experiment {experiment_id} with its checkpoints, "
+                                  "logs and records? This cannot be undone"):
+        render.console.print("nothing was deleted (--yes deletes without asking)",
+                             markup=False)
+        raise typer.Exit(1)
+    with client(home, url) as c:
+        answer = c.delete_experiment(experiment_id)
+    render.print_json(answer) if as_json else render.console.print(answer["message"],
+                                                                     markup=False)
+
+
+def _confirmed(question: str) -> bool:
+    """The person's yes; no when there is nobody to ask (stdin closed)."""
+    try:
+        return typer.confirm(question, default=False)
+    except typer.Abort:
+        return False
+
+
+@app.command()
+def archive(experiment_id: int, home: HomeOption = None, url: UrlOption = None) -> None:
+    """Hide an experiment from the default lists (`list --archived` shows it); nothing is
+    removed."""
+    with client(home, url) as c:
+        c.archive_experiment(experiment_id, True)
+    render.console.print(f"experiment {experiment_id} is archived", markup=False)
+
+
+@app.command()
+def unarchive(experiment_id: int, home: HomeOption = None, url: UrlOption = None) -> None:
+    """Show an archived experiment in the default lists again."""
+    with client(home, url) as c:
+        c.archive_experiment(experiment_id, False)
+    render.console.print(f"experiment {experiment_id} is no longer archived", markup=False)
 
 
 @app.command()

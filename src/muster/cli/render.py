@@ -179,12 +179,30 @@ def size(n_bytes: int) -> str:
 
 
 def checkpoints_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("Name", "Step", "Attempt", "Size", "Intact", "Problem")
+    table = Table("Id", "Trial", "Step", "Size", "State", "Metric", "Storage", "Why")
     for ckpt in rows:
-        intact = "[green]yes[/]" if ckpt["intact"] else "[red]no[/]"
-        attempt = "-" if ckpt["attempt"] is None else str(ckpt["attempt"])
-        table.add_row(ckpt["name"], str(ckpt["step"]), attempt, size(ckpt["size_bytes"]),
-                      intact, escape(ckpt["problem"] or "-"))
+        state = ckpt["state"] if ckpt["intact"] else f"{ckpt['state']}, [red]not intact[/]"
+        metric = "-" if ckpt["metric"] is None else f"{ckpt['metric']:.6g}" if isinstance(
+            ckpt["metric"], float | int) else str(ckpt["metric"])
+        why = (ckpt["problem"] or ckpt["error"] or ckpt["deleted_because"]
+               or ckpt["kept_because"] or "-")
+        table.add_row(str(ckpt["id"]), str(ckpt["trial_id"]), str(ckpt["step"]),
+                      size(ckpt["size"]), state, metric, escape(ckpt["storage_url"] or "-"),
+                      escape(why))
+    return table
+
+
+def gc_plan_table(plan: dict[str, Any]) -> Table:
+    policy = plan["policy"]
+    title = (f"Checkpoint GC of experiment {plan['experiment_id']}: each trial's latest "
+             f"{policy['save_trial_latest']} and best {policy['save_trial_best']}, the "
+             f"experiment's best {policy['save_experiment_best']}"
+             + (" (dry run: nothing changes)" if plan["dry_run"] else ""))
+    table = Table("Id", "Trial", "Step", "State", "Plan", "Why", title=title)
+    for c in plan["checkpoints"]:
+        verdict = "keep" if c["keep"] else "[red]delete[/]"
+        table.add_row(str(c["id"]), str(c["trial_id"]), str(c["step"]), c["state"], verdict,
+                      escape("; ".join(c["reasons"])))
     return table
 
 

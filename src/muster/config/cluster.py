@@ -10,6 +10,9 @@ gpu_release: {max_used_fraction: 0.05, timeout: 60s}
 priority_floor: 10       # priorities 1-9 are admins' alone (lower runs first)
 run_as: owner            # jobs run as their owner's Unix account, or {user: NAME}; none:
                          # as the server's own user (the default)
+checkpoint_storage:      # every experiment's default (an experiment's own `type` wins)
+  {type: s3, bucket: ckpts, access_key: env:S3_KEY, secret_key: env:S3_SECRET,
+   save_trial_latest: 1, save_trial_best: 1, save_experiment_best: 0}
 ```
 
 The file is optional (`$MUSTER_HOME/cluster.yaml`); its models are as strict as the
@@ -27,7 +30,7 @@ from pydantic import Field, TypeAdapter, ValidationInfo, field_validator
 
 from muster.config.loading import parse_yaml, read_config_text
 from muster.config.problems import config_error, show_value, validate_config_data
-from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY, _Section
+from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY, CheckpointStorageConfig, _Section
 from muster.config.units import parse_duration, parse_size
 
 __all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "RunAsAccount",
@@ -101,6 +104,9 @@ class ClusterConfig(_Section):
     # Unix account (`muster.launch.accounts`); or one account for every job. The server
     # must run as root to drop to them.
     run_as: Literal["owner"] | RunAsAccount | None = None
+    # Where checkpoints go and how many are kept when an experiment does not say
+    # (`muster.storage.location`); None: shared_fs in $MUSTER_HOME/checkpoints, 1/1/0.
+    checkpoint_storage: CheckpointStorageConfig | None = None
 
     @field_validator("gpus", mode="plain")
     @classmethod

@@ -31,6 +31,7 @@ from muster.config.secrets import source_of
 from muster.config.units import parse_duration, parse_size
 
 __all__ = [
+    "CheckpointStorageConfig",
     "DataConfig",
     "EnvironmentConfig",
     "ExperimentConfig",
@@ -476,6 +477,99 @@ def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
     return problems
 
 
+MAX_KEPT = 1000  # a checkpoint_storage.save_* count
+_SECRET_REFERENCE = ("write where the server reads it: `env:NAME` (its environment) or "
+                     "`file:/absolute/path` (a file on the server); a key written here would "
+                     "be stored and shown with the config")
+
+
+class CheckpointStorageConfig(_Section):
+    """Where checkpoints are stored and how many are kept (Determined's names).
+
+    Without `type`, only the `save_*` counts are set here and the storage is the server's
+    default (the cluster config's `checkpoint_storage`, else shared_fs in
+    `$MUSTER_HOME/checkpoints`). S3 keys are never written in a config: `access_key` and
+    `secret_key` name where the server reads them (`env:NAME`, `file:/path`); without
+    them boto3's default credential chain is used.
+    """
+
+    FOREIGN_KEYS: ClassVar[dict[str, str]] = {
+        "host_path": "muster spells it path (an absolute directory on the server, shared "
+                     "by every machine that runs trials)",
+        "storage_path": "give the whole directory as path (host_path and storage_path "
+                        "joined)",
+        "propagation": "remove it: muster mounts nothing",
+        "container_path": "remove it: muster runs no containers",
+        "checkpoint_path": "remove it: checkpoints go under path",
+        "tensorboard_path": "remove it: muster keeps no TensorBoard files",
+    }
+
+    type: Literal["shared_fs", "s3"] | None = None
+    path: str | None = Field(default=None, min_length=1, max_length=4096)
+    bucket: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    prefix: str = Field(default="", max_length=512)
+    endpoint_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/.*)?$",
+                                     max_length=2048)
+    region: str | None = Field(default=None, pattern=r"^[a-z0-9-]{1,64}$")
+    access_key: str | None = None
+    secret_key: str | None = None
+    save_trial_latest: int | None = Field(default=None, ge=0, le=MAX_KEPT)
+    save_trial_best: int | None = Field(default=None, ge=0, le=MAX_KEPT)
+    save_experiment_best: int | None = Field(default=None, ge=0, le=MAX_KEPT)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not PurePosixPath(value).is_absolute():
+            raise ValueError(f"must be an absolute directory on the server, got {value!r}")
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _normal_prefix(cls, value: str) -> str:
+        parts = [p for p in value.split("/") if p not in ("", ".")]
+        if ".." in parts or "\0" in value:
+            raise ValueError(f"must not contain '..' or NUL, got {value!r}")
+        return "/".join(parts)
+
+    @field_validator("access_key", "secret_key")
+    @classmethod
+    def _reference(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            source = source_of(value)
+        except ValueError:
+            source = None
+        if source is None or source.kind == "submit":
+            raise ValueError(_SECRET_REFERENCE)
+        return value
+
+    @model_validator(mode="after")
+    def _fits_its_type(self) -> CheckpointStorageConfig:
+        s3_keys = [k for k in ("bucket", "endpoint_url", "region", "access_key", "secret_key")
+                   if getattr(self, k) is not None] + (["prefix"] if self.prefix else [])
+        problems: list[tuple[str, str]] = []
+        if self.type is None and (s3_keys or self.path is not None):
+            first = s3_keys[0] if s3_keys else "path"
+            problems.append((first, "says where checkpoints go, so `type` (shared_fs or s3) "
+                                    "must be set too"))
+        if self.type == "shared_fs":
+            problems += [(k, "is an s3 setting; shared_fs takes path") for k in s3_keys]
+        if self.type == "s3":
+            if self.path is not None:
+                problems.append(("path", "is a shared_fs setting; s3 takes bucket and prefix"))
+            if self.bucket is None:
+                problems.append(("bucket", "is required by type: s3"))
+            if (self.access_key is None) != (self.secret_key is None):
+                problems.append(("secret_key" if self.secret_key is None else "access_key",
+                                 "access_key and secret_key go together: give both, or "
+                                 "neither (boto3's default credentials)"))
+        if problems:
+            raise KeyedProblems(problems)
+        return self
+
+
 class ReproducibilityConfig(_Section):
     """`experiment_seed` seeds the searcher: the same seed draws the same hyperparameters."""
 
@@ -487,7 +581,6 @@ class ReproducibilityConfig(_Section):
 class ExperimentConfig(_Section):
     """One experiment: what to run, in which environment, and how to handle failures."""
 
-    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset({"checkpoint_storage"})
     FOREIGN_KEYS: ClassVar[dict[str, str]] = {
         "bind_mounts": "muster runs on the host, so host paths need no mount: point data.path "
                        "(or an argument) at them; the context is copied for each trial",
@@ -501,7 +594,8 @@ class ExperimentConfig(_Section):
                                  "(muster.harness.torch.save); remove it",
         "scheduling_unit": "remove it: the script reports metrics when it likes",
         "perform_initial_validation": "remove it: the script validates when it likes",
-        "checkpoint_policy": "remove it: muster keeps the checkpoints the script saves",
+        "checkpoint_policy": "remove it: muster keeps the checkpoints the script saves (and "
+                             "garbage-collects them by checkpoint_storage.save_*)",
         "profiling": "remove it: muster does not profile (run the profiler in the script)",
         "optimizations": "remove it: the script sets up its own distributed training",
         "workspace": "muster has no workspaces yet; remove it",
@@ -528,6 +622,7 @@ class ExperimentConfig(_Section):
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     searcher: SearcherConfig = Field(default_factory=SearcherConfig)
     reproducibility: ReproducibilityConfig = Field(default_factory=ReproducibilityConfig)
+    checkpoint_storage: CheckpointStorageConfig = Field(default_factory=CheckpointStorageConfig)
 
     @field_validator("entrypoint", mode="before")
     @classmethod

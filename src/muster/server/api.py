@@ -256,6 +256,7 @@ class ExperimentSummary(_Shape):
     ended_at: float | None
     trial_states: list[str]
     priority: int  # what its new trials get
+    archived: bool  # hidden from the default lists (`muster experiment archive`)
     owner: str | None  # the user who submitted it (None only for older experiments)
     progress: Progress  # its trials by stage, of all it will make
     awaiting_review: int  # SUSPECT trials: exit 0, a check failed, a person must decide
@@ -281,9 +282,20 @@ class MetricReport(_Shape):
 
 
 class CheckpointView(_Shape):
+    id: int
+    uuid: str  # its name in storage: `<storage>/<uuid>/`
+    trial_id: int
     name: str
-    path: str
+    path: str  # in the trial's run directory (gone once `deleted`)
     step: int
+    state: Literal["local", "uploading", "stored", "upload_failed", "deleting", "deleted"]
+    size: int  # bytes, every file
+    storage_url: str | None  # where it is stored (`stored` and `deleting` only)
+    metric: Number | None  # the searcher's metric at its step, or the last one before
+    kept_because: str | None  # why the last garbage collection kept it
+    deleted_because: str | None
+    error: str | None  # why its last upload failed
+    stored_at: float | None
     attempt: int | None
     rank: int | None
     created_at: float | None
@@ -292,6 +304,51 @@ class CheckpointView(_Shape):
     metadata: Any  # what the training code passed as save(metadata=...)
     intact: bool
     problem: str | None
+
+
+class GcRequest(BaseModel):
+    """`POST /experiments/{id}/checkpoints/gc`: counts left out keep their value."""
+
+    model_config = ConfigDict(strict=True)
+
+    dry_run: bool = False
+    save_trial_latest: int | None = Field(default=None, ge=0, le=1000)
+    save_trial_best: int | None = Field(default=None, ge=0, le=1000)
+    save_experiment_best: int | None = Field(default=None, ge=0, le=1000)
+
+
+class GcPolicy(_Shape):
+    save_trial_latest: int
+    save_trial_best: int
+    save_experiment_best: int
+
+
+class GcDecision(_Shape):
+    id: int
+    trial_id: int
+    name: str
+    step: int
+    state: str
+    keep: bool
+    reasons: list[str]
+
+
+class GcPlan(_Shape):
+    experiment_id: int
+    dry_run: bool
+    policy: GcPolicy
+    checkpoints: list[GcDecision]
+
+
+class DeleteAccepted(_Shape):
+    experiment_id: int
+    deleting: bool
+    message: str
+
+
+class Archived(_Shape):
+    experiment_id: int
+    archived: bool
 
 
 class Job(_Shape):

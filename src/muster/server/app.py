@@ -36,6 +36,7 @@ from muster.server.pages import error_page, pages
 from muster.server.routes import PREFIX, public, router, scrape
 from muster.server.state import ServerSettings, ServerState
 from muster.services.users import bootstrap
+from muster.storage.worker import StorageWorker
 from muster.store import Store
 from muster.supervise.supervisor import Supervisor
 
@@ -75,8 +76,11 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
         await asyncio.to_thread(launcher.warm_up)
         orchestrator = Orchestrator(supervisor)
         _wake_on_replica_exit(orchestrator, launcher)
+        storage = StorageWorker(store, home, cluster.checkpoint_storage)
         app.state.muster = ServerState(home, store, orchestrator, launcher,
-                                       priority_floor=cluster.priority_floor, run_as=run_as)
+                                       priority_floor=cluster.priority_floor, run_as=run_as,
+                                       storage=storage)
+        storage.start()
         task = asyncio.create_task(orchestrator.run(), name="muster-orchestrator")
         try:
             yield
@@ -84,6 +88,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            await asyncio.to_thread(storage.stop)
             supervisor.envs.stop_all()  # a build half done is redone by the next server
             store.dispose()
             gpus.close()

@@ -43,7 +43,7 @@ from muster.services import (
     experiments,
     jobs,
     listing,
-    metrics,
+    retention,
     search,
     tokens,
 )
@@ -448,7 +448,7 @@ def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
     ranks = sorted({r["rank"] for a in trial["attempts"] for r in a["replicas"]})
     return _render(request, "trial.html", who, nav="experiments", trial=trial, exp=exp,
                    can_act=_can_act(who, exp["owner"]), ranks=ranks,
-                   checkpoints=metrics.list_checkpoints(store, trial["id"]),
+                   checkpoints=retention.trial_checkpoints(store, trial["id"]),
                    settled=TrialState(trial["state"]).is_settled())
 
 

@@ -46,6 +46,7 @@ from muster.services import (
     listing,
     logs,
     metrics,
+    retention,
     search,
 )
 from muster.services.access import Action, Principal, authorize
@@ -80,6 +81,8 @@ _ERROR_MEANINGS = {
     429: f"too many at once: the caller already holds {MAX_FOLLOWS_PER_TOKEN} log follows, "
          "or failed to log in too often; retry after Retry-After seconds",
     503: "the database is unreachable",
+    502: "checkpoint storage (a shared directory, an S3 bucket) failed or refused; the "
+         "message names its URL",
 }
 _ERROR_HEADERS: dict[int, dict[str, Any]] = {429: {"headers": {"Retry-After": {
     "description": "seconds to wait before trying again", "schema": {"type": "integer"}}}}}
@@ -309,6 +312,7 @@ def list_experiments(
     owner: Annotated[str | None, Query(min_length=1, max_length=32,
                                        description="only this user's")] = None,
     mine: Annotated[bool, Query(description="only the caller's")] = False,
+    archived: Annotated[bool, Query(description="include archived experiments")] = False,
     experiment_state: Annotated[ExperimentState | None, Query(
         alias="state", description="only experiments in this state")] = None,
     label: Annotated[str | None, Query(min_length=1, max_length=200,
@@ -325,7 +329,7 @@ def list_experiments(
     `limit` from `offset`, with the count of all matches in `X-Total-Count`. Each has its
     progress, its SUSPECT and unverified trials and the best trial so far."""
     where = listing.ExperimentFilter(state=experiment_state, owner=who.name if mine else owner,
-                                     label=label, name=name)
+                                     label=label, name=name, archived=archived)
     page = listing.list_page(state.store, where, sort=sort, descending=order == "desc",
                              offset=offset, limit=limit)
     response.headers["X-Total-Count"] = str(page.total)
@@ -591,7 +595,7 @@ def get_trial_series(
 def get_trial_checkpoints(state: State, _: Reader, trial_id: TrialId
                           ) -> list[dict[str, Any]]:
     """Registered checkpoints by step, each with `intact` and, if not, the `problem`."""
-    return metrics.list_checkpoints(state.store, trial_id)
+    return retention.trial_checkpoints(state.store, trial_id)
 
 
 CheckpointName = Annotated[str, InPath(min_length=1, max_length=255, pattern=r"^[^/\x00]+$",
@@ -611,6 +615,83 @@ async def download_trial_checkpoint(state: State, _: Reader, trial_id: TrialId,
                                        trial_id, name)
     return Download(download.chunks(), size=download.size, filename=download.filename,
                     media_type=checkpoint_archive.MEDIA_TYPE, close=download.close)
+
+
+CheckpointRef = Annotated[str, InPath(min_length=1, max_length=36, pattern=r"^[0-9a-f-]+$",
+                                      description="a checkpoint's id or uuid")]
+
+
+@router.get("/checkpoints/{checkpoint}", response_model=api.CheckpointView,
+            responses=_errors(404))
+def get_checkpoint(state: State, _: Reader, checkpoint: CheckpointRef) -> dict[str, Any]:
+    """One checkpoint by id or uuid."""
+    return retention.checkpoint_view(state.store, checkpoint)
+
+
+@router.get("/checkpoints/{checkpoint}/download", response_class=Response,
+            responses={**_file_response(checkpoint_archive.MEDIA_TYPE,
+                                        "the checkpoint's files as an uncompressed tar"),
+                       **_errors(404, 409, 502)})
+async def download_checkpoint(state: State, _: Reader, checkpoint: CheckpointRef) -> Response:
+    """A checkpoint (by id or uuid) as a tar, from its run directory or, when that no
+    longer holds it, from storage (fetched and verified first); as
+    `/trials/{id}/checkpoints/{name}/download` otherwise."""
+    download = await asyncio.to_thread(checkpoints.open_any_download, state.store, state.home,
+                                       checkpoint)
+    return Download(download.chunks(), size=download.size, filename=download.filename,
+                    media_type=checkpoint_archive.MEDIA_TYPE, close=download.close)
+
+
+@router.get("/experiments/{experiment_id}/checkpoints",
+            response_model=list[api.CheckpointView], responses=_errors(404))
+def get_experiment_checkpoints(state: State, _: Reader, experiment_id: ExperimentId
+                               ) -> list[dict[str, Any]]:
+    """Every checkpoint of the experiment's trials (deleted ones too), by trial and step."""
+    return retention.experiment_checkpoints(state.store, experiment_id)
+
+
+@router.post("/experiments/{experiment_id}/checkpoints/gc", response_model=api.GcPlan,
+             responses=_errors(400, 403, 404))
+async def collect_checkpoints(state: State, experiment_id: ExperimentId,
+                              body: api.GcRequest, who: Reader) -> dict[str, Any]:
+    """The experiment's checkpoint GC plan, with a reason per checkpoint; unless `dry_run`,
+    the counts given become its policy and the plan is applied (by the storage worker, at
+    once). Applying takes the owner or an admin; a dry run, anyone who reads."""
+    counts = body.model_dump(exclude_none=True, exclude={"dry_run"})
+    return await asyncio.to_thread(retention.collect, state.store, state.storage, who,
+                                   experiment_id, counts, body.dry_run)
+
+
+@router.delete("/experiments/{experiment_id}", response_model=api.DeleteAccepted,
+               status_code=202, responses=_errors(403, 404, 409))
+async def delete_experiment(state: State, experiment_id: ExperimentId,
+                            who: Annotated[Principal, Depends(allow(Action.DELETE))]
+                            ) -> dict[str, Any]:
+    """Delete an ended experiment: its checkpoints (in storage and on disk), run
+    directories, logs and records, by the storage worker; 409 while it runs. The records
+    go last: until then it is hidden from lists and its checkpoints are `deleting`."""
+    return await asyncio.to_thread(retention.delete_experiment, state.store, state.storage,
+                                   who, experiment_id)
+
+
+@router.post("/experiments/{experiment_id}/archive", response_model=api.Archived,
+             responses=_errors(403, 404))
+async def archive_experiment(state: State, experiment_id: ExperimentId,
+                             who: Annotated[Principal, Depends(allow(Action.ARCHIVE))]
+                             ) -> dict[str, Any]:
+    """Hide the experiment from the default lists (`archived=true` shows it); kept whole."""
+    return await asyncio.to_thread(retention.set_archived, state.store, who, experiment_id,
+                                   True)
+
+
+@router.post("/experiments/{experiment_id}/unarchive", response_model=api.Archived,
+             responses=_errors(403, 404))
+async def unarchive_experiment(state: State, experiment_id: ExperimentId,
+                               who: Annotated[Principal, Depends(allow(Action.ARCHIVE))]
+                               ) -> dict[str, Any]:
+    """Show an archived experiment in the default lists again."""
+    return await asyncio.to_thread(retention.set_archived, state.store, who, experiment_id,
+                                   False)
 
 
 @router.post("/trials/{trial_id}/review", response_model=api.TrialDescription,

@@ -12,6 +12,7 @@ from muster.launch.base import Launcher
 from muster.server.follows import FollowLimit
 from muster.server.login_limit import LoginLimiter
 from muster.server.orchestrator import Orchestrator
+from muster.storage.worker import StorageWorker
 from muster.store import Store
 
 
@@ -57,5 +58,6 @@ class ServerState:
     launcher: Launcher  # what serves the replicas' logs
     priority_floor: int  # the best priority a non-admin may give (cluster config)
     run_as: RunAs | None  # whom jobs run as (cluster config); None: the server's user
+    storage: StorageWorker  # checkpoint uploads, GC and deletions, in its own thread
     follows: FollowLimit = field(default_factory=FollowLimit)  # open log follows per user
     logins: LoginLimiter = field(default_factory=LoginLimiter)  # failed logins

@@ -37,6 +37,9 @@ class Action(str, Enum):
     SET_PRIORITY = "set priority"
     REVIEW = "review"
     OWN_ACCOUNT = "own account"  # one's own tokens, password and display name
+    DELETE = "delete"  # an ended experiment: its files, checkpoints and records
+    ARCHIVE = "archive"  # hide from (or show again in) the default lists
+    COLLECT = "collect checkpoints"  # apply (or change) an experiment's checkpoint GC policy
     PRUNE_ENVIRONMENTS = "prune environments"
     MANAGE_USERS = "manage users"  # create, change, (de)activate users; others' tokens
 
@@ -63,6 +66,9 @@ RULES: dict[Action, Rule] = {
     Action.SET_PRIORITY: Rule(_SUBMITTERS, own_only=True, verb="change the priority of"),
     Action.REVIEW: Rule(_SUBMITTERS, own_only=True, verb="review"),
     Action.OWN_ACCOUNT: Rule(_EVERYONE, verb="manage its own tokens"),
+    Action.DELETE: Rule(_SUBMITTERS, own_only=True, verb="delete"),
+    Action.ARCHIVE: Rule(_SUBMITTERS, own_only=True, verb="archive"),
+    Action.COLLECT: Rule(_SUBMITTERS, own_only=True, verb="garbage-collect the checkpoints of"),
     Action.PRUNE_ENVIRONMENTS: Rule(_ADMINS, verb="prune environments"),
     Action.MANAGE_USERS: Rule(_ADMINS, verb="manage users and their tokens"),
 }

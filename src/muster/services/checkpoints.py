@@ -17,8 +17,14 @@ from muster import checkpoint_archive
 from muster.checkpoint_archive import ArchivePlan, CheckpointFolder, Registered
 from muster.checkpoint_files import METADATA_FILE
 from muster.errors import Conflict, NotFound
+from muster.home import Home
 from muster.services.experiments import trial_or_404
-from muster.store import Checkpoint, Store
+from muster.services.retention import checkpoint_row
+from muster.storage.location import Location, open_backend
+from muster.storage.planner import CheckpointState
+from muster.storage.resume import cache_dir
+from muster.storage.transfer import fetch_checkpoint
+from muster.store import Checkpoint, Store, Trial
 
 
 @dataclass
@@ -68,6 +74,38 @@ def open_checkpoint_download(store: Store, trial_id: int, name: str) -> Checkpoi
     except Conflict as exc:
         raise Conflict(f"checkpoint {name} of trial {trial_id} has changed since it was "
                        f"registered intact: {exc}; it cannot be downloaded") from exc
+
+
+def open_any_download(store: Store, home: Home, checkpoint: str) -> CheckpointDownload:
+    """A checkpoint by id or uuid, opened for download from its run directory, or, when that
+    no longer holds it intact, from storage (fetched into the cache and verified first).
+
+    Raises:
+        NotFound: no such checkpoint.
+        Conflict: it is not intact, deleted, or neither here nor in storage intact.
+    """
+    with store.session_scope() as s:
+        row = checkpoint_row(s, checkpoint)
+        trial = s.get_one(Trial, row.trial_id)
+        what = f"checkpoint {row.id} ({row.name} of trial {row.trial_id})"
+        if not row.intact:
+            raise Conflict(f"{what} is not intact ({row.problem}); only an intact checkpoint "
+                           "can be downloaded")
+        if row.state in (CheckpointState.DELETING.value, CheckpointState.DELETED.value):
+            raise Conflict(f"{what} was deleted ({row.gc_reason})")
+        path, name, trial_id, uuid = Path(row.path), row.name, row.trial_id, row.uuid
+        registered = Registered(row.file_count, row.size_bytes)
+        storage = row.storage if row.state == CheckpointState.STORED.value else None
+        cached = cache_dir(home, trial.uuid) / name
+    try:
+        return _opened(path, trial_id, name, registered)
+    except Conflict as exc:
+        if storage is None:
+            raise Conflict(f"{what} is no longer intact in its run directory ({exc}) and is "
+                           "not in storage") from exc
+    if not cached.is_dir():
+        fetch_checkpoint(open_backend(Location.from_json(storage)), uuid, cached, trial_id)
+    return _opened(cached, trial_id, name, registered)
 
 
 def _opened(path: Path, trial_id: int, name: str, registered: Registered) -> CheckpointDownload:

@@ -46,6 +46,7 @@ class ExperimentFilter:
     owner: str | None = None  # a user's name
     label: str | None = None  # one of its labels, exactly
     name: str | None = None  # part of its name, any case
+    archived: bool = False  # include archived experiments (hidden by default)
 
     def where(self, query: Select[Experiment], s: Session) -> Select[Experiment]:
         """`query` narrowed to these experiments.
@@ -55,6 +56,9 @@ class ExperimentFilter:
         """
         if self.state is not None:
             query = query.where(Experiment.state == self.state.value)
+        if not self.archived:
+            query = query.where(Experiment.archived.is_(False))
+        query = query.where(Experiment.delete_requested_at.is_(None))
         if self.owner is not None:
             owner_id = s.scalar(select(User.id).where(User.name == self.owner))
             if owner_id is None:

@@ -11,7 +11,7 @@ from sqlalchemy import Select, select
 
 from muster.services import views
 from muster.services.experiments import trial_or_404
-from muster.store import Checkpoint, Metric, Store
+from muster.store import Metric, Store
 
 MetricKind = Literal["training", "validation"]
 DEFAULT_LIMIT = 10_000
@@ -48,12 +48,3 @@ def list_metrics(
 def _rest_of_step(query: Select[Metric], last: Metric) -> Select[Metric]:
     """The reports of `last`'s step stored after it: a page never ends inside a step."""
     return query.where(Metric.step == last.step, Metric.id > last.id).order_by(Metric.id)
-
-
-def list_checkpoints(store: Store, trial_id: int) -> list[dict[str, Any]]:
-    """The trial's registered checkpoints, by step, each with whether it is intact."""
-    with store.session_scope() as s:
-        trial_or_404(s, trial_id)
-        rows = s.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial_id)
-                         .order_by(Checkpoint.step, Checkpoint.name))
-        return [views.checkpoint_view(c) for c in rows]

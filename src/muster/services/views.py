@@ -13,6 +13,7 @@ from typing import Any
 
 from muster.config.schema import SearcherConfig
 from muster.states import TrialState
+from muster.storage.location import Location
 from muster.store import Attempt, Checkpoint, Event, Experiment, Metric, Replica, Trial
 from muster.store.models import encode_non_finite
 
@@ -51,6 +52,7 @@ def experiment_summary(exp: Experiment, *, states: Sequence[str] | None = None,
         "ended_at": exp.ended_at,
         "trial_states": list(states),
         "priority": exp.priority,  # what its new trials get
+        "archived": exp.archived,
         "owner": exp.owner_name,  # who submitted it; None only before users existed
         "progress": progress_view(exp.max_trials, states),
         "awaiting_review": sum(state == TrialState.SUSPECT.value for state in states),
@@ -256,11 +258,28 @@ def metric_view(metric: Metric) -> dict[str, Any]:
     }
 
 
-def checkpoint_view(checkpoint: Checkpoint) -> dict[str, Any]:
+def checkpoint_view(checkpoint: Checkpoint, metric: float | None = None) -> dict[str, Any]:
+    """A checkpoint as listed: where it is (`state`, `storage_url`), its searcher metric
+    (`muster.storage.metrics`), and why the last GC kept it (`kept_because`)."""
+    storage = checkpoint.storage
+    url = Location.from_json(storage).url(checkpoint.uuid) if storage else None
+    stored = checkpoint.state in ("stored", "deleting")
     return {
+        "id": checkpoint.id,
+        "uuid": checkpoint.uuid,
+        "trial_id": checkpoint.trial_id,
         "name": checkpoint.name,
         "path": checkpoint.path,
         "step": checkpoint.step,
+        "state": checkpoint.state,
+        "size": checkpoint.size_bytes,
+        "storage_url": url if stored else None,
+        "metric": encode_non_finite(metric),
+        "kept_because": checkpoint.gc_reason if checkpoint.state != "deleting" else None,
+        "deleted_because": (checkpoint.gc_reason
+                            if checkpoint.state in ("deleting", "deleted") else None),
+        "error": checkpoint.error,
+        "stored_at": checkpoint.stored_at,
         "attempt": checkpoint.attempt,
         "rank": checkpoint.rank,
         "created_at": checkpoint.created_at,

@@ -6,13 +6,15 @@ mistaken for muster, and `muster events --user NAME` finds exactly what that per
 
 from __future__ import annotations
 
-__all__ = ["SEARCHER", "SERVER", "SERVER_START", "SUPERVISOR", "SYSTEM_PREFIX", "is_system"]
+__all__ = ["SEARCHER", "SERVER", "SERVER_START", "STORAGE", "SUPERVISOR", "SYSTEM_PREFIX",
+           "is_system"]
 
 SYSTEM_PREFIX = "system:"
 SUPERVISOR = "system:supervisor"  # attempts, restarts, verification, the queue, GPUs
 SEARCHER = "system:searcher"  # draws and early stops
 SERVER_START = "system:server-start"  # what a starting server finds and finalises
 SERVER = "system:server"  # the first admin, made when a server first meets its database
+STORAGE = "system:storage"  # checkpoint uploads, garbage collection, experiment deletion
 
 
 def is_system(actor: str) -> bool:

@@ -192,6 +192,13 @@ class Experiment(Base):
     # before users existed and not yet given to the first admin.
     owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True,
                                                  index=True)
+    # Hidden from the default lists (`muster experiment archive`), kept whole.
+    archived: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # The checkpoint GC counts set after submission (`muster checkpoint gc --save-...`);
+    # None: the config's (`checkpoint_storage.save_*`), else the cluster's, else 1/1/0.
+    gc_policy: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+    # `muster experiment delete`: the storage worker removes its files, then its rows.
+    delete_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     trials: Mapped[list[Trial]] = relationship(
         back_populates="experiment", order_by="Trial.id", cascade="all, delete-orphan"
@@ -416,7 +423,8 @@ class IngestCursor(Base):
 
 
 class Checkpoint(Base):
-    """A checkpoint directory of a trial, as found and verified when it was registered."""
+    """A checkpoint directory of a trial, as found and verified when it was registered, and
+    where it is in storage (`muster.storage`): `state` is a `CheckpointState`."""
 
     __tablename__ = "checkpoints"
     __table_args__ = (UniqueConstraint("trial_id", "name"),)
@@ -425,6 +433,8 @@ class Checkpoint(Base):
     trial_id: Mapped[int] = mapped_column(
         ForeignKey("trials.id", ondelete="CASCADE"), index=True
     )
+    # Its name in storage: `<uuid>/` holds its files and, written last, its metadata.json.
+    uuid: Mapped[str] = mapped_column(String(36), unique=True, default=new_uuid)
     name: Mapped[str] = mapped_column(String(255))  # the directory's name
     path: Mapped[str] = mapped_column(Text)
     step: Mapped[int] = mapped_column(BigInteger)
@@ -441,3 +451,15 @@ class Checkpoint(Base):
     intact: Mapped[bool] = mapped_column()
     problem: Mapped[str | None] = mapped_column(Text, nullable=True)
     registered_at: Mapped[float] = mapped_column(Float, default=now)
+    state: Mapped[str] = mapped_column(String(16), default="local", server_default="local",
+                                       index=True)
+    # The storage it goes to (`muster.storage.location.Location.to_json`, no secrets): fixed
+    # when its upload begins, so a changed default never sends a deletion elsewhere.
+    storage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    stored_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    upload_tries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_try_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # the last upload's
+    # Why the last GC kept it, or why it is being deleted (the planner's reasons).
+    gc_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -19,17 +19,19 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from muster import checkpoint_files, job_secrets
+from muster import job_secrets
 from muster.atomic import atomic_write_json
 from muster.config import ExperimentConfig
 from muster.environments.registry import TrialEnvironment
 from muster.errors import ConfigError, GpuError, LaunchError
 from muster.harness.standby import GO_VARIABLE
+from muster.home import Home
 from muster.launch.accounts import Account, RunAs
 from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec, ReplicaStatus
 from muster.launch.environment import ReplicaContext, build_env, free_port
 from muster.rundir import AttemptDir, RunDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
+from muster.storage.resume import cache_dir, resume_point
 from muster.store import Attempt, Experiment, Replica, Trial, transition
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
@@ -115,10 +117,10 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
     return specs
 
 
-def latest_checkpoint(run_dir: RunDir) -> Path | None:
-    """The checkpoint a new attempt resumes from (`MUSTER_LATEST_CHECKPOINT`)."""
-    found = checkpoint_files.latest_intact(run_dir.checkpoints)
-    return found.path if found is not None else None
+def latest_checkpoint(run_dir: RunDir, home: Home) -> Path | None:
+    """The checkpoint a new attempt resumes from (`MUSTER_LATEST_CHECKPOINT`): the latest
+    intact one in the run directory or fetched back from storage (`muster.storage.resume`)."""
+    return resume_point(run_dir.checkpoints, cache_dir(home, run_dir.path.name))
 
 
 @dataclass
@@ -141,7 +143,8 @@ class Launching:
             trial_id=trial.id, trial_uuid=trial.uuid, trial_number=trial.number,
             number=number, dir=run_dir.attempt(number), config=config,
             workdir=run_dir.workdir, master_port=port,
-            latest_checkpoint=latest_checkpoint(run_dir), gpus=gpus if scheduled else None,
+            latest_checkpoint=latest_checkpoint(run_dir, self.ctx.home),
+            gpus=gpus if scheduled else None,
             seed=trial_seed(trial.experiment, config, trial.number),
             incarnation=incarnation, standby=standby,
             secrets=job_secrets.resolve(config, self.ctx.home, trial.experiment.uuid),

@@ -90,7 +90,7 @@ class Standby:
             return False
         with self.ctx.store.session_scope() as s:
             standby = s.get_one(Attempt, standby_id)
-            latest = latest_checkpoint(attempt_dir.run)
+            latest = latest_checkpoint(attempt_dir.run, self.ctx.home)
             go = {"env": {"MUSTER_LATEST_CHECKPOINT": str(latest) if latest else None}}
             for rank in ranks:  # root's, readable by a job running as its own account
                 atomic_write_json(attempt_dir.rank(rank).standby_go, go, mode=0o644,

@@ -34,6 +34,7 @@ from muster.launch.base import Launcher
 from muster.schedule.gpu_pool import GpuPool
 from muster.schedule.inventory import GpuInventory, NoGpus
 from muster.states import AttemptState, values
+from muster.storage.resume import fetch_resume_point
 from muster.store import Attempt, Store
 from muster.supervise.admission import Admission
 from muster.supervise.context import LiveAttempt, SupervisorContext, read_live_attempts
@@ -126,6 +127,8 @@ class Supervisor:
         with self._isolation.trial(trial_id, "starting its next attempt"):
             if self._launching.scan_data(trial_id) is not Scan.READY:
                 return
+            # Before any transaction: a checkpoint only storage holds is fetched here.
+            fetch_resume_point(self.store, self.home, trial_id)
             if self._standby.promote(trial_id):
                 return
             self._launching.start(trial_id, gpus)

@@ -1,0 +1,162 @@
+"""Checkpoints listed, garbage-collected on demand, experiments archived and deleted.
+
+What routes and the CLI call; the storage worker (`muster.storage.worker`) does the
+deleting, in its own thread, from what these record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from muster.errors import Conflict, NotFound
+from muster.services import views
+from muster.services.access import Action, Principal, authorize
+from muster.services.experiments import experiment_or_404, trial_or_404
+from muster.states import EventReason, ExperimentState
+from muster.storage.location import effective_policy
+from muster.storage.metrics import checkpoint_metrics
+from muster.storage.worker import StorageWorker
+from muster.store import Checkpoint, Experiment, Store, Trial, record_event
+from muster.store.models import now
+from muster.supervise.configs import experiment_config
+
+__all__ = ["checkpoint_row", "checkpoint_view", "collect", "delete_experiment",
+           "experiment_checkpoints", "set_archived", "trial_checkpoints"]
+
+GC_COUNTS = ("save_trial_latest", "save_trial_best", "save_experiment_best")
+
+
+def trial_checkpoints(store: Store, trial_id: int) -> list[dict[str, Any]]:
+    """The trial's checkpoints by step, deleted ones included (with why)."""
+    with store.session_scope() as s:
+        trial = trial_or_404(s, trial_id)
+        rows = list(s.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial_id)
+                              .order_by(Checkpoint.step, Checkpoint.name)))
+        return _views(s, rows, experiment_config(trial.experiment).searcher.metric)
+
+
+def experiment_checkpoints(store: Store, experiment_id: int) -> list[dict[str, Any]]:
+    """Every checkpoint of the experiment's trials, by trial and step."""
+    with store.session_scope() as s:
+        experiment = experiment_or_404(s, experiment_id)
+        rows = list(s.scalars(select(Checkpoint).join(Trial, Trial.id == Checkpoint.trial_id)
+                              .where(Trial.experiment_id == experiment_id)
+                              .order_by(Trial.number, Checkpoint.step, Checkpoint.name)))
+        return _views(s, rows, experiment_config(experiment).searcher.metric)
+
+
+def checkpoint_view(store: Store, checkpoint: str) -> dict[str, Any]:
+    """One checkpoint by id or uuid (`checkpoint_row`)."""
+    with store.session_scope() as s:
+        row = checkpoint_row(s, checkpoint)
+        experiment = s.get_one(Trial, row.trial_id).experiment
+        return _views(s, [row], experiment_config(experiment).searcher.metric)[0]
+
+
+def _views(s: Session, rows: Sequence[Checkpoint], metric: str | None) -> list[dict[str, Any]]:
+    values = checkpoint_metrics(s, rows, metric)
+    return [views.checkpoint_view(row, values[row.id][0] if row.id in values else None)
+            for row in rows]
+
+
+def collect(store: Store, worker: StorageWorker, who: Principal, experiment_id: int,
+            counts: dict[str, int], dry_run: bool) -> dict[str, Any]:
+    """The experiment's GC plan (`counts` change its policy first, unless a dry run), each
+    checkpoint with keep or delete and why; applied by the worker unless a dry run."""
+    with store.session_scope() as s:
+        experiment = experiment_or_404(s, experiment_id)
+        if not dry_run:
+            authorize(who, Action.COLLECT, owner=experiment.owner_name,
+                      subject=f"experiment {experiment_id}")
+        override = {**(experiment.gc_policy or {}), **counts}
+        policy = effective_policy(experiment_config(experiment).checkpoint_storage,
+                                  worker.default, override)
+        if counts and not dry_run:
+            experiment.gc_policy = override
+            record_event(s, entity="experiment", entity_id=experiment_id,
+                         reason=EventReason.GC_POLICY_CHANGED, actor=who.name,
+                         experiment_id=experiment_id,
+                         message=f"checkpoint GC policy now keeps each trial's latest "
+                                 f"{policy.save_trial_latest} and best "
+                                 f"{policy.save_trial_best}, and the experiment's best "
+                                 f"{policy.save_experiment_best}")
+    planned = worker.plan_for(experiment_id, override)
+    if not dry_run:
+        worker.request_gc(experiment_id)
+    return {"experiment_id": experiment_id, "dry_run": dry_run,
+            "policy": {name: getattr(policy, name) for name in GC_COUNTS},
+            "checkpoints": [{"id": p.id, "trial_id": p.trial_id, "name": p.name,
+                             "step": p.step, "state": p.state, "keep": p.keep,
+                             "reasons": list(p.reasons)} for p in planned]}
+
+
+def delete_experiment(store: Store, worker: StorageWorker | None, who: Principal,
+                      experiment_id: int) -> dict[str, Any]:
+    """Mark an ended experiment for deletion; the worker removes its checkpoints (storage
+    and local), run directories, logs and context, then its records.
+
+    Raises:
+        Conflict: the experiment has not ended (kill it first).
+    """
+    with store.session_scope() as s:
+        experiment = experiment_or_404(s, experiment_id)
+        authorize(who, Action.DELETE, owner=experiment.owner_name,
+                  subject=f"experiment {experiment_id}")
+        if not ExperimentState(experiment.state).is_terminal():
+            raise Conflict(f"experiment {experiment_id} is {experiment.state}; only an ended "
+                           f"experiment can be deleted: `muster experiment kill "
+                           f"{experiment_id}` first")
+        if experiment.delete_requested_at is None:
+            experiment.delete_requested_at = now()
+            record_event(s, entity="experiment", entity_id=experiment_id,
+                         reason=EventReason.DELETE_REQUESTED, actor=who.name,
+                         experiment_id=experiment_id,
+                         message=f"{who.name} asked to delete experiment {experiment_id} "
+                                 f"({experiment.name}) with its files and checkpoints")
+        name = experiment.name
+    if worker is not None:
+        worker.wake()
+    return {"experiment_id": experiment_id, "deleting": True,
+            "message": f"experiment {experiment_id} ({name}) is being deleted: its "
+                       "checkpoints, run directories and logs first, then its records"}
+
+
+def set_archived(store: Store, who: Principal, experiment_id: int,
+                 archived: bool) -> dict[str, Any]:
+    """Hide an experiment from the default lists (or show it again); nothing is removed."""
+    with store.session_scope() as s:
+        experiment = experiment_or_404(s, experiment_id)
+        authorize(who, Action.ARCHIVE, owner=experiment.owner_name,
+                  subject=f"experiment {experiment_id}")
+        if experiment.archived != archived:
+            experiment.archived = archived
+            record_event(s, entity="experiment", entity_id=experiment_id,
+                         reason=EventReason.ARCHIVED if archived else EventReason.UNARCHIVED,
+                         actor=who.name, experiment_id=experiment_id, message=None)
+        return {"experiment_id": experiment_id, "archived": archived}
+
+
+def checkpoint_row(s: Session, checkpoint: str) -> Checkpoint:
+    """A checkpoint by its id or its uuid.
+
+    Raises:
+        NotFound: no such checkpoint.
+    """
+    query = (select(Checkpoint).where(Checkpoint.id == int(checkpoint))
+             if checkpoint.isdigit() and len(checkpoint) < 10
+             else select(Checkpoint).where(Checkpoint.uuid == checkpoint))
+    row = s.scalars(query).one_or_none()
+    if row is None or _gone(s, row):
+        raise NotFound(f"there is no checkpoint {checkpoint}; `muster checkpoint list "
+                       "TRIAL_ID` shows a trial's")
+    return row
+
+
+def _gone(s: Session, row: Checkpoint) -> bool:
+    experiment = s.get_one(Trial, row.trial_id).experiment
+    return isinstance(experiment, Experiment) and experiment.delete_requested_at is not None
+

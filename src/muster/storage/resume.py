@@ -1,0 +1,94 @@
+"""A new attempt resumes from the trial's latest intact checkpoint, wherever it is now.
+
+When the run directory does not hold it (the trial restarts on another machine, or the
+directory was lost), it is fetched from storage into `$MUSTER_HOME/checkpoint-cache/
+<trial uuid>/<name>/` before the attempt starts, every file checked against its sha256;
+`MUSTER_LATEST_CHECKPOINT` then names that copy and `ctx.checkpoint.restore()` returns it.
+A checkpoint corrupt in storage is skipped with a warning (and an event) that names it,
+as a corrupt local one is, and the one before it is tried.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from sqlalchemy import select
+
+from muster import checkpoint_files
+from muster.errors import StorageError
+from muster.home import Home
+from muster.states import EventReason
+from muster.storage.location import Location, open_backend
+from muster.storage.planner import CheckpointState
+from muster.storage.transfer import CorruptInStorage, fetch_checkpoint
+from muster.store import Checkpoint, Store, Trial, record_event
+from muster.store.actors import STORAGE
+
+log = logging.getLogger(__name__)
+
+__all__ = ["cache_dir", "fetch_resume_point", "resume_point"]
+
+Order = tuple[int, float, str]
+
+
+def cache_dir(home: Home, trial_uuid: str) -> Path:
+    return home.checkpoint_cache_dir / trial_uuid
+
+
+def resume_point(run_checkpoints: Path, cache: Path) -> Path | None:
+    """The latest intact checkpoint in the run directory or the cache (the later wins)."""
+    found = [c for c in (checkpoint_files.latest_intact(run_checkpoints),
+                         checkpoint_files.latest_intact(cache)) if c is not None]
+    return max(found, key=lambda c: c.order).path if found else None
+
+
+def fetch_resume_point(store: Store, home: Home, trial_id: int) -> Path | None:
+    """Fetch the trial's latest stored checkpoint when nothing as late is on this machine;
+    the copy fetched, or None when none was needed or none could be had.
+
+    A storage that cannot be reached is logged and the attempt starts from what is here.
+    """
+    with store.session_scope() as s:
+        trial = s.get_one(Trial, trial_id)
+        rows = [(r.uuid, r.name, (r.step, r.created_at or 0.0, r.name), r.storage, r.state)
+                for r in s.scalars(select(Checkpoint).where(
+                    Checkpoint.trial_id == trial_id, Checkpoint.intact.is_(True),
+                    Checkpoint.state.not_in([CheckpointState.DELETED.value,
+                                             CheckpointState.DELETING.value])))]
+        trial_uuid, experiment_id = trial.uuid, trial.experiment_id
+    cache = cache_dir(home, trial_uuid)
+    here = _order_here(home.run_dir(trial_uuid).checkpoints, cache)
+    for uuid, name, order, storage, state in sorted(rows, key=lambda r: r[2], reverse=True):
+        if here is not None and here >= order:
+            return None
+        if state != CheckpointState.STORED.value or storage is None:
+            continue
+        location = Location.from_json(storage)
+        try:
+            fetch_checkpoint(open_backend(location), uuid, cache / name, trial_id)
+        except CorruptInStorage as exc:
+            _skipped(store, trial_id, experiment_id, name, location.url(uuid), exc)
+            continue
+        except StorageError as exc:
+            log.warning("trial %d: cannot fetch checkpoint %s from %s: %s", trial_id, name,
+                        location.url(uuid), exc)
+            return None
+        return cache / name
+    return None
+
+
+def _order_here(run_checkpoints: Path, cache: Path) -> Order | None:
+    found = [c for c in (checkpoint_files.latest_intact(run_checkpoints),
+                         checkpoint_files.latest_intact(cache)) if c is not None]
+    return max(c.order for c in found) if found else None
+
+
+def _skipped(store: Store, trial_id: int, experiment_id: int, name: str, url: str,
+             exc: StorageError) -> None:
+    message = f"skipping the corrupt checkpoint {name} in storage ({url}): {exc}"
+    log.warning("trial %d: %s", trial_id, message)
+    with store.session_scope() as s:
+        record_event(s, entity="trial", entity_id=trial_id, reason=EventReason.RESTORE_SKIPPED,
+                     actor=STORAGE, trial_id=trial_id, experiment_id=experiment_id,
+                     message=message)

@@ -1,0 +1,470 @@
+"""The server's checkpoint storage worker: uploads, garbage collection, deletions, sweeps.
+
+One thread beside the supervisor's passes, so a slow bucket never delays a trial's
+supervision. Its work is in the store, not in memory: a checkpoint to upload is a row in
+state `local` (or `upload_failed` whose next try is due), a deletion decided is a row in
+state `deleting`, an experiment to delete has `delete_requested_at`. So a server killed at
+any moment loses nothing: at start `recover()` turns the uploads it was doing back into
+`local` (redone; a metadata.json already in storage is recognised), and the deletions it
+had decided are finished. Wake-ups (`request_gc`) go through a bounded queue; when it is
+full, the next round collects every experiment instead.
+
+Every state change is committed before the storage operation it leads to: `uploading`
+before the first byte, `deleting` before the first object is removed, and `deleted` only
+after storage confirmed nothing is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from muster.config.schema import CheckpointStorageConfig, ExperimentConfig
+from muster.errors import MusterError, StorageError
+from muster.home import Home
+from muster.states import EventReason, TrialState
+from muster.storage import transfer
+from muster.storage.base import Backend
+from muster.storage.location import Location, effective_location, effective_policy, open_backend
+from muster.storage.metrics import checkpoint_metrics
+from muster.storage.planner import CheckpointFacts, CheckpointState, Decision, plan
+from muster.storage.sweep import SweepReport, sweep_location
+from muster.store import Checkpoint, Experiment, Store, Trial, record_event
+from muster.store.actors import STORAGE
+from muster.store.models import now
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PlannedCheckpoint", "StorageWorker"]
+
+UPLOADS_PER_ROUND = 4
+GC_QUEUE_SIZE = 1024
+MAX_RETRY_SECONDS = 3600.0
+IDLE_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 60.0
+ORPHAN_AGE_SECONDS = 3600.0  # a prefix without metadata.json this old is an abandoned upload
+SWEEP_EVERY_SECONDS = 600.0
+
+
+def retry_delay(tries: int) -> float:
+    """Seconds before the next try of an upload that failed `tries` times (5 s, doubling,
+    at most an hour)."""
+    return min(MAX_RETRY_SECONDS, 5.0 * 2.0 ** min(max(tries - 1, 0), 20))
+
+
+@dataclass(frozen=True)
+class PlannedCheckpoint:
+    """One checkpoint in a GC plan, as `muster checkpoint gc` prints it."""
+
+    id: int
+    trial_id: int
+    name: str
+    step: int
+    state: str
+    keep: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass
+class StorageWorker:
+    store: Store
+    home: Home
+    default: CheckpointStorageConfig | None = None  # the cluster config's checkpoint_storage
+    orphan_age: float = ORPHAN_AGE_SECONDS
+    environ: dict[str, str] | None = None  # where `env:` keys are read (default: os.environ)
+    _gc: queue.Queue[int] = field(default_factory=lambda: queue.Queue(GC_QUEUE_SIZE))
+    _gc_everything: bool = False
+    _backends: dict[str, Backend] = field(default_factory=dict)
+    _busy: set[str] = field(default_factory=set)  # uuids being uploaded now
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _last_sweep: float = 0.0
+    _failures: int = 0  # rounds that failed in a row
+    _ends_seen_until: float = field(default_factory=now)  # trials and experiments ended since
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="muster-storage", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for backend in self._backends.values():
+            backend.close()
+
+    def request_gc(self, experiment_id: int) -> None:
+        """Collect this experiment's checkpoints soon (its trial ended, a checkpoint was
+        stored). Never blocks: a full queue makes the next round collect every one."""
+        try:
+            self._gc.put_nowait(experiment_id)
+        except queue.Full:
+            self._gc_everything = True
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        self._guarded(self.recover, "recovering unfinished uploads and deletions")
+        while not self._stop.is_set():
+            worked = self._guarded(self.run_once, "a round of uploads and collection")
+            if time.time() - self._last_sweep > SWEEP_EVERY_SECONDS:
+                self._last_sweep = time.time()
+                self._guarded(self.sweep, "sweeping storage for orphans")
+            if not worked:
+                self._wake.wait(IDLE_SECONDS)
+                self._wake.clear()
+
+    def _guarded(self, work: Callable[[], Any], what: str) -> Any:
+        """`work()`, or False after logging its failure; failures in a row back off (up to
+        a minute) and are logged sparingly (the 1st, 2nd, 5th, then every 60th)."""
+        try:
+            result = work()
+        except MusterError as exc:
+            self._failed(f"{what} failed: {exc}", with_traceback=False)
+        except Exception as exc:  # noqa: BLE001 - logged with its traceback; retried
+            self._failed(f"{what} failed unexpectedly: {type(exc).__name__}: {exc}",
+                         with_traceback=True)
+        else:
+            self._failures = 0
+            return result
+        self._stop.wait(min(MAX_BACKOFF_SECONDS, IDLE_SECONDS * 2 ** min(self._failures, 6)))
+        return False
+
+    def _failed(self, message: str, with_traceback: bool) -> None:
+        self._failures += 1
+        if self._failures in (1, 2, 5) or self._failures % 60 == 0:
+            log.error("checkpoint storage: %s (%d in a row)", message, self._failures,
+                      exc_info=with_traceback)
+
+    # -- one round -------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """After a restart: uploads cut short are redone, every experiment with checkpoints
+        is collected (deletions decided and not done are finished)."""
+        with self.store.session_scope() as s:
+            for row in s.scalars(select(Checkpoint).where(
+                    Checkpoint.state == CheckpointState.UPLOADING.value)):
+                row.state = CheckpointState.LOCAL.value
+        self._gc_everything = True
+
+    def run_once(self) -> bool:
+        """Upload what is due, delete experiments asked to be, collect those asked for.
+        Returns whether anything was done."""
+        worked = self._upload_due()
+        worked = self._delete_requested_experiments() or worked
+        for experiment_id in self._experiments_to_collect():
+            planned = self.collect(experiment_id)
+            worked = worked or any(not p.keep for p in planned)
+        return worked
+
+    # -- uploads ---------------------------------------------------------------------------
+
+    def _upload_due(self) -> bool:
+        claimed = self._claim_uploads(UPLOADS_PER_ROUND)
+        for checkpoint_id, location, path, uuid, trial_id in claimed:
+            self._upload(checkpoint_id, location, Path(path), uuid, trial_id)
+        return bool(claimed)
+
+    def _claim_uploads(self, limit: int) -> list[tuple[int, Location, str, str, int]]:
+        """Mark up to `limit` due uploads `uploading`, with the storage each goes to."""
+        at = now()
+        with self.store.session_scope() as s:
+            rows = s.execute(
+                select(Checkpoint, Experiment).join(Trial, Trial.id == Checkpoint.trial_id)
+                .join(Experiment, Experiment.id == Trial.experiment_id)
+                .where(Checkpoint.intact.is_(True),
+                       Experiment.delete_requested_at.is_(None),
+                       (Checkpoint.state == CheckpointState.LOCAL.value)
+                       | ((Checkpoint.state == CheckpointState.UPLOAD_FAILED.value)
+                          & (Checkpoint.next_try_at <= at)))
+                .order_by(Checkpoint.id).limit(limit)).all()
+            claimed = []
+            for row, experiment in rows:
+                location = (Location.from_json(row.storage) if row.storage else
+                            self._location_of(experiment))
+                row.state, row.storage = CheckpointState.UPLOADING.value, location.to_json()
+                claimed.append((row.id, location, row.path, row.uuid, row.trial_id))
+            return claimed
+
+    def _location_of(self, experiment: Experiment) -> Location:
+        config = experiment_config(experiment).checkpoint_storage
+        return effective_location(config, self.default, self.home)
+
+    def _upload(self, checkpoint_id: int, location: Location, path: Path, uuid: str,
+                trial_id: int) -> None:
+        with self._lock:
+            self._busy.add(uuid)
+        try:
+            transfer.upload_checkpoint(self.backend(location), path, uuid, trial_id)
+        except StorageError as exc:
+            self._upload_failed(checkpoint_id, location, exc)
+        else:
+            self._stored(checkpoint_id)
+        finally:
+            with self._lock:
+                self._busy.discard(uuid)
+
+    def _stored(self, checkpoint_id: int) -> None:
+        with self.store.session_scope() as s:
+            row = s.get_one(Checkpoint, checkpoint_id)
+            if row.state != CheckpointState.UPLOADING.value:
+                return  # decided otherwise meanwhile (deleted with its experiment)
+            row.state, row.stored_at, row.error, row.next_try_at = (
+                CheckpointState.STORED.value, now(), None, None)
+            experiment_id = s.get_one(Trial, row.trial_id).experiment_id
+        self.request_gc(experiment_id)
+
+    def _upload_failed(self, checkpoint_id: int, location: Location, exc: StorageError) -> None:
+        retry = not isinstance(exc, transfer.CheckpointChanged)
+        with self.store.session_scope() as s:
+            row = s.get_one(Checkpoint, checkpoint_id)
+            row.upload_tries += 1
+            delay = retry_delay(row.upload_tries)
+            row.state, row.error = CheckpointState.UPLOAD_FAILED.value, str(exc)
+            row.next_try_at = now() + delay if retry else None
+            then = (f"tried again in {delay:.0f} s" if retry
+                    else "not tried again: the local copy is no longer what was registered")
+            record_event(s, entity="trial", entity_id=row.trial_id,
+                         reason=EventReason.CHECKPOINT_UPLOAD_FAILED, actor=STORAGE,
+                         trial_id=row.trial_id,
+                         experiment_id=s.get_one(Trial, row.trial_id).experiment_id,
+                         message=f"uploading checkpoint {row.name} to {location.url()} failed "
+                                 f"(try {row.upload_tries}): {exc}; {then}")
+        log.warning("checkpoint %d: upload to %s failed: %s", checkpoint_id, location.url(), exc)
+
+    def backend(self, location: Location) -> Backend:
+        """The backend for `location`, opened once and shared by every thread."""
+        key = repr(sorted(location.to_json().items()))
+        with self._lock:
+            if key not in self._backends:
+                self._backends[key] = open_backend(location, self.environ)
+            return self._backends[key]
+
+    # -- garbage collection ----------------------------------------------------------------
+
+    def _experiments_to_collect(self) -> list[int]:
+        ids = self._ended_since_last_look()
+        if self._gc_everything:
+            self._gc_everything = False
+            with self.store.session_scope() as s:
+                ids.update(s.scalars(select(Trial.experiment_id).join(
+                    Checkpoint, Checkpoint.trial_id == Trial.id).where(
+                    Checkpoint.state != CheckpointState.DELETED.value).distinct()))
+        while True:
+            try:
+                ids.add(self._gc.get_nowait())
+            except queue.Empty:
+                return sorted(ids)
+
+    def _ended_since_last_look(self) -> set[int]:
+        """Experiments one of whose trials, or which, ended since the last look: GC runs
+        again when a trial ends (its latest checkpoint is no longer protected)."""
+        with self.store.session_scope() as s:
+            since, self._ends_seen_until = self._ends_seen_until, now()
+            ids = set(s.scalars(select(Trial.experiment_id).where(Trial.ended_at > since - 1)))
+            ids.update(s.scalars(select(Experiment.id).where(Experiment.ended_at > since - 1)))
+        return ids
+
+    def plan_for(self, experiment_id: int,
+                 override: dict[str, int] | None = None) -> list[PlannedCheckpoint]:
+        """The GC plan of an experiment under its policy (or `override`'s counts)."""
+        with self.store.session_scope() as s:
+            experiment = s.get_one(Experiment, experiment_id)
+            config = experiment_config(experiment)
+            policy = effective_policy(config.checkpoint_storage, self.default,
+                                      override or experiment.gc_policy)
+            rows = _live_checkpoints(s, experiment_id)
+            trials = {t.id: t for t in s.scalars(select(Trial).where(
+                Trial.experiment_id == experiment_id))}
+            metrics = checkpoint_metrics(s, rows, config.searcher.metric)
+            facts = [_facts(row, metrics.get(row.id)) for row in rows]
+            may_run = {t.id for t in trials.values() if not TrialState(t.state).is_terminal()}
+            decisions = plan(facts, may_run, policy, config.searcher.smaller_is_better)
+            by_id = {row.id: row for row in rows}
+            return [_planned(by_id[d.checkpoint_id], d) for d in decisions]
+
+    def collect(self, experiment_id: int) -> list[PlannedCheckpoint]:
+        """Apply the experiment's GC plan: note why each checkpoint is kept, record the
+        deletions, then carry them out. Idempotent."""
+        planned = self.plan_for(experiment_id)
+        doomed = self._record_plan(planned)
+        for checkpoint_id in doomed:
+            self._delete_checkpoint(checkpoint_id)
+        self._drop_cache_of_ended_trials(experiment_id)
+        return planned
+
+    def _record_plan(self, planned: list[PlannedCheckpoint]) -> list[int]:
+        """Commit the plan's decisions (a deletion becomes `deleting` before anything is
+        removed); the ids to delete."""
+        doomed = []
+        with self.store.session_scope() as s:
+            for p in planned:
+                row = s.get_one(Checkpoint, p.id)
+                if row.state != p.state:
+                    continue  # it moved since the plan was made: the next plan decides
+                if p.keep:
+                    row.gc_reason = "; ".join(p.reasons)
+                    continue
+                if row.state != CheckpointState.DELETING.value:
+                    row.state, row.gc_reason = CheckpointState.DELETING.value, p.reasons[0]
+                doomed.append(p.id)
+        return doomed
+
+    def _delete_checkpoint(self, checkpoint_id: int) -> None:
+        """Remove a `deleting` checkpoint from storage and its run directory, then record it
+        `deleted` with an event. A failure leaves it `deleting`, finished later."""
+        with self.store.session_scope() as s:
+            row = s.get_one(Checkpoint, checkpoint_id)
+            storage, uuid, path, name = row.storage, row.uuid, Path(row.path), row.name
+            trial = s.get_one(Trial, row.trial_id)
+            cached = self.home.checkpoint_cache_dir / trial.uuid / name
+        try:
+            if storage is not None:
+                transfer.delete_checkpoint(self.backend(Location.from_json(storage)), uuid)
+            _remove_local(path, name)
+            _remove_local(cached, name)
+        except (StorageError, OSError) as exc:
+            log.warning("checkpoint %d: deletion not finished, tried again later: %s",
+                        checkpoint_id, exc)
+            return
+        self._deleted(checkpoint_id, storage)
+
+    def _deleted(self, checkpoint_id: int, storage: dict[str, Any] | None) -> None:
+        with self.store.session_scope() as s:
+            row = s.get_one(Checkpoint, checkpoint_id)
+            row.state, row.deleted_at = CheckpointState.DELETED.value, now()
+            where = (f"from {Location.from_json(storage).url(row.uuid)} and " if storage
+                     else "from ")
+            trial = s.get_one(Trial, row.trial_id)
+            record_event(s, entity="trial", entity_id=trial.id,
+                         reason=EventReason.CHECKPOINT_DELETED, actor=STORAGE,
+                         trial_id=trial.id, experiment_id=trial.experiment_id,
+                         message=f"checkpoint {row.name} (step {row.step}) deleted {where}the "
+                                 f"run directory: {row.gc_reason}")
+
+    def _drop_cache_of_ended_trials(self, experiment_id: int) -> None:
+        """Copies fetched back for a restart are not needed once the trial ended."""
+        with self.store.session_scope() as s:
+            ended = [t.uuid for t in s.scalars(select(Trial).where(
+                Trial.experiment_id == experiment_id)) if TrialState(t.state).is_terminal()]
+        for trial_uuid in ended:
+            shutil.rmtree(self.home.checkpoint_cache_dir / trial_uuid, ignore_errors=True)
+
+    # -- experiment deletion ---------------------------------------------------------------
+
+    def _delete_requested_experiments(self) -> bool:
+        with self.store.session_scope() as s:
+            ids = list(s.scalars(select(Experiment.id).where(
+                Experiment.delete_requested_at.is_not(None)).order_by(Experiment.id)))
+        for experiment_id in ids:
+            self.delete_experiment_now(experiment_id)
+        return bool(ids)
+
+    def delete_experiment_now(self, experiment_id: int) -> bool:
+        """Remove a deleted experiment's checkpoints (storage and local), run directories,
+        context and rows. False (to be tried again) while storage refuses a deletion."""
+        with self.store.session_scope() as s:
+            for row in _live_checkpoints(s, experiment_id):
+                if row.state != CheckpointState.DELETING.value:
+                    row.state, row.gc_reason = (CheckpointState.DELETING.value,
+                                                "its experiment was deleted")
+            doomed = [r.id for r in _live_checkpoints(s, experiment_id)]
+        for checkpoint_id in doomed:
+            self._delete_checkpoint(checkpoint_id)
+        with self.store.session_scope() as s:
+            if _live_checkpoints(s, experiment_id):
+                return False
+            experiment = s.get_one(Experiment, experiment_id)
+            self._remove_files(experiment)
+            name = experiment.name
+            s.delete(experiment)
+            record_event(s, entity="experiment", entity_id=experiment_id,
+                         reason=EventReason.EXPERIMENT_DELETED, actor=STORAGE,
+                         experiment_id=experiment_id,
+                         message=f"experiment {experiment_id} ({name}) deleted: its run "
+                                 "directories, logs, checkpoints and records are gone")
+        return True
+
+    def _remove_files(self, experiment: Experiment) -> None:
+        for trial in experiment.trials:
+            shutil.rmtree(self.home.runs_dir / trial.uuid, ignore_errors=True)
+            shutil.rmtree(self.home.checkpoint_cache_dir / trial.uuid, ignore_errors=True)
+        shutil.rmtree(self.home.experiments_dir / experiment.uuid, ignore_errors=True)
+        self.home.secrets_file(experiment.uuid).unlink(missing_ok=True)
+
+    # -- orphans ---------------------------------------------------------------------------
+
+    def sweep(self, older_than: float | None = None) -> SweepReport:
+        """Delete what storage holds that no checkpoint references: prefixes without a
+        metadata.json (uploads that never finished) and open multipart uploads older than
+        `older_than` seconds (default `orphan_age`), and leftovers of deleted checkpoints."""
+        age = self.orphan_age if older_than is None else older_than
+        with self.store.session_scope() as s:
+            states = {uuid: state for uuid, state in s.execute(
+                select(Checkpoint.uuid, Checkpoint.state))}
+            places = {repr(sorted(d.items())): d for d in s.scalars(
+                select(Checkpoint.storage).where(Checkpoint.storage.is_not(None)))
+                if d is not None}
+        locations = [Location.from_json(d) for d in places.values()]
+        if self.default is not None and self.default.type is not None:
+            locations.append(effective_location(CheckpointStorageConfig(), self.default,
+                                                self.home))
+        report = SweepReport()
+        for location in {loc.url(): loc for loc in locations}.values():
+            with self._lock:
+                busy = set(self._busy)
+            report += sweep_location(self.backend(location), states, busy, age, now())
+        return report
+
+
+def experiment_config(experiment: Experiment) -> ExperimentConfig:
+    """The stored config (validated again: the storage package sits below `supervise`,
+    whose cache of validated configs it may not import)."""
+    return ExperimentConfig.model_validate(experiment.config)
+
+
+def _live_checkpoints(s: Session, experiment_id: int) -> list[Checkpoint]:
+    return list(s.scalars(select(Checkpoint).join(Trial, Trial.id == Checkpoint.trial_id)
+                          .where(Trial.experiment_id == experiment_id,
+                                 Checkpoint.state != CheckpointState.DELETED.value)
+                          .order_by(Checkpoint.id)))
+
+
+def _facts(row: Checkpoint, metric: tuple[float, int] | None) -> CheckpointFacts:
+    return CheckpointFacts(
+        id=row.id, trial_id=row.trial_id,
+        order=(row.step, row.created_at or 0.0, row.name), intact=row.intact,
+        state=CheckpointState(row.state), metric=metric[0] if metric else None,
+        metric_step=metric[1] if metric else None)
+
+
+def _planned(row: Checkpoint, decision: Decision) -> PlannedCheckpoint:
+    return PlannedCheckpoint(id=row.id, trial_id=row.trial_id, name=row.name, step=row.step,
+                             state=row.state, keep=decision.keep, reasons=decision.reasons)
+
+
+def _remove_local(path: Path, name: str) -> None:
+    """Remove a checkpoint directory; only one named as registered (never another path)."""
+    if path.name != name:
+        raise OSError(f"{path} is not checkpoint {name}; it is left alone")
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return  # gone already: done
