@@ -342,6 +342,22 @@ def test_protection_reason_when_counts_are_zero() -> None:
     ]
 
 
+def test_a_live_trials_latest_stored_stays_until_a_later_one_is_stored() -> None:
+    """Losing the trial's disk must not lose every resume point: while its latest is only
+    local (or uploading, or failed to upload), its latest stored one is kept too."""
+    for pending in (S.LOCAL, S.UPLOADING, S.UPLOAD_FAILED):
+        decisions = by_id(plan([ck(1, 3), ck(2, 3), ck(3, 3, state=pending)], {3}, NOTHING,
+                               smaller_is_better=True))
+        assert [decisions[i].keep for i in (1, 2, 3)] == [False, True, True], pending
+        assert decisions[2].reasons == ("the latest stored checkpoint of trial 3, which may "
+                                        "still run, kept until a later one is stored",)
+    once_stored = by_id(plan([ck(2, 3), ck(3, 3)], {3}, NOTHING, smaller_is_better=True))
+    assert [once_stored[i].keep for i in (2, 3)] == [False, True]
+    ended = by_id(plan([ck(2, 3), ck(3, 3, state=S.LOCAL)], set(), NOTHING,
+                       smaller_is_better=True))
+    assert [ended[i].keep for i in (2, 3)] == [False, False]
+
+
 def test_metric_without_a_step_in_the_reason() -> None:
     (decision,) = plan([ck(1, metric=0.25)], set(), BEST_1, smaller_is_better=True)
     assert decision.reasons == ("among trial 1's best 1 (metric 0.25)",)
@@ -560,10 +576,22 @@ def test_plan_properties(
         candidates = [c for c in group if c.state is not S.UPLOADING]
         kept_candidates = {c.id for c in candidates if decisions[c.id].keep}
         protected = holders(decisions, f"the latest intact checkpoint of trial {trial}")
-        assert kept_candidates <= latest_ids | best_ids | exp_best | protected
+        fallback = holders(decisions, f"the latest stored checkpoint of trial {trial}")
+        assert kept_candidates <= latest_ids | best_ids | exp_best | protected | fallback
         limit = policy.save_trial_latest + policy.save_trial_best + policy.save_experiment_best
-        assert len(kept_candidates) <= limit + (trial in may_still_run)
+        assert len(kept_candidates) <= limit + 2 * (trial in may_still_run)
         assert len(protected) == (1 if trial in may_still_run and group else 0)
+
+        # (e) while a live trial's latest is not stored, its latest stored one stays
+        stored = [c for c in group if c.state is S.STORED]
+        if trial in may_still_run and group and stored:
+            latest = max(group, key=lambda c: (c.order, c.id))
+            if latest.state is not S.STORED:
+                newest_stored = max(stored, key=lambda c: (c.order, c.id))
+                assert decisions[newest_stored.id].keep
+                assert fallback == {newest_stored.id}
+        else:
+            assert fallback == set()
 
 
 def assert_latest(chosen: set[int], group: list[CheckpointFacts]) -> None:

@@ -3,7 +3,9 @@
 A checkpoint is kept while it is among its trial's latest `save_trial_latest`, its trial's
 best `save_trial_best`, or the experiment's best `save_experiment_best` (the union); every
 other one is deleted. On top of that, the latest intact checkpoint of a trial that may still
-run is never deleted, whatever the counts: it is what a restart resumes from.
+run is never deleted, whatever the counts: it is what a restart resumes from; and while
+that one is not stored yet, neither is the trial's latest stored one (the only copy off
+the trial's machine).
 
 `plan` is pure: the worker reads the facts once, asks for a plan and carries it out.
 
@@ -104,6 +106,7 @@ class _Selection:
     trial_best: frozenset[int]
     experiment_best: frozenset[int]
     protected: frozenset[int]
+    stored_fallback: frozenset[int]  # a live trial's latest stored, its latest not yet stored
 
 
 def plan(
@@ -213,7 +216,18 @@ def _select(
         ),
         experiment_best=_ids(_best(counted, policy.save_experiment_best, smaller_is_better)),
         protected=_ids(c for t, g in trials if t in may_still_run for c in _latest(g, 1)),
+        stored_fallback=_ids(c for t, g in trials if t in may_still_run
+                             for c in _stored_fallback(g)),
     )
+
+
+def _stored_fallback(group: Sequence[CheckpointFacts]) -> list[CheckpointFacts]:
+    """While a live trial's latest checkpoint is only on its machine (not yet stored), its
+    latest stored one stays too: losing that disk must not lose every resume point."""
+    latest = _latest(group, 1)
+    if not latest or latest[0].state is CheckpointState.STORED:
+        return []
+    return _latest((c for c in group if c.state is CheckpointState.STORED), 1)
 
 
 def _decide(c: CheckpointFacts, selection: _Selection, policy: Policy) -> Decision:
@@ -242,6 +256,9 @@ def _kept_because(c: CheckpointFacts, selection: _Selection, policy: Policy) -> 
         )
     if c.id in selection.protected:
         reasons.append(f"the latest intact checkpoint of trial {t}, which may still run")
+    if c.id in selection.stored_fallback:
+        reasons.append(f"the latest stored checkpoint of trial {t}, which may still run, "
+                       "kept until a later one is stored")
     return tuple(reasons)
 
 
