@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import auth
+import checkpoint_storage
 import first_log
 import harness_overhead
 import ingest
@@ -51,6 +52,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "environments": environments.run,
     "auth": auth.run,
     "ui_budget": ui_budget.run,
+    "checkpoint_storage": checkpoint_storage.run,
 }
 
 

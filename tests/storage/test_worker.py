@@ -121,20 +121,31 @@ def _second_attempt_log(rig: Rig, trial_id: int) -> str:
     return rig.home.run_dir(_trial_uuid(rig, trial_id)).attempt(2).rank(0).log.read_text()
 
 
+@pytest.mark.parametrize("kind", ["shared_fs", "s3"])
 @pytest.mark.parametrize("corrupt", [False, True], ids=["intact", "corrupt-in-storage"])
 def test_a_restart_without_the_local_files_resumes_from_storage(
-        sqlite_rig: Rig, tmp_path: Path, corrupt: bool) -> None:
+        sqlite_rig: Rig, tmp_path: Path, corrupt: bool, kind: str,
+        request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The run directory lost its checkpoints (another machine, a lost disk): the next
-    attempt resumes from the copy in storage, verified; a copy corrupt in storage is skipped
-    with an event naming it, and the one before it is used."""
+    attempt resumes from the copy in storage, verified; a copy corrupt in storage (a file
+    overwritten in the directory, an object replaced in the bucket) is skipped with an event
+    naming it, and the one before it is used."""
     storage, pace = tmp_path / "storage", tmp_path / "pace"
     pace.mkdir()
     (pace / "go-1").touch()
     (pace / "go-2").touch()
-    experiment_id, trial_id = _submit(
-        sqlite_rig, "0.5,0.4,0.3", {"type": "shared_fs", "path": str(storage),
-                                    "save_trial_latest": 2},
-        "--wait-for", str(pace))
+    where: dict[str, Any] = {"type": "shared_fs", "path": str(storage)}
+    if kind == "s3":
+        monkeypatch.setenv("TEST_S3_KEY", "testing")
+        monkeypatch.setenv("TEST_S3_SECRET", "testing")
+        bucket = request.getfixturevalue("s3_bucket")
+        where = {"type": "s3", "bucket": bucket, "prefix": "restore",
+                 "endpoint_url": request.getfixturevalue("s3_endpoint"),
+                 "region": "us-east-1", "access_key": "env:TEST_S3_KEY",
+                 "secret_key": "env:TEST_S3_SECRET"}
+    experiment_id, trial_id = _submit(sqlite_rig, "0.5,0.4,0.3",
+                                      {**where, "save_trial_latest": 2},
+                                      "--wait-for", str(pace))
     _registered(sqlite_rig, trial_id, 2)
     worker = StorageWorker(sqlite_rig.store, sqlite_rig.home)
     _drain(worker)
@@ -143,7 +154,11 @@ def test_a_restart_without_the_local_files_resumes_from_storage(
     run_dir = sqlite_rig.home.run_dir(_trial_uuid(sqlite_rig, trial_id))
     for local in published(run_dir.checkpoints):
         shutil.rmtree(local)
-    if corrupt:
+    if corrupt and kind == "s3":
+        request.getfixturevalue("s3_client").put_object(
+            Bucket=where["bucket"], Key=f"restore/{rows[2][1]}/model.bin",
+            Body=b"not what was saved")
+    elif corrupt:
         (storage / rows[2][1] / "model.bin").write_bytes(b"not what was saved")
     _crash_training(sqlite_rig, trial_id)
     (pace / "go-3").touch()
@@ -176,13 +191,14 @@ def test_collection_during_a_long_run_keeps_its_disk_bounded(
          "save_trial_latest": 0}, "--wait-for", str(pace))
     worker = StorageWorker(sqlite_rig.store, sqlite_rig.home)
     run_dir = sqlite_rig.home.run_dir(_trial_uuid(sqlite_rig, trial_id))
-    for step in range(1, len(values) + 1):
+    for step in range(1, len(values)):  # the last step ends the trial: see below
         (pace / f"go-{step}").touch()
         _registered(sqlite_rig, trial_id, step)
         _drain(worker)
         local = [int(p.name.split("-")[1]) for p in published(run_dir.checkpoints)]
         assert local == [step], (step, local)  # the resume point only
         assert len(list(storage.iterdir())) == 1
+    (pace / f"go-{len(values)}").touch()
     trial = sqlite_rig.run_to_end_of(experiment_id, trial_id)
     assert trial.state == "SUCCEEDED"
     _drain(worker)  # ended: nothing protects it any more, and the policy keeps 0

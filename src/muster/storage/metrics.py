@@ -34,8 +34,10 @@ def checkpoint_metrics(s: Session, rows: Sequence[Checkpoint], metric: str | Non
         value = values.get(metric) if isinstance(values, dict) else None
         if isinstance(value, int | float) and not isinstance(value, bool):
             validations[trial_id].append((step, float(value)))
+    steps: dict[int, dict[int, int]] = defaultdict(dict)
+    for row in rows:
+        steps[row.trial_id][row.id] = row.step
     found: dict[int, tuple[float, int]] = {}
     for trial_id in trial_ids:
-        steps = {row.id: row.step for row in rows if row.trial_id == trial_id}
-        found.update(attribute_metrics(steps, validations[trial_id]))
+        found.update(attribute_metrics(steps[trial_id], validations[trial_id]))
     return found

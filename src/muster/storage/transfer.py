@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -125,18 +126,30 @@ def delete_checkpoint(backend: Backend, uuid: str) -> None:
 
 
 def _local_document(local: Path, trial_id: int | None) -> tuple[dict[str, str], bytes]:
-    """The files (relative path → sha256) and the raw metadata.json of an intact local
-    checkpoint."""
+    """The files (relative path → sha256) and the raw metadata.json of a registered local
+    checkpoint. Its files are not hashed here: each is hashed as it is sent and compared
+    with metadata.json then (hashing them first as well cost an extra pass of the disk)."""
     try:
-        found = checkpoint_files.inspect(local, trial_id)
         raw = read_regular(local / METADATA_FILE)
     except OSError as exc:
         raise CheckpointChanged(f"{local} cannot be read ({exc.strerror or exc})") from None
-    if not found.intact:
-        raise CheckpointChanged(f"{local} is no longer intact: {found.problem}")
-    files = found.document.get("files")
-    assert isinstance(files, dict), "an intact checkpoint lists its files"
-    return {str(k): str(v) for k, v in files.items()}, raw
+    try:
+        files = _listed_files(raw, str(local))
+    except CorruptInStorage as exc:
+        raise CheckpointChanged(f"{local} is no longer intact: {exc}") from None
+    recorded = json.loads(raw).get("trial_id")
+    if trial_id is not None and recorded is not None and str(recorded) != str(trial_id):
+        raise CheckpointChanged(f"{local}/{METADATA_FILE} names trial {recorded}, not "
+                                f"{trial_id}")
+    for relative in files:
+        try:
+            regular = stat.S_ISREG(os.lstat(local / relative).st_mode)
+        except OSError as exc:
+            raise CheckpointChanged(f"{local / relative} cannot be read "
+                                    f"({exc.strerror or exc})") from None
+        if not regular:
+            raise CheckpointChanged(f"{local / relative} is no longer a regular file")
+    return files, raw
 
 
 def _listed_files(raw: bytes, url: str) -> dict[str, str]:

@@ -21,10 +21,10 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -44,10 +44,12 @@ from muster.store.actors import STORAGE
 from muster.store.models import now
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = ["PlannedCheckpoint", "StorageWorker"]
 
 UPLOADS_PER_ROUND = 4
+BATCH = 500  # checkpoints read, decided or recorded deleted per transaction
 GC_QUEUE_SIZE = 1024
 MAX_RETRY_SECONDS = 3600.0
 IDLE_SECONDS = 1.0
@@ -60,6 +62,22 @@ def retry_delay(tries: int) -> float:
     """Seconds before the next try of an upload that failed `tries` times (5 s, doubling,
     at most an hour)."""
     return min(MAX_RETRY_SECONDS, 5.0 * 2.0 ** min(max(tries - 1, 0), 20))
+
+
+@dataclass(frozen=True)
+class Doomed:
+    """A checkpoint being deleted, as read once for its deletion."""
+
+    id: int
+    uuid: str
+    storage: dict[str, Any] | None
+    path: Path
+    name: str
+    step: int
+    trial_id: int
+    experiment_id: int
+    reason: str
+    cached: Path  # a copy fetched back for a restart, if any
 
 
 @dataclass(frozen=True)
@@ -304,60 +322,75 @@ class StorageWorker:
         """Apply the experiment's GC plan: note why each checkpoint is kept, record the
         deletions, then carry them out. Idempotent."""
         planned = self.plan_for(experiment_id)
-        doomed = self._record_plan(planned)
-        for checkpoint_id in doomed:
-            self._delete_checkpoint(checkpoint_id)
+        self._delete_checkpoints(self._record_plan(planned))
         self._drop_cache_of_ended_trials(experiment_id)
         return planned
 
     def _record_plan(self, planned: list[PlannedCheckpoint]) -> list[int]:
         """Commit the plan's decisions (a deletion becomes `deleting` before anything is
-        removed); the ids to delete."""
+        removed; a reason is written only when it changed); the ids to delete."""
         doomed = []
-        with self.store.session_scope() as s:
-            for p in planned:
-                row = s.get_one(Checkpoint, p.id)
-                if row.state != p.state:
-                    continue  # it moved since the plan was made: the next plan decides
-                if p.keep:
-                    row.gc_reason = "; ".join(p.reasons)
-                    continue
-                if row.state != CheckpointState.DELETING.value:
-                    row.state, row.gc_reason = CheckpointState.DELETING.value, p.reasons[0]
-                doomed.append(p.id)
+        for chunk in _chunks(planned, BATCH):
+            with self.store.session_scope() as s:
+                rows = {r.id: r for r in s.scalars(select(Checkpoint).where(
+                    Checkpoint.id.in_([p.id for p in chunk])))}
+                for p in chunk:
+                    row = rows.get(p.id)
+                    if row is None or row.state != p.state:
+                        continue  # it moved since the plan was made: the next plan decides
+                    reason = "; ".join(p.reasons) if p.keep else p.reasons[0]
+                    if not p.keep:
+                        row.state = CheckpointState.DELETING.value
+                        doomed.append(p.id)
+                    if row.gc_reason != reason:
+                        row.gc_reason = reason
         return doomed
 
-    def _delete_checkpoint(self, checkpoint_id: int) -> None:
-        """Remove a `deleting` checkpoint from storage and its run directory, then record it
-        `deleted` with an event. A failure leaves it `deleting`, finished later."""
+    def _delete_checkpoints(self, ids: list[int]) -> None:
+        """Remove `deleting` checkpoints from storage and their run directories, then record
+        them `deleted` with an event each, a batch at a time. One whose removal fails stays
+        `deleting` and is finished by a later collection."""
+        for chunk in _chunks(ids, BATCH):
+            done = [d for d in self._doomed(chunk) if self._removed(d)]
+            if done:
+                self._deleted(done)
+
+    def _doomed(self, ids: Sequence[int]) -> list[Doomed]:
         with self.store.session_scope() as s:
-            row = s.get_one(Checkpoint, checkpoint_id)
-            storage, uuid, path, name = row.storage, row.uuid, Path(row.path), row.name
-            trial = s.get_one(Trial, row.trial_id)
-            cached = self.home.checkpoint_cache_dir / trial.uuid / name
+            found = s.execute(select(Checkpoint, Trial.uuid, Trial.experiment_id).join(
+                Trial, Trial.id == Checkpoint.trial_id).where(Checkpoint.id.in_(ids)))
+            return [Doomed(row.id, row.uuid, row.storage, Path(row.path), row.name, row.step,
+                           row.trial_id, experiment_id, row.gc_reason or "",
+                           self.home.checkpoint_cache_dir / trial_uuid / row.name)
+                    for row, trial_uuid, experiment_id in found]
+
+    def _removed(self, doomed: Doomed) -> bool:
         try:
-            if storage is not None:
-                transfer.delete_checkpoint(self.backend(Location.from_json(storage)), uuid)
-            _remove_local(path, name)
-            _remove_local(cached, name)
+            if doomed.storage is not None:
+                transfer.delete_checkpoint(self.backend(Location.from_json(doomed.storage)),
+                                           doomed.uuid)
+            _remove_local(doomed.path, doomed.name)
+            _remove_local(doomed.cached, doomed.name)
         except (StorageError, OSError) as exc:
             log.warning("checkpoint %d: deletion not finished, tried again later: %s",
-                        checkpoint_id, exc)
-            return
-        self._deleted(checkpoint_id, storage)
+                        doomed.id, exc)
+            return False
+        return True
 
-    def _deleted(self, checkpoint_id: int, storage: dict[str, Any] | None) -> None:
+    def _deleted(self, done: list[Doomed]) -> None:
+        at = now()
         with self.store.session_scope() as s:
-            row = s.get_one(Checkpoint, checkpoint_id)
-            row.state, row.deleted_at = CheckpointState.DELETED.value, now()
-            where = (f"from {Location.from_json(storage).url(row.uuid)} and " if storage
-                     else "from ")
-            trial = s.get_one(Trial, row.trial_id)
-            record_event(s, entity="trial", entity_id=trial.id,
-                         reason=EventReason.CHECKPOINT_DELETED, actor=STORAGE,
-                         trial_id=trial.id, experiment_id=trial.experiment_id,
-                         message=f"checkpoint {row.name} (step {row.step}) deleted {where}the "
-                                 f"run directory: {row.gc_reason}")
+            for row in s.scalars(select(Checkpoint).where(
+                    Checkpoint.id.in_([d.id for d in done]))):
+                row.state, row.deleted_at = CheckpointState.DELETED.value, at
+            for d in done:
+                where = (f"from {Location.from_json(d.storage).url(d.uuid)} and "
+                         if d.storage else "from ")
+                record_event(s, entity="trial", entity_id=d.trial_id,
+                             reason=EventReason.CHECKPOINT_DELETED, actor=STORAGE,
+                             trial_id=d.trial_id, experiment_id=d.experiment_id,
+                             message=f"checkpoint {d.name} (step {d.step}) deleted {where}the "
+                                     f"run directory: {d.reason}")
 
     def _drop_cache_of_ended_trials(self, experiment_id: int) -> None:
         """Copies fetched back for a restart are not needed once the trial ended."""
@@ -386,8 +419,7 @@ class StorageWorker:
                     row.state, row.gc_reason = (CheckpointState.DELETING.value,
                                                 "its experiment was deleted")
             doomed = [r.id for r in _live_checkpoints(s, experiment_id)]
-        for checkpoint_id in doomed:
-            self._delete_checkpoint(checkpoint_id)
+        self._delete_checkpoints(doomed)
         with self.store.session_scope() as s:
             if _live_checkpoints(s, experiment_id):
                 return False
@@ -438,6 +470,11 @@ def experiment_config(experiment: Experiment) -> ExperimentConfig:
     """The stored config (validated again: the storage package sits below `supervise`,
     whose cache of validated configs it may not import)."""
     return ExperimentConfig.model_validate(experiment.config)
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 def _live_checkpoints(s: Session, experiment_id: int) -> list[Checkpoint]:
