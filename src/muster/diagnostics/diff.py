@@ -1,0 +1,285 @@
+"""What differs between two runs' snapshots, most result-relevant first (issue 17).
+
+Both snapshot parts (see `muster.diagnostics`) are flattened to dotted paths
+(`frameworks.cuda`, `libraries.libcublas`, `hparams.lr`) and compared path by path. A null
+and a missing field mean the same (the process could not know it), so a path present on one
+side only is a difference with None on the other. Lists are compared as whole values,
+except two rank fields: `gpus` is compared as the sorted GPU names (order and serial
+numbers say nothing about the numbers a run produces), and `blas` as the sorted
+"api library version" strings, with the thread counts as their own field, `blas.threads`.
+
+Pure: no I/O; whoever shows a diff reads the snapshots and hands them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from fnmatch import fnmatchcase
+from typing import Any
+
+__all__ = [
+    "GROUPS",
+    "LEFT_OUT",
+    "NAME_MAPS",
+    "PRIORITY",
+    "VOLATILE",
+    "VOLATILE_FIELDS",
+    "Difference",
+    "Group",
+    "TrialSnapshots",
+    "diff_ranks",
+    "diff_trials",
+    "result_relevant",
+    "to_json",
+]
+
+
+class Group(str, Enum):
+    """What kind of thing a field says, in the order a reader should look at them."""
+
+    CODE = "code"
+    CONFIG = "config"
+    PACKAGES = "packages"
+    FRAMEWORKS = "frameworks"
+    NUMERICS = "numerics"
+    HARDWARE = "hardware"
+    PLATFORM = "platform"
+
+
+GROUPS: tuple[Group, ...] = tuple(Group)
+
+# A field is volatile, and never reported, when one of its path's segments is one of these
+# names (a NAME_MAPS key excepted): it changes from run to run without changing what the
+# run computes.
+VOLATILE: frozenset[str] = frozenset({
+    "hostname",  # ranks of one trial run on several machines; a rerun lands elsewhere
+    "uuid",  # a GPU's serial number, not its model (`gpus` keeps only the names anyway)
+    "executable", "path", "paths",  # where things happen to be installed or stored
+    "time", "timestamp", "started_at", "ended_at", "completed_at", "recorded_at",
+    "created_at",
+})
+# Whole fields that are volatile although their names are not.
+VOLATILE_FIELDS: frozenset[str] = frozenset({
+    # The GPUs the scheduler gave the rank (muster.launch sets it per rank); which GPUs a
+    # rank has is in `gpus`, by model.
+    "variables.CUDA_VISIBLE_DEVICES",
+})
+
+# Maps whose keys each name one thing (a package, a library family, a framework, a
+# numerics switch, a variable, a hyperparameter): the key is never taken for a volatile
+# segment (PyPI has a package called `path`), and a line shows the key without the map.
+NAME_MAPS: tuple[str, ...] = (
+    "environment.packages", "packages", "libraries", "variables", "frameworks", "numerics",
+    "hparams",
+)
+
+# Trial-part fields left out: hyperparameters are compared as `hparams.*` (the values the
+# trial ran with, not the search space), and names and labels do not change results.
+LEFT_OUT: tuple[str, ...] = (
+    "config.hyperparameters", "config.name", "config.description", "config.labels",
+)
+
+# First match wins. A field no entry names is still shown, in a result-relevant group: an
+# unknown difference is safer called relevant than filed away as platform noise.
+_TRIAL_GROUPS: tuple[tuple[str, Group], ...] = (
+    ("code", Group.CODE),
+    ("environment", Group.PACKAGES),
+    ("config", Group.CONFIG), ("hparams", Group.CONFIG), ("seed", Group.CONFIG),
+    ("data", Group.CONFIG),
+)
+_TRIAL_DEFAULT = Group.CONFIG
+_RANK_GROUPS: tuple[tuple[str, Group], ...] = (
+    # The interpreter's version changes numerics as much as torch's does.
+    ("python.version", Group.FRAMEWORKS), ("python", Group.PLATFORM),
+    ("platform.cpu", Group.HARDWARE), ("platform.machine", Group.HARDWARE),
+    ("platform", Group.PLATFORM),
+    ("frameworks", Group.FRAMEWORKS), ("driver", Group.FRAMEWORKS),
+    ("libraries", Group.FRAMEWORKS),
+    ("packages", Group.PACKAGES),
+    ("numerics", Group.NUMERICS), ("variables", Group.NUMERICS), ("blas", Group.NUMERICS),
+    ("seed", Group.NUMERICS),
+    ("gpus", Group.HARDWARE),
+)
+_RANK_DEFAULT = Group.NUMERICS
+
+# Within a group, these fields (fnmatch patterns) come first, in this order; the rest
+# follow alphabetically.
+PRIORITY: Mapping[Group, tuple[str, ...]] = {
+    Group.CODE: ("code.git.commit", "code.git.dirty", "code.git.diff_sha256",
+                 "code.tree_sha256", "code.files"),
+    Group.CONFIG: ("ranks", "hparams.*", "seed", "data.fingerprint"),
+    Group.PACKAGES: ("environment.packages.torch", "packages.torch"),
+    Group.FRAMEWORKS: ("frameworks.cuda", "libraries.libcublas", "libraries.libcudnn",
+                       "frameworks.cudnn", "frameworks.nccl", "libraries.libnccl",
+                       "frameworks.torch", "driver", "python.version"),
+    Group.NUMERICS: ("variables.CUBLAS_WORKSPACE_CONFIG", "numerics.*",
+                     "variables.PYTHONHASHSEED", "variables.NVIDIA_TF32_OVERRIDE",
+                     "seed.torch_initial", "blas", "blas.threads"),
+    Group.HARDWARE: ("gpus", "platform.cpu", "platform.machine"),
+    Group.PLATFORM: ("platform.system", "platform.release"),
+}
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One field whose value differs; `rank` is None for a trial-level field."""
+
+    group: Group
+    field: str
+    a: Any
+    b: Any
+    rank: int | None
+
+    def line(self) -> str:
+        """`libcublas: libcublas.so.11.10.1.25 vs libcublas.so.11.10.3.66 (rank 0)`."""
+        where = "" if self.rank is None else f" (rank {self.rank})"
+        return f"{_short_name(self.field)}: {_shown(self.a)} vs {_shown(self.b)}{where}"
+
+
+@dataclass(frozen=True)
+class TrialSnapshots:
+    """One trial's snapshot: its trial part, and each rank's part (none without a harness)."""
+
+    trial: Mapping[str, Any]
+    ranks: Mapping[int, Mapping[str, Any]]
+
+
+def diff_trials(a: TrialSnapshots, b: TrialSnapshots) -> list[Difference]:
+    """Every non-volatile difference between two trials: the trial parts, then each rank of
+    A against the same rank of B. Ranks present on one side only make one `ranks`
+    difference and are not compared further."""
+    found = _compare(_trial_fields(a.trial), _trial_fields(b.trial), _TRIAL_GROUPS,
+                     _TRIAL_DEFAULT, None)
+    if a.ranks.keys() != b.ranks.keys():
+        found.append(Difference(Group.CONFIG, "ranks", sorted(a.ranks), sorted(b.ranks), None))
+    for rank in sorted(a.ranks.keys() & b.ranks.keys()):
+        found += _compare(_rank_fields(a.ranks[rank]), _rank_fields(b.ranks[rank]),
+                          _RANK_GROUPS, _RANK_DEFAULT, rank)
+    return _ordered(found)
+
+
+def diff_ranks(ranks: Mapping[int, Mapping[str, Any]]) -> list[Difference]:
+    """Within one trial, each field where a rank differs from the lowest rank present
+    (rank 0 normally): `a` is the lowest rank's value, `b` and `rank` the differing rank's."""
+    if not ranks:
+        return []
+    first = min(ranks)
+    base = _rank_fields(ranks[first])
+    found: list[Difference] = []
+    for rank in sorted(ranks):
+        if rank != first:
+            found += _compare(base, _rank_fields(ranks[rank]), _RANK_GROUPS, _RANK_DEFAULT,
+                              rank)
+    return _ordered(found)
+
+
+def result_relevant(d: Difference) -> bool:
+    """Whether the difference can plausibly change results: all but the platform group (the
+    OS and kernel release are shown, last, but rarely change a number)."""
+    return d.group != Group.PLATFORM
+
+
+def to_json(differences: Iterable[Difference]) -> dict[str, list[dict[str, Any]]]:
+    """The contract of `muster trial diff A B --json`."""
+    return {"differences": [
+        {"group": Group(d.group).value, "field": d.field, "a": d.a, "b": d.b, "rank": d.rank}
+        for d in differences
+    ]}
+
+
+def _compare(a: Mapping[str, Any], b: Mapping[str, Any],
+             groups: tuple[tuple[str, Group], ...], default: Group,
+             rank: int | None) -> list[Difference]:
+    return [Difference(_group_of(path, groups, default), path, a.get(path), b.get(path), rank)
+            for path in sorted(a.keys() | b.keys())
+            if not _volatile(path) and a.get(path) != b.get(path)]
+
+
+def _trial_fields(part: Mapping[str, Any]) -> dict[str, Any]:
+    return {path: value for path, value in _flatten(part, "").items()
+            if not any(_under(path, out) for out in LEFT_OUT)}
+
+
+def _rank_fields(part: Mapping[str, Any]) -> dict[str, Any]:
+    rest = {key: value for key, value in part.items() if key not in ("gpus", "blas")}
+    return _flatten(rest, "") | _gpu_fields(part.get("gpus")) | _blas_fields(part.get("blas"))
+
+
+def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+    """Dotted paths to leaves; null leaves and empty mappings are left out (null means
+    unknown, the same as missing)."""
+    if not isinstance(value, Mapping):
+        return {} if value is None else {prefix: value}
+    fields: dict[str, Any] = {}
+    for key, item in value.items():
+        fields |= _flatten(item, f"{prefix}.{key}" if prefix else str(key))
+    return fields
+
+
+def _gpu_fields(gpus: Any) -> dict[str, Any]:
+    if gpus is None:
+        return {}
+    return {"gpus": sorted(str(gpu.get("name")) for gpu in gpus)}
+
+
+def _blas_fields(blas: Any) -> dict[str, Any]:
+    if blas is None:
+        return {}
+    return {"blas": sorted(_words(entry, "version") for entry in blas),
+            "blas.threads": sorted(_words(entry, "threads") for entry in blas)}
+
+
+def _words(entry: Mapping[str, Any], last: str) -> str:
+    values = (entry.get("api"), entry.get("library"), entry.get(last))
+    return " ".join(str(value) for value in values if value is not None)
+
+
+def _volatile(path: str) -> bool:
+    """Volatile as a whole field, or by one segment's name (a name map's key excepted)."""
+    if path in VOLATILE_FIELDS:
+        return True
+    segments = path.split(".")
+    name_map = next((m for m in NAME_MAPS if path.startswith(m + ".")), None)
+    if name_map is not None:
+        del segments[name_map.count(".") + 1]
+    return not VOLATILE.isdisjoint(segments)
+
+
+def _group_of(path: str, groups: tuple[tuple[str, Group], ...], default: Group) -> Group:
+    return next((group for prefix, group in groups if _under(path, prefix)), default)
+
+
+def _ordered(differences: list[Difference]) -> list[Difference]:
+    return sorted(differences, key=lambda d: (
+        GROUPS.index(d.group), _priority(d), d.field, -1 if d.rank is None else d.rank))
+
+
+def _priority(d: Difference) -> int:
+    patterns = PRIORITY[d.group]
+    return next((i for i, pattern in enumerate(patterns) if fnmatchcase(d.field, pattern)),
+                len(patterns))
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + ".")
+
+
+def _short_name(field: str) -> str:
+    """`libraries.libcublas` -> `libcublas`; a field outside the name maps keeps its path
+    (`python.version`, `code.git.commit`)."""
+    for name_map in NAME_MAPS:
+        if field.startswith(name_map + "."):
+            return field[len(name_map) + 1:]
+    return field
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_shown(item) for item in value) + "]"
+    return str(value)
