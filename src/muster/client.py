@@ -291,6 +291,14 @@ class Client:
     def get_trial(self, trial_id: int) -> dict[str, Any]:
         return self._json("GET", f"/trials/{trial_id}")  # type: ignore[no-any-return]
 
+    def trial_snapshot(self, trial_id: int) -> dict[str, Any]:
+        """`{trial, ranks}`: what the trial was made of (`muster.diagnostics`)."""
+        return self._json("GET", f"/trials/{trial_id}/snapshot")  # type: ignore[no-any-return]
+
+    def diff_trials(self, a: int, b: int) -> dict[str, Any]:
+        """`{differences: [{group, field, a, b, rank}], lines}`, most relevant first."""
+        return self._json("GET", f"/trials/{a}/diff/{b}")  # type: ignore[no-any-return]
+
     def read_logs(
         self, trial_id: int, *, attempt: int | None = None, rank: int | None = None,
         offset: int = 0, limit: int | None = None, tail: int | None = None,

@@ -55,12 +55,14 @@ class RankFile(str, Enum):
     METRICS = "metrics.jsonl"  # one report per line (muster.metrics_lines) [harness]
     SAMPLES = "samples.json"  # samples seen per epoch [harness]
     STOP_ACK = "stop-ack.json"  # when the loop first saw muster's SIGTERM [harness]
+    SNAPSHOT = "snapshot.json"  # what the rank is made of, at init and at its end [harness]
 
 
 # An ended incarnation's control files, moved aside before a restart in place; its log and
 # index stay where they are, and the next incarnation appends to them.
 CONTROL_FILES = (RankFile.SPEC, RankFile.LAUNCH, RankFile.STATUS, RankFile.EXIT,
-                 RankFile.STOP, RankFile.SHIM_LOG, RankFile.STALLED, RankFile.HEARTBEAT)
+                 RankFile.STOP, RankFile.SHIM_LOG, RankFile.STALLED, RankFile.HEARTBEAT,
+                 RankFile.SNAPSHOT)
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,10 @@ class RankFiles:
     @property
     def stop_ack(self) -> Path:
         return self.path(RankFile.STOP_ACK)
+
+    @property
+    def snapshot(self) -> Path:
+        return self.path(RankFile.SNAPSHOT)
 
 
 def every_rank_file(runs_dir: Path, kind: RankFile) -> Iterator[Path]:

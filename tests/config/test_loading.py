@@ -221,20 +221,10 @@ def test_name_and_entrypoint_problems(config: str, problem: str) -> None:
     assert problems(config) == [problem]
 
 
-_UNSUPPORTED = "not supported by this version of muster yet; remove it"
-
-
-@pytest.mark.parametrize(
-    ("body", "problem"),
-    [
-        (
-            "reproducibility: {deterministic: true}",
-            f"reproducibility.deterministic: this setting is {_UNSUPPORTED}",
-        ),
-    ],
-)
-def test_planned_sections_say_they_are_not_supported_yet(body: str, problem: str) -> None:
-    assert one_problem(body) == problem
+def test_deterministic_needs_a_seed() -> None:
+    assert one_problem("reproducibility: {deterministic: true}") == (
+        "reproducibility.experiment_seed: required by deterministic: true, which seeds every "
+        "rank's generators from it; e.g. experiment_seed: 1234")
 
 
 def test_every_problem_is_reported_at_once_in_field_order() -> None:

@@ -27,7 +27,8 @@ def test_a_local_run_writes_into_muster_run_in_the_cwd(
         ctx.samples.seen(10, epoch=0)
     attempt_dir = tmp_path / "muster-run" / "attempt-1"
     assert sorted(p.name for p in attempt_dir.iterdir()) == [
-        "rank-0.heartbeat.json", "rank-0.metrics.jsonl", "rank-0.samples.json"]
+        "rank-0.heartbeat.json", "rank-0.metrics.jsonl", "rank-0.samples.json",
+        "rank-0.snapshot.json"]
 
 
 def test_on_the_platform_it_writes_into_the_attempt_directory(on_platform: Platform) -> None:

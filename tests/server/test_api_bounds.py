@@ -43,12 +43,14 @@ def trial_id(server: RunningServer, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def id_routes(http: httpx.Client) -> list[tuple[str, str, str]]:
-    """(method, path, id parameter) of every route that takes an id, from /openapi.json."""
+    """(method, path, id parameter) of every route that takes an id, from /openapi.json; a
+    second id in the path (`/trials/{trial_id}/diff/{other_id}`) is filled with 1."""
     routes = []
     for path, operations in http.get("/openapi.json").json()["paths"].items():
         for name in ("trial_id", "experiment_id"):
             if "{" + name + "}" in path:
-                routes += [(method.upper(), path, name) for method in operations]
+                filled = path.replace("{other_id}", "1")
+                routes += [(method.upper(), filled, name) for method in operations]
     return routes
 
 

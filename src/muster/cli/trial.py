@@ -105,6 +105,31 @@ def _environment(trial: dict[str, Any], home: str | None, url: str | None) -> No
 
 
 @app.command()
+def diff(
+    a: int, b: int, as_json: JsonOption = False, home: HomeOption = None,
+    url: UrlOption = None,
+) -> None:
+    """What differs between two trials: code, config and hyperparameters, packages,
+    framework and library versions (the CUDA libraries each rank loaded), numerics switches
+    and variables, hardware; most result-relevant first, hostnames and paths left out."""
+    with client(home, url) as c:
+        found = c.diff_trials(a, b)
+    if as_json:
+        render.print_json({"differences": found["differences"]})
+        return
+    if not found["differences"]:
+        render.console.print(f"trials {a} and {b}: no difference in what they were made of",
+                             markup=False)
+        return
+    group = None
+    for difference, line in zip(found["differences"], found["lines"], strict=True):
+        if difference["group"] != group:
+            group = difference["group"]
+            render.console.print(f"{group}:", markup=False)
+        render.console.print(f"  {line}", markup=False)
+
+
+@app.command()
 def logs(
     trial_id: int,
     follow: Annotated[bool, typer.Option(

@@ -571,11 +571,22 @@ class CheckpointStorageConfig(_Section):
 
 
 class ReproducibilityConfig(_Section):
-    """`experiment_seed` seeds the searcher: the same seed draws the same hyperparameters."""
-
-    PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset({"deterministic"})
+    """`experiment_seed` seeds the searcher (the same seed draws the same hyperparameters)
+    and each trial (MUSTER_SEED). `deterministic` asks every rank for deterministic
+    numerics: PYTHONHASHSEED=0 and CUBLAS_WORKSPACE_CONFIG=:4096:8 in its environment, and
+    the harness seeds Python, NumPy and torch from MUSTER_SEED and turns on torch's
+    deterministic algorithms (`muster.harness.determinism`)."""
 
     experiment_seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    deterministic: bool = False
+
+    @model_validator(mode="after")
+    def _seeded(self) -> ReproducibilityConfig:
+        if self.deterministic and self.experiment_seed is None:
+            raise KeyedProblems([("experiment_seed", "required by deterministic: true, which "
+                                  "seeds every rank's generators from it; e.g. "
+                                  "experiment_seed: 1234")])
+        return self
 
 
 class ExperimentConfig(_Section):

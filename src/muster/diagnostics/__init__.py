@@ -37,7 +37,8 @@ and threadpoolctl only when the script already imported them):
 Every field a process cannot know is null (a CPU-only build has no CUDA), never missing.
 
 `diff` compares snapshots (pure): what differs, grouped and ordered most result-relevant
-first, volatile fields (hostnames, GPU uuids, paths) left out. Still to come (issue 17):
-recording both parts for every trial and rank, `muster trial diff`, the cross-rank checks
-and the bias diagnostics.
+first, volatile fields (hostnames, GPU uuids, paths) left out; `muster.services.snapshots`
+assembles a trial's parts and serves `muster trial diff`. Still to come (issue 17): the
+git state of the context, the packages of a trial on the base interpreter, the snapshot in
+`trial describe`, the cross-rank consistency check and the bias diagnostics.
 """

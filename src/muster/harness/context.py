@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from muster.harness import determinism, snapshot
 from muster.harness.arguments import check_count
 from muster.harness.background import BackgroundThread, Task, run_warning_on_oserror
 from muster.harness.checkpoints import Checkpoints, Saver
@@ -48,6 +49,7 @@ class Context:
         self.checkpoint = Checkpoints(run_dir.checkpoints, saver, self._heartbeat,
                                       env.latest_checkpoint, self._flush_accounting)
         self._stop = StopRequest(files.stop_ack, self._heartbeat)
+        self._snapshot = files.snapshot
         self._background = BackgroundThread([
             Task(f"writing {files.metrics}", FLUSH_INTERVAL_S, self._metrics.flush),
             Task(f"writing {files.samples}", FLUSH_INTERVAL_S, self.samples.flush),
@@ -127,6 +129,7 @@ class Context:
         """
         self._stop.install()
         self._heartbeat.write()
+        self._write_snapshot()
         self._background.start()
 
     def _close(self) -> None:
@@ -140,8 +143,14 @@ class Context:
             run_warning_on_oserror(f"writing {self._metrics.path}", self._metrics.close)
             run_warning_on_oserror(f"writing {self.samples.path}", self.samples.flush)
             run_warning_on_oserror(f"writing {self._heartbeat.path}", self._heartbeat.write)
+            self._write_snapshot()  # again: CUDA's libraries and GPUs are known by now
         finally:
             self._stop.uninstall()
+
+    def _write_snapshot(self) -> None:
+        """What this rank is made of (`muster.harness.snapshot`), for `muster trial diff`."""
+        run_warning_on_oserror(f"writing {self._snapshot}",
+                               lambda: snapshot.write(self._snapshot, snapshot.capture()))
 
 
 @contextmanager
@@ -174,6 +183,8 @@ def init(
                            "use the context it yielded")
     wait_for_promotion()  # a warm standby waits here until it becomes the next attempt
     env = read_environment(os.environ, Path.cwd(), _checked_hparams(hparams))
+    if env.deterministic:
+        determinism.apply(env.seed, env.rank)  # before the snapshot: it records the switches
     context = Context(env, _checked_interval(heartbeat_interval, env))
     _active = context
     try:

@@ -26,6 +26,7 @@ class RunEnvironment(NamedTuple):
     heartbeat_timeout: float | None
     max_length: int | None = None  # the searcher's max_length (MUSTER_MAX_LENGTH)
     seed: int | None = None  # the trial's seed (MUSTER_SEED), from experiment_seed
+    deterministic: bool = False  # reproducibility.deterministic (MUSTER_DETERMINISTIC=1)
 
     def heartbeat_interval(self) -> float:
         """10 s, or a third of the heartbeat timeout when that is shorter."""
@@ -57,6 +58,7 @@ def read_environment(
             heartbeat_timeout=_timeout_var(environ),
             max_length=_int_var(environ, "MUSTER_MAX_LENGTH", minimum=1),
             seed=_int_var(environ, "MUSTER_SEED", minimum=0),
+            deterministic=environ.get("MUSTER_DETERMINISTIC") == "1",
         )
     latest = environ.get("MUSTER_LATEST_CHECKPOINT")
     return RunEnvironment(
@@ -70,6 +72,7 @@ def read_environment(
         heartbeat_timeout=_timeout_var(environ),
         max_length=_int_var(environ, "MUSTER_MAX_LENGTH", minimum=1),
         seed=_int_var(environ, "MUSTER_SEED", minimum=0),
+        deterministic=environ.get("MUSTER_DETERMINISTIC") == "1",
     )
 
 

@@ -38,7 +38,12 @@ class ReplicaContext:
     gpus: tuple[int, ...] | None = None
     max_length: int | None = None  # the searcher's max_length: MUSTER_MAX_LENGTH
     seed: int | None = None  # the trial's seed: MUSTER_SEED
+    deterministic: bool = False  # reproducibility.deterministic: MUSTER_DETERMINISTIC=1
 
+
+# Set for every rank with `reproducibility.deterministic: true`: str hashing stops being
+# randomised, and cuBLAS gets the workspace its deterministic kernels need.
+DETERMINISTIC_VARIABLES = {"PYTHONHASHSEED": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 
 # What would point the trial's `python` at another environment than its own.
 _OTHER_ENVIRONMENTS = frozenset({"PYTHONHOME", "CONDA_PREFIX", "CONDA_DEFAULT_ENV"})
@@ -72,6 +77,10 @@ def build_env(user_vars: Mapping[str, str], ctx: ReplicaContext) -> dict[str, st
     for name, value in (("MUSTER_MAX_LENGTH", ctx.max_length), ("MUSTER_SEED", ctx.seed)):
         if value is not None:
             env[name] = str(value)
+    if ctx.deterministic:
+        # What determinism needs before the interpreter and CUDA start; a value the config
+        # sets itself wins (it was asked for by name).
+        env.update({"MUSTER_DETERMINISTIC": "1", **DETERMINISTIC_VARIABLES, **user_vars})
     if ctx.latest_checkpoint is not None:
         env["MUSTER_LATEST_CHECKPOINT"] = str(ctx.latest_checkpoint)
     if ctx.gpus is not None:

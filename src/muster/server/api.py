@@ -306,6 +306,27 @@ class CheckpointView(_Shape):
     problem: str | None
 
 
+class TrialSnapshot(_Shape):
+    """`muster.diagnostics`: the trial part, and each rank's part (by rank, as text)."""
+
+    trial: dict[str, Any]
+    ranks: dict[str, dict[str, Any]]
+
+
+class SnapshotDifference(_Shape):
+    group: Literal["code", "config", "packages", "frameworks", "numerics", "hardware",
+                   "platform"]
+    field: str
+    a: Any
+    b: Any
+    rank: int | None  # None for a trial-level field
+
+
+class TrialDiff(_Shape):
+    differences: list[SnapshotDifference]  # most result-relevant first
+    lines: list[str]  # each as `muster trial diff` prints it: "cuda: 11.7.1 vs 11.7.0"
+
+
 class GcRequest(BaseModel):
     """`POST /experiments/{id}/checkpoints/gc`: counts left out keep their value."""
 

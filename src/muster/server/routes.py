@@ -48,6 +48,7 @@ from muster.services import (
     metrics,
     retention,
     search,
+    snapshots,
 )
 from muster.services.access import Action, Principal, authorize
 from muster.states import ExperimentState, TrialState
@@ -615,6 +616,25 @@ async def download_trial_checkpoint(state: State, _: Reader, trial_id: TrialId,
                                        trial_id, name)
     return Download(download.chunks(), size=download.size, filename=download.filename,
                     media_type=checkpoint_archive.MEDIA_TYPE, close=download.close)
+
+
+@router.get("/trials/{trial_id}/snapshot", response_model=api.TrialSnapshot,
+            responses=_errors(404))
+def get_trial_snapshot(state: State, _: Reader, trial_id: TrialId) -> dict[str, Any]:
+    """What the trial was made of: its code's tree hash, config, hyperparameters, seed,
+    environment and data fingerprint, and what each rank of its latest attempt loaded
+    (written by the harness: libraries, frameworks, numerics switches and variables)."""
+    return snapshots.trial_snapshot(state.store, state.home, trial_id)
+
+
+@router.get("/trials/{trial_id}/diff/{other_id}", response_model=api.TrialDiff,
+            responses=_errors(404))
+def diff_trials(state: State, _: Reader, trial_id: TrialId,
+                other_id: Annotated[int, InPath(ge=1, le=MAX_INTEGER)]) -> dict[str, Any]:
+    """What differs between two trials' snapshots, grouped (code, config, packages,
+    frameworks, numerics, hardware, platform) and most result-relevant first; volatile
+    fields (hostnames, paths, GPU uuids) are left out."""
+    return snapshots.diff_trials(state.store, state.home, trial_id, other_id)
 
 
 CheckpointRef = Annotated[str, InPath(min_length=1, max_length=36, pattern=r"^[0-9a-f-]+$",

@@ -100,6 +100,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             incarnation=plan.incarnation,
             gpus=None if plan.gpus is None else plan.gpus.get(rank, ()),
             max_length=config.searcher.max_length, seed=plan.seed,
+            deterministic=config.reproducibility.deterministic,
         )
         env = build_env({**config.environment.variables, **plan.secrets}, ctx)
         if plan.environment is not None:
