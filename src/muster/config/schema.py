@@ -345,6 +345,9 @@ class VerifyConfig(_Section):
     samples_tolerance: float = Field(default=0.01, ge=0, le=1)
     expected_samples: int | None = Field(default=None, ge=1)
     require_checkpoint: bool | None = None  # None: required when the harness was used
+    # Ranks of one attempt that loaded different libraries or ran with other numerics
+    # switches or variables: SUSPECT (default), a warning in the check, or not checked.
+    consistent_ranks: Literal["suspect", "warn", "off"] = "suspect"
     finite_metrics: bool = True
     require_metrics: list[str] = Field(default_factory=list)
     # For scripts without the harness: a regex over the rank logs with a named group

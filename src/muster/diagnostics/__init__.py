@@ -42,3 +42,32 @@ assembles a trial's parts and serves `muster trial diff`. Still to come (issue 1
 git state of the context, the packages of a trial on the base interpreter, the snapshot in
 `trial describe`, the cross-rank consistency check and the bias diagnostics.
 """
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from muster.atomic import read_regular
+from muster.rundir import AttemptDir, RankFile
+
+__all__ = ["MAX_SNAPSHOT_BYTES", "read_rank_parts"]
+
+MAX_SNAPSHOT_BYTES = 4 << 20  # a rank's snapshot file; a larger one is not the harness's
+
+
+def read_rank_parts(attempt_dir: Path) -> dict[int, dict[str, Any]]:
+    """The rank parts the harness wrote in one attempt, by rank; an unreadable one is left
+    out (a run without the harness has none)."""
+    parts: dict[int, dict[str, Any]] = {}
+    for rank, path in AttemptDir(attempt_dir).ranks_with(RankFile.SNAPSHOT):
+        try:
+            if path.stat().st_size > MAX_SNAPSHOT_BYTES:
+                continue
+            document = json.loads(read_regular(path))
+        except (OSError, ValueError):
+            continue
+        if isinstance(document, dict):
+            parts[rank] = document
+    return parts

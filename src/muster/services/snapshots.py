@@ -11,7 +11,6 @@ harness has none.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -19,11 +18,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from muster.atomic import read_regular
-from muster.diagnostics import diff
+from muster.diagnostics import diff, read_rank_parts
 from muster.environments.layout import RECORD, EnvHome
 from muster.home import Home
-from muster.rundir import AttemptDir, RankFile
 from muster.services.experiments import trial_or_404
 from muster.store import Experiment, Store, Trial
 from muster.supervise.configs import experiment_config
@@ -31,7 +28,6 @@ from muster.supervise.searching import trial_seed
 
 __all__ = ["diff_trials", "trial_snapshot"]
 
-MAX_SNAPSHOT_BYTES = 4 << 20  # a rank's snapshot file; larger is not the harness's
 _TREES: OrderedDict[str, dict[str, Any]] = OrderedDict()  # experiment uuid -> its code part
 _TREES_KEPT = 256
 
@@ -47,7 +43,7 @@ def trial_snapshot(store: Store, home: Home, trial_id: int) -> dict[str, Any]:
         part = trial_part(s, home, trial)
         attempts = sorted(trial.attempts, key=lambda a: a.number)
         latest = Path(attempts[-1].run_dir) if attempts else None
-    ranks = _rank_parts(latest) if latest is not None else {}
+    ranks = read_rank_parts(latest) if latest is not None else {}
     return {"trial": part, "ranks": {str(rank): value for rank, value in ranks.items()}}
 
 
@@ -122,17 +118,3 @@ def _packages(home: Home, key: str | None) -> dict[str, str] | None:
         if sep:
             packages[name.strip().lower()] = version.strip()
     return packages
-
-
-def _rank_parts(attempt_dir: Path) -> dict[int, dict[str, Any]]:
-    parts: dict[int, dict[str, Any]] = {}
-    for rank, path in AttemptDir(attempt_dir).ranks_with(RankFile.SNAPSHOT):
-        try:
-            if path.stat().st_size > MAX_SNAPSHOT_BYTES:
-                continue  # not the harness's
-            document = json.loads(read_regular(path))
-        except (OSError, ValueError):
-            continue  # unreadable: no part for this rank
-        if isinstance(document, dict):
-            parts[rank] = document
-    return parts

@@ -19,6 +19,7 @@ from typing import Any
 from muster import checkpoint_files, metrics_lines
 from muster.atomic import open_regular, read_regular
 from muster.config import VerifyConfig
+from muster.diagnostics import diff, read_rank_parts
 from muster.metrics_lines import MetricLine
 from muster.rundir import RankFile, RunDir
 from muster.supervise.log_samples import LogSamples
@@ -42,6 +43,7 @@ __all__ = [
 
 MINUS = "\u2212"  # U+2212, a real minus sign for negative percentages
 SHOWN_NON_FINITE = 5  # non-finite values named in a detail; the rest are counted
+SHOWN_DIFFERENCES = 5  # rank differences named in consistent_ranks; the rest are counted
 KEPT_NON_FINITE_PER_FILE = SHOWN_NON_FINITE  # enough to name the first ones of any file
 
 
@@ -113,6 +115,8 @@ class Evidence:
     log_counts: LogCounts = field(default_factory=LogCounts)
     outputs: tuple[OutputFile, ...] = ()
     started_at: float | None = None  # when the trial's first attempt started
+    # What each rank of the final attempt was made of (`muster.diagnostics`), by rank.
+    rank_snapshots: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -178,9 +182,30 @@ def verify(
         if config.samples_from_log is not None and expected is not None else None,
         _check_outputs(evidence.outputs, evidence.started_at) if config.outputs else None,
         _check_metrics_readable(evidence),
+        _check_consistent_ranks(evidence.rank_snapshots, config.consistent_ranks)
+        if config.consistent_ranks != "off" and len(evidence.rank_snapshots) > 1 else None,
     ]
     kept = [c for c in checks if c is not None]
     return Verdict(passed=all(c.passed for c in kept), checks=kept)
+
+
+def _check_consistent_ranks(snapshots: Mapping[int, Mapping[str, Any]], mode: str) -> Check:
+    """The ranks of the final attempt ran on the same libraries, frameworks, numerics
+    switches and variables (their seeds may differ: a per-rank seed is often right)."""
+    differences = [d for d in diff.diff_ranks(snapshots)
+                   if diff.result_relevant(d) and not d.field.startswith("seed.")]
+    ranks = count(len(snapshots), "rank")
+    if not differences:
+        return Check("consistent_ranks", True, f"{ranks}: the same libraries, frameworks, "
+                                               "numerics switches and variables")
+    shown = "; ".join(d.line() for d in differences[:SHOWN_DIFFERENCES])
+    more = len(differences) - SHOWN_DIFFERENCES
+    detail = (f"{ranks} differ in what they ran on (the reference is the lowest rank): "
+              f"{shown}" + (f"; and {more} more" if more > 0 else ""))
+    if mode == "warn":
+        return Check("consistent_ranks", True, f"warning: {detail}")
+    return Check("consistent_ranks", False, f"{detail}; `muster trial diff` compares trials, "
+                 "verify.consistent_ranks: warn only warns")
 
 
 def _check_samples(evidence: Evidence, expected: int, tolerance: float) -> Check:
@@ -357,6 +382,8 @@ def gather_evidence(
         log_counts=log_counts or LogCounts(),
         outputs=tuple(_output_file(RunDir(run_dir).workdir, path) for path in outputs),
         started_at=started_at,
+        rank_snapshots=(read_rank_parts(RunDir(run_dir).attempt(ordered[-1]).path)
+                        if ordered else {}),
     )
 
 
