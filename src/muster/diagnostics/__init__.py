@@ -46,6 +46,7 @@ git state of the context, the packages of a trial on the base interpreter, the s
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +55,25 @@ from muster.rundir import AttemptDir, RankFile
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "read_rank_parts"]
 
+log = logging.getLogger(__name__)
+
 MAX_SNAPSHOT_BYTES = 4 << 20  # a rank's snapshot file; a larger one is not the harness's
 
 
 def read_rank_parts(attempt_dir: Path) -> dict[int, dict[str, Any]]:
-    """The rank parts the harness wrote in one attempt, by rank; an unreadable one is left
-    out (a run without the harness has none)."""
+    """The rank parts the harness wrote in one attempt, by rank; an unreadable, oversized or
+    malformed one is left out with a warning (a run without the harness has none)."""
     parts: dict[int, dict[str, Any]] = {}
     for rank, path in AttemptDir(attempt_dir).ranks_with(RankFile.SNAPSHOT):
         try:
-            if path.stat().st_size > MAX_SNAPSHOT_BYTES:
-                continue
-            document = json.loads(read_regular(path))
-        except (OSError, ValueError):
+            size = path.stat().st_size
+            document = json.loads(read_regular(path)) if size <= MAX_SNAPSHOT_BYTES else None
+        except (OSError, ValueError) as exc:
+            log.warning("rank %d's snapshot %s cannot be read: %s", rank, path, exc)
             continue
         if isinstance(document, dict):
             parts[rank] = document
+        else:
+            log.warning("rank %d's snapshot %s is not the harness's (over %d bytes, or not a "
+                        "JSON object); left out", rank, path, MAX_SNAPSHOT_BYTES)
     return parts

@@ -20,7 +20,7 @@ from muster.states import EventReason, ExperimentState
 from muster.storage.location import effective_policy
 from muster.storage.metrics import checkpoint_metrics
 from muster.storage.worker import StorageWorker
-from muster.store import Checkpoint, Experiment, Store, Trial, record_event
+from muster.store import Checkpoint, Store, Trial, record_event
 from muster.store.models import now
 from muster.supervise.configs import experiment_config
 
@@ -150,13 +150,8 @@ def checkpoint_row(s: Session, checkpoint: str) -> Checkpoint:
              if checkpoint.isdigit() and len(checkpoint) < 10
              else select(Checkpoint).where(Checkpoint.uuid == checkpoint))
     row = s.scalars(query).one_or_none()
-    if row is None or _gone(s, row):
+    if row is None or s.get_one(Trial, row.trial_id).experiment.delete_requested_at is not None:
         raise NotFound(f"there is no checkpoint {checkpoint}; `muster checkpoint list "
                        "TRIAL_ID` shows a trial's")
     return row
-
-
-def _gone(s: Session, row: Checkpoint) -> bool:
-    experiment = s.get_one(Trial, row.trial_id).experiment
-    return isinstance(experiment, Experiment) and experiment.delete_requested_at is not None
 

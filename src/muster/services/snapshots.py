@@ -11,12 +11,11 @@ harness has none.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
-
-from sqlalchemy.orm import Session
 
 from muster.diagnostics import diff, read_rank_parts
 from muster.environments.layout import RECORD, EnvHome
@@ -27,6 +26,8 @@ from muster.supervise.configs import experiment_config
 from muster.supervise.searching import trial_seed
 
 __all__ = ["diff_trials", "trial_snapshot"]
+
+log = logging.getLogger(__name__)
 
 _TREES: OrderedDict[str, dict[str, Any]] = OrderedDict()  # experiment uuid -> its code part
 _TREES_KEPT = 256
@@ -40,7 +41,7 @@ def trial_snapshot(store: Store, home: Home, trial_id: int) -> dict[str, Any]:
     """
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
-        part = trial_part(s, home, trial)
+        part = trial_part(home, trial)
         attempts = sorted(trial.attempts, key=lambda a: a.number)
         latest = Path(attempts[-1].run_dir) if attempts else None
     ranks = read_rank_parts(latest) if latest is not None else {}
@@ -56,9 +57,9 @@ def diff_trials(store: Store, home: Home, a: int, b: int) -> dict[str, Any]:
     return {**diff.to_json(differences), "lines": [d.line() for d in differences]}
 
 
-def trial_part(s: Session, home: Home, trial: Trial) -> dict[str, Any]:
-    """The trial part of the snapshot (see `muster.diagnostics`)."""
-    del s  # read through the trial's relationships, in the caller's transaction
+def trial_part(home: Home, trial: Trial) -> dict[str, Any]:
+    """The trial part of the snapshot (see `muster.diagnostics`), read through the trial's
+    relationships in the caller's transaction."""
     experiment: Experiment = trial.experiment
     config = experiment_config(experiment)
     manifest = trial.manifest or {}
@@ -110,7 +111,8 @@ def _packages(home: Home, key: str | None) -> dict[str, str] | None:
         return None
     try:
         text = (built / RECORD / "freeze.txt").read_text(encoding="utf-8")
-    except OSError:
+    except OSError as exc:
+        log.warning("environment %s: its pip freeze cannot be read: %s", key, exc)
         return None
     packages = {}
     for line in text.splitlines():

@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["cache_dir", "fetch_resume_point", "resume_point"]
 
-Order = tuple[int, float, str]
 
 
 def cache_dir(home: Home, trial_uuid: str) -> Path:
@@ -44,23 +43,25 @@ def resume_point(run_checkpoints: Path, cache: Path) -> Path | None:
 
 
 def fetch_resume_point(store: Store, home: Home, trial_id: int) -> Path | None:
-    """Fetch the trial's latest stored checkpoint when nothing as late is on this machine;
-    the copy fetched, or None when none was needed or none could be had.
+    """Fetch the trial's latest checkpoint from storage when neither the run directory nor
+    the cache holds it; the copy fetched, or None when none was needed or none could be had.
 
+    Whether a copy is here is decided by its directory alone: hashing it is the launch
+    plan's work (`resume_point`), which falls back to an older intact one if it is corrupt.
     A storage that cannot be reached is logged and the attempt starts from what is here.
     """
     with store.session_scope() as s:
         trial = s.get_one(Trial, trial_id)
-        rows = [(r.uuid, r.name, (r.step, r.created_at or 0.0, r.name), r.storage, r.state)
+        rows = [(r.uuid, r.name, (r.step, r.created_at or 0.0, r.name), r.storage, r.state,
+                 Path(r.path))
                 for r in s.scalars(select(Checkpoint).where(
                     Checkpoint.trial_id == trial_id, Checkpoint.intact.is_(True),
                     Checkpoint.state.not_in([CheckpointState.DELETED.value,
                                              CheckpointState.DELETING.value])))]
         trial_uuid, experiment_id = trial.uuid, trial.experiment_id
     cache = cache_dir(home, trial_uuid)
-    here = _order_here(home.run_dir(trial_uuid).checkpoints, cache)
-    for uuid, name, order, storage, state in sorted(rows, key=lambda r: r[2], reverse=True):
-        if here is not None and here >= order:
+    for uuid, name, _, storage, state, local in sorted(rows, key=lambda r: r[2], reverse=True):
+        if local.is_dir() or (cache / name).is_dir():
             return None
         if state != CheckpointState.STORED.value or storage is None:
             continue
@@ -76,12 +77,6 @@ def fetch_resume_point(store: Store, home: Home, trial_id: int) -> Path | None:
             return None
         return cache / name
     return None
-
-
-def _order_here(run_checkpoints: Path, cache: Path) -> Order | None:
-    found = [c for c in (checkpoint_files.latest_intact(run_checkpoints),
-                         checkpoint_files.latest_intact(cache)) if c is not None]
-    return max(c.order for c in found) if found else None
 
 
 def _skipped(store: Store, trial_id: int, experiment_id: int, name: str, url: str,
