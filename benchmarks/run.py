@@ -17,6 +17,7 @@ from pathlib import Path
 
 import auth
 import checkpoint_storage
+import diagnostics_overhead
 import first_log
 import harness_overhead
 import ingest
@@ -53,6 +54,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "auth": auth.run,
     "ui_budget": ui_budget.run,
     "checkpoint_storage": checkpoint_storage.run,
+    "diagnostics_overhead": diagnostics_overhead.run,
 }
 
 

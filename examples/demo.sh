@@ -4,6 +4,8 @@
 # adaptive ASHA, 24 trials, 2 at a time, each verified by muster). Follow it live until it
 # ends, show the best trial, then stop the server. Exits 0 only if the search COMPLETED.
 # MUSTER_DEMO_SUSPECT=1 also runs the silent-drop example, which must end SUSPECT.
+# MUSTER_DEMO_BIAS=1 also runs the coded-bias example both ways (examples/digits/bias.py):
+# bias.yaml must end SUSPECT naming the ranks' shared samples, bias-fixed.yaml SUCCEEDED.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export MUSTER_HOME="${MUSTER_HOME:-$PWD/.muster-demo}"
@@ -33,8 +35,26 @@ if [[ "${MUSTER_DEMO_SUSPECT:-0}" == 1 ]]; then
   $muster experiment create examples/digits/experiment-corrupt.yaml examples/digits --wait \
     || true
 fi
+bias_ok=1
+if [[ "${MUSTER_DEMO_BIAS:-0}" == 1 ]]; then
+  verdict='import json, sys
+trial = json.load(sys.stdin)["trials"][0]
+print(trial["id"], trial["state"])
+for check in trial["verification"]["checks"]:
+    if check["name"].startswith("diagnostics.") and not check["passed"]:
+        print("  %s: %s" % (check["name"], check["detail"]))'
+  for config in bias bias-fixed; do
+    id=$($muster experiment create "examples/digits/$config.yaml" examples/digits --json \
+         | field '["id"]')
+    $muster experiment watch "$id" >/dev/null || true
+    result=$($muster experiment describe "$id" --json | .venv/bin/python -c "$verdict")
+    echo "$config.yaml: trial $result"
+    want=SUSPECT; [[ "$config" == bias-fixed ]] && want=SUCCEEDED
+    [[ "$(head -1 <<<"$result" | cut -d' ' -f2)" == "$want" ]] || bias_ok=0
+  done
+fi
 line=$($muster experiment describe "$experiment" --json | .venv/bin/python -c "$ending")
 $muster down
 trap - EXIT
 echo "$line"
-[[ "$state" == COMPLETED ]]
+[[ "$state" == COMPLETED && "$bias_ok" == 1 ]]

@@ -25,7 +25,7 @@ def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
         RankFile.STALLED: "rank-2.stalled.json", RankFile.STANDBY_GO: "rank-2.standby-go.json",
         RankFile.HEARTBEAT: "rank-2.heartbeat.json", RankFile.METRICS: "rank-2.metrics.jsonl",
         RankFile.SAMPLES: "rank-2.samples.json", RankFile.STOP_ACK: "rank-2.stop-ack.json",
-        RankFile.SNAPSHOT: "rank-2.snapshot.json",
+        RankFile.SNAPSHOT: "rank-2.snapshot.json", RankFile.DIAGNOSTICS: "rank-2.diagnostics.jsonl",
     }
     assert (files.log, files.exit, files.metrics) == (
         files.path(RankFile.LOG), files.path(RankFile.EXIT), files.path(RankFile.METRICS))

@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 import httpx
 
-from muster import checkpoint_archive, errors
+from muster import checkpoint_archive, errors, git_state
 from muster.atomic import read_json
 from muster.checkpoint_archive import unpack_checkpoint
 from muster.checkpoint_files import Inspection
@@ -181,13 +181,18 @@ class Client:
     def create_experiment(self, config_text: str, context_dir: Path | None,
                           secrets: Mapping[str, str] | None = None,
                           context_from: int | None = None) -> dict[str, Any]:
-        """Submit a config, its context directory (packed here; or with `context_from`, an
-        earlier experiment's snapshot, as "run again") and the values of its `submit`
-        secrets (`environment.secrets`), which the server keeps apart and never returns."""
+        """Submit a config, its context directory (packed here, with its git state where it
+        lies in a git work tree, `muster.git_state`; or with `context_from`, an earlier
+        experiment's snapshot, as "run again", which keeps its own) and the values of its
+        `submit` secrets (`environment.secrets`), which the server keeps apart and never
+        returns."""
         files: dict[str, Any] = {}
+        data = {"config": config_text}
         if context_dir is not None:
             files["context"] = ("context.tar.gz", pack_context(context_dir), "application/gzip")
-        data = {"config": config_text}
+            git = git_state.capture(context_dir)
+            if git is not None:
+                data["git"] = git.field()
         if context_from is not None:
             data["context_from"] = str(context_from)
         if secrets:
@@ -298,6 +303,16 @@ class Client:
     def diff_trials(self, a: int, b: int) -> dict[str, Any]:
         """`{differences: [{group, field, a, b, rank}], lines}`, most relevant first."""
         return self._json("GET", f"/trials/{a}/diff/{b}")  # type: ignore[no-any-return]
+
+    def diff_experiments(self, a: int, b: int) -> dict[str, Any]:
+        """`{a_trial, a_basis, b_trial, b_basis, differences, lines}`: two experiments
+        compared through one trial each (its best, else its latest)."""
+        return self._json("GET", f"/experiments/{a}/diff/{b}")  # type: ignore[no-any-return]
+
+    def trial_diagnostics(self, trial_id: int) -> dict[str, Any]:
+        """`{attempt, ranks, findings, series}`: the coded-bias diagnostics of the trial's
+        latest attempt (docs/diagnostics.md)."""
+        return self._json("GET", f"/trials/{trial_id}/diagnostics")  # type: ignore[no-any-return]
 
     def read_logs(
         self, trial_id: int, *, attempt: int | None = None, rank: int | None = None,

@@ -27,6 +27,8 @@ class Home:
     $MUSTER_HOME/secrets/experiments/<uuid>.json the secrets submitted with an experiment
     $MUSTER_HOME/server.json                     pid, start time and URL of a running server
     $MUSTER_HOME/experiments/<uuid>/context/     snapshot of the submitted context directory
+    $MUSTER_HOME/experiments/<uuid>/git.json     its git state, if it had one (`muster.git_state`)
+    $MUSTER_HOME/experiments/<uuid>/git.diff     its diff against that commit, if sent
     $MUSTER_HOME/runs/<trial-uuid>/              a trial's run directory (`muster.rundir`)
     $MUSTER_HOME/envs/                           built Python environments (`muster.environments`)
     ```
@@ -129,6 +131,14 @@ class Home:
 
     def context_dir(self, experiment_uuid: str) -> Path:
         return self.experiments_dir / experiment_uuid / "context"
+
+    def context_git_file(self, experiment_uuid: str) -> Path:
+        """The git state of the submitted context (`muster.git_state`), if it had one."""
+        return self.experiments_dir / experiment_uuid / "git.json"
+
+    def context_diff_file(self, experiment_uuid: str) -> Path:
+        """The context's diff against its commit, when it was dirty and the diff was sent."""
+        return self.experiments_dir / experiment_uuid / "git.diff"
 
     def run_dir(self, trial_uuid: str) -> RunDir:
         return RunDir(self.runs_dir / trial_uuid)

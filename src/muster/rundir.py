@@ -56,13 +56,14 @@ class RankFile(str, Enum):
     SAMPLES = "samples.json"  # samples seen per epoch [harness]
     STOP_ACK = "stop-ack.json"  # when the loop first saw muster's SIGTERM [harness]
     SNAPSHOT = "snapshot.json"  # what the rank is made of, at init and at its end [harness]
+    DIAGNOSTICS = "diagnostics.jsonl"  # its samplers, passes, gradient samples [harness]
 
 
 # An ended incarnation's control files, moved aside before a restart in place; its log and
 # index stay where they are, and the next incarnation appends to them.
 CONTROL_FILES = (RankFile.SPEC, RankFile.LAUNCH, RankFile.STATUS, RankFile.EXIT,
                  RankFile.STOP, RankFile.SHIM_LOG, RankFile.STALLED, RankFile.HEARTBEAT,
-                 RankFile.SNAPSHOT)
+                 RankFile.SNAPSHOT, RankFile.DIAGNOSTICS)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,10 @@ class RankFiles:
     @property
     def snapshot(self) -> Path:
         return self.path(RankFile.SNAPSHOT)
+
+    @property
+    def diagnostics(self) -> Path:
+        return self.path(RankFile.DIAGNOSTICS)
 
 
 def every_rank_file(runs_dir: Path, kind: RankFile) -> Iterator[Path]:

@@ -144,6 +144,7 @@ class EventReason(str, Enum):
     UNARCHIVED = "unarchived"
     DELETE_REQUESTED = "delete requested"  # `muster experiment delete`; its files go first
     EXPERIMENT_DELETED = "experiment deleted"  # its files and records are gone
+    RANKS_DIFFER = "ranks differ"  # an attempt's ranks started on different libraries
 
 
 class Role(str, Enum):

@@ -19,15 +19,17 @@ from tests.supervise.conftest import Rig
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
 
 SCRIPT = """
-import os, muster.harness as mh
+import os, time, muster.harness as mh
 if os.environ["RANK"] == "1" and os.environ.get("DRIFT"):
     os.environ["OMP_NUM_THREADS"] = "4"
 with mh.init() as ctx:
     ctx.report_training(0, {"loss": 1.0})
+    time.sleep(1.5)  # RUNNING for a few passes: the start-time comparison has its chance
 """
 
 
-def _check(rig: Rig, drift: bool, mode: str | None) -> tuple[str, dict[str, Any]]:
+def _check(rig: Rig, drift: bool, mode: str | None
+           ) -> tuple[str, dict[str, Any], list[str | None]]:
     variables = {"OMP_NUM_THREADS": "1", **({"DRIFT": "1"} if drift else {})}
     verify: dict[str, Any] = {"require_checkpoint": False, "require_metrics": ["loss"]}
     if mode is not None:
@@ -44,7 +46,8 @@ def _check(rig: Rig, drift: bool, mode: str | None) -> tuple[str, dict[str, Any]
         what=f"trial {trial_id} to settle")
     trial = describe_trial(rig.store, trial_id)
     [check] = [c for c in trial["verification"]["checks"] if c["name"] == "consistent_ranks"]
-    return state, check
+    warnings = [e.message for e in rig.trial(trial_id).events if e.reason == "ranks differ"]
+    return state, check, warnings
 
 
 @pytest.mark.parametrize(("drift", "mode", "state", "passed"), [
@@ -54,10 +57,15 @@ def _check(rig: Rig, drift: bool, mode: str | None) -> tuple[str, dict[str, Any]
 ], ids=["same", "drift-suspect", "drift-warn"])
 def test_ranks_that_ran_differently_are_named(sqlite_rig: Rig, drift: bool, mode: str | None,
                                               state: str, passed: bool) -> None:
-    got_state, check = _check(sqlite_rig, drift, mode)
+    got_state, check, warnings = _check(sqlite_rig, drift, mode)
     assert (got_state, check["passed"]) == (state, passed), check
     if not drift:
         assert check["detail"].startswith("2 ranks: the same libraries")
+        assert warnings == []
     else:
         assert "OMP_NUM_THREADS: 1 vs 4 (rank 1)" in check["detail"]
+        # Said at start too, once, as a warning event on the attempt.
+        [warning] = warnings
+        assert warning is not None and warning.startswith("warning: 2 ranks differ")
+        assert "OMP_NUM_THREADS" in warning
         assert check["detail"].startswith("warning: " if mode == "warn" else "2 ranks differ")

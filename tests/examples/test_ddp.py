@@ -51,15 +51,19 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture
-def context(tmp_path: Path, digits: Path) -> Path:
-    """What `muster experiment create` uploads from examples/digits: scripts and data."""
+def copy_context(tmp_path: Path, digits: Path, scripts: tuple[str, ...]) -> Path:
+    """What `muster experiment create` uploads from examples/digits: `scripts` and data."""
     context = tmp_path / "context"
     context.mkdir()
-    for name in ("ddp.py", "train.py"):
+    for name in scripts:
         shutil.copy2(EXAMPLE / name, context / name)
     shutil.copytree(digits, context / "data")
     return context
+
+
+@pytest.fixture
+def context(tmp_path: Path, digits: Path) -> Path:
+    return copy_context(tmp_path, digits, ("ddp.py", "train.py"))
 
 
 def example_config() -> dict[str, Any]:

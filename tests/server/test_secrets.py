@@ -166,6 +166,13 @@ def test_the_api_refuses_secrets_the_config_does_not_declare(server: RunningServ
                           data={"config": "name: x\nentrypoint: [\"true\"]\n", "secrets": "[1]"},
                           headers={"Authorization": f"Bearer {server.token}"})
     assert response.status_code == 400 and "JSON object" in response.json()["message"]
+    # Nested past the JSON parser's depth: still the client's mistake, not a 500.
+    response = httpx.post(f"{server.url}/api/v1/experiments",
+                          data={"config": "name: x\nentrypoint: [\"true\"]\n",
+                                "secrets": "[" * 100_000 + "]" * 100_000},
+                          headers={"Authorization": f"Bearer {server.token}"})
+    assert response.status_code == 400, response.text
+    assert "the `secrets` field is not JSON text" in response.json()["message"]
 
 
 def test_a_json_body_is_capped_before_anything_reads_it(server: RunningServer) -> None:

@@ -203,6 +203,27 @@ def importance(
 
 
 @app.command()
+def diff(
+    a: int, b: int, as_json: JsonOption = False, home: HomeOption = None,
+    url: UrlOption = None,
+) -> None:
+    """What differs between two experiments, as `muster trial diff` of one trial each: its
+    best by the searcher's metric, else its latest (both named first)."""
+    with client(home, url) as c:
+        found = c.diff_experiments(a, b)
+    if as_json:
+        render.print_json(found)
+        return
+    for line in render.stand_in_lines(found, a, b):
+        render.console.print(line, markup=False)
+    if not found["differences"]:
+        render.console.print(f"experiments {a} and {b}: no difference in what they were made "
+                             "of", markup=False)
+    for line in render.diff_lines(found):
+        render.console.print(line, markup=False)
+
+
+@app.command()
 def delete(
     experiment_id: int,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")

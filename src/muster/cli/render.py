@@ -5,13 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterator, Mapping
+from itertools import groupby
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from muster.words import NOT_VERIFIED
+from muster.words import NOT_VERIFIED, count
 
 console = Console()
 err_console = Console(stderr=True)
@@ -255,3 +256,51 @@ def importance_table(answer: dict[str, Any]) -> Table:
         table.add_row(escape(row["name"]), f"{row['importance']:.3f}",
                       "█" * round(row["importance"] * bar))
     return table
+
+
+# -- reproducibility snapshots and their diffs ---------------------------------------------
+
+SHORT_HASH = 12  # hex digits of a hash shown to a person
+
+
+def snapshot_lines(part: Mapping[str, Any]) -> list[str]:
+    """A snapshot's trial part in a few lines: code, seed, environment, data."""
+    code, environment = part["code"], part["environment"]
+    git = code.get("git")
+    git_words = "no git state" if not git else (
+        f"git {str(git['commit'])[:SHORT_HASH]}"
+        + (f" on {git['branch']}" if git.get("branch") else "")
+        + (" (dirty)" if git.get("dirty") else ""))
+    packages = environment.get("packages")
+    held = "packages not recorded" if packages is None else count(len(packages), "package")
+    fingerprint = (part.get("data") or {}).get("fingerprint")
+    seed = part.get("seed")
+    return [
+        f"  code: tree {str(code['tree_sha256'])[:SHORT_HASH]} ({count(code['files'], 'file')}), "
+        f"{git_words}",
+        f"  seed: {seed if seed is not None else 'none (no reproducibility.experiment_seed)'}",
+        "  environment: " + (f"{environment['key']}, {held}" if environment.get("key")
+                             else f"the base interpreter, {held}"),
+        "  data: " + (f"fingerprint {str(fingerprint)[:SHORT_HASH]}" if fingerprint
+                      else "no data manifest"),
+    ]
+
+
+def diff_lines(found: Mapping[str, Any]) -> list[str]:
+    """A snapshot diff (`differences` and their `lines`) as `muster trial diff` prints it:
+    each group's name, then its lines, most result-relevant first."""
+    shown: list[str] = []
+    pairs = zip(found["differences"], found["lines"], strict=True)
+    for group, rows in groupby(pairs, key=lambda pair: pair[0]["group"]):
+        shown.append(f"{group}:")
+        shown += [f"  {line}" for _, line in rows]
+    return shown
+
+
+BASIS_WORDS = {"best": "its best trial by the searcher's metric", "latest": "its latest trial"}
+
+
+def stand_in_lines(found: Mapping[str, Any], a: int, b: int) -> list[str]:
+    """Which trial stood for each experiment of an experiment diff, and why."""
+    return [f"experiment {a}: trial {found['a_trial']}, {BASIS_WORDS[found['a_basis']]}",
+            f"experiment {b}: trial {found['b_trial']}, {BASIS_WORDS[found['b_basis']]}"]

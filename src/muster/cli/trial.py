@@ -72,6 +72,11 @@ def describe(
         waiting = "queued" if trial["state"] == "QUEUED" else "waiting"
         render.console.print(f"{waiting}: {trial['queue_reason']}", markup=False)
     _environment(trial, home, url)
+    if trial.get("snapshot"):
+        render.console.print(f"snapshot (`muster trial diff {trial['id']} OTHER` compares "
+                             "two):", markup=False)
+        for line in render.snapshot_lines(trial["snapshot"]):
+            render.console.print(line, markup=False)
     render.console.print(render.events_table(trial.get("events", [])))
 
 
@@ -120,13 +125,8 @@ def diff(
     if not found["differences"]:
         render.console.print(f"trials {a} and {b}: no difference in what they were made of",
                              markup=False)
-        return
-    group = None
-    for difference, line in zip(found["differences"], found["lines"], strict=True):
-        if difference["group"] != group:
-            group = difference["group"]
-            render.console.print(f"{group}:", markup=False)
-        render.console.print(f"  {line}", markup=False)
+    for line in render.diff_lines(found):
+        render.console.print(line, markup=False)
 
 
 @app.command()

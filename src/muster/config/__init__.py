@@ -9,6 +9,7 @@ from muster.config.cluster import (
 from muster.config.loading import load_config, load_config_file
 from muster.config.schema import (
     DataConfig,
+    DiagnosticsConfig,
     EnvironmentConfig,
     ExperimentConfig,
     FailurePolicy,
@@ -21,6 +22,7 @@ from muster.config.units import parse_duration, parse_size
 __all__ = [
     "ClusterConfig",
     "DataConfig",
+    "DiagnosticsConfig",
     "EnvironmentConfig",
     "ExperimentConfig",
     "FailurePolicy",

@@ -18,6 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -54,6 +55,14 @@ class _Section(BaseModel):
     PLANNED_KEYS: ClassVar[frozenset[str]] = frozenset()
     FOREIGN_KEYS: ClassVar[dict[str, str]] = {}  # a Determined key -> what to write instead
 
+
+def _off_word(value: object) -> object:
+    """YAML 1.1 reads a bare `off` as false: for a setting whose word is `off`, it is."""
+    return "off" if value is False else value
+
+
+# How a verification check judges what it finds: fail it (SUSPECT), warn, or not run.
+CheckMode = Annotated[Literal["suspect", "warn", "off"], BeforeValidator(_off_word)]
 
 _NO_CONTAINERS = ("muster runs the script in a Python environment, not in a container; name "
                   "what it needs in environment.pip or environment.requirements (muster "
@@ -347,7 +356,7 @@ class VerifyConfig(_Section):
     require_checkpoint: bool | None = None  # None: required when the harness was used
     # Ranks of one attempt that loaded different libraries or ran with other numerics
     # switches or variables: SUSPECT (default), a warning in the check, or not checked.
-    consistent_ranks: Literal["suspect", "warn", "off"] = "suspect"
+    consistent_ranks: CheckMode = "suspect"
     finite_metrics: bool = True
     require_metrics: list[str] = Field(default_factory=list)
     # For scripts without the harness: a regex over the rank logs with a named group
@@ -592,6 +601,41 @@ class ReproducibilityConfig(_Section):
         return self
 
 
+
+
+class DiagnosticsConfig(_Section):
+    """The coded-bias diagnostics of `muster.harness.torch` (docs/diagnostics.md): what each
+    rank records, and how each check judges the ranks together. A check set to `suspect`
+    ends an exit 0 SUSPECT when it finds something, `warn` only says so in its detail, and
+    `off` does not run."""
+
+    record: bool = True  # false: the harness records nothing (MUSTER_DIAGNOSTICS=off)
+    interval: int = Field(default=20, ge=1, le=1_000_000)  # optimizer steps between samples
+    sampler_overlap: CheckMode = "suspect"
+    rank_seeds: CheckMode = "suspect"
+    grad_norm_spread: CheckMode = "suspect"
+    replica_hash: CheckMode = "suspect"
+    finite_all_ranks: CheckMode = "suspect"
+    sample_balance: CheckMode = "warn"
+    epoch_order: CheckMode = "warn"
+    # The share of the same samples two ranks may draw in one pass.
+    overlap_bound: float = Field(default=0.5, gt=0, le=1)
+    # The std of the ranks' local gradient norms over their mean, as a running median of
+    # 5 samples, and the largest ratio of two ranks' norms in any one sample.
+    spread_bound: float = Field(default=0.5, gt=0)
+    ratio_bound: float = Field(default=20.0, gt=1)
+    # The most samples one rank may draw in a pass, as a multiple of the fewest.
+    imbalance_bound: float = Field(default=1.2, gt=1)
+
+
+class DebugConfig(_Section):
+    """`torch_distributed: detail` sets TORCH_DISTRIBUTED_DEBUG=DETAIL for every rank: torch
+    then checks that the ranks' collectives match. Never on by default: it hung DDP on
+    gloo and crashed under Ray in trials here."""
+
+    torch_distributed: Annotated[Literal["off", "detail"], BeforeValidator(_off_word)] = "off"
+
+
 class ExperimentConfig(_Section):
     """One experiment: what to run, in which environment, and how to handle failures."""
 
@@ -614,7 +658,6 @@ class ExperimentConfig(_Section):
         "optimizations": "remove it: the script sets up its own distributed training",
         "workspace": "muster has no workspaces yet; remove it",
         "project": "muster has no projects yet; use labels",
-        "debug": "remove it: muster's logs always carry every line",
         "slurm": "muster does not submit to Slurm; remove it",
         "pbs": "muster does not submit to PBS; remove it",
     }
@@ -637,6 +680,17 @@ class ExperimentConfig(_Section):
     searcher: SearcherConfig = Field(default_factory=SearcherConfig)
     reproducibility: ReproducibilityConfig = Field(default_factory=ReproducibilityConfig)
     checkpoint_storage: CheckpointStorageConfig = Field(default_factory=CheckpointStorageConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
+    debug: DebugConfig = Field(default_factory=DebugConfig)
+
+    @field_validator("debug", mode="before")
+    @classmethod
+    def _determined_debug(cls, value: object) -> object:
+        if isinstance(value, bool):
+            raise ValueError("muster's logs always carry every line, so Determined's "
+                             "`debug: true` has no use here; `debug` takes "
+                             "{torch_distributed: detail} (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+        return value
 
     @field_validator("entrypoint", mode="before")
     @classmethod

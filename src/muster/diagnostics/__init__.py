@@ -38,26 +38,35 @@ Every field a process cannot know is null (a CPU-only build has no CUDA), never 
 
 `diff` compares snapshots (pure): what differs, grouped and ordered most result-relevant
 first, volatile fields (hostnames, GPU uuids, paths) left out; `muster.services.snapshots`
-assembles a trial's parts and serves `muster trial diff`. Still to come (issue 17): the
-git state of the context, the packages of a trial on the base interpreter, the snapshot in
-`trial describe`, the cross-rank consistency check and the bias diagnostics.
+assembles a trial's parts and serves `muster trial diff`; `code.git` is the context's git
+state as the client sent it (`muster.git_state`); `environment.packages` is the built
+environment's `pip freeze`, or, on the base interpreter, what that interpreter imports.
+
+`bias` judges what each rank's harness recorded of its data and gradients
+(`rank-<r>.diagnostics.jsonl`, read by `read_rank_records`): the coded-bias checks
+(docs/diagnostics.md).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from muster.atomic import read_regular
+from muster.atomic import open_regular, read_regular
+from muster.diagnostics.bias import RankRecords, parse_records
 from muster.rundir import AttemptDir, RankFile
+from muster.words import count
 
-__all__ = ["MAX_SNAPSHOT_BYTES", "read_rank_parts"]
+__all__ = ["MAX_DIAGNOSTICS_BYTES", "MAX_SNAPSHOT_BYTES", "read_rank_parts", "read_rank_records"]
 
 log = logging.getLogger(__name__)
 
 MAX_SNAPSHOT_BYTES = 4 << 20  # a rank's snapshot file; a larger one is not the harness's
+MAX_DIAGNOSTICS_BYTES = 64 << 20  # read of a rank's diagnostics file (the harness writes 32)
+MAX_RECORD_BYTES = 1 << 20  # one line of it; a longer one is skipped
 
 
 def read_rank_parts(attempt_dir: Path) -> dict[int, dict[str, Any]]:
@@ -77,3 +86,41 @@ def read_rank_parts(attempt_dir: Path) -> dict[int, dict[str, Any]]:
             log.warning("rank %d's snapshot %s is not the harness's (over %d bytes, or not a "
                         "JSON object); left out", rank, path, MAX_SNAPSHOT_BYTES)
     return parts
+
+
+def read_rank_records(attempt_dir: Path) -> dict[int, RankRecords]:
+    """What each rank's diagnostics file in one attempt holds (`muster.diagnostics.bias`),
+    by rank; the first MAX_DIAGNOSTICS_BYTES of each, malformed lines skipped."""
+    found: dict[int, RankRecords] = {}
+    for rank, path in AttemptDir(attempt_dir).ranks_with(RankFile.DIAGNOSTICS):
+        try:
+            with open(open_regular(path), "rb", closefd=True) as stream:
+                found[rank] = parse_records(_objects(stream, path))
+        except OSError as exc:
+            log.warning("rank %d's diagnostics %s cannot be read: %s", rank, path, exc)
+    return found
+
+
+def _objects(stream: BinaryIO, path: Path) -> Iterator[dict[str, Any]]:
+    read = skipped = 0
+    while read < MAX_DIAGNOSTICS_BYTES:
+        line = stream.readline(MAX_RECORD_BYTES + 1)
+        if not line:
+            break
+        read += len(line)
+        if len(line) > MAX_RECORD_BYTES or not line.endswith(b"\n"):
+            skipped += 1  # too long (its rest is read past), or cut off at the end
+            while line and not line.endswith(b"\n"):
+                line = stream.readline(MAX_RECORD_BYTES + 1)
+                read += len(line)
+            continue
+        try:
+            document = json.loads(line)
+        except ValueError:
+            skipped += 1
+            continue
+        if isinstance(document, dict):
+            yield document
+    if skipped:
+        log.warning("%s: %s skipped (malformed, cut off or over %d bytes)",
+                    path, count(skipped, "diagnostics line"), MAX_RECORD_BYTES)

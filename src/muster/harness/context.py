@@ -14,6 +14,7 @@ from muster.harness import determinism, snapshot
 from muster.harness.arguments import check_count
 from muster.harness.background import BackgroundThread, Task, run_warning_on_oserror
 from muster.harness.checkpoints import Checkpoints, Saver
+from muster.harness.diagnostics import DiagnosticsLog
 from muster.harness.environment import RunEnvironment, read_environment
 from muster.harness.heartbeat import Heartbeat
 from muster.harness.metrics import TRAINING, VALIDATION, MetricsWriter
@@ -50,10 +51,13 @@ class Context:
                                       env.latest_checkpoint, self._flush_accounting)
         self._stop = StopRequest(files.stop_ack, self._heartbeat)
         self._snapshot = files.snapshot
+        # What muster.harness.torch's diagnostics record (`diagnose`); empty without them.
+        self._diagnostics = DiagnosticsLog(files.diagnostics, env.diagnostics_interval)
         self._background = BackgroundThread([
             Task(f"writing {files.metrics}", FLUSH_INTERVAL_S, self._metrics.flush),
             Task(f"writing {files.samples}", FLUSH_INTERVAL_S, self.samples.flush),
             Task(f"writing {files.heartbeat}", heartbeat_interval, self._heartbeat.write),
+            Task(f"writing {files.diagnostics}", FLUSH_INTERVAL_S, self._diagnostics.flush),
         ])
 
     def _flush_accounting(self) -> None:
@@ -143,6 +147,7 @@ class Context:
             run_warning_on_oserror(f"writing {self._metrics.path}", self._metrics.close)
             run_warning_on_oserror(f"writing {self.samples.path}", self.samples.flush)
             run_warning_on_oserror(f"writing {self._heartbeat.path}", self._heartbeat.write)
+            run_warning_on_oserror(f"writing {self._diagnostics.path}", self._diagnostics.flush)
             self._write_snapshot()  # again: CUDA's libraries and GPUs are known by now
         finally:
             self._stop.uninstall()

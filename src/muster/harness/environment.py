@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from muster.harness.diagnostics import DEFAULT_INTERVAL, interval_from
 from muster.rundir import LOCAL_RUN_DIR
 
 HEARTBEAT_INTERVAL_S = 10.0
@@ -27,6 +28,8 @@ class RunEnvironment(NamedTuple):
     max_length: int | None = None  # the searcher's max_length (MUSTER_MAX_LENGTH)
     seed: int | None = None  # the trial's seed (MUSTER_SEED), from experiment_seed
     deterministic: bool = False  # reproducibility.deterministic (MUSTER_DETERMINISTIC=1)
+    # Optimizer steps between the diagnostics' samples (MUSTER_DIAGNOSTICS); None: off.
+    diagnostics_interval: int | None = DEFAULT_INTERVAL
 
     def heartbeat_interval(self) -> float:
         """10 s, or a third of the heartbeat timeout when that is shorter."""
@@ -59,6 +62,7 @@ def read_environment(
             max_length=_int_var(environ, "MUSTER_MAX_LENGTH", minimum=1),
             seed=_int_var(environ, "MUSTER_SEED", minimum=0),
             deterministic=environ.get("MUSTER_DETERMINISTIC") == "1",
+            diagnostics_interval=interval_from(environ),
         )
     latest = environ.get("MUSTER_LATEST_CHECKPOINT")
     return RunEnvironment(
@@ -73,6 +77,7 @@ def read_environment(
         max_length=_int_var(environ, "MUSTER_MAX_LENGTH", minimum=1),
         seed=_int_var(environ, "MUSTER_SEED", minimum=0),
         deterministic=environ.get("MUSTER_DETERMINISTIC") == "1",
+        diagnostics_interval=interval_from(environ),
     )
 
 

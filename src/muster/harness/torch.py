@@ -11,6 +11,7 @@ with mh.init() as ctx:
     step, first_epoch = 0, 0
     if resumed := mt.restore(ctx, model=model, optimizer=optimizer, scheduler=scheduler):
         step, first_epoch = resumed.step, resumed.sampler_epoch + 1
+    mt.diagnose(ctx, loader=loader)                     # what each rank's sampler draws
     for epoch in range(first_epoch, epochs):
         sampler.set_epoch(epoch)
         for batch in loader:
@@ -43,6 +44,14 @@ When torch.distributed is initialized, `save`, `restore` and `should_stop` are c
 (like Lightning's `trainer.save_checkpoint`): every rank calls them, in the same order.
 Sharded models (FSDP) are not supported. Importing this module imports torch;
 `import muster.harness` does not.
+
+**Diagnostics** (on unless the config says `diagnostics: {record: false}`): `restore`
+starts sampling the model's local gradient norm and parameter hashes every
+`diagnostics.interval` optimizer steps, and `diagnose(ctx, loader=...)` records what each
+rank's sampler draws (`muster.harness.torch_diagnostics`). muster compares the ranks when
+the trial ends: ranks that drew the same samples, samplers seeded alike on every rank,
+a rank whose gradients stand out, replicas that drifted apart, a non-finite gradient on
+any rank, uneven shards (docs/diagnostics.md).
 """
 
 from __future__ import annotations
@@ -66,8 +75,9 @@ from muster.harness.arguments import check_count
 from muster.harness.background import run_warning_on_oserror
 from muster.harness.checkpoints import Checkpoint, CheckpointError
 from muster.harness.context import Context
+from muster.harness.torch_diagnostics import attach_loader, attach_model
 
-__all__ = ["Resumed", "Stateful", "restore", "save", "should_stop"]
+__all__ = ["Resumed", "Stateful", "diagnose", "restore", "save", "should_stop"]
 
 FORMAT = 1
 METADATA_KEY = "muster.harness.torch"
@@ -204,6 +214,8 @@ def restore(
     """
     weights = _unwrapped(model)
     rank, world_size = _rank_and_world_size(ctx)
+    if optimizer is not None:
+        diagnose(ctx, model=model, optimizer=optimizer)
     latest = ctx.checkpoint.restore()
     _check_ranks_agree(latest)
     if latest is None:
@@ -217,6 +229,35 @@ def restore(
     _restore_rng(_load(latest.path / RNG_FILE, "cpu"), rank, world_size, latest.path)
     return Resumed(step=latest.step, sampler_epoch=saved.get("sampler_epoch"), extra=extra,
                    path=latest.path, world_size=int(saved["world_size"]))
+
+
+def diagnose(
+    ctx: Context,
+    *,
+    model: nn.Module | None = None,
+    optimizer: Stateful | None = None,
+    loader: torch.utils.data.DataLoader[Any] | None = None,
+) -> None:
+    """Record this rank's coded-bias diagnostics; muster compares the ranks at the end.
+
+    With `loader`: its sampler's type and seed, and the first indices of every pass over
+    it (call it before the first pass). With `model` and `optimizer`: every
+    `diagnostics.interval` optimizer steps, the local gradient norm before DDP's
+    all-reduce and a hash of every parameter after the step (`restore` does this for the
+    model and optimizer it is given). Calling it again for the same object adds nothing;
+    with diagnostics off (`diagnostics.record: false`) it does nothing.
+
+    Raises:
+        TypeError: `model` is given without `optimizer` (its steps are the clock), or the
+            other way round.
+    """
+    if (model is None) != (optimizer is None):
+        raise TypeError("diagnose: give model and optimizer together (the optimizer's steps "
+                        "are when the gradients are sampled)")
+    if model is not None:
+        attach_model(ctx, model, optimizer)
+    if loader is not None:
+        attach_loader(ctx, loader)
 
 
 def should_stop(ctx: Context) -> bool:

@@ -39,6 +39,10 @@ class ReplicaContext:
     max_length: int | None = None  # the searcher's max_length: MUSTER_MAX_LENGTH
     seed: int | None = None  # the trial's seed: MUSTER_SEED
     deterministic: bool = False  # reproducibility.deterministic: MUSTER_DETERMINISTIC=1
+    # What the harness's diagnostics record: "off", or the interval in optimizer steps
+    # (diagnostics.record and .interval): MUSTER_DIAGNOSTICS.
+    diagnostics: str = "20"
+    distributed_debug: bool = False  # debug.torch_distributed: detail
 
 
 # Set for every rank with `reproducibility.deterministic: true`: str hashing stops being
@@ -72,6 +76,9 @@ def build_env(user_vars: Mapping[str, str], ctx: ReplicaContext) -> dict[str, st
             "PYTHONIOENCODING": "utf-8",
         }
     )
+    env["MUSTER_DIAGNOSTICS"] = ctx.diagnostics
+    if ctx.distributed_debug:
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     if ctx.heartbeat_timeout is not None:
         env["MUSTER_HEARTBEAT_TIMEOUT"] = f"{ctx.heartbeat_timeout:g}"
     for name, value in (("MUSTER_MAX_LENGTH", ctx.max_length), ("MUSTER_SEED", ctx.seed)):

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY
+from muster.services.snapshots import Basis
 
 # Metric values: numbers, or "NaN", "Infinity", "-Infinity" (strict JSON has no other way).
 Number = float | int | str
@@ -130,6 +131,10 @@ class TrialDetail(_Shape):
     # The best finite value of the searcher's metric over rank 0's validation reports.
     best_validation: dict[str, float]
     environment: TrialEnvironmentView
+    # The trial part of its reproducibility snapshot (`muster.diagnostics`: code, config,
+    # hparams, seed, environment, data) in the reads (`GET /trials/{id}`,
+    # `/experiments/{id}`, `/experiments/{id}/best`); null in the answers to actions.
+    snapshot: dict[str, Any] | None
 
 
 class TrialDescription(TrialDetail):
@@ -325,6 +330,34 @@ class SnapshotDifference(_Shape):
 class TrialDiff(_Shape):
     differences: list[SnapshotDifference]  # most result-relevant first
     lines: list[str]  # each as `muster trial diff` prints it: "cuda: 11.7.1 vs 11.7.0"
+
+
+class DiagnosticFinding(_Shape):
+    check: str  # "diagnostics.sampler_overlap", as in verification.checks
+    found: bool  # the check found a problem (whether that fails it depends on `mode`)
+    detail: str
+    mode: Literal["suspect", "warn", "off"]
+
+
+class TrialDiagnostics(_Shape):
+    """The coded-bias diagnostics of the trial's latest attempt (docs/diagnostics.md)."""
+
+    attempt: int | None
+    ranks: list[int]  # the ranks that recorded
+    findings: list[DiagnosticFinding]
+    # grad_norm_spread: [[update, std/mean of the ranks' local gradient norms]];
+    # sampler_overlap: [[pass, largest share of the same samples two ranks drew]]
+    series: dict[str, list[list[float]]]
+
+
+class ExperimentDiff(TrialDiff):
+    """Two experiments compared through one trial each: its best by the searcher's metric
+    (`best`), else its latest (`latest`)."""
+
+    a_trial: int
+    a_basis: Basis
+    b_trial: int
+    b_basis: Basis
 
 
 class GcRequest(BaseModel):

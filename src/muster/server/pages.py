@@ -16,6 +16,7 @@ import math
 import secrets
 import time
 from dataclasses import dataclass, replace
+from itertools import groupby
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
@@ -45,12 +46,14 @@ from muster.services import (
     listing,
     retention,
     search,
+    snapshots,
     tokens,
 )
 from muster.services.access import Action, Principal, authorize
 from muster.sizes import format_size
 from muster.states import ExperimentState, Role, TrialState
 from muster.store import MAX_INTEGER
+from muster.words import count
 
 __all__ = ["PAGE_ROWS", "error_page", "pages"]
 
@@ -96,7 +99,7 @@ def _flat(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 templates.env.filters.update(when=_when, duration=_duration, number=_number, flat=_flat,
-                             size=format_size)
+                             size=format_size, count=count)
 
 
 def _state(request: Request) -> ServerState:
@@ -442,14 +445,42 @@ def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
     `GET /api/v1/trials/{id}/logs` (tail, then follow)."""
     if who is None:
         return _to_login(request)
-    store = _state(request).store
-    trial = experiments.describe_trial(store, _bounded(trial_id, "trial"))
+    state = _state(request)
+    store = state.store
+    trial = experiments.describe_trial(store, _bounded(trial_id, "trial"),
+                                       snapshots.TrialParts(state.home))
     exp = experiments.experiment_header(store, trial["experiment_id"])
     ranks = sorted({r["rank"] for a in trial["attempts"] for r in a["replicas"]})
     return _render(request, "trial.html", who, nav="experiments", trial=trial, exp=exp,
                    can_act=_can_act(who, exp["owner"]), ranks=ranks,
                    checkpoints=retention.trial_checkpoints(store, trial["id"]),
                    settled=TrialState(trial["state"]).is_settled())
+
+
+@pages.get("/trials/{trial_id}/diff", response_class=HTMLResponse)
+def trial_diff_page(request: Request, who: Visitor, trial_id: int,
+                    other: Annotated[str, Query(max_length=20)] = "") -> Response:
+    """What differs between two trials' snapshots (`GET /api/v1/trials/{id}/diff/{other}`),
+    by group, most result-relevant first: the trial page's "compare with" form."""
+    if who is None:
+        return _to_login(request)
+    state = _state(request)
+    a, b = _bounded(trial_id, "trial"), _bounded(_other_trial(other), "trial")
+    found = snapshots.diff_trials(state.store, state.home, a, b)
+    pairs = zip(found["differences"], found["lines"], strict=True)
+    groups = [(group, [line for _, line in rows])
+              for group, rows in groupby(pairs, key=lambda pair: pair[0]["group"])]
+    return _render(request, "trial_diff.html", who, nav="experiments", a=a, b=b,
+                   groups=groups)
+
+
+def _other_trial(text: str) -> int:
+    """The id the "compare with" form names."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise InvalidRequest("compare with: give the other trial's id, a whole number such "
+                             f"as 12; got {text!r}") from None
 
 
 @pages.get("/new", response_class=HTMLResponse)

@@ -39,6 +39,7 @@ from muster.services import (
     checkpoints,
     cluster,
     curves,
+    diagnostics,
     environments,
     experiments,
     importance,
@@ -177,16 +178,16 @@ async def create_experiment(state: State, request: Request,
     """Validate the config, snapshot the context, record the experiment (and its trial),
     owned by the caller.
 
-    The form (`config`, YAML; `context`, a tar.gz) is read by `upload_form`, after the token
-    check and within its limits, not declared as Form parameters: FastAPI reads those
-    before any dependency runs."""
+    The form (`config`, YAML; `context`, a tar.gz; `git`, the context's git state) is read
+    by `upload_form`, after the token check and within its limits, not declared as Form
+    parameters: FastAPI reads those before any dependency runs."""
     with tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp:
         form = await upload_form.read_upload_form(request, Path(tmp))
         create = functools.partial(
             experiments.create_experiment, state.store, state.home, owner, form.config,
             form.archive, capacity=cluster.submission_capacity(state.orchestrator.supervisor),
             secrets=form.secrets, priority_floor=state.priority_floor, run_as=state.run_as,
-            context_from=form.context_from)
+            context_from=form.context_from, git=form.git)
         if form.archive is None:
             exp_id = await asyncio.to_thread(create)
         else:
@@ -340,8 +341,10 @@ def list_experiments(
 @router.get("/experiments/{experiment_id}", response_model=api.ExperimentDetail,
             responses=_errors(404))
 def get_experiment(state: State, _: Reader, experiment_id: ExperimentId) -> dict[str, Any]:
-    """The experiment, its trials (attempts, replicas, how each ended) and its search."""
-    return experiments.describe_experiment(state.store, experiment_id)
+    """The experiment, its trials (attempts, replicas, how each ended, the trial part of
+    each one's snapshot) and its search."""
+    return experiments.describe_experiment(state.store, experiment_id,
+                                           snapshots.TrialParts(state.home))
 
 
 @router.get("/experiments/{experiment_id}/best", response_model=api.TrialDetail,
@@ -350,7 +353,7 @@ def get_best_trial(state: State, _: Reader, experiment_id: ExperimentId) -> dict
     """The SUCCEEDED trial with the best value of the searcher's metric (early-stopped trials
     count; ties: lowest number), with its `best_validation`. 404 while there is none yet; 409
     when the searcher names no metric."""
-    return search.best_trial(state.store, experiment_id)
+    return search.best_trial(state.store, experiment_id, snapshots.TrialParts(state.home))
 
 
 @router.get("/experiments/{experiment_id}/importance", response_model=api.Importance,
@@ -452,8 +455,9 @@ async def activate_experiment(state: State, experiment_id: ExperimentId,
 
 @router.get("/trials/{trial_id}", response_model=api.TrialDescription, responses=_errors(404))
 def get_trial(state: State, _: Reader, trial_id: TrialId) -> dict[str, Any]:
-    """The trial, its attempts and replicas, its `best_validation` and its events."""
-    return experiments.describe_trial(state.store, trial_id)
+    """The trial, its attempts and replicas, its `best_validation`, its events and the
+    trial part of its snapshot."""
+    return experiments.describe_trial(state.store, trial_id, snapshots.TrialParts(state.home))
 
 
 _LOG_BYTES: dict[int | str, dict[str, Any]] = {200: {
@@ -635,6 +639,26 @@ def diff_trials(state: State, _: Reader, trial_id: TrialId,
     frameworks, numerics, hardware, platform) and most result-relevant first; volatile
     fields (hostnames, paths, GPU uuids) are left out."""
     return snapshots.diff_trials(state.store, state.home, trial_id, other_id)
+
+
+@router.get("/trials/{trial_id}/diagnostics", response_model=api.TrialDiagnostics,
+            responses=_errors(404))
+def get_trial_diagnostics(state: State, _: Reader, trial_id: TrialId) -> dict[str, Any]:
+    """The coded-bias diagnostics of the trial's latest attempt, judged now from what its
+    ranks recorded (`muster.harness.torch`): each check's finding, and the series behind
+    them (the spread of the ranks' gradient norms per sampled update, the sampler overlap
+    per pass). Verification judges the same files when the trial ends."""
+    return diagnostics.trial_diagnostics(state.store, trial_id)
+
+
+@router.get("/experiments/{experiment_id}/diff/{other_id}", response_model=api.ExperimentDiff,
+            responses=_errors(404, 409))
+def diff_experiments(state: State, _: Reader, experiment_id: ExperimentId,
+                     other_id: Annotated[int, InPath(ge=1, le=MAX_INTEGER)]) -> dict[str, Any]:
+    """What differs between two experiments, as two trials' diff: each experiment's best
+    trial by the searcher's metric, else its latest (`a_trial`, `b_trial` and why,
+    `a_basis`, `b_basis`). 409 for an experiment without a trial yet."""
+    return snapshots.diff_experiments(state.store, state.home, experiment_id, other_id)
 
 
 CheckpointRef = Annotated[str, InPath(min_length=1, max_length=36, pattern=r"^[0-9a-f-]+$",

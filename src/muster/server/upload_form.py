@@ -6,15 +6,17 @@ anonymous client could make the server spool a body of any size to /tmp. Here a 
 announced too large is refused unread, and every body is counted as it arrives and refused
 past its limit whatever Content-Length says. A multipart form (at most MAX_REQUEST_BYTES)
 streams its `context` part to a file (at most MAX_UPLOAD_BYTES), keeps its `config` part in
-memory (at most MAX_CONFIG_BYTES) and reads past any other part; a urlencoded form (what
-clients send without a context) holds the config alone (at most MAX_URLENCODED_BYTES).
+memory (at most MAX_CONFIG_BYTES), its `git` part too (the context's git state,
+`muster.git_state`, at most MAX_GIT_BYTES), and reads past any other part; a urlencoded form
+(what clients send without a context) holds the config and the small fields (at most
+MAX_URLENCODED_BYTES in all).
 """
 
 from __future__ import annotations
 
 import json
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -24,7 +26,9 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
+from muster import git_state
 from muster.errors import InvalidRequest, PayloadTooLarge
+from muster.git_state import GitState
 from muster.services.uploads import MAX_UPLOAD_BYTES
 
 if TYPE_CHECKING:
@@ -32,20 +36,32 @@ if TYPE_CHECKING:
 
 MAX_CONFIG_BYTES = 1024**2
 MAX_SECRETS_BYTES = 1024**2  # the `secrets` field: a JSON object of NAME: value
-MAX_REQUEST_BYTES = (MAX_UPLOAD_BYTES + MAX_CONFIG_BYTES + MAX_SECRETS_BYTES
+MAX_GIT_BYTES = git_state.MAX_FIELD_BYTES  # the `git` field: a JSON object, the diff in it
+MAX_REQUEST_BYTES = (MAX_UPLOAD_BYTES + MAX_CONFIG_BYTES + MAX_SECRETS_BYTES + MAX_GIT_BYTES
                      + 64 * 1024)  # + part headers
 MAX_URLENCODED_BYTES = 3 * MAX_CONFIG_BYTES + 1024  # percent-encoding triples a byte at most
-CONFIG, CONTEXT, SECRETS, CONTEXT_FROM = "config", "context", "secrets", "context_from"
+CONFIG, CONTEXT, SECRETS, CONTEXT_FROM, GIT = (
+    "config", "context", "secrets", "context_from", "git")
 MAX_CONTEXT_FROM_BYTES = 16
 _MiB = 1024**2
-_HOW = ("send multipart/form-data with the fields `config` and `context` (or a urlencoded "
-        "form with `config` alone), as `muster experiment create CONFIG DIR` does")
+_HOW = ("send multipart/form-data with the fields `config` and `context` (and `git`, the "
+        "context's git state as JSON, when it has one), or a urlencoded form with `config` "
+        "alone, as `muster experiment create CONFIG DIR` does")
 _KEEP_OUT = "keep data sets and environments out of the context directory"
 _CONFIG_SCHEMA = {"type": "string",
                   "description": f"the experiment config, YAML (at most {MAX_CONFIG_BYTES} bytes)"}
 _CONTEXT_FROM_SCHEMA = {"type": "string", "pattern": "^[0-9]{1,10}$",
                         "description": "run again: the id of an experiment whose context "
                                        "snapshot this one reuses (instead of `context`)"}
+_GIT_SCHEMA = {"type": "string",
+               "description": "the context's git state, a JSON object: {\"commit\": 40 or 64 "
+                              "lowercase hex digits, \"branch\": text or null, \"dirty\": "
+                              "bool, \"diff\": `git diff HEAD --binary` of the context, text "
+                              f"of at most {git_state.MAX_DIFF_BYTES // _MiB} MiB, or null, "
+                              "\"diff_sha256\": its sha256 or null, \"diff_truncated\": "
+                              "bool (true: the diff was too large, or not UTF-8, and only "
+                              f"its sha256 is sent)}}, at most {MAX_GIT_BYTES:,} bytes; "
+                              "a run again (`context_from`) keeps its snapshot's own"}
 _SECRETS_SCHEMA = {"type": "string",
                    "description": "the values of the config's `submit` secrets "
                                   "(environment.secrets), a JSON object of NAME: value; never "
@@ -63,13 +79,14 @@ REQUEST_BODY: dict[str, Any] = {
                 CONTEXT: {"type": "string", "format": "binary",
                           "description": "the context directory, a tar.gz (gzip) or zip "
                                          f"archive of at most {MAX_UPLOAD_BYTES // _MiB} MiB"},
+                GIT: _GIT_SCHEMA,
                 SECRETS: _SECRETS_SCHEMA,
                 CONTEXT_FROM: _CONTEXT_FROM_SCHEMA,
             },
         }},
         "application/x-www-form-urlencoded": {"schema": {
             "type": "object", "required": [CONFIG],
-            "properties": {CONFIG: _CONFIG_SCHEMA, SECRETS: _SECRETS_SCHEMA,
+            "properties": {CONFIG: _CONFIG_SCHEMA, GIT: _GIT_SCHEMA, SECRETS: _SECRETS_SCHEMA,
                            CONTEXT_FROM: _CONTEXT_FROM_SCHEMA},
         }},
     },
@@ -82,6 +99,7 @@ class UploadForm:
     archive: Path | None  # the uploaded context, if the form has one
     secrets: dict[str, str] | None = None  # the `submit` secrets' values, if sent
     context_from: int | None = None  # run again: that experiment's context snapshot
+    git: GitState | None = None  # the context's git state, if sent
 
 
 async def read_upload_form(request: Request, folder: Path) -> UploadForm:
@@ -123,28 +141,49 @@ async def _read_multipart(request: Request, boundary: bytes | None, folder: Path
 
 async def _read_urlencoded(request: Request) -> UploadForm:
     chunks = [chunk async for chunk in _body(request, MAX_URLENCODED_BYTES, holds=(
-        f"a urlencoded form holds only the config, at most {MAX_CONFIG_BYTES // _MiB} MiB"))]
+        f"a urlencoded form holds a config of at most {MAX_CONFIG_BYTES // _MiB} MiB and "
+        "small fields"))]
     try:
         fields = urllib.parse.parse_qs(b"".join(chunks).decode("ascii"), keep_blank_values=True,
                                        errors="strict", max_num_fields=16)
     except ValueError as exc:  # (UnicodeDecodeError too)
         raise InvalidRequest(f"the request is not a readable urlencoded form ({exc}); {_HOW}"
                              ) from exc
-    configs = fields.get(CONFIG, [])
-    if len(configs) > 1:
-        raise InvalidRequest(f"the form has the field `config` twice; {_HOW}")
-    if not configs:
+    kept: dict[str, bytes] = {}
+    for name in _KEPT:
+        values = fields.get(name, [])
+        if len(values) > 1:
+            raise _twice(name)
+        if values:
+            kept[name] = values[0].encode()
+    return _assemble(kept, None)
+
+
+def _assemble(fields: Mapping[str, bytes], archive: Path | None) -> UploadForm:
+    """The form from the fields kept in memory (by name) and the context, if any."""
+    for name, value in fields.items():
+        limit, too_large = _KEPT[name]
+        if len(value) > limit:
+            raise too_large()
+    if CONFIG not in fields:
         raise _missing_config()
-    if len(configs[0].encode()) > MAX_CONFIG_BYTES:
-        raise _config_too_large()
-    secrets = fields.get(SECRETS, [])
-    if len(secrets) > 1:
-        raise InvalidRequest(f"the form has the field `secrets` twice; {_HOW}")
-    sources = fields.get(CONTEXT_FROM, [])
-    if len(sources) > 1:
-        raise InvalidRequest(f"the form has the field `context_from` twice; {_HOW}")
-    return UploadForm(configs[0], None, _secrets(secrets[0].encode()) if secrets else None,
-                      _context_from(sources[0].encode()) if sources else None)
+    try:
+        config = fields[CONFIG].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"the `config` field is not UTF-8 text ({exc})") from exc
+    if CONTEXT_FROM in fields and archive is not None:
+        raise InvalidRequest("the form has both `context` and `context_from`; send one")
+    if CONTEXT_FROM in fields and GIT in fields:
+        raise InvalidRequest("the form has both `git` and `context_from`; a reused context "
+                             "snapshot keeps its own git state: send one")
+    secrets, source, git = fields.get(SECRETS), fields.get(CONTEXT_FROM), fields.get(GIT)
+    return UploadForm(config, archive, None if secrets is None else _secrets(secrets),
+                      None if source is None else _context_from(source),
+                      None if git is None else git_state.parse_field(git))
+
+
+def _twice(name: str) -> InvalidRequest:
+    return InvalidRequest(f"the form has the field `{name}` twice; {_HOW}")
 
 
 def _context_from(raw: bytes) -> int:
@@ -158,11 +197,11 @@ def _context_from(raw: bytes) -> int:
 def _secrets(raw: bytes) -> dict[str, str]:
     """The `secrets` field: a JSON object of names and text values."""
     if len(raw) > MAX_SECRETS_BYTES:
-        raise PayloadTooLarge(f"the `secrets` field is larger than "
-                              f"{MAX_SECRETS_BYTES // _MiB} MiB")
+        raise _secrets_too_large()
     try:
         data = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:  # (UnicodeDecodeError too)
+    except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError too; nested past
+        # the parser's depth)
         raise InvalidRequest(f"the `secrets` field is not JSON text ({exc}); send an object "
                              'of NAME: value, e.g. {"WANDB_API_KEY": "..."}') from exc
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
@@ -200,6 +239,23 @@ def _config_too_large() -> PayloadTooLarge:
                            "a config is YAML text: keep data out of it")
 
 
+def _secrets_too_large() -> PayloadTooLarge:
+    return PayloadTooLarge(f"the `secrets` field is larger than {MAX_SECRETS_BYTES // _MiB} MiB")
+
+
+def _not_an_id() -> InvalidRequest:
+    return InvalidRequest("`context_from` must be an experiment's id")
+
+
+# The fields kept in memory: each one's limit, and the answer past it.
+_KEPT: dict[str, tuple[int, Callable[[], InvalidRequest]]] = {
+    CONFIG: (MAX_CONFIG_BYTES, _config_too_large),
+    SECRETS: (MAX_SECRETS_BYTES, _secrets_too_large),
+    CONTEXT_FROM: (MAX_CONTEXT_FROM_BYTES, _not_an_id),
+    GIT: (MAX_GIT_BYTES, git_state.field_too_large),
+}
+
+
 def _missing_config() -> RequestValidationError:
     return RequestValidationError([{"type": "missing", "loc": ("body", CONFIG),
                                     "msg": f"Field required: {_HOW}", "input": None}])
@@ -210,9 +266,7 @@ class _Form:
 
     def __init__(self, archive: Path) -> None:
         self.archive = archive
-        self.config: bytearray | None = None
-        self.secrets: bytearray | None = None
-        self.context_from: bytearray | None = None
+        self.fields: dict[str, bytearray] = {}  # the parts kept in memory (_KEPT), by name
         self.context: BinaryIO | None = None
         self.context_bytes = 0
         self.part: str | None = None  # the field being read, if it is one we keep
@@ -229,18 +283,8 @@ class _Form:
     def result(self) -> UploadForm:
         if not self.complete:
             raise InvalidRequest(f"the form ends before its closing boundary; {_HOW}")
-        if self.config is None:
-            raise _missing_config()
-        try:
-            config = self.config.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidRequest(f"the `config` field is not UTF-8 text ({exc})") from exc
-        if self.context is not None and self.context_from is not None:
-            raise InvalidRequest("the form has both `context` and `context_from`; send one")
-        return UploadForm(config, self.archive if self.context is not None else None,
-                          None if self.secrets is None else _secrets(bytes(self.secrets)),
-                          None if self.context_from is None
-                          else _context_from(bytes(self.context_from)))
+        return _assemble({name: bytes(value) for name, value in self.fields.items()},
+                         self.archive if self.context is not None else None)
 
     def close(self) -> None:
         if self.context is not None:
@@ -261,46 +305,30 @@ class _Form:
         self.header_name, self.header_value = bytearray(), bytearray()
 
     def _headers_finished(self) -> None:
-        name = parse_options_header(self.disposition)[1].get(b"name", b"")
-        self.part = {CONFIG.encode(): CONFIG, CONTEXT.encode(): CONTEXT,
-                     SECRETS.encode(): SECRETS, CONTEXT_FROM.encode(): CONTEXT_FROM}.get(name)
-        if self.part == CONTEXT_FROM:
-            if self.context_from is not None:
-                raise InvalidRequest(f"the form has the field `context_from` twice; {_HOW}")
-            self.context_from = bytearray()
-        elif self.part == SECRETS:
-            if self.secrets is not None:
-                raise InvalidRequest(f"the form has the field `secrets` twice; {_HOW}")
-            self.secrets = bytearray()
-        elif self.part == CONFIG:
-            if self.config is not None:
-                raise InvalidRequest(f"the form has the field `config` twice; {_HOW}")
-            self.config = bytearray()
-        elif self.part == CONTEXT:
-            if self.context is not None:
-                raise InvalidRequest(f"the form has the field `context` twice; {_HOW}")
+        name = parse_options_header(self.disposition)[1].get(b"name", b"").decode("latin-1")
+        self.part = name if name in _KEPT or name == CONTEXT else None
+        if self.part is None:
+            return
+        if self.part in self.fields or (self.part == CONTEXT and self.context is not None):
+            raise _twice(self.part)
+        if self.part == CONTEXT:
             self.context = self.archive.open("xb")
+        else:
+            self.fields[self.part] = bytearray()
 
     def _data(self, data: bytes, start: int, end: int) -> None:
-        if self.part == CONTEXT_FROM and self.context_from is not None:
-            self.context_from += data[start:end]
-            if len(self.context_from) > MAX_CONTEXT_FROM_BYTES:
-                raise InvalidRequest("`context_from` must be an experiment's id")
-        elif self.part == CONFIG and self.config is not None:
-            self.config += data[start:end]
-            if len(self.config) > MAX_CONFIG_BYTES:
-                raise _config_too_large()
-        elif self.part == SECRETS and self.secrets is not None:
-            self.secrets += data[start:end]
-            if len(self.secrets) > MAX_SECRETS_BYTES:
-                raise PayloadTooLarge(f"the `secrets` field is larger than "
-                                      f"{MAX_SECRETS_BYTES // _MiB} MiB")
-        elif self.part == CONTEXT and self.context is not None:
+        if self.part == CONTEXT and self.context is not None:
             self.context_bytes += end - start
             if self.context_bytes > MAX_UPLOAD_BYTES:
                 raise PayloadTooLarge(f"the context upload is larger than "
                                       f"{MAX_UPLOAD_BYTES // _MiB} MiB; {_KEEP_OUT}")
             self.context.write(data[start:end])
+        elif self.part is not None:
+            kept = self.fields[self.part]
+            kept += data[start:end]
+            limit, too_large = _KEPT[self.part]
+            if len(kept) > limit:
+                raise too_large()
 
     def _end(self) -> None:
         self.complete = True

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from muster import job_secrets
+from muster import git_state, job_secrets
 from muster.config import ExperimentConfig, load_config
 from muster.config.problems import config_error
 from muster.config.schema import MIN_PRIORITY
@@ -20,6 +20,7 @@ from muster.environments.layout import EnvHome
 from muster.environments.registry import keep_request
 from muster.environments.request import RequestError, build_request
 from muster.errors import Conflict, InvalidRequest, NotFound
+from muster.git_state import GitState
 from muster.home import Home
 from muster.launch.accounts import RunAs
 from muster.services import listing, views
@@ -37,19 +38,24 @@ REVIEW_DECISIONS = {
 }
 # The supervisor's events an experiment shows as warnings.
 WARNING_REASONS = (EventReason.METRIC_MISSING.value, EventReason.SEARCH_STOPPED.value)
+# What a describe shows as a trial's `snapshot`: the trial part of its reproducibility
+# snapshot (`snapshots.TrialParts`, handed in by the caller: that module reads trials
+# through this one, and only reads, not actions, pay for reading the home).
+TrialPartOf = Callable[[Trial], dict[str, Any]]
 
 
 def create_experiment(store: Store, home: Home, owner: Principal, config_text: str,
                       archive: Path | None, capacity: ClusterCapacity | None = None,
                       secrets: Mapping[str, str] | None = None,
                       priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None,
-                      context_from: int | None = None) -> int:
+                      context_from: int | None = None, git: GitState | None = None) -> int:
     """Validate the config and the submitted `secrets` (`environment.secrets`), snapshot
     the context, check what can be checked now (`muster.services.submission`, against
     `capacity` when given), keep the secrets (0600, never in the database), record the
     experiment, owned by `owner`, and its trial. A non-admin may ask for no priority better
     than `priority_floor`; under `run_as: owner` the owner's Unix account must exist.
-    `context_from` (run again) reuses that experiment's snapshot instead of an upload.
+    `context_from` (run again) reuses that experiment's snapshot instead of an upload, and
+    its git state; `git` is the uploaded context's (`muster.git_state`), kept beside it.
 
     Raises:
         NotFound: `context_from` names no experiment.
@@ -73,9 +79,12 @@ def create_experiment(store: Store, home: Home, owner: Principal, config_text: s
         if archive is not None:
             extract_context(archive, context)
         elif context_from is not None:
-            _copy_snapshot(store, context_from, context)
+            source_uuid = _copy_snapshot(store, context_from, context)
+            git_state.copy(home, source_uuid, exp_uuid)
         else:
             context.mkdir(parents=True)
+        if git is not None:
+            git_state.save(home, exp_uuid, git)
         check_submission(config, context, capacity, source)
         environment = _keep_environment(home, config, context, source)
         if secrets:
@@ -88,11 +97,13 @@ def create_experiment(store: Store, home: Home, owner: Principal, config_text: s
         raise
 
 
-def _copy_snapshot(store: Store, experiment_id: int, context: Path) -> None:
+def _copy_snapshot(store: Store, experiment_id: int, context: Path) -> str:
     """Experiment `experiment_id`'s context snapshot, for a new experiment: hard links where
-    the file system allows (a snapshot is never written to), else copies."""
+    the file system allows (a snapshot is never written to), else copies. Returns the
+    experiment's uuid."""
     with store.session_scope() as s:
-        source = Path(experiment_or_404(s, experiment_id).context_dir)
+        experiment = experiment_or_404(s, experiment_id)
+        source, source_uuid = Path(experiment.context_dir), experiment.uuid
     if not source.is_dir():
         raise Conflict(f"experiment {experiment_id}'s context snapshot is gone ({source}); "
                        "upload the context again")
@@ -102,6 +113,7 @@ def _copy_snapshot(store: Store, experiment_id: int, context: Path) -> None:
     except (OSError, shutil.Error) as exc:
         raise Conflict(f"experiment {experiment_id}'s context snapshot could not be reused "
                        f"({exc}); upload the context again") from exc
+    return source_uuid
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -172,9 +184,12 @@ def list_experiments(store: Store, owner: str | None = None) -> list[dict[str, A
     return listing.list_page(store, listing.ExperimentFilter(owner=owner)).rows
 
 
-def describe_experiment(store: Store, experiment_id: int) -> dict[str, Any]:
+def describe_experiment(store: Store, experiment_id: int,
+                        part_of: TrialPartOf | None = None) -> dict[str, Any]:
+    """The experiment with every trial (`experiment_view`), each with its `snapshot` from
+    `part_of` (null without it)."""
     with store.session_scope() as s:
-        return experiment_view(s, experiment_or_404(s, experiment_id))
+        return experiment_view(s, experiment_or_404(s, experiment_id), part_of)
 
 
 def experiment_overview(store: Store, experiment_id: int) -> dict[str, Any]:
@@ -198,10 +213,13 @@ def experiment_header(store: Store, experiment_id: int) -> dict[str, Any]:
         return {"id": exp.id, "name": exp.name, "state": exp.state, "owner": exp.owner_name}
 
 
-def describe_trial(store: Store, trial_id: int) -> dict[str, Any]:
+def describe_trial(store: Store, trial_id: int,
+                   part_of: TrialPartOf | None = None) -> dict[str, Any]:
+    """The trial, its attempts, `best_validation` and events, and its `snapshot` from
+    `part_of` (null without it)."""
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
-        view = views.trial_detail(trial)
+        view = views.trial_detail(trial, None if part_of is None else part_of(trial))
         goals = views.searcher_goals(views.searcher_settings(trial.experiment))
         view["best_validation"] = best_validation(s, [trial.id], goals).get(trial.id, {})
         events = s.scalars(select(Event).where(Event.trial_id == trial_id).order_by(Event.id))
@@ -351,12 +369,16 @@ def _stop_trial(s: Session, trial: Trial, actor: str) -> None:
                    message="killed before it started")
 
 
-def experiment_view(s: Session, exp: Experiment) -> dict[str, Any]:
+def experiment_view(s: Session, exp: Experiment, part_of: TrialPartOf | None = None
+                    ) -> dict[str, Any]:
     """`views.experiment_detail`, with its trials' `best_validation` read from the store,
-    and the warnings the supervisor recorded (`warnings`: a metric no trial reports, a
-    search that stopped drawing)."""
+    their snapshots from `part_of` (at most `schema.MAX_TRIALS`: a search's bound), and
+    the warnings the supervisor recorded (`warnings`: a metric no trial reports, a search
+    that stopped drawing)."""
     goals = views.searcher_goals(views.searcher_settings(exp))
-    view = views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals))
+    parts = {} if part_of is None else {t.id: part_of(t) for t in exp.trials}
+    view = views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals),
+                                   parts)
     view["warnings"] = _warnings(s, exp.id)
     return view
 

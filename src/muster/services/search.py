@@ -18,7 +18,7 @@ from muster.config.schema import SearcherConfig
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.metrics_lines import VALIDATION
 from muster.services import views
-from muster.services.experiments import experiment_or_404
+from muster.services.experiments import TrialPartOf, experiment_or_404
 from muster.services.validation import best_validation
 from muster.states import TrialState
 from muster.store import Store, Trial, series
@@ -27,9 +27,11 @@ __all__ = ["ORDERS", "TrialPage", "TrialQuery", "best_trial", "list_trials", "so
            "trial_page"]
 
 
-def best_trial(store: Store, experiment_id: int) -> dict[str, Any]:
+def best_trial(store: Store, experiment_id: int, part_of: TrialPartOf | None = None
+               ) -> dict[str, Any]:
     """The SUCCEEDED trial (stopped early or not) with the best value of the searcher's
-    metric, as `trial_detail` plus its `best_validation`; ties go to the lowest number.
+    metric, as `trial_detail` (its `snapshot` from `part_of`) plus its `best_validation`;
+    ties go to the lowest number.
 
     Raises:
         NotFound: no such experiment, or no SUCCEEDED trial has reported the metric yet.
@@ -53,7 +55,8 @@ def best_trial(store: Store, experiment_id: int) -> dict[str, Any]:
             raise NotFound(f"experiment {experiment_id} has no SUCCEEDED trial with a finite "
                            f"{searcher.metric!r} yet; `muster trial list {experiment_id}` "
                            "shows how its trials are doing")
-        return {**views.trial_detail(winner), "best_validation": best[winner.id]}
+        snapshot = None if part_of is None else part_of(winner)
+        return {**views.trial_detail(winner, snapshot), "best_validation": best[winner.id]}
 
 
 def list_trials(store: Store, experiment_id: int, sort: str | None = None) -> list[dict[str, Any]]:

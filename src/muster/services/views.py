@@ -75,13 +75,16 @@ def is_unverified(trial: Trial) -> bool:
     return trial.state == TrialState.SUCCEEDED.value and verified(trial) is False
 
 
-def experiment_detail(exp: Experiment, best: Mapping[int, Mapping[str, float]]
+def experiment_detail(exp: Experiment, best: Mapping[int, Mapping[str, float]],
+                      snapshots: Mapping[int, Mapping[str, Any]] | None = None
                       ) -> dict[str, Any]:
-    """The experiment, every trial with its `best_validation` (`best`, by trial id), and the
+    """The experiment, every trial with its `best_validation` (`best`, by trial id) and its
+    snapshot's trial part (`snapshots`, by trial id; null where not given), and the
     search's progress."""
     view = experiment_overview(exp, best)
-    view["trials"] = [{**trial_detail(t), "best_validation": dict(best.get(t.id, {}))}
-                      for t in exp.trials]
+    parts = snapshots or {}
+    view["trials"] = [{**trial_detail(t, parts.get(t.id)),
+                       "best_validation": dict(best.get(t.id, {}))} for t in exp.trials]
     return view
 
 
@@ -132,7 +135,9 @@ def best_view(
             "early_stopped": winner.early_stopped}
 
 
-def trial_detail(trial: Trial) -> dict[str, Any]:
+def trial_detail(trial: Trial, snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The trial as `trial describe` shows it; `snapshot` is the trial part of its
+    reproducibility snapshot (`muster.services.snapshots`), null where the caller read none."""
     return {
         "id": trial.id,
         "uuid": trial.uuid,
@@ -159,6 +164,7 @@ def trial_detail(trial: Trial) -> dict[str, Any]:
             "freeze": None if trial.environment_freeze is None
             else trial.environment_freeze.splitlines(),
         },
+        "snapshot": None if snapshot is None else dict(snapshot),
     }
 
 

@@ -234,8 +234,9 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
     attempts = [a.number for a in trial.attempts if not a.standby]
     run_dir = AttemptDir(Path(trial.attempts[-1].run_dir)).run
     manifest_count = (trial.manifest or {}).get("file_count")
-    checks = config.verify
+    checks, diagnostics = config.verify, config.diagnostics
     if move.early_stopped:
+        diagnostics = diagnostics.model_copy(update={"finite_all_ranks": "off"})
         manifest_count = None
         checks = checks.model_copy(update={"expected_samples": None, "finite_metrics": False,
                                            "samples_from_log": None, "outputs": []})
@@ -248,6 +249,7 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
         checks,
         manifest_count,
         harness_ranks=config.resources.replicas if config.harness else None,
+        diagnostics=diagnostics,
     )
     trial.verification = result.to_json()
     if result.passed:

@@ -16,11 +16,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sqlalchemy import select
+
 from muster.atomic import atomic_write_json
+from muster.diagnostics import read_rank_parts
 from muster.launch.base import ReplicaPhase, ReplicaStatus
 from muster.rundir import AttemptDir
-from muster.states import AttemptState, Reason, TrialState
-from muster.store import Attempt, Replica, record_event
+from muster.states import AttemptState, EventReason, Reason, TrialState
+from muster.store import Attempt, Event, Replica, record_event
 from muster.supervise.context import ACTOR, LiveAttempt, SupervisorContext, current_replicas
 from muster.supervise.ending import Ending, mark_started
 from muster.supervise.heartbeats import check_in_overdue, checked_in, stall_reason
@@ -29,6 +32,7 @@ from muster.supervise.outcome import decided_by, exited_cleanly, started
 from muster.supervise.restart_in_place import RestartInPlace
 from muster.supervise.searching import Searching
 from muster.supervise.standby import Standby
+from muster.supervise.verification import rank_differences
 from muster.words import count, rank_list
 
 __all__ = ["Following"]
@@ -46,10 +50,14 @@ class Following:
     # Live attempts whose trial's validation values this supervisor has shown the pruner at
     # least once: afterwards only a pass that ingested new lines has anything new to show.
     _judged: set[int] = field(default_factory=set, init=False)
+    # Live attempts whose ranks' snapshots were compared once every rank had written one.
+    _compared: set[int] = field(default_factory=set, init=False)
 
     def forget_all_but(self, live: Sequence[LiveAttempt]) -> None:
         """Keep notes only on attempts that are still live."""
-        self._judged.intersection_update(attempt.id for attempt in live)
+        ids = {attempt.id for attempt in live}
+        self._judged.intersection_update(ids)
+        self._compared.intersection_update(ids)
 
     def settle(self, live: LiveAttempt) -> None:
         """Record whatever has happened to the attempt's replicas.
@@ -75,6 +83,8 @@ class Following:
         if all(map(started, statuses)) and not waiting:
             running = self._mark_running(live, statuses)
             self.standby.ensure(live, trial_running=running)
+            if running:
+                self._compare_ranks(live)
         elif waiting:
             self._note_check_ins(live, statuses, waiting)
         if all(st.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST) for st in statuses):
@@ -162,6 +172,33 @@ class Following:
                 attempt.trial.queue_reason = None  # it waits no more
                 mark_started(s, attempt, _started_message(len(statuses), live.config.harness))
             return attempt.trial.state == TrialState.RUNNING
+
+    def _compare_ranks(self, live: LiveAttempt) -> None:
+        """Warn at start, with an event, when the ranks of an attempt run on different
+        libraries or numerics settings (`verify.consistent_ranks` judges it at the end).
+        Once every rank checked in and wrote its snapshot (`muster.harness.snapshot`)."""
+        if (live.id in self._compared or len(live.ranks) < 2 or live.standby
+                or live.config.verify.consistent_ranks == "off"):
+            return
+        if not all(checked_in(live.dir.path, rank) for rank in live.ranks):
+            return  # (a stat per rank and pass, until they do: a script without the
+            # harness never does)
+        parts = read_rank_parts(live.dir.path)
+        if len(parts) < len(live.ranks):
+            return  # a rank writes its snapshot just after its check-in: the next pass
+        self._compared.add(live.id)
+        detail = rank_differences(parts)
+        if detail is None:
+            return
+        with self.ctx.store.session_scope() as s:
+            said = s.scalar(select(Event.id).where(  # before a restart of muster
+                Event.entity == "attempt", Event.entity_id == live.id,
+                Event.reason == EventReason.RANKS_DIFFER.value).limit(1))
+            if said is None:
+                record_event(s, entity="attempt", entity_id=live.id,
+                             reason=EventReason.RANKS_DIFFER, actor=ACTOR,
+                             message=f"warning: {detail}",
+                             experiment_id=live.trial.experiment_id, trial_id=live.trial.id)
 
     def _note_check_ins(self, live: LiveAttempt, statuses: Sequence[ReplicaStatus],
                         waiting: list[int]) -> None:

@@ -101,6 +101,9 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             gpus=None if plan.gpus is None else plan.gpus.get(rank, ()),
             max_length=config.searcher.max_length, seed=plan.seed,
             deterministic=config.reproducibility.deterministic,
+            diagnostics=(str(config.diagnostics.interval) if config.diagnostics.record
+                         else "off"),
+            distributed_debug=config.debug.torch_distributed == "detail",
         )
         env = build_env({**config.environment.variables, **plan.secrets}, ctx)
         if plan.environment is not None:

@@ -18,8 +18,8 @@ from typing import Any
 
 from muster import checkpoint_files, metrics_lines
 from muster.atomic import open_regular, read_regular
-from muster.config import VerifyConfig
-from muster.diagnostics import diff, read_rank_parts
+from muster.config import DiagnosticsConfig, VerifyConfig
+from muster.diagnostics import bias, diff, read_rank_parts, read_rank_records
 from muster.metrics_lines import MetricLine
 from muster.rundir import RankFile, RunDir
 from muster.supervise.log_samples import LogSamples
@@ -38,6 +38,7 @@ __all__ = [
     "VerifyConfig",
     "combine_log_counts",
     "gather_evidence",
+    "rank_differences",
     "verify",
 ]
 
@@ -117,6 +118,8 @@ class Evidence:
     started_at: float | None = None  # when the trial's first attempt started
     # What each rank of the final attempt was made of (`muster.diagnostics`), by rank.
     rank_snapshots: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    # What each rank of the final attempt recorded of its data and gradients, by rank.
+    rank_diagnostics: Mapping[int, bias.RankRecords] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -157,12 +160,13 @@ class Verdict:
 
 def verify(
     evidence: Evidence, config: VerifyConfig, manifest_file_count: int | None,
-    harness_ranks: int | None = None,
+    harness_ranks: int | None = None, diagnostics: DiagnosticsConfig | None = None,
 ) -> Verdict:
     """Judge `evidence`; the verdict passes only if every check that applies passed.
 
     `harness_ranks` is the world size when the config declares `harness: true` (every rank
-    of the final attempt must then have checked in), None when it does not.
+    of the final attempt must then have checked in), None when it does not. `diagnostics`
+    says how the coded-bias checks judge (`diagnostics.*`; the defaults when None).
     """
     expected = (config.expected_samples if config.expected_samples is not None
                 else manifest_file_count)
@@ -186,22 +190,63 @@ def verify(
         if config.consistent_ranks != "off" and len(evidence.rank_snapshots) > 1 else None,
     ]
     kept = [c for c in checks if c is not None]
+    kept += _diagnostics_checks(evidence, diagnostics or DiagnosticsConfig())
     return Verdict(passed=all(c.passed for c in kept), checks=kept)
+
+
+def _diagnostics_checks(evidence: Evidence, config: DiagnosticsConfig) -> list[Check]:
+    """The coded-bias checks (`muster.diagnostics.bias`) as `diagnostics.<name>`, each
+    judged as its mode says: SUSPECT, a warning in its detail, or not at all."""
+    if not evidence.rank_diagnostics:
+        return []
+    findings = bias.judge(evidence.rank_diagnostics, bias.Bounds.of(config),
+                          _reported_non_finite(evidence, set(evidence.rank_diagnostics)))
+    checks = []
+    for finding in findings:
+        mode = getattr(config, finding.check)
+        name = f"diagnostics.{finding.check}"
+        if mode == "off":
+            continue
+        if not finding.found:
+            checks.append(Check(name, True, finding.detail))
+        elif mode == "warn":
+            checks.append(Check(name, True, f"warning: {finding.detail}"))
+        else:
+            checks.append(Check(name, False, finding.detail))
+    return checks
+
+
+def _reported_non_finite(evidence: Evidence, ranks: set[int]) -> dict[int, str]:
+    """The first non-finite metric each rank of the final attempt reported."""
+    first: dict[int, str] = {}
+    for point in sorted(evidence.non_finite, key=lambda p: (p.step, p.rank, p.name)):
+        if point.attempt == evidence.final_attempt and point.rank in ranks:
+            first.setdefault(point.rank, f"reported {_non_finite_text(point)}")
+    return first
+
+
+def rank_differences(snapshots: Mapping[int, Mapping[str, Any]]) -> str | None:
+    """What the ranks of one attempt ran on differently (libraries, frameworks, numerics
+    switches and variables; not their seeds: a per-rank seed is often right), in words;
+    None when they are alike."""
+    differences = [d for d in diff.diff_ranks(snapshots)
+                   if diff.result_relevant(d) and not d.field.startswith("seed.")]
+    if not differences:
+        return None
+    shown = "; ".join(d.line() for d in differences[:SHOWN_DIFFERENCES])
+    more = len(differences) - SHOWN_DIFFERENCES
+    return (f"{count(len(snapshots), 'rank')} differ in what they ran on (the reference is "
+            f"the lowest rank): {shown}" + (f"; and {more} more" if more > 0 else ""))
 
 
 def _check_consistent_ranks(snapshots: Mapping[int, Mapping[str, Any]], mode: str) -> Check:
     """The ranks of the final attempt ran on the same libraries, frameworks, numerics
-    switches and variables (their seeds may differ: a per-rank seed is often right)."""
-    differences = [d for d in diff.diff_ranks(snapshots)
-                   if diff.result_relevant(d) and not d.field.startswith("seed.")]
-    ranks = count(len(snapshots), "rank")
-    if not differences:
-        return Check("consistent_ranks", True, f"{ranks}: the same libraries, frameworks, "
-                                               "numerics switches and variables")
-    shown = "; ".join(d.line() for d in differences[:SHOWN_DIFFERENCES])
-    more = len(differences) - SHOWN_DIFFERENCES
-    detail = (f"{ranks} differ in what they ran on (the reference is the lowest rank): "
-              f"{shown}" + (f"; and {more} more" if more > 0 else ""))
+    switches and variables."""
+    detail = rank_differences(snapshots)
+    if detail is None:
+        return Check("consistent_ranks", True, f"{count(len(snapshots), 'rank')}: the same "
+                                               "libraries, frameworks, numerics switches and "
+                                               "variables")
     if mode == "warn":
         return Check("consistent_ranks", True, f"warning: {detail}")
     return Check("consistent_ranks", False, f"{detail}; `muster trial diff` compares trials, "
@@ -384,6 +429,8 @@ def gather_evidence(
         started_at=started_at,
         rank_snapshots=(read_rank_parts(RunDir(run_dir).attempt(ordered[-1]).path)
                         if ordered else {}),
+        rank_diagnostics=(read_rank_records(RunDir(run_dir).attempt(ordered[-1]).path)
+                          if ordered else {}),
     )
 
 

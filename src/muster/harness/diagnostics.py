@@ -1,0 +1,119 @@
+"""The rank's diagnostics file: what `muster.harness.torch` saw of its data and gradients.
+
+Standard library only. The torch side (`muster.harness.torch_diagnostics`) hands records
+in; they are queued and appended as JSON lines to `rank-<r>.diagnostics.jsonl` by the
+harness's background thread, like metrics. The platform judges every rank's file together
+(`muster.diagnostics.bias`); the records are described there.
+
+The file is bounded: past `MAX_FILE_BYTES` further records are dropped with one warning,
+so a run of millions of steps at a small interval cannot fill a disk with diagnostics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_INTERVAL", "MAX_FILE_BYTES", "DiagnosticsLog", "interval_from"]
+
+DEFAULT_INTERVAL = 20  # optimizer steps between gradient-norm and replica-hash samples
+MAX_FILE_BYTES = 32 << 20
+VARIABLE = "MUSTER_DIAGNOSTICS"  # "off", or the interval in optimizer steps
+
+
+def interval_from(environ: Mapping[str, str]) -> int | None:
+    """The sampling interval MUSTER_DIAGNOSTICS sets; None when diagnostics are off.
+
+    Raises:
+        ValueError: the variable is neither "off" nor a positive integer.
+    """
+    raw = environ.get(VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_INTERVAL
+    if raw == "off":
+        return None
+    try:
+        interval = int(raw)
+    except ValueError:
+        interval = 0
+    if interval < 1:
+        raise ValueError(f"{VARIABLE} must be 'off' or a positive number of optimizer steps, "
+                         f"got {raw!r}")
+    return interval
+
+
+class DiagnosticsLog:
+    """Queues records (`record`, any thread) and appends them as lines (`flush`)."""
+
+    def __init__(self, path: Path, interval: int | None) -> None:
+        self.path = path
+        self.interval = interval  # None: the rank records nothing
+        self._queue: deque[str] = deque()
+        self._written = _size(path)  # a local run appends to the last run's file
+        self._full = False
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval is not None
+
+    def record(self, document: Mapping[str, Any]) -> None:
+        """Queue one record (a JSON object; non-finite floats are written as null)."""
+        if self.interval is None or self._full:
+            return
+        try:  # the common case: nothing to replace, and no walk over a list of indices
+            text = json.dumps(document, separators=(",", ":"), allow_nan=False)
+        except ValueError:
+            text = json.dumps(_finite(document), separators=(",", ":"))
+        self._queue.append(text + "\n")
+
+    def flush(self) -> None:
+        """Append the queued records.
+
+        Raises:
+            OSError: the write failed; the records are dropped (diagnostics are advisory).
+        """
+        with self._lock:
+            lines = [self._queue.popleft() for _ in range(len(self._queue))]
+            if not lines:
+                return
+            data = "".join(lines).encode()
+            if self._written + len(data) > MAX_FILE_BYTES:
+                self._full = True
+                self._queue.clear()
+                warnings.warn(f"muster.harness: {self.path} reached {MAX_FILE_BYTES >> 20} MiB; "
+                              "later diagnostics are not recorded (raise diagnostics.interval)",
+                              RuntimeWarning, stacklevel=2)
+                return
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            self._written += len(data)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # not there yet
+        return 0
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and infinities as null: strict JSON, as every reader expects."""
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    if isinstance(value, Mapping):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
