@@ -363,3 +363,26 @@ def test_a_queued_build_shows_what_it_does_and_holds_no_slot(
     started = time.monotonic()
     ended = _ended_trial(server, experiment_id)
     assert ended["state"] == "SUCCEEDED", (ended["message"], time.monotonic() - started)
+
+
+def test_two_trials_that_differ_in_one_package_version_diff_to_it(server: RunningServer,
+                                                                    tmp_path: Path) -> None:
+    """Issue 17: the environments' `pip freeze` is in each trial's snapshot, so two trials
+    whose environments differ in one version show that version, and no other package (then
+    the environments' keys, a hash of them all)."""
+    wheels = tmp_path / "wheels"
+    for version in ("1.0", "1.1"):
+        make_wheel(wheels, "tinyalpha", version)
+    experiments = [
+        _submit(server, _context(tmp_path / version, {"requirements": "requirements.txt"},
+                                 [*_index(wheels), f"tinyalpha=={version}"]))
+        for version in ("1.0", "1.1")]
+    first, second = (_ended_trial(server, e) for e in experiments)
+    assert (first["state"], second["state"]) == ("SUCCEEDED", "SUCCEEDED")
+    done = _cli(server, "trial", "diff", str(first["id"]), str(second["id"]), "--json")
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)["differences"]
+    packages = [d for d in found if d["group"] == "packages"]
+    assert packages[0] == {"group": "packages", "field": "environment.packages.tinyalpha",
+                           "a": "1.0", "b": "1.1", "rank": None}
+    assert [d["field"] for d in packages[1:]] == ["environment.key"]

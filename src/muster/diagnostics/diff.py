@@ -110,7 +110,9 @@ PRIORITY: Mapping[Group, tuple[str, ...]] = {
     Group.CODE: ("code.git.commit", "code.git.dirty", "code.git.diff_sha256",
                  "code.tree_sha256", "code.files"),
     Group.CONFIG: ("ranks", "hparams.*", "seed", "data.fingerprint"),
-    Group.PACKAGES: ("environment.packages.torch", "packages.torch"),
+    # Each package before the environment's key: the key is a hash of them all.
+    Group.PACKAGES: ("environment.packages.torch", "packages.torch", "environment.packages.*",
+                     "packages.*"),
     Group.FRAMEWORKS: ("frameworks.cuda", "libraries.libcublas", "libraries.libcudnn",
                        "frameworks.cudnn", "frameworks.nccl", "libraries.libnccl",
                        "frameworks.torch", "driver", "python.version"),
