@@ -15,7 +15,7 @@ install: $(STAMP) $(ASSETS) $(BROWSER)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,examples]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,examples,ray]'
 	touch $(STAMP)
 
 # Node 20 and npm build the UI's assets: exact versions from the lockfile, nothing committed.

@@ -37,7 +37,7 @@ from muster.launch.logs import FileLog
 from muster.launch.records import exit_record_from_json, spec_to_json
 from muster.rundir import CONTROL_FILES, AttemptDir, RankFile, RankFiles
 
-__all__ = ["LocalLauncher"]
+__all__ = ["SHIM", "LocalLauncher", "spawn_shim"]
 
 log = logging.getLogger(__name__)
 
@@ -197,27 +197,7 @@ class LocalLauncher(Launcher):
         return identity
 
     def _spawn_shim(self, request: LaunchRequest, files: RankFiles) -> subprocess.Popen[bytes]:
-        """Start the shim in its own session with SIGTERM/SIGINT blocked.
-
-        The shim inherits the blocked mask and unblocks it once its handlers are installed,
-        so a cancel that arrives while its interpreter starts is delivered, not lost.
-        """
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(files.shim_log, flags, 0o644), "ab") as shim_log:
-            previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-            try:
-                return subprocess.Popen(
-                    request.argv,
-                    cwd=request.cwd,
-                    env=request.env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=shim_log,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        return spawn_shim(request.argv, request.cwd, request.env, files.shim_log)
 
     def _record_launch(
         self, identity: ProcessIdentity, files: RankFiles, where: str
@@ -253,6 +233,25 @@ class LocalLauncher(Launcher):
             ended = [key for key, proc in self._shims.items() if proc.poll() is not None]
             for key in ended:
                 del self._shims[key]
+
+
+def spawn_shim(argv: list[str], cwd: Path, env: dict[str, str] | None,
+               shim_log: Path) -> subprocess.Popen[bytes]:
+    """Start a shim in its own session with SIGTERM/SIGINT blocked, its stderr appended to
+    `shim_log` (also how a Ray actor starts one on its node, `launch/ray_replica.py`).
+
+    The shim inherits the blocked mask and unblocks it once its handlers are installed,
+    so a cancel that arrives while its interpreter starts is delivered, not lost.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(shim_log, flags, 0o644), "ab") as log_file:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=log_file,
+                                    start_new_session=True, close_fds=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _identity(data: Any, role: str) -> ProcessIdentity | None:

@@ -110,6 +110,10 @@ def install_signal_handlers(stop: StopFlag) -> None:
     signal.signal(signal.SIGINT, stop.on_signal)
     signal.signal(signal.SIGHUP, _ignore_hangup)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # A parent that ignores SIGCHLD (a Ray worker does, with the raylet as subreaper) passes
+    # that on: the kernel would then reap our child itself, and its exit status be lost to
+    # us — and to the training process's own subprocesses.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
 

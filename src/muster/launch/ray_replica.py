@@ -1,0 +1,93 @@
+"""One replica on a Ray node: a detached, named actor that runs muster's shim there (issue 18).
+
+The actor is the shim's owner on its node, as the local launcher's process is on this one:
+it starts `python -P -m muster.launch.shim SPEC` in a session of its own, exactly as
+`LocalLauncher` does, so process groups, byte-exact logs, the memory limit and `exit.json`
+behave the same; the run directory is on a file system every node and the server mount
+(`ray.storage_path`). The actor is detached (it outlives the driver, so the shim outlives a
+muster server that is killed) and named `muster:<trial uuid>:<attempt>:<rank>` (a restarted
+server finds it again by name). A shim never outlives its actor: Ray kills the worker's
+children with it, and on nodes started as docs/architecture.md ("Launchers") asks —
+`RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper=true` and
+`RAY_process_group_cleanup_enabled=false` — the raylet, a subreaper, also kills the training
+process group the shim leaves behind in its own session (Ray 2.60's per-worker process
+groups, on by default, left it running under PID 1). An actor that is gone means the
+replica is LOST.
+
+Importing this module imports nothing of Ray; `replica_actor()` does, once.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from muster.launch.base import ProcessIdentity
+from muster.launch.identity import read_identity, send_signal
+from muster.launch.local import SHIM, spawn_shim
+from muster.rundir import RankFiles
+
+__all__ = ["ACTOR_PREFIX", "actor_name", "replica_actor"]
+
+ACTOR_PREFIX = "muster"
+
+
+def actor_name(trial_uuid: str, attempt: int, rank: int) -> str:
+    """`muster:<trial uuid>:<attempt>:<rank>`: one name per replica, in muster's namespace."""
+    return f"{ACTOR_PREFIX}:{trial_uuid}:{attempt}:{rank}"
+
+
+class ReplicaOwner:
+    """What the actor does on its node (plain Python; `replica_actor` makes it an actor)."""
+
+    def __init__(self, spec_path: str) -> None:
+        files = RankFiles(Path(spec_path).parent, _rank_of(spec_path))
+        self._spec = spec_path
+        self._shim = _start_shim(spec_path, files)
+        identity = read_identity(self._shim.pid)
+        self._identity = None if identity is None else (identity.pid, identity.start_ticks)
+
+    def where(self) -> dict[str, Any]:
+        """The node this replica runs on: Ray's node id, its IP, the host name."""
+        import ray
+
+        context = ray.get_runtime_context()
+        ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return {"node_id": context.get_node_id(), "ip": ip,
+                "hostname": socket.gethostname(), "shim": self._identity}
+
+    def poll(self) -> int | None:
+        """The shim's exit status once it ended (and reaped), else None."""
+        return self._shim.poll()
+
+    def stop(self) -> bool:
+        """SIGTERM to the shim, which runs the grace and the SIGKILL; False when it ended."""
+        if self._identity is None or self._shim.poll() is not None:
+            return False
+        return send_signal(ProcessIdentity(*self._identity), signal.SIGTERM)
+
+
+def _rank_of(spec_path: str) -> int:
+    """The rank in `rank-<r>.spec.json`."""
+    name = os.path.basename(spec_path)
+    return int(name.split(".", 1)[0].removeprefix("rank-"))
+
+
+def _start_shim(spec_path: str, files: RankFiles) -> subprocess.Popen[bytes]:
+    # `-P` keeps the attempt directory (its cwd) off `sys.path`, as LocalLauncher does.
+    return spawn_shim([sys.executable, "-P", "-m", SHIM, spec_path], files.attempt_dir, None,
+                      files.shim_log)
+
+
+@functools.cache
+def replica_actor() -> Any:
+    """`ReplicaOwner` as a Ray actor class (imports Ray)."""
+    import ray
+
+    return ray.remote(num_cpus=0)(ReplicaOwner)
