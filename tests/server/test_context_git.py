@@ -115,14 +115,15 @@ def test_a_malformed_git_field_is_a_4xx_naming_it(
     files = ({"context": ("context.tar.gz", pack_context(context), "application/gzip")}
              if multipart else None)
     with server.client() as client:
-        before = client.list_experiments()
+        # By id: an earlier test's experiment may end meanwhile (the server is shared).
+        before = [e["id"] for e in client.list_experiments()]
         response = httpx.post(
             f"{server.url}/api/v1/experiments", timeout=30, files=files,
             data={"config": (context / "experiment.yaml").read_text(), **fields},
             headers={"Authorization": f"Bearer {server.token}"})
         assert response.status_code == status, response.text
         assert words in response.json()["message"] and "Traceback" not in response.text
-        assert client.list_experiments() == before
+        assert [e["id"] for e in client.list_experiments()] == before
 
 
 def test_trial_diff_shows_contexts_that_differ_only_in_their_commit(

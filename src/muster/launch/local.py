@@ -37,7 +37,8 @@ from muster.launch.logs import FileLog
 from muster.launch.records import exit_record_from_json, spec_to_json
 from muster.rundir import CONTROL_FILES, AttemptDir, RankFile, RankFiles
 
-__all__ = ["SHIM", "LocalLauncher", "spawn_shim"]
+__all__ = ["SHIM", "LocalLauncher", "archive_control_files", "identity_from", "modified_at",
+           "spawn_shim"]
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +97,13 @@ class LocalLauncher(Launcher):
         self._reap_shims()
         files = RankFiles(attempt_dir, rank)
         status = read_json(files.status)
-        shim = _identity(status, "shim") or _identity(read_json(files.launch), "shim")
-        child = _identity(status, "child")
+        shim = identity_from(status, "shim") or identity_from(read_json(files.launch), "shim")
+        child = identity_from(status, "child")
         alive = _alive(shim) or _alive(child)
         # Read the exit record after the liveness check: a shim writes it before it dies, so
         # a dead shim without a record here really ended without one.
         exit_data = read_json(files.exit)
-        stop_at = _mtime(files.stop)
+        stop_at = modified_at(files.stop)
         stop = stop_at is not None
         if exit_data is not None:
             record = exit_record_from_json(exit_data)
@@ -129,10 +130,10 @@ class LocalLauncher(Launcher):
         SIGKILL at once."""
         files = RankFiles(attempt_dir, rank)
         status = read_json(files.status)
-        shim = _identity(status, "shim") or _identity(read_json(files.launch), "shim")
+        shim = identity_from(status, "shim") or identity_from(read_json(files.launch), "shim")
         if shim is not None and send_signal(shim, signal.SIGTERM):
             return
-        child = _identity(status, "child")
+        child = identity_from(status, "child")
         if shim is not None and child is not None:
             _kill_orphaned_group(shim, child)
 
@@ -141,15 +142,10 @@ class LocalLauncher(Launcher):
         `restarts/`; the log and its index stay (the shim appends to them and indexes from
         their end)."""
         files = RankFiles(attempt_dir, rank)
-        if _alive(_identity(read_json(files.status), "child")):
+        if _alive(identity_from(read_json(files.status), "child")):
             raise LaunchError(f"rank {rank} of {attempt_dir} is still running; only an ended "
                               "replica can be archived")
-        for kind in CONTROL_FILES:
-            path = files.path(kind)
-            if os.path.lexists(path):
-                target = files.archived(kind, incarnation)
-                _real_directory(target.parent)
-                path.rename(target)
+        archive_control_files(attempt_dir, rank, incarnation)
 
     def log(self, attempt_dir: Path, rank: int) -> FileLog:
         files = RankFiles(attempt_dir, rank)
@@ -254,7 +250,18 @@ def spawn_shim(argv: list[str], cwd: Path, env: dict[str, str] | None,
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _identity(data: Any, role: str) -> ProcessIdentity | None:
+def archive_control_files(attempt_dir: Path, rank: int, incarnation: int) -> None:
+    """Move an ended replica's control files (`rundir.CONTROL_FILES`) to `restarts/`."""
+    files = RankFiles(attempt_dir, rank)
+    for kind in CONTROL_FILES:
+        path = files.path(kind)
+        if os.path.lexists(path):
+            target = files.archived(kind, incarnation)
+            _real_directory(target.parent)
+            path.rename(target)
+
+
+def identity_from(data: Any, role: str) -> ProcessIdentity | None:
     """The `<role>_pid`/`<role>_start_ticks` pair from a shim or launch file, if present."""
     if not isinstance(data, dict) or data.get(f"{role}_pid") is None:
         return None
@@ -286,7 +293,7 @@ def _kill_orphaned_group(shim: ProcessIdentity, child: ProcessIdentity) -> None:
         return  # the group emptied after the scan: nothing is left to kill
 
 
-def _mtime(path: Path) -> float | None:
+def modified_at(path: Path) -> float | None:
     """When `path` was last written (the stop request's time), or None if it is absent."""
     try:
         return path.stat().st_mtime

@@ -66,6 +66,15 @@ class ReplicaOwner:
         """The shim's exit status once it ended (and reaped), else None."""
         return self._shim.poll()
 
+    def wait_and_exit(self) -> None:
+        """Wait for the shim to end, then end the actor: its name and bundle are freed, and
+        nothing of the replica is left on the node. Called once, right after the start (the
+        actor is threaded: `where`, `poll` and `stop` still answer meanwhile)."""
+        import ray
+
+        self._shim.wait()
+        ray.actor.exit_actor()  # type: ignore[no-untyped-call]
+
     def stop(self) -> bool:
         """SIGTERM to the shim, which runs the grace and the SIGKILL; False when it ended."""
         if self._identity is None or self._shim.poll() is not None:
@@ -90,4 +99,6 @@ def replica_actor() -> Any:
     """`ReplicaOwner` as a Ray actor class (imports Ray)."""
     import ray
 
-    return ray.remote(num_cpus=0)(ReplicaOwner)
+    # Threaded: `wait_and_exit` blocks in one thread while the others answer.
+    decorate: Any = ray.remote
+    return decorate(num_cpus=0, max_concurrency=4)(ReplicaOwner)
