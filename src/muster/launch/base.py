@@ -19,6 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Literal
 
+from muster.atomic import atomic_write_json
 from muster.launch.accounts import Account
 from muster.launch.logs import ReplicaLog, log_size, read_range
 from muster.rundir import RankFiles
@@ -181,13 +182,16 @@ class Launcher(abc.ABC):
             self._record_stop(attempt_dir, rank, grace)
         self._deliver_stop(attempt_dir, rank)
 
-    @abc.abstractmethod
     def _stop_recorded(self, attempt_dir: Path, rank: int) -> bool:
-        """Whether a stop was requested for the replica already."""
+        """Whether a stop was requested for the replica already (its stop marker)."""
+        return RankFiles(attempt_dir, rank).stop.exists()
 
-    @abc.abstractmethod
     def _record_stop(self, attempt_dir: Path, rank: int, grace: float | None) -> None:
-        """Record the stop request durably, where the replica's owner looks for it."""
+        """Record the stop request durably, where the replica's owner looks for it: the stop
+        marker in the attempt directory, which the shim obeys when it starts and whose grace
+        it reads when it sends the SIGTERM."""
+        atomic_write_json(RankFiles(attempt_dir, rank).stop,
+                          {} if grace is None else {"grace": grace})
 
     @abc.abstractmethod
     def _deliver_stop(self, attempt_dir: Path, rank: int) -> None:

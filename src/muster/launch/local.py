@@ -38,7 +38,7 @@ from muster.launch.records import exit_record_from_json, spec_to_json
 from muster.rundir import CONTROL_FILES, AttemptDir, RankFile, RankFiles
 
 __all__ = ["SHIM", "LocalLauncher", "archive_control_files", "identity_from", "modified_at",
-           "spawn_shim"]
+           "spawn_shim", "status_of"]
 
 log = logging.getLogger(__name__)
 
@@ -104,25 +104,9 @@ class LocalLauncher(Launcher):
         # a dead shim without a record here really ended without one.
         exit_data = read_json(files.exit)
         stop_at = modified_at(files.stop)
-        stop = stop_at is not None
-        if exit_data is not None:
-            record = exit_record_from_json(exit_data)
-            stop = stop or record.stop_requested
-            return ReplicaStatus(rank, ReplicaPhase.EXITED, shim, child, record, stop, stop_at,
-                                 record.started_at)
-        phase = self._live_phase(files, status, shim, alive)
-        started_at = status.get("started_at") if isinstance(status, dict) else None
-        return ReplicaStatus(rank, phase, shim, child, None, stop, stop_at,
-                             float(started_at) if isinstance(started_at, int | float) else None)
+        phase = None if exit_data is not None else self._live_phase(files, status, shim, alive)
+        return status_of(rank, phase, status, exit_data, shim, child, stop_at)
 
-    def _stop_recorded(self, attempt_dir: Path, rank: int) -> bool:
-        return RankFiles(attempt_dir, rank).stop.exists()
-
-    def _record_stop(self, attempt_dir: Path, rank: int, grace: float | None) -> None:
-        """The stop marker: the shim obeys it when it starts, and reads its grace from it
-        when it sends the SIGTERM."""
-        atomic_write_json(RankFiles(attempt_dir, rank).stop,
-                          {} if grace is None else {"grace": grace})
 
     def _deliver_stop(self, attempt_dir: Path, rank: int) -> None:
         """SIGTERM the shim (which runs the grace and the SIGKILL). If the shim is gone but
@@ -248,6 +232,23 @@ def spawn_shim(argv: list[str], cwd: Path, env: dict[str, str] | None,
                                     start_new_session=True, close_fds=True)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def status_of(rank: int, live: ReplicaPhase | None, status: Any, exit_data: Any,
+              shim: ProcessIdentity | None, child: ProcessIdentity | None,
+              stop_at: float | None) -> ReplicaStatus:
+    """A replica's status from what its files say: EXITED with its record when there is
+    one, else `live` (the launcher's judgement of a replica without one)."""
+    if exit_data is not None:
+        record = exit_record_from_json(exit_data)
+        return ReplicaStatus(rank, ReplicaPhase.EXITED, shim, child, record,
+                             stop_at is not None or record.stop_requested, stop_at,
+                             record.started_at)
+    if live is None:
+        raise ValueError(f"rank {rank}: a replica without an exit record needs its live phase")
+    started_at = status.get("started_at") if isinstance(status, dict) else None
+    return ReplicaStatus(rank, live, shim, child, None, stop_at is not None, stop_at,
+                         float(started_at) if isinstance(started_at, int | float) else None)
 
 
 def archive_control_files(attempt_dir: Path, rank: int, incarnation: int) -> None:

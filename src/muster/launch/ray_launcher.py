@@ -32,11 +32,17 @@ from muster.launch.base import (
     ReplicaSpec,
     ReplicaStatus,
 )
-from muster.launch.local import SHIM, archive_control_files, identity_from, modified_at
-from muster.launch.logs import FileLog
+from muster.launch.local import (
+    SHIM,
+    LocalLauncher,
+    archive_control_files,
+    identity_from,
+    modified_at,
+    status_of,
+)
 from muster.launch.ray_replica import actor_name, replica_actor
-from muster.launch.records import exit_record_from_json, spec_to_json
-from muster.rundir import AttemptDir, RankFile, RankFiles
+from muster.launch.records import spec_to_json
+from muster.rundir import RankFiles
 
 __all__ = ["RayLauncher"]
 
@@ -114,28 +120,12 @@ class RayLauncher(Launcher):
         child = identity_from(status, "child")
         alive = self._actor_alive(_actor(launch, attempt_dir, rank))
         exit_data = read_json(files.exit)  # after the liveness check, as locally
-        stop_at = modified_at(files.stop)
-        stop = stop_at is not None
-        if exit_data is not None:
-            record = exit_record_from_json(exit_data)
-            return ReplicaStatus(rank, ReplicaPhase.EXITED, shim, child, record,
-                                 stop or record.stop_requested, stop_at, record.started_at)
-        if status is not None:
-            phase = ReplicaPhase.RUNNING if alive else ReplicaPhase.LOST
+        if not alive:
+            phase = ReplicaPhase.LOST
         else:
-            phase = ReplicaPhase.STARTING if alive else ReplicaPhase.LOST
-        started_at = status.get("started_at") if isinstance(status, dict) else None
-        return ReplicaStatus(rank, phase, shim, child, None, stop, stop_at,
-                             float(started_at) if isinstance(started_at, int | float) else None)
+            phase = ReplicaPhase.RUNNING if status is not None else ReplicaPhase.STARTING
+        return status_of(rank, phase, status, exit_data, shim, child, modified_at(files.stop))
 
-    def _stop_recorded(self, attempt_dir: Path, rank: int) -> bool:
-        return RankFiles(attempt_dir, rank).stop.exists()
-
-    def _record_stop(self, attempt_dir: Path, rank: int, grace: float | None) -> None:
-        """The stop marker, on the shared file system: the shim obeys it when it starts and
-        reads its grace from it."""
-        atomic_write_json(RankFiles(attempt_dir, rank).stop,
-                          {} if grace is None else {"grace": grace})
 
     def _deliver_stop(self, attempt_dir: Path, rank: int) -> None:
         """SIGTERM to the shim, by its actor on its node; nothing when the actor is gone
@@ -152,12 +142,9 @@ class RayLauncher(Launcher):
                               "replica can be archived")
         archive_control_files(attempt_dir, rank, incarnation)
 
-    def log(self, attempt_dir: Path, rank: int) -> FileLog:
-        files = RankFiles(attempt_dir, rank)
-        return FileLog(rank, files.log, files.index)
-
-    def logged_ranks(self, attempt_dir: Path) -> list[int]:
-        return [rank for rank, _ in AttemptDir(attempt_dir).ranks_with(RankFile.LOG)]
+    # The files are the local launcher's, on a file system the server shares: served alike.
+    log = LocalLauncher.log
+    logged_ranks = LocalLauncher.logged_ranks
 
     def _handle(self, name: str) -> Any | None:
         """The live actor called `name`, or None when there is none (it ended or was
