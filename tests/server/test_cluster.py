@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -20,6 +21,9 @@ def test_cluster_status_reports_slots_queue_and_disk(client: Client) -> None:
     assert info["min_free_disk_bytes"] == 0 and info["disk_ok"] is True
     assert info["free_disk_bytes"] > 0
     assert info["disk_message"].endswith("required")
+    # One node with the local launcher: this machine, where its ranks meet.
+    assert info["nodes"] == [{"id": socket.gethostname(), "address": "127.0.0.1",
+                              "alive": True, "cpus": os.cpu_count(), "gpus": 0}]
 
 
 def test_the_cli_shows_it_and_says_when_launches_wait(server: RunningServer) -> None:
@@ -36,5 +40,7 @@ def test_the_cli_shows_it_and_says_when_launches_wait(server: RunningServer) -> 
         human = subprocess.run([sys.executable, "-m", "muster", "cluster", "status"], env=env,
                                capture_output=True, text=True, timeout=60, check=True)
         assert "launches wait" in human.stdout and "waiting for disk" in human.stdout
+        assert f"node {socket.gethostname()} (127.0.0.1): alive, {os.cpu_count()} CPUs" in (
+            human.stdout)
     finally:
         guarded.stop()

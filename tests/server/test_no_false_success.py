@@ -41,7 +41,8 @@ server = shared_server()
 
 
 def make_context(parent: Path, *args: str, data: bool = True,
-                 verify: dict[str, Any] | None = None) -> Path:
+                 verify: dict[str, Any] | None = None,
+                 settings: dict[str, Any] | None = None) -> Path:
     """A context directory: the training script, `data/` (100 PNG files) and the config."""
     context = parent / "context"
     context.mkdir()
@@ -60,6 +61,7 @@ def make_context(parent: Path, *args: str, data: bool = True,
                           "manifest": {"extensions": [".png"], "labels": "from_dirs"}}
     if verify is not None:
         config["verify"] = verify
+    config.update(settings or {})
     (context / "experiment.yaml").write_text(json.dumps(config, indent=2) + "\n")
     return context
 
@@ -145,8 +147,11 @@ def test_a_silent_drop_is_suspect_and_a_review_settles_it(
 def test_a_clean_run_succeeds_with_every_check_passed(
     server: RunningServer, client: Client, tmp_path: Path
 ) -> None:
+    # Both checkpoints are looked at below: checkpoint GC (by default the latest and the best
+    # one are kept) would delete step 9 soon after the trial ended, at its own pace.
     context = make_context(tmp_path, "--epochs", "2", verify={
-        "require_checkpoint": True, "require_metrics": ["loss", "val_loss"]})
+        "require_checkpoint": True, "require_metrics": ["loss", "val_loss"]},
+        settings={"checkpoint_storage": {"save_trial_latest": 2}})
     experiment_id, trial_id = submit(client, context)
 
     assert wait_ended(client, experiment_id)["state"] == "COMPLETED"

@@ -30,6 +30,10 @@ def status(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption 
     render.console.print(table)
     render.console.print(info["disk_message"], markup=False)
     render.console.print(f"trials: {_trial_counts(info['trial_counts'])}", markup=False)
+    for node in info.get("nodes", []):
+        render.console.print(f"node {node['id']} ({node['address']}): "
+                             f"{'alive' if node['alive'] else 'not alive'}, {node['cpus']} CPUs, "
+                             f"{node['gpus']} GPUs", markup=False)
     envs = info["environments"]
     render.console.print(f"environments: {envs['count']} built, {format_size(envs['bytes'])} "
                          "(muster env list)", markup=False)

@@ -436,6 +436,16 @@ class FilesystemView(_Shape):
     total_bytes: int
 
 
+class NodeView(_Shape):
+    """A machine trials run on (with the local launcher: the server's own)."""
+
+    id: str  # the host name (a Ray node's id on Ray)
+    address: str
+    alive: bool
+    cpus: int
+    gpus: int
+
+
 class ClusterStatus(_Shape):
     slots: int
     slots_in_use: int
@@ -453,6 +463,7 @@ class ClusterStatus(_Shape):
     disk_ok: bool
     disk_message: str
     environments: EnvironmentsDisk
+    nodes: list[NodeView]
 
 
 class EnvironmentView(_Shape):

@@ -8,7 +8,9 @@ only present it.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import socket
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from muster.services.submission import ClusterCapacity
 from muster.sizes import format_size
 from muster.states import GpuState, TrialState
 from muster.store import GpuDevice, Trial
+from muster.supervise.launching import MASTER_ADDR
 from muster.supervise.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -163,7 +166,15 @@ def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
         "disk_message": shortfall or (f"{format_size(free)} free, at least "
                                       f"{format_size(supervisor.min_free_disk)} required"),
         "environments": _environments_disk(supervisor),
+        "nodes": _nodes(snapshot),
     }
+
+
+def _nodes(snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
+    """The machines trials run on, `{id, address, alive, cpus, gpus}`: with the local
+    launcher, this one (its host name, and the address its ranks meet at)."""
+    return [{"id": socket.gethostname(), "address": MASTER_ADDR, "alive": True,
+             "cpus": os.cpu_count() or 0, "gpus": len(snapshot.gpus)}]
 
 
 def _environments_disk(supervisor: Supervisor) -> dict[str, int]:
