@@ -24,13 +24,18 @@ if os.environ["RANK"] == "1" and os.environ.get("DRIFT"):
     os.environ["OMP_NUM_THREADS"] = "4"
 with mh.init() as ctx:
     ctx.report_training(0, {"loss": 1.0})
-    time.sleep(1.5)  # RUNNING for a few passes: the start-time comparison has its chance
+    deadline = time.monotonic() + 60  # until the test has seen what it waits for
+    while not os.path.exists(os.environ["RELEASE"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
 """
+PASSES_RUNNING = 5  # supervisor passes a RUNNING trial gets before its ranks are let go
 
 
 def _check(rig: Rig, drift: bool, mode: str | None
            ) -> tuple[str, dict[str, Any], list[str | None]]:
-    variables = {"OMP_NUM_THREADS": "1", **({"DRIFT": "1"} if drift else {})}
+    release = rig.home.root / f"release-{drift}-{mode}"
+    variables = {"OMP_NUM_THREADS": "1", "RELEASE": str(release),
+                 **({"DRIFT": "1"} if drift else {})}
     verify: dict[str, Any] = {"require_checkpoint": False, "require_metrics": ["loss"]}
     if mode is not None:
         verify["consistent_ranks"] = mode
@@ -41,6 +46,19 @@ def _check(rig: Rig, drift: bool, mode: str | None
                                       archive=None)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id)).one()
+    # The ranks wait until the warning is there (drift), or until the trial has been
+    # RUNNING for a few passes, in which the comparison had its chance (no drift).
+    passes = 0
+
+    def compared() -> bool:
+        nonlocal passes
+        view = rig.trial(trial_id)
+        passes += view.state == "RUNNING"
+        return any(e.reason == "ranks differ" for e in view.events) or (
+            not drift and passes >= PASSES_RUNNING)
+
+    rig.tick_until(compared, what=f"trial {trial_id}'s ranks to be compared")
+    release.touch()
     state = rig.tick_until(  # a SUSPECT trial waits for a review: its experiment goes on
         lambda: (t := rig.trial(trial_id).state) in ("SUCCEEDED", "SUSPECT", "FAILED") and t,
         what=f"trial {trial_id} to settle")

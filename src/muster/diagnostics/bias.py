@@ -83,7 +83,7 @@ def parse_records(lines: Iterable[Mapping[str, Any]]) -> RankRecords:
     for line in lines:
         kind = line.get("kind")
         if kind == "sampler" and _is_int(line.get("sampler")):
-            records.samplers[line["sampler"]] = dict(line)
+            records.samplers[line["sampler"]] = _sampler(line)
         elif kind == "pass" and _is_int(line.get("sampler")) and _is_int(line.get("pass")) \
                 and isinstance(line.get("indices"), list) and _is_int(line.get("count")):
             records.passes[(line["sampler"], line["pass"])] = dict(line)
@@ -93,6 +93,18 @@ def parse_records(lines: Iterable[Mapping[str, Any]]) -> RankRecords:
         elif kind == "update" and _is_int(line.get("update")):
             records.updates[line["update"]] = dict(line)
     return records
+
+
+def _sampler(line: Mapping[str, Any]) -> dict[str, Any]:
+    """A sampler record with its seeds as ints or None and its data set as plain text, so
+    a judgement compares and hashes them safely whatever the file held."""
+    dataset = line.get("dataset")
+    return {**line,
+            "generator_seed": line["generator_seed"] if _is_int(line.get("generator_seed"))
+            else None,
+            "torch_initial": line["torch_initial"] if _is_int(line.get("torch_initial"))
+            else None,
+            "dataset": repr(dataset)[:200] if dataset is not None else None}
 
 
 def judge(ranks: Mapping[int, RankRecords], bounds: Bounds,

@@ -77,19 +77,16 @@ def trial_part(home: Home, trial: Trial) -> dict[str, Any]:
 
 
 def _code(home: Home, experiment_uuid: str) -> dict[str, Any]:
-    """The context snapshot's tree hash (relative paths and file hashes, sorted), computed
-    once per experiment: the snapshot never changes; and its git state, looked for until
-    found: the server keeps it just after it records the experiment (`_git`)."""
+    """The context snapshot's tree hash (relative paths and file hashes, sorted) and its git
+    state, read once per experiment: both are kept before the experiment is recorded
+    (`experiments.create_experiment`) and never change."""
     cached = _TREES.get(experiment_uuid)
     if cached is None:
-        cached = {**_tree(home.context_dir(experiment_uuid)), "git": None}
+        cached = {**_tree(home.context_dir(experiment_uuid)),
+                  "git": _git(home, experiment_uuid)}
         _TREES[experiment_uuid] = cached
         if len(_TREES) > _TREES_KEPT:
             _TREES.popitem(last=False)
-    if cached["git"] is None:
-        found = _git(home, experiment_uuid)
-        if found is not None:
-            cached = _TREES[experiment_uuid] = {**cached, "git": found}
     return cached
 
 
