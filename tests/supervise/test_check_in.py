@@ -4,6 +4,7 @@ the trial is SUSPECT. Real processes; the test opens the check-in gates itself."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +103,11 @@ def test_a_rank_that_never_checks_in_is_stalled(rig: Rig, tmp_path: Path) -> Non
             and e.to_state == "RUNNING"] == ["ended before every replica had checked in"]
     assert trial.message is not None
     assert "The replica worker-1 (rank 1)" in trial.message
-    assert ("no check-in 2s after it started (heartbeat_timeout 1.5s): the config sets "
-            "`harness: true`, but this rank has not called muster.harness.init()"
-            in trial.message), trial.message
+    # The seconds are how late the pass that noticed it came (2 s on a quiet machine, 5 s
+    # seen under CI's load): the rest of the words are what matters.
+    assert re.search(r"no check-in \d+s after it started \(heartbeat_timeout 1\.5s\): the "
+                     r"config sets `harness: true`, but this rank has not called "
+                     r"muster\.harness\.init\(\)", trial.message), trial.message
 
 
 def test_exit_0_without_a_check_in_is_suspect(rig: Rig, tmp_path: Path) -> None:
