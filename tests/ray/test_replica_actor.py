@@ -83,16 +83,23 @@ def test_a_detached_actor_outlives_its_driver_and_its_kill_leaves_no_process(
 
     # A new driver finds the actor by its name, and kills it.
     done = ray_cluster.run("""
+        import time
         import ray
         from muster.launch.ray_replica import actor_name
         ray.init(namespace="muster")
         actor = ray.get_actor(actor_name("trial-under-test", 2, 0))
         running = ray.get(actor.poll.remote())
         ray.kill(actor)
-        try:  # the kill is done once a call fails for it
-            ray.get(actor.poll.remote(), timeout=30)
-        except ray.exceptions.RayActorError:
-            print(running)
+        # The kill is asynchronous: a call sent just after it may still be answered. It is
+        # done once a call fails for it.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.poll.remote(), timeout=30)
+            except ray.exceptions.RayActorError:
+                print(running)
+                break
+            time.sleep(0.2)
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "None"  # it was still running
