@@ -8,7 +8,7 @@ VENDOR := src/muster/ui/static/vendor
 ASSETS := $(VENDOR)/.built
 BROWSER := $(VENV)/.browser
 
-.PHONY: install demo test lint typecheck unit quick bench screenshots clean
+.PHONY: install demo test lint typecheck unit quick bench bench-ray screenshots clean
 
 install: $(STAMP) $(ASSETS) $(BROWSER)
 
@@ -61,8 +61,16 @@ test: lint typecheck unit
 bench: install
 	$(BIN)/python benchmarks/run.py
 
+# muster on Ray against Ray Jobs and Ray Train (benchmarks/ray_launcher.py): they need
+# ray[default,train], kept out of the test venv in one of their own. Root (a network namespace).
+BENCH_RAY := .venv-bench-ray
+bench-ray: install
+	test -x $(BENCH_RAY)/bin/python || $(PYTHON) -m venv $(BENCH_RAY)
+	$(BENCH_RAY)/bin/python -m pip install --quiet -e '.[examples]' 'ray[default,train]==2.60.0' pytest
+	$(BENCH_RAY)/bin/python benchmarks/ray_launcher.py
+
 screenshots: install  # docs/ui/*.png, from a real server running a real search
 	$(BIN)/python scripts/screenshots.py
 
 clean:
-	rm -rf $(VENV) .muster-demo .pytest_cache .mypy_cache .ruff_cache ui/node_modules $(VENDOR)
+	rm -rf $(VENV) $(BENCH_RAY) .muster-demo .pytest_cache .mypy_cache .ruff_cache ui/node_modules $(VENDOR)

@@ -24,6 +24,7 @@ import ingest
 import manifest_scan
 import pass_sessions
 import queue_throughput
+import ray_launcher
 import recovery
 import replicas
 import tail
@@ -55,6 +56,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "ui_budget": ui_budget.run,
     "checkpoint_storage": checkpoint_storage.run,
     "diagnostics_overhead": diagnostics_overhead.run,
+    "ray_launcher": ray_launcher.run,  # skipped without ray[default,train]: `make bench-ray`
 }
 
 

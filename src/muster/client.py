@@ -204,6 +204,11 @@ class Client:
     def cluster_status(self) -> dict[str, Any]:
         return self._json("GET", "/cluster")  # type: ignore[no-any-return]
 
+    def release_node(self, node_id: str) -> dict[str, Any]:
+        """Return a quarantined node to the pool (an admin's)."""
+        return self._json(  # type: ignore[no-any-return]
+            "POST", f"/cluster/nodes/{quote(node_id, safe='')}/release")
+
     def list_environments(self) -> list[dict[str, Any]]:
         """`{hash, python, inherit, packages, setup, state, size_bytes, built_at, last_used,
         message, trials}` of every environment."""

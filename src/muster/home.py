@@ -32,9 +32,14 @@ class Home:
     $MUSTER_HOME/runs/<trial-uuid>/              a trial's run directory (`muster.rundir`)
     $MUSTER_HOME/envs/                           built Python environments (`muster.environments`)
     ```
+
+    With `launcher: ray`, what the replicas on other nodes read and write — `runs/`,
+    `checkpoint-cache/` and `envs/` — lives under `shared` instead (the cluster config's
+    `ray.storage_path`, mounted at the same path on every node); the rest stays here.
     """
 
     root: Path
+    shared: Path | None = None  # where runs, the checkpoint cache and environments live
 
     @classmethod
     def resolve(cls, override: str | os.PathLike[str] | None = None) -> Home:
@@ -109,11 +114,11 @@ class Home:
     @property
     def envs_dir(self) -> Path:
         """Built Python environments (`muster.environments`)."""
-        return self.root / "envs"
+        return (self.shared or self.root) / "envs"
 
     @property
     def runs_dir(self) -> Path:
-        return self.root / "runs"
+        return (self.shared or self.root) / "runs"
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -123,7 +128,7 @@ class Home:
     @property
     def checkpoint_cache_dir(self) -> Path:
         """Checkpoints fetched back from storage for a trial whose run directory lacks them."""
-        return self.root / "checkpoint-cache"
+        return (self.shared or self.root) / "checkpoint-cache"
 
     @property
     def experiments_dir(self) -> Path:

@@ -94,6 +94,9 @@ class Reason(str, Enum):
     LOST = "LOST"
     STALLED = "STALLED"
     INTERNAL = "INTERNAL"
+    # The cluster had no room for the attempt's replica set (a Ray placement group still
+    # pending after `failure_policy.capacity_timeout`); nothing was launched.
+    CAPACITY = "CAPACITY"
 
     def is_infra(self) -> bool:
         """The machine, not the code, failed: INFRA, LOST (vanished without an exit record)
@@ -122,6 +125,7 @@ class EventReason(str, Enum):
     GPU_RELEASE_TIMEOUT = "gpu release timeout"
     DISK_LOW = "disk low"
     REVIEW_APPROVED = "review approved"
+    NODE_QUARANTINED = "node quarantined"  # the bad-node circuit breaker tripped
     REVIEW_REJECTED = "review rejected"
     TRIALS_FINISHED = "trials finished"
     NO_TRIAL_SUCCEEDED = "no trial succeeded"

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.lifecycle  # starts real processes
 CONTRACT_EXPERIMENT = {"id", "name", "state", "trials"}
 CONTRACT_TRIAL = {"id", "state", "restarts", "attempts"}
 CONTRACT_ATTEMPT = {"number", "state", "replicas"}
-CONTRACT_REPLICA = {"rank", "exit_code", "signal", "reason", "message", "log_path"}
+CONTRACT_REPLICA = {"rank", "exit_code", "signal", "reason", "message", "log_path", "node"}
 
 
 def muster(
@@ -125,6 +125,7 @@ def test_describe_json_follows_the_contract(
     (replica,) = attempt["replicas"]
     assert set(replica) >= CONTRACT_REPLICA
     assert (replica["exit_code"], replica["signal"], replica["reason"]) == (1, None, "USER_ERROR")
+    assert replica["node"] == socket.gethostname()  # the local launcher's node: this machine
     assert exp == client.get_experiment(int(exp["id"]))
 
 

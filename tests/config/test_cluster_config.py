@@ -74,8 +74,28 @@ def test_no_free_disk_guard(tmp_path: Path) -> None:
         (
             "zzz: 1",
             "zzz: unknown key; the keys allowed here are checkpoint_storage, gpu_release, gpus, "
-            "min_free_disk, preemption, priority_floor, run_as, slots",
+            "launcher, min_free_disk, node_quarantine, preemption, priority_floor, ray, run_as, "
+            "slots",
         ),
+        ("launcher: slurm", "launcher: must be 'local' or 'ray', got 'slurm'"),
+        ("launcher: ray", "(top level): launcher: ray needs a `ray:` section with at least "
+                          "`storage_path:` (a directory every node and the server mount), e.g. "
+                          "ray: {address: auto, storage_path: /shared/muster-runs}"),
+        ("ray: {storage_path: /shared}", "(top level): a `ray:` section is only read with "
+                                         "`launcher: ray`; add `launcher: ray`, or remove the "
+                                         "section"),
+        ("{launcher: ray, ray: {storage_path: shared}}",
+         "ray.storage_path: must be an absolute path (the same on every node), got 'shared'"),
+        ("{launcher: ray, ray: {storage_path: /s, address: 'http://x'}}",
+         "ray.address: must be 'auto', a GCS address such as 'head:6379' or a Ray Client "
+         "address such as 'ray://head:10001', got 'http://x'"),
+        ("{launcher: ray, ray: {storage_path: /s, placement_strategy: STRICT_PACK}}",
+         "ray.placement_strategy: must be 'PACK', 'SPREAD' or 'STRICT_SPREAD', "
+         "got 'STRICT_PACK'"),
+        ("{launcher: ray, ray: {storage_path: /s}, run_as: owner}",
+         "(top level): run_as is not supported with launcher: ray yet (jobs run as the Ray "
+         "worker's user); remove run_as"),
+        ("node_quarantine: {failures: 0}", "node_quarantine.failures: must be >= 1, got 0"),
         ("slots: 0", "slots: must be >= 1, got 0"),
         ("slots: '2'", "slots: must be a whole number, got '2'"),
         ("slots: 1.5", "slots: must be a whole number, got 1.5"),

@@ -23,7 +23,10 @@ def test_cluster_status_reports_slots_queue_and_disk(client: Client) -> None:
     assert info["disk_message"].endswith("required")
     # One node with the local launcher: this machine, where its ranks meet.
     assert info["nodes"] == [{"id": socket.gethostname(), "address": "127.0.0.1",
-                              "alive": True, "cpus": os.cpu_count(), "gpus": 0}]
+                              "alive": True, "cpus": os.cpu_count(), "gpus": 0,
+                              "cpus_free": None, "gpus_free": 0.0,
+                              "hostname": socket.gethostname(), "quarantined": False,
+                              "quarantine_reason": None, "replicas": []}]
 
 
 def test_the_cli_shows_it_and_says_when_launches_wait(server: RunningServer) -> None:

@@ -28,6 +28,7 @@ TABLE = {
     A.OWN_ACCOUNT: (True, True, True, True),
     A.PRUNE_ENVIRONMENTS: (False, False, False, True),
     A.MANAGE_USERS: (False, False, False, True),
+    A.MANAGE_NODES: (False, False, False, True),
 }
 
 

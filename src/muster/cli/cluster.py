@@ -13,6 +13,8 @@ from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 from muster.sizes import format_size
 
 app = typer.Typer(help="The server's resources.", no_args_is_help=True)
+node_app = typer.Typer(help="The cluster's nodes.", no_args_is_help=True)
+app.add_typer(node_app, name="node")
 
 
 @app.command()
@@ -31,9 +33,7 @@ def status(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption 
     render.console.print(info["disk_message"], markup=False)
     render.console.print(f"trials: {_trial_counts(info['trial_counts'])}", markup=False)
     for node in info.get("nodes", []):
-        render.console.print(f"node {node['id']} ({node['address']}): "
-                             f"{'alive' if node['alive'] else 'not alive'}, {node['cpus']} CPUs, "
-                             f"{node['gpus']} GPUs", markup=False)
+        render.console.print(_node_line(node), markup=False)
     envs = info["environments"]
     render.console.print(f"environments: {envs['count']} built, {format_size(envs['bytes'])} "
                          "(muster env list)", markup=False)
@@ -44,6 +44,30 @@ def status(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption 
         if gpu["memory_error"]:
             render.console.print(f"GPU {gpu['index']}: {gpu['memory_error']}", markup=False)
     render.console.print(filesystems_table(info["filesystems"]))
+
+
+@node_app.command("release")
+def release(node: str = typer.Argument(..., help="the node's id, as `cluster status` shows it"),
+            home: HomeOption = None, url: UrlOption = None) -> None:
+    """Return a node the bad-node circuit breaker quarantined to the pool (admins)."""
+    with client(home, url) as c:
+        c.release_node(node)
+    render.console.print(f"node {node} is back in the pool: new replicas may be placed there",
+                         markup=False)
+
+
+def _node_line(node: dict[str, Any]) -> str:
+    free = ("" if node.get("cpus_free") is None
+            else f" ({node['cpus_free']:g} CPUs, {node['gpus_free']:g} GPUs free)")
+    line = (f"node {node['id']} ({node['address']}): "
+            f"{'alive' if node['alive'] else 'not alive'}, {node['cpus']} CPUs, "
+            f"{node['gpus']} GPUs{free}")
+    if node.get("quarantined"):
+        line += f"; QUARANTINED: {node['quarantine_reason']}"
+    running = [f"trial {r['trial_id']} rank {r['rank']}" for r in node.get("replicas", [])]
+    if running:
+        line += "; runs " + ", ".join(running)
+    return line
 
 
 def _trial_counts(counts: dict[str, int]) -> str:

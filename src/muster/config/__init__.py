@@ -4,6 +4,8 @@ from muster.config.cluster import (
     ClusterConfig,
     FakeGpuConfig,
     GpuReleaseConfig,
+    NodeQuarantineConfig,
+    RayConfig,
     load_cluster_config,
 )
 from muster.config.loading import load_config, load_config_file
@@ -29,6 +31,8 @@ __all__ = [
     "FakeGpuConfig",
     "GpuReleaseConfig",
     "ManifestConfig",
+    "NodeQuarantineConfig",
+    "RayConfig",
     "ResourcesConfig",
     "VerifyConfig",
     "load_cluster_config",

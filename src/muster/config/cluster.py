@@ -13,6 +13,10 @@ run_as: owner            # jobs run as their owner's Unix account, or {user: NAM
 checkpoint_storage:      # every experiment's default (an experiment's own `type` wins)
   {type: s3, bucket: ckpts, access_key: env:S3_KEY, secret_key: env:S3_SECRET,
    save_trial_latest: 1, save_trial_best: 1, save_experiment_best: 0}
+launcher: local          # or `ray`: replicas run on the nodes of a Ray cluster (docs/ray.md)
+ray: {address: auto, namespace: muster, storage_path: /shared/muster-runs,
+      placement_strategy: PACK}
+node_quarantine: {failures: 3}   # Ray nodes: pulled out after 3 infra failures in a row
 ```
 
 The file is optional (`$MUSTER_HOME/cluster.yaml`); its models are as strict as the
@@ -26,15 +30,15 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, TypeAdapter, ValidationInfo, field_validator
+from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from muster.config.loading import parse_yaml, read_config_text
 from muster.config.problems import config_error, show_value, validate_config_data
 from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY, CheckpointStorageConfig, _Section
 from muster.config.units import parse_duration, parse_size
 
-__all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "RunAsAccount",
-           "gpu_type_from_name", "load_cluster_config"]
+__all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "NodeQuarantineConfig",
+           "RayConfig", "RunAsAccount", "gpu_type_from_name", "load_cluster_config"]
 
 DEFAULT_MIN_FREE_DISK = 5 << 30
 DEFAULT_PRIORITY_FLOOR = 10
@@ -88,6 +92,50 @@ class GpuReleaseConfig(_Section):
         return parse_duration(value)
 
 
+class RayConfig(_Section):
+    """`ray:`: the Ray cluster `launcher: ray` runs replicas on (docs/ray.md).
+
+    `address` is what `ray.init` takes: `auto` (a cluster this machine is a node of), a
+    GCS address `host:6379`, or a Ray Client address `ray://host:10001`. `storage_path` is
+    a directory every node and the server mount at that same path: run directories, the
+    checkpoint cache and environments live there. `placement_strategy` is the placement
+    group's: PACK (fewest nodes), SPREAD (as many as it can), STRICT_SPREAD (one node per
+    replica, or wait).
+    """
+
+    address: str = Field(default="auto", min_length=1, max_length=512)
+    namespace: str = Field(default="muster", min_length=1, max_length=64,
+                           pattern=r"^[A-Za-z0-9_.-]+$")
+    storage_path: Path
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9_.:\[\]-]+:\d{1,5}", value):
+            return value
+        raise ValueError("must be 'auto', a GCS address such as 'head:6379' or a Ray Client "
+                         f"address such as 'ray://head:10001', got {show_value(value)}")
+
+    @field_validator("storage_path", mode="plain")
+    @classmethod
+    def _absolute(cls, value: object) -> Path:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError("must be the absolute path of a directory every Ray node and "
+                             f"the server mount, got {show_value(value)}")
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            raise ValueError(f"must be an absolute path (the same on every node), got {value!r}")
+        return path
+
+
+class NodeQuarantineConfig(_Section):
+    """The bad-node circuit breaker: a node on which replicas of `failures` different trials
+    in a row ended INFRA, LOST or STALLED gets no new replicas until released."""
+
+    failures: int = Field(default=3, ge=1, le=1000)
+
+
 class ClusterConfig(_Section):
     """What this machine offers: CPU slots, GPUs, the free-disk guard, preemption."""
 
@@ -107,6 +155,25 @@ class ClusterConfig(_Section):
     # Where checkpoints go and how many are kept when an experiment does not say
     # (`muster.storage.location`); None: shared_fs in $MUSTER_HOME/checkpoints, 1/1/0.
     checkpoint_storage: CheckpointStorageConfig | None = None
+    # Where replicas run: this machine (`local`), or the nodes of a Ray cluster (`ray`,
+    # which needs the `ray:` section and `pip install 'muster[ray]'`).
+    launcher: Literal["local", "ray"] = "local"
+    ray: RayConfig | None = None
+    node_quarantine: NodeQuarantineConfig = Field(default_factory=NodeQuarantineConfig)
+
+    @model_validator(mode="after")
+    def _ray_needs_its_section(self) -> ClusterConfig:
+        if self.launcher == "ray" and self.ray is None:
+            raise ValueError("launcher: ray needs a `ray:` section with at least "
+                             "`storage_path:` (a directory every node and the server mount), "
+                             "e.g. ray: {address: auto, storage_path: /shared/muster-runs}")
+        if self.launcher == "local" and self.ray is not None:
+            raise ValueError("a `ray:` section is only read with `launcher: ray`; add "
+                             "`launcher: ray`, or remove the section")
+        if self.launcher == "ray" and self.run_as is not None:
+            raise ValueError("run_as is not supported with launcher: ray yet (jobs run as "
+                             "the Ray worker's user); remove run_as")
+        return self
 
     @field_validator("gpus", mode="plain")
     @classmethod

@@ -241,8 +241,13 @@ class FailurePolicy(_Section):
     # restart does not pay the script's start-up (imports, data) again.
     warm_standby: bool = False
     heartbeat_timeout: float = Field(default=300.0, gt=0)
+    # With `launcher: ray`: how long an attempt's placement group may wait for the cluster
+    # to have room (CAPACITY), and how many such waits a trial gets before it fails.
+    capacity_timeout: float = Field(default=600.0, gt=0)
+    capacity_retries: int = Field(default=3, ge=0)
 
-    @field_validator("stop_grace", "failure_grace", "heartbeat_timeout", mode="before")
+    @field_validator("stop_grace", "failure_grace", "heartbeat_timeout", "capacity_timeout",
+                     mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
         return parse_duration(value)

@@ -7,7 +7,7 @@ behave the same; the run directory is on a file system every node and the server
 (`ray.storage_path`). The actor is detached (it outlives the driver, so the shim outlives a
 muster server that is killed) and named `muster:<trial uuid>:<attempt>:<rank>` (a restarted
 server finds it again by name). A shim never outlives its actor: Ray kills the worker's
-children with it, and on nodes started as docs/architecture.md ("Launchers") asks —
+children with it, and on nodes started as docs/ray.md asks —
 `RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper=true` and
 `RAY_process_group_cleanup_enabled=false` — the raylet, a subreaper, also kills the training
 process group the shim leaves behind in its own session (Ray 2.60's per-worker process
@@ -33,7 +33,7 @@ from muster.launch.identity import read_identity, send_signal
 from muster.launch.local import SHIM, spawn_shim
 from muster.rundir import RankFiles
 
-__all__ = ["ACTOR_PREFIX", "actor_name", "replica_actor"]
+__all__ = ["ACTOR_PREFIX", "actor_name", "free_endpoint", "group_name", "replica_actor"]
 
 ACTOR_PREFIX = "muster"
 
@@ -41,6 +41,22 @@ ACTOR_PREFIX = "muster"
 def actor_name(trial_uuid: str, attempt: int, rank: int) -> str:
     """`muster:<trial uuid>:<attempt>:<rank>`: one name per replica, in muster's namespace."""
     return f"{ACTOR_PREFIX}:{trial_uuid}:{attempt}:{rank}"
+
+
+def group_name(trial_uuid: str, attempt: int) -> str:
+    """`muster:<trial uuid>:<attempt>`: the attempt's placement group."""
+    return f"{ACTOR_PREFIX}:{trial_uuid}:{attempt}"
+
+
+def free_endpoint() -> tuple[str, int]:
+    """This node's IP and a TCP port free on it now: rank 0's rendezvous (run as a Ray task
+    in rank 0's bundle)."""
+    import ray
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        port = int(sock.getsockname()[1])
+    return ray.util.get_node_ip_address(), port  # type: ignore[no-untyped-call]
 
 
 class ReplicaOwner:

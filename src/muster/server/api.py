@@ -66,7 +66,8 @@ class Event(_Shape):
 class ReplicaView(_Shape):
     rank: int
     incarnation: int  # 0, or n after n restarts in place
-    host: str
+    host: str  # the server's host name, where it was decided
+    node: str  # where it runs: the Ray node id, or locally the host name
     pid: int | None
     exit_code: int | None
     signal: str | None  # a name such as "SIGKILL"
@@ -436,6 +437,14 @@ class FilesystemView(_Shape):
     total_bytes: int
 
 
+class NodeReplicaView(_Shape):
+    """A replica running on a node."""
+
+    trial_id: int
+    attempt: int
+    rank: int
+
+
 class NodeView(_Shape):
     """A machine trials run on (with the local launcher: the server's own)."""
 
@@ -444,6 +453,17 @@ class NodeView(_Shape):
     alive: bool
     cpus: int
     gpus: int
+    cpus_free: float | None  # None: not known (a dead node)
+    gpus_free: float | None
+    hostname: str | None
+    quarantined: bool  # the bad-node circuit breaker took it out of the pool
+    quarantine_reason: str | None
+    replicas: list[NodeReplicaView]  # the replicas of live attempts running there
+
+
+class NodeReleaseView(_Shape):
+    id: str
+    released: bool  # True: it was quarantined and is back in the pool
 
 
 class ClusterStatus(_Shape):

@@ -28,9 +28,10 @@ from muster.errors import MusterError, TooManyRequests
 from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
-from muster.schedule.inventory import open_inventory
+from muster.schedule.inventory import NoGpus, open_inventory
 from muster.server import account_routes
 from muster.server.body_limit import BodyLimit
+from muster.server.launchers import open_launcher
 from muster.server.orchestrator import TICK_SECONDS, Orchestrator
 from muster.server.pages import error_page, pages
 from muster.server.routes import PREFIX, public, router, scrape
@@ -52,17 +53,19 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     cluster = settings.cluster(home)
     run_as = settings.run_as(cluster)
+    launcher, home = open_launcher(cluster, home)
     home.ensure(jobs_enter=run_as is not None)
     store = Store(settings.db_url or home.default_db_url)
-    gpus = open_inventory(cluster.gpus, home.fake_gpus_dir)
+    # On a cluster, Ray places GPUs (bundles), not this machine's inventory.
+    gpus = (NoGpus("GPUs are Ray's to place: its nodes' GPUs are in `nodes`")
+            if launcher.on_cluster else open_inventory(cluster.gpus, home.fake_gpus_dir))
     log.info("GPU inventory: %s", gpus.note)
-    launcher = LocalLauncher()
     supervisor = Supervisor(
         store=store, launcher=launcher, home=home,
         min_free_disk=(settings.min_free_disk if settings.min_free_disk is not None
                        else cluster.min_free_disk),
         gpus=gpus, gpu_release=cluster.gpu_release, preemption=cluster.preemption,
-        run_as=run_as,
+        run_as=run_as, quarantine_after=cluster.node_quarantine.failures,
     )
     slots = settings.slots if settings.slots is not None else cluster.slots
     if slots is not None:
@@ -73,9 +76,10 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
         await asyncio.to_thread(store.upgrade)
         admin = await asyncio.to_thread(bootstrap, store, home.token_path)
         log.info("the token in %s is %s's (an admin)", home.token_path, admin)
-        await asyncio.to_thread(launcher.warm_up)
         orchestrator = Orchestrator(supervisor)
-        _wake_on_replica_exit(orchestrator, launcher)
+        if isinstance(launcher, LocalLauncher):
+            await asyncio.to_thread(launcher.warm_up)
+            _wake_on_replica_exit(orchestrator, launcher)
         storage = StorageWorker(store, home, cluster.checkpoint_storage)
         app.state.muster = ServerState(home, store, orchestrator, launcher,
                                        priority_floor=cluster.priority_floor, run_as=run_as,

@@ -208,6 +208,16 @@ def get_cluster(state: State, _: Reader) -> dict[str, Any]:
     return cluster.cluster_status(state.orchestrator.supervisor)
 
 
+@router.post("/cluster/nodes/{node_id}/release", response_model=api.NodeReleaseView,
+             responses=_errors(404, 409))
+def release_node(state: State, node_id: Annotated[str, InPath(min_length=1, max_length=128)],
+                 who: Annotated[Principal, Depends(allow(Action.MANAGE_NODES))]
+                 ) -> dict[str, Any]:
+    """Return a node the bad-node circuit breaker quarantined to the pool (`muster cluster
+    node release NODE`): new replicas may be placed there again."""
+    return cluster.release_quarantined(state.store, node_id, who.name)
+
+
 @router.get("/environments", response_model=list[api.EnvironmentView])
 def list_environments(state: State, _: Reader) -> list[dict[str, Any]]:
     """Every environment muster was asked to build: its state, packages, size, last use and

@@ -42,6 +42,7 @@ class Action(str, Enum):
     COLLECT = "collect checkpoints"  # apply (or change) an experiment's checkpoint GC policy
     PRUNE_ENVIRONMENTS = "prune environments"
     MANAGE_USERS = "manage users"  # create, change, (de)activate users; others' tokens
+    MANAGE_NODES = "manage nodes"  # return a quarantined node to the pool
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ RULES: dict[Action, Rule] = {
     Action.COLLECT: Rule(_SUBMITTERS, own_only=True, verb="garbage-collect the checkpoints of"),
     Action.PRUNE_ENVIRONMENTS: Rule(_ADMINS, verb="prune environments"),
     Action.MANAGE_USERS: Rule(_ADMINS, verb="manage users and their tokens"),
+    Action.MANAGE_NODES: Rule(_ADMINS, verb="release quarantined nodes"),
 }
 
 _ROLE_WORDS = {

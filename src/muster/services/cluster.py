@@ -19,14 +19,16 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from muster.errors import GpuError
+from muster.errors import Conflict, GpuError, NotFound
+from muster.launch.base import NodeInfo
 from muster.schedule.disk import disk_shortfall, free_bytes
 from muster.schedule.inventory import Gpu, GpuInventory
 from muster.services.submission import ClusterCapacity
 from muster.sizes import format_size
-from muster.states import GpuState, TrialState
-from muster.store import GpuDevice, Trial
+from muster.states import AttemptState, GpuState, TrialState, values
+from muster.store import Attempt, ClusterNode, GpuDevice, Replica, Store, Trial
 from muster.supervise.launching import MASTER_ADDR
+from muster.supervise.placement import release_node
 from muster.supervise.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,11 @@ class ClusterSnapshot:
 
 
 def submission_capacity(supervisor: Supervisor) -> ClusterCapacity:
-    """What a submitted trial's demand is compared with: every slot and GPU there is."""
+    """What a submitted trial's demand is compared with: every slot and GPU there is. A
+    Ray cluster may grow (an autoscaler) and its GPUs are Ray's to place: what it cannot
+    place waits, then fails as CAPACITY, instead of being refused here."""
+    if supervisor.launcher.on_cluster:
+        return ClusterCapacity(slots=supervisor.slots, gpus={}, can_grow=True)
     try:
         gpus = Counter(gpu.type.lower() for gpu in supervisor.gpus.gpus())
     except GpuError as exc:
@@ -166,15 +172,54 @@ def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
         "disk_message": shortfall or (f"{format_size(free)} free, at least "
                                       f"{format_size(supervisor.min_free_disk)} required"),
         "environments": _environments_disk(supervisor),
-        "nodes": _nodes(snapshot),
+        "nodes": _nodes(supervisor, snapshot),
     }
 
 
-def _nodes(snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
-    """The machines trials run on, `{id, address, alive, cpus, gpus}`: with the local
-    launcher, this one (its host name, and the address its ranks meet at)."""
-    return [{"id": socket.gethostname(), "address": MASTER_ADDR, "alive": True,
-             "cpus": os.cpu_count() or 0, "gpus": len(snapshot.gpus)}]
+def _nodes(supervisor: Supervisor, snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
+    """The machines trials run on, `{id, address, alive, cpus, gpus, ...}`: a cluster's
+    nodes as its launcher lists them (with the circuit breaker's verdict), or, with the
+    local launcher, this one (its host name, and the address its ranks meet at); each with
+    the replicas of live attempts that run there."""
+    with supervisor.store.session_scope() as s:
+        quarantined = {node.id: node.quarantine_reason for node in s.scalars(
+            select(ClusterNode).where(ClusterNode.quarantined_at.is_not(None)))}
+        running: dict[str, list[dict[str, int]]] = {}
+        for node_id, trial_id, attempt, rank in s.execute(
+                select(Replica.node, Attempt.trial_id, Attempt.number, Replica.rank)
+                .join(Replica.attempt)
+                .where(Attempt.state.in_(values(AttemptState.live())),
+                       Replica.ended_at.is_(None), Replica.node.is_not(None))
+                .order_by(Attempt.trial_id, Replica.rank)):
+            running.setdefault(str(node_id), []).append(
+                {"trial_id": trial_id, "attempt": attempt, "rank": rank})
+    found = supervisor.launcher.nodes()
+    if found is None:
+        here = socket.gethostname()
+        found = [NodeInfo(id=here, address=MASTER_ADDR, alive=True,
+                          cpus=float(os.cpu_count() or 0), gpus=float(len(snapshot.gpus)),
+                          cpus_free=None,  # the slots say it: `slots` - `slots_in_use`
+                          gpus_free=float(sum(not gpu.allocated for gpu in snapshot.gpus)),
+                          hostname=here)]
+    return [{"id": node.id, "address": node.address, "alive": node.alive,
+             "cpus": int(node.cpus), "gpus": int(node.gpus), "cpus_free": node.cpus_free,
+             "gpus_free": node.gpus_free, "hostname": node.hostname,
+             "quarantined": node.id in quarantined,
+             "quarantine_reason": quarantined.get(node.id),
+             "replicas": running.get(node.id, [])} for node in found]
+
+
+def release_quarantined(store: Store, node_id: str, who: str) -> dict[str, Any]:
+    """Return a quarantined node to the pool; 404 for a node muster never recorded, 409 for
+    one that is not quarantined."""
+    with store.session_scope() as s:
+        if s.get(ClusterNode, node_id) is None:
+            raise NotFound(f"No node {node_id!r} has a record of failures; `muster cluster "
+                           "status` lists the nodes and which are quarantined.")
+        if not release_node(s, node_id):
+            raise Conflict(f"Node {node_id} is not quarantined; nothing to release.")
+    log.warning("node %s released from quarantine by %s", node_id, who)
+    return {"id": node_id, "released": True}
 
 
 def _environments_disk(supervisor: Supervisor) -> dict[str, int]:

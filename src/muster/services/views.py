@@ -222,6 +222,9 @@ def replica_detail(replica: Replica) -> dict[str, Any]:
         "rank": replica.rank,
         "incarnation": replica.incarnation,  # 0, or n after n restarts in place
         "host": replica.host,
+        # Where it ran: the Ray node id, or locally the host name (replicas recorded before
+        # nodes were: the host).
+        "node": replica.node or replica.host,
         "pid": replica.pid,
         "exit_code": replica.exit_code,
         "signal": replica.signal,

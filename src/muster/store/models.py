@@ -227,6 +227,8 @@ class Trial(Base):
     trial_retries: Mapped[int] = mapped_column(Integer, default=0)
     internal_retries: Mapped[int] = mapped_column(Integer, default=0)
     user_error_retries: Mapped[int] = mapped_column(Integer, default=0)
+    # Waits for cluster room that ran past `capacity_timeout` (CAPACITY), Ray only.
+    capacity_waits: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=now)
@@ -308,6 +310,8 @@ class Replica(Base):
     # 0 for the first launch of this rank in the attempt; +1 per restart in place
     incarnation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     host: Mapped[str] = mapped_column(String(255))
+    # Where it runs: the Ray node id, or locally the host name; None until launched.
+    node: Mapped[str | None] = mapped_column(String(128), nullable=True)
     log_path: Mapped[str] = mapped_column(Text)
     shim_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     shim_start_ticks: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -342,6 +346,21 @@ class GpuDevice(Base):
     rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
     since: Mapped[float] = mapped_column(Float, default=now)  # the last change of state
     present: Mapped[bool] = mapped_column(default=True)  # in the inventory the server opened
+
+
+class ClusterNode(Base):
+    """A node of the cluster as the bad-node circuit breaker sees it: the infra failures
+    (INFRA, LOST, STALLED) of replicas there since the last clean end, and whether it is
+    quarantined (no new replica is placed on it until an admin releases it)."""
+
+    __tablename__ = "cluster_nodes"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)  # Ray's node id
+    # The trials whose replicas failed there in a row, oldest first (distinct ids).
+    failed_trials: Mapped[list[int]] = mapped_column(JSON, default=list)
+    quarantined_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    quarantine_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
 
 
 class Event(Base):

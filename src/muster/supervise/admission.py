@@ -68,9 +68,16 @@ class Admission:
             if self._may_restart(trial_id):
                 self.start(trial_id, ())
         waiting = dict(queue.environments.waiting)
+        demands = queue.demands
+        if self.ctx.launcher.on_cluster:
+            # More replicas than the cluster has CPUs now: the cluster may grow (an
+            # autoscaler), so its placement is asked for, and waits, then fails as CAPACITY.
+            for demand in [d for d in demands if d.replicas > slots]:
+                self.start(demand.trial_id, ())
+            demands = [d for d in demands if d.replicas <= slots]
         decided = None
-        if queue.demands:
-            decided = plan(queue.demands, queue.holdings, queue.capacity, preemption)
+        if demands:
+            decided = plan(demands, queue.holdings, queue.capacity, preemption)
             for admit in decided.admit:
                 self.start(admit.trial_id, admit.gpus)
             waiting.update(decided.waiting)
@@ -93,7 +100,8 @@ class Admission:
         """One slot per replica without GPUs of every trial that holds its resources
         (started, or between attempts); replicas with GPUs take GPUs instead."""
         with self.ctx.store.session_scope() as s:
-            return sum(_holding(t, ()).slots for t in _holders(s))
+            cluster = self.ctx.launcher.on_cluster
+            return sum(_holding(t, (), cluster).slots for t in _holders(s))
 
     def disk_low(self, min_free_disk: int) -> bool:
         """The disk guard: below `min_free_disk` nothing new launches. Queued trials show the
@@ -115,9 +123,14 @@ class Admission:
                 .order_by(Trial.priority, Trial.id)))
             environments = self._gate.sort([t for t in trials if t.state == TrialState.QUEUED])
             queued = environments.ready
-            demands = _each(queued, _demand, broken)
+            # On a cluster, Ray places GPUs (the placement group waits for them): each
+            # replica takes a slot, one of the cluster's CPUs.
+            demand = _cluster_demand if self.ctx.launcher.on_cluster else _demand
+            demands = _each(queued, demand, broken)
             held = self.ctx.pool.held(s) if demands else {}
-            holdings = (_each(list(_holders(s)), lambda t: _holding(t, held.get(t.id, ())),
+            cluster = self.ctx.launcher.on_cluster
+            holdings = (_each(list(_holders(s)),
+                              lambda t: _holding(t, held.get(t.id, ()), cluster),
                               broken) if demands else [])
             wanted = {d.trial_id for d in demands}
             return _Queue(
@@ -195,8 +208,15 @@ def _demand(trial: Trial) -> Demand:
                   resources.gpus_per_replica, resources.gpu_type, resources.max_slots)
 
 
-def _holding(trial: Trial, gpus: tuple[int, ...]) -> Holding:
+def _cluster_demand(trial: Trial) -> Demand:
+    resources = experiment_config(trial.experiment).resources
+    return Demand(trial.id, trial.experiment_id, trial.priority, resources.replicas,
+                  max_slots=resources.max_slots)
+
+
+def _holding(trial: Trial, gpus: tuple[int, ...], cluster: bool = False) -> Holding:
+    """What a running trial holds; on a cluster, a slot per replica (GPUs are Ray's)."""
     resources = experiment_config(trial.experiment).resources
     return Holding(trial.id, trial.experiment_id, trial.priority, resources.replicas, gpus,
                    stopping=trial.intent is not None,
-                   gpus_per_replica=resources.gpus_per_replica)
+                   gpus_per_replica=0 if cluster else resources.gpus_per_replica)

@@ -48,6 +48,14 @@ class SupervisorContext:
     inventory: GpuInventory
     envs: Environments
     run_as: RunAs | None = None  # whom jobs run as; None: the server's own user
+    # The bad-node circuit breaker: infra failures of this many trials in a row on a node.
+    quarantine_after: int = 3
+
+    @property
+    def breaker(self) -> int | None:
+        """The circuit breaker's threshold where replicas run on a cluster's nodes; None on
+        one machine (there is no other node to place them on)."""
+        return self.quarantine_after if self.launcher.on_cluster else None
 
 
 @dataclass(frozen=True)

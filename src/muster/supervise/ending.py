@@ -38,6 +38,7 @@ from muster.supervise.outcome import (
     next_move,
     started,
 )
+from muster.supervise.placement import note_node_end
 from muster.supervise.policy import Budgets
 from muster.supervise.searching import early_stop_note
 from muster.supervise.verification import LogCounts, combine_log_counts
@@ -87,6 +88,7 @@ class Ending:
                 tail = self.log_tail(replica)
                 verdict = classify_replica(replica, by_rank[rank], trial, tail, launch_error)
                 record_replica_end(replica, by_rank[rank], verdict, tail)
+                note_node_end(s, replica, verdict, self.ctx.breaker)
                 verdicts[rank] = verdict
             decisive = cause(verdicts, by_rank)
             if attempt.state == AttemptState.STARTING and any(map(started, statuses)):
@@ -99,6 +101,9 @@ class Ending:
             transition(s, attempt, attempt_end(decisive.reason), reason=decisive.reason,
                        actor=ACTOR, message=decisive.message)
             self._move(s, trial, decisive, counts)
+            placed = (trial.uuid, attempt.number)
+        # After the commit: a server killed in between leaves it to the sweep.
+        self.ctx.launcher.release(*placed)
 
     def _log_counts(self, trial_id: int, statuses: Sequence[ReplicaStatus]) -> LogCounts | None:
         """The samples `verify.samples_from_log` finds in every rank log of the trial's

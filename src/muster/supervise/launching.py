@@ -240,6 +240,8 @@ class Launching:
                 shim = shims.get(replica.rank)
                 if shim is not None and replica.shim_pid is None:
                     replica.shim_pid, replica.shim_start_ticks = shim.pid, shim.start_ticks
+                    replica.node = self.ctx.launcher.node_of(Path(attempt.run_dir),
+                                                             replica.rank)
 
     def new_attempt(self, s: Session, trial: Trial, *, standby: bool = False) -> Attempt:
         """Add the trial's next attempt and its replicas to the caller's transaction."""

@@ -75,6 +75,9 @@ def decide(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decision:
         return _infra(reason, used, policy)
     if reason is Reason.INTERNAL:
         return _internal(used, policy)
+    if reason is Reason.CAPACITY:  # no replica ends so: the wait is before any launch, and
+        # its retries are `capacity_retries` (`supervise/placement.py`)
+        return _give_up("CAPACITY failure; the cluster had no room for the replica set")
     assert_never(reason)  # mypy fails here when a new Reason has no rule yet
 
 

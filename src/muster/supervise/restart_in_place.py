@@ -26,6 +26,7 @@ from muster.supervise.ending import (
 )
 from muster.supervise.launching import Launching
 from muster.supervise.outcome import exited_cleanly
+from muster.supervise.placement import note_node_end
 
 __all__ = ["RestartInPlace"]
 
@@ -58,6 +59,7 @@ class RestartInPlace:
         with self.ctx.store.session_scope() as s:
             restarted = current_replicas(s.get_one(Attempt, live.id))[status.rank]
             restarted.shim_pid, restarted.shim_start_ticks = shim.pid, shim.start_ticks
+            restarted.node = self.ctx.launcher.node_of(live.dir.path, status.rank)
         return self.ctx.launcher.describe(live.dir.path, status.rank)
 
     def _record_restart(
@@ -74,6 +76,7 @@ class RestartInPlace:
             if not verdict.reason.is_infra() or replica.incarnation >= policy.replica_restarts:
                 return None
             record_replica_end(replica, status, verdict, tail)
+            note_node_end(s, replica, verdict, self.ctx.breaker)
             number = replica.incarnation + 1
             trial.replica_restarts += 1
             record_decision(s, trial, verdict.reason,

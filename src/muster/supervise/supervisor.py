@@ -43,6 +43,7 @@ from muster.supervise.experiments import Closing
 from muster.supervise.following import Following
 from muster.supervise.isolation import Isolation
 from muster.supervise.launching import GpuPlan, Launching, Scan
+from muster.supervise.placement import Placements
 from muster.supervise.restart_in_place import RestartInPlace
 from muster.supervise.searching import Searching
 from muster.supervise.standby import Standby
@@ -62,6 +63,7 @@ class Supervisor:
     gpu_release: GpuReleaseConfig = field(default_factory=GpuReleaseConfig)
     preemption: bool = False
     run_as: RunAs | None = None  # whom jobs run as (cluster config `run_as`)
+    quarantine_after: int = 3  # cluster config `node_quarantine.failures`
     _pool: GpuPool = field(init=False)
     _search: Searching = field(init=False)
     _launching: Launching = field(init=False)
@@ -69,6 +71,7 @@ class Supervisor:
     _following: Following = field(init=False)
     _admission: Admission = field(init=False)
     _closing: Closing = field(init=False)
+    _placements: Placements = field(init=False)
     _isolation: Isolation = field(init=False)
     envs: Environments = field(init=False)
 
@@ -76,7 +79,8 @@ class Supervisor:
         self._pool = GpuPool(self.store, self.gpus, self.gpu_release)
         self.envs = Environments(self.home.envs_dir, shared=self.run_as is not None)
         ctx = SupervisorContext(self.store, self.launcher, self.home, self.host, self._pool,
-                                self.gpus, self.envs, self.run_as)
+                                self.gpus, self.envs, self.run_as, self.quarantine_after)
+        self._placements = Placements(ctx)
         ending = Ending(ctx)
         self._isolation = Isolation(ctx)
         self._search = Searching(self.store, self._isolation)
@@ -92,6 +96,10 @@ class Supervisor:
 
         Each trial's and each experiment's step is isolated (`isolation`): one that fails
         unexpectedly ends that trial or experiment, and the pass goes on."""
+        cluster_slots = self.launcher.slots()  # a cluster's: its nodes' CPUs, now
+        if cluster_slots is not None:
+            self.slots = cluster_slots
+        self._placements.sweep()
         broken: list[tuple[int, Exception]] = []
         with self.store.session_scope() as s:
             live = read_live_attempts(s, on_broken=lambda *found: broken.append(found))
@@ -130,6 +138,8 @@ class Supervisor:
             # Before any transaction: a checkpoint only storage holds is fetched here.
             fetch_resume_point(self.store, self.home, trial_id)
             if self._standby.promote(trial_id):
+                return
+            if not self._placements.reserve(trial_id):  # a cluster without room yet
                 return
             self._launching.start(trial_id, gpus)
 

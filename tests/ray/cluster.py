@@ -1,0 +1,151 @@
+"""A real Ray cluster of two nodes on this machine, inside a loopback-only network namespace
+(the tests' fixture in `conftest.py`, and the Ray benchmark's): see conftest.py's docstring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+START_TIMEOUT_S = 120.0
+# What muster asks of every Ray node (docs/ray.md): the raylet adopts and kills whatever a
+# dead worker leaves, so a shim, and the training process group under it (a session of its
+# own), never outlive their actor. Ray 2.60's per-worker process groups are turned off for
+# it: they take precedence over the subreaper and kill only the worker's own group, so the
+# shim's session escaped them (seen here: the training process left running under PID 1).
+NODE_VARIABLE = "TEST_RAY_NODE"
+RAY_NODE_ENV = {"RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
+                "RAY_process_group_cleanup_enabled": "false"}
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """A running two-node cluster and the namespace it lives in."""
+
+    namespace: str  # the network namespace's name
+    address: str  # the head's GCS address, "127.0.0.1:<port>"
+    temp_dir: Path  # Ray's session files (logs of the raylets, for a failing test)
+    # Every process of the cluster and every driver: its own token, so clusters of other
+    # modules (their heads write ~/.ray/auth_token by default) never mix with this one.
+    env: dict[str, str]
+
+    def command(self, argv: list[str]) -> list[str]:
+        """`argv` run inside the cluster's network namespace."""
+        return ["ip", "netns", "exec", self.namespace, *argv]
+
+    def node_processes(self, node: str) -> list[int]:
+        """The processes of node `node` ("a" or "b"): those of the namespace that inherited
+        its TEST_RAY_NODE."""
+        listed = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True,
+                                text=True)
+        found = []
+        for pid in map(int, listed.stdout.split()):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+            if f"{NODE_VARIABLE}={node}".encode() in environ:
+                found.append(pid)
+        return found
+
+    def remove_node(self, node: str) -> list[int]:
+        """Take node `node` away as a machine that fails does: SIGKILL every process on it
+        (its raylet, its workers and what they started). Returns the pids killed."""
+        pids = self.node_processes(node)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+    def run(self, script: str, *, timeout: float = 120.0,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a Python `script` (dedented) inside the namespace, with RAY_ADDRESS set to
+        this cluster; its output is captured."""
+        environ = {**os.environ, **self.env, "RAY_ADDRESS": self.address, **(env or {})}
+        return subprocess.run(self.command([sys.executable, "-c", textwrap.dedent(script)]),
+                              capture_output=True, text=True, timeout=timeout, env=environ)
+
+
+def _ray_cli() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+@contextlib.contextmanager
+def running_cluster(dashboard: bool = False) -> Iterator[RayCluster]:
+    """Two `ray start` nodes (`node_a` head, `node_b` worker with one GPU declared; 2 CPUs
+    each) in a new loopback-only network namespace; stopped and the namespace deleted
+    afterwards. With `dashboard`, the head serves Ray's dashboard and job API on
+    127.0.0.1:8265 there (it needs `ray[default]`).
+
+    Raises:
+        RuntimeError: a `ray start` failed (its output says why).
+    """
+    name = f"muster-ray-{uuid.uuid4().hex[:8]}"
+    # Short: Ray's Unix sockets live under it, and a socket path has at most 107 bytes.
+    temp_dir = Path(f"/tmp/mr-{name[-8:]}")
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    cluster = RayCluster(name, "127.0.0.1:6379", temp_dir, {
+        **RAY_NODE_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex * 2})
+    try:
+        subprocess.run(cluster.command(["ip", "link", "set", "lo", "up"]), check=True,
+                       capture_output=True)
+        common = ["--node-ip-address=127.0.0.1", "--num-cpus=2", "--disable-usage-stats"]
+        head = (["--include-dashboard=true", "--dashboard-host=127.0.0.1"] if dashboard
+                else ["--include-dashboard=false"])
+        for node, argv in (
+                ("a", [_ray_cli(), "start", "--head", "--port=6379", *head,
+                       f"--temp-dir={temp_dir}", '--resources={"node_a": 1}', *common]),
+                # One GPU declared (there is none): Ray assigns it, and sets
+                # CUDA_VISIBLE_DEVICES, as on a real GPU node.
+                ("b", [_ray_cli(), "start", f"--address={cluster.address}", "--num-gpus=1",
+                       '--resources={"node_b": 1}', *common])):
+            # TEST_RAY_NODE (not MUSTER_*, which a job does not inherit): every process of
+            # the node inherits it (its raylet, workers, and the shims and training
+            # processes they start), so a test can tell where a process runs, and take a
+            # whole node away (`RayCluster.remove_node`).
+            started = subprocess.run(cluster.command(argv), capture_output=True, text=True,
+                                     timeout=START_TIMEOUT_S,
+                                     env={**os.environ, **cluster.env, NODE_VARIABLE: node})
+            if started.returncode != 0:
+                raise RuntimeError(f"`ray start` failed in {name}: "
+                                   f"{started.stdout}{started.stderr}")
+        yield cluster
+    finally:
+        _stop(name)
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _stop(namespace: str) -> None:
+    """Every process in the namespace, SIGTERM then SIGKILL. Not `ray stop`: it finds Ray's
+    processes by name, and would stop another module's cluster in its own namespace too."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                                text=True)
+        pids = [int(pid) for pid in listed.stdout.split()]
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_exists(pid) for pid in pids):
+            time.sleep(0.1)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
