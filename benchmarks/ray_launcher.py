@@ -1,4 +1,4 @@
-"""(p) muster on Ray, side by side with Ray's own tools on the same two-node cluster.
+"""(y) muster on Ray, side by side with Ray's own tools on the same two-node cluster.
 
 - create → RUNNING: one small script (`job.py`: prints a line, sleeps 2 s), one process.
   muster: `Client.create_experiment` (the context uploaded) until the trial is RUNNING, on
@@ -220,17 +220,17 @@ def _outcome(starts: dict[str, list[float]], recoveries: dict[str, list[float]],
                 for name, v in times.items()]
 
     tables = [
-        Table(f"(p) create → RUNNING of a one-process job on a 2-node Ray cluster, "
+        Table(f"(y) create → RUNNING of a one-process job on a 2-node Ray cluster, "
               f"{repetitions} interleaved runs per arm", ["arm", "median s", "min s", "max s"],
               rows(starts)),
-        Table(f"(p) SIGKILL of rank 1 at its step {KILL_STEP} → first step after resume, "
+        Table(f"(y) SIGKILL of rank 1 at its step {KILL_STEP} → first step after resume, "
               f"2-rank DDP digits on Ray, {repetitions} interleaved runs per arm",
               ["arm", "median s", "min s", "max s"], rows(recoveries)),
     ]
     targets = [
-        Target(f"(p) create → RUNNING: muster / ray job submit < {TARGET_START} (medians)",
+        Target(f"(y) create → RUNNING: muster / ray job submit < {TARGET_START} (medians)",
                f"{start_ratio:.2f}", start_ratio < TARGET_START),
-        Target(f"(p) recovery: muster / Ray Train ≤ {TARGET_RECOVERY} (medians)",
+        Target(f"(y) recovery: muster / Ray Train ≤ {TARGET_RECOVERY} (medians)",
                f"{recovery_ratio:.2f}", recovery_ratio <= TARGET_RECOVERY),
     ]
     notes = ["Both arms on the same cluster, one after the other: two `ray start` nodes of "

@@ -73,9 +73,16 @@ class StoreError(MusterError):
 
 
 class LaunchError(MusterError):
-    """muster itself could not start a process (spawn error, disk full at launch)."""
+    """muster itself could not start a process (spawn error, disk full at launch).
+
+    `rank`: the replica that could not be launched, when a whole set was being launched
+    (`Launcher.submit_all`)."""
 
     http_status = 500
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
 
 
 class GpuError(MusterError):

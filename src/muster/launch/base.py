@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from muster.atomic import atomic_write_json
+from muster.errors import LaunchError
 from muster.launch.accounts import Account
 from muster.launch.logs import ReplicaLog, log_size, read_range
 from muster.rundir import RankFiles
@@ -226,6 +227,21 @@ class Launcher(abc.ABC):
     def node_of(self, attempt_dir: Path, rank: int) -> str | None:
         """The node a launched replica runs on (None: not known yet)."""
         return socket.gethostname()
+
+    def submit_all(self, specs: list[ReplicaSpec]) -> dict[int, ProcessIdentity]:
+        """Start a replica set (one attempt's ranks); each rank's owner's identity. Here
+        one after the other; a cluster launcher starts them side by side.
+
+        Raises `LaunchError` with the `rank` that could not be launched; the caller cancels
+        the set (the ranks started before it are running).
+        """
+        started: dict[int, ProcessIdentity] = {}
+        for spec in specs:
+            try:
+                started[spec.rank] = self.submit(spec)
+            except LaunchError as exc:
+                raise LaunchError(str(exc), rank=spec.rank) from exc
+        return started
 
     @abc.abstractmethod
     def plan(self, spec: ReplicaSpec) -> LaunchRequest:

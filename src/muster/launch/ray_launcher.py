@@ -17,11 +17,12 @@ the attempt has ended (`release`), and `sweep` removes groups and actors of atte
 are no longer live (a crash between two steps). Quarantined nodes are kept out of new
 groups by a label selector on Ray's `ray.io/node-id`.
 
-Rendezvous: before rank 0 starts, a task in its bundle picks its node's IP and a free port
-there; they are kept in the attempt's `master.json` and become every rank's `MASTER_ADDR`
-and `MASTER_PORT` (the server's own choice, 127.0.0.1 and a port free here, means nothing
-on another node). LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK follow where the group put
-each rank, as torchrun's do on each node.
+Rendezvous: rank 0's actor picks its node's IP and a free port there before it starts its
+shim, and keeps them in the attempt's `master.json`; every rank's actor puts them in its
+spec as `MASTER_ADDR` and `MASTER_PORT` before its shim starts (the server's own choice,
+127.0.0.1 and a port free here, means nothing on another node), so a replica set's actors
+are created side by side (`submit_all`). LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK
+follow where the group put each rank, as torchrun's do on each node.
 
 Ray is imported when the launcher is made, never by `import muster`.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +61,6 @@ from muster.launch.local import (
 from muster.launch.ray_replica import (
     ACTOR_PREFIX,
     actor_name,
-    free_endpoint,
     group_name,
     replica_actor,
 )
@@ -71,6 +72,7 @@ __all__ = ["RayLauncher"]
 NAMESPACE = "muster"
 START_TIMEOUT_S = 120.0  # for an actor to be placed and its shim started
 NODE_ID_LABEL = "ray.io/node-id"
+SLOTS_TTL_S = 1.0
 CREATE_WAIT_S = 0.5  # for a new placement group to be placed, before the pass goes on
 Strategy = str  # PACK | SPREAD | STRICT_SPREAD
 
@@ -92,6 +94,7 @@ class RayLauncher(Launcher):
         self._resources = dict(resources or {})  # what each actor asks of its node
         self._strategy = strategy
         self._excluded: set[str] = set()  # quarantined nodes: no new bundle goes there
+        self._slots: tuple[float, int] | None = None  # (read at, slots)
 
     # Placement: one group per attempt.
 
@@ -147,6 +150,8 @@ class RayLauncher(Launcher):
         return removed
 
     def exclude_nodes(self, node_ids: set[str]) -> None:
+        if node_ids != self._excluded:
+            self._slots = None  # the quarantined nodes' CPUs are out now
         self._excluded = set(node_ids)
 
     def nodes(self) -> list[NodeInfo]:
@@ -169,9 +174,13 @@ class RayLauncher(Launcher):
         return found
 
     def slots(self) -> int:
-        """The CPUs of the live nodes that are not quarantined: one per replica."""
-        return int(sum(node.cpus for node in self.nodes()
-                       if node.alive and node.id not in self._excluded))
+        """The CPUs of the live nodes that are not quarantined: one per replica. Read from
+        Ray at most once a second (every pass asks)."""
+        now = time.monotonic()
+        if self._slots is None or now - self._slots[0] > SLOTS_TTL_S:
+            self._slots = (now, int(sum(node.cpus for node in self.nodes()
+                                        if node.alive and node.id not in self._excluded)))
+        return self._slots[1]
 
     def node_of(self, attempt_dir: Path, rank: int) -> str | None:
         launch = read_json(RankFiles(attempt_dir, rank).launch)
@@ -206,10 +215,27 @@ class RayLauncher(Launcher):
                              files={files.spec: json_bytes(spec_to_json(spec))})
 
     def _act(self, request: LaunchRequest) -> ProcessIdentity:
-        """Write the spec (with the attempt's rendezvous), start the replica's actor in its
-        rank's bundle, wait for its shim, record the launch (the actor's name, its node,
-        the shim's identity there)."""
-        spec = request.spec
+        """Write the spec, start the replica's actor in its rank's bundle, wait for its
+        shim, record the launch (the actor's name, its node, the shim's identity there)."""
+        return self._finish(request.spec, self._start(request.spec))
+
+    def submit_all(self, specs: list[ReplicaSpec]) -> dict[int, ProcessIdentity]:
+        """Start every rank's actor first, then wait for each: a replica set starts in
+        about the time of one actor (a new worker process on its node), not of N."""
+        started: list[tuple[ReplicaSpec, _Started]] = []
+        try:
+            for spec in specs:
+                started.append((spec, self._start(spec)))
+            return {spec.rank: self._finish(spec, begun) for spec, begun in started}
+        except LaunchError as exc:
+            for _, begun in started:
+                self._kill(begun.name)
+            failed = exc.rank if exc.rank is not None else specs[len(started)].rank
+            raise LaunchError(str(exc), rank=failed) from exc
+
+    def _start(self, spec: ReplicaSpec) -> _Started:
+        """Write the spec (with its per-node ranks) and create the replica's actor, pinned
+        to its rank's bundle; does not wait for it."""
         files = RankFiles(spec.attempt_dir, spec.rank)
         where = f"rank {spec.rank} of trial {spec.trial_uuid} attempt {spec.attempt}"
         name = actor_name(spec.trial_uuid, spec.attempt, spec.rank)
@@ -218,11 +244,14 @@ class RayLauncher(Launcher):
             spec.attempt_dir.mkdir(parents=True, exist_ok=True)
             if files.launch.exists() or files.exit.exists():
                 raise LaunchError(f"Rank {spec.rank} was already launched in "
-                                  f"{spec.attempt_dir}; start a new attempt in a new directory.")
-            spec = self._with_rendezvous(spec, group, where)
+                                  f"{spec.attempt_dir}; start a new attempt in a new "
+                                  "directory.", rank=spec.rank)
+            spec = dataclasses.replace(spec, env={**spec.env,
+                                                  **self._local_ranks(group, spec.rank)})
             atomic_write_bytes(files.spec, json_bytes(spec_to_json(spec)), mode=0o600)
         except OSError as exc:
-            raise LaunchError(f"Could not launch {where} in {spec.attempt_dir}: {exc}") from exc
+            raise LaunchError(f"Could not launch {where} in {spec.attempt_dir}: {exc}",
+                              rank=spec.rank) from exc
         self._wait_for_name(name, where)  # a restart in place: the last owner's name
         options: dict[str, Any] = {"name": name, "lifetime": "detached", "max_restarts": 0}
         if group is not None:
@@ -235,53 +264,38 @@ class RayLauncher(Launcher):
                 options["num_gpus"] = gpus
         elif self._resources:
             options["resources"] = self._resources
-        actor = replica_actor().options(**options).remote(str(files.spec))
+        # With a group, the actors meet at rank 0's node (`ray_replica.rendezvous`).
+        actor = replica_actor().options(**options).remote(str(files.spec),
+                                                          meet=group is not None)
+        return _Started(name, actor, actor.where.remote())
+
+    def _finish(self, spec: ReplicaSpec, begun: _Started) -> ProcessIdentity:
+        """Wait for the actor's shim, then record the launch."""
+        files = RankFiles(spec.attempt_dir, spec.rank)
+        where = f"rank {spec.rank} of trial {spec.trial_uuid} attempt {spec.attempt}"
         try:
-            node = self._ray.get(actor.where.remote(), timeout=START_TIMEOUT_S)
+            node = self._ray.get(begun.where, timeout=START_TIMEOUT_S)
         except self._ray.exceptions.RayError as exc:  # died, failed __init__, timed out
-            self._kill(name)
+            self._kill(begun.name)
             raise LaunchError(f"Could not start {where} on Ray: {type(exc).__name__}: "
-                              f"{exc}") from exc
-        actor.wait_and_exit.remote()  # the actor ends itself once its shim has ended
+                              f"{exc}", rank=spec.rank) from exc
+        begun.actor.wait_and_exit.remote()  # the actor ends itself once its shim has ended
         shim = node.get("shim")
         if not shim:
-            self._kill(name)
-            raise LaunchError(f"The shim for {where} vanished right after it was started.")
+            self._kill(begun.name)
+            raise LaunchError(f"The shim for {where} vanished right after it was started.",
+                              rank=spec.rank)
         identity = ProcessIdentity(int(shim[0]), int(shim[1]))
         try:
             atomic_write_json(files.launch, {
                 "shim_pid": identity.pid, "shim_start_ticks": identity.start_ticks,
-                "launched_at": time.time(), "actor": name, "node_id": node["node_id"],
+                "launched_at": time.time(), "actor": begun.name, "node_id": node["node_id"],
                 "node_ip": node["ip"], "hostname": node["hostname"]})
         except OSError as exc:
-            self._kill(name)  # it must not run untracked
-            raise LaunchError(f"Could not record the launch of {where}: {exc}") from exc
+            self._kill(begun.name)  # it must not run untracked
+            raise LaunchError(f"Could not record the launch of {where}: {exc}",
+                              rank=spec.rank) from exc
         return identity
-
-    def _with_rendezvous(self, spec: ReplicaSpec, group: Any | None, where: str) -> ReplicaSpec:
-        """`spec` with MASTER_ADDR/MASTER_PORT of rank 0's node: picked there by a task in
-        rank 0's bundle when rank 0 is launched, kept in the attempt's `master.json` for
-        the other ranks (and for a restart in place)."""
-        master = spec.attempt_dir / MASTER_FILE
-        found = read_json(master)
-        if not isinstance(found, dict):
-            if spec.rank != 0 or group is None:
-                return spec  # no group (a bare launcher in tests): the server's choice
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            task = self._ray.remote(num_cpus=0)(free_endpoint).options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    group, placement_group_bundle_index=0))
-            try:
-                ip, port = self._ray.get(task.remote(), timeout=START_TIMEOUT_S)
-            except self._ray.exceptions.RayError as exc:
-                raise LaunchError(f"Could not pick the rendezvous for {where} on rank 0's "
-                                  f"node: {type(exc).__name__}: {exc}") from exc
-            found = {"addr": ip, "port": port}
-            atomic_write_json(master, found)
-        env = {**spec.env, "MASTER_ADDR": str(found["addr"]), "MASTER_PORT": str(found["port"]),
-               **self._local_ranks(group, spec.rank)}
-        return dataclasses.replace(spec, env=env)
 
     def _local_ranks(self, group: Any | None, rank: int) -> dict[str, str]:
         """torchrun's per-node variables from where the group placed each rank: LOCAL_RANK
@@ -367,7 +381,13 @@ class RayLauncher(Launcher):
             self._ray.kill(handle, no_restart=True)
 
 
-MASTER_FILE = "master.json"
+@dataclass(frozen=True)
+class _Started:
+    """An actor created for a replica, not waited for yet."""
+
+    name: str
+    actor: Any
+    where: Any  # the ObjectRef of its `where()`
 
 
 def _shape(bundle: Bundle) -> dict[str, float]:

@@ -25,15 +25,18 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from muster.atomic import atomic_write_bytes, atomic_write_json, json_bytes, read_json
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import read_identity, send_signal
 from muster.launch.local import SHIM, spawn_shim
 from muster.rundir import RankFiles
 
-__all__ = ["ACTOR_PREFIX", "actor_name", "free_endpoint", "group_name", "replica_actor"]
+__all__ = ["ACTOR_PREFIX", "MASTER_FILE", "actor_name", "free_endpoint", "group_name",
+           "rendezvous", "replica_actor"]
 
 ACTOR_PREFIX = "muster"
 
@@ -59,11 +62,42 @@ def free_endpoint() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port  # type: ignore[no-untyped-call]
 
 
+MASTER_FILE = "master.json"  # rank 0's rendezvous, in the attempt directory
+RENDEZVOUS_TIMEOUT_S = 120.0  # for rank 0's actor to publish it
+
+
+def rendezvous(spec_path: Path, rank: int, timeout: float = RENDEZVOUS_TIMEOUT_S) -> None:
+    """Meet at rank 0's node: rank 0 (when the attempt has no `master.json` yet) picks this
+    node's IP and a free port and publishes them; every rank waits for them and puts them
+    in its spec as MASTER_ADDR and MASTER_PORT, before its shim reads it.
+
+    Raises:
+        TimeoutError: rank 0 published nothing in `timeout` seconds (its actor failed).
+    """
+    master = spec_path.parent / MASTER_FILE
+    if rank == 0 and not master.exists():
+        ip, port = free_endpoint()
+        atomic_write_json(master, {"addr": ip, "port": port})
+    deadline = time.monotonic() + timeout
+    while (found := read_json(master)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 published no rendezvous in {master} in {timeout:g} s")
+        time.sleep(0.02)
+    spec = read_json(spec_path)
+    if not isinstance(spec, dict):
+        raise ValueError(f"{spec_path} is not a replica's spec")
+    spec["env"] = {**spec["env"], "MASTER_ADDR": str(found["addr"]),
+                   "MASTER_PORT": str(found["port"])}
+    atomic_write_bytes(spec_path, json_bytes(spec), mode=0o600)  # it holds the job's secrets
+
+
 class ReplicaOwner:
     """What the actor does on its node (plain Python; `replica_actor` makes it an actor)."""
 
-    def __init__(self, spec_path: str) -> None:
+    def __init__(self, spec_path: str, meet: bool = False) -> None:
         files = RankFiles(Path(spec_path).parent, _rank_of(spec_path))
+        if meet:  # the ranks of a placement group meet at rank 0's node
+            rendezvous(Path(spec_path), files.rank)
         self._spec = spec_path
         self._shim = _start_shim(spec_path, files)
         identity = read_identity(self._shim.pid)

@@ -206,7 +206,6 @@ class Launching:
         if recorded is None:
             return
         attempt_id, specs, hparams, context, environment = recorded
-        launched: list[tuple[int, ProcessIdentity]] = []
         account = specs[0].account
         try:
             prepare_workdir(context.snapshot, specs[0].cwd, context.data)
@@ -215,22 +214,21 @@ class Launching:
             if account is not None:
                 grant_trial(AttemptDir(specs[0].attempt_dir).run, account)
             prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), hparams, account)
-            for spec in specs:
-                launched.append((spec.rank, self.ctx.launcher.submit(spec)))
+            launched = self.ctx.launcher.submit_all(specs)
         except LaunchError as exc:
-            rank = specs[len(launched)].rank
+            rank = exc.rank if exc.rank is not None else specs[0].rank
             log.error("launch of trial %s attempt %s rank %s failed: %s", trial_id,
                       specs[0].attempt, rank, exc)
-            # The failed rank too: a shim may have started without its launch being
-            # recorded (a fork server that died before it answered); the stop marker
-            # stops it as soon as it looks.
-            for stopped_rank in [r for r, _ in launched] + [rank]:
-                self.ctx.launcher.cancel(specs[0].attempt_dir, stopped_rank)
+            # Every rank, the failed one too: a shim may have started without its launch
+            # being recorded (a fork server that died before it answered); the stop marker
+            # stops it as soon as it looks. (A rank never started just gets the marker.)
+            for spec in specs:
+                self.ctx.launcher.cancel(specs[0].attempt_dir, spec.rank)
             statuses = [ReplicaStatus(rank=spec.rank, phase=ReplicaPhase.LOST) for spec in specs]
             self.ending.finish(attempt_id, trial_id, statuses,
                                launch_error=(rank, str(exc)))
             return
-        self.note_shims(attempt_id, dict(launched))
+        self.note_shims(attempt_id, launched)
 
     def note_shims(self, attempt_id: int, shims: Mapping[int, ProcessIdentity]) -> None:
         """Record the identities of the shims the launcher started, by rank."""
