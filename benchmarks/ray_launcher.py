@@ -192,14 +192,20 @@ def _recover_muster(cluster: RayCluster, server: RayServer, context: Path,
     return _recovery(marks)
 
 
-def _recover_ray_train(cluster: RayCluster, context: Path, shared: Path, marks: Path) -> float:
+def _recover_ray_train(cluster: RayCluster, context: Path, shared: Path,
+                       marks: Path) -> float | None:
+    """Seconds to recover under Ray Train, or None when it did not (it gave up: a result
+    of the comparison, counted, with its output's tail on stderr)."""
     env = _probe_env(marks)
     done = subprocess.run(
         cluster.command([sys.executable, str(context / "ray_train_digits.py"),
                          "--data", str(context / "data"), "--epochs", str(EPOCHS),
                          "--storage", str(shared / "ray-train")]),
         capture_output=True, text=True, timeout=600, env={**_env(cluster), **env})
-    expect(done.returncode == 0, f"Ray Train failed: {done.stdout[-2000:]}{done.stderr[-3000:]}")
+    if done.returncode != 0 or not any(marks.glob("first-step-*")):
+        print(f"Ray Train did not recover (exit {done.returncode}): "
+              f"{done.stdout[-2000:]}{done.stderr[-3000:]}", file=sys.stderr)
+        return None
     return _recovery(marks)
 
 
@@ -210,14 +216,18 @@ def _recovery(marks: Path) -> float:
     return min(firsts) - kill
 
 
-def _outcome(starts: dict[str, list[float]], recoveries: dict[str, list[float]],
+def _outcome(starts: dict[str, list[float]], recoveries: dict[str, list[float | None]],
              repetitions: int) -> Outcome:
     start_ratio = median(starts["muster"]) / median(starts["ray job submit"])
-    recovery_ratio = median(recoveries["muster"]) / median(recoveries["Ray Train"])
+    recovered = {name: [t for t in v if t is not None] for name, v in recoveries.items()}
+    failed = {name: len(v) - len(recovered[name]) for name, v in recoveries.items()}
+    expect(bool(recovered["muster"]), f"muster never recovered: {failed}")
+    recovery_ratio = (median(recovered["muster"]) / median(recovered["Ray Train"])
+                      if recovered["Ray Train"] else None)
 
     def rows(times: dict[str, list[float]]) -> list[list[str]]:
-        return [[name, f"{median(v):.2f}", f"{min(v):.2f}", f"{max(v):.2f}"]
-                for name, v in times.items()]
+        return [[name, *([f"{median(v):.2f}", f"{min(v):.2f}", f"{max(v):.2f}"] if v
+                         else ["—", "—", "—"])] for name, v in times.items()]
 
     tables = [
         Table(f"(y) create → RUNNING of a one-process job on a 2-node Ray cluster, "
@@ -225,13 +235,16 @@ def _outcome(starts: dict[str, list[float]], recoveries: dict[str, list[float]],
               rows(starts)),
         Table(f"(y) SIGKILL of rank 1 at its step {KILL_STEP} → first step after resume, "
               f"2-rank DDP digits on Ray, {repetitions} interleaved runs per arm",
-              ["arm", "median s", "min s", "max s"], rows(recoveries)),
+              ["arm", "median s", "min s", "max s", "did not recover"],
+              [[*row, str(failed[row[0]])] for row in rows(recovered)]),
     ]
     targets = [
         Target(f"(y) create → RUNNING: muster / ray job submit < {TARGET_START} (medians)",
                f"{start_ratio:.2f}", start_ratio < TARGET_START),
         Target(f"(y) recovery: muster / Ray Train ≤ {TARGET_RECOVERY} (medians)",
-               f"{recovery_ratio:.2f}", recovery_ratio <= TARGET_RECOVERY),
+               f"{recovery_ratio:.2f}" if recovery_ratio is not None
+               else f"Ray Train never recovered ({failed['Ray Train']} of {repetitions})",
+               recovery_ratio is None or recovery_ratio <= TARGET_RECOVERY),
     ]
     notes = ["Both arms on the same cluster, one after the other: two `ray start` nodes of "
              "2 CPUs on this machine (tests/ray/cluster.py), the muster server a driver of it.",

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import secrets
 import shutil
+import socket
 
 from muster.config import ClusterConfig, RayConfig
 from muster.errors import ConfigError
@@ -20,6 +21,7 @@ __all__ = ["open_launcher", "probe_storage"]
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 5.0
 
 
 def open_launcher(cluster: ClusterConfig, home: Home) -> tuple[Launcher, Home]:
@@ -41,6 +43,7 @@ def open_launcher(cluster: ClusterConfig, home: Home) -> tuple[Launcher, Home]:
                           f"(the same Ray version as the cluster's) ({exc})") from exc
     from muster.launch.ray_launcher import RayLauncher
 
+    _check_reachable(config.address)  # ray.init retries an address that never answers
     try:
         launcher = RayLauncher(address=config.address, namespace=config.namespace,
                                strategy=config.placement_strategy)
@@ -59,6 +62,26 @@ def open_launcher(cluster: ClusterConfig, home: Home) -> tuple[Launcher, Home]:
     log.info("replicas run on the Ray cluster at %s (namespace %s); run directories in %s",
              config.address, config.namespace, config.storage_path)
     return launcher, dataclasses.replace(home, shared=config.storage_path)
+
+
+def _check_reachable(address: str) -> None:
+    """A TCP connection to the head's address (GCS, or Ray Client's server), so that a
+    wrong address is refused in seconds: `ray.init` would retry it for minutes.
+
+    Raises:
+        ConfigError: nothing answers there.
+    """
+    if address == "auto":
+        return  # a cluster this machine is a node of: ray.init finds it, or says so at once
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)),
+                                 timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"Could not reach the Ray cluster at ray.address {address!r}: {exc}. Is the "
+            "head running there (`ray start --head`), and does this machine reach it?"
+        ) from exc
 
 
 def _write_probe(path: str, token: str) -> str:
