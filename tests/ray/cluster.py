@@ -53,7 +53,7 @@ class RayCluster:
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue
+                continue  # it ended between the listing and the read: not a node's process
             if f"{NODE_VARIABLE}={node}".encode() in environ:
                 found.append(pid)
         return found

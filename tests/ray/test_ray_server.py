@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,8 +164,11 @@ def test_a_server_sigkilled_mid_run_reattaches_and_every_log_line_is_there_once(
               "resources": {"replicas": 2}, "verify": {"require_checkpoint": False}}
     experiment = server.submit(config, _paced_context(tmp_path))
     server.wait_trial(experiment, lambda t: t["state"] == "RUNNING", what="RUNNING")
+    run_dir = Path(server.trials(experiment)[0]["attempts"][0]["run_dir"])
     server.kill()
-    time.sleep(2)  # the replicas go on without a server
+    logged = (run_dir / "rank-0.log").stat().st_size
+    wait_until(lambda: (run_dir / "rank-0.log").stat().st_size > logged + 500, timeout=60,
+               what="the replicas to go on logging without a server")
     server.start()
     trial = server.wait_trial(experiment, _ended, what="the trial to end after the restart")
     assert (trial["state"], trial["reason"]) == ("SUCCEEDED", "OK"), trial

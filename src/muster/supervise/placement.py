@@ -53,7 +53,9 @@ class Placements:
     def reserve(self, trial_id: int) -> bool:
         """Whether the trial's next attempt has its place now. While it waits, its queue
         reason says why; past the capacity timeout the wait ends as CAPACITY (retried, or
-        the trial fails)."""
+        the trial fails). On one machine there is nothing to reserve: no transaction."""
+        if not self.ctx.launcher.on_cluster:
+            return True
         with self.ctx.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
             config = experiment_config(trial.experiment)
@@ -115,7 +117,10 @@ class Placements:
 
     def sweep(self, force: bool = False) -> None:
         """Every SWEEP_EVERY_S (and at start): remove the reservations and replica owners
-        of attempts that are not live and not about to start; apply the quarantine."""
+        of attempts that are not live and not about to start; apply the quarantine. On one
+        machine there is nothing to sweep: no query on the pass."""
+        if not self.ctx.launcher.on_cluster:
+            return
         self.ctx.launcher.exclude_nodes(quarantined_nodes(self.ctx))
         if not force and time.monotonic() - self._swept_at < SWEEP_EVERY_S:
             return
