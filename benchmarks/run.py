@@ -17,6 +17,7 @@ from pathlib import Path
 
 import auth
 import checkpoint_storage
+import cli_startup
 import diagnostics_overhead
 import first_log
 import harness_overhead
@@ -41,6 +42,7 @@ OUT_DIR = Path(__file__).resolve().parent / "out"
 
 BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "first_log": first_log.run,
+    "cli_startup": cli_startup.run,
     "throughput": throughput.run,
     "tail": tail.run,
     "harness_overhead": harness_overhead.run,

@@ -62,7 +62,7 @@ def test_set_priority_errors_are_one_line(server: RunningServer, client: Client,
                                           tmp_path: Path) -> None:
     out_of_range = on(server, "job", "set-priority", "1", "100")
     assert out_of_range.returncode == 2
-    assert "less than or equal to 99" in out_of_range.stderr
+    assert "100 is not in the range 1<=x<=99" in out_of_range.stderr
     exp = create_job(client, tmp_path, "ended")
     client.kill_experiment(exp["id"])
     wait_ended(client, exp["id"])

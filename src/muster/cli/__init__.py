@@ -1,54 +1,152 @@
-"""The `muster` command line: thin Typer commands over `muster.client`."""
+"""The `muster` command line: thin Typer commands over `muster.client`.
+
+Start-up is part of the interface: `muster --help` must answer in well under a second on a
+slow machine, so no subcommand's module is imported until that subcommand runs. The
+top-level group lists its commands from `COMMANDS` below (name, module, short help) and
+imports a module the first time `click` asks for one of its commands. Help is plain
+text (Typer's rich formatting imports rich's Markdown for every `--help`).
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
-from muster.cli import (
-    checkpoint,
-    cluster,
-    env,
-    events,
-    experiment,
-    job,
-    server,
-    tokens,
-    trial,
-    users,
-)
 from muster.errors import MusterError
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A top-level command, loaded on first use: `attribute` of `muster.cli.<module>` is a
+    Typer app (a command group) or a function (one command)."""
+
+    module: str
+    attribute: str
+    help: str
+    hidden: bool = False
+
+
+# The order is the order `muster --help` lists them in. `help` is each command's short
+# help as its module states it (tests/cli/test_cli_startup.py holds them equal).
+COMMANDS: dict[str, Entry] = {
+    "up": Entry("server", "up", "Start the muster server (and its supervisor) on this machine."),
+    "down": Entry("server", "down", "Stop the server of this home. Running trials keep running "
+                  "and are reattached by the next `muster up`."),
+    "login": Entry("tokens", "login", "Log in to a server: make an API token with your password "
+                   "(or take one you have) and keep it for that URL in "
+                   "~/.config/muster/credentials (0600)."),
+    "logout": Entry("tokens", "logout",
+                    "Revoke the token `muster login` kept for a server, and forget it."),
+    "whoami": Entry("users", "whoami",
+                    "Show who your token acts as: user name, role, and the token's id."),
+    "events": Entry("events", "events",
+                    "Show the audit trail: every state change and decision, with who made it."),
+    "experiment": Entry("experiment", "app", "Create, list, describe and kill experiments."),
+    "e": Entry("experiment", "app", "Create, list, describe and kill experiments.", hidden=True),
+    "trial": Entry("trial", "app", "Describe trials, read their logs and metrics, review them."),
+    "t": Entry("trial", "app", "Describe trials, read their logs and metrics, review them.",
+               hidden=True),
+    "checkpoint": Entry("checkpoint", "app", "List, download and garbage-collect checkpoints."),
+    "cluster": Entry("cluster", "app", "The server's resources."),
+    "job": Entry("job", "app", "The queue and what runs; move trials in the queue."),
+    "env": Entry("env", "app", "Python environments built for trials."),
+    "user": Entry("users", "app", "Users and their roles (admin, user, viewer)."),
+    "token": Entry("tokens", "app", "Your API tokens."),
+}
+
+
+def load(name: str) -> Any:
+    """The click command for top-level command `name`, importing its module now."""
+    entry = COMMANDS[name]
+    target = getattr(importlib.import_module(f"muster.cli.{entry.module}"), entry.attribute)
+    if isinstance(target, typer.Typer):
+        command = typer.main.get_command(target)
+    else:
+        single = typer.Typer(rich_markup_mode=None, add_completion=False)
+        single.command(name)(target)
+        command = typer.main.get_command(single)
+    command.name = name
+    command.hidden = entry.hidden
+    return command
+
+
+class _LoadedOnUse(MutableMapping[str, Any]):
+    """A group's `commands` mapping whose entries import their module when first read:
+    click's lookups, typo suggestions and completion all see every name."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._loaded:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self._loaded[name] = load(name)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        raise TypeError(f"muster's top-level commands are listed in COMMANDS, not added ({name})")
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError(f"muster's top-level commands cannot be removed ({name})")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS)
+
+
+class MusterGroup(TyperGroup):
+    """The top-level group: subcommands from `COMMANDS`, loaded on use."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self.commands = _LoadedOnUse()
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """List the commands from their short help in `COMMANDS`: `--help` imports none."""
+        rows = [(name, entry.help) for name, entry in COMMANDS.items() if not entry.hidden]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"muster {version('muster')}")
+        raise typer.Exit()
+
 
 app = typer.Typer(
     name="muster",
+    cls=MusterGroup,
     help="Run training experiments as supervised processes that never report a false success.",
     no_args_is_help=True,
-    add_completion=False,
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
-app.command("up")(server.up)
-app.command("down")(server.down)
-app.add_typer(experiment.app, name="experiment")
-app.add_typer(experiment.app, name="e", hidden=True)
-app.add_typer(trial.app, name="trial")
-app.add_typer(trial.app, name="t", hidden=True)
-app.add_typer(checkpoint.app, name="checkpoint")
-app.add_typer(cluster.app, name="cluster")
-app.add_typer(job.app, name="job")
-app.add_typer(env.app, name="env")
-app.add_typer(users.app, name="user")
-app.add_typer(tokens.app, name="token")
-app.command("login")(tokens.login)
-app.command("logout")(tokens.logout)
-app.command("whoami")(users.whoami)
-app.command("events")(events.events)
+
+
+@app.callback()
+def _top(
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                 help="Show muster's version and exit."),
+) -> None:
+    """Run training experiments as supervised processes that never report a false success."""
 
 
 def main() -> None:
     """Console entry point: MusterErrors become one readable line and exit status 1."""
     try:
-        app()
+        app(prog_name="muster")  # also under `python -m muster`: usage and completion
     except MusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -12,7 +12,8 @@ from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 
 app = typer.Typer(help="List, download and garbage-collect checkpoints.",
-                  no_args_is_help=True)
+                  no_args_is_help=True,
+                  rich_markup_mode=None, add_completion=False)
 
 
 @app.command("list")

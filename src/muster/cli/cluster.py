@@ -12,8 +12,10 @@ from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 from muster.sizes import format_size
 
-app = typer.Typer(help="The server's resources.", no_args_is_help=True)
-node_app = typer.Typer(help="The cluster's nodes.", no_args_is_help=True)
+app = typer.Typer(help="The server's resources.", no_args_is_help=True,
+                  rich_markup_mode=None, add_completion=False)
+node_app = typer.Typer(help="The cluster's nodes.", no_args_is_help=True,
+                  rich_markup_mode=None, add_completion=False)
 app.add_typer(node_app, name="node")
 
 

@@ -14,7 +14,8 @@ from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 from muster.sizes import format_size
 
-app = typer.Typer(help="Python environments built for trials.", no_args_is_help=True)
+app = typer.Typer(help="Python environments built for trials.", no_args_is_help=True,
+                  rich_markup_mode=None, add_completion=False)
 
 _SHOWN_PACKAGES = 4
 

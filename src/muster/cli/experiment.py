@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -13,12 +13,14 @@ from rich.markup import escape
 from muster.cli import follow as following
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stopped_following
-from muster.client import Client
-from muster.config import ExperimentConfig, load_config_file
-from muster.config.secrets import source_of
 from muster.errors import InvalidRequest
 
-app = typer.Typer(help="Create, list, describe and kill experiments.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from muster.client import Client
+    from muster.config import ExperimentConfig
+
+app = typer.Typer(help="Create, list, describe and kill experiments.", no_args_is_help=True,
+                  rich_markup_mode=None, add_completion=False)
 
 
 @app.command()
@@ -44,6 +46,8 @@ def create(
     as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
     """Submit an experiment: validate the config, upload the context, queue its trial."""
+    from muster.config import load_config_file  # pydantic: only the commands that validate
+
     parsed = load_config_file(config)  # fail fast, with the same message the server would give
     values = _secret_values(parsed, secret or [])
     if context_from is not None and context_dir is not None:
@@ -64,6 +68,8 @@ def create(
 
 def _secret_values(config: ExperimentConfig, given: list[str]) -> dict[str, str]:
     """The values of the config's `submit` secrets: `--secret NAME=VALUE`, else $NAME."""
+    from muster.config.secrets import source_of
+
     wanted = [name for name, text in config.environment.secrets.items()
               if source_of(text).kind == "submit"]
     values: dict[str, str] = {}

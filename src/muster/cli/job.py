@@ -10,10 +10,11 @@ from rich.table import Table
 
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
-from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY
+from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 
 app = typer.Typer(help="The queue and what runs; move trials in the queue.",
-                  no_args_is_help=True)
+                  no_args_is_help=True,
+                  rich_markup_mode=None, add_completion=False)
 
 
 @app.command("list")

@@ -18,7 +18,8 @@ from muster.client import Client
 from muster.errors import InvalidRequest, MusterError
 from muster.home import Home
 
-app = typer.Typer(help="Your API tokens.", no_args_is_help=True)
+app = typer.Typer(help="Your API tokens.", no_args_is_help=True,
+                  rich_markup_mode=None, add_completion=False)
 
 
 @app.command()

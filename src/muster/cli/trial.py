@@ -14,7 +14,8 @@ from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stoppe
 from muster.errors import InvalidRequest
 
 app = typer.Typer(help="Describe trials, read their logs and metrics, review them.",
-                  no_args_is_help=True)
+                  no_args_is_help=True,
+                  rich_markup_mode=None, add_completion=False)
 DEFAULT_TAIL = 50
 DONE = {"approve": "approved", "reject": "rejected"}
 

@@ -13,7 +13,8 @@ from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 from muster.errors import InvalidRequest
 
-app = typer.Typer(help="Users and their roles (admin, user, viewer).", no_args_is_help=True)
+app = typer.Typer(help="Users and their roles (admin, user, viewer).", no_args_is_help=True,
+                  rich_markup_mode=None, add_completion=False)
 
 RoleOption = Annotated[str, typer.Option(
     "--role", help="admin (everything), user (its own experiments) or viewer (reads only)")]

@@ -34,8 +34,9 @@ from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_
 
 from muster.config.loading import parse_yaml, read_config_text
 from muster.config.problems import config_error, show_value, validate_config_data
-from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY, CheckpointStorageConfig, _Section
+from muster.config.schema import CheckpointStorageConfig, _Section
 from muster.config.units import parse_duration, parse_size
+from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 
 __all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "NodeQuarantineConfig",
            "RayConfig", "RunAsAccount", "gpu_type_from_name", "load_cluster_config"]

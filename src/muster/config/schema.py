@@ -30,6 +30,7 @@ from muster.config import space
 from muster.config.problems import KeyedProblems, show_value, validate_config_data
 from muster.config.secrets import source_of
 from muster.config.units import parse_duration, parse_size
+from muster.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
 __all__ = [
     "CheckpointStorageConfig",
@@ -286,7 +287,6 @@ MAX_REPLICAS = 64
 MIN_MEMORY_LIMIT = 1 << 20
 
 
-MIN_PRIORITY, DEFAULT_PRIORITY, MAX_PRIORITY = 1, 42, 99
 MAX_GPUS_PER_REPLICA = 64
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY
+from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 from muster.services.snapshots import Basis
 
 # Metric values: numbers, or "NaN", "Infinity", "-Infinity" (strict JSON has no other way).

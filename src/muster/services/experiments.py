@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session
 from muster import git_state, job_secrets
 from muster.config import ExperimentConfig, load_config
 from muster.config.problems import config_error
-from muster.config.schema import MIN_PRIORITY
 from muster.environments.layout import EnvHome
 from muster.environments.registry import keep_request
 from muster.environments.request import RequestError, build_request
@@ -23,6 +22,7 @@ from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.git_state import GitState
 from muster.home import Home
 from muster.launch.accounts import RunAs
+from muster.priority import MIN_PRIORITY
 from muster.services import listing, views
 from muster.services.access import Action, Principal, authorize, check_priority_floor
 from muster.services.submission import ClusterCapacity, check_submission

@@ -14,8 +14,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from muster.config import ExperimentConfig
-from muster.config.schema import MAX_PRIORITY, MIN_PRIORITY, ResourcesConfig
+from muster.config.schema import ResourcesConfig
 from muster.errors import Conflict, InvalidRequest
+from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 from muster.services.access import Action, Principal, check_priority_floor
 from muster.services.experiments import (
     authorize_on,

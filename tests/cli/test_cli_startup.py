@@ -1,0 +1,101 @@
+"""The CLI starts light: a command imports its own module only, and a command that only
+calls the server builds no config schema. (Times are measured in benchmarks/cli_startup.py,
+never asserted here; what is imported is exact.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+
+import pytest
+import typer
+
+from muster.cli import COMMANDS, load
+
+PROBE = """
+import json, sys
+sys.argv = ["muster", *json.loads(sys.argv[1])]
+from muster.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print("\\nMODULES " + json.dumps(sorted(sys.modules)))
+"""
+
+
+def _imported(*args: str) -> tuple[set[str], str]:
+    """The modules `muster ARGS` has imported when it is done, and what it printed."""
+    env = {**os.environ, "COLUMNS": "100"}
+    env.pop("MUSTER_URL", None)
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    out, _, modules = done.stdout.rpartition("\nMODULES ")
+    return set(json.loads(modules)), out + done.stderr
+
+
+def test_top_level_help_imports_no_subcommand() -> None:
+    modules, out = _imported("--help")
+    assert "experiment" in out and "Create, list, describe and kill experiments." in out
+    assert not {m for m in modules if m.startswith("muster.cli.")}
+    assert not {"pydantic", "httpx", "rich", "muster.config", "muster.client"} & modules
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    modules, out = _imported("job", "set-priority", "--help")
+    assert "lower runs first" in out
+    cli_modules = {m for m in modules if m.startswith("muster.cli.")}
+    assert "muster.cli.job" in cli_modules
+    assert not cli_modules & {"muster.cli.experiment", "muster.cli.trial", "muster.cli.server"}
+
+
+@pytest.mark.parametrize("args", [("experiment", "list", "--help"),
+                                  ("job", "list", "--help"), ("trial", "logs", "--help")])
+def test_commands_that_call_the_server_build_no_config_schema(args: tuple[str, ...]) -> None:
+    modules, out = _imported(*args)
+    assert "Usage: muster" in out
+    assert "pydantic" not in modules
+    assert not {m for m in modules if m.startswith("muster.config")}
+
+
+def test_version() -> None:
+    modules, out = _imported("--version")
+    assert out.strip() == f"muster {version('muster')}"
+    assert not {m for m in modules if m.startswith("muster.cli.")}
+
+
+def test_a_misspelt_command_is_named_with_a_suggestion() -> None:
+    done = subprocess.run([sys.executable, "-m", "muster", "experimnt"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert "No such command 'experimnt'. Did you mean 'experiment'?" in done.stderr
+
+
+def test_shell_completion_reaches_the_loaded_commands() -> None:
+    env = {**os.environ, "_MUSTER_COMPLETE": "complete_bash",
+           "COMP_WORDS": "muster experiment l",
+           "COMP_CWORD": "2"}
+    done = subprocess.run([sys.executable, "-m", "muster"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.split() == ["list"]
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_the_listed_help_is_the_commands_own(name: str) -> None:
+    """`muster --help` shows COMMANDS' text without importing: it must be what the command
+    itself says (its group's help, or its function's docstring's first paragraph)."""
+    command = load(name)
+    own = " ".join((command.help or "").split("\n\n")[0].split())
+    assert own == COMMANDS[name].help
+    assert command.hidden == COMMANDS[name].hidden
+
+
+def test_every_command_of_the_app_is_reachable() -> None:
+    group = typer.main.get_command(__import__("muster.cli", fromlist=["app"]).app)
+    ctx = typer.Context(group)
+    assert group.list_commands(ctx) == list(COMMANDS)
+    for name in COMMANDS:
+        assert group.get_command(ctx, name) is not None
