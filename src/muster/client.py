@@ -17,7 +17,7 @@ import json
 import os
 import tarfile
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,8 @@ API = "/api/v1"
 CONTEXT_EXCLUDES = frozenset({".git", "__pycache__", ".venv", LOCAL_RUN_DIR, ".mypy_cache"})
 MAX_CONTEXT_BYTES = 256 * 1024**2
 MAX_CONTEXT_MEMBERS = 10_000  # the server's muster.services.uploads.MAX_MEMBERS
+MAX_BATCH = 1000  # configs in one create request: the server's upload_form.MAX_BATCH
+MAX_BATCH_CONFIG_BYTES = 16 * 1024**2  # and their bytes: upload_form.MAX_BATCH_CONFIG_BYTES
 
 _BY_STATUS: dict[int, type[errors.MusterError]] = {
     400: errors.InvalidRequest,
@@ -189,20 +191,24 @@ class Client:
         experiment's snapshot, as "run again", which keeps its own) and the values of its
         `submit` secrets (`environment.secrets`), which the server keeps apart and never
         returns."""
-        files: dict[str, Any] = {}
-        data = {"config": config_text}
-        if context_dir is not None:
-            files["context"] = ("context.tar.gz", pack_context(context_dir), "application/gzip")
-            git = git_state.capture(context_dir)
-            if git is not None:
-                data["git"] = git.field()
-        if context_from is not None:
-            data["context_from"] = str(context_from)
-        if secrets:
-            data["secrets"] = json.dumps(dict(secrets))
+        form = _CreateForm.of(context_dir, secrets, context_from)
         return self._json(  # type: ignore[no-any-return]
-            "POST", "/experiments", data=data, files=files or None
-        )
+            "POST", "/experiments", **form.request(config_text))
+
+    def create_experiments(self, config_texts: Sequence[str], context_dir: Path | None,
+                           secrets: Mapping[str, str] | None = None,
+                           context_from: int | None = None) -> list[dict[str, Any]]:
+        """Submit several configs sharing one context (packed once) as `create_experiment`
+        does one, in as few requests as the server's limits allow (MAX_BATCH configs,
+        MAX_BATCH_CONFIG_BYTES of them): the server creates each request's experiments in
+        one transaction, all or none. Returns the experiments in the order of the
+        configs."""
+        form = _CreateForm.of(context_dir, secrets, context_from)
+        created: list[dict[str, Any]] = []
+        for batch in _batches(list(config_texts)):
+            answer = self._json("POST", "/experiments", **form.request(*batch))
+            created += answer if isinstance(answer, list) else [answer]
+        return created
 
     def cluster_status(self) -> dict[str, Any]:
         return self._json("GET", "/cluster")  # type: ignore[no-any-return]
@@ -574,6 +580,51 @@ def _raise_for(response: httpx.Response, suffix: str = "") -> None:
         message = f"server error ({response.status_code}): {message}"
     raise _BY_STATUS.get(response.status_code, errors.ServerError
                          if response.status_code >= 500 else errors.MusterError)(message)
+
+
+@dataclass(frozen=True)
+class _CreateForm:
+    """What every create request of a submission sends besides its configs."""
+
+    data: dict[str, str]
+    files: dict[str, Any] | None
+
+    @staticmethod
+    def of(context_dir: Path | None, secrets: Mapping[str, str] | None,
+           context_from: int | None) -> _CreateForm:
+        files: dict[str, Any] = {}
+        data: dict[str, str] = {}
+        if context_dir is not None:
+            files["context"] = ("context.tar.gz", pack_context(context_dir), "application/gzip")
+            git = git_state.capture(context_dir)
+            if git is not None:
+                data["git"] = git.field()
+        if context_from is not None:
+            data["context_from"] = str(context_from)
+        if secrets:
+            data["secrets"] = json.dumps(dict(secrets))
+        return _CreateForm(data, files or None)
+
+    def request(self, *config_texts: str) -> dict[str, Any]:
+        """The `data` and `files` of a request creating one experiment per config."""
+        configs: str | list[str] = (config_texts[0] if len(config_texts) == 1
+                                    else list(config_texts))
+        return {"data": {"config": configs, **self.data}, "files": self.files}
+
+
+def _batches(texts: list[str]) -> Iterator[list[str]]:
+    """The configs in runs that each fit one request."""
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        length = len(text.encode())
+        if batch and (len(batch) == MAX_BATCH or size + length > MAX_BATCH_CONFIG_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(text)
+        size += length
+    if batch:
+        yield batch
 
 
 def pack_context(directory: Path, max_bytes: int = MAX_CONTEXT_BYTES) -> bytes:

@@ -22,7 +22,7 @@ import pytest
 
 from muster.client import Client
 from muster.errors import InvalidRequest, PayloadTooLarge
-from muster.server.upload_form import MAX_REQUEST_BYTES
+from muster.server.upload_form import MAX_REQUEST_BYTES, MAX_URLENCODED_BYTES
 from muster.services.uploads import (
     MAX_EXTRACTED_BYTES,
     MAX_LINK_HOPS,
@@ -495,6 +495,7 @@ def test_a_gzip_bomb_upload_is_a_413_and_stores_nothing(
 
 
 CONFIG_PART = form_part("config") + config_text(["python", "train.py"]).encode() + b"\r\n"
+SECRETS_PART = form_part("secrets") + b"{}\r\n"
 END = f"--{BOUNDARY}--\r\n".encode()
 
 
@@ -505,8 +506,8 @@ END = f"--{BOUNDARY}--\r\n".encode()
          "the `config` field is larger than 1 MiB"),
         ("application/x-www-form-urlencoded", b"config=" + b"%23" * (MiB + 1),
          "the `config` field is larger than 1 MiB"),
-        ("application/x-www-form-urlencoded", b"config=" + b"%23" * (MiB + 400),
-         "the request is larger than 3 MiB"),
+        ("application/x-www-form-urlencoded", b"config=" + b"a" * (MAX_URLENCODED_BYTES + 1),
+         f"the request is larger than {MAX_URLENCODED_BYTES // MiB} MiB"),
     ],
     ids=["multipart", "urlencoded", "urlencoded-body"],
 )
@@ -526,14 +527,16 @@ def test_a_config_over_its_limit_is_a_413(
         ("multipart/form-data", CONFIG_PART + END, 400, "has no boundary"),
         (FORM, form_part("context", "c.tar.gz") + b"x\r\n" + END, 422, "body.config"),
         (FORM, CONFIG_PART, 400, "ends before its closing boundary"),
-        (FORM, CONFIG_PART + CONFIG_PART + END, 400, "the field `config` twice"),
+        (FORM, CONFIG_PART + SECRETS_PART + SECRETS_PART + END, 400,
+         "the field `secrets` twice"),
         (FORM, b"this is no multipart form\r\n", 400, "not a readable multipart form"),
-        ("application/x-www-form-urlencoded", b"config=a&config=b", 400, "`config` twice"),
+        ("application/x-www-form-urlencoded", b"config=a&secrets=%7B%7D&secrets=%7B%7D", 400,
+         "`secrets` twice"),
         ("application/x-www-form-urlencoded", b"config=%ff", 400, "not a readable urlencoded"),
         ("application/x-www-form-urlencoded", b"name=x", 422, "body.config"),
     ],
-    ids=["json", "no-boundary", "no-config", "cut-off", "config-twice", "garbage",
-         "urlencoded-config-twice", "urlencoded-not-utf8", "urlencoded-no-config"],
+    ids=["json", "no-boundary", "no-config", "cut-off", "secrets-twice", "garbage",
+         "urlencoded-secrets-twice", "urlencoded-not-utf8", "urlencoded-no-config"],
 )
 def test_a_malformed_form_is_a_4xx_that_says_what_to_send(
     server: RunningServer, content_type: str, body: bytes, status: int, words: str

@@ -66,6 +66,47 @@ def create(
         raise typer.Exit(1)
 
 
+@app.command("create-batch")
+def create_batch(
+    configs: Annotated[list[Path], typer.Argument(help="experiment configs (YAML)")],
+    context_dir: Annotated[Path | None, typer.Option(
+        "--context", help="directory snapshotted as every trial's working directory "
+        "(default: the first config's directory)")] = None,
+    wait: Annotated[bool, typer.Option(
+        help="wait for every experiment's end; exit 0 only if each COMPLETED and every "
+        "trial SUCCEEDED")] = False,
+    secret: Annotated[list[str] | None, typer.Option(
+        "--secret", metavar="NAME=VALUE", help="the value of a `submit` secret of the "
+        "configs; without one, it is read from your environment variable NAME")] = None,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Submit several experiments sharing one context: it is packed and uploaded once, and
+    each request's experiments are created together (all or none)."""
+    from muster.config import load_config_file
+
+    parsed = [load_config_file(config) for config in configs]  # every one before any upload
+    values: dict[str, str] = {}
+    for config in parsed:
+        values |= _secret_values(config, secret or [])
+    with client(home, url) as c:
+        created = c.create_experiments([config.read_text() for config in configs],
+                                       context_dir or configs[0].parent, values)
+        if not as_json:
+            render.err_console.print(
+                f"created experiments {', '.join(str(exp['id']) for exp in created)}")
+        if wait:
+            ids = ", ".join(str(exp["id"]) for exp in created)
+            with stopped_following(f"each of experiments {ids}", created[0]["id"]):
+                created = [c.wait_experiment(exp["id"]) for exp in created]
+    if as_json:
+        render.print_json(created)
+    else:
+        for exp in created:
+            _report_created(exp, False, wait)
+    if wait and not all(following.succeeded(exp) for exp in created):
+        raise typer.Exit(1)
+
+
 def _secret_values(config: ExperimentConfig, given: list[str]) -> dict[str, str]:
     """The values of the config's `submit` secrets: `--secret NAME=VALUE`, else $NAME."""
     from muster.config.secrets import source_of

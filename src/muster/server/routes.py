@@ -170,13 +170,16 @@ def _known_caller(request: Request, state: ServerState) -> bool:
     return True
 
 
-@router.post("/experiments", status_code=201, response_model=api.ExperimentDetail,
+@router.post("/experiments", status_code=201,
+             response_model=api.ExperimentDetail | list[api.ExperimentDetail],
              responses=_errors(400, 413), openapi_extra={"requestBody": upload_form.REQUEST_BODY})
 async def create_experiment(state: State, request: Request,
                             owner: Annotated[Principal, Depends(allow(Action.SUBMIT))]
-                            ) -> dict[str, Any]:
+                            ) -> dict[str, Any] | list[dict[str, Any]]:
     """Validate the config, snapshot the context, record the experiment (and its trial),
-    owned by the caller.
+    owned by the caller. With the `config` field repeated (a batch, at most
+    `upload_form.MAX_BATCH`), every config shares the one context and the answer is the
+    list of experiments, in the order of the configs: all are created, or none.
 
     The form (`config`, YAML; `context`, a tar.gz; `git`, the context's git state) is read
     by `upload_form`, after the token check and within its limits, not declared as Form
@@ -184,16 +187,18 @@ async def create_experiment(state: State, request: Request,
     with tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp:
         form = await upload_form.read_upload_form(request, Path(tmp))
         create = functools.partial(
-            experiments.create_experiment, state.store, state.home, owner, form.config,
+            experiments.create_experiments, state.store, state.home, owner, form.configs,
             form.archive, capacity=cluster.submission_capacity(state.orchestrator.supervisor),
             secrets=form.secrets, priority_floor=state.priority_floor, run_as=state.run_as,
             context_from=form.context_from, git=form.git)
         if form.archive is None:
-            exp_id = await asyncio.to_thread(create)
+            exp_ids = await asyncio.to_thread(create)
         else:
-            exp_id = await asyncio.get_running_loop().run_in_executor(_UNPACKING, create)
+            exp_ids = await asyncio.get_running_loop().run_in_executor(_UNPACKING, create)
     state.orchestrator.wake.set()
-    return await asyncio.to_thread(experiments.describe_experiment, state.store, exp_id)
+    if len(form.configs) == 1:
+        return await asyncio.to_thread(experiments.describe_experiment, state.store, exp_ids[0])
+    return await asyncio.to_thread(experiments.describe_experiments, state.store, exp_ids)
 
 
 # Contexts are unpacked on threads of their own, two at a time: the default pool, shared by

@@ -6,8 +6,10 @@ anonymous client could make the server spool a body of any size to /tmp. Here a 
 announced too large is refused unread, and every body is counted as it arrives and refused
 past its limit whatever Content-Length says. A multipart form (at most MAX_REQUEST_BYTES)
 streams its `context` part to a file (at most MAX_UPLOAD_BYTES), keeps its `config` part in
-memory (at most MAX_CONFIG_BYTES), its `git` part too (the context's git state,
-`muster.git_state`, at most MAX_GIT_BYTES), and reads past any other part; a urlencoded form
+memory (at most MAX_CONFIG_BYTES; a batch repeats it, at most MAX_BATCH times and
+MAX_BATCH_CONFIG_BYTES in all, every config sharing the one context), its `git` part too
+(the context's git state, `muster.git_state`, at most MAX_GIT_BYTES), and reads past any
+other part; a urlencoded form
 (what clients send without a context) holds the config and the small fields (at most
 MAX_URLENCODED_BYTES in all).
 """
@@ -35,11 +37,14 @@ if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
 
 MAX_CONFIG_BYTES = 1024**2
+MAX_BATCH = 1000  # configs in one request: a batch create (`Client.create_experiments`)
+MAX_BATCH_CONFIG_BYTES = 16 * 1024**2  # every config of a batch together
 MAX_SECRETS_BYTES = 1024**2  # the `secrets` field: a JSON object of NAME: value
 MAX_GIT_BYTES = git_state.MAX_FIELD_BYTES  # the `git` field: a JSON object, the diff in it
-MAX_REQUEST_BYTES = (MAX_UPLOAD_BYTES + MAX_CONFIG_BYTES + MAX_SECRETS_BYTES + MAX_GIT_BYTES
-                     + 64 * 1024)  # + part headers
-MAX_URLENCODED_BYTES = 3 * MAX_CONFIG_BYTES + 1024  # percent-encoding triples a byte at most
+MAX_REQUEST_BYTES = (MAX_UPLOAD_BYTES + MAX_BATCH_CONFIG_BYTES + MAX_SECRETS_BYTES
+                     + MAX_GIT_BYTES + 64 * 1024 + MAX_BATCH * 256)  # + part headers
+# Percent-encoding triples a byte at most.
+MAX_URLENCODED_BYTES = 3 * (MAX_BATCH_CONFIG_BYTES + MAX_SECRETS_BYTES + MAX_GIT_BYTES) + 1024
 CONFIG, CONTEXT, SECRETS, CONTEXT_FROM, GIT = (
     "config", "context", "secrets", "context_from", "git")
 MAX_CONTEXT_FROM_BYTES = 16
@@ -49,7 +54,11 @@ _HOW = ("send multipart/form-data with the fields `config` and `context` (and `g
         "alone, as `muster experiment create CONFIG DIR` does")
 _KEEP_OUT = "keep data sets and environments out of the context directory"
 _CONFIG_SCHEMA = {"type": "string",
-                  "description": f"the experiment config, YAML (at most {MAX_CONFIG_BYTES} bytes)"}
+                  "description": f"the experiment config, YAML (at most {MAX_CONFIG_BYTES} "
+                                 f"bytes). Repeat the field to create up to {MAX_BATCH} "
+                                 "experiments from one context (at most "
+                                 f"{MAX_BATCH_CONFIG_BYTES} bytes of configs in all): the "
+                                 "answer is then a list, in the order of the configs"}
 _CONTEXT_FROM_SCHEMA = {"type": "string", "pattern": "^[0-9]{1,10}$",
                         "description": "run again: the id of an experiment whose context "
                                        "snapshot this one reuses (instead of `context`)"}
@@ -95,7 +104,7 @@ REQUEST_BODY: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class UploadForm:
-    config: str
+    configs: tuple[str, ...]  # one per experiment to create (a batch: several), in order
     archive: Path | None  # the uploaded context, if the form has one
     secrets: dict[str, str] | None = None  # the `submit` secrets' values, if sent
     context_from: int | None = None  # run again: that experiment's context snapshot
@@ -145,7 +154,7 @@ async def _read_urlencoded(request: Request) -> UploadForm:
         "small fields"))]
     try:
         fields = urllib.parse.parse_qs(b"".join(chunks).decode("ascii"), keep_blank_values=True,
-                                       errors="strict", max_num_fields=16)
+                                       errors="strict", max_num_fields=MAX_BATCH + 16)
     except ValueError as exc:  # (UnicodeDecodeError too)
         raise InvalidRequest(f"the request is not a readable urlencoded form ({exc}); {_HOW}"
                              ) from exc
@@ -156,28 +165,42 @@ async def _read_urlencoded(request: Request) -> UploadForm:
             raise _twice(name)
         if values:
             kept[name] = values[0].encode()
-    return _assemble(kept, None)
+    configs = [value.encode() for value in fields.get(CONFIG, [])]
+    if len(configs) > MAX_BATCH:
+        raise _too_many_configs()
+    for config in configs:
+        if len(config) > MAX_CONFIG_BYTES:
+            raise _config_too_large()
+    if sum(map(len, configs)) > MAX_BATCH_CONFIG_BYTES:
+        raise _batch_too_large()
+    return _assemble(configs, kept, None)
 
 
-def _assemble(fields: Mapping[str, bytes], archive: Path | None) -> UploadForm:
-    """The form from the fields kept in memory (by name) and the context, if any."""
+def _assemble(configs: list[bytes], fields: Mapping[str, bytes], archive: Path | None
+              ) -> UploadForm:
+    """The form from its configs, the other fields kept in memory (by name) and the
+    context, if any."""
     for name, value in fields.items():
         limit, too_large = _KEPT[name]
         if len(value) > limit:
             raise too_large()
-    if CONFIG not in fields:
+    if not configs:
         raise _missing_config()
-    try:
-        config = fields[CONFIG].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidRequest(f"the `config` field is not UTF-8 text ({exc})") from exc
+    texts = []
+    for number, raw in enumerate(configs, 1):
+        try:
+            texts.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            which = f" (config {number} of {len(configs)})" if len(configs) > 1 else ""
+            raise InvalidRequest(f"the `config` field{which} is not UTF-8 text ({exc})"
+                                 ) from exc
     if CONTEXT_FROM in fields and archive is not None:
         raise InvalidRequest("the form has both `context` and `context_from`; send one")
     if CONTEXT_FROM in fields and GIT in fields:
         raise InvalidRequest("the form has both `git` and `context_from`; a reused context "
                              "snapshot keeps its own git state: send one")
     secrets, source, git = fields.get(SECRETS), fields.get(CONTEXT_FROM), fields.get(GIT)
-    return UploadForm(config, archive, None if secrets is None else _secrets(secrets),
+    return UploadForm(tuple(texts), archive, None if secrets is None else _secrets(secrets),
                       None if source is None else _context_from(source),
                       None if git is None else git_state.parse_field(git))
 
@@ -239,6 +262,17 @@ def _config_too_large() -> PayloadTooLarge:
                            "a config is YAML text: keep data out of it")
 
 
+def _too_many_configs() -> PayloadTooLarge:
+    return PayloadTooLarge(f"the form has more than {MAX_BATCH} `config` fields; create at "
+                           f"most {MAX_BATCH} experiments in one request")
+
+
+def _batch_too_large() -> PayloadTooLarge:
+    return PayloadTooLarge(f"the form's configs are larger than "
+                           f"{MAX_BATCH_CONFIG_BYTES // _MiB} MiB together; send them in "
+                           "several requests")
+
+
 def _secrets_too_large() -> PayloadTooLarge:
     return PayloadTooLarge(f"the `secrets` field is larger than {MAX_SECRETS_BYTES // _MiB} MiB")
 
@@ -247,9 +281,9 @@ def _not_an_id() -> InvalidRequest:
     return InvalidRequest("`context_from` must be an experiment's id")
 
 
-# The fields kept in memory: each one's limit, and the answer past it.
+# The fields kept in memory once each (`config`, which a batch repeats, is kept apart):
+# each one's limit, and the answer past it.
 _KEPT: dict[str, tuple[int, Callable[[], InvalidRequest]]] = {
-    CONFIG: (MAX_CONFIG_BYTES, _config_too_large),
     SECRETS: (MAX_SECRETS_BYTES, _secrets_too_large),
     CONTEXT_FROM: (MAX_CONTEXT_FROM_BYTES, _not_an_id),
     GIT: (MAX_GIT_BYTES, git_state.field_too_large),
@@ -267,6 +301,8 @@ class _Form:
     def __init__(self, archive: Path) -> None:
         self.archive = archive
         self.fields: dict[str, bytearray] = {}  # the parts kept in memory (_KEPT), by name
+        self.configs: list[bytearray] = []  # the `config` parts, in order
+        self.config_bytes = 0
         self.context: BinaryIO | None = None
         self.context_bytes = 0
         self.part: str | None = None  # the field being read, if it is one we keep
@@ -283,7 +319,8 @@ class _Form:
     def result(self) -> UploadForm:
         if not self.complete:
             raise InvalidRequest(f"the form ends before its closing boundary; {_HOW}")
-        return _assemble({name: bytes(value) for name, value in self.fields.items()},
+        return _assemble([bytes(config) for config in self.configs],
+                         {name: bytes(value) for name, value in self.fields.items()},
                          self.archive if self.context is not None else None)
 
     def close(self) -> None:
@@ -306,12 +343,16 @@ class _Form:
 
     def _headers_finished(self) -> None:
         name = parse_options_header(self.disposition)[1].get(b"name", b"").decode("latin-1")
-        self.part = name if name in _KEPT or name == CONTEXT else None
+        self.part = name if name in _KEPT or name in (CONTEXT, CONFIG) else None
         if self.part is None:
             return
         if self.part in self.fields or (self.part == CONTEXT and self.context is not None):
             raise _twice(self.part)
-        if self.part == CONTEXT:
+        if self.part == CONFIG:
+            if len(self.configs) == MAX_BATCH:
+                raise _too_many_configs()
+            self.configs.append(bytearray())
+        elif self.part == CONTEXT:
             self.context = self.archive.open("xb")
         else:
             self.fields[self.part] = bytearray()
@@ -323,6 +364,14 @@ class _Form:
                 raise PayloadTooLarge(f"the context upload is larger than "
                                       f"{MAX_UPLOAD_BYTES // _MiB} MiB; {_KEEP_OUT}")
             self.context.write(data[start:end])
+        elif self.part == CONFIG:
+            config = self.configs[-1]
+            config += data[start:end]
+            self.config_bytes += end - start
+            if len(config) > MAX_CONFIG_BYTES:
+                raise _config_too_large()
+            if self.config_bytes > MAX_BATCH_CONFIG_BYTES:
+                raise _batch_too_large()
         elif self.part is not None:
             kept = self.fields[self.part]
             kept += data[start:end]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,39 +63,81 @@ def create_experiment(store: Store, home: Home, owner: Principal, config_text: s
         Forbidden: `owner` may not submit, or asks for a priority reserved for admins.
         ConfigError: (422) the config is invalid, or its jobs have no account to run as.
     """
+    return create_experiments(store, home, owner, [config_text], archive, capacity, secrets,
+                              priority_floor, run_as, context_from, git)[0]
+
+
+def create_experiments(store: Store, home: Home, owner: Principal, config_texts: Sequence[str],
+                       archive: Path | None, capacity: ClusterCapacity | None = None,
+                       secrets: Mapping[str, str] | None = None,
+                       priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None,
+                       context_from: int | None = None, git: GitState | None = None
+                       ) -> list[int]:
+    """`create_experiment` for several configs sharing one context (a batch): every config
+    is validated before anything is written, the context is unpacked once (the others get
+    hard-linked copies of it: a snapshot is never written to), and every experiment and
+    trial is recorded in one transaction: all of them or none. Returns their ids, in the
+    order of the configs.
+
+    Raises:
+        as `create_experiment`; a config's problem names it (`config 3 of 10`).
+    """
     authorize(owner, Action.SUBMIT)
-    source = "the uploaded config"
-    config = load_config(config_text, source=source)
-    check_priority_floor(owner, config.resources.priority, priority_floor,
-                         where="resources.priority")
+    configs = []
+    for number, text in enumerate(config_texts, 1):
+        source = ("the uploaded config" if len(config_texts) == 1
+                  else f"the uploaded config {number} of {len(config_texts)}")
+        config = load_config(text, source=source)
+        check_priority_floor(owner, config.resources.priority, priority_floor,
+                             where="resources.priority")
+        problems = (job_secrets.check_submitted(config, secrets or {})
+                    + job_secrets.check_server(config, os.environ))
+        if problems:
+            raise config_error(source, problems)
+        configs.append((source, text, config))
     if run_as is not None:
         _check_account(store, run_as, owner)
-    problems = (job_secrets.check_submitted(config, secrets or {})
-                + job_secrets.check_server(config, os.environ))
-    if problems:
-        raise config_error(source, problems)
-    exp_uuid = str(uuid.uuid4())
-    context = home.context_dir(exp_uuid)
+    made: list[_Prepared] = []
     try:
-        if archive is not None:
-            extract_context(archive, context)
-        elif context_from is not None:
-            source_uuid = _copy_snapshot(store, context_from, context)
-            git_state.copy(home, source_uuid, exp_uuid)
-        else:
-            context.mkdir(parents=True)
-        if git is not None:
-            git_state.save(home, exp_uuid, git)
-        check_submission(config, context, capacity, source)
-        environment = _keep_environment(home, config, context, source)
-        if secrets:
-            job_secrets.save_submitted(home, exp_uuid, secrets)
-        return _insert_experiment(store, owner, exp_uuid, config_text, config, context,
-                                  environment)
+        for source, text, config in configs:
+            exp_uuid = str(uuid.uuid4())
+            context = home.context_dir(exp_uuid)
+            made.append(_Prepared(exp_uuid, text, config, context))
+            if made[0].context is not context:
+                context.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copytree(made[0].context, context, symlinks=True,
+                                copy_function=_link_or_copy)
+                git_state.copy(home, made[0].uuid, exp_uuid)
+            elif archive is not None:
+                extract_context(archive, context)
+            elif context_from is not None:
+                source_uuid = _copy_snapshot(store, context_from, context)
+                git_state.copy(home, source_uuid, exp_uuid)
+            else:
+                context.mkdir(parents=True)
+            if git is not None and made[0].context is context:
+                git_state.save(home, exp_uuid, git)
+            check_submission(config, context, capacity, source)
+            made[-1].environment = _keep_environment(home, config, context, source)
+            if secrets:
+                job_secrets.save_submitted(home, exp_uuid, secrets)
+        return _insert_experiments(store, owner, made)
     except BaseException:
-        shutil.rmtree(context.parent, ignore_errors=True)
-        job_secrets.delete_submitted(home, exp_uuid)
+        for prepared in made:
+            shutil.rmtree(prepared.context.parent, ignore_errors=True)
+            job_secrets.delete_submitted(home, prepared.uuid)
         raise
+
+
+@dataclass
+class _Prepared:
+    """An experiment of a create, its context snapshot made, not yet recorded."""
+
+    uuid: str
+    text: str
+    config: ExperimentConfig
+    context: Path
+    environment: str | None = None
 
 
 def _copy_snapshot(store: Store, experiment_id: int, context: Path) -> str:
@@ -141,37 +184,39 @@ def _keep_environment(home: Home, config: ExperimentConfig, context: Path,
     return None if request is None else keep_request(EnvHome(home.envs_dir), request)
 
 
-def _insert_experiment(
-    store: Store, owner: Principal, exp_uuid: str, text: str, config: ExperimentConfig,
-    context: Path, environment: str | None = None,
-) -> int:
-    """The experiment, and its trial unless a searcher draws its trials (the orchestrator
-    does, from its next pass on)."""
+def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared]) -> list[int]:
+    """The experiments, each with its trial unless a searcher draws its trials (the
+    orchestrator does, from its next pass on), in one transaction."""
     with store.session_scope() as s:
-        exp = Experiment(
-            uuid=exp_uuid, name=config.name, description=config.description,
-            labels=list(config.labels), config=config.to_json_dict(), config_yaml=text,
-            context_dir=str(context), state=ExperimentState.ACTIVE.value,
-            priority=config.resources.priority, max_trials=config.trial_count(),
-            environment_key=environment, owner_id=owner.user_id,
-        )
-        s.add(exp)
+        return [_insert_experiment(s, owner, prepared) for prepared in made]
+
+
+def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared) -> int:
+    config = prepared.config
+    exp = Experiment(
+        uuid=prepared.uuid, name=config.name, description=config.description,
+        labels=list(config.labels), config=config.to_json_dict(), config_yaml=prepared.text,
+        context_dir=str(prepared.context), state=ExperimentState.ACTIVE.value,
+        priority=config.resources.priority, max_trials=config.trial_count(),
+        environment_key=prepared.environment, owner_id=owner.user_id,
+    )
+    s.add(exp)
+    s.flush()
+    searcher = config.searcher.name
+    record_event(s, entity="experiment", entity_id=exp.id, reason=EventReason.CREATED,
+                 actor=owner.name, message=f"experiment {exp.name!r} created"
+                 + (f"; the {searcher} searcher runs {exp.max_trials} trials"
+                    if searcher != "single" else ""), experiment_id=exp.id)
+    if searcher == "single":
+        trial = Trial(uuid=str(uuid.uuid4()), experiment=exp,
+                      state=TrialState.QUEUED.value, priority=exp.priority,
+                      hparams=config.space().hparams({}))
+        s.add(trial)
         s.flush()
-        searcher = config.searcher.name
-        record_event(s, entity="experiment", entity_id=exp.id, reason=EventReason.CREATED,
-                     actor=owner.name, message=f"experiment {exp.name!r} created"
-                     + (f"; the {searcher} searcher runs {exp.max_trials} trials"
-                        if searcher != "single" else ""), experiment_id=exp.id)
-        if searcher == "single":
-            trial = Trial(uuid=str(uuid.uuid4()), experiment=exp,
-                          state=TrialState.QUEUED.value, priority=exp.priority,
-                          hparams=config.space().hparams({}))
-            s.add(trial)
-            s.flush()
-            record_event(s, entity="trial", entity_id=trial.id, reason=EventReason.CREATED,
-                         actor=owner.name, message="trial queued", experiment_id=exp.id,
-                         trial_id=trial.id)
-        return exp.id
+        record_event(s, entity="trial", entity_id=trial.id, reason=EventReason.CREATED,
+                     actor=owner.name, message="trial queued", experiment_id=exp.id,
+                     trial_id=trial.id)
+    return exp.id
 
 
 def list_experiments(store: Store, owner: str | None = None) -> list[dict[str, Any]]:
@@ -190,6 +235,13 @@ def describe_experiment(store: Store, experiment_id: int,
     `part_of` (null without it)."""
     with store.session_scope() as s:
         return experiment_view(s, experiment_or_404(s, experiment_id), part_of)
+
+
+def describe_experiments(store: Store, experiment_ids: Sequence[int]) -> list[dict[str, Any]]:
+    """`describe_experiment` of each, in one transaction (a batch create's answer)."""
+    with store.session_scope() as s:
+        return [experiment_view(s, experiment_or_404(s, experiment_id), None)
+                for experiment_id in experiment_ids]
 
 
 def experiment_overview(store: Store, experiment_id: int) -> dict[str, Any]:
