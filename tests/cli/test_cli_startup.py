@@ -13,6 +13,7 @@ from importlib.metadata import version
 import pytest
 import typer
 
+import muster
 from muster.cli import COMMANDS, load
 
 PROBE = """
@@ -59,11 +60,12 @@ def test_commands_that_call_the_server_build_no_config_schema(args: tuple[str, .
     assert "Usage: muster" in out
     assert "pydantic" not in modules
     assert not {m for m in modules if m.startswith("muster.config")}
+    assert not {"click", "pygments", "rich.progress"} & modules  # httpx's own CLI stays out
 
 
 def test_version() -> None:
     modules, out = _imported("--version")
-    assert out.strip() == f"muster {version('muster')}"
+    assert out.strip() == f"muster {version('muster')}" == f"muster {muster.__version__}"
     assert not {m for m in modules if m.startswith("muster.cli.")}
 
 

@@ -119,9 +119,9 @@ class MusterGroup(TyperGroup):
 
 def _show_version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from muster import __version__  # not importlib.metadata: a third of the start-up
 
-        print(f"muster {version('muster')}")
+        print(f"muster {__version__}")
         raise typer.Exit()
 
 
@@ -145,6 +145,10 @@ def _top(
 
 def main() -> None:
     """Console entry point: MusterErrors become one readable line and exit status 1."""
+    # httpx imports its own command line (click, rich.progress, pygments: ~60 ms) whenever
+    # those are installed; muster's never runs it. A None module makes that import fail,
+    # and httpx falls back as it does without its `cli` extra. Only in this process.
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     try:
         app(prog_name="muster")  # also under `python -m muster`: usage and completion
     except MusterError as exc:
