@@ -8,7 +8,7 @@ VENDOR := src/muster/ui/static/vendor
 ASSETS := $(VENDOR)/.built
 BROWSER := $(VENV)/.browser
 
-.PHONY: install demo test lint typecheck unit quick bench bench-ray screenshots clean
+.PHONY: install demo test lint typecheck unit quick bench bench-ray bench-harness screenshots clean
 
 install: $(STAMP) $(ASSETS) $(BROWSER)
 
@@ -69,8 +69,16 @@ bench-ray: install
 	$(BENCH_RAY)/bin/python -m pip install --quiet -e '.[examples]' 'ray[default,train]==2.60.0' pytest
 	$(BENCH_RAY)/bin/python benchmarks/ray_launcher.py
 
+# The harness against MLflow's log_metric and TensorBoard's add_scalar
+# (benchmarks/harness_overhead.py): both kept out of the test venv, in one of their own.
+BENCH_HARNESS := .venv-bench-harness
+bench-harness: install
+	test -x $(BENCH_HARNESS)/bin/python || $(PYTHON) -m venv $(BENCH_HARNESS)
+	$(BENCH_HARNESS)/bin/python -m pip install --quiet -e '.[examples]' 'mlflow-skinny==3.18.0' 'tensorboard==2.21.0' pytest
+	$(BENCH_HARNESS)/bin/python benchmarks/run.py --only harness_overhead
+
 screenshots: install  # docs/ui/*.png, from a real server running a real search
 	$(BIN)/python scripts/screenshots.py
 
 clean:
-	rm -rf $(VENV) $(BENCH_RAY) .muster-demo .pytest_cache .mypy_cache .ruff_cache ui/node_modules $(VENDOR)
+	rm -rf $(VENV) $(BENCH_RAY) $(BENCH_HARNESS) .muster-demo .pytest_cache .mypy_cache .ruff_cache ui/node_modules $(VENDOR)
