@@ -18,7 +18,13 @@ import pytest
 
 from muster.errors import LaunchError
 from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec
-from muster.launch.identity import group_members, is_alive, read_identity, send_signal
+from muster.launch.identity import (
+    group_members,
+    is_alive,
+    own_identity,
+    read_identity,
+    send_signal,
+)
 from muster.launch.local import LocalLauncher
 from muster.launch.records import spec_to_json
 from tests.launch.conftest import FIXTURES, Replica, SubmitFn, fixture_argv
@@ -339,3 +345,28 @@ def test_an_unusable_attempt_dir_is_a_launch_error(
 def test_cancel_of_an_unknown_attempt_does_nothing(launcher: LocalLauncher, tmp_path: Path) -> None:
     launcher.cancel(tmp_path / "never-launched", 0)
     assert not (tmp_path / "never-launched").exists()
+
+
+def test_the_shim_signals_the_server_at_the_childs_start_and_end(
+        make_spec: Callable[..., ReplicaSpec], tmp_path: Path) -> None:
+    """`LocalLauncher.notify`: SIGUSR1 once status.json is written (the child runs), again
+    once the exit record is (the server then settles at once instead of at its next pass)."""
+    received: list[tuple[bool, bool]] = []  # (status written, exit written) at each signal
+    launcher = LocalLauncher()
+    launcher.notify = own_identity()
+    spec = make_spec([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    files = Replica(launcher, spec).files
+
+    def note(signum: int, frame: object) -> None:
+        received.append((files.status.exists(), files.exit.exists()))
+
+    previous = signal.signal(signal.SIGUSR1, note)
+    try:
+        launcher.submit(spec)
+        wait_until(lambda: len(received) >= 1, timeout=30, what="the start signal")
+        assert received[0] == (True, False)  # started, still running
+        wait_until(lambda: len(received) >= 2, timeout=30, what="the end signal")
+        assert received[1] == (True, True)
+        assert len(received) == 2
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

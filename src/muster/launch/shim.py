@@ -470,6 +470,7 @@ class Shim:
             "started_at": started_at,
         }
         atomic_write_json(self.files.status, status)
+        self._notify()  # the server records RUNNING now, not at its next regular pass
 
     def _pump_until_exit(self, pid: int, pump: LogPump) -> float:
         """Copy output until the child exits; returns when it ended (Unix time).
@@ -626,13 +627,16 @@ class Shim:
 
     def _notify(self) -> None:
         """SIGUSR1 to the process that asked for it (the server, which then runs its next
-        pass at once), if it is still that process (pid and start time, never a pid alone)."""
+        pass at once), if it is still that process (pid and start time, never a pid alone):
+        once the child has started (status.json written) and once it has ended (the exit
+        record written). Signals that arrive during a pass make one more pass, not one each."""
         if self.spec.notify is None:
             return
         pid, ticks = self.spec.notify
         if send_signal(ProcessIdentity(pid, ticks), signal.SIGUSR1):
             return
-        log.info("the process to notify (pid %d) is gone; it will find the exit record", pid)
+        log.info("the process to notify (pid %d) is gone; it will find this replica's files",
+                 pid)
 
 
 def _with_memory(record: ExitRecord, memory: MemoryReport | None) -> ExitRecord:

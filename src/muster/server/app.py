@@ -112,13 +112,13 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
 
 
 def _wake_on_replica_exit(orchestrator: Orchestrator, launcher: LocalLauncher) -> None:
-    """Run the next pass as soon as a shim reports an ended replica (SIGUSR1), instead of
-    up to TICK_SECONDS later. Only where this event loop can take the signal (the main
-    thread); elsewhere ends are found by the regular passes."""
+    """Run the next pass as soon as a shim reports a started or an ended replica
+    (SIGUSR1), instead of up to TICK_SECONDS later. Only where this event loop can take the
+    signal (the main thread); elsewhere starts and ends are found by the regular passes."""
     try:
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, orchestrator.wake.set)
     except (RuntimeError, ValueError, NotImplementedError) as exc:
-        log.info("replica ends are noticed on the next pass (every %ss): %s",
+        log.info("replica starts and ends are noticed on the next pass (every %ss): %s",
                  TICK_SECONDS, exc)
         return
     launcher.notify = own_identity()
