@@ -28,11 +28,18 @@ class ServerProcess:
     """Starts the server on `root/home` with its own SQLite store; stops it on exit, and
     kills any trial it left running (a benchmark that failed half-way)."""
 
-    def __init__(self, root: Path, slots: int | None = None) -> None:
-        self.home = root / "home"
+    def __init__(self, root: Path, slots: int | None = None, db: str | None = None) -> None:
+        self.home = root / "home"  # made here, or one a benchmark has prepared
         self.port = _free_port()
         self.slots = slots
+        self.db = db or f"sqlite:///{self.home / 'muster.db'}"
         self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError("the server has not been started")
+        return self._proc.pid
 
     @property
     def url(self) -> str:
@@ -42,9 +49,9 @@ class ServerProcess:
         return Client(url=self.url, home=Home(self.home))
 
     def __enter__(self) -> ServerProcess:
-        self.home.mkdir(parents=True)
+        self.home.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "muster", "up", "--home", str(self.home),
-                "--port", str(self.port), "--db", f"sqlite:///{self.home / 'muster.db'}",
+                "--port", str(self.port), "--db", self.db,
                 "--min-free-disk", "0",
                 *(["--slots", str(self.slots)] if self.slots is not None else [])]
         with (self.home / "server.log").open("ab") as log:

@@ -28,6 +28,7 @@ import queue_throughput
 import ray_launcher
 import recovery
 import replicas
+import scale
 import tail
 import throughput
 import ui_budget
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "ui_budget": ui_budget.run,
     "checkpoint_storage": checkpoint_storage.run,
     "diagnostics_overhead": diagnostics_overhead.run,
+    "scale": scale.run,
     "ray_launcher": ray_launcher.run,  # skipped without ray[default,train]: `make bench-ray`
 }
 

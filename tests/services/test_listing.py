@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from muster.errors import InvalidRequest, NotFound
 from muster.services import listing
@@ -95,3 +96,48 @@ def test_each_row_says_its_progress_its_badges_and_its_best(store: Store) -> Non
     assert rows[ids["run"]]["best"] is None  # no searcher metric
     assert rows[ids["old"]]["owner"] is None
     assert rows[ids["old"]]["progress"] == {"ended": 0, "running": 0, "queued": 0, "total": 1}
+
+
+def searches(store: Store, count: int) -> dict[str, int]:
+    """`count` searches of one metric, `score`: alternately the lower and the higher is
+    better. Each has two SUCCEEDED trials whose reports span 0.2-0.9 and 0.3-0.6."""
+    found = {}
+    with store.session_scope() as s:
+        for n in range(count):
+            smaller = n % 2 == 0
+            config = {"name": f"s{n}", "searcher": {"name": "random", "metric": "score",
+                                                     "smaller_is_better": smaller,
+                                                     "max_trials": 2}}
+            exp = Experiment(name=f"s{n}", config=config, config_yaml="", context_dir="/tmp",
+                             state="COMPLETED", max_trials=2)
+            wide, narrow = (Trial(experiment=exp, state="SUCCEEDED", number=i)
+                            for i in range(2))
+            s.add_all([exp, wide, narrow])
+            s.flush()
+            for trial, values in ((wide, (0.2, 0.9)), (narrow, (0.3, 0.6))):
+                for step, value in enumerate(values):
+                    add_metric(s, trial, {"score": value}, step=step)
+            found[exp.name] = exp.id
+    return found
+
+
+def test_each_search_on_a_page_has_its_best_by_its_own_goal(store: Store) -> None:
+    ids = searches(store, 2)
+    rows = {row["id"]: row for row in listing.list_page(store).rows}
+    lower, higher = rows[ids["s0"]]["best"], rows[ids["s1"]]["best"]
+    # One metric name, two directions: each searcher's own, over each trial's own reports.
+    assert (lower["number"], lower["value"]) == (0, 0.2)
+    assert (higher["number"], higher["value"]) == (0, 0.9)
+
+
+def test_a_page_costs_the_same_few_queries_whatever_its_size(store: Store) -> None:
+    searches(store, 8)
+    statements = []
+    event.listen(store.engine, "before_cursor_execute",
+                 lambda *args: statements.append(args[2]))
+    listing.list_page(store, limit=2)
+    few = len(statements)
+    statements.clear()
+    page = listing.list_page(store, limit=8)
+    assert len(page.rows) == 8 and all(row["best"] is not None for row in page.rows)
+    assert len(statements) == few

@@ -16,7 +16,13 @@ from muster.config import FakeGpuConfig, GpuReleaseConfig
 from muster.home import Home
 from muster.launch.local import LocalLauncher
 from muster.schedule.inventory import FakeInventory
-from muster.services.experiments import activate_experiment, create_experiment, pause_experiment
+from muster.services.experiments import (
+    activate_experiment,
+    create_experiment,
+    kill_experiment,
+    pause_experiment,
+)
+from muster.services.jobs import set_trial_priority
 from muster.states import TrialState
 from muster.store import Attempt, Event, GpuDevice, Store, Trial
 from muster.supervise.supervisor import Supervisor
@@ -218,6 +224,46 @@ def test_priority_first_then_first_come_first_served(rig: Rig, tmp_path: Path) -
             Attempt.trial_id == job.trial_id)).one() for job in jobs]
     order = [job.trial_id for _, job in sorted(zip(started, jobs, strict=True))]
     assert order == [jobs[1].trial_id, jobs[3].trial_id, jobs[0].trial_id, jobs[2].trial_id]
+
+
+def test_after_a_pass_that_changed_nothing_every_change_to_the_queue_shows_in_the_next(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """A pass after a quiet one skips admission while the queue, the holdings and the
+    capacity are as they were (`supervise/admission.py`): each change must still show in
+    the very next pass."""
+    rig.supervisor.slots = 1
+    blocker, release = gpu_job(rig, tmp_path, "blocker")
+    rig.until_trial(blocker, TrialState.RUNNING)
+    jobs = [submit(rig, fixture_entrypoint("exit0.sh"), priority=50) for _ in range(3)]
+
+    def quiet_then_reasons() -> list[str | None]:
+        rig.supervisor.tick()  # the reasons written
+        rig.supervisor.tick()  # nothing to change: the next pass may skip
+        rig.supervisor.tick()
+        return [state(rig, job)[1] for job in jobs]
+
+    def behind(position: int, job: Submitted) -> str:
+        return (f"position {position}: waiting behind trial {job.trial_id} (1 slot; first "
+                "come, first served within a priority)")
+
+    head = "position 1: waiting for 1 slot, 0 free"
+    assert quiet_then_reasons() == [head, behind(2, jobs[0]), behind(3, jobs[0])]
+    set_trial_priority(rig.store, rig.admin, jobs[2].trial_id, 10)
+    rig.supervisor.tick()
+    assert state(rig, jobs[2])[1] == head
+    assert quiet_then_reasons() == [behind(2, jobs[2]), behind(3, jobs[2]), head]
+    kill_experiment(rig.store, rig.admin, jobs[2].experiment_id)
+    rig.supervisor.tick()
+    assert state(rig, jobs[0])[1] == head
+    assert quiet_then_reasons()[:2] == [head, behind(2, jobs[0])]
+    later = submit(rig, fixture_entrypoint("exit0.sh"), priority=50)
+    rig.supervisor.tick()
+    assert state(rig, later)[1] == behind(3, jobs[0])
+    quiet_then_reasons()
+    release.touch()
+    for job in (*jobs[:2], later):
+        assert rig.run_to_end(job).state == "SUCCEEDED"
 
 
 def steps_reported(rig: Rig, job: Submitted, attempt: int = 1) -> int:

@@ -9,23 +9,30 @@ and those trials' rank-0 validation values of the searcher's metric (the best so
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import OrderedDict, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, String, cast, func, select
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy import ColumnElement, String, cast, func, select
+from sqlalchemy.orm import Session, defer, joinedload
 
+from muster.config.schema import SearcherConfig
 from muster.errors import InvalidRequest, NotFound
 from muster.services import views
-from muster.services.validation import best_validation
+from muster.services.validation import best_validation_each
 from muster.states import ExperimentState, TrialState
 from muster.store import Experiment, Store, Trial, User
 
 __all__ = ["MAX_PAGE", "SORTS", "ExperimentFilter", "Page", "list_page"]
 
 MAX_PAGE = 500  # rows at most in one page
+# What a summary never shows of a trial: not read (the manifest and the freeze can be large).
+_UNLISTED = (defer(Trial.manifest), defer(Trial.search_state), defer(Trial.environment_freeze))
+# Experiments' searchers by uuid, validated once (a stored config never changes), the most
+# recently listed few thousand kept.
+_SEARCHERS: OrderedDict[str, SearcherConfig] = OrderedDict()
+_SEARCHERS_KEPT = 4096
 # What a list may be sorted by: the API's `sort` words.
 SORTS = {
     "id": Experiment.id,
@@ -48,31 +55,32 @@ class ExperimentFilter:
     name: str | None = None  # part of its name, any case
     archived: bool = False  # include archived experiments (hidden by default)
 
-    def where(self, query: Select[Experiment], s: Session) -> Select[Experiment]:
-        """`query` narrowed to these experiments.
+    def conditions(self, s: Session) -> list[ColumnElement[bool]]:
+        """What these experiments are, in SQL (the first two served by
+        `ix_experiments_listed`, with the id).
 
         Raises:
             NotFound: `owner` names no user.
         """
+        found: list[ColumnElement[bool]] = (
+            [Experiment.archived.is_(False)] if not self.archived else [])
+        found.append(Experiment.delete_requested_at.is_(None))
         if self.state is not None:
-            query = query.where(Experiment.state == self.state.value)
-        if not self.archived:
-            query = query.where(Experiment.archived.is_(False))
-        query = query.where(Experiment.delete_requested_at.is_(None))
+            found.append(Experiment.state == self.state.value)
         if self.owner is not None:
             owner_id = s.scalar(select(User.id).where(User.name == self.owner))
             if owner_id is None:
                 raise NotFound(f"user {self.owner!r} does not exist; `muster user list` shows "
                                "the users")
-            query = query.where(Experiment.owner_id == owner_id)
+            found.append(Experiment.owner_id == owner_id)
         if self.label is not None:
             # Labels are a JSON list: the label as a JSON string is a token of that text.
             token = json.dumps(self.label)
-            query = query.where(cast(Experiment.labels, String).contains(token, autoescape=True))
+            found.append(cast(Experiment.labels, String).contains(token, autoescape=True))
         if self.name is not None:
-            query = query.where(func.lower(Experiment.name).contains(self.name.lower(),
-                                                                     autoescape=True))
-        return query
+            found.append(func.lower(Experiment.name).contains(self.name.lower(),
+                                                              autoescape=True))
+        return found
 
 
 @dataclass(frozen=True)
@@ -99,21 +107,29 @@ def list_page(store: Store, where: ExperimentFilter | None = None, *, sort: str 
         raise InvalidRequest(f"limit must be 1 to {MAX_PAGE}, got {limit}")
     where = where or ExperimentFilter()
     with store.session_scope() as s:
-        base = where.where(select(Experiment).outerjoin(User, Experiment.owner_id == User.id),
-                           s)
-        total = s.scalar(select(func.count()).select_from(base.subquery())) or 0
-        order = (column.desc(), Experiment.id.desc()) if descending else (column,
-                                                                          Experiment.id)
-        query = base.options(joinedload(Experiment.owner)).order_by(
-            *(o.nulls_last() for o in order)).offset(offset)
-        if limit is not None:
-            query = query.limit(limit)
-        experiments = list(s.scalars(query).unique())
-        return Page(summaries(s, experiments), total, offset, limit)
+        conditions = where.conditions(s)
+        total = s.scalar(select(func.count(Experiment.id)).where(*conditions)) or 0
+        order = [o.nulls_last() for o in ((column.desc(), Experiment.id.desc()) if descending
+                                          else (column, Experiment.id))]
+        # The page's ids first: a database skips `offset` rows it need not read whole.
+        page = (select(Experiment.id).outerjoin(User, Experiment.owner_id == User.id)
+                .where(*conditions).order_by(*order).offset(offset).limit(limit))
+        # Of its config a summary shows the searcher's block alone: the database reads it.
+        query = (select(Experiment, Experiment.config["searcher"])
+                 .outerjoin(User, Experiment.owner_id == User.id)
+                 .where(Experiment.id.in_(page.scalar_subquery()))
+                 .options(joinedload(Experiment.owner), defer(Experiment.config),
+                          defer(Experiment.config_yaml))
+                 .order_by(*order))
+        found = s.execute(query).all()  # (the owner is one row: no duplicates to drop)
+        searchers = {exp.id: _searcher(exp.uuid, block) for exp, block in found}
+        return Page(summaries(s, [exp for exp, _ in found], searchers), total, offset, limit)
 
 
-def summaries(s: Session, experiments: Sequence[Experiment]) -> list[dict[str, Any]]:
-    """The summaries of `experiments`, their trials read in bulk, not one by one."""
+def summaries(s: Session, experiments: Sequence[Experiment],
+              searchers: Mapping[int, SearcherConfig]) -> list[dict[str, Any]]:
+    """The summaries of `experiments` (with their searchers, by id), their trials read in
+    bulk, not one by one."""
     ids = [e.id for e in experiments]
     if not ids:
         return []
@@ -122,22 +138,30 @@ def summaries(s: Session, experiments: Sequence[Experiment]) -> list[dict[str, A
             Trial.experiment_id.in_(ids)).order_by(Trial.id)):
         states[experiment_id].append(state)
     succeeded: dict[int, list[Trial]] = defaultdict(list)
-    for trial in s.scalars(select(Trial).where(
+    for trial in s.scalars(select(Trial).options(*_UNLISTED).where(
             Trial.experiment_id.in_(ids), Trial.state == TrialState.SUCCEEDED.value)):
         succeeded[trial.experiment_id].append(trial)
+    best = best_validation_each(s, {
+        trial.id: goals for exp in experiments
+        if (goals := views.searcher_goals(searchers[exp.id]))
+        for trial in succeeded.get(exp.id, [])})
     rows = []
     for exp in experiments:
         mine = succeeded.get(exp.id, [])
         rows.append(views.experiment_summary(
             exp, states=states.get(exp.id, []),
-            unverified=sum(views.is_unverified(t) for t in mine), best=_best(s, exp, mine)))
+            unverified=sum(views.is_unverified(t) for t in mine),
+            best=views.best_view(mine, best, searchers[exp.id]) if mine else None))
     return rows
 
 
-def _best(s: Session, exp: Experiment, succeeded: list[Trial]) -> dict[str, Any] | None:
-    searcher = views.searcher_settings(exp)
-    goals = views.searcher_goals(searcher)
-    if not goals or not succeeded:
-        return None
-    best = best_validation(s, [t.id for t in succeeded], goals)
-    return views.best_view(succeeded, best, searcher)
+def _searcher(uuid: str, block: dict[str, Any] | None) -> SearcherConfig:
+    """The searcher of experiment `uuid`, whose stored config's block is `block`."""
+    found = _SEARCHERS.get(uuid)
+    if found is None:
+        found = _SEARCHERS[uuid] = views.searcher_of(block)
+        if len(_SEARCHERS) > _SEARCHERS_KEPT:
+            _SEARCHERS.popitem(last=False)
+    else:
+        _SEARCHERS.move_to_end(uuid)
+    return found

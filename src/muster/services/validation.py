@@ -7,7 +7,7 @@ highest), read from its metric series (`muster.store.series`), not from the repo
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from sqlalchemy.orm import Session
 
@@ -15,7 +15,7 @@ from muster.metrics_lines import VALIDATION
 from muster.services.views import Goals
 from muster.store import series
 
-__all__ = ["best_validation"]
+__all__ = ["best_validation", "best_validation_each"]
 
 
 def best_validation(
@@ -23,10 +23,20 @@ def best_validation(
 ) -> dict[int, dict[str, float]]:
     """Per trial, the best value of each metric in `goals` (name → smaller is better) over
     its rank-0 validation reports; a trial with no value of any is left out. One query."""
-    if not goals:
-        return {}
+    return best_validation_each(s, dict.fromkeys(trial_ids, goals))
+
+
+def best_validation_each(
+    s: Session, goals_of: Mapping[int, Goals]
+) -> dict[int, dict[str, float]]:
+    """`best_validation` of trials with goals of their own (by trial id: those of its
+    experiment's searcher), e.g. a page of experiments' trials. One query."""
+    names = {name for goals in goals_of.values() for name in goals}
     best: dict[int, dict[str, float]] = {}
-    for trial_id, values in series.extremes(s, trial_ids, VALIDATION, list(goals)).items():
-        best[trial_id] = {name: low if goals[name] else high
-                          for name, (low, high) in values.items()}
+    for trial_id, values in series.extremes(s, list(goals_of), VALIDATION, names).items():
+        goals = goals_of[trial_id]
+        mine = {name: low if goals[name] else high
+                for name, (low, high) in values.items() if name in goals}
+        if mine:
+            best[trial_id] = mine
     return best

@@ -305,7 +305,12 @@ def checkpoint_view(checkpoint: Checkpoint, metric: float | None = None) -> dict
 
 def searcher_settings(exp: Experiment) -> SearcherConfig:
     """The experiment's `searcher` block; experiments from before search ran `single`."""
-    return SearcherConfig.model_validate(exp.config.get("searcher", {}))
+    return searcher_of(exp.config.get("searcher"))
+
+
+def searcher_of(block: Mapping[str, Any] | None) -> SearcherConfig:
+    """A stored config's `searcher` block (None: it has none, from before search)."""
+    return SearcherConfig.model_validate({} if block is None else block)
 
 
 def searcher_goals(searcher: SearcherConfig) -> dict[str, bool]:

@@ -3,25 +3,39 @@ preemption, and the disk guard that holds every new launch while space is low.
 
 The decisions are `muster.schedule.plan.plan`'s (pure); this module gathers its input from
 the store in one transaction per pass and carries the plan out.
+
+A queue of 10,000 trials (issue 19) must not cost every pass what it holds. The queue is
+read as a few columns, never as ORM objects, and what an experiment's trials need (its
+resources, its environment) is read from its stored config once and kept by its id: a
+stored config never changes. A pass after a quiet one (nothing started, restarted,
+preempted or failed, no queue reason to write, nothing waiting for an environment) first
+compares what `plan` would start from with what the quiet pass saw: a digest of every
+waiting trial's id, state, priority and kill request that the database builds from an index,
+the holdings, the capacity and the environments. Equal, `plan` (pure) would decide as it
+did, and the pass would change nothing either: it stops there. Queue reasons need no
+comparing: only the supervisor writes them (here; and the data scan, the GPU pool and a
+cluster's placement, for trials that make a pass not quiet).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import NamedTuple, Protocol, TypeVar, cast
 
-from sqlalchemy import Table, bindparam, select, update
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy import BigInteger, Integer, String, Table, bindparam, case, func, select, update
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.orm import Session
 
+from muster.config import ExperimentConfig
+from muster.priority import MAX_PRIORITY
 from muster.schedule.disk import disk_shortfall
 from muster.schedule.plan import Capacity, Demand, Holding, plan
 from muster.states import EventReason, StopIntent, TrialState, values
-from muster.store import Trial, record_event
-from muster.supervise.configs import experiment_config
+from muster.store import Experiment, Trial, record_event
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import pause, record_decision
-from muster.supervise.environments import EnvironmentGate, Sorted
+from muster.supervise.environments import EnvironmentGate, QueuedTrial, Sorted
 from muster.supervise.isolation import Isolation
 from muster.supervise.launching import GpuPlan
 from muster.supervise.outcome import Move, Next
@@ -29,7 +43,67 @@ from muster.supervise.outcome import Move, Next
 __all__ = ["Admission"]
 
 Start = Callable[[int, GpuPlan], None]  # start an attempt of a trial, on these GPUs
+
+
+class _TrialRow(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+Row = TypeVar("Row", bound=_TrialRow)
 Need = TypeVar("Need", Demand, Holding)
+_WAITING = values([TrialState.QUEUED, TrialState.RESTARTING])
+_READ_AT_ONCE = 1000  # experiments per query, when their needs are read
+
+
+class _Waiting(NamedTuple):
+    """A QUEUED or RESTARTING trial, as admission reads it."""
+
+    id: int
+    experiment_id: int
+    state: str
+    priority: int
+    stop_requested: bool
+    queue_reason: str | None
+
+
+class _Holder(NamedTuple):
+    """A trial that holds resources (started, running, or between attempts)."""
+
+    id: int
+    experiment_id: int
+    priority: int
+    stop_requested: bool
+    stop_intent: str | None
+
+
+class _Resources(NamedTuple):
+    """What each trial of an experiment takes (its config's `resources`, the part kept)."""
+
+    replicas: int
+    gpus_per_replica: int
+    gpu_type: str | None
+    max_slots: int | None
+
+
+@dataclass(frozen=True)
+class _Needs:
+    """What an experiment's trials need to start, from its stored config."""
+
+    environment_key: str | None
+    resources: _Resources | None  # None: the config cannot be read (`error` says why)
+    error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What `plan` started from in a pass: a later pass that sees the same plans the same."""
+
+    queue: str | None  # `_queue_digest`
+    holdings: tuple[Holding, ...]
+    capacity: Capacity
+    preemption: bool
+    environments: frozenset[str]  # those the queued trials need (all built, when quiet)
 
 
 @dataclass(frozen=True)
@@ -39,9 +113,14 @@ class _Queue:
     restarting: list[int]
     demands: list[Demand]
     shown: dict[int, str | None]  # trial id -> the queue reason it shows now
-    holdings: list[Holding]
-    capacity: Capacity
     environments: Sorted  # the queued trials by where their environments stand
+    seen: _Seen
+
+    @property
+    def settled(self) -> bool:
+        """Nothing restarts, and no queued trial waits for its environment."""
+        return not (self.restarting or self.environments.waiting
+                    or self.environments.failed)
 
 
 @dataclass
@@ -51,6 +130,9 @@ class Admission:
     isolation: Isolation
     _disk_warning: str | None = field(default=None, init=False)
     _gate: EnvironmentGate = field(init=False)
+    _needs: dict[int, _Needs] = field(default_factory=dict, init=False)  # by experiment id
+    _demands: dict[int, Demand] = field(default_factory=dict, init=False)  # by trial id
+    _quiet: _Seen | None = field(default=None, init=False)  # what the last quiet pass saw
 
     def __post_init__(self) -> None:
         self._gate = EnvironmentGate(self.ctx)
@@ -59,49 +141,39 @@ class Admission:
         """Start the next attempts of RESTARTING trials (they keep what they hold), then the
         QUEUED trials the scheduler admits (priority, then first come, first served; whole
         replica sets; slots and GPUs); note why the others wait; preempt where it says so."""
+        if self._unchanged(slots, preemption):
+            return
+        self._quiet = None
         broken: list[tuple[int, Exception]] = []
-        queue = self._read(slots, broken)
+        queue = self._read(slots, preemption, broken)
         for trial_id, exc in broken:
             self.isolation.trial_failed(trial_id, "reading what it needs to start", exc)
         self._gate.fail(queue.environments.failed)
         for trial_id in queue.restarting:
             if self._may_restart(trial_id):
                 self.start(trial_id, ())
-        waiting = dict(queue.environments.waiting)
-        demands = queue.demands
-        if self.ctx.launcher.on_cluster:
-            # More replicas than the cluster has CPUs now: the cluster may grow (an
-            # autoscaler), so its placement is asked for, and waits, then fails as CAPACITY.
-            for demand in [d for d in demands if d.replicas > slots]:
-                self.start(demand.trial_id, ())
-            demands = [d for d in demands if d.replicas <= slots]
+        demands = self._start_overflow(queue.demands, slots)
         decided = None
         if demands:
-            decided = plan(demands, queue.holdings, queue.capacity, preemption)
+            decided = plan(demands, queue.seen.holdings, queue.seen.capacity, preemption)
             for admit in decided.admit:
                 self.start(admit.trial_id, admit.gpus)
-            waiting.update(decided.waiting)
-        # One statement for every reason that changed (positions shift whenever the head
-        # starts), and only for trials still QUEUED.
-        changed = [{"waiting_id": trial_id, "waiting_reason": reason}
-                   for trial_id, reason in waiting.items()
-                   if queue.shown[trial_id] != reason]
-        if changed:
-            with self.ctx.store.session_scope() as s:
-                trials = cast(Table, Trial.__table__)
-                s.connection().execute(
-                    update(trials).where(trials.c.id == bindparam("waiting_id"),
-                                         trials.c.state == TrialState.QUEUED.value)
-                    .values(queue_reason=bindparam("waiting_reason")), changed)
+        waiting = {**queue.environments.waiting, **(decided.waiting if decided else {})}
+        written = self._note_waiting(waiting, queue.shown)
         for victim, beneficiary in (decided.preempt.items() if decided else ()):
             self._preempt(victim, beneficiary)
+        if (decided is not None and not (decided.admit or decided.preempt or written or broken)
+                and queue.settled and len(demands) == len(queue.demands)):
+            self._quiet = queue.seen  # a pass that changed nothing
 
     def slots_in_use(self) -> int:
         """One slot per replica without GPUs of every trial that holds its resources
         (started, or between attempts); replicas with GPUs take GPUs instead."""
         with self.ctx.store.session_scope() as s:
+            holders = _holders(s)
+            needs = self._needs_of(s, {h.experiment_id for h in holders})
             cluster = self.ctx.launcher.on_cluster
-            return sum(_holding(t, (), cluster).slots for t in _holders(s))
+            return sum(_holding(h, needs[h.experiment_id], (), cluster).slots for h in holders)
 
     def disk_low(self, min_free_disk: int) -> bool:
         """The disk guard: below `min_free_disk` nothing new launches. Queued trials show the
@@ -110,37 +182,122 @@ class Admission:
         # While low, every pass: a trial queued since the guard tripped shows why it waits,
         # and the free space in the reason changes. The warning is for the trip alone.
         if shortfall is not None or self._disk_warning is not None:
+            self._quiet = None  # the guard writes queue reasons
             self._note_disk(shortfall, tripped=self._disk_warning is None)
         self._disk_warning = shortfall
         return shortfall is not None
 
-    def _read(self, slots: int, broken: list[tuple[int, Exception]]) -> _Queue:
+    def _unchanged(self, slots: int, preemption: bool) -> bool:
+        """Whether `plan` would start from what the last quiet pass saw (see the module's
+        docstring). Never on a cluster, whose placement writes queue reasons."""
+        quiet = self._quiet
+        if quiet is None or self.ctx.launcher.on_cluster:
+            return False
+        if any(self.ctx.envs.state(key).state != "READY" for key in quiet.environments):
+            return False
+        broken: list[tuple[int, Exception]] = []
+        with self.ctx.store.session_scope() as s:
+            digest = _queue_digest(s)
+            if digest != quiet.queue:
+                return False
+            holdings = tuple(self._holdings(s, broken))
+            capacity = Capacity(slots, self.ctx.pool.slots(s))
+        return not broken and quiet == _Seen(digest, holdings, capacity, preemption,
+                                             quiet.environments)
+
+    def _read(self, slots: int, preemption: bool, broken: list[tuple[int, Exception]]
+              ) -> _Queue:
         """The queue; a trial whose config cannot be read goes to `broken` instead."""
         with self.ctx.store.session_scope() as s:
-            trials = list(s.scalars(
-                select(Trial).options(selectinload(Trial.experiment))
-                .where(Trial.state.in_([TrialState.QUEUED.value, TrialState.RESTARTING.value]))
-                .order_by(Trial.priority, Trial.id)))
-            environments = self._gate.sort([t for t in trials if t.state == TrialState.QUEUED])
-            queued = environments.ready
-            # On a cluster, Ray places GPUs (the placement group waits for them): each
-            # replica takes a slot, one of the cluster's CPUs.
-            demand = _cluster_demand if self.ctx.launcher.on_cluster else _demand
-            demands = _each(queued, demand, broken)
-            held = self.ctx.pool.held(s) if demands else {}
-            cluster = self.ctx.launcher.on_cluster
-            holdings = (_each(list(_holders(s)),
-                              lambda t: _holding(t, held.get(t.id, ()), cluster),
-                              broken) if demands else [])
-            wanted = {d.trial_id for d in demands}
-            return _Queue(
-                restarting=[t.id for t in trials if t.state == TrialState.RESTARTING],
-                demands=demands,
-                shown={t.id: t.queue_reason for t in trials
-                       if t.id in wanted or t.id in environments.waiting},
-                holdings=holdings,
-                capacity=Capacity(slots, self.ctx.pool.slots(s) if demands else ()),
-                environments=environments)
+            # First: a change after it makes the next pass's digest differ.
+            digest = None if self.ctx.launcher.on_cluster else _queue_digest(s)
+            rows = _waiting_trials(s)
+            needs = self._needs_of(s, {row.experiment_id for row in rows})
+            queued = [row for row in rows if row.state == TrialState.QUEUED]
+            environments = self._gate.sort(
+                QueuedTrial(row.id, needs[row.experiment_id].environment_key,
+                            row.stop_requested) for row in queued)
+            demands = self._queued_demands(queued, set(environments.ready), needs, broken)
+            holdings = self._holdings(s, broken) if demands else []
+            capacity = Capacity(slots, self.ctx.pool.slots(s) if demands else ())
+        self._forget_all_but({row.experiment_id for row in rows}
+                             | {h.experiment_id for h in holdings})
+        wanted = {d.trial_id for d in demands}
+        built = frozenset(key for row in queued if not row.stop_requested
+                          and (key := needs[row.experiment_id].environment_key) is not None)
+        return _Queue(
+            restarting=[row.id for row in rows if row.state == TrialState.RESTARTING],
+            demands=demands,
+            shown={row.id: row.queue_reason for row in queued
+                   if row.id in wanted or row.id in environments.waiting},
+            environments=environments,
+            seen=_Seen(digest, tuple(holdings), capacity, preemption, built))
+
+    def _queued_demands(self, queued: list[_Waiting], ready: set[int],
+                        needs: dict[int, _Needs], broken: list[tuple[int, Exception]]
+                        ) -> list[Demand]:
+        """What each queued trial whose environment is ready needs, in queue order; each
+        kept for the next pass (only its priority can change)."""
+        known = self._demands
+
+        def demand(row: _Waiting) -> Demand:
+            found = known.get(row.id)
+            if found is not None and found.priority == row.priority:
+                return found
+            return _demand(row, _resources(needs[row.experiment_id]),
+                           cluster=self.ctx.launcher.on_cluster)
+
+        demands = _each([row for row in queued if row.id in ready], demand, broken)
+        self._demands = {d.trial_id: d for d in demands}
+        return demands
+
+    def _holdings(self, s: Session, broken: list[tuple[int, Exception]]) -> list[Holding]:
+        """What each trial that holds resources holds (by trial id)."""
+        held = self.ctx.pool.held(s)
+        holders = _holders(s)
+        needs = self._needs_of(s, {h.experiment_id for h in holders})
+        cluster = self.ctx.launcher.on_cluster
+        return _each(holders, lambda h: _holding(h, needs[h.experiment_id],
+                                                 held.get(h.id, ()), cluster), broken)
+
+    def _needs_of(self, s: Session, experiment_ids: Iterable[int]) -> dict[int, _Needs]:
+        """Each experiment's needs (and any others known): kept, or read from its config."""
+        missing = [i for i in experiment_ids if i not in self._needs]
+        for start in range(0, len(missing), _READ_AT_ONCE):
+            for experiment_id, key, stored in s.execute(
+                    select(Experiment.id, Experiment.environment_key, Experiment.config)
+                    .where(Experiment.id.in_(missing[start:start + _READ_AT_ONCE]))):
+                self._needs[experiment_id] = _read_needs(key, stored)
+        return self._needs
+
+    def _forget_all_but(self, experiment_ids: set[int]) -> None:
+        """Keep the needs of these experiments only (those of the queue and the holders)."""
+        if len(self._needs) > len(experiment_ids):
+            self._needs = {i: n for i, n in self._needs.items() if i in experiment_ids}
+
+    def _start_overflow(self, demands: list[Demand], slots: int) -> list[Demand]:
+        """On a cluster, start the trials with more replicas than it has CPUs now: it may
+        grow (an autoscaler), so their placement is asked for, and waits, then fails as
+        CAPACITY. Returns the others, for `plan`."""
+        if not self.ctx.launcher.on_cluster:
+            return demands
+        for demand in [d for d in demands if d.replicas > slots]:
+            self.start(demand.trial_id, ())
+        return [d for d in demands if d.replicas <= slots]
+
+    def _note_waiting(self, waiting: dict[int, str], shown: dict[int, str | None]) -> bool:
+        """Write the queue reasons that changed (positions shift whenever the head starts),
+        in one statement, and only for trials still QUEUED. True when there were some."""
+        changed = [{"waiting_id": trial_id, "waiting_reason": reason}
+                   for trial_id, reason in waiting.items() if shown[trial_id] != reason]
+        if changed:
+            with self.ctx.store.session_scope() as s:
+                trials = cast(Table, Trial.__table__)
+                s.connection().execute(
+                    update(trials).where(trials.c.id == bindparam("waiting_id"),
+                                         trials.c.state == TrialState.QUEUED.value)
+                    .values(queue_reason=bindparam("waiting_reason")), changed)
+        return bool(changed)
 
     def _may_restart(self, trial_id: int) -> bool:
         """False when the trial's next attempt must not start now: it is being paused or
@@ -184,39 +341,78 @@ class Admission:
                                  experiment_id=trial.experiment_id, trial_id=trial.id)
 
 
-def _each(trials: list[Trial], read: Callable[[Trial], Need],
+def _queue_digest(s: Session) -> str | None:
+    """Every QUEUED and RESTARTING trial as one number, its id, priority, kill request and
+    state packed (one to one: a priority is 1 to `MAX_PRIORITY`), the numbers joined into one
+    text by the database from `ix_trials_queue` alone: equal texts, equal rows. None for an
+    empty queue. (A number per row: joining each column's text cost ten times as much.)"""
+    packed = (((sql_cast(Trial.id, BigInteger) * (MAX_PRIORITY + 1) + Trial.priority) * 2
+               + sql_cast(Trial.stop_requested, Integer)) * 2
+              + case((Trial.state == TrialState.RESTARTING.value, 1), else_=0))
+    return s.scalar(select(func.aggregate_strings(sql_cast(packed, String), ","))
+                    .where(Trial.state.in_(_WAITING)))
+
+
+def _waiting_trials(s: Session) -> list[_Waiting]:
+    """The QUEUED and RESTARTING trials, in queue order (priority, then id)."""
+    return [_Waiting._make(row) for row in s.execute(
+        select(Trial.id, Trial.experiment_id, Trial.state, Trial.priority,
+               Trial.stop_requested, Trial.queue_reason)
+        .where(Trial.state.in_(_WAITING)).order_by(Trial.priority, Trial.id))]
+
+
+def _holders(s: Session) -> list[_Holder]:
+    """The trials that hold resources: started, running, or between attempts (by id)."""
+    return [_Holder._make(row) for row in s.execute(
+        select(Trial.id, Trial.experiment_id, Trial.priority, Trial.stop_requested,
+               Trial.stop_intent)
+        .where(Trial.state.in_(values(TrialState.active()))).order_by(Trial.id))]
+
+
+def _read_needs(key: str | None, stored: dict[str, object]) -> _Needs:
+    # Validated here, not kept whole (`configs`): 10,000 queued experiments would push the
+    # running ones' configs out, and cost memory; the few fields admission uses are kept.
+    try:
+        resources = ExperimentConfig.model_validate(stored).resources
+    except Exception as exc:  # noqa: BLE001 - each of its trials is handed to the isolation
+        return _Needs(key, None, exc)
+    return _Needs(key, _Resources(resources.replicas, resources.gpus_per_replica,
+                                  resources.gpu_type, resources.max_slots))
+
+
+def _resources(needs: _Needs) -> _Resources:
+    if needs.resources is None:
+        assert needs.error is not None
+        raise needs.error
+    return needs.resources
+
+
+def _each(rows: Sequence[Row], read: Callable[[Row], Need],
           broken: list[tuple[int, Exception]]) -> list[Need]:
-    """`read` of every trial; one that raises goes to `broken` (with its error) instead."""
+    """`read` of every trial's row; one that raises goes to `broken` (with its error)."""
     found = []
-    for trial in trials:
+    for row in rows:
         try:
-            found.append(read(trial))
+            found.append(read(row))
         except Exception as exc:  # noqa: BLE001 - handed to the isolation, which ends it
-            broken.append((trial.id, exc))
+            broken.append((row.id, exc))
     return found
 
 
-def _holders(s: Session) -> Sequence[Trial]:
-    """The trials that hold resources: started, running, or between attempts."""
-    return s.scalars(select(Trial).options(selectinload(Trial.experiment))
-                     .where(Trial.state.in_(values(TrialState.active())))).all()
-
-
-def _demand(trial: Trial) -> Demand:
-    resources = experiment_config(trial.experiment).resources
-    return Demand(trial.id, trial.experiment_id, trial.priority, resources.replicas,
+def _demand(row: _Waiting, resources: _Resources, cluster: bool) -> Demand:
+    # On a cluster, Ray places GPUs (the placement group waits for them): each replica
+    # takes a slot, one of the cluster's CPUs.
+    if cluster:
+        return Demand(row.id, row.experiment_id, row.priority, resources.replicas,
+                      max_slots=resources.max_slots)
+    return Demand(row.id, row.experiment_id, row.priority, resources.replicas,
                   resources.gpus_per_replica, resources.gpu_type, resources.max_slots)
 
 
-def _cluster_demand(trial: Trial) -> Demand:
-    resources = experiment_config(trial.experiment).resources
-    return Demand(trial.id, trial.experiment_id, trial.priority, resources.replicas,
-                  max_slots=resources.max_slots)
-
-
-def _holding(trial: Trial, gpus: tuple[int, ...], cluster: bool = False) -> Holding:
+def _holding(holder: _Holder, needs: _Needs, gpus: tuple[int, ...], cluster: bool) -> Holding:
     """What a running trial holds; on a cluster, a slot per replica (GPUs are Ray's)."""
-    resources = experiment_config(trial.experiment).resources
-    return Holding(trial.id, trial.experiment_id, trial.priority, resources.replicas, gpus,
-                   stopping=trial.intent is not None,
+    resources = _resources(needs)
+    intent = Trial.intent_of(holder.stop_requested, holder.stop_intent)
+    return Holding(holder.id, holder.experiment_id, holder.priority, resources.replicas, gpus,
+                   stopping=intent is not None,
                    gpus_per_replica=0 if cluster else resources.gpus_per_replica)

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from muster.config import ExperimentConfig
 from muster.environments.registry import Environments
@@ -24,9 +24,9 @@ from muster.rundir import AttemptDir
 from muster.schedule.gpu_pool import GpuPool
 from muster.schedule.inventory import GpuInventory
 from muster.states import AttemptState, StopIntent, TrialState, values
-from muster.store import Attempt, Replica, Store, Trial
+from muster.store import Attempt, Experiment, Replica, Store, Trial
 from muster.store.actors import SUPERVISOR
-from muster.supervise.configs import experiment_config
+from muster.supervise.configs import kept_config, stored_config
 from muster.supervise.ingest import Known, known_files
 
 __all__ = ["ACTOR", "LiveAttempt", "ReplicaFacts", "SupervisorContext", "TrialFacts",
@@ -112,27 +112,35 @@ def current_replicas(attempt: Attempt) -> dict[int, Replica]:
 def read_live_attempts(s: Session, ids: Iterable[int] | None = None,
                        on_broken: Callable[[int, Exception], None] | None = None
                        ) -> list[LiveAttempt]:
-    """Every live attempt (or those of `ids`), by id, with what settling them needs.
+    """Every live attempt (or those of `ids`), by id, with what settling them needs: the
+    columns it needs, in a few queries whatever their number (no ORM objects, and no
+    experiment's config unless it is not kept already).
 
     An attempt that cannot be read (its experiment's stored config no longer validates) is
     left out and handed to `on_broken(trial_id, error)`; without `on_broken` it raises.
     """
-    query = (select(Attempt).where(Attempt.state.in_(values(AttemptState.live())))
-             .options(selectinload(Attempt.replicas),
-                      selectinload(Attempt.trial).selectinload(Trial.experiment),
-                      selectinload(Attempt.trial).selectinload(Trial.attempts))
-             .order_by(Attempt.id))
+    query = (select(Attempt.id, Attempt.trial_id, Attempt.number, Attempt.state,
+                    Attempt.standby, Attempt.run_dir)
+             .where(Attempt.state.in_(values(AttemptState.live()))).order_by(Attempt.id))
     if ids is not None:
         query = query.where(Attempt.id.in_(list(ids)))
-    attempts = list(s.scalars(query))
-    known = known_files(s, {a.trial_id for a in attempts})
-    waiting: dict[int, bool] = defaultdict(bool)
-    for attempt in attempts:
-        waiting[attempt.trial_id] |= attempt.standby
+    attempts = s.execute(query).all()
+    trial_ids = {a.trial_id for a in attempts}
+    trials = _trials(s, trial_ids, {a.trial_id for a in attempts if a.standby})
+    replicas = _current_replicas(s, [a.id for a in attempts])
+    known = known_files(s, trial_ids)
+    configs = _configs(s, dict(experiment for _, experiment in trials.values()))
     live = []
     for attempt in attempts:
+        trial, (experiment_id, _) = trials[attempt.trial_id]
         try:
-            live.append(_live(attempt, known[attempt.trial_id], waiting[attempt.trial_id]))
+            config = configs[experiment_id]
+            if isinstance(config, Exception):
+                raise config
+            live.append(LiveAttempt(
+                id=attempt.id, number=attempt.number, state=AttemptState(attempt.state),
+                standby=attempt.standby, dir=AttemptDir(Path(attempt.run_dir)), trial=trial,
+                config=config, replicas=replicas[attempt.id], known=known[attempt.trial_id]))
         except Exception as exc:
             if on_broken is None:
                 raise
@@ -140,15 +148,55 @@ def read_live_attempts(s: Session, ids: Iterable[int] | None = None,
     return live
 
 
-def _live(attempt: Attempt, known: Known, standby_waiting: bool) -> LiveAttempt:
-    trial = attempt.trial
-    facts = TrialFacts(
-        id=trial.id, uuid=trial.uuid, experiment_id=trial.experiment_id,
-        state=TrialState(trial.state), intent=trial.intent, queue_reason=trial.queue_reason,
-        attempts=len(trial.attempts), standby_waiting=standby_waiting)
-    replicas = {rank: ReplicaFacts(rank, r.incarnation, r.pid, Path(r.log_path))
-                for rank, r in current_replicas(attempt).items()}
-    return LiveAttempt(
-        id=attempt.id, number=attempt.number, state=AttemptState(attempt.state),
-        standby=attempt.standby, dir=AttemptDir(Path(attempt.run_dir)), trial=facts,
-        config=experiment_config(trial.experiment), replicas=replicas, known=known)
+def _trials(s: Session, trial_ids: set[int], standby_waiting: set[int]
+            ) -> dict[int, tuple[TrialFacts, tuple[int, str]]]:
+    """Each trial's facts, and its experiment's id and uuid."""
+    counts = {trial_id: count for trial_id, count in s.execute(
+        select(Attempt.trial_id, func.count()).where(Attempt.trial_id.in_(trial_ids))
+        .group_by(Attempt.trial_id))}
+    found = {}
+    for row in s.execute(select(Trial.id, Trial.uuid, Trial.experiment_id, Trial.state,
+                                Trial.stop_requested, Trial.stop_intent, Trial.queue_reason,
+                                Experiment.uuid.label("experiment_uuid"))
+                         .join(Experiment, Trial.experiment_id == Experiment.id)
+                         .where(Trial.id.in_(trial_ids))):
+        facts = TrialFacts(
+            id=row.id, uuid=row.uuid, experiment_id=row.experiment_id,
+            state=TrialState(row.state), intent=Trial.intent_of(row.stop_requested,
+                                                                row.stop_intent),
+            queue_reason=row.queue_reason, attempts=counts.get(row.id, 0),
+            standby_waiting=row.id in standby_waiting)
+        found[row.id] = (facts, (row.experiment_id, row.experiment_uuid))
+    return found
+
+
+def _current_replicas(s: Session, attempt_ids: list[int]) -> dict[int, dict[int, ReplicaFacts]]:
+    """Each attempt's replicas by rank, each rank's latest incarnation (`current_replicas`)."""
+    found: dict[int, dict[int, ReplicaFacts]] = defaultdict(dict)
+    for row in s.execute(select(Replica.attempt_id, Replica.rank, Replica.incarnation,
+                                Replica.pid, Replica.log_path)
+                         .where(Replica.attempt_id.in_(attempt_ids))
+                         .order_by(Replica.incarnation)):
+        found[row.attempt_id][row.rank] = ReplicaFacts(row.rank, row.incarnation, row.pid,
+                                                       Path(row.log_path))
+    return found
+
+
+def _configs(s: Session, uuids: dict[int, str]) -> dict[int, ExperimentConfig | Exception]:
+    """Each of these experiments' (id -> uuid) config, or why it cannot be read: kept
+    validated already (`configs`), or read (in one query: none in steady state) and
+    validated now."""
+    found: dict[int, ExperimentConfig | Exception] = {}
+    for experiment_id, uuid in uuids.items():
+        kept = kept_config(uuid)
+        if kept is not None:
+            found[experiment_id] = kept
+    missing = [experiment_id for experiment_id in uuids if experiment_id not in found]
+    if missing:
+        for experiment_id, stored in s.execute(select(Experiment.id, Experiment.config)
+                                               .where(Experiment.id.in_(missing))):
+            try:
+                found[experiment_id] = stored_config(uuids[experiment_id], stored)
+            except Exception as exc:  # noqa: BLE001 - its attempts go to `on_broken`
+                found[experiment_id] = exc
+    return found

@@ -13,7 +13,9 @@ INTERNAL, charged to `internal_retries`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sqlalchemy.orm import Session
 
@@ -24,7 +26,7 @@ from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import record_decision
 
-__all__ = ["EnvironmentGate", "Sorted"]
+__all__ = ["EnvironmentGate", "QueuedTrial", "Sorted"]
 
 _SHOWN_HASH = 8
 
@@ -36,11 +38,19 @@ class _Failed:
     state: EnvState
 
 
+class QueuedTrial(NamedTuple):
+    """What the gate reads of a queued trial."""
+
+    id: int
+    environment_key: str | None  # its experiment's (None: no environment to build)
+    stop_requested: bool
+
+
 @dataclass
 class Sorted:
     """The queued trials of one pass, by where their environments stand."""
 
-    ready: list[Trial] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)  # their ids, in the order given
     waiting: dict[int, str] = field(default_factory=dict)  # trial id -> its queue reason
     failed: list[_Failed] = field(default_factory=list)
 
@@ -49,14 +59,14 @@ class Sorted:
 class EnvironmentGate:
     ctx: SupervisorContext
 
-    def sort(self, queued: list[Trial]) -> Sorted:
+    def sort(self, queued: Iterable[QueuedTrial]) -> Sorted:
         """Which queued trials may be scheduled; builds that are needed are started."""
         found = Sorted()
         states: dict[str, EnvState] = {}
         for trial in queued:
-            key = trial.experiment.environment_key
+            key = trial.environment_key
             if key is None or trial.stop_requested:
-                found.ready.append(trial)  # a killed one is cancelled by the launch step
+                found.ready.append(trial.id)  # a killed one is cancelled by the launch step
                 continue
             state = states.get(key)
             if state is None:
@@ -65,7 +75,7 @@ class EnvironmentGate:
                     state = self.ctx.envs.start(key)
                 states[key] = state
             if state.state == "READY":
-                found.ready.append(trial)
+                found.ready.append(trial.id)
             elif state.state == "FAILED":
                 found.failed.append(_Failed(trial.id, key, state))
             else:

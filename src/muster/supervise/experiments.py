@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import BindParameter, bindparam, func, select
 from sqlalchemy.orm import selectinload
 
 from muster.states import EventReason, ExperimentState, TrialState, values
@@ -40,16 +40,26 @@ class Closing:
             Event.reason == EventReason.SEARCH_STOPPED.value).exists()
         has_trials = (((created > 0) & (created >= Experiment.max_trials))
                       | Experiment.stop_requested.is_(True) | gave_up)
+        # The ended states as literals, not parameters: PostgreSQL's generic plan for a
+        # prepared `NOT IN ($1, $2, $3)` guesses that almost no trial is unfinished and scans
+        # every trial once per experiment (seconds at 10,000 experiments).
+        ended: BindParameter[list[str]] = bindparam(
+            "ended", values(TrialState.terminal()), expanding=True,
+            literal_execute=True)
         unfinished = select(Trial.id).where(
-            Trial.experiment_id == Experiment.id,
-            Trial.state.not_in(values(TrialState.terminal()))).exists()
+            Trial.experiment_id == Experiment.id, Trial.state.not_in(ended)).exists()
         searches: list[int] = []
         with self.store.session_scope() as s:
-            ending = s.scalars(select(Experiment).options(selectinload(Experiment.trials)).where(
+            # Those without a trial left to run first, one index lookup each: with a long
+            # queue that is nearly none, and the counts and the events are read for those
+            # alone (in one query, a database counted every experiment's trials).
+            done = s.scalars(select(Experiment.id).where(
                 (Experiment.state == ExperimentState.ACTIVE.value)
                 | ((Experiment.state == ExperimentState.PAUSED.value)
                    & Experiment.stop_requested.is_(True)),
-                has_trials, ~unfinished))
+                ~unfinished)).all()
+            ending = s.scalars(select(Experiment).options(selectinload(Experiment.trials))
+                               .where(Experiment.id.in_(done), has_trials)) if done else ()
             for experiment in ending:
                 states = [TrialState(t.state) for t in experiment.trials]
                 if (states or experiment.stop_requested) and all(
