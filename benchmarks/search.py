@@ -15,10 +15,26 @@ trial's validation reports in time order, the epochs all trials had completed wh
 first reported a val_accuracy within 0.5 percentage points of random search's best (same
 seed), and the epochs each arm spent in all. Wall time is reported but is not the measure:
 here a trial's ~3 s of Python and torch start-up outweighs most of its training.
+
+`run.py --only search` runs search.yaml's budget and ASHA settings (`FULL`, `--quick`:
+`QUICK`). The study of issue 19 runs from here: `python benchmarks/search.py --study` runs
+64 trials of up to 64 epochs per arm and seed (seeds 1-5) with a searcher block that sets
+only the metric and the budget (`max_trials`, `max_length`), so that ASHA's own settings
+(mode, divisor, max_rungs) and `max_concurrent_trials` are muster's defaults, the ones a
+user who writes no more gets (`--study --quick`: 1 seed, 8 trials of up to 16 epochs).
+`--variant divisor=3` adds an adaptive ASHA arm with those settings over the same block, run
+on the same trials; `--seeds`, `--trials`, `--max-length` and `--slots` change the size.
+`--from results.json ...` shows earlier runs' results together (a study run a seed at a
+time) without running anything.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
+import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -26,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from math import inf
 from pathlib import Path
 from typing import Any
@@ -34,9 +50,13 @@ from typing import Any
 import yaml
 from measure import expect, median
 from muster_server import ServerProcess
-from report import Outcome, Table, Target
+from report import Outcome, Table, Target, describe_machine, render_markdown, write_json
 
 from muster.client import Client
+from muster.config import load_config
+from muster.search.adaptive_asha import AdaptiveAsha
+from muster.search.asha import Asha
+from muster.search.searchers import searcher_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits"
@@ -45,9 +65,15 @@ METRIC = "val_accuracy"
 WITHIN = 0.005  # 0.5 percentage points of random search's best
 TARGET_RATIO = 0.40
 POLL_S = 1.0
-TIMEOUT_S = 1800.0
+TIMEOUT_S = 1800.0  # per search; at least TIMEOUT_PER_TRIAL_S per trial
+TIMEOUT_PER_TRIAL_S = 60.0
+SLOTS = 2
 ARMS = ("random", "adaptive_asha")
 ASHA_ONLY = ("mode", "divisor", "max_rungs")  # settings the random searcher refuses
+# What a config must set for an ASHA search (and the metric's direction): a searcher block
+# of these alone leaves every other setting at muster's default.
+REQUIRED = ("name", "metric", "smaller_is_better", "max_trials", "max_length")
+OUT_DIR = ROOT / "benchmarks" / "out" / "search"
 
 
 @dataclass(frozen=True)
@@ -55,10 +81,28 @@ class Size:
     seeds: tuple[int, ...]
     max_trials: int | None  # None: search.yaml's
     max_length: int | None
+    # True: the searcher block keeps only REQUIRED (ASHA's settings and max_concurrent_trials
+    # at muster's defaults); False: search.yaml's block as written.
+    defaults: bool = False
 
 
 FULL = Size(seeds=(1, 2, 3, 4, 5), max_trials=None, max_length=None)
 QUICK = Size(seeds=(1,), max_trials=6, max_length=16)
+# Issue 19's study: a budget where early stopping matters, at the defaults a user gets.
+STUDY = Size(seeds=(1, 2, 3, 4, 5), max_trials=64, max_length=64, defaults=True)
+STUDY_QUICK = Size(seeds=(1,), max_trials=8, max_length=16, defaults=True)
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One arm: a searcher, and settings over the searcher block (an ASHA variant)."""
+
+    searcher: str
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return " ".join([self.searcher, *(f"{k}={v}" for k, v in self.settings.items())])
 
 
 @dataclass(frozen=True)
@@ -172,18 +216,28 @@ def _arm(reports: Sequence[Report], target: float) -> Arm:
 
 
 def run(quick: bool) -> Outcome:
-    size = QUICK if quick else FULL
+    return study(QUICK if quick else FULL)
+
+
+def study(size: Size, variants: Sequence[ArmSpec] = (), slots: int = SLOTS) -> Outcome:
+    """Every arm once per seed on one server, rotating which arm goes first."""
     base = yaml.safe_load(SEARCH_YAML.read_text())
+    arms = [ArmSpec(name) for name in ARMS] + list(variants)
+    labels = [arm.label for arm in arms]
+    expect(len(set(labels)) == len(labels), f"two arms are the same: {labels}")
     runs: dict[int, dict[str, SearchRun]] = {}
     with tempfile.TemporaryDirectory(prefix="muster-bench-search-") as tmp:
         root = Path(tmp)
         context = _context(root / "context")
-        with ServerProcess(root / "server", slots=2) as server, server.client() as client:
+        with ServerProcess(root / "server", slots=slots) as server, server.client() as client:
             for i, seed in enumerate(size.seeds):
-                order = ARMS if i % 2 == 0 else ARMS[::-1]  # who goes first alternates
-                runs[seed] = {name: _search(client, context, _config(base, name, seed, size))
-                              for name in order}
-    return _outcome(size, base, runs)
+                shift = i % len(arms)  # who goes first rotates
+                runs[seed] = {arm.label: _search(client, context, _config(
+                    base, arm.searcher, seed, size, arm.settings))
+                    for arm in arms[shift:] + arms[:shift]}
+    configs = {arm.label: _config(base, arm.searcher, size.seeds[0], size, arm.settings)
+               for arm in arms}
+    return _outcome(size, configs, runs, slots)
 
 
 def _context(context: Path) -> Path:
@@ -195,9 +249,15 @@ def _context(context: Path) -> Path:
     return context
 
 
-def _config(base: dict[str, Any], searcher: str, seed: int, size: Size) -> str:
-    config = {**base, "name": f"bench-search-{searcher}-seed-{seed}"}
-    block = {**base["searcher"], "name": searcher}
+def _config(base: dict[str, Any], searcher: str, seed: int, size: Size,
+            settings: Mapping[str, Any] | None = None) -> str:
+    """The experiment config of one arm and seed: search.yaml with its searcher block (only
+    REQUIRED of it when `size.defaults`) set to `searcher`, `settings` over it."""
+    settings = settings or {}
+    slug = "-".join([searcher, *(f"{k}-{v}" for k, v in settings.items())])
+    config = {**base, "name": f"bench-search-{slug}-seed-{seed}"}
+    block = {k: v for k, v in base["searcher"].items() if not size.defaults or k in REQUIRED}
+    block = {**block, "name": searcher, **settings}
     if searcher == "random":
         block = {k: v for k, v in block.items() if k not in ASHA_ONLY}
     if size.max_trials is not None:
@@ -214,7 +274,8 @@ def _search(client: Client, context: Path, config: str) -> SearchRun:
     loaded = yaml.safe_load(config)
     print(f"  {loaded['name']}", file=sys.stderr, flush=True)
     exp = client.create_experiment(config, context)
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + max(TIMEOUT_S,
+                                      TIMEOUT_PER_TRIAL_S * loaded["searcher"]["max_trials"])
     while exp["state"] in ("ACTIVE", "PAUSED"):
         expect(time.monotonic() < deadline, f"experiment {exp['id']} did not end")
         time.sleep(POLL_S)
@@ -227,6 +288,8 @@ def _search(client: Client, context: Path, config: str) -> SearchRun:
         expect(trial["state"] == "SUCCEEDED",
                f"trial {trial['id']} ended {trial['state']}: {trial['message']}")
     reports = {t["number"]: _reports(client, t) for t in trials}
+    print(f"    {len(trials)} trials, {float(exp['ended_at']) - float(exp['created_at']):.0f} s",
+          file=sys.stderr, flush=True)
     return SearchRun(
         searcher=loaded["searcher"]["name"],
         seed=loaded["reproducibility"]["experiment_seed"],
@@ -250,59 +313,120 @@ def _reports(client: Client, trial: dict[str, Any]) -> list[Report]:
 # -- the report ----------------------------------------------------------------------------------
 
 
-def _outcome(size: Size, base: dict[str, Any], runs: dict[int, dict[str, SearchRun]]
-             ) -> Outcome:
-    results = []
+def _outcome(size: Size, configs: Mapping[str, str], runs: dict[int, dict[str, SearchRun]],
+             slots: int = SLOTS) -> Outcome:
+    """The tables: per ASHA arm (adaptive_asha and any variant), each seed against random."""
+    ashas = [label for label in configs if label != "random"]
+    results: dict[str, list[SeedResult]] = {label: [] for label in ashas}
     for seed, arms in runs.items():
-        random, asha = arms["random"], arms["adaptive_asha"]
-        expect(random.hparams == asha.hparams,
-               f"seed {seed}: the arms drew different hyperparameters for the same trials")
-        results.append(compare(seed, random.reports, asha.reports, asha.stop_steps))
-    ratio = median([r.until_ratio(r.asha) for r in results])
-    searcher = base["searcher"]
-    trials = size.max_trials or searcher["max_trials"]
-    length = size.max_length or searcher["max_length"]
-    tables = [_until_table(results, ratio), _spent_table(results), _runs_table(runs)]
+        random = arms["random"]
+        for label in ashas:
+            asha = arms[label]
+            expect(random.hparams == asha.hparams, f"seed {seed}: {label} drew different "
+                   "hyperparameters than random for the same trials")
+            results[label].append(compare(seed, random.reports, asha.reports, asha.stop_steps))
+    main = results["adaptive_asha"]
+    ratio = median([r.until_ratio(r.asha) for r in main])
+    tables = []
+    for label in ashas:
+        named = "" if len(ashas) == 1 else f": {label}"
+        tables += [_until_table(results[label], named), _spent_table(results[label], named)]
+    tables += [_summary_table(results, runs), _runs_table(runs)]
     target = Target(f"(s) epochs until a trial is within {WITHIN * 100:.1f} pp of random "
                     f"search's best {METRIC}: adaptive ASHA / random ≤ {TARGET_RATIO:.2f} "
                     "(median over seeds)", f"{ratio:.2f}", ratio <= TARGET_RATIO)
-    notes = [f"{trials} trials of up to {length} epochs each, {searcher['max_concurrent_trials']}"
-             f" at once, per arm and seed; ASHA: mode {searcher.get('mode', 'standard')}, "
-             f"divisor {searcher.get('divisor', 4)}, max_rungs {searcher.get('max_rungs', 5)}.",
+    searcher = load_config(configs["random"]).searcher
+    where = "muster's defaults" if size.defaults else "search.yaml's"
+    notes = [f"{searcher.max_trials} trials of up to {searcher.max_length} epochs each per arm "
+             f"and seed, {searcher.max_concurrent_trials} at once ({where}) on a server with "
+             f"{slots} slots.",
+             *(f"{label}: {_schedule(configs[label])}" for label in ashas),
              "An epoch is counted once a trial reported validation for it; reports are "
              "ordered by the time the harness stamped them. \"at decision\": ASHA's reports "
              "cut at the step where the searcher decided each early stop, as if the stop took "
              "no time (the schedule is left as it was).",
-             f"Identical curves: {_identical(runs)} of the validation reports that both arms "
-             "made for the same trial and epoch have the same val_accuracy."]
-    data = {"results": [asdict(r) for r in results],
+             f"Identical curves: {_identical(runs)} of the validation reports that an ASHA arm "
+             "and random search made for the same trial and epoch have the same val_accuracy."]
+    data = {"size": asdict(size), "slots": slots, "configs": dict(configs),
+            "results": {label: [asdict(r) for r in rs] for label, rs in results.items()},
             "runs": {str(seed): {name: asdict(run) for name, run in arms.items()}
                      for seed, arms in runs.items()}}
     return Outcome("search", tables, [target], notes, data)
 
 
-def _until_table(results: list[SeedResult], ratio: float) -> Table:
+def _schedule(config: str) -> str:
+    """Where an ASHA arm's searcher judges: its settings, brackets, rungs and each bracket's
+    share of the trials (Optuna's HyperbandPruner draws a trial's bracket in proportion to
+    ceil(B * divisor**s / (s + 1)), s = B - 1 - bracket)."""
+    loaded = load_config(config)
+    searcher, settings = searcher_for(loaded, 0), loaded.searcher
+    assert isinstance(searcher, Asha) and settings.max_length is not None
+    low, divisor = searcher.min_resource(), settings.divisor
+    count = searcher.brackets() if isinstance(searcher, AdaptiveAsha) else 1
+    weights = [math.ceil(count * divisor ** (count - 1 - b) / (count - b)) for b in range(count)]
+    brackets = []
+    for b, weight in enumerate(weights):
+        rungs, step = [], low * divisor ** b
+        while step < settings.max_length:  # a report at max_length is not judged
+            rungs.append(step)
+            step *= divisor
+        judged = f"judged at epochs {', '.join(map(str, rungs))}" if rungs else "never judged"
+        brackets.append(f"{100 * weight / sum(weights):.0f}% {judged}")
+    mode = f"mode {settings.mode}, " if isinstance(searcher, AdaptiveAsha) else ""
+    return (f"{settings.name}, {mode}divisor {divisor}, max_rungs {settings.max_rungs}: "
+            f"first rung at epoch {low}, {count} bracket{'s' if count > 1 else ''} "
+            f"({'; '.join(brackets)}).")
+
+
+def _until_table(results: list[SeedResult], named: str = "") -> Table:
+    ratio = median([r.until_ratio(r.asha) for r in results])
     rows = [[str(r.seed), f"{r.target + WITHIN:.4f}", _reached(r.random), _reached(r.asha),
              f"{r.until_ratio(r.asha):.2f}", _reached(r.asha_at_decision),
              f"{r.until_ratio(r.asha_at_decision):.2f}"] for r in results]
     rows.append(["**median**", "", "", "", f"**{ratio:.2f}**", "",
                  f"{median([r.until_ratio(r.asha_at_decision) for r in results]):.2f}"])
     return Table(f"(s) epochs until a trial is within {WITHIN * 100:.1f} pp of random search's "
-                 f"best {METRIC} (the trial #number and its epoch)",
+                 f"best {METRIC} (the trial #number and its epoch){named}",
                  ["seed", f"random's best {METRIC}", "random", "adaptive ASHA",
                   "ASHA / random", "ASHA at decision", "at decision / random"], rows)
 
 
-def _spent_table(results: list[SeedResult]) -> Table:
+def _spent_table(results: list[SeedResult], named: str = "") -> Table:
     rows = [[str(r.seed), str(r.random.spent), str(r.asha.spent),
              f"{r.spent_ratio(r.asha):.2f}", str(r.asha_at_decision.spent),
              f"{r.spent_ratio(r.asha_at_decision):.2f}"] for r in results]
     spent = median([r.spent_ratio(r.asha) for r in results])
     rows.append(["**median**", "", "", f"**{spent:.2f}**", "",
                  f"{median([r.spent_ratio(r.asha_at_decision) for r in results]):.2f}"])
-    return Table("(s) epochs trained in all", ["seed", "random", "adaptive ASHA",
-                                               "ASHA / random", "ASHA at decision",
-                                               "at decision / random"], rows)
+    return Table(f"(s) epochs trained in all{named}", ["seed", "random", "adaptive ASHA",
+                                                       "ASHA / random", "ASHA at decision",
+                                                       "at decision / random"], rows)
+
+
+def _summary_table(results: Mapping[str, list[SeedResult]],
+                   runs: dict[int, dict[str, SearchRun]]) -> Table:
+    """Per arm, medians over the seeds."""
+    seeds = len(runs)
+    first = next(iter(results.values()))
+    rows = [["random", f"{median([r.random.reached.epochs for r in first if r.random.reached]):g}",
+             "1.00", f"{seeds} of {seeds}", f"{median([r.random.spent for r in first]):g}",
+             "1.00", _best(runs, "random")]]
+    for label, rs in results.items():
+        reached = [r.asha.reached.epochs for r in rs if r.asha.reached]
+        rows.append([label, f"{median(reached):g}" if reached else "-",
+                     f"{median([r.until_ratio(r.asha) for r in rs]):.2f}",
+                     f"{len(reached)} of {len(rs)}", f"{median([r.asha.spent for r in rs]):g}",
+                     f"{median([r.spent_ratio(r.asha) for r in rs]):.2f}", _best(runs, label)])
+    return Table(f"(s) medians over {seeds} seed{'s' if seeds > 1 else ''}",
+                 ["arm", "epochs to within reach (median of the seeds that got there)",
+                  "/ random",
+                  "seeds that reached it", "epochs in all", "/ random",
+                  f"best {METRIC} (range)"], rows)
+
+
+def _best(runs: dict[int, dict[str, SearchRun]], label: str) -> str:
+    best = [best_accuracy(arms[label].reports) for arms in runs.values()]
+    return f"{median(best):.4f} ({min(best):.4f} to {max(best):.4f})"
 
 
 def _reached(arm: Arm) -> str:
@@ -328,8 +452,114 @@ def _identical(runs: dict[int, dict[str, SearchRun]]) -> str:
     same = total = 0
     for arms in runs.values():
         random = {(r.trial, r.step): r.accuracy for r in arms["random"].reports}
-        for r in arms["adaptive_asha"].reports:
-            if (r.trial, r.step) in random:
-                total += 1
-                same += random[(r.trial, r.step)] == r.accuracy
+        for label, run in arms.items():
+            for r in run.reports if label != "random" else ():
+                if (r.trial, r.step) in random:
+                    total += 1
+                    same += random[(r.trial, r.step)] == r.accuracy
     return f"{same:,} of {total:,}"
+
+
+# -- the study, from the command line -----------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", action="store_true",
+                        help="issue 19's study: 64 trials of up to 64 epochs, seeds 1-5, ASHA "
+                             "and max_concurrent_trials at muster's defaults")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 seed, few trials")
+    parser.add_argument("--seeds", type=int, nargs="+", help="experiment seeds to run")
+    parser.add_argument("--trials", type=int, help="max_trials per arm and seed")
+    parser.add_argument("--max-length", type=int, help="max_length (epochs)")
+    parser.add_argument("--slots", type=int, default=SLOTS, help="the server's slots")
+    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="an extra adaptive_asha arm with these searcher settings, e.g. "
+                             "divisor=3 or max_rungs=3,mode=conservative (repeatable)")
+    parser.add_argument("--from", dest="sources", nargs="+", type=Path, metavar="JSON",
+                        help="show the seeds of these results files (benchmarks/out/search/) "
+                             "together instead of running")
+    args = parser.parse_args(argv)
+    command = shlex.join([Path(sys.executable).name, "benchmarks/search.py",
+                          *(sys.argv[1:] if argv is None else argv)])
+    if args.sources:
+        machine, outcome = merged(args.sources)
+        print(render_markdown(machine, [outcome], command), end="")
+        return 0
+    size = (STUDY_QUICK if args.quick else STUDY) if args.study else (QUICK if args.quick
+                                                                      else FULL)
+    size = replace(size, seeds=tuple(args.seeds or size.seeds),
+                   max_trials=args.trials or size.max_trials,
+                   max_length=args.max_length or size.max_length)
+    variants = [ArmSpec("adaptive_asha", _settings(text)) for text in args.variant]
+    machine = describe_machine()
+    started, load_before = time.monotonic(), os.getloadavg()[0]
+    outcome = study(size, variants, args.slots)
+    load_after = os.getloadavg()[0]
+    outcome.notes.append(f"1-minute load average {load_before:.1f} at the start, "
+                         f"{load_after:.1f} at the end ({os.cpu_count()} CPUs); the study took "
+                         f"{time.monotonic() - started:.0f} s.")
+    outcome.data["load_average"] = [load_before, load_after]
+    outcome.data["wall_s"] = time.monotonic() - started
+    print(render_markdown(machine, [outcome], command), end="")
+    print(f"results: {write_json(OUT_DIR, machine, [outcome], command)}", file=sys.stderr)
+    return 0
+
+
+def _settings(text: str) -> dict[str, Any]:
+    """`divisor=3,mode=conservative` as {"divisor": 3, "mode": "conservative"}."""
+    settings = {}
+    for item in text.split(","):
+        key, equals, value = item.partition("=")
+        if not equals or key.strip() not in (*ASHA_ONLY, "max_concurrent_trials"):
+            raise SystemExit(f"--variant {text!r}: expected KEY=VALUE with KEY one of "
+                             f"{', '.join(ASHA_ONLY)}, max_concurrent_trials")
+        settings[key.strip()] = yaml.safe_load(value)
+    return settings
+
+
+def merged(paths: Sequence[Path]) -> tuple[dict[str, Any], Outcome]:
+    """The seeds of several results files as one outcome (the same arms in each), and the
+    first file's machine."""
+    runs: dict[int, dict[str, SearchRun]] = {}
+    first: dict[str, Any] = {}
+    notes = []
+    for path in paths:
+        document = json.loads(path.read_text())
+        data = document["benchmarks"]["search"]["data"]
+        first = first or {**data, "machine": document["machine"]}
+        expect(_blocks(data["configs"]) == _blocks(first["configs"]),
+               f"{path} ran other arms than {paths[0]}")
+        for seed, arms in data["runs"].items():
+            expect(int(seed) not in runs, f"seed {seed} is in two of the files")
+            runs[int(seed)] = {label: _run_from(run) for label, run in arms.items()}
+        load, wall = data.get("load_average", [math.nan] * 2), data.get("wall_s")
+        notes.append(f"{path.name}: seed{'s' if len(data['runs']) > 1 else ''} "
+                     f"{', '.join(data['runs'])}, commit {document['machine']['git_commit']}"
+                     f"{' + local changes in src/' if document['machine']['src_modified'] else ''}"
+                     f", 1-minute load average {load[0]:.1f} at the start and {load[1]:.1f} at "
+                     f"the end" + (f", {wall:.0f} s" if wall is not None else "") + ".")
+    size = replace(Size(**{**first["size"], "seeds": ()}), seeds=tuple(sorted(runs)))
+    outcome = _outcome(size, first["configs"], {seed: runs[seed] for seed in size.seeds},
+                       first["slots"])
+    outcome.notes += notes
+    return first["machine"], outcome
+
+
+def _blocks(configs: Mapping[str, str]) -> dict[str, Any]:
+    return {label: yaml.safe_load(config)["searcher"] for label, config in configs.items()}
+
+
+def _run_from(data: Mapping[str, Any]) -> SearchRun:
+    """A SearchRun from its JSON (whose mappings have string keys)."""
+    return SearchRun(
+        searcher=data["searcher"], seed=data["seed"], wall_s=data["wall_s"],
+        reports=[Report(**r) for r in data["reports"]],
+        hparams={int(k): v for k, v in data["hparams"].items()},
+        early_stopped=data["early_stopped"],
+        stop_steps={int(k): v for k, v in data["stop_steps"].items()},
+        verified=data["verified"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
