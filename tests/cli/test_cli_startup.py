@@ -20,11 +20,12 @@ PROBE = """
 import json, sys
 sys.argv = ["muster", *json.loads(sys.argv[1])]
 from muster.cli import main
+code = 0
 try:
     main()
-except SystemExit:
-    pass
-print("\\nMODULES " + json.dumps(sorted(sys.modules)))
+except SystemExit as exc:  # how the CLI ends: its code is printed and checked
+    code = exc.code
+print("\\nMODULES " + json.dumps([code, sorted(sys.modules)]))
 """
 
 
@@ -34,8 +35,10 @@ def _imported(*args: str) -> tuple[set[str], str]:
     env.pop("MUSTER_URL", None)
     done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], env=env,
                           capture_output=True, text=True, timeout=60)
-    out, _, modules = done.stdout.rpartition("\nMODULES ")
-    return set(json.loads(modules)), out + done.stderr
+    out, _, tail = done.stdout.rpartition("\nMODULES ")
+    code, modules = json.loads(tail)
+    assert code in (0, None), f"muster {' '.join(args)} exited {code}: {done.stderr}"
+    return set(modules), out + done.stderr
 
 
 def test_top_level_help_imports_no_subcommand() -> None:
