@@ -106,12 +106,14 @@ class RunningServer:
 
 @contextmanager
 def serving(home: Path, db_url: str | None = None,
-            options: Sequence[str] = ("--min-free-disk", "0")) -> Iterator[RunningServer]:
+            options: Sequence[str] = ("--min-free-disk", "0"),
+            env: dict[str, str] | None = None) -> Iterator[RunningServer]:
     """A real server on `home` (SQLite in the home unless `db_url`), started with `muster up`
-    `options` (4 slots unless they say otherwise), stopped afterwards together with every
-    trial process it started."""
+    `options` (4 slots unless they say otherwise) and `env` over the test's environment,
+    stopped afterwards together with every trial process it started."""
     home.mkdir(parents=True, exist_ok=True)
-    running = RunningServer(home=home, db_url=db_url or f"sqlite:///{home / 'muster.db'}")
+    running = RunningServer(home=home, db_url=db_url or f"sqlite:///{home / 'muster.db'}",
+                            env=env or {})
     running.start_with(list(options))
     try:
         yield running

@@ -193,6 +193,11 @@ class Environments:
         with self._lock:
             return list(self._running)
 
+    def pids(self) -> list[int]:
+        """The build processes running now."""
+        with self._lock:
+            return [build.child.pid for build in self._running.values()]
+
     def stop_all(self) -> None:
         """Stop every build this process runs (the server is shutting down)."""
         with self._lock:

@@ -48,6 +48,9 @@ class GpuPool:
     # No GPU in the inventory and no row left in the table: nothing can ever be allocated,
     # so `settle` has nothing to do (GPUs are added to the table only by the sync).
     _idle: bool = field(default=False, init=False)
+    # GPUs whose memory the last `settle` still waited on: only the clock (the next look at
+    # their memory) frees them, so the passes poll often while there are any.
+    releasing: int = field(default=0, init=False)
 
     def sync_inventory(self) -> None:
         """Bring the table in step with the inventory the server opened: new GPUs are added
@@ -165,8 +168,8 @@ class GpuPool:
             return
         with self.store.session_scope() as s:
             self._take_back(s)
-            for row in s.scalars(select(GpuDevice).where(GpuDevice.state == RELEASING)):
-                self._maybe_free(s, row)
+            rows = list(s.scalars(select(GpuDevice).where(GpuDevice.state == RELEASING)))
+            self.releasing = sum(not self._maybe_free(s, row) for row in rows)
             if not self.inventory.gpus():
                 self._idle = s.scalars(select(GpuDevice.index).limit(1)).first() is None
 
@@ -177,15 +180,16 @@ class GpuPool:
             if trial is None or not TrialState(trial.state).is_active():
                 row.state, row.since = RELEASING, now()
 
-    def _maybe_free(self, s: Session, row: GpuDevice) -> None:
+    def _maybe_free(self, s: Session, row: GpuDevice) -> bool:
+        """Free the GPU if its memory was released or its timeout passed; True if freed."""
         waited = now() - row.since
         used = self._used(row)
         limit = self.release.max_used_fraction * row.memory_total
         if used is not None and used <= limit:
             self._free(s, row)
-            return
+            return True
         if waited < self.release.timeout:
-            return
+            return False
         shown = _in_use(row, used, still=True)
         trial = f" by trial {row.trial_id}" if row.trial_id is not None else ""
         message = (f"GPU {row.index} ({row.name}): {shown} {waited:.0f}s after it was "
@@ -198,6 +202,7 @@ class GpuPool:
                      trial_id=row.trial_id)
         log.warning("%s", message)
         self._free(s, row)
+        return True
 
     def _free(self, s: Session, row: GpuDevice) -> None:
         if not row.present:

@@ -39,6 +39,9 @@ class SupervisorHealth(_Shape):
     last_error: str | None
     last_error_at: float | None
     last_pass_at: float | None
+    passes: int  # passes that succeeded since the server started
+    interval: float  # seconds between passes that nothing woke
+    wakeups: bool  # whether files and processes wake passes (inotify, pidfds)
 
 
 class Health(_Shape):

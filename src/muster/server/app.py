@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator
 from http import HTTPStatus
@@ -24,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from muster import __version__, ui
-from muster.errors import MusterError, TooManyRequests
+from muster.errors import ConfigError, MusterError, TooManyRequests
 from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
@@ -36,6 +37,7 @@ from muster.server.orchestrator import TICK_SECONDS, Orchestrator
 from muster.server.pages import error_page, pages
 from muster.server.routes import PREFIX, public, router, scrape
 from muster.server.state import ServerSettings, ServerState
+from muster.server.wakeups import SAFETY_NET_SECONDS
 from muster.services.users import bootstrap
 from muster.storage.worker import StorageWorker
 from muster.store import Store
@@ -71,12 +73,15 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     if slots is not None:
         supervisor.slots = slots
 
+    safety_net = _safety_net()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(store.upgrade)
         admin = await asyncio.to_thread(bootstrap, store, home.token_path)
         log.info("the token in %s is %s's (an admin)", home.token_path, admin)
-        orchestrator = Orchestrator(supervisor)
+        orchestrator = Orchestrator(supervisor, use_wakeups=not launcher.on_cluster,
+                                    safety_net=safety_net)
         if isinstance(launcher, LocalLauncher):
             await asyncio.to_thread(launcher.warm_up)
             _wake_on_replica_exit(orchestrator, launcher)
@@ -109,6 +114,22 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.mount("/static", StaticFiles(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app
+
+
+def _safety_net() -> float:
+    """Seconds between passes that nothing woke, where wake-ups report what changes:
+    `MUSTER_SAFETY_NET_SECONDS`, by default `wakeups.SAFETY_NET_SECONDS`."""
+    text = os.environ.get("MUSTER_SAFETY_NET_SECONDS")
+    if text is None:
+        return SAFETY_NET_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0.05 <= seconds <= 3600:
+        raise ConfigError(f"MUSTER_SAFETY_NET_SECONDS must be seconds between 0.05 and 3600, "
+                          f"got {text!r}; unset it for the default {SAFETY_NET_SECONDS:g}")
+    return seconds
 
 
 def _wake_on_replica_exit(orchestrator: Orchestrator, launcher: LocalLauncher) -> None:

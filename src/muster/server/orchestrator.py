@@ -1,7 +1,9 @@
 """The orchestrator: the supervisor's passes on the server's event loop, one at a time.
 
-A pass runs in a worker thread, every `TICK_SECONDS` and at once when woken (an experiment
-created, killed, paused or activated; a shim reporting an end). A pass that fails is
+A pass runs in a worker thread, at once when woken (an experiment created, killed, paused
+or activated; a shim reporting a start or an end; a file or process of `wakeups`), and
+otherwise every `TICK_SECONDS`, or every `wakeups.SAFETY_NET_SECONDS` where the wake-ups
+report what changes (inotify and pidfds on this machine). A pass that fails is
 retried with a growing pause (`backoff`), so a broken database or a bug does not spin the
 loop and flood the log; `PassHealth` keeps the last failure and its time for
 `GET /api/v1/health`, which stays 200 while the server serves (`degraded` says the last
@@ -17,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from muster.errors import MusterError
+from muster.server.wakeups import SAFETY_NET_SECONDS, Wakeups, Watched
 from muster.supervise.reconcile import reconcile_attempts
 from muster.supervise.supervisor import Supervisor
 
@@ -42,6 +45,7 @@ class PassHealth:
     last_error: str | None = None
     last_error_at: float | None = None
     last_pass_at: float | None = None  # the end of the last pass that succeeded
+    passes: int = 0  # passes that succeeded since the server started
 
     @property
     def degraded(self) -> bool:
@@ -51,6 +55,7 @@ class PassHealth:
         if self.failures_in_a_row:
             log.info("supervisor passes work again after %d failed", self.failures_in_a_row)
         self.failures_in_a_row, self.last_pass_at = 0, time.time()
+        self.passes += 1
 
     def failed(self, error: str) -> bool:
         """Note a failed pass; True when its error is new (worth a traceback in the log)."""
@@ -67,21 +72,48 @@ class Orchestrator:
     supervisor: Supervisor
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     health: PassHealth = field(default_factory=PassHealth)
+    # Whether to learn of changes from the files and processes of this machine (False
+    # where replicas run on a cluster's nodes: their files change elsewhere).
+    use_wakeups: bool = True
+    safety_net: float = SAFETY_NET_SECONDS  # the interval when wake-ups report changes
+    wakeups: Wakeups | None = field(default=None, init=False)
 
     async def run(self) -> None:
         await self._reconcile()
+        if self.use_wakeups:
+            self.wakeups = Wakeups.start(asyncio.get_running_loop(), self.wake.set)
+        try:
+            await self._passes()
+        finally:
+            if self.wakeups is not None:
+                self.wakeups.close()
+
+    @property
+    def interval(self) -> float:
+        """Seconds between passes that nothing woke."""
+        if (self.wakeups is not None and self.wakeups.complete
+                and not self.supervisor.waits_on_the_clock()):
+            return self.safety_net
+        return TICK_SECONDS
+
+    async def _passes(self) -> None:
         while True:
             # Cleared before the pass, not after: a wake-up that arrives during a pass (a
             # trial created after the pass looked at the queue) must start the next one now.
             self.wake.clear()
+            if self.wakeups is not None:
+                self.wakeups.rearm()
             await self._pass()
+            if self.wakeups is not None:
+                self.wakeups.update(Watched(self.supervisor.followed_dirs(),
+                                            self.supervisor.child_pids()))
             if self.health.degraded:
                 # Being woken does not cut a backoff short: requests must not spin a loop
                 # whose every pass fails.
                 await asyncio.sleep(backoff(self.health.failures_in_a_row))
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), TICK_SECONDS)
+                await asyncio.wait_for(self.wake.wait(), self.interval)
 
     async def _pass(self) -> None:
         try:

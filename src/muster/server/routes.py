@@ -146,7 +146,9 @@ def health(state: State, request: Request) -> dict[str, Any]:
         "last_supervisor_error_at": passes.last_error_at,
         "supervisor": {"failures_in_a_row": passes.failures_in_a_row,
                        "last_error": shown, "last_error_at": passes.last_error_at,
-                       "last_pass_at": passes.last_pass_at},
+                       "last_pass_at": passes.last_pass_at, "passes": passes.passes,
+                       "interval": state.orchestrator.interval,
+                       "wakeups": state.orchestrator.wakeups is not None},
     }
 
 

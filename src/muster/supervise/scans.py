@@ -86,6 +86,9 @@ class DataScans:
         """The trials whose scans run now."""
         return list(self._running)
 
+    def pids(self) -> list[int]:
+        return [running.child.pid for running in self._running.values()]
+
     def forget_all_but(self, trial_ids: Collection[int]) -> None:
         """Stop the scans of trials that no longer wait for one (killed, paused)."""
         for trial_id in [t for t in self._running if t not in trial_ids]:

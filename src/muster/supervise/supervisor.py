@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sqlalchemy import select
 
@@ -74,6 +75,7 @@ class Supervisor:
     _placements: Placements = field(init=False)
     _isolation: Isolation = field(init=False)
     envs: Environments = field(init=False)
+    _followed_dirs: dict[int, Path] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self._pool = GpuPool(self.store, self.gpus, self.gpu_release)
@@ -147,8 +149,22 @@ class Supervisor:
         """One slot per replica without GPUs of every trial that holds its resources."""
         return self._admission.slots_in_use()
 
+    def followed_dirs(self) -> dict[int, Path]:
+        """The directories of the attempts the last pass followed, by attempt id."""
+        return dict(self._followed_dirs)
+
+    def child_pids(self) -> list[int]:
+        """The processes whose end a pass reads: environment builds and data scans."""
+        return self.envs.pids() + self._launching.scans.pids()
+
+    def waits_on_the_clock(self) -> bool:
+        """Whether the last pass left something that only a later look can settle: GPUs
+        whose memory is still being released (no event says when it is)."""
+        return self._pool.releasing > 0
+
     def _settle(self, live: list[LiveAttempt]) -> None:
         followed = [attempt for attempt in live if not attempt.standby]
+        self._followed_dirs = {attempt.id: attempt.dir.path for attempt in followed}
         for attempt in followed:
             with self._isolation.trial(attempt.trial.id, f"following attempt {attempt.number}"):
                 self._following.settle(attempt)
