@@ -28,8 +28,10 @@ class ServerProcess:
     """Starts the server on `root/home` with its own SQLite store; stops it on exit, and
     kills any trial it left running (a benchmark that failed half-way)."""
 
-    def __init__(self, root: Path, slots: int | None = None, db: str | None = None) -> None:
+    def __init__(self, root: Path, slots: int | None = None, db: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.home = root / "home"  # made here, or one a benchmark has prepared
+        self.env = env or {}  # over this process's environment
         self.port = _free_port()
         self.slots = slots
         self.db = db or f"sqlite:///{self.home / 'muster.db'}"
@@ -56,7 +58,8 @@ class ServerProcess:
                 *(["--slots", str(self.slots)] if self.slots is not None else [])]
         with (self.home / "server.log").open("ab") as log:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+                                          start_new_session=True,
+                                          env={**os.environ, **self.env})
         self._wait_healthy(self._proc)
         return self
 

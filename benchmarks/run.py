@@ -32,6 +32,7 @@ import scale
 import tail
 import throughput
 import ui_budget
+import wakeups
 from report import Outcome, describe_machine, render_markdown, write_json
 
 # This folder's environments.py and search.py: ruff sorts them apart, as tests/environments/
@@ -60,6 +61,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "checkpoint_storage": checkpoint_storage.run,
     "diagnostics_overhead": diagnostics_overhead.run,
     "scale": scale.run,
+    "wakeups": wakeups.run,
     "ray_launcher": ray_launcher.run,  # skipped without ray[default,train]: `make bench-ray`
 }
 

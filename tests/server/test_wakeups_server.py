@@ -6,7 +6,10 @@ is far shorter than the safety net, so a missed event fails the test."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 import pytest
 
 from muster.client import Client
+from muster.server.orchestrator import TICK_SECONDS
 from tests.server.experiments import FIXTURES, only_trial, wait_trial
 from tests.servers import RunningServer, serving
 from tests.waiting import wait_until
@@ -87,3 +91,22 @@ def test_a_data_scan_that_ends_starts_its_trial_without_polling(client: Client,
     assert trial["manifest"]["file_count"] == 20
     assert trial["state"] == "SUSPECT", trial["message"]
     assert "no samples were reported" in trial["message"]
+
+
+def test_muster_wakeups_0_polls_every_tick(tmp_path: Path) -> None:
+    with serving(tmp_path / "home", env={"MUSTER_WAKEUPS": "0"}) as polling, \
+            polling.client() as client:
+        supervisor = client.health()["supervisor"]
+    assert (supervisor["wakeups"], supervisor["interval"]) == (False, TICK_SECONDS)
+
+
+@pytest.mark.parametrize("value", ["abc", "nan"])
+def test_a_bad_safety_net_is_refused_at_start_with_the_fix(tmp_path: Path, value: str) -> None:
+    started = subprocess.run(
+        [sys.executable, "-m", "muster", "up", "--home", str(tmp_path / "home"), "--port",
+         "1"], env={**os.environ, "MUSTER_SAFETY_NET_SECONDS": value},
+        capture_output=True, text=True, timeout=60)
+    assert started.returncode != 0
+    assert (f"error: MUSTER_SAFETY_NET_SECONDS must be seconds between 0.05 and 3600, got "
+            f"{value!r}; unset it for the default 1") in started.stderr
+    assert "Traceback" not in started.stderr

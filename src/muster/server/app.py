@@ -74,13 +74,16 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
         supervisor.slots = slots
 
     safety_net = _safety_net()
+    # MUSTER_WAKEUPS=0: poll every TICK_SECONDS instead (a file system whose changes inotify
+    # does not see, such as another machine's writes to NFS; a comparison).
+    wakeups = os.environ.get("MUSTER_WAKEUPS", "1") != "0"
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(store.upgrade)
         admin = await asyncio.to_thread(bootstrap, store, home.token_path)
         log.info("the token in %s is %s's (an admin)", home.token_path, admin)
-        orchestrator = Orchestrator(supervisor, use_wakeups=not launcher.on_cluster,
+        orchestrator = Orchestrator(supervisor, use_wakeups=wakeups and not launcher.on_cluster,
                                     safety_net=safety_net)
         if isinstance(launcher, LocalLauncher):
             await asyncio.to_thread(launcher.warm_up)
