@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -245,9 +248,44 @@ def test_the_pump_copies_byte_exactly(tmp_path: Path, pipe: tuple[int, int]) -> 
     assert offsets[0] == 0 and offsets == sorted(set(offsets)) and offsets[-1] < len(payload)
 
 
+def _refuse_splice(log_fd: int) -> None:
+    """Make the kernel refuse splice(2) into the log from now on (EINVAL: it refuses a file
+    open for appending), as a file system without splice would."""
+    fcntl.fcntl(log_fd, fcntl.F_SETFL, fcntl.fcntl(log_fd, fcntl.F_GETFL) | os.O_APPEND)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the pump splices only as root (_open_stage)")
+def test_a_log_that_refuses_splice_midway_loses_no_byte(
+    tmp_path: Path, pipe: tuple[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pump splices into a log file; refused midway, it copies the chunk it holds and all
+    later ones through its buffer, byte for byte and in order."""
+    read_fd, write_fd = pipe
+    log_path = tmp_path / "rank-0.log"
+    log_fd, index_fd = _open(log_path), _open(tmp_path / "rank-0.index")
+    pump = LogPump(read_fd, log_fd, index_fd)
+    assert not fcntl.fcntl(log_fd, fcntl.F_GETFL) & os.O_APPEND  # the pump writes at its end
+    os.write(write_fd, b"spliced\n")
+    assert pump.pump_once(1000) == 8
+    _refuse_splice(log_fd)
+    payload = _odd_bytes(2 * 1024 * 1024 + 7)
+    writer = _feed(write_fd, payload)
+    with caplog.at_level(logging.INFO, logger="muster.shim"):
+        assert pump.drain(silence_s=10, limit_s=60)
+    writer.join(timeout=30)
+    os.close(log_fd)
+    os.close(index_fd)
+    assert _sha256(log_path.read_bytes()) == _sha256(b"spliced\n" + payload)
+    assert pump.offset == 8 + len(payload) and pump.lost_bytes == 0
+    offsets = [int(line.split()[0]) for line in (tmp_path / "rank-0.index").read_text().split("\n")
+               if line]
+    assert offsets[:2] == [0, 8] and offsets == sorted(set(offsets))
+    assert "the log refuses splice(2)" in caplog.text
+
+
 _WRITE_ERROR_SCRIPT = textwrap.dedent(
     """
-    import json, os, resource, signal, sys
+    import fcntl, json, os, resource, signal, sys
     from muster.launch.shim import LogPump
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
@@ -255,6 +293,8 @@ _WRITE_ERROR_SCRIPT = textwrap.dedent(
     index_fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     read_fd, write_fd = os.pipe()
     pump = LogPump(read_fd, log_fd, index_fd)
+    if sys.argv[3] == "buffer":  # the kernel refuses splice into an O_APPEND file
+        fcntl.fcntl(log_fd, fcntl.F_SETFL, fcntl.fcntl(log_fd, fcntl.F_GETFL) | os.O_APPEND)
     resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
     for size in (40960, 40960, 10000):
         os.write(write_fd, bytes(range(256)) * (size // 256) + bytes(size % 256))
@@ -268,12 +308,14 @@ _WRITE_ERROR_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_failed_write_drops_its_bytes_and_keeps_draining(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["splice", "buffer"])
+def test_a_failed_write_drops_its_bytes_and_keeps_draining(tmp_path: Path, path: str) -> None:
     """A log write that fails (here: past RLIMIT_FSIZE, as with a full disk) loses those
-    bytes, but the pump keeps emptying the pipe, or the child would block."""
+    bytes, but the pump keeps emptying the pipe, or the child would block; spliced or
+    copied through the buffer alike."""
     log_path, index_path = tmp_path / "rank-0.log", tmp_path / "rank-0.index"
     result = subprocess.run(
-        [sys.executable, "-c", _WRITE_ERROR_SCRIPT, str(log_path), str(index_path)],
+        [sys.executable, "-c", _WRITE_ERROR_SCRIPT, str(log_path), str(index_path), path],
         capture_output=True,
         text=True,
         timeout=60,
@@ -292,15 +334,8 @@ def test_a_failed_write_drops_its_bytes_and_keeps_draining(tmp_path: Path) -> No
     assert "cannot write the training log" in result.stderr
 
 
-def test_the_shim_adds_to_a_log_that_already_has_bytes(tmp_path: Path) -> None:
-    """A log that exists when the shim starts (a resumed attempt) is added to, byte for byte,
-    never overwritten; the index and the exit record count from its old end."""
-    attempt_dir = tmp_path / "attempt-1"
-    attempt_dir.mkdir()
-    files = RankFiles(attempt_dir, 0)
-    earlier = b"written before\x00\xfe\xff (no newline)"
-    files.log.write_bytes(earlier)
-    payload = _odd_bytes((9 << 20) + 4321)  # past the first early-writeback step
+def _run_shim(tmp_path: Path, files: RankFiles, payload: bytes) -> tuple[ExitRecord, str]:
+    """Run a real shim whose child writes `payload`; its exit record and its diagnostics."""
     source = tmp_path / "payload.bin"
     source.write_bytes(payload)
     copy = "import shutil, sys; shutil.copyfileobj(open(sys.argv[1], 'rb'), sys.stdout.buffer)"
@@ -311,13 +346,13 @@ def test_the_shim_adds_to_a_log_that_already_has_bytes(tmp_path: Path) -> None:
         argv=[sys.executable, "-c", copy, str(source)],
         env=dict(os.environ),
         cwd=tmp_path,
-        attempt_dir=attempt_dir,
+        attempt_dir=files.attempt_dir,
     )
     atomic_write_json(files.spec, spec_to_json(spec))
     assert load_spec(files.spec) == spec
     shim = subprocess.run(
         [sys.executable, "-P", "-m", "muster.launch.shim", str(files.spec)],
-        cwd=attempt_dir,
+        cwd=files.attempt_dir,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=120,
@@ -325,9 +360,54 @@ def test_the_shim_adds_to_a_log_that_already_has_bytes(tmp_path: Path) -> None:
     )
     diagnostics = shim.stderr.decode(errors="replace")
     assert shim.returncode == 0, diagnostics
-    record = exit_record_from_json(json.loads(files.exit.read_text()))
+    return exit_record_from_json(json.loads(files.exit.read_text())), diagnostics
+
+
+def test_the_shim_adds_to_a_log_that_already_has_bytes(tmp_path: Path) -> None:
+    """A log that exists when the shim starts (a resumed attempt) is added to, byte for byte,
+    never overwritten; the index and the exit record count from its old end."""
+    attempt_dir = tmp_path / "attempt-1"
+    attempt_dir.mkdir()
+    files = RankFiles(attempt_dir, 0)
+    earlier = b"written before\x00\xfe\xff (no newline)"
+    files.log.write_bytes(earlier)
+    payload = _odd_bytes((9 << 20) + 4321)  # past the first early-writeback step
+    record, diagnostics = _run_shim(tmp_path, files, payload)
     assert record.returncode == 0
     assert record.log_bytes == len(earlier) + len(payload)
     assert _sha256(files.log.read_bytes()) == _sha256(earlier + payload)
     first_offset = files.index.read_text().split(" ", 1)[0]
     assert int(first_offset) == len(earlier)
+    assert "splice" not in diagnostics  # spliced, with no fallback
+
+
+@contextlib.contextmanager
+def _append_only(path: Path) -> Iterator[None]:
+    """`path` with the append-only attribute (`chattr +a`) for the block; skips the test where
+    it cannot be set (not root, or a file system without it)."""
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        pytest.skip("no chattr here")
+    if subprocess.run([chattr, "+a", str(path)], capture_output=True, check=False).returncode:
+        pytest.skip(f"cannot make {path} append-only here")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-a", str(path)], check=True)
+
+
+def test_an_append_only_log_is_copied_through_the_buffer(tmp_path: Path) -> None:
+    """A log that may only be appended to (chattr +a) cannot take splice(2): the shim copies
+    through its buffer instead, byte for byte, from the log's old end."""
+    attempt_dir = tmp_path / "attempt-1"
+    attempt_dir.mkdir()
+    files = RankFiles(attempt_dir, 0)
+    earlier = b"written before\n"
+    files.log.write_bytes(earlier)
+    payload = _odd_bytes((3 << 20) + 99)
+    with _append_only(files.log):
+        record, diagnostics = _run_shim(tmp_path, files, payload)
+    assert record.returncode == 0 and record.log_bytes == len(earlier) + len(payload)
+    assert _sha256(files.log.read_bytes()) == _sha256(earlier + payload)
+    assert int(files.index.read_text().split(" ", 1)[0]) == len(earlier)
+    assert "the log is copied through a buffer, not spliced" in diagnostics
