@@ -3,8 +3,12 @@
 Arms, interleaved: `python -c pass` (the floor), `muster --version`, `muster --help`,
 `muster experiment list` and `muster job list` against a real server holding 20 finished
 experiments, and, to show where the rest goes, `python -c 'import typer'` and
-`python -c 'import httpx'` (the client's HTTP library). Every run must exit 0 and print
-what it should: the version, the command list, all 20 experiments.
+`python -c 'import httpx'` (what the client's plain calls no longer import: they go through
+`muster.http_transport`; only streams import it). Every run must exit 0 and print what it
+should: the version, the command list, all 20 experiments.
+
+Alone: `.venv/bin/python benchmarks/cli_startup.py [--quick]`, reported and saved as
+`run.py --only cli_startup` does.
 """
 
 from __future__ import annotations
@@ -95,3 +99,9 @@ def _outcome(samples: dict[str, list[float]], repetitions: int) -> Outcome:
              f"{EXPERIMENTS} finished experiments; `muster` is the venv's console script, its "
              "modules' bytecode cached (as after `pip install`)."]
     return Outcome("cli_startup", [table], targets, notes, {"samples_s": samples})
+
+
+if __name__ == "__main__":
+    import run as benchmarks
+
+    sys.exit(benchmarks.main(["--only", "cli_startup", *sys.argv[1:]]))

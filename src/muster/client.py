@@ -8,6 +8,10 @@ exp = c.create_experiment(Path("exp.yaml").read_text(), Path("."))
 for chunk in c.follow_logs(exp["trials"][0]["id"], attempt=1):
     sys.stdout.buffer.write(chunk)
 ```
+
+Plain calls go through `muster.http_transport` (the standard library's `http.client`);
+httpx, costly to import, is imported on the first call that streams (`follow_logs`, the
+checkpoint downloads), so a CLI command that makes one call starts without it.
 """
 
 from __future__ import annotations
@@ -16,24 +20,29 @@ import io
 import json
 import os
 import tarfile
+import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
-import httpx
-
-from muster import checkpoint_archive, errors, git_state
+from muster import errors
 from muster.atomic import read_json
-from muster.checkpoint_archive import unpack_checkpoint
-from muster.checkpoint_files import Inspection
 from muster.credentials import Credentials
 from muster.home import Home
+from muster.http_transport import BrokenOff, Response, Transport, TransportError, encode_body
 from muster.rundir import LOCAL_RUN_DIR
 from muster.states import ExperimentState, TrialState
+
+# What only downloads, streams and submissions need is imported by them (httpx,
+# checkpoint_archive, git_state): a one-call CLI command starts without it.
+if TYPE_CHECKING:
+    import httpx
+
+    from muster.checkpoint_files import Inspection
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 API = "/api/v1"
@@ -90,13 +99,17 @@ class Client:
         self.credentials = credentials or Credentials()
         self._token = token
         self._token_source = "the token given" if token else ""
-        # A plain-HTTP server needs no TLS context; building the default one (reading the
-        # CA bundle) is a third of an idle CLI command's start-up on a slow machine.
-        self._http = httpx.Client(base_url=self.url, timeout=timeout,
-                                  verify=self.url.startswith("https:"))
+        self._timeout = timeout
+        self._http = Transport(self.url, timeout)
+        self._streams: httpx.Client | None = None  # made by the first call that streams
+        self._streams_lock = threading.Lock()
 
     def close(self) -> None:
         self._http.close()
+        with self._streams_lock:
+            if self._streams is not None:
+                self._streams.close()
+                self._streams = None
 
     def __enter__(self) -> Client:
         return self
@@ -120,19 +133,18 @@ class Client:
                     expires: str | None = None) -> dict[str, Any]:
         """Log in with a password and make an API token with the web session that opens
         (then log it out): `{id, name, token, ...}`, the token shown this once."""
+        login = encode_body(json={"name": name, "password": password})
         with self._reaching():
-            response = self._http.post(API + "/login",
-                                       json={"name": name, "password": password})
+            response = self._http.request("POST", API + "/login", body=login)
         if response.status_code >= 400:
             _raise_for(response)
-        csrf = {"X-CSRF-Token": response.json()["csrf_token"]}
+        session = {"X-CSRF-Token": response.json()["csrf_token"], **_cookies_of(response)}
         try:
             return self._json(  # type: ignore[no-any-return]
-                "POST", "/tokens", auth=False, headers=csrf,
+                "POST", "/tokens", auth=False, headers=session,
                 json=_params(name=token_name, expires=expires))
         finally:
-            self._request("POST", "/logout", auth=False, headers=csrf)
-            self._http.cookies.clear()
+            self._request("POST", "/logout", auth=False, headers=session)
 
     def list_users(self) -> list[dict[str, Any]]:
         return self._json("GET", "/users")  # type: ignore[no-any-return]
@@ -363,10 +375,12 @@ class Client:
             TooManyRequests: this token already holds as many follows as it may at once.
             ServerError: the server broke the stream off after it had started.
         """
+        import httpx
+
         params = _params(attempt=attempt, rank=rank, tail=tail, follow="true",
                          one_attempt="true" if one_attempt else None)
         headers = self._auth()
-        with self._reaching(), self._http.stream(
+        with self._reaching(httpx.TransportError), self._streaming().stream(
             "GET", API + f"/trials/{trial_id}/logs", params=params, headers=headers,
             timeout=httpx.Timeout(30.0, read=None),
         ) as response:
@@ -421,8 +435,12 @@ class Client:
         yield from self._stream_archive(path, f"checkpoint {name} of trial {trial_id}")
 
     def _stream_archive(self, path: str, what: str) -> Generator[bytes, None, None]:
+        import httpx
+
+        from muster import checkpoint_archive
+
         headers = self._auth()
-        with self._reaching(), self._http.stream(
+        with self._reaching(httpx.TransportError), self._streaming().stream(
             "GET", API + path, headers=headers, timeout=httpx.Timeout(30.0, read=300.0),
         ) as response:
             if response.status_code >= 400:
@@ -445,6 +463,8 @@ class Client:
         """Unpack a checkpoint (by id or uuid) into `dest`, from the run directory or from
         storage, every sha256 checked as `download_checkpoint` does; its view and what is
         there."""
+        from muster.checkpoint_archive import unpack_checkpoint
+
         view = self.get_checkpoint(checkpoint)
         path = f"/checkpoints/{quote(checkpoint, safe='')}/download"
         with closing(self._stream_archive(path, f"checkpoint {checkpoint}")) as chunks:
@@ -480,6 +500,8 @@ class Client:
             ServerError: the download broke off, or what arrived is not intact; nothing of
                 it is kept.
         """
+        from muster.checkpoint_archive import unpack_checkpoint
+
         with closing(self.stream_checkpoint(trial_id, name)) as chunks:
             return unpack_checkpoint(chunks, dest, name, trial_id)
 
@@ -525,25 +547,48 @@ class Client:
         except (FileNotFoundError, PermissionError):
             return None, ""
 
+    def _streaming(self) -> httpx.Client:
+        """The httpx client of the calls that stream, made on the first (importing httpx
+        costs a third of a one-call CLI command's start-up). It verifies https with the
+        plain calls' TLS context."""
+        import httpx
+
+        with self._streams_lock:
+            if self._streams is None:
+                self._streams = httpx.Client(base_url=self.url, timeout=self._timeout,
+                                             verify=self._http.tls_context or False)
+            return self._streams
+
     @contextmanager
-    def _reaching(self) -> Iterator[None]:
+    def _reaching(self, *also: type[Exception]) -> Iterator[None]:
+        """Turn a request that got no answer into ServerUnavailable; `also`: the streaming
+        client's errors of that kind."""
+        unanswered: tuple[type[Exception], ...] = (TransportError, *also)
         try:
             yield
-        except httpx.TransportError as exc:
+        except BrokenOff as exc:
+            raise errors.ServerUnavailable(f"muster server at {self.url}: {exc}") from exc
+        except unanswered as exc:
             raise errors.ServerUnavailable(
                 f"cannot reach the muster server at {self.url} ({exc}); start it with "
                 "`muster up --detach` or set MUSTER_URL"
             ) from exc
 
-    def _request(self, method: str, path: str, auth: bool = True, **kw: Any) -> httpx.Response:
-        headers = {**(self._auth() if auth else {}), **kw.pop("headers", {})}
+    def _request(self, method: str, path: str, auth: bool = True, *,
+                 params: Mapping[str, Any] | None = None,
+                 headers: Mapping[str, str] | None = None, json: Any = None,
+                 data: Mapping[str, Any] | None = None,
+                 files: Mapping[str, tuple[str, bytes, str]] | None = None) -> Response:
+        sent = {**(self._auth() if auth else {}), **(headers or {})}
+        body = encode_body(json, data, files)
         with self._reaching():
-            response = self._http.request(method, API + path, headers=headers, **kw)
+            response = self._http.request(method, API + path, params=params, headers=sent,
+                                          body=body)
         if response.status_code >= 400:
-            self._raise_for(response, headers)
+            self._raise_for(response, sent)
         return response
 
-    def _raise_for(self, response: httpx.Response, headers: dict[str, str]) -> None:
+    def _raise_for(self, response: _Answer, headers: Mapping[str, str]) -> None:
         if response.status_code == 401 and "Authorization" not in headers:
             raise errors.Unauthorized(
                 f"no API token to send to {self.url}: set MUSTER_TOKEN, run `muster login "
@@ -571,7 +616,29 @@ def _params(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _raise_for(response: httpx.Response, suffix: str = "") -> None:
+def _cookies_of(response: Response) -> dict[str, str]:
+    """A `Cookie` header that sends back the cookies the answer set (a login's session)."""
+    pairs = [cookie.split(";", 1)[0].strip()
+             for cookie in response.headers.get_all("Set-Cookie") or []]
+    return {"Cookie": "; ".join(pairs)} if pairs else {}
+
+
+class _Answer(Protocol):
+    """What `_raise_for` reads of an answer: a plain call's, or a stream's (httpx's)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
+
+
+def _raise_for(response: _Answer, suffix: str = "") -> None:
     try:
         message = str(response.json()["message"]) + suffix
     except (ValueError, KeyError, TypeError):
@@ -592,6 +659,8 @@ class _CreateForm:
     @staticmethod
     def of(context_dir: Path | None, secrets: Mapping[str, str] | None,
            context_from: int | None) -> _CreateForm:
+        from muster import git_state
+
         files: dict[str, Any] = {}
         data: dict[str, str] = {}
         if context_dir is not None:

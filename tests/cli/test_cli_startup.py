@@ -1,6 +1,7 @@
-"""The CLI starts light: a command imports its own module only, and a command that only
-calls the server builds no config schema. (Times are measured in benchmarks/cli_startup.py,
-never asserted here; what is imported is exact.)"""
+"""The CLI starts light: a command imports its own module only, a command that only
+calls the server builds no config schema, and one that makes plain calls (no stream, no
+upload) imports no httpx. (Times are measured in benchmarks/cli_startup.py, never asserted
+here; what is imported is exact.)"""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import typer
 
 import muster
 from muster.cli import COMMANDS, load
+from tests.servers import RunningServer
 
 PROBE = """
 import json, sys
@@ -25,7 +27,8 @@ try:
     main()
 except SystemExit as exc:  # how the CLI ends: its code is printed and checked
     code = exc.code
-print("\\nMODULES " + json.dumps([code, sorted(sys.modules)]))
+imported = sorted(name for name, module in sys.modules.items() if module is not None)
+print("\\nMODULES " + json.dumps([code, imported]))  # not names blocked with None
 """
 
 
@@ -64,6 +67,17 @@ def test_commands_that_call_the_server_build_no_config_schema(args: tuple[str, .
     assert "pydantic" not in modules
     assert not {m for m in modules if m.startswith("muster.config")}
     assert not {"click", "pygments", "rich.progress"} & modules  # httpx's own CLI stays out
+
+
+@pytest.mark.parametrize("args", [("experiment", "list"), ("job", "list")])
+def test_commands_that_make_plain_calls_import_no_httpx(
+    server: RunningServer, args: tuple[str, ...]
+) -> None:
+    """Plain calls go through `muster.http_transport`; httpx (~120 ms) waits for a stream."""
+    modules, out = _imported(*args, "--json", "--url", server.url, "--home", str(server.home))
+    assert isinstance(json.loads(out), list)  # it did call the server
+    assert "muster.http_transport" in modules
+    assert not {m for m in modules if m.split(".")[0] in ("httpx", "httpcore", "h11", "anyio")}
 
 
 def test_version() -> None:
