@@ -185,3 +185,31 @@ def test_the_end_of_a_process_a_pass_waits_on_wakes_it(recorder: Recorder,
     finally:
         child.wait()
     recorder.after_pass({}, [])
+
+
+def test_an_ended_process_left_unreaped_wakes_one_pass_only(recorder: Recorder) -> None:
+    # A scan whose trial is not admitted yet stays unreaped across passes: its pidfd would
+    # be readable at once each time, and the passes would spin.
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        recorder.after_pass({}, [child.pid])
+        recorder.run_until_woken(1)
+        for _ in range(3):  # passes that still list it
+            recorder.after_pass({}, [child.pid])
+            recorder.run(0.1)
+        assert len(recorder.woken) == 1
+    finally:
+        child.wait()
+
+
+def test_a_directory_removed_as_it_is_watched_leaves_the_rest_working(
+        recorder: Recorder, tmp_path: Path) -> None:
+    gone, kept = tmp_path / "gone", tmp_path / "kept"
+    gone.mkdir()
+    kept.mkdir()
+    recorder.after_pass({1: gone, 2: kept})
+    gone.rmdir()
+    recorder.run_until_woken(1)
+    recorder.after_pass({1: gone, 2: kept})
+    atomic_write_json(kept / "rank-0.exit.json", {"code": 0})
+    recorder.run_until_woken(2)

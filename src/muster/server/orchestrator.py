@@ -101,12 +101,9 @@ class Orchestrator:
             # Cleared before the pass, not after: a wake-up that arrives during a pass (a
             # trial created after the pass looked at the queue) must start the next one now.
             self.wake.clear()
-            if self.wakeups is not None:
-                self.wakeups.rearm()
+            self._tend_wakeups(before_pass=True)
             await self._pass()
-            if self.wakeups is not None:
-                self.wakeups.update(Watched(self.supervisor.followed_dirs(),
-                                            self.supervisor.child_pids()))
+            self._tend_wakeups(before_pass=False)
             if self.health.degraded:
                 # Being woken does not cut a backoff short: requests must not spin a loop
                 # whose every pass fails.
@@ -114,6 +111,24 @@ class Orchestrator:
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.interval)
+
+    def _tend_wakeups(self, before_pass: bool) -> None:
+        """Re-arm the wake-ups before a pass, point them at what it followed after it. A
+        failure there never stops the passes: they poll every TICK_SECONDS from then on."""
+        if self.wakeups is None:
+            return
+        try:
+            if before_pass:
+                self.wakeups.rearm()
+            else:
+                self.wakeups.update(Watched(self.supervisor.followed_dirs(),
+                                            self.supervisor.child_pids()))
+        except Exception:  # logged with its traceback; polling takes over
+            log.exception("the wake-ups failed; the passes poll every %ss from now on",
+                          TICK_SECONDS)
+            wakeups, self.wakeups = self.wakeups, None
+            with contextlib.suppress(OSError):
+                wakeups.close()
 
     async def _pass(self) -> None:
         try:

@@ -109,6 +109,9 @@ class Wakeups:
     _disarmed: set[Path] = field(default_factory=set)  # metrics files to watch again
     _checked_in: set[tuple[int, str]] = field(default_factory=set)  # (attempt, heartbeat)
     _pidfds: dict[int, int] = field(default_factory=dict)  # pid -> its pidfd
+    # Processes whose end was reported: a pass may leave one unreaped for a while (a scan
+    # whose trial is not admitted yet), and a new pidfd on it would be readable at once.
+    _ended: set[int] = field(default_factory=set)
     _soon: asyncio.TimerHandle | None = None
     _last_pass: float = 0.0
     _failed: bool = False
@@ -200,10 +203,15 @@ class Wakeups:
         if wd is None:
             return False
         self._dirs[attempt_id] = wd
-        with os.scandir(path) as entries:  # a metrics file may be there already
-            for entry in entries:
-                if entry.name.startswith("rank-") and entry.name.endswith(_METRICS):
-                    self._watch_metrics(attempt_id, path / entry.name)
+        try:
+            with os.scandir(path) as entries:  # a metrics file may be there already
+                names = [entry.name for entry in entries]
+        except OSError as exc:  # removed since: its IGNORED event drops the watch
+            log.info("cannot list %s: %s", path, exc)
+            return True
+        for name in names:
+            if name.startswith("rank-") and name.endswith(_METRICS):
+                self._watch_metrics(attempt_id, path / name)
         return True
 
     def _watch_metrics(self, attempt_id: int, path: Path) -> None:
@@ -262,7 +270,8 @@ class Wakeups:
     def _follow_pids(self, pids: Collection[int]) -> None:
         for pid in set(self._pidfds) - set(pids):
             self._drop_pid(pid)
-        for pid in set(pids) - set(self._pidfds):
+        self._ended.intersection_update(pids)
+        for pid in set(pids) - set(self._pidfds) - self._ended:
             try:
                 fd = os.pidfd_open(pid)
             except (ProcessLookupError, AttributeError, OSError):
@@ -273,6 +282,7 @@ class Wakeups:
 
     def _on_pid_exit(self, pid: int) -> None:
         self._drop_pid(pid)
+        self._ended.add(pid)
         self.wake()
 
     def _drop_pid(self, pid: int) -> None:
