@@ -10,11 +10,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import logging
 import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 MODIFY = 0x00000002
 CLOSE_WRITE = 0x00000008
@@ -62,6 +65,10 @@ class Inotify:
         libc.inotify_rm_watch.argtypes = (ctypes.c_int, ctypes.c_int)
         fd = init(_NONBLOCK | _CLOEXEC)
         if fd < 0:
+            # EMFILE: this user's fs.inotify.max_user_instances are all taken.
+            code = ctypes.get_errno()
+            log.warning("inotify_init1: %s; raise fs.inotify.max_user_instances if it is "
+                        "EMFILE", os.strerror(code))
             return None
         return cls(libc, fd)
 

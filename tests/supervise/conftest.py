@@ -148,7 +148,8 @@ class Rig:
             return ExperimentState(s.get_one(Experiment, experiment_id).state)
 
     def tick_until(
-        self, predicate: Callable[[], Any], what: str, timeout: float = RUN_TIMEOUT
+        self, predicate: Callable[[], Any], what: str, timeout: float = RUN_TIMEOUT,
+        interval: float = 0.02,
     ) -> Any:
         """Tick the supervisor until `predicate()` holds after a pass; returns its value."""
 
@@ -156,7 +157,7 @@ class Rig:
             self.supervisor.tick()
             return predicate()
 
-        return wait_until(ticked, timeout=timeout, what=what)
+        return wait_until(ticked, timeout=timeout, what=what, interval=interval)
 
     def run_to_end(self, job: Submitted) -> TrialView:
         """Tick until the experiment is terminal; returns its trial."""

@@ -79,10 +79,12 @@ class Orchestrator:
     wakeups: Wakeups | None = field(default=None, init=False)
 
     async def run(self) -> None:
-        await self._reconcile()
+        # Before the reconciliation, so that /health tells from the server's first answer
+        # whether the passes are woken or polled.
         if self.use_wakeups:
             self.wakeups = Wakeups.start(asyncio.get_running_loop(), self.wake.set)
         try:
+            await self._reconcile()
             await self._passes()
         finally:
             if self.wakeups is not None:
