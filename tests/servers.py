@@ -13,6 +13,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +29,8 @@ from muster.home import Home
 from muster.store import Store
 from tests.processes import kill_home_processes
 from tests.waiting import wait_until
+
+STOP_TIMEOUT = 15.0  # SIGTERM -> exit; a server's shutdown takes a second or two
 
 
 def _free_port() -> int:
@@ -98,10 +102,17 @@ class RunningServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
+                # Every thread's stack into server.log (`muster up` dumps them on SIGQUIT),
+                # then a warning that names it: a server that hangs in its shutdown is a bug.
+                self.proc.send_signal(signal.SIGQUIT)
+                time.sleep(1.0)
                 self.proc.kill()
                 self.proc.wait()
+                warnings.warn(f"the server did not stop within {STOP_TIMEOUT:g} s of SIGTERM; "
+                              f"its threads' stacks are in {self.home / 'server.log'}",
+                              stacklevel=2)
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -106,6 +107,9 @@ def _serve(home: Home, host: str, port: int, settings: ServerSettings) -> None:
     # uvicorn re-raises the SIGTERM it caught once it has shut down; exit through Python
     # then, not the default action, so the `finally` below still removes server.json.
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    # `kill -QUIT PID`: every thread's stack into the server log, and the server goes on
+    # (where a server hangs, say in its shutdown, this says where).
+    faulthandler.register(signal.SIGQUIT, all_threads=True, chain=False)
     try:
         config = uvicorn.Config(create_app(home, settings), host=host, port=port,
                                 timeout_graceful_shutdown=5, log_level="info")
