@@ -6,6 +6,7 @@ budget counters and the events that explain every decision.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from muster.home import Home
 from muster.launch.local import LocalLauncher
 from muster.services.experiments import kill_experiment
 from muster.states import ExperimentState, TrialState
-from muster.store import Store
+from muster.store import Attempt, Store
 from muster.supervise.policy import INTERNAL_FAILURE_MESSAGE
 from muster.supervise.supervisor import Supervisor
 from tests.accounts import first_admin
@@ -52,6 +53,36 @@ def test_exit_0_succeeds_with_one_attempt_and_its_events(rig: Rig) -> None:
         ("RUNNING", "SUCCEEDED", "OK"),
     ]
     assert all(e.actor == "system:supervisor" for e in trial.events if e.reason != "created")
+
+
+@pytest.mark.timeout(60)
+def test_a_start_and_an_end_between_two_passes_are_recorded_by_one(rig: Rig) -> None:
+    """A child that starts and exits before the next pass: that pass records its start
+    (the process, the "started" moves) and its end together, in order."""
+    job = rig.submit(fixture_entrypoint("exit0.sh"))
+    rig.tick_until(lambda: rig.trial(job.trial_id).attempts, what="the launch")
+    run_dir = rig.trial(job.trial_id).attempts[0].run_dir
+    wait_until(lambda: (run_dir / "rank-0.exit.json").exists(), what="the exit record")
+    assert rig.trial(job.trial_id).state == "STARTING"  # no pass has looked since
+    rig.supervisor.tick()
+    trial = rig.trial(job.trial_id)
+    assert (trial.state, trial.reason) == ("SUCCEEDED", "OK")
+    [attempt] = trial.attempts
+    assert trial.trial_moves() == [
+        ("QUEUED", "STARTING", "launching"),
+        ("STARTING", "RUNNING", "started"),
+        ("RUNNING", "SUCCEEDED", "OK"),
+    ]
+    assert [(e.from_state, e.to_state, e.message) for e in trial.events_of(attempt)] == [
+        ("STARTING", "RUNNING", "started"),
+        ("RUNNING", "SUCCEEDED", attempt.message),
+    ]
+    with rig.store.session_scope() as s:
+        replica = s.get_one(Attempt, attempt.id).replicas[0]
+        # The training process the shim published, as a pass that saw it running notes it.
+        exit_record = json.loads((run_dir / "rank-0.exit.json").read_text())
+        assert (replica.pid, replica.started_at) == (exit_record["pid"],
+                                                     exit_record["started_at"])
 
 
 # (fixture and its arguments, failure_policy, trial reason, attempts, counters as

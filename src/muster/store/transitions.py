@@ -8,12 +8,13 @@ deletes an event.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import event
-from sqlalchemy.orm import Mapper, Session
+from sqlalchemy.orm import Mapper, Session, class_mapper
 
 from muster.errors import IllegalTransition
 from muster.states import (
@@ -163,7 +164,14 @@ def _lock(session: Session, obj: Entity) -> None:
     if obj not in session:
         session.add(obj)  # an object from an earlier session_scope, or a new one
     session.flush()  # the caller's pending changes first, so the refresh keeps them
-    session.refresh(obj, with_for_update=True)
+    # The row's columns only: its relationships, loaded already, stay loaded (a refresh of
+    # everything would expire them and load each again on its next use).
+    session.refresh(obj, attribute_names=_columns(type(obj)), with_for_update=True)
+
+
+@functools.cache
+def _columns(kind: type[Entity]) -> tuple[str, ...]:
+    return tuple(column.key for column in class_mapper(kind).column_attrs)
 
 
 def _check_move(

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from muster import job_secrets
 from muster.atomic import read_json
+from muster.config import ExperimentConfig
 from muster.launch.base import ReplicaPhase, ReplicaStatus
 from muster.launch.exits import Classification, ExitObservation, classify_exit, replica_name
 from muster.launch.logs import masked, tail_text
@@ -27,6 +28,7 @@ from muster.store.models import now
 from muster.supervise import verification
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext, current_replicas
+from muster.supervise.heartbeats import checked_in
 from muster.supervise.ingest import ingest_trial
 from muster.supervise.log_samples import count_log_samples
 from muster.supervise.outcome import (
@@ -43,7 +45,8 @@ from muster.supervise.policy import Budgets
 from muster.supervise.searching import early_stop_note
 from muster.supervise.verification import LogCounts, combine_log_counts
 
-__all__ = ["TAIL_LINES", "Ending", "classify_replica", "record_decision", "record_replica_end"]
+__all__ = ["TAIL_LINES", "Ending", "classify_replica", "mark_started", "note_process",
+           "record_decision", "record_replica_end", "started_message"]
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +76,27 @@ class Ending:
         return tail_text(log, TAIL_LINES)
 
     def finish(self, attempt_id: int, trial_id: int, statuses: Sequence[ReplicaStatus],
-               launch_error: LaunchError | None = None) -> None:
+               launch_error: LaunchError | None = None, *, ingested: bool = False,
+               config: ExperimentConfig | None = None) -> None:
         """Classify every replica's end, end the attempt with the one that decided it, and
-        make the trial's next move."""
-        self.ingest(trial_id)  # every metric line is in the store before the verdict
+        make the trial's next move, in one transaction (with the attempt's start, where no
+        pass recorded it yet).
+
+        `ingested`: the caller brought every metric line into the store after every
+        replica had exited. `config`: the experiment's, where the caller has it at hand.
+        """
+        if not ingested:
+            self.ingest(trial_id)  # every metric line is in the store before the verdict
         # Counted outside the transaction: it reads whole logs, in a child process.
-        counts = self._log_counts(trial_id, statuses)
+        counts = self._log_counts(trial_id, statuses, config)
         with self.ctx.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
             trial = attempt.trial
             by_rank = {status.rank: status for status in statuses}
             verdicts: dict[int, Classification] = {}
             for rank, replica in sorted(current_replicas(attempt).items()):
+                if replica.pid is None:  # started and ended since the last pass
+                    note_process(replica, by_rank[rank])
                 tail = self.log_tail(replica)
                 verdict = classify_replica(replica, by_rank[rank], trial, tail, launch_error)
                 record_replica_end(replica, by_rank[rank], verdict, tail)
@@ -92,11 +104,16 @@ class Ending:
                 verdicts[rank] = verdict
             decisive = cause(verdicts, by_rank)
             if attempt.state == AttemptState.STARTING and any(map(started, statuses)):
-                # It ran, but ended before every replica had started (the primary finished
-                # while a peer was still starting, and muster stopped the peer), or, with
+                # It ran: its start is recorded now (it began and ended between two passes),
+                # or it ended before every replica had started (the primary finished while
+                # a peer was still starting, and muster stopped the peer), or, with
                 # `harness: true`, before every one had checked in.
                 harness = experiment_config(trial.experiment).harness
-                mark_started(s, attempt, "ended before every replica had "
+                everyone = all(map(started, statuses)) and (not harness or all(
+                    checked_in(Path(attempt.run_dir), st.rank) for st in statuses))
+                trial.queue_reason = None
+                mark_started(s, attempt, started_message(len(statuses), harness) if everyone
+                             else "ended before every replica had "
                              + ("checked in" if harness else "started"))
             transition(s, attempt, attempt_end(decisive.reason), reason=decisive.reason,
                        actor=ACTOR, message=decisive.message)
@@ -105,11 +122,14 @@ class Ending:
         # After the commit: a server killed in between leaves it to the sweep.
         self.ctx.launcher.release(*placed)
 
-    def _log_counts(self, trial_id: int, statuses: Sequence[ReplicaStatus]) -> LogCounts | None:
+    def _log_counts(self, trial_id: int, statuses: Sequence[ReplicaStatus],
+                    config: ExperimentConfig | None) -> LogCounts | None:
         """The samples `verify.samples_from_log` finds in every rank log of the trial's
         attempts; None when the config asks for none or the primary did not exit 0."""
         primary = next((st for st in statuses if st.rank == 0), None)
         if primary is None or not exited_cleanly(primary):
+            return None
+        if config is not None and config.verify.samples_from_log is None:
             return None
         with self.ctx.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
@@ -203,6 +223,20 @@ def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classif
 def record_decision(s: Session, trial: Trial, reason: Reason | EventReason, message: str) -> None:
     record_event(s, entity="trial", entity_id=trial.id, reason=reason, actor=ACTOR,
                  message=message, experiment_id=trial.experiment_id, trial_id=trial.id)
+
+
+def note_process(replica: Replica, status: ReplicaStatus) -> None:
+    """The replica's training process, as its shim published it."""
+    if status.child is not None:
+        replica.pid, replica.start_ticks = status.child.pid, status.child.start_ticks
+    elif status.exit is not None:
+        replica.pid, replica.start_ticks = status.exit.pid, status.exit.start_ticks
+    replica.started_at = status.started_at
+
+
+def started_message(world_size: int, harness: bool) -> str:
+    started_text = "started" if world_size == 1 else f"all {world_size} replicas started"
+    return f"{started_text} and checked in" if harness else started_text
 
 
 def mark_started(s: Session, attempt: Attempt, message: str) -> None:

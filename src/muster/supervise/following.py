@@ -23,9 +23,9 @@ from muster.diagnostics import read_rank_parts
 from muster.launch.base import ReplicaPhase, ReplicaStatus
 from muster.rundir import AttemptDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
-from muster.store import Attempt, Event, Replica, record_event
+from muster.store import Attempt, Event, record_event
 from muster.supervise.context import ACTOR, LiveAttempt, SupervisorContext, current_replicas
-from muster.supervise.ending import Ending, mark_started
+from muster.supervise.ending import Ending, mark_started, note_process, started_message
 from muster.supervise.heartbeats import check_in_overdue, checked_in, stall_reason
 from muster.supervise.ingest import IngestReport, ingest_trial
 from muster.supervise.outcome import decided_by, exited_cleanly, started
@@ -66,18 +66,28 @@ class Following:
         (the primary, rank 0, exited; or any replica failed), muster stops the others, and
         the attempt ends when every replica has ended (`outcome.decided_by`, `cause`).
         """
+        # Described before the ingest: a replica that had exited then wrote every line it
+        # will ever write, so the ingest below has them all and the end needs no other.
+        statuses = [self.ctx.launcher.describe(live.dir.path, rank) for rank in live.ranks]
         report = self._ingest(live)
         # A kill, a pause or a preemption: the replicas get SIGTERM and stop_grace.
         stop = live.trial.intent is not None
         if not stop and self._may_judge(live, report):
             # The pruner may stop it early: the stop goes out in this very pass.
             stop = self.searching.judge(live.trial.id)
-        statuses = [self.ctx.launcher.describe(live.dir.path, rank) for rank in live.ranks]
         policy = live.config.failure_policy
         if policy.restart_scope == "replica" and not stop:
             statuses = [self.restart.maybe_restart(live, status) or status
                         for status in statuses]
         self._stop_or_watch(live, statuses, stop)
+        ended = all(st.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST) for st in statuses)
+        if ended:
+            # Started and ended since the last pass, or ended after it started: the end's
+            # one transaction records the start too (`Ending.finish`).
+            exited = all(st.phase is ReplicaPhase.EXITED for st in statuses)
+            self.ending.finish(live.id, live.trial.id, statuses, ingested=exited,
+                               config=live.config)
+            return
         # With `harness: true`, RUNNING waits for every rank's check-in as well.
         waiting = _not_checked_in(live.dir, statuses) if live.config.harness else []
         if all(map(started, statuses)) and not waiting:
@@ -87,8 +97,6 @@ class Following:
                 self._compare_ranks(live)
         elif waiting:
             self._note_check_ins(live, statuses, waiting)
-        if all(st.phase in (ReplicaPhase.EXITED, ReplicaPhase.LOST) for st in statuses):
-            self.ending.finish(live.id, live.trial.id, statuses)
 
     def _ingest(self, live: LiveAttempt) -> IngestReport | None:
         """Bring the trial's metrics and checkpoints into the store (cheap when unchanged)."""
@@ -167,10 +175,10 @@ class Following:
             by_rank = {status.rank: status for status in statuses}
             for rank, replica in current_replicas(attempt).items():
                 if replica.pid is None:  # (a replica restarted in place starts later)
-                    _note_process(replica, by_rank[rank])
+                    note_process(replica, by_rank[rank])
             if attempt.state == AttemptState.STARTING:
                 attempt.trial.queue_reason = None  # it waits no more
-                mark_started(s, attempt, _started_message(len(statuses), live.config.harness))
+                mark_started(s, attempt, started_message(len(statuses), live.config.harness))
             return attempt.trial.state == TrialState.RUNNING
 
     def _compare_ranks(self, live: LiveAttempt) -> None:
@@ -238,16 +246,3 @@ def _waiting_since(attempt_dir: AttemptDir, status: ReplicaStatus) -> float | No
         return max(status.started_at, go.stat().st_mtime)
     except FileNotFoundError:
         return status.started_at
-
-
-def _started_message(world_size: int, harness: bool) -> str:
-    started_text = "started" if world_size == 1 else f"all {world_size} replicas started"
-    return f"{started_text} and checked in" if harness else started_text
-
-
-def _note_process(replica: Replica, status: ReplicaStatus) -> None:
-    if status.child is not None:
-        replica.pid, replica.start_ticks = status.child.pid, status.child.start_ticks
-    elif status.exit is not None:
-        replica.pid, replica.start_ticks = status.exit.pid, status.exit.start_ticks
-    replica.started_at = status.started_at
