@@ -7,7 +7,9 @@ Two arms, each a fresh server with 8 slots, interleaved:
   rewritten every 10 s, the harness's default); over a 20 s window, the server's CPU
   seconds (its process, all threads, from /proc) and its passes (`/health`);
 - check-in → RUNNING: a trial whose script checks in (`harness: true`): from its first
-  heartbeat's `written_at` to the time of the trial's RUNNING event.
+  heartbeat's `written_at` to the time of the trial's RUNNING event;
+- exit → SUCCEEDED ("noticed", as in (q), here with nothing else running): a trial of
+  `python -c pass`, from the `ended_at` of its shim's exit record to the trial's `ended_at`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from measure import expect, median, ms
 from muster_server import ServerProcess
-from report import Outcome, Table
+from report import Outcome, Table, Target
 
 from muster.client import Client
 from muster.rundir import RankFile
@@ -29,6 +31,8 @@ SLOTS = 8
 IDLE_TRIALS = 8
 WINDOW_S = 20.0
 TIMEOUT_S = 60.0
+NOTICED_TARGET_S = 0.020
+TRIVIAL = "name: noticed\nentrypoint: [python, -c, pass]\n"
 SLEEPER = ("import time\nimport muster.harness as mh\nwith mh.init():\n"
            "    print('checked in', flush=True)\n    time.sleep(600)\n")
 ARMS = {"wake-ups": {}, "polling (MUSTER_WAKEUPS=0)": {"MUSTER_WAKEUPS": "0"}}
@@ -78,13 +82,27 @@ def check_in_to_running(server: ServerProcess, client: Client, context: Path) ->
     running_at = next(e["at"] for e in client.list_events(trial_id=trial["id"])
                       if e.get("to_state") == "RUNNING" and e["entity"] == "trial")
     client.kill_experiment(experiment["id"])
+    client.wait_experiment(int(experiment["id"]), poll=0.05)  # its stop is over: not timed
     return float(running_at) - checked_in_at
+
+
+def exit_to_succeeded(server: ServerProcess, client: Client, context: Path) -> float:
+    """Seconds from the child's end (its exit record's `ended_at`, stamped by the shim when
+    the child was reaped) to the trial's `ended_at`, with nothing else running."""
+    experiment = client.create_experiment(TRIVIAL, context)
+    trial = client.wait_experiment(int(experiment["id"]), poll=0.05)["trials"][0]
+    expect(trial["state"] == "SUCCEEDED", f"trial {trial['id']} ended {trial['state']}")
+    record = (server.home / "runs" / str(trial["uuid"]) / "attempt-1"
+              / f"rank-0.{RankFile.EXIT.value}")
+    exited_at = float(json.loads(record.read_text())["ended_at"])
+    return float(trial["ended_at"]) - exited_at
 
 
 def run(quick: bool) -> Outcome:
     rounds = 2 if quick else 3
     idle: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     latency: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    noticed: dict[str, list[float]] = {arm: [] for arm in ARMS}
     with tempfile.TemporaryDirectory(prefix="muster-bench-wakeups-") as tmp:
         context = Path(tmp) / "context"
         context.mkdir()
@@ -94,28 +112,38 @@ def run(quick: bool) -> Outcome:
                 with ServerProcess(root, slots=SLOTS, env=env) as server, \
                         server.client() as client:
                     latency[arm] += [check_in_to_running(server, client, context) for _ in range(5)]
+                    noticed[arm] += [exit_to_succeeded(server, client, context) for _ in range(5)]
                     idle[arm].append(idle_cost(server, client, context))
-    return _outcome(idle, latency, rounds)
+    return _outcome(idle, latency, noticed, rounds)
 
 
 def _outcome(idle: dict[str, list[dict[str, float]]], latency: dict[str, list[float]],
-             rounds: int) -> Outcome:
+             noticed: dict[str, list[float]], rounds: int) -> Outcome:
     rows = []
     for arm in ARMS:
         cpu = median([sample["cpu_s"] for sample in idle[arm]])
         passes = median([sample["passes"] for sample in idle[arm]])
         rows.append([arm, f"{cpu / WINDOW_S * 100:.1f}%", f"{passes / WINDOW_S:.1f}",
-                     f"{ms(median(latency[arm])):.0f}", f"{ms(max(latency[arm])):.0f}"])
+                     f"{ms(median(latency[arm])):.0f}", f"{ms(max(latency[arm])):.0f}",
+                     f"{ms(median(noticed[arm])):.0f}", f"{ms(max(noticed[arm])):.0f}"])
     table = Table(
         f"(w) wake-ups against polling: medians of {rounds} servers per arm, interleaved",
         ["server", f"CPU, {IDLE_TRIALS} trials sleeping", "passes per second",
-         "check-in → RUNNING, median (ms)", "max (ms)"],
+         "check-in → RUNNING, median (ms)", "max (ms)", "exit → SUCCEEDED, median (ms)",
+         "max (ms)"],
         rows)
     notes = [f"CPU: the server process's user + system time over {WINDOW_S:.0f} s while "
              f"{IDLE_TRIALS} harness trials sleep (heartbeats every 10 s), as a share of one "
              "core. Passes from /health (the polling arm counts them too).",
              "check-in → RUNNING: from the rank's first heartbeat (`written_at`, written by "
              "muster.harness.init()) to the time of the trial's RUNNING event (5 per "
-             "server; the heartbeat is rewritten only every 10 s)."]
-    data = {"idle": idle, "check_in_to_running_s": latency}
-    return Outcome("wakeups", [table], [], notes, data)
+             "server; the heartbeat is rewritten only every 10 s).",
+             "exit → SUCCEEDED: a trial of `python -c pass` with nothing else running, from "
+             "the `ended_at` of the shim's exit record (the child reaped) to the trial's "
+             "`ended_at` (5 per server)."]
+    woken = median(noticed["wake-ups"])
+    targets = [Target(f"(w) child exit → SUCCEEDED ≤ {ms(NOTICED_TARGET_S):.0f} ms (median, "
+                      "wake-ups, one trial at a time)", f"{ms(woken):.0f} ms",
+                      woken <= NOTICED_TARGET_S)]
+    data = {"idle": idle, "check_in_to_running_s": latency, "exit_to_succeeded_s": noticed}
+    return Outcome("wakeups", [table], targets, notes, data)

@@ -137,6 +137,22 @@ def test_a_stale_object_cannot_overwrite_a_terminal_state(store: Store) -> None:
     assert _snapshot(store, Trial, trial_id)["state"] == "FAILED"
 
 
+def test_a_row_loaded_in_an_earlier_transaction_of_the_session_is_read_again(
+    store: Store,
+) -> None:
+    """A transaction trusts only the rows it loaded itself (on SQLite, under its lock): a
+    row the same session loaded before a commit is read again under the new lock."""
+    trial = _add(store, Trial, "RUNNING")
+    with store.session_scope() as session:
+        row = session.get_one(Trial, trial.id)
+        session.commit()  # the session goes on, in a new transaction, keeping `row` loaded
+        _move(store, trial, TrialState.FAILED)  # another writer, meanwhile
+        assert row.state == "RUNNING"
+        with pytest.raises(IllegalTransition, match="is FAILED"):
+            transition(session, row, TrialState.SUCCEEDED, reason="test", actor="supervisor")
+    assert _snapshot(store, Trial, trial.id)["state"] == "FAILED"
+
+
 def test_racing_writers_move_a_row_once(store: Store) -> None:
     trial = _add(store, Trial, "RUNNING")
     start = threading.Barrier(2)

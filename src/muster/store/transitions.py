@@ -9,12 +9,13 @@ deletes an event.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import event
-from sqlalchemy.orm import Mapper, Session, class_mapper
+from sqlalchemy.orm import Mapper, Session, SessionTransaction, class_mapper
 
 from muster.errors import IllegalTransition
 from muster.states import (
@@ -79,9 +80,12 @@ def transition(
 ) -> Event:
     """Move `obj` to `to_state` if the state machine allows it, and record the move.
 
-    The current state is re-read under a row lock, so two writers cannot both move the same
-    row from the same state. The row keeps why it is in its current state (`reason` and
-    `message` on trials and attempts, `message` on experiments); the event keeps the history.
+    The current state is read under a row lock (re-read with FOR UPDATE on PostgreSQL; on
+    SQLite, whose transactions hold the whole database from their start, only where this
+    transaction did not load the row itself), so two writers cannot both move the same row
+    from the same state. The event is inserted with the transaction's next flush. The row
+    keeps why it is in its current state (`reason` and `message` on trials and attempts,
+    `message` on experiments); the event keeps the history.
 
     Raises:
         IllegalTransition: the move is not legal from the current state (which includes any
@@ -159,8 +163,12 @@ def _check_widths(reason: str, actor: str) -> None:
 def _lock(session: Session, obj: Entity) -> None:
     """Load the row's current values into `obj` under a row lock (FOR UPDATE).
 
-    On SQLite the lock is the whole database, taken by BEGIN IMMEDIATE (see `Store`).
+    On SQLite the lock is the whole database, taken by BEGIN IMMEDIATE (see `Store`) before
+    the transaction's first statement: a row this transaction loaded is current already,
+    and only an object from elsewhere (an earlier session) is read again.
     """
+    if obj in session and _fresh(session, obj):
+        return
     if obj not in session:
         session.add(obj)  # an object from an earlier session_scope, or a new one
     session.flush()  # the caller's pending changes first, so the refresh keeps them
@@ -172,6 +180,28 @@ def _lock(session: Session, obj: Entity) -> None:
 @functools.cache
 def _columns(kind: type[Entity]) -> tuple[str, ...]:
     return tuple(column.key for column in class_mapper(kind).column_attrs)
+
+
+_LOADED = "muster.loaded"  # session.info: the objects loaded in its current transaction
+
+
+def _fresh(session: Session, obj: Entity) -> bool:
+    """Whether `obj` was loaded in this session's transaction on SQLite (whose lock, held
+    since its start, makes the loaded values the current ones)."""
+    loaded = session.info.get(_LOADED)
+    return loaded is not None and obj in loaded and session.get_bind().dialect.name == "sqlite"
+
+
+@event.listens_for(Session, "loaded_as_persistent")
+def _note_loaded(session: Session, instance: object) -> None:
+    if isinstance(instance, Experiment | Trial | Attempt):
+        session.info.setdefault(_LOADED, weakref.WeakSet()).add(instance)
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget_loaded(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the outermost: its lock is gone
+        session.info.pop(_LOADED, None)
 
 
 def _check_move(
@@ -229,8 +259,9 @@ def _owners(obj: Entity) -> tuple[int | None, int | None]:
 
 
 def _append(session: Session, new_event: Event) -> Event:
+    """Add the event to the transaction: inserted by the next flush (at the latest, the
+    commit), in the order the events were added."""
     session.add(new_event)
-    session.flush()
     return new_event
 
 
