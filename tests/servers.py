@@ -133,13 +133,14 @@ def serving(home: Path, db_url: str | None = None,
         kill_home_processes(home)
 
 
-def shared_server() -> Callable[..., Any]:
-    """A module-scoped `server` fixture: `server = shared_server()` in a test module."""
+def shared_server(env: dict[str, str] | None = None) -> Callable[..., Any]:
+    """A module-scoped `server` fixture: `server = shared_server()` in a test module (`env`
+    over the test's environment, as `serving` takes it)."""
 
     @pytest.fixture(scope="module")
     def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         """One server for the module: each test makes and inspects its own experiments."""
-        with serving(tmp_path_factory.mktemp("server") / "home") as running:
+        with serving(tmp_path_factory.mktemp("server") / "home", env=env) as running:
             yield running
 
     return server

@@ -27,7 +27,9 @@ from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(180)]
 
-server = shared_server()
+# uv asks an index that does not answer 3 more times, with backoff, by default: the test of
+# that failure needs muster's retry, not uv's (a build of a real index is unchanged).
+server = shared_server(env={"UV_HTTP_RETRIES": "0"})
 
 REPORT = """\
 import json, os, shutil, sys
