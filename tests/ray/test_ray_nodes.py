@@ -34,11 +34,13 @@ if os.environ.get("{NODE_VARIABLE}") == "b":
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
+# Paced in attempt 1 only (so that a node can be taken away mid-run); a retry runs through.
 PACED = """\
-import sys, time
+import os, sys, time
+pace = float(sys.argv[2]) if os.environ.get("MUSTER_ATTEMPT") == "1" else 0.0
 for i in range(int(sys.argv[1])):
     print(f"line {i}", flush=True)
-    time.sleep(float(sys.argv[2]))
+    time.sleep(pace)
 """
 
 
