@@ -18,6 +18,7 @@ library only: the harness imports this inside the user's training process.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator
@@ -133,6 +134,13 @@ class AttemptDir:
         return sorted(found)
 
 
+@functools.lru_cache(maxsize=16384)
+def _rank_path(attempt_dir: Path, rank: int, kind: RankFile) -> Path:
+    """A rank's file, made once: a pass asks for each live replica's files every time, and
+    joining a path costs more than finding it again (pathlib parses every join)."""
+    return attempt_dir / f"rank-{rank}.{kind.value}"
+
+
 @dataclass(frozen=True)
 class RankFiles:
     """The files of one replica (rank) of one attempt."""
@@ -141,7 +149,7 @@ class RankFiles:
     rank: int
 
     def path(self, kind: RankFile) -> Path:
-        return self.attempt_dir / f"rank-{self.rank}.{kind.value}"
+        return _rank_path(self.attempt_dir, self.rank, kind)
 
     def archived(self, kind: RankFile, incarnation: int) -> Path:
         """Where `kind` of incarnation `incarnation` is kept once it has ended."""
