@@ -133,14 +133,23 @@ def _outcome(results: list[tuple[Workload, list[Run], list[Run]]]) -> Outcome:
                        f"{1000 * shim_s:.0f}",
                        *(f"{1000 * median([getattr(r, f) for r in shim]):.0f}"
                          for f in ("child_start", "child_run", "after_exit"))])
+        durable = durable_s / shim_s
         targets += [
             Target(f"(b) {label}: muster ≥ {TARGET_RATIO:.0%} of the redirect's throughput",
                    f"{ratio:.0%}", ratio >= TARGET_RATIO),
+        ]
+        if workload.mode == "buffered":
+            # Issue 19's measure: muster syncs the log before its exit record, so the
+            # baseline that keeps the same promise is the redirect and an fsync.
+            targets.append(Target(
+                f"(b) {label}: muster ≥ {TARGET_RATIO:.0%} of redirect + fsync (issue 19)",
+                f"{durable:.0%}", durable >= TARGET_RATIO))
+        targets += [
             Target(f"(b) {label}: zero bytes lost (size and sha256 equal)",
                    f"{len(shim)}/{len(shim)} runs equal" if intact else "bytes differ", intact),
         ]
         data[label] = {"file_runs": [vars(r) for r in raw], "muster_runs": [vars(r) for r in shim],
-                       "ratio": ratio, "ratio_to_file_and_fsync": durable_s / shim_s,
+                       "ratio": ratio, "ratio_to_file_and_fsync": durable,
                        "intact": intact}
     table = Table(
         "(b) log throughput: child → file redirect vs child → shim → log (MB/s of medians)",
