@@ -110,8 +110,10 @@ class RunningServer:
                 time.sleep(1.0)
                 self.proc.kill()
                 self.proc.wait()
+                log = self.home / "server.log"
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-80:])
                 warnings.warn(f"the server did not stop within {STOP_TIMEOUT:g} s of SIGTERM; "
-                              f"its threads' stacks are in {self.home / 'server.log'}",
+                              f"the end of {log}, its threads' stacks last:\n{tail}",
                               stacklevel=2)
 
 
