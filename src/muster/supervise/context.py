@@ -125,6 +125,8 @@ def read_live_attempts(s: Session, ids: Iterable[int] | None = None,
     if ids is not None:
         query = query.where(Attempt.id.in_(list(ids)))
     attempts = s.execute(query).all()
+    if not attempts:
+        return []  # (an idle server's pass: none of the queries below has a row to find)
     trial_ids = {a.trial_id for a in attempts}
     trials = _trials(s, trial_ids, {a.trial_id for a in attempts if a.standby})
     replicas = _current_replicas(s, [a.id for a in attempts])
