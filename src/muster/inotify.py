@@ -65,10 +65,10 @@ class Inotify:
         libc.inotify_rm_watch.argtypes = (ctypes.c_int, ctypes.c_int)
         fd = init(_NONBLOCK | _CLOEXEC)
         if fd < 0:
-            # EMFILE: this user's fs.inotify.max_user_instances are all taken.
             code = ctypes.get_errno()
-            log.warning("inotify_init1: %s; raise fs.inotify.max_user_instances if it is "
-                        "EMFILE", os.strerror(code))
+            hint = ("; this user's fs.inotify.max_user_instances are all taken"
+                    if code == errno.EMFILE else "")
+            log.warning("inotify_init1: %s%s", os.strerror(code), hint)
             return None
         return cls(libc, fd)
 

@@ -84,9 +84,11 @@ class Following:
         if ended:
             # Started and ended since the last pass, or ended after it started: the end's
             # one transaction records the start too (`Ending.finish`).
+            # The pass's ingest stands for the end's only if it read them all (a failed read
+            # is tried again there) and no replica was lost (a lost one may still write).
             exited = all(st.phase is ReplicaPhase.EXITED for st in statuses)
-            self.ending.finish(live.id, live.trial.id, statuses, ingested=exited,
-                               config=live.config)
+            self.ending.finish(live.id, live.trial.id, statuses,
+                               ingested=exited and report is not None, config=live.config)
             return
         # With `harness: true`, RUNNING waits for every rank's check-in as well.
         waiting = _not_checked_in(live.dir, statuses) if live.config.harness else []
