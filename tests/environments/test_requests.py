@@ -11,9 +11,16 @@ import pytest
 
 from muster.config import load_config
 from muster.environments.interpreters import InterpreterError, inspect, own
-from muster.environments.layers import interpreter_header, lower_scripts, write_layer
+from muster.environments.layers import (
+    RELOCATABLE_HEADER,
+    interpreter_header,
+    lower_scripts,
+    write_layer,
+)
+from muster.environments.registry import Environments, TrialEnvironment
 from muster.environments.request import RequestError, build_request
 from tests.environments.wheels import make_wheel
+from tests.waiting import wait_until
 
 
 def config(environment: str) -> object:
@@ -90,23 +97,89 @@ def test_a_layer_imports_its_lower_one_and_runs_its_scripts(tmp_path: Path) -> N
     out = subprocess.run([str(python), "-c", "import sys, yaml, muster.harness; "
                           "print(sys.prefix)"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(layer)
-    # `pip` is the layer's: its first line runs the layer's python.
-    assert (layer / "bin" / "pip").read_bytes().startswith(interpreter_header(str(python)))
+    # `pip` is the layer's: its first lines run the python beside it.
+    assert (layer / "bin" / "pip").read_bytes().startswith(RELOCATABLE_HEADER)
     done = subprocess.run([str(layer / "bin" / "pip"), "--version"], capture_output=True,
                           text=True, check=True)
     assert "pip" in done.stdout
 
 
-@pytest.mark.parametrize("depth", [1, 3])
-def test_a_lower_script_runs_on_the_layers_python(tmp_path: Path, depth: int) -> None:
-    """A script of the lower layer (`torchrun`-like: its first line names the lower
-    python) runs in the layer; past the kernel's 127 characters, with the /bin/sh header."""
+def _prefix_of(script: Path, *, via_path: bool = False) -> str:
+    """`sys.prefix` in the Python that runs `script` (a lower layer's `where`-like one)."""
+    env = {"PATH": f"{script.parent}:/usr/bin:/bin"}
+    argv = [script.name] if via_path else [str(script)]
+    return subprocess.run(argv, capture_output=True, text=True, check=True,
+                          env=env).stdout.strip()
+
+
+def _where_script(tmp_path: Path) -> Path:
+    """A lower bin directory with one script that prints the prefix it runs in."""
     lower = tmp_path / "lower" / "bin"
     lower.mkdir(parents=True)
     (lower / "python").symlink_to(sys.executable)
     script = lower / "where"
     script.write_text(f"#!{lower / 'python'}\nimport sys\nprint(sys.prefix)\n")
     script.chmod(0o755)
+    return lower
+
+
+def test_a_layer_renamed_runs_its_scripts_in_itself(tmp_path: Path) -> None:
+    """Made under one name, renamed (as a layer made ahead of time is), its scripts run on
+    the python beside them: by path, through PATH, and through a link from elsewhere."""
+    lower = _where_script(tmp_path)
+    base = own()
+    made = tmp_path / "made-here"
+    write_layer(made, base, base.sites, lower_scripts(str(lower)), None)
+    moved = tmp_path / "somewhere" / "else"
+    moved.parent.mkdir()
+    made.rename(moved)
+    assert _prefix_of(moved / "bin" / "where") == str(moved)
+    assert _prefix_of(moved / "bin" / "where", via_path=True) == str(moved)
+    link = tmp_path / "links" / "where"
+    link.parent.mkdir()
+    link.symlink_to(moved / "bin" / "where")
+    assert _prefix_of(link) == str(moved)
+
+
+def test_a_trial_layer_is_made_ahead_and_renamed_into_place(tmp_path: Path) -> None:
+    """After a trial's layer is made, the next one of the same kind is made on a thread;
+    the next trial's launch renames it into its run directory (and another is made)."""
+    envs = Environments(tmp_path / "envs")
+    base = own()
+
+    def trial(name: str) -> TrialEnvironment:
+        return TrialEnvironment(layer=tmp_path / "runs" / name / "env", base=base,
+                                built=None, inherit=True, key=None)
+
+    def spares() -> list[Path]:
+        return [p for p in envs.layout.spares.iterdir() if not p.name.startswith(".")]
+
+    first, second = trial("first"), trial("second")
+    assert envs.prepare(first)
+    made = wait_until(lambda: spares() or None, timeout=60, what="a layer made ahead")
+    assert isinstance(made, list) and len(made) == 1
+    spare_inode = made[0].stat().st_ino
+    assert envs.prepare(second)
+    assert second.layer.stat().st_ino == spare_inode, "the spare was renamed into place"
+    assert not envs.prepare(second), "made once: every attempt shares it"
+    for layer in (first.layer, second.layer):
+        assert (layer / "bin" / "pip").read_bytes().startswith(RELOCATABLE_HEADER)
+        subprocess.run([str(layer / "bin" / "pip"), "--version"], capture_output=True,
+                       check=True)
+        prefix = subprocess.run([str(layer / "bin" / "python"), "-c",
+                                 "import sys; print(sys.prefix)"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        assert prefix == str(layer)
+    wait_until(lambda: spares() or None, timeout=60, what="the next layer made ahead")
+    Environments(tmp_path / "envs")  # a restarted server's
+    assert list(envs.layout.spares.iterdir()) == [], "it starts without the last one's spares"
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_a_lower_script_runs_on_the_layers_python(tmp_path: Path, depth: int) -> None:
+    """A script of the lower layer (`torchrun`-like: its first line names the lower
+    python) runs in the layer; past the kernel's 127 characters, with the /bin/sh header."""
+    lower = _where_script(tmp_path)
     layer = tmp_path.joinpath(*[("d" * 50)] * depth) / "layer"
     base = own()
     write_layer(layer, base, base.sites, lower_scripts(str(lower)), None)

@@ -6,8 +6,10 @@ directory, so the layer imports its own packages first, then the lower ones' (wh
 `.pth` files, editable installs included, are read too). `pip install` in a layer installs
 into that layer alone: the lower ones are never written (invariant 8). `python` and `pip`
 in a layer's `bin/` are the layer's; the lower layers' Python scripts (`torchrun`, `pip`)
-are copied into it with their first line pointed at the layer's `python`, so they run in
-the layer too.
+are copied into it with a relocatable first line (`RELOCATABLE_HEADER`: the `python` beside
+the script's own resolved path, as uv writes for `--relocatable`), so they run in the layer
+too, and a layer made under one name runs the same under another: the registry makes the
+next trial's layer ahead of time and renames it into place.
 
 uv does not read a venv's lower layers (it looks at the venv's own site-packages only:
 astral-sh/uv#4466), so a built venv that inherits gets a *stub* for each inherited
@@ -29,8 +31,8 @@ from pathlib import Path
 
 from muster.environments.interpreters import Interpreter
 
-__all__ = ["LAYERS_PTH", "Script", "lower_scripts", "site_packages", "write_layer",
-           "write_stubs"]
+__all__ = ["LAYERS_PTH", "RELOCATABLE_HEADER", "Script", "lower_scripts", "site_packages",
+           "write_layer", "write_stubs"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,13 @@ _PYTHON_NAME = re.compile(r"python[0-9.]*")
 # The header uv and pip write for a long interpreter path (a shell re-executes the script).
 _SH_EXEC = re.compile(r"^'''exec' (['\"])(?P<python>[^'\"]+)\1 \"\$0\" \"\$@\"$")
 _SKIPPED = re.compile(r"(python[0-9.]*|activate.*|deactivate.*|pydoc.*)")
+# A layer's scripts: /bin/sh runs the `python` beside the script's resolved path (a link to
+# the script from elsewhere still finds its layer); Python reads the first two lines as a
+# string. The same form as uv's `--relocatable` venvs.
+RELOCATABLE_HEADER = (
+    b"#!/bin/sh\n"
+    b"'''exec' \"$(dirname -- \"$(realpath -- \"$0\")\")/python\" \"$0\" \"$@\"\n"
+    b"' '''\n")
 
 
 @dataclass(frozen=True)
@@ -59,11 +68,10 @@ def site_packages(root: Path, base: Interpreter) -> Path:
 
 
 def write_layer(root: Path, base: Interpreter, lower_sites: Sequence[str],
-                scripts: Iterable[Script], harness: Path | None,
-                final: Path | None = None) -> None:
+                scripts: Iterable[Script], harness: Path | None) -> None:
     """Make `root` a venv of `base`'s binary layered over `lower_sites` (in that order),
-    with `scripts` rebased onto its `python` and `harness` on its path. `final`: where
-    `root` will be renamed to (what the scripts name)."""
+    with `scripts` rebased onto its `python` (relocatable: `root` may be renamed) and
+    `harness` on its path."""
     bin_dir = root / "bin"
     site = site_packages(root, base)
     bin_dir.mkdir(parents=True)
@@ -79,7 +87,7 @@ def write_layer(root: Path, base: Interpreter, lower_sites: Sequence[str],
     for alias in ("python3", base.lib_dir):
         (bin_dir / alias).symlink_to("python")
     write_pth(site, lower_sites, harness)
-    write_scripts(bin_dir, scripts, (final or root) / "bin" / "python")
+    write_scripts(bin_dir, scripts, RELOCATABLE_HEADER)
 
 
 def write_pth(site: Path, lower_sites: Sequence[str], harness: Path | None) -> None:
@@ -91,10 +99,11 @@ def write_pth(site: Path, lower_sites: Sequence[str], harness: Path | None) -> N
         (site / HARNESS_PTH).write_text(f"{harness}\n")
 
 
-def write_scripts(bin_dir: Path, scripts: Iterable[Script], python: Path | None = None) -> None:
-    """Each script into `bin_dir`, run by `python` (its own by default); a name it has
-    already is kept."""
-    header = interpreter_header(str(python or bin_dir / "python"))
+def write_scripts(bin_dir: Path, scripts: Iterable[Script], header: bytes | None = None) -> None:
+    """Each script into `bin_dir` under `header` (by default a `#!` line naming the
+    directory's own `python`); a name it has already is kept."""
+    if header is None:
+        header = interpreter_header(str(bin_dir / "python"))
     for script in scripts:
         target = bin_dir / script.name
         if target.exists() or target.is_symlink():

@@ -27,7 +27,7 @@ class EnvHome:
     def ensure(self, shared: bool = False) -> EnvHome:
         """Make the layout; `shared`: jobs run as other accounts (`run_as`) and must reach
         the built environments and the harness (0711 on the way, never listed)."""
-        for path in (self.root, self.store, self.requests, self.logs, self.locks):
+        for path in (self.root, self.store, self.requests, self.logs, self.locks, self.spares):
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
         for path in (self.root, self.store):
             path.chmod(0o711 if shared else 0o700)
@@ -48,6 +48,12 @@ class EnvHome:
     @property
     def locks(self) -> Path:
         return self.root / "locks"
+
+    @property
+    def spares(self) -> Path:
+        """Trial layers made ahead of time, one per kind (`Environments.prepare`): root's,
+        0700, renamed into a trial's run directory when one is needed."""
+        return self.root / "spares"
 
     @property
     def harness(self) -> Path:

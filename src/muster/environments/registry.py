@@ -10,6 +10,8 @@ built (the killed build left nothing that looks built).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -19,7 +21,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Collection
+import uuid
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
@@ -28,7 +31,7 @@ from muster.atomic import atomic_write_json, read_json
 from muster.config import ExperimentConfig
 from muster.environments.build import EXIT_BUSY, tree_size
 from muster.environments.interpreters import Interpreter, InterpreterError, inspect, own
-from muster.environments.layers import lower_scripts, site_packages, write_layer
+from muster.environments.layers import Script, lower_scripts, site_packages, write_layer
 from muster.environments.layout import RECORD, EnvHome, is_hash
 from muster.environments.request import BuildRequest
 from muster.errors import LaunchError, NotFound
@@ -108,6 +111,17 @@ class TrialEnvironment:
             return None
 
 
+@dataclass(frozen=True)
+class _Template:
+    """What a trial layer is made of; layers of one template are alike, whatever their
+    name (their scripts are relocatable): one made ahead of time serves any trial of it."""
+
+    digest: str
+    base: Interpreter
+    lower_sites: Sequence[str]
+    scripts: Sequence[Script]
+
+
 @dataclass
 class _Build:
     child: subprocess.Popen[bytes]
@@ -125,10 +139,15 @@ class Environments:
     shared: bool = False
     _running: dict[str, _Build] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _making: set[str] = field(default_factory=set)  # spares being made, by template digest
 
     def __post_init__(self) -> None:
         self.layout = EnvHome(self.root).ensure(self.shared)
         self.harness = self.layout.ensure_harness(self.shared)
+        # Spares of an earlier server: cheap to make again, and they may be of a template
+        # no trial uses any more (its interpreter or scripts changed).
+        for path in _children(self.layout.spares):
+            shutil.rmtree(path, ignore_errors=True)
 
     # -- at submission ---------------------------------------------------------------
     def keep_request(self, request: BuildRequest) -> str:
@@ -262,19 +281,80 @@ class Environments:
             _touch(env.built / RECORD / "last_used")
         if env.layer.is_dir():
             return False
-        tmp = env.layer.with_name(f".{env.layer.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        lower_bin = str(env.built / "bin") if env.built is not None else env.base.bin_dir
+        template = self._template(env)
         try:
             env.layer.parent.mkdir(parents=True, exist_ok=True)
-            write_layer(tmp, env.base, env.lower_sites, lower_scripts(lower_bin), self.harness,
-                        final=env.layer)
-            tmp.rename(env.layer)
+            if not self._claim_spare(template, env.layer):
+                tmp = env.layer.with_name(f".{env.layer.name}.tmp-{os.getpid()}")
+                shutil.rmtree(tmp, ignore_errors=True)
+                try:
+                    self._write(template, tmp)
+                    tmp.rename(env.layer)
+                except OSError:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
         except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
             raise LaunchError(f"Could not make the trial's environment layer in "
                               f"{env.layer}: {exc}") from exc
+        self._make_spare_soon(template)
         return True
+
+    # -- layers made ahead of time ---------------------------------------------------
+    # A layer is some 60 small files (a copy of each lower script): made at a launch they
+    # cost the launch as many file creations, which a busy disk makes slow (0.7 ms each
+    # was measured here). The next trial's layer of the same template is made on a thread
+    # after each launch, and the launch renames it into place.
+    def _template(self, env: TrialEnvironment) -> _Template:
+        lower_bin = str(env.built / "bin") if env.built is not None else env.base.bin_dir
+        try:
+            stamp = os.stat(lower_bin).st_mtime_ns
+        except OSError:
+            stamp = None
+        scripts = lower_scripts(lower_bin)
+        facts = [env.base.executable, env.base.version, list(env.lower_sites),
+                 str(self.harness), lower_bin, stamp]
+        digest = hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:32]
+        return _Template(digest, env.base, env.lower_sites, scripts)
+
+    def _write(self, template: _Template, root: Path) -> None:
+        write_layer(root, template.base, template.lower_sites, template.scripts, self.harness)
+
+    def _claim_spare(self, template: _Template, layer: Path) -> bool:
+        """Rename the template's spare layer to `layer`; False when there is none."""
+        try:
+            os.rename(self.layout.spares / template.digest, layer)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:  # another file system (EXDEV): made in place, as before
+            log.warning("a trial layer made ahead of time cannot be moved to %s: %s", layer,
+                        exc)
+            return False
+        return True
+
+    def _make_spare_soon(self, template: _Template) -> None:
+        with self._lock:
+            if template.digest in self._making:
+                return
+            self._making.add(template.digest)
+        threading.Thread(target=self._make_spare, args=(template,), daemon=True,
+                         name="muster-spare-layer").start()
+
+    def _make_spare(self, template: _Template) -> None:
+        spare = self.layout.spares / template.digest
+        tmp = self.layout.spares / f".{template.digest}.tmp-{uuid.uuid4().hex[:12]}"
+        try:
+            if not spare.exists():
+                self._write(template, tmp)
+                tmp.rename(spare)  # (onto a spare made meanwhile: ENOTEMPTY, dropped)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if spare.is_dir():
+                return
+            log.warning("could not make a trial layer ahead of time in %s: %s (each trial's "
+                        "is made at its launch instead)", self.layout.spares, exc)
+        finally:
+            with self._lock:
+                self._making.discard(template.digest)
 
     # -- listing, logs, pruning ------------------------------------------------------
     def summaries(self) -> list[EnvSummary]:

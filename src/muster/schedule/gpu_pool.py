@@ -46,7 +46,8 @@ class GpuPool:
     release: GpuReleaseConfig
     _synced: bool = field(default=False, init=False)
     # No GPU in the inventory and no row left in the table: nothing can ever be allocated,
-    # so `settle` has nothing to do (GPUs are added to the table only by the sync).
+    # so `settle` has nothing to do and the table need not be read (GPUs are added to it
+    # only by the sync).
     _idle: bool = field(default=False, init=False)
     # GPUs whose memory the last `settle` still waited on: only the clock (the next look at
     # their memory) frees them, so the passes poll often while there are any.
@@ -80,12 +81,16 @@ class GpuPool:
     # -- what the scheduler sees -----------------------------------------------------------
 
     def slots(self, s: Session) -> tuple[GpuSlot, ...]:
+        if self._idle:
+            return ()
         return tuple(GpuSlot(row.index, row.type, GpuState(row.state))
                      for row in s.scalars(select(GpuDevice).where(GpuDevice.present.is_(True))
                                           .order_by(GpuDevice.index)))
 
     def held(self, s: Session) -> dict[int, tuple[int, ...]]:
         """The GPU indices each trial holds."""
+        if self._idle:
+            return {}
         held: dict[int, list[int]] = defaultdict(list)
         for row in s.scalars(select(GpuDevice).where(GpuDevice.state == ALLOCATED)
                              .order_by(GpuDevice.index)):
@@ -95,6 +100,8 @@ class GpuPool:
 
     def of_trial(self, s: Session, trial_id: int) -> dict[int, tuple[int, ...]]:
         """Rank -> the GPU indices the trial's replica of that rank holds."""
+        if self._idle:
+            return {}
         by_rank: dict[int, list[int]] = defaultdict(list)
         for row in s.scalars(select(GpuDevice).where(GpuDevice.trial_id == trial_id,
                                                      GpuDevice.state == ALLOCATED)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select
 
 from muster import checkpoint_files
 from muster.errors import StorageError
@@ -27,7 +27,7 @@ from muster.store.actors import STORAGE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cache_dir", "fetch_resume_point", "resume_point"]
+__all__ = ["cache_dir", "fetch_resume_point", "resumable", "resume_point"]
 
 
 
@@ -54,10 +54,7 @@ def fetch_resume_point(store: Store, home: Home, trial_id: int) -> Path | None:
         trial = s.get_one(Trial, trial_id)
         rows = [(r.uuid, r.name, (r.step, r.created_at or 0.0, r.name), r.storage, r.state,
                  Path(r.path))
-                for r in s.scalars(select(Checkpoint).where(
-                    Checkpoint.trial_id == trial_id, Checkpoint.intact.is_(True),
-                    Checkpoint.state.not_in([CheckpointState.DELETED.value,
-                                             CheckpointState.DELETING.value])))]
+                for r in s.scalars(select(Checkpoint).where(*resumable(trial_id)))]
         trial_uuid, experiment_id = trial.uuid, trial.experiment_id
     cache = cache_dir(home, trial_uuid)
     for uuid, name, _, storage, state, local in sorted(rows, key=lambda r: r[2], reverse=True):
@@ -77,6 +74,13 @@ def fetch_resume_point(store: Store, home: Home, trial_id: int) -> Path | None:
             return None
         return cache / name
     return None
+
+
+def resumable(trial_id: int) -> tuple[ColumnElement[bool], ...]:
+    """The conditions on the checkpoints a new attempt of the trial may resume from."""
+    return (Checkpoint.trial_id == trial_id, Checkpoint.intact.is_(True),
+            Checkpoint.state.not_in([CheckpointState.DELETED.value,
+                                     CheckpointState.DELETING.value]))
 
 
 def _skipped(store: Store, trial_id: int, experiment_id: int, name: str, url: str,

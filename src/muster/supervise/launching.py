@@ -31,8 +31,8 @@ from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec, Repli
 from muster.launch.environment import ReplicaContext, build_env, free_port
 from muster.rundir import AttemptDir, RunDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
-from muster.storage.resume import cache_dir, resume_point
-from muster.store import Attempt, Experiment, Replica, Trial, transition
+from muster.storage.resume import cache_dir, resumable, resume_point
+from muster.store import Attempt, Checkpoint, Experiment, Replica, Trial, transition
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import Ending
@@ -41,11 +41,22 @@ from muster.supervise.scans import DataScans, ScanFailed
 from muster.supervise.searching import trial_seed
 from muster.supervise.workdir import prepare_workdir
 
-__all__ = ["AttemptPlan", "GpuPlan", "Launching", "latest_checkpoint", "replica_specs"]
+__all__ = ["AttemptPlan", "GpuPlan", "Launching", "Prelaunch", "latest_checkpoint",
+           "replica_specs"]
 
 log = logging.getLogger(__name__)
 
 GpuPlan = tuple[tuple[int, ...], ...]  # the GPU indices of each rank, from the scheduler
+
+
+@dataclass(frozen=True)
+class Prelaunch:
+    """What must happen before a trial's next attempt is recorded, read in one transaction
+    (`Launching.prelaunch`): most launches need none of it."""
+
+    scan: bool  # its data is to be scanned first (`scan_data`)
+    checkpoints: bool  # it has some to resume from: one may be in storage alone
+    standby: bool  # a warm standby waits to be promoted
 
 
 class Scan(Enum):
@@ -158,6 +169,16 @@ class Launching:
 
     def specs(self, plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
         return replica_specs(plan, ranks)
+
+    def prelaunch(self, trial_id: int) -> Prelaunch:
+        with self.ctx.store.session_scope() as s:
+            trial = s.get_one(Trial, trial_id)
+            data = context_of(trial).data
+            checkpoints = s.scalar(select(Checkpoint.id).where(*resumable(trial_id)).limit(1))
+            return Prelaunch(
+                scan=data is not None and trial.manifest is None and not trial.stop_requested,
+                checkpoints=checkpoints is not None,
+                standby=any(a.standby for a in trial.attempts))
 
     def scan_data(self, trial_id: int) -> Scan:
         """Scan the trial's data directory once, before its first launch, in a child

@@ -135,11 +135,12 @@ class Supervisor:
         """Start the trial's next attempt: its data scanned first (once), its warm standby
         promoted if one waits, else a new attempt launched."""
         with self._isolation.trial(trial_id, "starting its next attempt"):
-            if self._launching.scan_data(trial_id) is not Scan.READY:
+            first = self._launching.prelaunch(trial_id)
+            if first.scan and self._launching.scan_data(trial_id) is not Scan.READY:
                 return
-            # Before any transaction: a checkpoint only storage holds is fetched here.
-            fetch_resume_point(self.store, self.home, trial_id)
-            if self._standby.promote(trial_id):
+            if first.checkpoints:  # before any transaction: one only storage holds is fetched
+                fetch_resume_point(self.store, self.home, trial_id)
+            if first.standby and self._standby.promote(trial_id):
                 return
             if not self._placements.reserve(trial_id):  # a cluster without room yet
                 return
