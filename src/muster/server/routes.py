@@ -192,7 +192,8 @@ async def create_experiment(state: State, request: Request,
             experiments.create_experiments, state.store, state.home, owner, form.configs,
             form.archive, capacity=cluster.submission_capacity(state.orchestrator.supervisor),
             secrets=form.secrets, priority_floor=state.priority_floor, run_as=state.run_as,
-            context_from=form.context_from, git=form.git)
+            context_from=form.context_from, git=form.git,
+            admitting=state.orchestrator.supervisor.admitting_new)
         if form.archive is None:
             exp_ids = await asyncio.to_thread(create)
         else:

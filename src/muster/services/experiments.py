@@ -6,9 +6,11 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -31,6 +33,9 @@ from muster.services.uploads import extract_context
 from muster.services.validation import best_validation
 from muster.states import EventReason, ExperimentState, StopIntent, TrialState
 from muster.store import Event, Experiment, Store, Trial, User, record_event, transition
+
+if TYPE_CHECKING:
+    from muster.supervise.supervisor import AdmitNew
 
 # A review's decision: the state it moves a SUSPECT trial to, and the event's reason.
 REVIEW_DECISIONS = {
@@ -71,13 +76,15 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
                        archive: Path | None, capacity: ClusterCapacity | None = None,
                        secrets: Mapping[str, str] | None = None,
                        priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None,
-                       context_from: int | None = None, git: GitState | None = None
+                       context_from: int | None = None, git: GitState | None = None,
+                       admitting: Callable[[], ContextManager[AdmitNew | None]] | None = None
                        ) -> list[int]:
     """`create_experiment` for several configs sharing one context (a batch): every config
     is validated before anything is written, the context is unpacked once (the others get
     hard-linked copies of it: a snapshot is never written to), and every experiment and
     trial is recorded in one transaction: all of them or none. Returns their ids, in the
-    order of the configs.
+    order of the configs. With `admitting` (the server's `Supervisor.admitting_new`), a
+    trial that may start at once gets its first attempt recorded in that transaction too.
 
     Raises:
         as `create_experiment`; a config's problem names it (`config 3 of 10`).
@@ -121,7 +128,7 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
             made[-1].environment = _keep_environment(home, config, context, source)
             if secrets:
                 job_secrets.save_submitted(home, exp_uuid, secrets)
-        return _insert_experiments(store, owner, made)
+        return _insert_experiments(store, owner, made, admitting)
     except BaseException:
         for prepared in made:
             shutil.rmtree(prepared.context.parent, ignore_errors=True)
@@ -184,14 +191,25 @@ def _keep_environment(home: Home, config: ExperimentConfig, context: Path,
     return None if request is None else keep_request(EnvHome(home.envs_dir), request)
 
 
-def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared]) -> list[int]:
+def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared],
+                        admitting: Callable[[], ContextManager[AdmitNew | None]] | None
+                        ) -> list[int]:
     """The experiments, each with its trial unless a searcher draws its trials (the
-    orchestrator does, from its next pass on), in one transaction."""
-    with store.session_scope() as s:
-        return [_insert_experiment(s, owner, prepared) for prepared in made]
+    orchestrator does, from its next pass on), in one transaction; with `admitting`, the
+    trials that may start at once are admitted in it too."""
+    # The admission's lock is held until the transaction has committed (the inner `with`).
+    with (admitting() if admitting is not None else nullcontext() as admit,
+          store.session_scope() as s):
+        inserted = [_insert_experiment(s, owner, prepared) for prepared in made]
+        if admit is not None:
+            for _, trial in inserted:
+                if trial is not None:
+                    admit(s, trial)
+        return [experiment_id for experiment_id, _ in inserted]
 
 
-def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared) -> int:
+def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared
+                       ) -> tuple[int, Trial | None]:
     config = prepared.config
     exp = Experiment(
         uuid=prepared.uuid, name=config.name, description=config.description,
@@ -216,7 +234,8 @@ def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared) -> int
         record_event(s, entity="trial", entity_id=trial.id, reason=EventReason.CREATED,
                      actor=owner.name, message="trial queued", experiment_id=exp.id,
                      trial_id=trial.id)
-    return exp.id
+        return exp.id, trial
+    return exp.id, None
 
 
 def list_experiments(store: Store, owner: str | None = None) -> list[dict[str, Any]]:

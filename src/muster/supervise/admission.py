@@ -33,6 +33,7 @@ from muster.schedule.disk import disk_shortfall
 from muster.schedule.plan import Capacity, Demand, Holding, plan
 from muster.states import EventReason, StopIntent, TrialState, values
 from muster.store import Experiment, Trial, record_event
+from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import pause, record_decision
 from muster.supervise.environments import EnvironmentGate, QueuedTrial, Sorted
@@ -165,6 +166,44 @@ class Admission:
         if (decided is not None and not (decided.admit or decided.preempt or written or broken)
                 and queue.settled and len(demands) == len(queue.demands)):
             self._quiet = queue.seen  # a pass that changed nothing
+
+    def may_start_new(self, s: Session, trial: Trial, slots: int) -> bool:
+        """Whether a trial created in the caller's transaction (not committed yet) may start
+        at once, recorded in that same transaction (`Supervisor.admitting_new`): the plain
+        case alone, which `plan` would admit the same way. On this machine (not a cluster),
+        while the disk guard is off: a single-trial experiment without GPUs, data to scan or
+        an environment still to build; nothing else waits in the queue (so no priority, no
+        preemption has a say); and its replicas fit in the slots free now. Anything else
+        waits for the pass, as every trial did before. The caller holds the lock that keeps
+        the pass's admission out meanwhile."""
+        experiment = trial.experiment
+        if (self.ctx.launcher.on_cluster or self._disk_warning is not None
+                or experiment.max_trials != 1):
+            return False
+        config = experiment_config(experiment)
+        resources = config.resources
+        if (config.data is not None or resources.gpus_per_replica or resources.gpu_type
+                or resources.max_slots is not None):
+            return False
+        key = experiment.environment_key
+        if key is not None and self.ctx.envs.layout.built(key) is None:
+            return False
+        ahead = s.scalar(select(Trial.id).where(Trial.state.in_(_WAITING), Trial.id != trial.id)
+                         .limit(1))
+        if ahead is not None:
+            return False
+        holders = _holders(s)
+        needs = self._needs_of(s, {h.experiment_id for h in holders})
+        broken: list[tuple[int, Exception]] = []
+        used = sum(h.slots for h in _each(
+            holders, lambda h: _holding(h, needs[h.experiment_id], (), False), broken))
+        return not broken and used + resources.replicas <= slots
+
+    def queue_waits(self) -> bool:
+        """Whether any trial waits in the queue (QUEUED or RESTARTING): a new one would
+        wait behind it, so a create need not take the admission's lock to know it."""
+        with self.ctx.store.session_scope() as s:
+            return s.scalar(select(Trial.id).where(Trial.state.in_(_WAITING)).limit(1)) is not None
 
     def slots_in_use(self) -> int:
         """One slot per replica without GPUs of every trial that holds its resources

@@ -41,7 +41,7 @@ from muster.supervise.scans import DataScans, ScanFailed
 from muster.supervise.searching import trial_seed
 from muster.supervise.workdir import prepare_workdir
 
-__all__ = ["AttemptPlan", "GpuPlan", "Launching", "Prelaunch", "latest_checkpoint",
+__all__ = ["AttemptPlan", "GpuPlan", "Launching", "Prelaunch", "Recorded", "latest_checkpoint",
            "replica_specs"]
 
 log = logging.getLogger(__name__)
@@ -224,17 +224,23 @@ class Launching:
             # interpreter that is gone, a job account that is gone (rolled back)
             self._fail_before_launch(trial_id, f"cannot launch: {exc}")
             return
-        if recorded is None:
-            return
-        attempt_id, specs, hparams, context, environment = recorded
+        if recorded is not None:
+            self.launch(recorded)
+
+    def launch(self, recorded: Recorded) -> None:
+        """Launch the replicas of an attempt recorded and committed (`Recorded`): its
+        working directory, environment layer and attempt directory first; if a replica
+        cannot be launched, the ones already launched are stopped and the attempt ends."""
+        attempt_id, trial_id = recorded.attempt_id, recorded.trial_id
+        specs, environment = recorded.specs, recorded.environment
         account = specs[0].account
         try:
-            prepare_workdir(context.snapshot, specs[0].cwd, context.data)
+            prepare_workdir(recorded.context.snapshot, specs[0].cwd, recorded.context.data)
             if environment is not None:
                 self.ctx.envs.prepare(environment)
             if account is not None:
                 grant_trial(AttemptDir(specs[0].attempt_dir).run, account)
-            prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), hparams, account)
+            prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), recorded.hparams, account)
             launched = self.ctx.launcher.submit_all(specs)
         except LaunchError as exc:
             rank = exc.rank if exc.rank is not None else specs[0].rank
@@ -262,27 +268,25 @@ class Launching:
                     replica.node = self.ctx.launcher.node_of(Path(attempt.run_dir),
                                                              replica.rank)
 
-    def new_attempt(self, s: Session, trial: Trial, *, standby: bool = False) -> Attempt:
-        """Add the trial's next attempt and its replicas to the caller's transaction."""
+    def new_attempt(self, s: Session, trial: Trial, *, standby: bool = False,
+                    port: int | None = None) -> Attempt:
+        """Add the trial's next attempt and its replicas to the caller's transaction (its
+        rendezvous on `port`, a free one by default)."""
         number = len(trial.attempts) + 1
         world_size = experiment_config(trial.experiment).resources.replicas
         attempt_dir = self.ctx.home.run_dir(trial.uuid).attempt(number)
         attempt = Attempt(trial=trial, number=number, state=AttemptState.STARTING.value,
                           run_dir=str(attempt_dir.path), standby=standby,
-                          master_port=free_port())
+                          master_port=free_port() if port is None else port)
         s.add_all([attempt, *(Replica(attempt=attempt, rank=rank, host=self.ctx.host,
                                       log_path=str(attempt_dir.rank(rank).log))
                               for rank in range(world_size))])
         s.flush()
         return attempt
 
-    def _record_attempt(
-        self, trial_id: int, gpus: GpuPlan
-    ) -> tuple[int, list[ReplicaSpec], dict[str, Any], Context,
-               TrialEnvironment | None] | None:
-        """Record the attempt and its replicas (and a queued trial's GPUs); returns its id,
-        its launch plans (by rank), the trial's hparams, where its context is and what it
-        runs in. A trial's first attempt records its environment's hash and freeze."""
+    def _record_attempt(self, trial_id: int, gpus: GpuPlan) -> Recorded | None:
+        """Record the attempt and its replicas (and a queued trial's GPUs), committed; None
+        when the trial no longer waits (or was killed, or its GPU plan is stale)."""
         with self.ctx.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
             if trial.state not in (TrialState.QUEUED, TrialState.RESTARTING):
@@ -297,19 +301,32 @@ class Launching:
                 except GpuError as exc:  # a stale plan: it waits for the next pass
                     log.warning("%s", exc)
                     return None
-            trial.queue_reason = None  # it waits no more
-            attempt = self.new_attempt(s, trial)
-            world_size = len(attempt.replicas)
-            transition(s, trial, TrialState.STARTING, reason=EventReason.LAUNCHING,
-                       actor=ACTOR, message=f"starting attempt {attempt.number}"
-                       + (f" ({world_size} replicas)" if world_size > 1 else ""))
-            assert attempt.master_port is not None
-            plan = self.plan(s, trial, attempt.number, attempt.master_port)
-            if attempt.number == 1 and plan.environment is not None:
-                trial.environment_key = plan.environment.key
-                trial.environment_freeze = plan.environment.freeze()
-            return (attempt.id, self.specs(plan), dict(trial.hparams), context_of(trial),
-                    plan.environment)
+            return self.record(s, trial)
+
+    def record(self, s: Session, trial: Trial, why: str | None = None) -> Recorded:
+        """Add the trial's next attempt and its replicas to the caller's transaction and move
+        the trial to STARTING (`why`, if given, ends the event's message); returns what its
+        launch needs once that is committed. A trial's first attempt records its
+        environment's hash and freeze.
+
+        Raises:
+            ConfigError, LaunchError: a secret, an interpreter or a job account that cannot
+                be had now; raised before anything is added to the transaction.
+        """
+        port = free_port()
+        plan = self.plan(s, trial, len(trial.attempts) + 1, port)  # (raises before writing)
+        trial.queue_reason = None  # it waits no more
+        attempt = self.new_attempt(s, trial, port=port)
+        world_size = len(attempt.replicas)
+        transition(s, trial, TrialState.STARTING, reason=EventReason.LAUNCHING,
+                   actor=ACTOR, message=f"starting attempt {attempt.number}"
+                   + (f" ({world_size} replicas)" if world_size > 1 else "")
+                   + (f"; {why}" if why else ""))
+        if attempt.number == 1 and plan.environment is not None:
+            trial.environment_key = plan.environment.key
+            trial.environment_freeze = plan.environment.freeze()
+        return Recorded(attempt.id, trial.id, self.specs(plan), dict(trial.hparams),
+                        context_of(trial), plan.environment)
 
     def _fail_before_launch(self, trial_id: int, message: str,
                             reason: Reason = Reason.PERMANENT_ERROR) -> None:
@@ -328,6 +345,18 @@ class Context:
 
     snapshot: Path  # the experiment's context, as submitted
     data: Path | None  # the data path, when it is inside the context (linked, not copied)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """An attempt recorded (committed) and not launched yet: what `Launching.launch` needs."""
+
+    attempt_id: int
+    trial_id: int
+    specs: list[ReplicaSpec]  # by rank
+    hparams: dict[str, Any]
+    context: Context
+    environment: TrialEnvironment | None
 
 
 def context_of(trial: Trial) -> Context:

@@ -20,15 +20,22 @@ reads every live attempt once, in one transaction, and hands it down.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from muster.config import GpuReleaseConfig
 from muster.environments.registry import Environments
+from muster.errors import ConfigError, LaunchError
 from muster.home import Home
 from muster.launch.accounts import RunAs
 from muster.launch.base import Launcher
@@ -36,20 +43,31 @@ from muster.schedule.gpu_pool import GpuPool
 from muster.schedule.inventory import GpuInventory, NoGpus
 from muster.states import AttemptState, values
 from muster.storage.resume import fetch_resume_point
-from muster.store import Attempt, Store
+from muster.store import Attempt, Store, Trial
 from muster.supervise.admission import Admission
 from muster.supervise.context import LiveAttempt, SupervisorContext, read_live_attempts
 from muster.supervise.ending import Ending
 from muster.supervise.experiments import Closing
 from muster.supervise.following import Following
 from muster.supervise.isolation import Isolation
-from muster.supervise.launching import GpuPlan, Launching, Scan
+from muster.supervise.launching import GpuPlan, Launching, Recorded, Scan
 from muster.supervise.placement import Placements
 from muster.supervise.restart_in_place import RestartInPlace
 from muster.supervise.searching import Searching
 from muster.supervise.standby import Standby
 
-__all__ = ["Supervisor"]
+__all__ = ["ADMITTED_AT_SUBMISSION", "AdmitNew", "Supervisor"]
+
+log = logging.getLogger(__name__)
+
+# Records, in the caller's transaction, the first attempt of a trial created in it when it
+# may start at once (`Supervisor.admitting_new`).
+AdmitNew = Callable[[Session, Trial], None]
+# How long a create waits for the pass's admission to finish before it leaves its trials
+# to the pass (the admission's lock is held while a pass decides and records).
+ADMIT_WAIT_S = 0.05
+# How the event of a trial started that way ends (`muster trial describe` shows it).
+ADMITTED_AT_SUBMISSION = "admitted at its submission: a slot was free and nothing waited"
 
 
 @dataclass
@@ -76,6 +94,12 @@ class Supervisor:
     _isolation: Isolation = field(init=False)
     envs: Environments = field(init=False)
     _followed_dirs: dict[int, Path] = field(default_factory=dict, init=False)
+    # Admission's decisions, the pass's and a create's (`admitting_new`), one at a time.
+    _admitting: threading.Lock = field(default_factory=threading.Lock, init=False)
+    # Attempts a create recorded and committed, for the next pass to launch first; their
+    # ids from before the commit, so that no pass settles them before they are launched.
+    _pending: deque[Recorded] = field(default_factory=deque, init=False)
+    _unlaunched: set[int] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         self._pool = GpuPool(self.store, self.gpus, self.gpu_release)
@@ -98,6 +122,7 @@ class Supervisor:
 
         Each trial's and each experiment's step is isolated (`isolation`): one that fails
         unexpectedly ends that trial or experiment, and the pass goes on."""
+        self._launch_pending()
         cluster_slots = self.launcher.slots()  # a cluster's: its nodes' CPUs, now
         if cluster_slots is not None:
             self.slots = cluster_slots
@@ -113,7 +138,8 @@ class Supervisor:
         self._pool.settle()  # GPUs of trials that ended go back once their memory is free
         self._search.top_up()  # each search's next trials, drawn before admission
         if not self._admission.disk_low(self.min_free_disk):  # nothing launches while low
-            self._admission.admit(self.slots, self.preemption)
+            with self._admitting:
+                self._admission.admit(self.slots, self.preemption)
         self._launching.drop_stale_scans()
         self._closing.close()
 
@@ -146,6 +172,56 @@ class Supervisor:
                 return
             self._launching.start(trial_id, gpus)
 
+    @contextmanager
+    def admitting_new(self) -> Iterator[AdmitNew | None]:
+        """Admission for the trials a create records, in its own transaction (issue 19: one
+        transaction for the create and the admission, and the launch at the very start of
+        the next pass instead of after its reads). Yields None (the trials wait for the pass,
+        as before) on a cluster, when trials wait in the queue already, or when the pass
+        admits for longer than `ADMIT_WAIT_S`; else a function to call
+        with each new trial inside the create's transaction, before its commit: a trial
+        `Admission.may_start_new` lets start gets its first attempt recorded there. Once
+        the `with` block ends without an exception (the transaction committed), those
+        attempts are handed to the next pass to launch; the caller wakes it.
+
+        A server killed between the commit and the launch leaves an attempt recorded and
+        never launched, as one killed between a pass's record and its launch does: the
+        reconciliation finds no process and the failure policy restarts it."""
+        if (self.launcher.on_cluster or self._admission.queue_waits()
+                or not self._admitting.acquire(timeout=ADMIT_WAIT_S)):
+            yield None
+            return
+        recorded: list[Recorded] = []
+        try:
+            yield lambda s, trial: self._admit_new(s, trial, recorded)
+            self._pending.extend(recorded)
+        except BaseException:
+            self._unlaunched.difference_update(r.attempt_id for r in recorded)
+            raise
+        finally:
+            self._admitting.release()
+
+    def _admit_new(self, s: Session, trial: Trial, recorded: list[Recorded]) -> None:
+        if not self._admission.may_start_new(s, trial, self.slots):
+            return
+        try:
+            attempt = self._launching.record(s, trial, ADMITTED_AT_SUBMISSION)
+        except (ConfigError, LaunchError) as exc:  # nothing written: the pass tries again
+            log.info("trial %d waits for the pass: %s", trial.id, exc)
+            return
+        self._unlaunched.add(attempt.attempt_id)
+        recorded.append(attempt)
+
+    def _launch_pending(self) -> None:
+        """Launch the attempts creates recorded (`admitting_new`)."""
+        while self._pending:
+            recorded = self._pending.popleft()
+            with self._isolation.trial(recorded.trial_id, "launching its first attempt"):
+                try:
+                    self._launching.launch(recorded)
+                finally:
+                    self._unlaunched.discard(recorded.attempt_id)
+
     def slots_in_use(self) -> int:
         """One slot per replica without GPUs of every trial that holds its resources."""
         return self._admission.slots_in_use()
@@ -164,7 +240,8 @@ class Supervisor:
         return self._pool.releasing > 0
 
     def _settle(self, live: list[LiveAttempt]) -> None:
-        followed = [attempt for attempt in live if not attempt.standby]
+        followed = [attempt for attempt in live
+                    if not attempt.standby and attempt.id not in self._unlaunched]
         self._followed_dirs = {attempt.id: attempt.dir.path for attempt in followed}
         for attempt in followed:
             with self._isolation.trial(attempt.trial.id, f"following attempt {attempt.number}"):
