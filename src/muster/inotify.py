@@ -29,6 +29,8 @@ DELETE_SELF = 0x00000400
 Q_OVERFLOW = 0x00004000  # the kernel's queue overflowed: events were lost
 IGNORED = 0x00008000  # the watch is gone (removed, or its file deleted)
 ONLYDIR = 0x01000000
+DONT_FOLLOW = 0x02000000  # watch a link itself, never what it points at
+ONESHOT = 0x80000000  # the watch goes after its first event (IGNORED follows)
 
 _NONBLOCK = os.O_NONBLOCK
 _CLOEXEC = os.O_CLOEXEC

@@ -101,6 +101,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await asyncio.to_thread(storage.stop)
+            app.state.muster.log_watch.close()
             supervisor.envs.stop_all()  # a build half done is redone by the next server
             store.dispose()
             gpus.close()

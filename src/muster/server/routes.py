@@ -530,7 +530,8 @@ async def get_trial_logs(
             stream = await logs.follow_log(state.store, state.launcher, trial_id,
                                            attempt=attempt, rank=rank, offset=offset,
                                            tail=tail, one_attempt=one_attempt,
-                                           home=state.home)
+                                           home=state.home,
+                                           wait_growth=state.log_watch.wait_growth)
             on_error.pop_all()
         return FollowStream(stream, ticket)
     piece = await asyncio.to_thread(

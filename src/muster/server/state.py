@@ -10,6 +10,7 @@ from muster.home import Home
 from muster.launch.accounts import RunAs, check_can_switch
 from muster.launch.base import Launcher
 from muster.server.follows import FollowLimit
+from muster.server.log_watch import LogWatch
 from muster.server.login_limit import LoginLimiter
 from muster.server.orchestrator import Orchestrator
 from muster.storage.worker import StorageWorker
@@ -60,4 +61,5 @@ class ServerState:
     run_as: RunAs | None  # whom jobs run as (cluster config); None: the server's user
     storage: StorageWorker  # checkpoint uploads, GC and deletions, in its own thread
     follows: FollowLimit = field(default_factory=FollowLimit)  # open log follows per user
+    log_watch: LogWatch = field(default_factory=LogWatch)  # wakes them when a log is written
     logins: LoginLimiter = field(default_factory=LoginLimiter)  # failed logins

@@ -15,7 +15,7 @@ import asyncio
 import os
 import time
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -26,7 +26,15 @@ from muster import job_secrets
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.home import Home
 from muster.launch.base import Launcher
-from muster.launch.logs import LogPart, ReplicaLog, log_size, masked, read_range, tail_offset
+from muster.launch.logs import (
+    FileLog,
+    LogPart,
+    ReplicaLog,
+    log_size,
+    masked,
+    read_range,
+    tail_offset,
+)
 from muster.services.experiments import trial_or_404
 from muster.services.merged_logs import LogCursor, merged_page, tail_cursor
 from muster.states import AttemptState, TrialState
@@ -321,6 +329,20 @@ class _MergedReader:
         return data
 
 
+# Returns once the file holds more than the bytes given, or after the seconds given.
+WaitGrowth = Callable[[Path, int, float], Awaitable[None]]
+
+
+async def _idle(reader: _Reader | None, wait_growth: WaitGrowth | None) -> None:
+    """A follower's wait before it reads again: until one local rank's log is written
+    (`wait_growth`), never longer than the poll's interval."""
+    if (wait_growth is not None and isinstance(reader, _RankReader)
+            and isinstance(reader.log, FileLog)):
+        await wait_growth(reader.log.log, reader.offset, FOLLOW_FILE_POLL_SECONDS)
+    else:
+        await asyncio.sleep(FOLLOW_FILE_POLL_SECONDS)
+
+
 def _reader(where: AttemptLogs, rank: int | None, offset: int, tail: int | None) -> _Reader:
     one = _single_rank(where, rank)
     if one is not None:
@@ -331,13 +353,14 @@ def _reader(where: AttemptLogs, rank: int | None, offset: int, tail: int | None)
 async def follow_log(
     store: Store, launcher: Launcher, trial_id: int, *, attempt: int | None,
     rank: int | None, offset: int, tail: int | None, one_attempt: bool = False,
-    home: Home | None = None,
+    home: Home | None = None, wait_growth: WaitGrowth | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The log as it grows, across attempts (with `one_attempt`, only that attempt's), until
     the trial (or the attempt) has ended and every byte has been sent: one rank's bytes, or
     (no rank named) as `read_log` serves each attempt. The trial, attempt and start are
     checked here, before the stream (and its 200 status) starts, so a wrong cursor is an
-    error status and not a broken stream."""
+    error status and not a broken stream. `wait_growth` (the server's `LogWatch`) lets a
+    follower of one local rank's log wake when it is written instead of at its next poll."""
     logs = await asyncio.to_thread(locate, store, launcher, trial_id, home)
     number = _pick_attempt(logs, trial_id, attempt, upcoming=True) or 1
     where = logs.attempts.get(number)
@@ -351,7 +374,7 @@ async def follow_log(
     else:
         reader = None  # made when the attempt starts
     return _follow(store, launcher, trial_id, rank, offset, logs, number, reader, one_attempt,
-                   home)
+                   home, wait_growth)
 
 
 def _check_follow_offset(where: AttemptLogs, rank: int | None, offset: int) -> None:
@@ -370,7 +393,7 @@ def _check_follow_offset(where: AttemptLogs, rank: int | None, offset: int) -> N
 async def _follow(
     store: Store, launcher: Launcher, trial_id: int, rank: int | None, offset: int,
     logs: TrialLogs, number: int, reader: _Reader | None, one_attempt: bool,
-    home: Home | None,
+    home: Home | None, wait_growth: WaitGrowth | None,
 ) -> AsyncGenerator[bytes, None]:
     next_locate = 0.0
     while True:
@@ -379,7 +402,7 @@ async def _follow(
             yield data
             continue
         if not logs.ended and time.monotonic() < next_locate:
-            await asyncio.sleep(FOLLOW_FILE_POLL_SECONDS)
+            await _idle(reader, wait_growth)
             continue
         ended_before = logs.ended
         logs = await asyncio.to_thread(locate, store, launcher, trial_id, home)
@@ -405,4 +428,4 @@ async def _follow(
         if ended_before and logs.ended:
             return
         if not logs.ended:
-            await asyncio.sleep(FOLLOW_FILE_POLL_SECONDS)
+            await _idle(reader, wait_growth)
