@@ -13,9 +13,11 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+import yaml
 from sqlalchemy import func, select
 
 from muster.launch.local import LocalLauncher
+from muster.priority import DEFAULT_PRIORITY
 from muster.services.experiments import create_experiments
 from muster.states import TrialState, values
 from muster.store import Event, Trial
@@ -108,13 +110,33 @@ def test_a_create_admits_neither_past_the_free_slots_nor_ahead_of_the_queue(
     assert one.run_to_end(second).state == "SUCCEEDED"
 
 
+def test_a_batch_admits_in_the_queues_order_up_to_the_free_slots(rig: Rig) -> None:
+    """Three configs in one create on 2 free slots, the third of a better priority: it and
+    the first are admitted by the create, the second waits (behind nothing but the slots)."""
+    two = _rig(rig, slots=2)
+    configs = [yaml.safe_dump({"name": "batch", "entrypoint": [sys.executable, "-c", "pass"],
+                               "resources": {"priority": priority}})
+               for priority in (50, 50, 10)]
+    created = create_experiments(two.store, two.home, two.admin, configs, archive=None,
+                                 admitting=two.supervisor.admitting_new)
+    with two.store.session_scope() as s:
+        states = [s.scalars(select(Trial.state).where(Trial.experiment_id == e)).one()
+                  for e in created]
+    assert states == ["STARTING", "QUEUED", "STARTING"]
+    for experiment_id in created:
+        with two.store.session_scope() as s:
+            trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id)
+                                 ).one()
+        assert two.run_to_end(Submitted(experiment_id, trial_id)).state == "SUCCEEDED"
+
+
 def test_a_pass_between_the_creates_commit_and_its_launch_leaves_the_attempt_alone(
     rig: Rig
 ) -> None:
     """The attempt is committed before the pass that launches it gets it: a pass that runs
     in between must not take its missing process for a lost one."""
     supervisor = rig.supervisor
-    with supervisor.admitting_new() as admit:
+    with supervisor.admitting_new(DEFAULT_PRIORITY) as admit:
         assert admit is not None
         (experiment_id,) = create_experiments(
             rig.store, rig.home, rig.admin, [experiment_yaml([sys.executable, "-c", "pass"])],

@@ -282,18 +282,15 @@ class Environments:
         if env.layer.is_dir():
             return False
         template = self._template(env)
+        tmp = env.layer.with_name(f".{env.layer.name}.tmp-{os.getpid()}")
         try:
             env.layer.parent.mkdir(parents=True, exist_ok=True)
             if not self._claim_spare(template, env.layer):
-                tmp = env.layer.with_name(f".{env.layer.name}.tmp-{os.getpid()}")
                 shutil.rmtree(tmp, ignore_errors=True)
-                try:
-                    self._write(template, tmp)
-                    tmp.rename(env.layer)
-                except OSError:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    raise
+                self._write(template, tmp)
+                tmp.rename(env.layer)
         except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
             raise LaunchError(f"Could not make the trial's environment layer in "
                               f"{env.layer}: {exc}") from exc
         self._make_spare_soon(template)

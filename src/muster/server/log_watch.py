@@ -35,6 +35,7 @@ class LogWatch:
     def __init__(self) -> None:
         self._notify: Inotify | None = None
         self._opened = False
+        self._refused = False  # a watch was refused (warned once)
         self._waiting: dict[int, set[asyncio.Event]] = {}  # wd -> the followers waiting
 
     async def wait_growth(self, path: Path, size: int, timeout: float) -> None:
@@ -43,7 +44,13 @@ class LogWatch:
         notify = self._open()
         try:
             wd = notify.add_watch(path, _MASK) if notify is not None else None
-        except OSError:  # not there yet, or no watch to be had: the poll alone
+        except FileNotFoundError:  # not there yet: the poll alone
+            wd = None
+        except OSError as exc:  # no watch to be had (ENOSPC): the poll alone, said once
+            if not self._refused:
+                self._refused = True
+                log.warning("cannot watch %s (%s): log follows poll every %.0f ms meanwhile",
+                            path, exc, timeout * 1000)
             wd = None
         if wd is None:
             await asyncio.sleep(timeout)

@@ -77,14 +77,15 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
                        secrets: Mapping[str, str] | None = None,
                        priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None,
                        context_from: int | None = None, git: GitState | None = None,
-                       admitting: Callable[[], ContextManager[AdmitNew | None]] | None = None
+                       admitting: Callable[[int], ContextManager[AdmitNew | None]] | None = None
                        ) -> list[int]:
     """`create_experiment` for several configs sharing one context (a batch): every config
     is validated before anything is written, the context is unpacked once (the others get
     hard-linked copies of it: a snapshot is never written to), and every experiment and
     trial is recorded in one transaction: all of them or none. Returns their ids, in the
-    order of the configs. With `admitting` (the server's `Supervisor.admitting_new`), a
-    trial that may start at once gets its first attempt recorded in that transaction too.
+    order of the configs. With `admitting` (the server's `Supervisor.admitting_new`, given
+    the best priority of the configs), a trial that may start at once gets its first
+    attempt recorded in that transaction too.
 
     Raises:
         as `create_experiment`; a config's problem names it (`config 3 of 10`).
@@ -192,19 +193,20 @@ def _keep_environment(home: Home, config: ExperimentConfig, context: Path,
 
 
 def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared],
-                        admitting: Callable[[], ContextManager[AdmitNew | None]] | None
+                        admitting: Callable[[int], ContextManager[AdmitNew | None]] | None
                         ) -> list[int]:
     """The experiments, each with its trial unless a searcher draws its trials (the
     orchestrator does, from its next pass on), in one transaction; with `admitting`, the
     trials that may start at once are admitted in it too."""
     # The admission's lock is held until the transaction has committed (the inner `with`).
-    with (admitting() if admitting is not None else nullcontext() as admit,
+    best = min(prepared.config.resources.priority for prepared in made)
+    with (admitting(best) if admitting is not None else nullcontext() as admit,
           store.session_scope() as s):
         inserted = [_insert_experiment(s, owner, prepared) for prepared in made]
-        if admit is not None:
-            for _, trial in inserted:
-                if trial is not None:
-                    admit(s, trial)
+        if admit is not None:  # in the queue's order, as the pass would
+            trials = [trial for _, trial in inserted if trial is not None]
+            for trial in sorted(trials, key=lambda t: (t.priority, t.id)):
+                admit(s, trial)
         return [experiment_id for experiment_id, _ in inserted]
 
 

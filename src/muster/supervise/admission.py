@@ -172,10 +172,11 @@ class Admission:
         at once, recorded in that same transaction (`Supervisor.admitting_new`): the plain
         case alone, which `plan` would admit the same way. On this machine (not a cluster),
         while the disk guard is off: a single-trial experiment without GPUs, data to scan or
-        an environment still to build; nothing else waits in the queue (so no priority, no
-        preemption has a say); and its replicas fit in the slots free now. Anything else
-        waits for the pass, as every trial did before. The caller holds the lock that keeps
-        the pass's admission out meanwhile."""
+        an environment still to build; no trial waits ahead of it in the queue's order
+        (priority, then id: so no preemption has a say, and in a batch each trial sees the
+        ones before it admitted or waiting); and its replicas fit in the slots free now.
+        Anything else waits for the pass, as every trial did before. The caller holds the
+        lock that keeps the pass's admission out meanwhile."""
         experiment = trial.experiment
         if (self.ctx.launcher.on_cluster or self._disk_warning is not None
                 or experiment.max_trials != 1):
@@ -188,9 +189,7 @@ class Admission:
         key = experiment.environment_key
         if key is not None and self.ctx.envs.layout.built(key) is None:
             return False
-        ahead = s.scalar(select(Trial.id).where(Trial.state.in_(_WAITING), Trial.id != trial.id)
-                         .limit(1))
-        if ahead is not None:
+        if _waiting_ahead(s, trial.priority, trial.id):
             return False
         holders = _holders(s)
         needs = self._needs_of(s, {h.experiment_id for h in holders})
@@ -199,11 +198,12 @@ class Admission:
             holders, lambda h: _holding(h, needs[h.experiment_id], (), False), broken))
         return not broken and used + resources.replicas <= slots
 
-    def queue_waits(self) -> bool:
-        """Whether any trial waits in the queue (QUEUED or RESTARTING): a new one would
-        wait behind it, so a create need not take the admission's lock to know it."""
+    def queue_waits(self, priority: int) -> bool:
+        """Whether a trial of `priority` created now would wait behind one in the queue
+        (QUEUED or RESTARTING, of that priority or better: a new trial's id is the
+        highest), so that a create need not take the admission's lock to know it."""
         with self.ctx.store.session_scope() as s:
-            return s.scalar(select(Trial.id).where(Trial.state.in_(_WAITING)).limit(1)) is not None
+            return _waiting_ahead(s, priority, None)
 
     def slots_in_use(self) -> int:
         """One slot per replica without GPUs of every trial that holds its resources
@@ -390,6 +390,15 @@ def _queue_digest(s: Session) -> str | None:
               + case((Trial.state == TrialState.RESTARTING.value, 1), else_=0))
     return s.scalar(select(func.aggregate_strings(sql_cast(packed, String), ","))
                     .where(Trial.state.in_(_WAITING)))
+
+
+def _waiting_ahead(s: Session, priority: int, trial_id: int | None) -> bool:
+    """Whether a QUEUED or RESTARTING trial comes before (`priority`, `trial_id`) in the
+    queue's order (priority, then id); `trial_id` None: a trial not created yet (the
+    highest id), so every waiting trial of `priority` or better."""
+    before = Trial.priority <= priority if trial_id is None else (
+        (Trial.priority < priority) | ((Trial.priority == priority) & (Trial.id < trial_id)))
+    return s.scalar(select(Trial.id).where(Trial.state.in_(_WAITING), before).limit(1)) is not None
 
 
 def _waiting_trials(s: Session) -> list[_Waiting]:

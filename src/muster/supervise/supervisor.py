@@ -173,12 +173,13 @@ class Supervisor:
             self._launching.start(trial_id, gpus)
 
     @contextmanager
-    def admitting_new(self) -> Iterator[AdmitNew | None]:
+    def admitting_new(self, priority: int) -> Iterator[AdmitNew | None]:
         """Admission for the trials a create records, in its own transaction (issue 19: one
         transaction for the create and the admission, and the launch at the very start of
         the next pass instead of after its reads). Yields None (the trials wait for the pass,
-        as before) on a cluster, when trials wait in the queue already, or when the pass
-        admits for longer than `ADMIT_WAIT_S`; else a function to call
+        as before) on a cluster, when trials of `priority` (the best of the trials to be
+        created) or better wait in the queue already, or when the pass admits for longer
+        than `ADMIT_WAIT_S`; else a function to call
         with each new trial inside the create's transaction, before its commit: a trial
         `Admission.may_start_new` lets start gets its first attempt recorded there. Once
         the `with` block ends without an exception (the transaction committed), those
@@ -187,7 +188,7 @@ class Supervisor:
         A server killed between the commit and the launch leaves an attempt recorded and
         never launched, as one killed between a pass's record and its launch does: the
         reconciliation finds no process and the failure policy restarts it."""
-        if (self.launcher.on_cluster or self._admission.queue_waits()
+        if (self.launcher.on_cluster or self._admission.queue_waits(priority)
                 or not self._admitting.acquire(timeout=ADMIT_WAIT_S)):
             yield None
             return
