@@ -17,6 +17,16 @@ launcher: local          # or `ray`: replicas run on the nodes of a Ray cluster 
 ray: {address: auto, namespace: muster, storage_path: /shared/muster-runs,
       placement_strategy: PACK}
 node_quarantine: {failures: 3}   # Ray nodes: pulled out after 3 infra failures in a row
+# What a user who is not an admin may make the server act on (docs/users.md, "What a user
+# can and cannot make the server do"); admins may name anything. Each list is empty by default.
+secret_sources: [env:WANDB_API_KEY, "file:/etc/muster/shared/*"]  # env:/file: sources
+data_roots: [/datasets]                  # data.path outside the context, under one of these
+storage_paths: [/mnt/checkpoints]        # checkpoint_storage.path, under one of these
+storage_endpoints: [https://minio.lab.example:9000]   # checkpoint_storage.endpoint_url
+interpreters: [/opt/conda/bin/python]    # environment.python: root-owned interpreters
+package_sources: [https://pypi.lab.example/simple]    # indexes and hosts uv may fetch from
+build_logs: owners                       # or `everyone`: viewers read build logs too
+trusted_proxies: [127.0.0.1]             # whose X-Forwarded-For names the client
 ```
 
 The file is optional (`$MUSTER_HOME/cluster.yaml`); its models are as strict as the
@@ -28,7 +38,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_validator
 
@@ -137,8 +147,15 @@ class NodeQuarantineConfig(_Section):
     failures: int = Field(default=3, ge=1, le=1000)
 
 
+_SOURCE_PATTERN = r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:/.*)$"
+_ABSOLUTE = r"^/.*$"
+_URL = r"^https?://[^\s/]+(/[^\s]*)?$"
+MAX_ALLOWED = 256  # entries of each allow-list
+
+
 class ClusterConfig(_Section):
-    """What this machine offers: CPU slots, GPUs, the free-disk guard, preemption."""
+    """What this machine offers: CPU slots, GPUs, the free-disk guard, preemption, and what
+    users who are not admins may make the server act on (the allow-lists)."""
 
     slots: int | None = Field(default=None, ge=1)  # None: the CPU count, decided by the server
     gpus: Literal["auto", "none"] | list[FakeGpuConfig] = "auto"
@@ -161,6 +178,34 @@ class ClusterConfig(_Section):
     launcher: Literal["local", "ray"] = "local"
     ray: RayConfig | None = None
     node_quarantine: NodeQuarantineConfig = Field(default_factory=NodeQuarantineConfig)
+    # The allow-lists (`muster.services.allowances`): what a submitter who is not an admin
+    # may name that the server itself reads, fetches, writes or runs. Admins may name
+    # anything; `$MUSTER_HOME` is never allowed, whoever names it.
+    # `env:NAME` or `file:/path` sources of secrets and storage keys (a path may end in `*`).
+    secret_sources: list[Annotated[str, Field(pattern=_SOURCE_PATTERN, max_length=4096)]] = \
+        Field(default_factory=list, max_length=MAX_ALLOWED)
+    # Directories under which `data.path` may name data outside the context.
+    data_roots: list[Annotated[str, Field(pattern=_ABSOLUTE, max_length=4096)]] = \
+        Field(default_factory=list, max_length=MAX_ALLOWED)
+    # Directories under which `checkpoint_storage.path` may be (besides this config's own).
+    storage_paths: list[Annotated[str, Field(pattern=_ABSOLUTE, max_length=4096)]] = \
+        Field(default_factory=list, max_length=MAX_ALLOWED)
+    # `checkpoint_storage.endpoint_url`s users may name (besides this config's own).
+    storage_endpoints: list[Annotated[str, Field(pattern=_URL, max_length=2048)]] = \
+        Field(default_factory=list, max_length=MAX_ALLOWED)
+    # `environment.python` interpreters users may name; each must be root's, in root's
+    # directories, when it is used.
+    interpreters: list[Annotated[str, Field(pattern=_ABSOLUTE, max_length=4096)]] = \
+        Field(default_factory=list, max_length=MAX_ALLOWED)
+    # Package indexes (URLs) and hosts uv may fetch from for users' environments, besides
+    # the configured index.
+    package_sources: list[Annotated[str, Field(min_length=1, max_length=2048)]] = \
+        Field(default_factory=list, max_length=MAX_ALLOWED)
+    # Who reads environment build logs: their experiments' owners and admins, or everyone.
+    build_logs: Literal["owners", "everyone"] = "owners"
+    # Addresses (or networks, `10.0.0.0/8`) whose `X-Forwarded-For` is believed.
+    trusted_proxies: list[Annotated[str, Field(min_length=1, max_length=64)]] = \
+        Field(default_factory=list, max_length=MAX_ALLOWED)
 
     @model_validator(mode="after")
     def _ray_needs_its_section(self) -> ClusterConfig:
