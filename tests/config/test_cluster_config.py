@@ -73,9 +73,10 @@ def test_no_free_disk_guard(tmp_path: Path) -> None:
         ("slot: 2", "slot: unknown key; did you mean 'slots'?"),
         (
             "zzz: 1",
-            "zzz: unknown key; the keys allowed here are checkpoint_storage, gpu_release, gpus, "
-            "launcher, min_free_disk, node_quarantine, preemption, priority_floor, ray, run_as, "
-            "slots",
+            "zzz: unknown key; the keys allowed here are build_logs, checkpoint_storage, "
+            "data_roots, gpu_release, gpus, interpreters, launcher, min_free_disk, "
+            "node_quarantine, package_sources, preemption, priority_floor, ray, run_as, "
+            "secret_sources, slots, storage_endpoints, storage_paths, trusted_proxies",
         ),
         ("launcher: slurm", "launcher: must be 'local' or 'ray', got 'slurm'"),
         ("launcher: ray", "(top level): launcher: ray needs a `ray:` section with at least "
