@@ -39,7 +39,22 @@ DAMAGED = [
     (b'{"kind": "training", "step": 3, "metrics": {"loss": true}, "time": 1.0, "rank": 0}',
      "'loss' is True"),
     (b"[" * 100_000, "not valid JSON"),
+    # a hand-written line with a name the harness refuses (NAME_RULE): never stored
+    (b'{"kind": "validation", "step": 3, "metrics": {"<img src=x onerror=alert(1)>": 1.0}, '
+     b'"time": 1.0, "rank": 0}', "a metric name must be 1 to 128 characters"),
+    (b'{"kind": "training", "step": 3, "metrics": {"val loss": 1.0}, "time": 1.0, "rank": 0}',
+     "got 'val loss'"),
+    (b'{"kind": "training", "step": 3, "metrics": {"": 1.0}, "time": 1.0, "rank": 0}',
+     "a metric name must be"),
 ]
+# Names real code reports (Lightning, Hugging Face, torchmetrics, Keras), and names a page or
+# a terminal could take for markup, quoting or control.
+GOOD_NAMES = ["loss", "train/loss", "val_loss", "eval_accuracy", "lr-Adam", "lr-Adam/pg1",
+              "epoch", "loss_step", "loss_epoch", "top1@5", "val_loss/dataloader_idx_0",
+              "MulticlassAccuracy", "_private", "0.5-quantile", "val:f1+", "x" * 128]
+BAD_NAMES = ["", "<img src=x onerror=alert(1)>", "a&b", 'say"hi"', "it's", "`id`", "val loss",
+             "tab\tname", "new\nline", "nul\x00", "100%", "-flag", "/abs", ".hidden",
+             "é", "x" * 129]
 
 
 def test_a_good_line_parses() -> None:
@@ -64,9 +79,9 @@ def test_only_a_line_with_its_newline_is_complete() -> None:
 def test_what_the_harness_writes_parses_back_exactly(tmp_path: Path) -> None:
     path = tmp_path / "rank-2.metrics.jsonl"
     writer = MetricsWriter(path, rank=2)
-    reports = [("training", 0, {"loss": 0.1 + 0.2, "odd %name": 3}),
+    reports = [("training", 0, {"loss": 0.1 + 0.2, "lr-Adam/pg1": 3}),
                ("validation", 2**62, {"acc": math.inf, "neg": -math.inf}),
-               ("training", 7, {"loss": math.nan, '"quoted"': 1e-300})]
+               ("training", 7, {"loss": math.nan, "top1@5": 1e-300})]
     for kind, step, values in reports:
         writer.report(kind, step, values)
     writer.close()
@@ -80,6 +95,20 @@ def test_what_the_harness_writes_parses_back_exactly(tmp_path: Path) -> None:
             assert got.metrics[name] == value or (math.isnan(value)
                                                   and math.isnan(got.metrics[name]))
         assert math.isfinite(got.time)
+
+
+@pytest.mark.parametrize("name", GOOD_NAMES)
+def test_a_name_real_code_reports_is_written_and_read_back(name: str) -> None:
+    line = metrics_lines.template("validation", (name,), 0) % (3, 0.5, 1_764_487_282 * 10**9)
+    parsed = parse(line.encode(), 0)
+    assert parsed is not None and parsed.metrics == {name: 0.5}
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_a_name_that_breaks_the_rule_is_refused_with_the_rule(name: str) -> None:
+    assert not re.fullmatch(metrics_lines.NAME_PATTERN, name)
+    with pytest.raises(ValueError, match=re.escape(metrics_lines.NAME_RULE)):
+        metrics_lines.template("training", ("loss", name), 0)
 
 
 def test_json_number_writes_what_the_parser_reads() -> None:

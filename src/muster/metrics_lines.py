@@ -10,6 +10,8 @@ One line per report, in the order reported:
   nanoseconds with an exponent, a JSON number every parser reads as seconds);
 - `metrics` maps names to numbers; NaN and ±infinity are the bare tokens `NaN`, `Infinity`
   and `-Infinity`, as Python's json module writes them, so verification can see them;
+- a name follows `NAME_RULE` (the config's metric and hyperparameter names too): the web UI
+  and every tool that shows a name can then never be handed markup or control characters;
 - a line is complete once its newline is written: a torn last line (a writer killed in the
   middle of a write) is not a line yet, and no reader judges it; a blank line is no report.
 
@@ -22,18 +24,32 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "KINDS", "TRAINING", "VALIDATION", "BadLine", "MetricLine", "exact_template",
-    "is_complete", "json_number", "parse", "template",
+    "KINDS", "NAME_PATTERN", "NAME_RULE", "TRAINING", "VALIDATION", "BadLine", "MetricLine",
+    "exact_template", "is_complete", "json_number", "name_problem", "parse", "template",
 ]
 
 TRAINING = "training"
 VALIDATION = "validation"
 KINDS = (TRAINING, VALIDATION)
 _STEP_LIMIT = 1 << 63
+# What real code reports passes (Lightning's `train/loss`, `lr-Adam/pg1`, `loss_step`;
+# Hugging Face's `eval_accuracy`; `top1@5`, `val:acc`, `f1+`); what a page or a terminal
+# could read as markup, quoting or control (`<`, `>`, `&`, quotes, backticks, whitespace,
+# control characters) does not.
+NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_./:@+-]{0,127}"
+NAME_RULE = ("1 to 128 characters: letters, digits and _ . / : @ + -, the first a letter, a "
+             "digit or _")
+_NAME = re.compile(NAME_PATTERN)
+_SHOWN_CHARS = 60
+# Names that passed: a run reports the same few on every line, and a set lookup per line
+# costs a tenth of the pattern per name.
+_GOOD_NAMES: set[str] = set()
+_GOOD_NAMES_KEPT = 4096
 
 
 class BadLine(ValueError):
@@ -85,10 +101,33 @@ def parse(line: bytes, rank: int) -> MetricLine | None:
         raise BadLine(f'"rank" must be {rank} in rank {rank}\'s file, got {stated_rank!r}')
     if not isinstance(metrics, dict):
         raise BadLine(f'"metrics" must be an object of numbers, got {metrics!r}')
+    if not _GOOD_NAMES.issuperset(metrics):
+        _check_names(metrics)
     for name, value in metrics.items():
         if not _is_number(value):
             raise BadLine(f'"metrics" must map names to numbers; {name!r} is {value!r}')
     return MetricLine(kind, step, float(at), rank, metrics)
+
+
+def name_problem(name: str, what: str = "metric") -> str | None:
+    """Why `name` cannot be a `what`'s name (the sentence states `NAME_RULE`), or None.
+
+    Args:
+        what: "metric" or "hyperparameter", for the sentence.
+    """
+    if _NAME.fullmatch(name):
+        return None
+    shown = repr(name) if len(name) <= _SHOWN_CHARS else repr(name[:_SHOWN_CHARS]) + "..."
+    return f"a {what} name must be {NAME_RULE}; got {shown}"
+
+
+def _check_names(metrics: dict[str, Any]) -> None:
+    for name in metrics:
+        problem = name_problem(name)
+        if problem is not None:
+            raise BadLine(f'"metrics": {problem}')
+        if len(_GOOD_NAMES) < _GOOD_NAMES_KEPT:
+            _GOOD_NAMES.add(name)
 
 
 def template(kind: str, names: tuple[str, ...], rank: int) -> str:
@@ -97,13 +136,20 @@ def template(kind: str, names: tuple[str, ...], rank: int) -> str:
     every finite number (`exact_template` is its twin for NaN and the infinities).
 
     Raises:
-        ValueError: `kind` is not a kind of report, or `names` is empty.
+        ValueError: `kind` is not a kind of report, `names` is empty, or a name breaks
+            `NAME_RULE` (the message states the rule).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if not names:
         raise ValueError("metrics is empty: report at least one metric")
-    keys = [json.dumps(name).replace("%", "%%") for name in names]
+    for name in names:
+        problem = name_problem(name)
+        if problem is not None:
+            raise ValueError(f"{problem} (rename it where the script reports it)")
+    # A name has no %, quote or backslash (NAME_RULE): it is its own JSON text, and
+    # `": %r` only ever ends a key.
+    keys = [f'"{name}"' for name in names]
     head = f'{{"kind": "{kind}", "step": %d, "metrics": {{'
     # The time is integer nanoseconds written as a JSON number with an exponent
     # ("time": 1764487282123456789e-9): %d of an int costs a fifth of %.6f.
@@ -112,10 +158,7 @@ def template(kind: str, names: tuple[str, ...], rank: int) -> str:
 
 
 def exact_template(line_template: str) -> str:
-    """`line_template` with %s for each value, to take its JSON text (`json_number`).
-
-    A name's own `%` is doubled in the template, so `": %r` only ever ends a key.
-    """
+    """`line_template` with %s for each value, to take its JSON text (`json_number`)."""
     return line_template.replace('": %r', '": %s')
 
 

@@ -54,9 +54,9 @@ def test_what_is_left_is_flushed_at_exit(on_platform: Platform) -> None:
 
 def test_nan_and_infinity_are_kept_as_json_tokens(on_platform: Platform) -> None:
     with mh.init() as ctx:
-        ctx.report_validation(0, {"nan": math.nan, "inf": math.inf, "-inf": -math.inf})
+        ctx.report_validation(0, {"nan": math.nan, "inf": math.inf, "neg_inf": -math.inf})
     text = on_platform.rank_file(".metrics.jsonl").read_text()
-    assert '"nan": NaN, "inf": Infinity, "-inf": -Infinity' in text
+    assert '"nan": NaN, "inf": Infinity, "neg_inf": -Infinity' in text
     metrics = json.loads(text)["metrics"]
     assert math.isnan(metrics["nan"]) and metrics["inf"] == math.inf
 
@@ -87,7 +87,8 @@ def test_scalars_of_numpy_torch_and_the_stdlib_become_numbers(on_platform: Platf
         (1, {"loss": np.zeros(2)}, TypeError, r"metric 'loss' is a ndarray of shape \(2,\)"),
         (1, {"loss": [1.0]}, TypeError, "metric 'loss' must be a number .* got list"),
         (1, {3: 1.0}, TypeError, "metric names must be str, got int 3"),
-        (1, {"": 1.0}, ValueError, "metric names must not be empty"),
+        (1, {"": 1.0}, ValueError, "a metric name must be 1 to 128 characters: letters"),
+        (1, {"<b>": 1.0}, ValueError, "a metric name must be .*; got '<b>' .*rename it"),
         (1, {}, ValueError, "metrics is empty"),
         (1, [("loss", 1.0)], TypeError, "metrics must be a mapping"),
     ],

@@ -1,7 +1,11 @@
 """The web UI in a real browser: Playwright driving Debian's Chromium (/usr/bin/chromium,
 installed by `make install` where apt may run as root; never a browser Playwright
 downloads). Without it the tests skip with the reason, unless MUSTER_REQUIRE_BROWSER=1
-(CI), which turns the skip into a failure."""
+(CI), which turns the skip into a failure.
+
+Every page a test opens through `browser` (or `page_of`) reports the Content-Security-Policy
+violations it meets (`securitypolicyviolation` events), and a test whose pages met any fails
+at its end: the UI must work under the server's policy (muster.server.security_headers)."""
 
 from __future__ import annotations
 
@@ -35,8 +39,19 @@ def _missing() -> str | None:
     return None
 
 
+# Installed in every page before its own scripts: each violation is reported to the test.
+CSP_PROBE = """
+window.__musterCspSeen = 0;
+document.addEventListener("securitypolicyviolation", (event) => {
+  window.__musterCspSeen += 1;
+  window.__musterCspViolation(event.violatedDirective + " blocked " + (event.blockedURI || "inline")
+    + " at " + event.sourceFile + ":" + event.lineNumber + " on " + location.pathname);
+});
+"""
+
+
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+def chromium() -> Iterator[Any]:
     reason = _missing()
     if reason is not None:
         if os.environ.get("MUSTER_REQUIRE_BROWSER") == "1":
@@ -49,6 +64,39 @@ def browser() -> Iterator[Any]:
                                               args=CHROMIUM_ARGS)
         yield launched
         launched.close()
+
+
+class WatchedBrowser:
+    """The browser, for one test: each context it makes reports its CSP violations."""
+
+    def __init__(self, browser: Any) -> None:
+        self._browser = browser
+        self.violations: list[str] = []
+
+    def new_context(self, **options: Any) -> Any:
+        context = self._browser.new_context(**options)
+        self._watch(context)
+        return context
+
+    def new_page(self, **options: Any) -> Any:
+        page = self._browser.new_page(**options)  # in a context of its own, still blank
+        self._watch(page.context)
+        return page
+
+    def _watch(self, context: Any) -> None:
+        context.expose_function("__musterCspViolation", self._report)
+        context.add_init_script(CSP_PROBE)
+
+    def _report(self, violation: str) -> None:
+        self.violations.append(violation)
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[WatchedBrowser]:
+    """The browser; the test fails if a page it opened broke the Content-Security-Policy."""
+    watched = WatchedBrowser(chromium)
+    yield watched
+    assert not watched.violations, f"CSP violations: {watched.violations}"
 
 
 @dataclass
@@ -74,7 +122,7 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
 
 
 @pytest.fixture
-def page_of(browser: Any, team: Team) -> Iterator[Any]:
+def page_of(browser: WatchedBrowser, team: Team) -> Iterator[Any]:
     """`page_of(name)`: a fresh browser context logged in as that user (through the login
     form, with the user's password), on the server's list page."""
     contexts: list[Any] = []

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from muster.config.problems import config_error, key_path, show_value, validate_config_data
-from muster.config.schema import ExperimentConfig
+from muster.config.schema import SUBMISSION, ExperimentConfig
 from muster.errors import ConfigError
 
 __all__ = ["load_config", "load_config_file", "parse_yaml", "read_config_text"]
@@ -76,7 +76,8 @@ class _StrictSafeLoader(yaml.SafeLoader):
 
 
 def load_config(text: str, source: str = "<config>") -> ExperimentConfig:
-    """Parse and validate an experiment config written in YAML.
+    """Parse and validate an experiment config written in YAML, as a submission: with the
+    rules a stored config is not judged by again (`schema.SUBMISSION`).
 
     Args:
         text: the YAML document.
@@ -91,7 +92,7 @@ def load_config(text: str, source: str = "<config>") -> ExperimentConfig:
         raise config_error(source, problems[:20])
     if not isinstance(data, dict):
         raise config_error(source, [f"(top level): {_not_a_mapping(data)}"])
-    return validate_config_data(ExperimentConfig, data, source)
+    return validate_config_data(ExperimentConfig, data, source, context=SUBMISSION)
 
 
 def load_config_file(path: str | os.PathLike[str]) -> ExperimentConfig:

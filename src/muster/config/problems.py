@@ -51,18 +51,20 @@ _BOUNDS = {
 
 
 def validate_config_data(
-    model: type[ModelT], data: object, source: str, what: str = "experiment config"
+    model: type[ModelT], data: object, source: str, what: str = "experiment config",
+    context: dict[str, Any] | None = None,
 ) -> ModelT:
     """Validate plain data (parsed YAML or stored JSON) into `model`.
 
     Args:
         what: the kind of config, for the error's header ("invalid cluster config:").
+        context: pydantic's validation context (`schema.SUBMISSION` for a new config).
 
     Raises:
         ConfigError: listing every problem, one `<key path>: <problem>` line each.
     """
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         problems = [describe_error(e, model) for e in exc.errors()]
         raise config_error(source, problems, what) from None

@@ -30,9 +30,11 @@ from muster.config import space
 from muster.config.problems import KeyedProblems, show_value, validate_config_data
 from muster.config.secrets import source_of
 from muster.config.units import parse_duration, parse_size
+from muster.metrics_lines import name_problem
 from muster.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
 __all__ = [
+    "SUBMISSION",
     "CheckpointStorageConfig",
     "DataConfig",
     "EnvironmentConfig",
@@ -48,6 +50,17 @@ __all__ = [
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_SECRETS = 100
 _TRIAL_CLASS = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # model_def:MNistTrial
+
+
+# The validation context of a config being submitted. Rules added after configs were stored
+# (metric and hyperparameter names: `muster.metrics_lines.NAME_RULE`) judge what is submitted
+# from now on; a stored config is read back (`model_validate(stored)`) as it was accepted,
+# so an experiment made before a rule still runs and shows.
+SUBMISSION: dict[str, bool] = {"submission": True}
+
+
+def _submitted(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("submission"))
 
 
 class _Section(BaseModel):
@@ -371,6 +384,16 @@ class VerifyConfig(_Section):
     # Files (relative to the trial's working directory) the run must write, not empty.
     outputs: list[str] = Field(default_factory=list, max_length=MAX_OUTPUTS)
 
+    @field_validator("require_metrics")
+    @classmethod
+    def _metric_names(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if _submitted(info):
+            problems = [(f"[{i}]", problem) for i, name in enumerate(value)
+                        if (problem := name_problem(name)) is not None]
+            if problems:
+                raise KeyedProblems(problems)
+        return value
+
     @field_validator("samples_from_log")
     @classmethod
     def _pattern(cls, value: str | None) -> str | None:
@@ -440,6 +463,14 @@ class SearcherConfig(_Section):
     def prunes(self) -> bool:
         """Whether this searcher stops poor trials early (its pruner judges validation)."""
         return self.name in PRUNING_SEARCHERS
+
+    @field_validator("metric")
+    @classmethod
+    def _metric_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        problem = name_problem(value) if value is not None and _submitted(info) else None
+        if problem is not None:
+            raise ValueError(f"{problem}; name the validation metric as the script reports it")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -720,8 +751,13 @@ class ExperimentConfig(_Section):
 
     @field_validator("hyperparameters")
     @classmethod
-    def _space(cls, value: dict[str, Any]) -> dict[str, Any]:
-        space.parse(value)  # raises SpaceProblems, each with its key path
+    def _space(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        names = list(space.parse(value).params)  # raises SpaceProblems, each with its key path
+        if _submitted(info):
+            problems = [(name, problem) for name in names
+                        if (problem := name_problem(name, "hyperparameter")) is not None]
+            if problems:
+                raise KeyedProblems(problems)
         return value
 
     @model_validator(mode="after")

@@ -108,8 +108,9 @@ class Context:
         Cheap enough for every step: the line is buffered and written within a second.
 
         Raises:
-            TypeError, ValueError: `step` is not an int ≥ 0, or a metric is not a number;
-                the message names the metric.
+            TypeError, ValueError: `step` is not an int ≥ 0, a metric is not a number, or
+                its name breaks `muster.metrics_lines.NAME_RULE` (letters, digits and
+                _ . / : @ + -); the message names the metric.
         """
         self._metrics.report(TRAINING, step, metrics)
 

@@ -60,8 +60,8 @@ class MetricsWriter:
         """Check and queue one report, stamped with the time now (a progress call).
 
         Raises:
-            TypeError, ValueError: `step` or a metric is not what the format allows; the
-                message names the metric.
+            TypeError, ValueError: `step`, a metric or its name is not what the format
+                allows; the message names the metric (and states the name rule).
             RuntimeError: the harness has ended (after `init()`'s block).
         """
         now = _time_ns()
@@ -128,7 +128,8 @@ class MetricsWriter:
                 os.close(self._fd)
 
     def _template(self, kind: str, names: tuple[str, ...]) -> str:
-        """Check the names (the first time they are seen) and make their line template."""
+        """Check the names (the first time they are seen) and make their line template, which
+        refuses a name that breaks `muster.metrics_lines.NAME_RULE`."""
         for name in names:
             _check_name(name)
         template = line_template(kind, names, self._rank)
@@ -199,8 +200,6 @@ def _checked_mapping(metrics: object) -> Mapping[str, object]:
 def _check_name(name: object) -> None:
     if not isinstance(name, str):
         raise TypeError(f"metric names must be str, got {type(name).__name__} {name!r}")
-    if not name:
-        raise ValueError("metric names must not be empty")
 
 
 def to_number(name: str, value: object) -> float | int:

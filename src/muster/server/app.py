@@ -36,6 +36,7 @@ from muster.server.launchers import open_launcher
 from muster.server.orchestrator import TICK_SECONDS, Orchestrator
 from muster.server.pages import error_page, pages
 from muster.server.routes import PREFIX, public, router, scrape
+from muster.server.security_headers import HEADERS, SecurityHeaders
 from muster.server.state import ServerSettings, ServerState
 from muster.server.wakeups import SAFETY_NET_SECONDS
 from muster.services.users import bootstrap
@@ -109,6 +110,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app = FastAPI(title="muster", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # see the module's docstring
     app.add_middleware(BodyLimit, exempt=(("POST", f"{PREFIX}/experiments"),))
+    app.add_middleware(SecurityHeaders)  # outermost: BodyLimit's 413 carries them too
     app.include_router(public)
     app.include_router(router)
     app.include_router(account_routes.public)
@@ -186,7 +188,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return _error(500, "InternalError", "internal server error; the server log has details")
+        # Starlette answers this one outside every middleware, SecurityHeaders too.
+        response = _error(500, "InternalError", "internal server error; the server log has "
+                          "details")
+        response.headers.update(HEADERS)
+        return response
 
 
 def _is_page(request: Request) -> bool:

@@ -25,6 +25,15 @@
     return body;
   }
 
+  // A note in `box`, in place of what it held: text, never markup (a metric's name is the
+  // user's).
+  function showNote(box, text) {
+    const p = document.createElement("p");
+    p.className = "chart-note";
+    p.textContent = text;
+    box.replaceChildren(p);
+  }
+
   function width(el) { return Math.max(320, Math.min(1100, el.clientWidth || 900)); }
 
   function bounds(arrays) {
@@ -46,7 +55,7 @@
   // -- an experiment's learning curves: one series per trial, each with its own steps --
   function drawCurves(el, note, answer, bestId) {
     const trials = answer.trials;
-    el.innerHTML = "";
+    el.replaceChildren();
     if (!trials.length) {
       note.textContent = "No trial has reported " + answer.metric + " yet.";
       el.dataset.drawn = "true";
@@ -127,10 +136,10 @@
   async function drawHparams(box, experiment, metric) {
     const types = JSON.parse(box.dataset.types || "{}");
     const trials = await getJSON("/api/v1/experiments/" + experiment + "/trials?limit=1000&state=SUCCEEDED&sort=" + encodeURIComponent(metric));
-    box.innerHTML = "";
+    box.replaceChildren();
     const withValue = trials.filter((t) => t.best_validation && typeof t.best_validation[metric] === "number");
     if (!withValue.length) {
-      box.innerHTML = "<p class='chart-note'>No SUCCEEDED trial has a value of " + metric + " yet.</p>";
+      showNote(box, "No SUCCEEDED trial has a value of " + metric + " yet.");
       box.dataset.drawn = "true";
       return;
     }
@@ -151,15 +160,11 @@
     try {
       answer = await getJSON("/api/v1/experiments/" + experiment + "/importance");
     } catch (error) {
-      box.innerHTML = "";
-      const p = document.createElement("p");
-      p.className = "chart-note";
-      p.textContent = "Not computed: " + error.message;
-      box.appendChild(p);
+      showNote(box, "Not computed: " + error.message);
       box.dataset.drawn = "true";
       return;
     }
-    box.innerHTML = "";
+    box.replaceChildren();
     const head = document.createElement("p");
     head.className = "chart-note";
     head.textContent = answer.evaluator + " over " + answer.trials_used + " trials (" +
@@ -173,7 +178,6 @@
       const track = document.createElement("span");
       const fill = document.createElement("span");
       fill.className = "fill";
-      fill.style.display = "block";
       fill.style.width = (100 * item.importance).toFixed(1) + "%";
       track.appendChild(fill);
       const value = document.createElement("span");
@@ -226,9 +230,9 @@
     const trial = box.dataset.trial;
     async function draw() {
       const answer = await getJSON("/api/v1/trials/" + trial + "/series");
-      box.innerHTML = "";
+      box.replaceChildren();
       if (!answer.series.length) {
-        box.innerHTML = "<p class='chart-note'>No metrics reported yet.</p>";
+        showNote(box, "No metrics reported yet.");
       }
       answer.series.forEach((s, i) => {
         const holder = document.createElement("div");
