@@ -1,5 +1,6 @@
 """A user's string is never code in another user's page (attack X1: a metric named
-`<img src=x onerror=...>`, written into an admin's page with innerHTML).
+`<img src=x onerror=...>`, written into an admin's page with innerHTML, which then ran a
+second stage read from the user's own trial log).
 
 Three walls, each tested: the browser code never writes markup and the templates hold no
 inline script, style or handler (read from the files); the server's Content-Security-Policy
@@ -46,6 +47,7 @@ HOSTILE = "<img src=x onerror=\"window.__pwned=1;fetch('{receiver}/pwned')\">"
 TRAIN = """\
 import muster.harness as mh
 
+print("window.__pwned = 1;", flush=True)  # what X1's second stage read from its own log
 with mh.init() as ctx:
     for epoch in range(1, 4):
         ctx.report_validation(epoch, {"val_loss": ctx.hparams["lr"] / epoch})
@@ -182,3 +184,25 @@ def test_a_trial_page_of_the_old_experiment_still_charts(
     charts = page.locator("#metric-charts[data-drawn]")
     expect(charts).to_have_attribute("data-curves", "1")
     expect(charts).to_contain_text("validation val_loss (3 reports")
+
+
+@pytest.mark.lifecycle  # a real server, real trials, a real browser
+def test_a_trial_log_never_runs_as_a_script(page_of: Any, team: Team,
+                                            finished: dict[str, Any]) -> None:
+    """The log is shown as text, and served as text/plain or a download with nosniff: a
+    `<script src>` of it (allowed by script-src 'self') is refused."""
+    trial = finished["trials"][0]["id"]
+    page = page_of("admin")
+    page.goto(f"{team.server.url}/trials/{trial}")
+    expect(page.locator("#log")).to_contain_text("window.__pwned = 1;")
+    for path in (f"/api/v1/trials/{trial}/logs?tail=10",
+                 f"/api/v1/trials/{trial}/logs/download?rank=0"):
+        outcome = page.evaluate("""(src) => new Promise((done) => {
+            const script = document.createElement("script");
+            script.onload = () => done("ran");
+            script.onerror = () => done("refused");
+            script.src = src;
+            document.head.appendChild(script);
+        })""", path)
+        assert outcome == "refused", path
+    assert page.evaluate("window.__pwned") is None
