@@ -29,7 +29,10 @@ from tests.waiting import wait_until
 
 SCRIPTS = sorted(ui.STATIC.glob("*.js"))  # ours; vendor/ is htmx's and uPlot's
 TEMPLATES = sorted(ui.TEMPLATES.glob("*.html"))
-MARKUP_WRITES = re.compile(r"\b(innerHTML|outerHTML|insertAdjacentHTML|document\.write)\b")
+# Every way a script turns a string into markup or code.
+MARKUP_WRITES = re.compile(r"\b(innerHTML|outerHTML|insertAdjacentHTML|document\.write|srcdoc"
+                           r"|createContextualFragment|parseFromString|eval|Function)\b"
+                           r"|\.setAttribute\(\s*[\"'](on|style|href|src)")
 # What a CSP without 'unsafe-inline' refuses in a page, and htmx's eval'd attributes.
 INLINE = {
     "an inline <script>": re.compile(r"<script(?![^>]*\ssrc=)[^>]*>|<script[^>]*>[^<\s]",
