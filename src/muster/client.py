@@ -185,6 +185,16 @@ class Client:
     def revoke_token(self, token_id: str) -> dict[str, Any]:
         return self._json("DELETE", f"/tokens/{token_id}")  # type: ignore[no-any-return]
 
+    def list_sessions(self, user: str | None = None) -> list[dict[str, Any]]:
+        """Your open web sessions (an admin: `user`'s): `{id, user, created_at, expires_at,
+        last_used_at, address, opened_with, opened_with_name, current, ended}`."""
+        return self._json(  # type: ignore[no-any-return]
+            "GET", "/sessions", params=_params(user=user))
+
+    def end_session(self, session_id: str) -> dict[str, Any]:
+        """End a web session (yours; an admin: anyone's); its cookie stops working."""
+        return self._json("DELETE", f"/sessions/{session_id}")  # type: ignore[no-any-return]
+
     def list_events(self, *, experiment_id: int | None = None, trial_id: int | None = None,
                     user: str | None = None, after_id: int | None = None,
                     limit: int | None = None, tail: int | None = None) -> list[dict[str, Any]]:

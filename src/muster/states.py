@@ -140,6 +140,7 @@ class EventReason(str, Enum):
     TOKEN_CREATED = "token created"
     TOKEN_REVOKED = "token revoked"
     LOGGED_IN = "logged in"  # a password login that opened a web session
+    SESSION_ENDED = "session ended"  # by its user or an admin, from the list of sessions
     CHECKPOINT_DELETED = "checkpoint deleted"  # by GC (its reason says why) or with its experiment
     RESTORE_SKIPPED = "restore skipped"  # a checkpoint corrupt in storage, passed over
     CHECKPOINT_UPLOAD_FAILED = "upload failed"  # retried with backoff, unless it cannot help

@@ -1,5 +1,7 @@
 """Password logins and web sessions against a real server: the cookie's flags, CSRF on
-every unsafe request, logout, and the limit on guessing."""
+every unsafe request, logout, and the limits on guessing, which a stranger cannot turn
+against another user. The server trusts one proxy (`trusted_proxies`); the clients vary
+their address by binding to other loopback addresses (127.0.0.0/8 is all this machine's)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,29 @@ import httpx
 import pytest
 
 from muster.client import Client
-from tests.servers import RunningServer, shared_server
+from tests.servers import RunningServer, serving
 
 pytestmark = pytest.mark.lifecycle  # a real server
 
-server = shared_server()
 API = "/api/v1"
 PASSWORD = "correct horse battery"
+PROXY = "127.0.0.5"  # the one address whose X-Forwarded-* the server believes
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("server")
+    config = root / "cluster.yaml"
+    config.write_text(f"trusted_proxies: [{PROXY}]\n")
+    with serving(root / "home", options=("--min-free-disk", "0", "--cluster-config",
+                                         str(config))) as running:
+        yield running
+
+
+def from_address(server: RunningServer, address: str) -> httpx.Client:
+    """A client whose connections come from `address` (a loopback one)."""
+    return httpx.Client(base_url=server.url + API, timeout=30,
+                        transport=httpx.HTTPTransport(local_address=address))
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +64,7 @@ def cookie_of(response: httpx.Response) -> SimpleCookie:
 
 
 def test_a_login_sets_an_http_only_strict_cookie_secure_over_tls(
-    browser: httpx.Client, people: dict[str, str]
+    server: RunningServer, browser: httpx.Client, people: dict[str, str]
 ) -> None:
     done = log_in(browser, "alice")
     assert done.status_code == 200, done.text
@@ -58,8 +76,11 @@ def test_a_login_sets_an_http_only_strict_cookie_secure_over_tls(
     assert morsel["httponly"] is True and morsel["samesite"].lower() == "strict"
     assert morsel["path"] == "/" and int(morsel["max-age"]) == 12 * 3600
     assert not morsel["secure"]  # plain HTTP here
-    # Behind a TLS proxy on this machine (uvicorn trusts 127.0.0.1's X-Forwarded-Proto):
-    tls = log_in(browser, "alice", **{"X-Forwarded-Proto": "https"})
+    # Behind a TLS proxy: only a trusted one's X-Forwarded-Proto is believed.
+    untrusted = log_in(browser, "alice", **{"X-Forwarded-Proto": "https"})
+    assert not cookie_of(untrusted)["muster_session"]["secure"]
+    with from_address(server, PROXY) as proxy:
+        tls = log_in(proxy, "alice", **{"X-Forwarded-Proto": "https"})
     assert cookie_of(tls)["muster_session"]["secure"] is True
 
 
@@ -108,7 +129,7 @@ def test_a_session_is_no_api_token_and_an_api_token_no_session(
     assert as_cookie.status_code == 401
 
 
-def test_a_deactivated_user_s_session_ends_with_the_next_request(
+def test_a_deactivated_user_s_session_ends(
     server: RunningServer, browser: httpx.Client, people: dict[str, str]
 ) -> None:
     with server.client() as admin:
@@ -116,15 +137,16 @@ def test_a_deactivated_user_s_session_ends_with_the_next_request(
         log_in(browser, "hal")
         assert browser.get("/whoami").status_code == 200
         admin.deactivate_user("hal")
-        refused = browser.get("/whoami")
-        assert refused.status_code == 401 and "user hal is deactivated" in refused.text
-        assert log_in(browser, "hal").status_code == 401
+        refused = browser.get("/whoami")  # the session ended with the deactivation
+        assert refused.status_code == 401 and "it ended); log in again" in refused.text
+        again = log_in(browser, "hal")
+        assert again.status_code == 401 and "user hal is deactivated" in again.text
 
 
-def test_guessing_is_limited_per_name_and_the_answer_never_tells_names_apart(
+def test_guessing_is_slowed_per_address_and_name_and_the_answer_never_tells_names_apart(
     server: RunningServer, people: dict[str, str]
 ) -> None:
-    with httpx.Client(base_url=server.url + API, timeout=30) as guesser:
+    with from_address(server, "127.0.0.9") as guesser:
         for _ in range(5):
             wrong = log_in(guesser, "gus", "not the password")
             assert wrong.status_code == 401
@@ -134,9 +156,73 @@ def test_guessing_is_limited_per_name_and_the_answer_never_tells_names_apart(
         locked = log_in(guesser, "gus")  # even the right password, for now
         assert locked.status_code == 429
         assert 0 < int(locked.headers["Retry-After"]) <= 300
-        assert "too many failed logins for user gus" in locked.json()["message"]
+        assert "too many failed logins for gus from 127.0.0.9" in locked.json()["message"]
     with Client(url=server.url, token=people["gus"]) as gus:
         assert gus.whoami()["name"] == "gus"  # the API token is not locked out
+    with from_address(server, "127.0.0.10") as elsewhere:
+        assert log_in(elsewhere, "gus").status_code == 200
+
+
+def test_fifty_wrong_passwords_for_admin_lock_out_no_other_address(
+    server: RunningServer
+) -> None:
+    admin_password = "the admin's own password"
+    with server.client() as admin:
+        admin.edit_user("admin", password=admin_password)
+    with from_address(server, "127.0.0.2") as stranger:
+        answers = {log_in(stranger, "admin", "guess").status_code for _ in range(50)}
+        assert answers == {401, 429}
+        assert log_in(stranger, "admin", admin_password).status_code == 429
+    with from_address(server, "127.0.0.3") as elsewhere:
+        assert log_in(elsewhere, "admin", admin_password).status_code == 200
+    # A stranger behind the admin's own address (a NAT, a proxy not configured as one):
+    with from_address(server, "127.0.0.4") as shared:
+        assert log_in(shared, "admin", admin_password).status_code == 200
+        for _ in range(10):
+            assert log_in(shared, "admin", "guess").status_code == 401  # never a 429
+        assert log_in(shared, "admin", admin_password).status_code == 200
+
+
+def test_token_guesses_from_one_address_do_not_lock_another(
+    server: RunningServer, people: dict[str, str]
+) -> None:
+    with from_address(server, "127.0.0.6") as guesser:
+        answers = [guesser.post("/login", json={"token": "mst_" + "x" * 43}).status_code
+                   for _ in range(20)]
+        assert answers[:5] == [401] * 5 and 429 in answers
+        refused = guesser.post("/login", json={"token": people["vera"]})
+        assert refused.status_code == 429
+        assert "too many failed logins for tokens from 127.0.0.6" in refused.text
+    with from_address(server, "127.0.0.7") as other:
+        assert other.post("/login", json={"token": "mst_" + "y" * 43}).status_code == 401
+        assert other.post("/login", json={"token": people["vera"]}).status_code == 200
+
+
+def guess_until_refused(http: httpx.Client, name: str, **headers: str) -> str:
+    """Wrong passwords for `name` until a 429; its message."""
+    for _ in range(50):
+        answer = log_in(http, name, "not the password", **headers)
+        if answer.status_code == 429:
+            return str(answer.json()["message"])
+        assert answer.status_code == 401, answer.text
+    raise AssertionError(f"50 wrong passwords for {name} were never refused")
+
+
+def test_x_forwarded_for_is_believed_only_from_a_trusted_proxy(
+    server: RunningServer, people: dict[str, str]
+) -> None:
+    with from_address(server, "127.0.0.8") as direct:
+        said = guess_until_refused(direct, "alice", **{"X-Forwarded-For": "203.0.113.9"})
+        assert "for alice from 127.0.0.8" in said  # the peer's address, not the header's
+        other = log_in(direct, "alice", **{"X-Forwarded-For": "203.0.113.10"})
+        assert other.status_code == 429  # a new header does not start afresh
+    with from_address(server, PROXY) as proxy:
+        said = guess_until_refused(proxy, "alice", **{"X-Forwarded-For": "198.51.100.1"})
+        assert "for alice from 198.51.100.1" in said
+        other = log_in(proxy, "alice", **{"X-Forwarded-For": "198.51.100.2"})
+        assert other.status_code == 200  # another client behind the proxy
+        listed = proxy.get("/sessions").json()
+        assert [s["address"] for s in listed if s["current"]] == ["198.51.100.2"]
 
 
 def test_an_api_token_opens_a_web_session_too(

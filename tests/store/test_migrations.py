@@ -271,3 +271,28 @@ def test_0012_gives_existing_checkpoints_uuids_and_the_local_state(db_url: str) 
         assert "uuid" not in columns and "state" not in columns
     finally:
         store.dispose()
+
+
+def test_0015_keeps_open_sessions_as_password_logins_and_downgrades(db_url: str) -> None:
+    """A session opened before sessions remembered their credential stays open (as a
+    password login's); the columns go away again on a downgrade."""
+    store = Store(db_url)
+    try:
+        _migrate(store, db_url, "0014")
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql(
+                "INSERT INTO users (id, name, display_name, role, active, created_at, "
+                "updated_at) VALUES (1, 'ann', '', 'user', true, 0, 0)")
+            connection.exec_driver_sql(
+                "INSERT INTO tokens (id, user_id, kind, name, secret_hash, created_at) "
+                "VALUES ('00000000000000aa', 1, 'session', 'web session', 'h', 0)")
+        store.upgrade()
+        with store.engine.begin() as connection:
+            row = connection.exec_driver_sql(
+                "SELECT id, opened_with, address FROM tokens").one()
+        assert tuple(row) == ("00000000000000aa", None, None)
+        _migrate(store, db_url, "0014", down=True)
+        columns = {c["name"] for c in inspect(store.engine).get_columns("tokens")}
+        assert "opened_with" not in columns and "address" not in columns
+    finally:
+        store.dispose()

@@ -58,6 +58,7 @@ COMMANDS: dict[str, Entry] = {
     "env": Entry("env", "app", "Python environments built for trials."),
     "user": Entry("users", "app", "Users and their roles (admin, user, viewer)."),
     "token": Entry("tokens", "app", "Your API tokens."),
+    "session": Entry("sessions", "app", "Your web sessions (the web UI's logins)."),
 }
 
 

@@ -111,8 +111,11 @@ def _serve(home: Home, host: str, port: int, settings: ServerSettings) -> None:
     # (where a server hangs, say in its shutdown, this says where).
     faulthandler.register(signal.SIGQUIT, all_threads=True, chain=False)
     try:
+        # proxy_headers off: the app believes X-Forwarded-* from the cluster config's
+        # `trusted_proxies` alone, never uvicorn's default (any loopback peer).
         config = uvicorn.Config(create_app(home, settings), host=host, port=port,
-                                timeout_graceful_shutdown=5, log_level="info")
+                                timeout_graceful_shutdown=5, log_level="info",
+                                proxy_headers=False)
         uvicorn.Server(config).run()
     finally:
         if _running_server(home) == me:

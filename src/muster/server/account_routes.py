@@ -1,5 +1,6 @@
 """HTTP routes of accounts: password login and logout (web sessions), who am I, users, API
-tokens, and the audit trail. Thin, like `muster.server.routes`: the services decide."""
+tokens, web sessions, and the audit trail. Thin, like `muster.server.routes`: the services
+decide."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ NamePath = Annotated[str, InPath(min_length=1, max_length=32, pattern=r"^[a-z_][
                                  description="a user's name")]
 TokenIdPath = Annotated[str, InPath(pattern=r"^[0-9a-f]{16}$",
                                     description="a token's id (`muster token list`)")]
+SessionIdPath = Annotated[str, InPath(pattern=r"^[0-9a-f]{16}$",
+                                      description="a web session's id (`muster session list`)")]
+UserQuery = Annotated[str | None, Query(min_length=1, max_length=32, description=(
+    "an admin names another user"))]
 
 
 @public.post("/login", response_model=api.LoginView,
@@ -42,17 +47,20 @@ async def log_in(state: State, request: Request, response: Response, body: api.L
     """Check a user's password (`name`, `password`), or an API token of theirs (`token`),
     and open a web session: the `muster_session` cookie (HttpOnly, SameSite=Strict; Secure
     over TLS) and its CSRF token, which every unsafe request of the session sends as
-    `X-CSRF-Token`. Failed logins are limited per user name and per address (429 with
-    Retry-After)."""
-    address = request.client.host if request.client else "unknown"
-    login = await open_session(state, address, body.name, body.password, body.token)
+    `X-CSRF-Token`. Failed logins are slowed per address and user name, and per address
+    (429 with Retry-After); a session opened with a token ends with that token."""
+    login = await open_session(state, client_address(request), body.name, body.password,
+                               body.token)
     set_session_cookie(response, request, login.secret)
     view = await asyncio.to_thread(users.whoami, state.store, login.principal)
     return {**view, "csrf_token": tokens.csrf_token(login.secret),
             "expires_at": login.expires_at}
 
 
-TOKEN_LOGIN = "(token)"  # the name failed token logins are counted under
+def client_address(request: Request) -> str:
+    """The client's address: the peer's, or, from a proxy in the cluster config's
+    `trusted_proxies`, the one its X-Forwarded-For names (`muster.server.app`)."""
+    return request.client.host if request.client else "unknown"
 
 
 async def open_session(state: ServerState, address: str, name: str | None,
@@ -66,19 +74,23 @@ async def open_session(state: ServerState, address: str, name: str | None,
         TooManyRequests: too many failures lately.
     """
     if token:
-        key, attempt = TOKEN_LOGIN, functools.partial(users.log_in_with_token, state.store,
-                                                      token)
+        key, attempt = None, functools.partial(users.log_in_with_token, state.store, token,
+                                               address)
     elif name and password:
-        key, attempt = name, functools.partial(users.log_in, state.store, name, password)
+        key, attempt = name, functools.partial(users.log_in, state.store, name, password,
+                                               address)
     else:
         raise InvalidRequest("log in with `name` and `password`, or with a `token`")
-    state.logins.check(key, address)
+    counted = state.logins.begin(key, address)
     try:
         login = await asyncio.to_thread(attempt)
     except Unauthorized:
-        state.logins.failed(key, address)
+        counted.failed()
         raise
-    state.logins.succeeded(key)
+    except BaseException:
+        counted.forgive()  # no verdict: the server was busy, or broke
+        raise
+    counted.succeeded()
     return login
 
 
@@ -86,7 +98,7 @@ async def open_session(state: ServerState, address: str, name: str | None,
 def log_out(state: State, request: Request, who: Account) -> Response:
     """End the web session the request comes with (its cookie stops working at once) and
     clear the cookie; with an API token, nothing to end (`muster token revoke` ends one)."""
-    tokens.end_session(state.store, who)
+    tokens.log_out(state.store, who)
     response = Response(status_code=204)
     clear_session_cookie(response, request)
     return response
@@ -170,6 +182,21 @@ def create_token(state: State, body: api.TokenCreateRequest, who: Account) -> di
 def revoke_token(state: State, token_id: TokenIdPath, who: Account) -> dict[str, Any]:
     """Revoke one of your API tokens (an admin: anyone's); it stops working at once."""
     return tokens.revoke_token(state.store, who, token_id)
+
+
+@router.get("/sessions", response_model=list[api.SessionView], responses=_errors(404))
+def list_sessions(state: State, who: Account, user: UserQuery = None) -> list[dict[str, Any]]:
+    """Your open web sessions (an admin: `user`'s), oldest first: where each was opened
+    from, with which API token (none: a password), and which one is this request's."""
+    return tokens.list_sessions(state.store, who, user)
+
+
+@router.delete("/sessions/{session_id}", response_model=api.SessionView,
+               responses=_errors(404))
+def end_session(state: State, session_id: SessionIdPath, who: Account) -> dict[str, Any]:
+    """End one of your web sessions (an admin: anyone's); its cookie stops working at once,
+    and its log follows within `follows.RECHECK_SECONDS`."""
+    return tokens.end_session(state.store, who, session_id)
 
 
 @router.get("/events", response_model=list[api.AuditEvent], responses=_errors(404))

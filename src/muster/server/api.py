@@ -637,3 +637,18 @@ class AuditEvent(_Shape):
     trial_id: int | None
     from_state: str | None
     to_state: str | None
+
+
+class SessionView(_Shape):
+    """A web session (`GET /sessions`)."""
+
+    id: str
+    user: str
+    created_at: float
+    expires_at: float | None
+    last_used_at: float | None
+    address: str | None  # the client's, when it was opened
+    opened_with: str | None  # the API token's id it was opened with; None: a password
+    opened_with_name: str | None  # that token's name
+    current: bool  # the session this request came with
+    ended: bool

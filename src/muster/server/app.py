@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from muster import __version__, ui
 from muster.errors import ConfigError, MusterError, TooManyRequests
@@ -110,6 +112,11 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app = FastAPI(title="muster", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # see the module's docstring
     app.add_middleware(BodyLimit, exempt=(("POST", f"{PREFIX}/experiments"),))
+    if cluster.trusted_proxies:
+        # The client's address (login limits) and scheme (Secure cookies) come from
+        # X-Forwarded-For and -Proto only when a trusted proxy sends them.
+        app.add_middleware(ProxyHeadersMiddleware,
+                           trusted_hosts=trusted_proxies(cluster.trusted_proxies))
     app.add_middleware(SecurityHeaders)  # outermost: BodyLimit's 413 carries them too
     app.include_router(public)
     app.include_router(router)
@@ -120,6 +127,22 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.mount("/static", StaticFiles(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app
+
+
+def trusted_proxies(entries: list[str]) -> list[str]:
+    """The cluster config's `trusted_proxies`, each an address or a network.
+
+    Raises:
+        ConfigError: one is neither.
+    """
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"trusted_proxies: {entry!r} is no IP address or network; write e.g. "
+                "127.0.0.1 or 10.0.0.0/8 (cluster config)") from None
+    return entries
 
 
 def _safety_net() -> float:

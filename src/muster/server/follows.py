@@ -1,4 +1,5 @@
-"""How many log follows each caller has open: at most `MAX_FOLLOWS_PER_TOKEN` at once.
+"""How many log follows each caller has open (at most `MAX_FOLLOWS_PER_TOKEN` at once), and
+how a follow ends when its credential stops working.
 
 A follow (`GET /trials/{id}/logs?follow=true`) holds a connection and a poll loop for as
 long as its trial runs, so one script in a loop could hold every one the server has. The
@@ -6,24 +7,53 @@ count is kept per user (all of a user's tokens and sessions together); the follo
 limit is refused with a 429 before any stream starts, and a
 stream gives its place back however it ends: its trial ended, its client went away, or
 the server broke it off.
+
+A follow's credential is checked again every `RECHECK_SECONDS` (at most 30 s; the
+environment's `MUSTER_FOLLOW_RECHECK_SECONDS` sets it shorter): once its token is revoked or
+expired, its web session ended, or its user deactivated, the stream ends as if its trial had
+(the bytes sent stay whole), and the client's next request is told why with a 401.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable
 
+import anyio
+import anyio.to_thread
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from muster.errors import TooManyRequests
+from muster.errors import ConfigError, TooManyRequests, Unauthorized
 
-__all__ = ["MAX_FOLLOWS_PER_TOKEN", "RETRY_AFTER_SECONDS", "FollowLimit", "FollowStream",
-           "FollowTicket"]
+__all__ = ["MAX_FOLLOWS_PER_TOKEN", "RECHECK_SECONDS", "RETRY_AFTER_SECONDS", "FollowLimit",
+           "FollowStream", "FollowTicket", "recheck_seconds"]
 
 MAX_FOLLOWS_PER_TOKEN = 32
 RETRY_AFTER_SECONDS = 5  # what a refused follow is told to wait (the Retry-After header)
+RECHECK_SECONDS = 30.0  # a follow's credential is checked again at least this often
+RECHECK_ENV = "MUSTER_FOLLOW_RECHECK_SECONDS"
+
+
+def recheck_seconds() -> float:
+    """`MUSTER_FOLLOW_RECHECK_SECONDS`, by default (and at most) `RECHECK_SECONDS`.
+
+    Raises:
+        ConfigError: it is no number of seconds from 0.05 to `RECHECK_SECONDS`.
+    """
+    text = os.environ.get(RECHECK_ENV)
+    if text is None:
+        return RECHECK_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0.05 <= seconds <= RECHECK_SECONDS:
+        raise ConfigError(f"{RECHECK_ENV} must be seconds from 0.05 to {RECHECK_SECONDS:g}, "
+                          f"got {text!r}; unset it for the default {RECHECK_SECONDS:g}")
+    return seconds
 
 
 class FollowTicket:
@@ -39,13 +69,16 @@ class FollowTicket:
 
 
 class FollowLimit:
-    """The open follows of each caller (keyed by its user's name). Safe to use from any
-    thread."""
+    """The open follows of each caller (keyed by its user's name), and how often each
+    checks its credential again (`recheck_s`, default `recheck_seconds()`). Safe to use
+    from any thread."""
 
-    def __init__(self, limit: int = MAX_FOLLOWS_PER_TOKEN) -> None:
+    def __init__(self, limit: int = MAX_FOLLOWS_PER_TOKEN, recheck_s: float | None = None
+                 ) -> None:
         if limit < 1:
             raise ValueError(f"a follow limit must be at least 1, but got {limit=}.")
         self.limit = limit
+        self.recheck_s = recheck_s if recheck_s is not None else recheck_seconds()
         self._open: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -75,11 +108,40 @@ class FollowLimit:
 class FollowStream(StreamingResponse):
     """A follow's response: when it ends, whatever ended it, the stream is closed and the
     ticket released (a client that went away cancels the response mid-send, where the
-    stream's own `finally` would wait for the garbage collector)."""
+    stream's own `finally` would wait for the garbage collector). Every `recheck_s` it calls
+    `recheck` (in a thread), which raises Unauthorized once the credential no longer works:
+    then the response ends there."""
 
-    def __init__(self, stream: AsyncGenerator[bytes, None], ticket: FollowTicket) -> None:
+    def __init__(self, stream: AsyncGenerator[bytes, None], ticket: FollowTicket,
+                 recheck: Callable[[], object], recheck_s: float) -> None:
         super().__init__(stream, media_type="application/octet-stream")
         self._stream, self._ticket = stream, ticket
+        self._recheck, self._recheck_s = recheck, recheck_s
+        self._started = self._finished = self._refused = False
+
+    async def stream_response(self, send: Send) -> None:
+        async def sent(message: Message) -> None:
+            await send(message)
+            self._started = True
+            self._finished = not message.get("more_body", True)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._watch, group.cancel_scope)
+            await super().stream_response(sent)
+            group.cancel_scope.cancel()
+        if self._refused and self._started and not self._finished:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _watch(self, scope: anyio.CancelScope) -> None:
+        """Cancel `scope` (the stream) once the credential no longer works."""
+        while True:
+            await anyio.sleep(self._recheck_s)
+            try:
+                await anyio.to_thread.run_sync(self._recheck)
+            except Unauthorized:
+                self._refused = True
+                scope.cancel()
+                return
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import hmac
 import math
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Annotated, Any
@@ -27,7 +29,12 @@ from fastapi.templating import Jinja2Templates
 
 from muster import __version__, ui
 from muster.errors import InvalidRequest, MusterError, NotFound, TooManyRequests, Unauthorized
-from muster.server.account_routes import open_session
+from muster.server.account_routes import (
+    SessionIdPath,
+    TokenIdPath,
+    client_address,
+    open_session,
+)
 from muster.server.auth import (
     SESSION_COOKIE,
     authenticate,
@@ -179,9 +186,9 @@ async def log_in(request: Request) -> Response:
             or (origin is not None and origin != own_origin(request))):
         return _login_form(request, fields["next"], "The login form expired; log in again.",
                            fields["name"], status=403)
-    address = request.client.host if request.client else "unknown"
     try:
-        login = await open_session(_state(request), address, fields["name"] or None,
+        login = await open_session(_state(request), client_address(request),
+                                   fields["name"] or None,
                                    fields["password"] or None, fields["token"].strip() or None)
     except (Unauthorized, InvalidRequest, TooManyRequests) as exc:
         status = 429 if isinstance(exc, TooManyRequests) else 401
@@ -200,7 +207,7 @@ async def log_out(request: Request, who: Visitor) -> Response:
     if who is not None and who.via_session and cookie:
         form = await request.form()
         _check_form_csrf(request, cookie, str(form.get("csrf_token") or ""))
-        await asyncio.to_thread(tokens.end_session, _state(request).store, who)
+        await asyncio.to_thread(tokens.log_out, _state(request).store, who)
     clear_session_cookie(response, request)
     return response
 
@@ -209,6 +216,47 @@ def _check_form_csrf(request: Request, cookie: str, given: str) -> None:
     """A plain form's CSRF check: its hidden field, as htmx's header would be."""
     if not hmac.compare_digest(given.encode(), tokens.csrf_token(cookie).encode()):
         check_csrf(request, cookie)  # no header either: refused with the API's sentence
+
+
+# -- your account: web sessions and API tokens -------------------------------------------
+
+@pages.get("/account", response_class=HTMLResponse)
+def account_page(request: Request, who: Visitor) -> Response:
+    """Your open web sessions and API tokens (`GET /api/v1/sessions` and `/tokens`), each
+    with a button that ends it (a form with the session's CSRF token)."""
+    if who is None:
+        return _to_login(request)
+    store = _state(request).store
+    return _render(request, "account.html", who, nav="account",
+                   sessions=tokens.list_sessions(store, who),
+                   api_tokens=tokens.list_tokens(store, who))
+
+
+@pages.post("/account/sessions/{session_id}/end")
+async def end_session(request: Request, who: Visitor, session_id: SessionIdPath) -> Response:
+    """The "End" button of a session (`DELETE /api/v1/sessions/{id}`)."""
+    return await _account_action(request, who, functools.partial(
+        tokens.end_session, _state(request).store, session_id=session_id))
+
+
+@pages.post("/account/tokens/{token_id}/revoke")
+async def revoke_token(request: Request, who: Visitor, token_id: TokenIdPath) -> Response:
+    """The "Revoke" button of an API token (`DELETE /api/v1/tokens/{id}`)."""
+    return await _account_action(request, who, functools.partial(
+        tokens.revoke_token, _state(request).store, token_id=token_id))
+
+
+async def _account_action(request: Request, who: Principal | None,
+                          act: Callable[..., object]) -> Response:
+    """A button of the account page: its CSRF check, the action, and back to the page."""
+    if who is None:
+        return _to_login(request)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if who.via_session and cookie:
+        form = await request.form()
+        _check_form_csrf(request, cookie, str(form.get("csrf_token") or ""))
+    await asyncio.to_thread(act, principal=who)
+    return RedirectResponse("/account", status_code=303)
 
 
 def _local(target: str) -> str:
@@ -526,7 +574,8 @@ def cluster_page(request: Request, who: Visitor) -> Response:
                    cluster=cluster.cluster_status(state.orchestrator.supervisor),
                    jobs=jobs.list_jobs(state.store),
                    envs=environments.list_environments(state.store,
-                                                       state.orchestrator.supervisor.envs))
+                                                       state.orchestrator.supervisor.envs,
+                                                       who, state.build_logs_open))
 
 
 def _can_act(who: Principal, owner: str | None) -> bool:

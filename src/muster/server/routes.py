@@ -533,7 +533,9 @@ async def get_trial_logs(
                                            home=state.home,
                                            wait_growth=state.log_watch.wait_growth)
             on_error.pop_all()
-        return FollowStream(stream, ticket)
+        return FollowStream(stream, ticket, recheck_s=state.follows.recheck_s,
+                            recheck=functools.partial(authenticate, request, state.store,
+                                                      csrf=False))
     piece = await asyncio.to_thread(
         logs.read_log, state.store, state.launcher, trial_id, attempt=attempt, rank=rank,
         offset=offset, limit=limit, tail=tail, cursor=cursor, home=state.home,

@@ -1,4 +1,4 @@
-"""API tokens and web sessions: made, looked up by hash, listed, revoked.
+"""API tokens and web sessions: made, looked up by hash, listed, revoked, ended.
 
 A token is `mst_` (an API token) or `mss_` (a web session) and 43 random URL-safe
 characters; the store keeps only its SHA-256 (`ApiToken.secret_hash`, unique), so a copy of
@@ -6,6 +6,12 @@ the database holds no usable token. A token is shown once, when it is made. Each
 public id (16 hex digits, random: not guessable from another's) that lists and revocations
 name. A request's token is looked up by its hash on every request, with its user: a revoked
 or expired token, or one of a deactivated user, is refused by the very next request.
+
+A web session follows the credential that opened it: one opened with an API token ends
+when that token is revoked, and by the time it expires; one opened with a password ends
+when the user's password changes (except the session that changed it). Deactivating a user
+ends all their sessions (their API tokens only stop working, and work again if they are
+activated). A user lists and ends their own sessions; an admin, anyone's.
 
 A token from before users existed (43 characters without a prefix, in the home's token
 file) is adopted as the first admin's on the first start (`muster.services.users`).
@@ -19,7 +25,7 @@ import secrets
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from muster.errors import Conflict, InvalidRequest, NotFound, Unauthorized
@@ -27,10 +33,12 @@ from muster.services.access import Action, Principal, authorize
 from muster.states import EventReason, Role
 from muster.store import ApiToken, Store, User, record_event
 from muster.store.models import now
+from muster.words import count
 
 __all__ = ["MAX_TOKEN_CHARS", "SESSION_SECONDS", "TokenKind", "authenticate",
-           "create_api_token", "csrf_token", "hash_secret", "issue", "list_tokens",
-           "revoke_token", "token_view"]
+           "create_api_token", "csrf_token", "end_session", "end_sessions", "hash_secret",
+           "issue", "list_sessions", "list_tokens", "log_out", "open_session", "revoke_token",
+           "session_view", "token_view"]
 
 MAX_TOKEN_CHARS = 200  # longer is no token of ours: refused before it is hashed
 MAX_EXPIRY_SECONDS = 3650 * 86_400
@@ -39,6 +47,7 @@ LAST_USED_EVERY_S = 60.0  # `last_used_at` and `last_seen_at` are written at mos
 MAX_TOKEN_NAME = 100
 MAX_API_TOKENS = 100  # a user's API tokens that are not revoked
 MAX_SESSIONS = 20  # a user's open web sessions; the oldest ends when one more opens
+MAX_ADDRESS_CHARS = 64  # what a session keeps of its client's address
 
 
 class TokenKind(str, Enum):
@@ -97,10 +106,23 @@ def authenticate(store: Store, secret: str, kind: TokenKind) -> Principal:
         if not user.active:
             raise Unauthorized(f"user {user.name} is deactivated; an admin can activate "
                                f"them again (muster user activate {user.name})")
+        if row.opened_with is not None:
+            _check_opener(s, row, at)
         if row.last_used_at is None or at - row.last_used_at >= LAST_USED_EVERY_S:
             row.last_used_at = user.last_seen_at = at
         return Principal(user_id=user.id, name=user.name, role=Role(user.role),
                          token_id=row.id, via_session=kind is TokenKind.SESSION)
+
+
+def _check_opener(s: Session, session: ApiToken, at: float) -> None:
+    """Refuse a web session whose API token no longer works. Revoking a token ends its
+    sessions too (`end_sessions`); this also catches a session opened while its token was
+    being revoked."""
+    token = s.get(ApiToken, session.opened_with)
+    if token is None or token.revoked_at is not None or (
+            token.expires_at is not None and token.expires_at <= at):
+        raise Unauthorized(f"web session {session.id} ended with the API token it was "
+                           f"opened with ({session.opened_with}); log in again")
 
 
 def _what(kind: TokenKind) -> str:
@@ -200,16 +222,22 @@ def revoke_token(store: Store, principal: Principal, token_id: str) -> dict[str,
                   else Action.MANAGE_USERS)
         if row.revoked_at is None:
             row.revoked_at = now()
+            ended = end_sessions(s, row.user_id, opened_with=row.id)
             record_event(s, entity="user", entity_id=row.user_id,
                          reason=EventReason.TOKEN_REVOKED, actor=principal.name,
-                         message=f"token {row.id} ({row.name}) of {row.user.name}")
+                         message=f"token {row.id} ({row.name}) of {row.user.name}"
+                         + (f"; {count(ended, 'web session')} it opened ended" if ended
+                            else ""))
         return token_view(row)
 
 
-def open_session(s: Session, user: User) -> tuple[ApiToken, str]:
-    """A new web session of `user` in the caller's transaction. The user's ended sessions
-    are deleted (a session is no record anyone needs once over), and past `MAX_SESSIONS`
-    open ones the oldest ends, so logins cannot grow the table without bound."""
+def open_session(s: Session, user: User, opened_with: ApiToken | None = None,
+                 address: str | None = None) -> tuple[ApiToken, str]:
+    """A new web session of `user` in the caller's transaction, opened with the API token
+    `opened_with` (None: a password) from `address`; it expires with that token, if sooner
+    than `SESSION_SECONDS`. The user's ended sessions are deleted (a session is no record
+    anyone needs once over), and past `MAX_SESSIONS` open ones the oldest ends, so logins
+    cannot grow the table without bound."""
     at = now()
     sessions = list(s.scalars(select(ApiToken).where(
         ApiToken.user_id == user.id, ApiToken.kind == TokenKind.SESSION.value)
@@ -222,10 +250,81 @@ def open_session(s: Session, user: User) -> tuple[ApiToken, str]:
             open_ones.append(row)
     for row in open_ones[:max(0, len(open_ones) - MAX_SESSIONS + 1)]:
         row.revoked_at = at
-    return issue(s, user, TokenKind.SESSION, "web session", expires_at=at + SESSION_SECONDS)
+    expires_at = at + SESSION_SECONDS
+    if opened_with is not None and opened_with.expires_at is not None:
+        expires_at = min(expires_at, opened_with.expires_at)
+    row, secret = issue(s, user, TokenKind.SESSION, "web session", expires_at=expires_at)
+    row.opened_with = opened_with.id if opened_with is not None else None
+    row.address = address[:MAX_ADDRESS_CHARS] if address else None
+    return row, secret
 
 
-def end_session(store: Store, principal: Principal) -> None:
+def end_sessions(s: Session, user_id: int, *, opened_with: str | None = None,
+                 password_only: bool = False, keep: str | None = None) -> int:
+    """End the open web sessions of a user in the caller's transaction: all of them, or
+    those `opened_with` one API token, or (`password_only`) those a password opened; never
+    `keep`. Returns how many ended."""
+    query = _open_sessions(user_id)
+    if opened_with is not None:
+        query = query.where(ApiToken.opened_with == opened_with)
+    if password_only:
+        query = query.where(ApiToken.opened_with.is_(None))
+    if keep is not None:
+        query = query.where(ApiToken.id != keep)
+    rows = list(s.scalars(query))
+    at = now()
+    for row in rows:
+        row.revoked_at = at
+    return len(rows)
+
+
+def _open_sessions(user_id: int) -> Select[ApiToken]:
+    at = now()
+    return select(ApiToken).where(
+        ApiToken.user_id == user_id, ApiToken.kind == TokenKind.SESSION.value,
+        ApiToken.revoked_at.is_(None),
+        or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > at))
+
+
+def list_sessions(store: Store, principal: Principal, for_user: str | None = None
+                  ) -> list[dict[str, Any]]:
+    """The open web sessions of the caller (or of `for_user`, for an admin), oldest first:
+    `session_view`s.
+
+    Raises:
+        Forbidden: `for_user` is someone else and the caller is no admin.
+        NotFound: no such user.
+    """
+    with store.session_scope() as s:
+        user = _owner(s, principal, for_user)
+        rows = s.scalars(_open_sessions(user.id).order_by(ApiToken.created_at, ApiToken.id))
+        return [session_view(s, row, principal) for row in rows]
+
+
+def end_session(store: Store, principal: Principal, session_id: str) -> dict[str, Any]:
+    """End a web session: the caller's own, or (an admin) anyone's. Its cookie stops
+    working at once; ending an ended session is harmless.
+
+    Raises:
+        NotFound: no such session.
+        Forbidden: another user's, and the caller is no admin.
+    """
+    with store.session_scope() as s:
+        row = s.get(ApiToken, session_id)
+        if row is None or row.kind != TokenKind.SESSION.value:
+            raise NotFound(f"web session {session_id} does not exist; `muster session list` "
+                           "shows your sessions")
+        if row.user_id != principal.user_id:
+            authorize(principal, Action.MANAGE_USERS)
+        if row.revoked_at is None:
+            row.revoked_at = now()
+            record_event(s, entity="user", entity_id=row.user_id,
+                         reason=EventReason.SESSION_ENDED, actor=principal.name,
+                         message=f"web session {row.id} of {row.user.name}")
+        return session_view(s, row, principal)
+
+
+def log_out(store: Store, principal: Principal) -> None:
     """Log a web session out: its cookie stops working at once."""
     if principal.token_id is None or not principal.via_session:
         return
@@ -233,6 +332,25 @@ def end_session(store: Store, principal: Principal) -> None:
         row = s.get(ApiToken, principal.token_id)
         if row is not None and row.revoked_at is None:
             row.revoked_at = now()
+
+
+def session_view(s: Session, row: ApiToken, principal: Principal) -> dict[str, Any]:
+    """A web session as its list shows it: `{id, user, created_at, expires_at, last_used_at,
+    address, opened_with, opened_with_name, current, ended}`."""
+    token = s.get(ApiToken, row.opened_with) if row.opened_with is not None else None
+    return {
+        "id": row.id,
+        "user": row.user.name,
+        "created_at": row.created_at,
+        "expires_at": row.expires_at,
+        "last_used_at": row.last_used_at,
+        "address": row.address,
+        "opened_with": row.opened_with,  # an API token's id; None: a password
+        "opened_with_name": token.name if token is not None else None,
+        "current": principal.via_session and principal.token_id == row.id,
+        "ended": row.revoked_at is not None or (row.expires_at is not None
+                                                 and row.expires_at <= now()),
+    }
 
 
 def token_view(row: ApiToken) -> dict[str, Any]:

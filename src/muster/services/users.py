@@ -28,6 +28,7 @@ from muster.states import EventReason, Role
 from muster.store import ApiToken, Experiment, Store, User, record_event
 from muster.store.actors import SERVER
 from muster.store.models import now
+from muster.words import count
 
 __all__ = ["FIRST_ADMIN", "NAME_PATTERN", "UserChange", "activate_user", "bootstrap",
            "create_user", "deactivate_user", "edit_user", "list_users", "log_in",
@@ -247,6 +248,12 @@ def edit_user(store: Store, principal: Principal, name: str, change: UserChange
     with store.session_scope() as s:
         user = user_or_404(s, name)
         words = _apply(s, user, change, display_name, unix_user, password_hash)
+        if password_hash is not None:
+            # A password login proves the old password, so its sessions end with it (but
+            # not the session that changed it); a token's sessions follow the token.
+            ended = tokens.end_sessions(s, user.id, password_only=True,
+                                        keep=principal.token_id if own else None)
+            words += [f"{count(ended, 'web session')} ended"] if ended else []
         if words:
             user.updated_at = now()
             record_event(s, entity="user", entity_id=user.id, reason=EventReason.USER_CHANGED,
@@ -295,8 +302,9 @@ def _keep_an_admin(s: Session, user: User, losing: str) -> None:
 
 
 def deactivate_user(store: Store, principal: Principal, name: str) -> dict[str, Any]:
-    """Deactivate a user: their tokens and web sessions stop working with the next request;
-    their experiments keep running and stay visible. Harmless when already inactive.
+    """Deactivate a user: their web sessions end, their API tokens stop working with the
+    next request (and their log follows within `follows.RECHECK_SECONDS`); their experiments
+    keep running and stay visible. Harmless when already inactive.
 
     Raises:
         Forbidden: the caller is no admin, or deactivates itself.
@@ -311,9 +319,12 @@ def deactivate_user(store: Store, principal: Principal, name: str) -> dict[str, 
             if user.role == Role.ADMIN.value:
                 _keep_an_admin(s, user, "be deactivated")
             user.active, user.updated_at = False, now()
+            ended = tokens.end_sessions(s, user.id)
             record_event(s, entity="user", entity_id=user.id,
                          reason=EventReason.USER_DEACTIVATED, actor=principal.name,
-                         message=f"{name} deactivated; their tokens no longer work")
+                         message=f"{name} deactivated; their tokens no longer work"
+                         + (f" and {count(ended, 'web session')} of theirs ended" if ended
+                            else ""))
         return user_view(user)
 
 
@@ -339,8 +350,8 @@ class Login:
     expires_at: float
 
 
-def log_in(store: Store, name: str, password: str) -> Login:
-    """Check a password and open a web session.
+def log_in(store: Store, name: str, password: str, address: str | None = None) -> Login:
+    """Check a password and open a web session (from `address`, which its list shows).
 
     Raises:
         Unauthorized: no such user, no password set, or a wrong one (the same words for
@@ -357,27 +368,32 @@ def log_in(store: Store, name: str, password: str) -> Login:
         if not user.active:
             raise Unauthorized(f"user {name} is deactivated; an admin can activate them "
                                f"again (muster user activate {name})")
-        row, secret = tokens.open_session(s, user)
+        row, secret = tokens.open_session(s, user, address=address)
         expires_at = row.expires_at or 0.0
         user.last_seen_at = now()
         record_event(s, entity="user", entity_id=user.id, reason=EventReason.LOGGED_IN,
-                     actor=user.name, message=f"web session {row.id} opened")
+                     actor=user.name, message=f"web session {row.id} opened"
+                     + (f" from {row.address}" if row.address else ""))
         return Login(Principal(user_id=user.id, name=user.name, role=Role(user.role),
                                token_id=row.id, via_session=True), secret, expires_at)
 
 
-def log_in_with_token(store: Store, token: str) -> Login:
-    """Open a web session for the user of an API token (the UI's "Token" login).
+def log_in_with_token(store: Store, token: str, address: str | None = None) -> Login:
+    """Open a web session for the user of an API token (the UI's "Token" login), from
+    `address`; the session ends when that token is revoked or expires.
 
     Raises:
         Unauthorized: the token does not work (unknown, revoked, expired, deactivated).
     """
     user = tokens.authenticate(store, token, tokens.TokenKind.API)
     with store.session_scope() as s:
-        row, secret = tokens.open_session(s, s.get_one(User, user.user_id))
+        row, secret = tokens.open_session(s, s.get_one(User, user.user_id),
+                                          opened_with=s.get(ApiToken, user.token_id),
+                                          address=address)
         record_event(s, entity="user", entity_id=user.user_id, reason=EventReason.LOGGED_IN,
                      actor=user.name, message=f"web session {row.id} opened with token "
-                                              f"{user.token_id}")
+                                              f"{user.token_id}"
+                     + (f" from {row.address}" if row.address else ""))
         return Login(Principal(user_id=user.user_id, name=user.name, role=user.role,
                                token_id=row.id, via_session=True), secret,
                      row.expires_at or 0.0)

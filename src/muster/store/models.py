@@ -159,6 +159,10 @@ class ApiToken(Base):
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # A web session's: the API token it was opened with (it ends with that token), None for
+    # a password login; and the client's address then (migration 0015).
+    opened_with: Mapped[str | None] = mapped_column(String(16), nullable=True, index=True)
+    address: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     user: Mapped[User] = relationship(back_populates="tokens")
 
