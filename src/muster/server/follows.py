@@ -125,10 +125,16 @@ class FollowStream(StreamingResponse):
             self._started = True
             self._finished = not message.get("more_body", True)
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._watch, group.cancel_scope)
-            await super().stream_response(sent)
-            group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._watch, group.cancel_scope)
+                await super().stream_response(sent)
+                group.cancel_scope.cancel()
+        except BaseExceptionGroup as errors:
+            # The stream's own error, unwrapped, as Starlette and the server expect it.
+            if len(errors.exceptions) == 1:
+                raise errors.exceptions[0] from None
+            raise
         if self._refused and self._started and not self._finished:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
