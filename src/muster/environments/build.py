@@ -15,6 +15,13 @@ build the same hash at once. Steps, each named in the `.stage` file and logged:
    over (atomic). Until then nothing looks built; a build killed at any step leaves a
    store directory no link points to, which the next build or `prune` removes.
 
+Every command runs with a minimal environment (`isolation`: nothing of the server's but
+the uv settings it names) and, under `run_as`, as the account the request names
+(`request.BuildRequest.account`), never as root; the venv changes hands around the build's
+own writes (`ownership`), and the account's uv reads a copy of the context, the account's,
+in `store/<hash>-<nonce>.context`, since the submitted contexts are root's alone. The log
+is the server's (0600): the API serves it to the environment's owners and admins.
+
 The result (`.result.json`) says ready, or failed with the reason the trials get:
 PERMANENT_ERROR for what a retry would repeat (the resolver found no solution, a setup
 command failed), INFRA for the package index not answering (the failure policy retries).
@@ -39,6 +46,7 @@ from pathlib import Path
 from typing import IO
 
 from muster.atomic import atomic_write_bytes, atomic_write_json, fsync_dir
+from muster.environments.isolation import as_account, build_environ, uv_cache
 from muster.environments.layers import (
     lower_scripts,
     site_packages,
@@ -47,7 +55,15 @@ from muster.environments.layers import (
     write_stubs,
 )
 from muster.environments.layout import RECORD, EnvHome
+from muster.environments.ownership import (
+    OwnershipError,
+    give,
+    require_directories,
+    seal,
+    take,
+)
 from muster.environments.request import BuildRequest
+from muster.launch.accounts import Account
 
 __all__ = ["BUILD_TIMEOUT_S", "EXIT_BUSY", "classify_failure", "main", "uv_binary"]
 
@@ -101,8 +117,10 @@ class _Builder:
     def __init__(self, home: EnvHome, request: BuildRequest, log: IO[str]) -> None:
         self.home, self.request, self.log = home, request, log
         self.key = request.key
+        self.account = request.account
         self.deadline = time.monotonic() + BUILD_TIMEOUT_S
         self.uv = uv_binary()
+        self.cache = uv_cache(home.root, self.account, os.environ)
 
     def stage(self, text: str) -> None:
         atomic_write_bytes(self.home.stage(self.key), text.encode(), 0o600)
@@ -120,8 +138,9 @@ class _Builder:
         if remaining <= 0:
             raise BuildFailed("INFRA", f"the build took longer than {BUILD_TIMEOUT_S:g} s")
         try:
-            child = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            child = subprocess.Popen(list(argv), cwd=cwd, env=env or self.uv_env(),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, **as_account(self.account))
         except OSError as exc:
             raise BuildFailed("PERMANENT_ERROR", f"{what}: {argv[0]!r} cannot be run: "
                                                  f"{exc.strerror or exc}") from exc
@@ -147,55 +166,38 @@ class _Builder:
                                                          f"{uv_message(output)}")
         return output
 
-    def uv_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "CONDA_PREFIX")}
-        env.update({"NO_COLOR": "1", "UV_NO_PROGRESS": "1", "UV_PYTHON_DOWNLOADS": "never"})
-        return env
+    def uv_env(self, venv: Path | None = None) -> dict[str, str]:
+        """A command's whole environment (`isolation`); with `venv`, that venv active."""
+        return build_environ(self.account, os.environ, self.cache, venv)
 
     def build(self) -> Path:
         request, base = self.request, self.request.base
         venv = self.home.store / f"{self.key}-{secrets.token_hex(4)}"
         started = time.monotonic()
         self.stage("creating the venv")
+        if self.account is not None:  # uv, run as the account, makes it inside
+            venv.mkdir(mode=0o755)
+            os.chown(venv, self.account.uid, self.account.gid)
         self.run([self.uv, "venv", "--python", base.executable, "--no-config", str(venv)],
-                 env=self.uv_env(), what="creating the venv")
-        site = site_packages(venv, base)
-        write_pth(site, base.sites if request.inherit else (), self.home.harness)
-        if request.inherit:
-            stubs = write_stubs(site, base.sites)
-            write_scripts(venv / "bin", lower_scripts(base.bin_dir))
-            self.say(f"inherits {stubs} distributions from {base.path}")
-        requirements, constraints = request.split()
-        pip_visible = request.inherit and any(n == "pip" for n, _ in base.packages)
-        if not pip_visible:
-            requirements = [*requirements, base.bundled_pip or "pip"]
+                 cwd=venv.parent, what="creating the venv")
+        requirements, constraints = self.with_pip(request.split())
         record = venv / RECORD
-        record.mkdir()
+        self.write_lower(venv, record, requirements, constraints)
         if requirements:
-            packages = request.packages()
-            self.stage(f"installing {_count(len(packages), 'package')}")
-            lines = record / "requirements.txt"
-            lines.write_text("".join(f"{x}\n" for x in requirements))
-            argv = [self.uv, "pip", "install", "--python", str(venv / "bin" / "python"),
-                    "-r", str(lines)]
-            if constraints:
-                (record / "constraints.txt").write_text("".join(f"{x}\n" for x in constraints))
-                argv += ["-c", str(record / "constraints.txt")]
-            cwd = Path(request.context) if request.context and os.path.isdir(
-                request.context) else venv
-            self.run(argv, cwd=cwd, env=self.uv_env(), what="installing the requirements")
+            self.install(venv, record, bool(constraints))
         for number, command in enumerate(request.setup, 1):
             self.stage(f"running setup command {number} of {len(request.setup)}")
-            env = self.uv_env()
-            env["VIRTUAL_ENV"] = str(venv)
-            env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
+            env = self.uv_env(venv)
             program = shutil.which(command[0], path=env["PATH"]) or command[0]
             self.run([program, *command[1:]], cwd=venv, env=env,
                      what=f"environment.setup[{number - 1}] ({' '.join(command)[:200]})")
         self.stage("recording what it holds")
-        freeze = self.run([self.uv, "pip", "freeze", "--python", str(venv / "bin" / "python")],
-                          env=self.uv_env(), what="listing the venv's packages")
+        freeze = self.run([self.uv, "pip", "freeze", "--no-config", "--python",
+                           str(venv / "bin" / "python")],
+                          cwd=venv, what="listing the venv's packages")
+        if self.account is not None:
+            seal(venv, record)
+            _write_inputs(record, requirements, constraints)
         (record / "freeze.txt").write_text(freeze)
         atomic_write_json(record / "env.json", {
             "hash": self.key, "python": base.path, "executable": base.executable,
@@ -206,6 +208,56 @@ class _Builder:
         })
         (record / "last_used").touch()
         return venv
+
+    def with_pip(self, lines: tuple[list[str], list[str]]) -> tuple[list[str], list[str]]:
+        """(requirements, constraints), pip added unless the venv imports it already."""
+        request, base = self.request, self.request.base
+        requirements, constraints = lines
+        pip_visible = request.inherit and any(n == "pip" for n, _ in base.packages)
+        if not pip_visible:
+            requirements = [*requirements, base.bundled_pip or "pip"]
+        return requirements, constraints
+
+    def write_lower(self, venv: Path, record: Path, requirements: list[str],
+                    constraints: list[str]) -> None:
+        """The build's own files in the new venv: the lower layers, the harness, the
+        requirement files; written while the venv is root's (`ownership`)."""
+        request, base = self.request, self.request.base
+        site = site_packages(venv, base)
+        if self.account is not None:
+            take(venv)
+            require_directories(venv, ("bin", str(site.relative_to(venv))))
+        write_pth(site, base.sites if request.inherit else (), self.home.harness)
+        if request.inherit:
+            stubs = write_stubs(site, base.sites)
+            write_scripts(venv / "bin", lower_scripts(base.bin_dir))
+            self.say(f"inherits {stubs} distributions from {base.path}")
+        record.mkdir()
+        _write_inputs(record, requirements, constraints)
+        if self.account is not None:
+            give(venv, self.account)
+
+    def install(self, venv: Path, record: Path, constrained: bool) -> None:
+        """`uv pip install` of the requirement files, in (a copy of) the context."""
+        self.stage(f"installing {_count(len(self.request.packages()), 'package')}")
+        # No uv.toml: the context's would choose the index past `sources`' check.
+        argv = [self.uv, "pip", "install", "--no-config", "--python",
+                str(venv / "bin" / "python"), "-r", str(record / "requirements.txt")]
+        if constrained:
+            argv += ["-c", str(record / "constraints.txt")]
+        context = self.request.context
+        if not context or not os.path.isdir(context):
+            self.run(argv, cwd=venv, what="installing the requirements")
+            return
+        if self.account is None:
+            self.run(argv, cwd=Path(context), what="installing the requirements")
+            return
+        copy = venv.with_name(venv.name + ".context")
+        try:
+            _copy_context(Path(context), copy, self.account)
+            self.run(argv, cwd=copy, what="installing the requirements")
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
 
     def publish(self, venv: Path) -> None:
         link = self.home.published(self.key)
@@ -230,6 +282,20 @@ def tree_size(root: Path) -> int:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_size
     return total
+
+
+def _write_inputs(record: Path, requirements: list[str], constraints: list[str]) -> None:
+    (record / "requirements.txt").write_text("".join(f"{x}\n" for x in requirements))
+    if constraints:
+        (record / "constraints.txt").write_text("".join(f"{x}\n" for x in constraints))
+
+
+def _copy_context(context: Path, copy: Path, account: Account) -> None:
+    """A copy of the context that the account's uv reads, and writes in (a local project's
+    build writes beside its sources): the context is root's alone, and a hard link would
+    share its files' owner and mode."""
+    shutil.copytree(context, copy, symlinks=True)
+    give(copy, account)
 
 
 def _count(n: int, noun: str) -> str:
@@ -257,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return EXIT_BUSY
-    with open(home.log(key), "w", encoding="utf-8") as log:
+    with _open_log(home.log(key)) as log:
         result: dict[str, object]
         try:
             if home.built(key) is not None:
@@ -274,6 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.write(f"\nFAILED ({exc.reason}): {exc.message}\n")
             result = {"state": "failed", "reason": exc.reason, "message": exc.message,
                       "at": time.time()}
+        except OwnershipError as exc:
+            log.write(f"\nFAILED (PERMANENT_ERROR): {exc}\n")
+            result = {"state": "failed", "reason": "PERMANENT_ERROR", "message": str(exc),
+                      "at": time.time()}
         except (OSError, ValueError, KeyError) as exc:
             log.write(f"\nFAILED (INTERNAL): {type(exc).__name__}: {exc}\n")
             result = {"state": "failed", "reason": "INTERNAL",
@@ -282,6 +352,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         atomic_write_json(home.result(key), result, 0o600)
         home.stage(key).unlink(missing_ok=True)
     return 0 if result["state"] == "ready" else 1
+
+
+def _open_log(path: Path) -> IO[str]:
+    """The build's log, new and the server's alone (0600): it holds what the commands
+    printed, which the API shows only to those who may read it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return open(fd, "w", encoding="utf-8")
 
 
 def _remove_unfinished(home: EnvHome, key: str) -> None:

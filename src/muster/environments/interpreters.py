@@ -2,6 +2,13 @@
 
 Asked of the interpreter itself (`python -I -c …`, a few tens of milliseconds) and kept in
 memory until its site-packages change; the interpreter muster runs on answers in-process.
+
+The path is a user's (`environment.python`), so what answers may be any program: under
+`run_as` it runs as the account the asking user's jobs run as, never as root, and always
+with a minimal environment (`isolation`); an answer is remembered per account, since one
+account's answer is no evidence for another's. Asked as root without an account (the
+server runs as root but the caller knows no account), only an interpreter that root's
+accounts alone could have written is run (`_root_may_run`).
 """
 
 from __future__ import annotations
@@ -9,11 +16,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from muster.environments.isolation import as_account, probe_environ
+from muster.launch.accounts import Account
 
 __all__ = ["MIN_VERSION", "Interpreter", "InterpreterError", "inspect", "own"]
 
@@ -105,7 +116,7 @@ class Interpreter:
                    else str(data["bundled_pip"]))
 
 
-_cache: dict[str, tuple[tuple[int, ...], Interpreter]] = {}
+_cache: dict[tuple[str, int | None], tuple[tuple[int, ...], Interpreter]] = {}
 _lock = threading.Lock()
 
 
@@ -114,22 +125,24 @@ def own() -> Interpreter:
     return inspect(sys.executable)
 
 
-def inspect(path: str) -> Interpreter:
-    """The facts of the interpreter at `path` (absolute), asked of it or remembered.
+def inspect(path: str, account: Account | None = None) -> Interpreter:
+    """The facts of the interpreter at `path` (absolute), asked of it (as `account`, when
+    given) or remembered.
 
     Raises:
-        InterpreterError: it is missing, not executable, not CPython 3.10 or newer, or did
-            not answer.
+        InterpreterError: it is missing, not executable, not CPython 3.10 or newer, did
+            not answer, or (as root without an account) others than root could change it.
     """
     path = os.path.expanduser(path)
+    key = (path, None if account is None else account.uid)
     with _lock:
-        cached = _cache.get(path)
+        cached = _cache.get(key)
     stamp = _stamp(path, cached[1].sites if cached else ())
     if cached is not None and cached[0] == stamp:
         return cached[1]
-    found = _ask(path)
+    found = _ask(path, account)
     with _lock:
-        _cache[path] = (_stamp(path, found.sites), found)
+        _cache[key] = (_stamp(path, found.sites), found)
     return found
 
 
@@ -144,8 +157,9 @@ def _stamp(path: str, sites: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(stamps)
 
 
-def _ask(path: str) -> Interpreter:
-    data = _in_process() if path == sys.executable else _subprocess(path)
+def _ask(path: str, account: Account | None) -> Interpreter:
+    data = (_in_process() if path == sys.executable and account is None
+            else _subprocess(path, account))
     if data.get("implementation") != "cpython":
         raise InterpreterError(f"{path} is {data.get('implementation')}, not CPython; muster "
                                "builds venvs for CPython only")
@@ -165,15 +179,18 @@ def _in_process() -> dict[str, object]:
     return answer
 
 
-def _subprocess(path: str) -> dict[str, object]:
+def _subprocess(path: str, account: Account | None) -> dict[str, object]:
     target = Path(path)
     if not target.exists():
         raise InterpreterError(f"{path} does not exist on the server")
     if target.is_dir() or not os.access(target, os.X_OK):
         raise InterpreterError(f"{path} is not an executable file")
+    if account is None and os.geteuid() == 0:
+        _root_may_run(path)
     try:
         done = subprocess.run([path, "-I", "-c", _QUERY + _PRINT], capture_output=True,
-                              timeout=QUERY_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+                              timeout=QUERY_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False,
+                              env=probe_environ(account), cwd="/", **as_account(account))
     except subprocess.TimeoutExpired as exc:
         raise InterpreterError(f"{path} did not answer within {QUERY_TIMEOUT_S:g} s") from exc
     except OSError as exc:
@@ -188,3 +205,25 @@ def _subprocess(path: str) -> dict[str, object]:
     except ValueError as exc:
         raise InterpreterError(f"{path} did not answer as a Python interpreter does") from exc
     return answer
+
+
+def _root_may_run(path: str) -> None:
+    """Refuse, as root, an interpreter that an account other than root could have changed:
+    its file, or a directory on its way (as named: a venv's `pyvenv.cfg` decides what it
+    imports; and resolved), is not root's or is writable by others than root (a
+    sticky directory such as /tmp excepted: nobody else can replace root's entries)."""
+    named = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(path))
+    for item in dict.fromkeys([real, *real.parents, *named.parents]):
+        try:
+            info = os.stat(item)
+        except OSError as exc:
+            raise InterpreterError(f"{path} cannot be checked: {exc}") from exc
+        writable = info.st_mode & 0o022 and not (stat.S_ISDIR(info.st_mode)
+                                                 and info.st_mode & stat.S_ISVTX)
+        if info.st_uid != 0 or writable:
+            raise InterpreterError(
+                f"{path} is not run as root: {item} is not root's alone (owner uid "
+                f"{info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}); use an interpreter "
+                "only root can change, or run jobs as accounts (run_as in the cluster "
+                "config)")

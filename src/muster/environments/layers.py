@@ -28,6 +28,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 
 from muster.environments.interpreters import Interpreter
 
@@ -153,10 +154,14 @@ def _read_scripts(bin_dir: Path) -> Iterable[Script]:
         if _SKIPPED.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
             continue
         try:
-            stat = entry.stat(follow_symlinks=False)
-            if stat.st_size > _MAX_SCRIPT_BYTES or not stat.st_mode & 0o111:
-                continue
-            with open(entry.path, "rb") as f:
+            # Not through a link, nor a FIFO: under `run_as` a built venv's `bin/` is its
+            # account's, which may swap a script for either after the listing.
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                stat = os.fstat(fd)
+                if (not S_ISREG(stat.st_mode) or stat.st_size > _MAX_SCRIPT_BYTES
+                        or not stat.st_mode & 0o111):
+                    continue
                 data = f.read(_MAX_SCRIPT_BYTES)
         except OSError as exc:
             # It stays on PATH below the layer, run by its own (lower) interpreter.

@@ -24,13 +24,15 @@ class EnvHome:
 
     root: Path
 
-    def ensure(self, shared: bool = False) -> EnvHome:
+    def ensure(self, shared: bool | None = None) -> EnvHome:
         """Make the layout; `shared`: jobs run as other accounts (`run_as`) and must reach
-        the built environments and the harness (0711 on the way, never listed)."""
+        the built environments and the harness (0711 on the way, never listed); None (a
+        build, a submission): the modes the server gave it are kept."""
         for path in (self.root, self.store, self.requests, self.logs, self.locks, self.spares):
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for path in (self.root, self.store):
-            path.chmod(0o711 if shared else 0o700)
+        if shared is not None:
+            for path in (self.root, self.store):
+                path.chmod(0o711 if shared else 0o700)
         return self
 
     @property

@@ -35,6 +35,7 @@ from muster.environments.layers import Script, lower_scripts, site_packages, wri
 from muster.environments.layout import RECORD, EnvHome, is_hash
 from muster.environments.request import BuildRequest
 from muster.errors import LaunchError, NotFound
+from muster.launch.accounts import Account
 
 __all__ = ["EnvState", "EnvSummary", "Environments", "PruneResult", "TrialEnvironment",
            "keep_request"]
@@ -249,17 +250,18 @@ class Environments:
             log.error("environment %s: %s\n%s", key, why, err[-4000:])
 
     # -- trials ----------------------------------------------------------------------
-    def for_trial(self, config: ExperimentConfig, key: str | None,
-                  layer: Path) -> TrialEnvironment:
+    def for_trial(self, config: ExperimentConfig, key: str | None, layer: Path,
+                  account: Account | None = None) -> TrialEnvironment:
         """What a trial of `config` (its experiment's environment hash `key`) runs in, its
-        own layer at `layer`.
+        own layer at `layer`; the base interpreter is asked as `account` (the one its jobs
+        run as, under `run_as`).
 
         Raises:
             LaunchError: the base interpreter cannot be used now, or `key` is not built.
         """
         try:
             base = own() if config.environment.python is None else inspect(
-                config.environment.python)
+                config.environment.python, account)
         except (InterpreterError, OSError) as exc:
             raise LaunchError(f"environment.python cannot be used: {exc}") from exc
         built = None

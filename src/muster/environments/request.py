@@ -5,6 +5,15 @@ trial that needs it. It covers everything the result depends on that muster can 
 base interpreter (its real binary, its venv, and — when inherited — the packages it
 imports), `inherit`, the requirement lines after `-r` includes are read in, the setup
 commands, and the bytes of local wheels and archives the lines name.
+
+Under `run_as`, it covers the account that builds it too, and only trials of that account
+run in the build. The build runs as that account (`build`), so the account can change what
+it built, during the build and after it (a process it left running, a file it holds open
+for writing): a build another account's trials shared would be code that account planted
+in theirs. Re-owning the tree to root before publishing would not close that (an open
+descriptor outlives a chown; uv's hard links from the account's cache would be re-owned
+with it), so each account gets its own build of a request instead. Without `run_as` the
+hash is what it always was.
 """
 
 from __future__ import annotations
@@ -19,9 +28,10 @@ from pathlib import Path, PurePosixPath
 from muster.config import ExperimentConfig
 from muster.environments.interpreters import Interpreter, InterpreterError, inspect, own
 from muster.environments.layout import HASH_CHARS
+from muster.launch.accounts import Account, account_from_json
 
 __all__ = ["CONSTRAINT", "LAYOUT_VERSION", "MAX_REQUIREMENT_LINES", "BuildRequest", "RequestError",
-           "base_interpreter", "build_request"]
+           "base_interpreter", "build_request", "read_requirements"]
 
 LAYOUT_VERSION = 1  # bumped when a build's layout changes: every hash changes with it
 MAX_REQUIREMENTS_BYTES = 1 << 20
@@ -47,10 +57,11 @@ class BuildRequest:
     setup: tuple[tuple[str, ...], ...]
     context: str | None  # where relative paths in the lines are read from
     files: dict[str, str] = field(default_factory=dict)  # local archive -> its sha256
+    account: Account | None = None  # `run_as`: who builds it (and whose trials use it)
 
     @property
     def key(self) -> str:
-        identity = {
+        identity: dict[str, object] = {
             "layout": LAYOUT_VERSION,
             "python": [self.base.executable, self.base.prefix, self.base.version],
             "inherit": self.inherit,
@@ -59,6 +70,8 @@ class BuildRequest:
             "setup": [list(argv) for argv in self.setup],
             "files": self.files,
         }
+        if self.account is not None:
+            identity["account"] = [self.account.name, self.account.uid]
         text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
 
@@ -76,7 +89,8 @@ class BuildRequest:
         return {"key": self.key, "base": self.base.to_json(), "inherit": self.inherit,
                 "requirements": list(self.requirements),
                 "setup": [list(argv) for argv in self.setup], "context": self.context,
-                "files": self.files}
+                "files": self.files,
+                "account": None if self.account is None else self.account.to_json()}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> BuildRequest:
@@ -88,11 +102,13 @@ class BuildRequest:
                    setup=tuple(tuple(str(w) for w in argv)
                                for argv in data["setup"]),  # type: ignore[attr-defined]
                    context=None if data.get("context") is None else str(data["context"]),
-                   files={str(k): str(v) for k, v in data.get("files", {}).items()})  # type: ignore[attr-defined]
+                   files={str(k): str(v) for k, v in data.get("files", {}).items()},  # type: ignore[attr-defined]
+                   account=account_from_json(data.get("account")))
 
 
-def base_interpreter(config: ExperimentConfig) -> Interpreter:
-    """The interpreter the experiment's environment is based on (or runs on).
+def base_interpreter(config: ExperimentConfig, account: Account | None = None) -> Interpreter:
+    """The interpreter the experiment's environment is based on (or runs on), asked as
+    `account` (the one its jobs run as, under `run_as`).
 
     Raises:
         RequestError: `environment.python` cannot be used.
@@ -101,29 +117,44 @@ def base_interpreter(config: ExperimentConfig) -> Interpreter:
     if python is None:
         return own()
     try:
-        return inspect(python)
+        return inspect(python, account)
     except InterpreterError as exc:
         raise RequestError(f"environment.python: {exc}") from exc
 
 
-def build_request(config: ExperimentConfig, context: Path) -> BuildRequest | None:
-    """What to build for `config`, read against the submitted `context`; None when nothing
-    is built (the trial runs on the base interpreter, under its own layer).
+def read_requirements(config: ExperimentConfig, context: Path) -> list[str]:
+    """The requirement lines of `config`'s environment: `pip`'s, then the requirements
+    file's (includes read in, inside the `context`).
+
+    Raises:
+        RequestError: the requirements file cannot be used.
+    """
+    env = config.environment
+    lines = list(env.pip)
+    if env.requirements is not None:
+        lines += _read_requirements(context, PurePosixPath(env.requirements), "environment."
+                                    "requirements", depth=0, total=[0])
+    return lines
+
+
+def build_request(config: ExperimentConfig, context: Path,
+                  account: Account | None = None) -> BuildRequest | None:
+    """What to build for `config`, read against the submitted `context`, by `account`
+    (under `run_as`: the account its jobs run as); None when nothing is built (the trial
+    runs on the base interpreter, under its own layer).
 
     Raises:
         RequestError: the base interpreter or the requirements file cannot be used.
     """
     env = config.environment
-    base = base_interpreter(config)
+    base = base_interpreter(config, account)
     if not env.builds():
         return None
-    lines = list(env.pip)
-    if env.requirements is not None:
-        lines += _read_requirements(context, PurePosixPath(env.requirements), "environment."
-                                    "requirements", depth=0, total=[0])
+    lines = read_requirements(config, context)
     return BuildRequest(base=base, inherit=env.inherit is not False,
                         requirements=tuple(lines), setup=tuple(tuple(a) for a in env.setup),
-                        context=str(context), files=_local_files(lines, context))
+                        context=str(context), files=_local_files(lines, context),
+                        account=account)
 
 
 def _read_requirements(context: Path, name: PurePosixPath, where: str, depth: int,

@@ -1,4 +1,11 @@
-"""Environments as the API shows them: `muster env list`, `env logs`, `env prune`."""
+"""Environments as the API shows them: `muster env list`, `env logs`, `env prune`.
+
+A build log holds what uv and the setup commands printed, which may be a user's own
+secrets (an index's credentials, a setup command's output). So it is read by admins and by
+the environment's owners (the owners of experiments that need it or whose trials ran in
+it) alone, unless the cluster config opens it to every reader (`build_logs: everyone`);
+the list shows others an environment's state, not why its build failed.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,9 @@ from typing import Any
 from sqlalchemy import or_, select
 
 from muster.environments.registry import Environments
-from muster.errors import InvalidRequest
+from muster.errors import Forbidden, InvalidRequest
 from muster.launch.logs import MAX_OFFSET
+from muster.services.access import Principal
 from muster.states import ExperimentState, TrialState, values
 from muster.store import Experiment, Store, Trial
 
@@ -19,23 +27,38 @@ __all__ = ["LOG_CHUNK_BYTES", "environment_log", "list_environments", "prune_env
 LOG_CHUNK_BYTES = 1 << 20
 
 
-def list_environments(store: Store, envs: Environments) -> list[dict[str, Any]]:
+def list_environments(store: Store, envs: Environments, who: Principal,
+                      logs_open: bool = False) -> list[dict[str, Any]]:
     """Every environment, with the trials that use it (those of experiments that need it
-    and those that ran in it)."""
+    and those that ran in it); why a build failed only where `who` may read its log."""
     trials = _trials_by_key(store)
+    readable = None if logs_open or who.is_admin else _owned_keys(store, who)
     found = []
     for summary in envs.summaries():
         row = dataclasses.asdict(summary)
         row["trials"] = sorted(trials.get(summary.hash, set()))
+        if readable is not None and summary.hash not in readable:
+            row["message"] = None
         found.append(row)
     return found
 
 
-def environment_log(envs: Environments, prefix: str, offset: int = 0) -> tuple[str, bytes]:
-    """(hash, up to 1 MiB of its build log from `offset`)."""
+def environment_log(store: Store, envs: Environments, prefix: str, who: Principal,
+                    offset: int = 0, logs_open: bool = False) -> tuple[str, bytes]:
+    """(hash, up to 1 MiB of its build log from `offset`).
+
+    Raises:
+        Forbidden: `who` is neither an admin nor one of the environment's owners, and
+            the logs are not open to every reader (`logs_open`).
+    """
     if not 0 <= offset <= MAX_OFFSET:
         raise InvalidRequest(f"offset must be 0 to {MAX_OFFSET}")
     key = envs.resolve(prefix)
+    if not (logs_open or who.is_admin or key in _owned_keys(store, who)):
+        raise Forbidden(f"the build log of environment {key} is read by the owners of the "
+                        "experiments that need it and by admins (the cluster config's "
+                        "build_logs: owners); ask one of them, or an admin to set "
+                        "build_logs: everyone")
     try:
         with envs.log_path(key).open("rb") as f:
             f.seek(offset)
@@ -57,6 +80,15 @@ def prune_environments(store: Store, envs: Environments, older_than_s: float) ->
                                          if not e.is_terminal()])))).all()
     in_use: set[str] = {k for row in rows for k in row if k} | {k for k in waiting if k}
     return dataclasses.asdict(envs.prune(older_than_s, in_use))
+
+
+def _owned_keys(store: Store, who: Principal) -> set[str]:
+    """The environments `who`'s experiments need, or that their trials ran in."""
+    with store.session_scope() as s:
+        rows = s.execute(select(Experiment.environment_key, Trial.environment_key)
+                         .outerjoin(Trial, Trial.experiment_id == Experiment.id)
+                         .where(Experiment.owner_id == who.user_id)).all()
+    return {key for row in rows for key in row if key}
 
 
 def _trials_by_key(store: Store) -> dict[str, set[int]]:

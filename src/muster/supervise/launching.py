@@ -154,6 +154,7 @@ class Launching:
         gpus = self.ctx.pool.of_trial(s, trial.id)
         # With GPUs to schedule, a replica sees exactly its own (none, without any).
         scheduled = bool(gpus) or bool(self.ctx.inventory.gpus())
+        account = job_account(self.ctx.run_as, trial.experiment)
         return AttemptPlan(
             trial_id=trial.id, trial_uuid=trial.uuid, trial_number=trial.number,
             number=number, dir=run_dir.attempt(number), config=config,
@@ -164,8 +165,8 @@ class Launching:
             incarnation=incarnation, standby=standby,
             secrets=job_secrets.resolve(config, self.ctx.home, trial.experiment.uuid),
             environment=self.ctx.envs.for_trial(config, trial.experiment.environment_key,
-                                                run_dir.env),
-            account=job_account(self.ctx.run_as, trial.experiment))
+                                                run_dir.env, account),
+            account=account)
 
     def specs(self, plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
         return replica_specs(plan, ranks)
