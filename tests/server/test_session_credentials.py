@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ from muster.client import Client
 from muster.errors import Unauthorized
 from tests.cli.test_cli import assert_clean_failure, muster
 from tests.server.experiments import create, only_trial, wait_trial
-from tests.servers import RunningServer, shared_server
+from tests.servers import RunningServer, serving, shared_server
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.lifecycle  # a real server and a trial
@@ -34,20 +35,24 @@ def admin(server: RunningServer) -> Iterator[Client]:
         yield client
 
 
-@pytest.fixture(scope="module")
-def running(server: RunningServer, admin: Client,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """A trial that runs until the module ends: every follow of it ends only if the server
+@contextmanager
+def running_trial(admin: Client, parent: Path) -> Iterator[int]:
+    """A trial that runs until the block ends: every follow of it ends only if the server
     ends it."""
-    release = tmp_path_factory.mktemp("release") / "release"
-    trial_id = int(only_trial(create(admin, release.parent, "wait_for_file.py",
-                                     str(release)))["id"])
+    release = parent / "release"
+    trial_id = int(only_trial(create(admin, parent, "wait_for_file.py", str(release)))["id"])
     wait_trial(admin, trial_id, {"RUNNING"})
     try:
         yield trial_id
     finally:
         release.touch()
         wait_trial(admin, trial_id, {"SUCCEEDED"})
+
+
+@pytest.fixture(scope="module")
+def running(admin: Client, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    with running_trial(admin, tmp_path_factory.mktemp("trial")) as trial_id:
+        yield trial_id
 
 
 def new_user(admin: Client) -> tuple[str, str]:
@@ -208,6 +213,30 @@ def test_a_password_change_ends_the_password_sessions_but_the_one_that_made_it(
         assert by_token.get("/whoami").status_code == 200  # it follows its token
         admin.edit_user(name, password="an admin's new one")
         assert changer.get("/whoami").status_code == 401
+
+
+def test_an_action_that_ends_a_credential_ends_its_follows_at_once(
+    tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With the default re-check interval (30 s, longer than `ends` waits): revoking a
+    token, ending a session and logging out each end their follows at once."""
+    root = tmp_path_factory.mktemp("default")
+    with serving(root / "home") as default, default.client() as admin, \
+            running_trial(admin, root) as trial_id, ExitStack() as stack:
+        _, first = new_user(admin)
+        with Client(url=default.url, token=first) as user:
+            laptop = user.create_token("laptop")
+            by_token = follow(bearer(default, stack, laptop["token"]), stack, trial_id)
+            user.revoke_token(laptop["id"])
+            ends(by_token)
+            http = browser(default, stack, token=first)
+            by_cookie = follow(http, stack, trial_id)
+            user.end_session(user.list_sessions()[0]["id"])
+            ends(by_cookie)
+            http = browser(default, stack, token=first)
+            by_cookie = follow(http, stack, trial_id)
+            assert http.post("/logout").status_code == 204
+            ends(by_cookie)
 
 
 def test_the_account_page_lists_and_ends_sessions_and_tokens(

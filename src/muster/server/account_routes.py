@@ -99,6 +99,7 @@ def log_out(state: State, request: Request, who: Account) -> Response:
     """End the web session the request comes with (its cookie stops working at once) and
     clear the cookie; with an API token, nothing to end (`muster token revoke` ends one)."""
     tokens.log_out(state.store, who)
+    state.follows.recheck(who.name)
     response = Response(status_code=204)
     clear_session_cookie(response, request)
     return response
@@ -141,15 +142,20 @@ def edit_user(state: State, name: NamePath, body: api.UserEditRequest, who: Acco
         display_name=body.display_name, role=Role(body.role) if body.role else None,
         password=body.password, current_password=body.current_password,
         unix_user=body.unix_user)
-    return users.edit_user(state.store, who, name, change)
+    view = users.edit_user(state.store, who, name, change)
+    if change.password is not None:
+        state.follows.recheck(name)  # the sessions the old password opened ended
+    return view
 
 
 @router.post("/users/{name}/deactivate", response_model=api.UserView,
              responses=_errors(404, 409))
 def deactivate_user(state: State, name: NamePath, who: Admin) -> dict[str, Any]:
-    """Deactivate a user: their tokens and sessions stop working with the next request;
-    their experiments keep running and stay visible."""
-    return users.deactivate_user(state.store, who, name)
+    """Deactivate a user: their sessions end and their tokens stop working with the next
+    request, and their log follows end; their experiments keep running and stay visible."""
+    view = users.deactivate_user(state.store, who, name)
+    state.follows.recheck(name)
+    return view
 
 
 @router.post("/users/{name}/activate", response_model=api.UserView, responses=_errors(404))
@@ -180,8 +186,11 @@ def create_token(state: State, body: api.TokenCreateRequest, who: Account) -> di
 
 @router.delete("/tokens/{token_id}", response_model=api.TokenView, responses=_errors(404))
 def revoke_token(state: State, token_id: TokenIdPath, who: Account) -> dict[str, Any]:
-    """Revoke one of your API tokens (an admin: anyone's); it stops working at once."""
-    return tokens.revoke_token(state.store, who, token_id)
+    """Revoke one of your API tokens (an admin: anyone's); it stops working at once, and so
+    do the web sessions it opened and the log follows of either."""
+    view = tokens.revoke_token(state.store, who, token_id)
+    state.follows.recheck(view["user"])
+    return view
 
 
 @router.get("/sessions", response_model=list[api.SessionView], responses=_errors(404))
@@ -195,8 +204,10 @@ def list_sessions(state: State, who: Account, user: UserQuery = None) -> list[di
                responses=_errors(404))
 def end_session(state: State, session_id: SessionIdPath, who: Account) -> dict[str, Any]:
     """End one of your web sessions (an admin: anyone's); its cookie stops working at once,
-    and its log follows within `follows.RECHECK_SECONDS`."""
-    return tokens.end_session(state.store, who, session_id)
+    and so do its log follows."""
+    view = tokens.end_session(state.store, who, session_id)
+    state.follows.recheck(view["user"])
+    return view
 
 
 @router.get("/events", response_model=list[api.AuditEvent], responses=_errors(404))

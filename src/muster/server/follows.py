@@ -9,13 +9,16 @@ stream gives its place back however it ends: its trial ended, its client went aw
 the server broke it off.
 
 A follow's credential is checked again every `RECHECK_SECONDS` (at most 30 s; the
-environment's `MUSTER_FOLLOW_RECHECK_SECONDS` sets it shorter): once its token is revoked or
-expired, its web session ended, or its user deactivated, the stream ends as if its trial had
-(the bytes sent stay whole), and the client's next request is told why with a 401.
+environment's `MUSTER_FOLLOW_RECHECK_SECONDS` sets it shorter), and at once when a route
+revokes a token, ends a session or deactivates a user (`FollowLimit.recheck`): once its
+token is revoked or expired, its web session ended, or its user deactivated, the stream ends
+as if its trial had (the bytes sent stay whole), and the client's next request is told why
+with a 401.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections import Counter
@@ -57,15 +60,22 @@ def recheck_seconds() -> float:
 
 
 class FollowTicket:
-    """One open follow of one caller; `release` gives its place back (idempotent)."""
+    """One open follow of one caller; `release` gives its place back (idempotent).
+    `on_recheck` registers what `FollowLimit.recheck` of its caller calls (from any
+    thread), until the release."""
 
-    def __init__(self, give_back: Callable[[], None]) -> None:
-        self._give_back: Callable[[], None] | None = give_back
+    def __init__(self, limit: FollowLimit, key: str) -> None:
+        self._limit: FollowLimit | None = limit
+        self.key = key
+
+    def on_recheck(self, wake: Callable[[], object]) -> None:
+        if self._limit is not None:
+            self._limit._listen(self, wake)
 
     def release(self) -> None:
-        if self._give_back is not None:
-            give_back, self._give_back = self._give_back, None
-            give_back()
+        if self._limit is not None:
+            limit, self._limit = self._limit, None
+            limit._give_back(self)
 
 
 class FollowLimit:
@@ -80,6 +90,7 @@ class FollowLimit:
         self.limit = limit
         self.recheck_s = recheck_s if recheck_s is not None else recheck_seconds()
         self._open: Counter[str] = Counter()
+        self._wakes: dict[FollowTicket, Callable[[], object]] = {}
         self._lock = threading.Lock()
 
     def take(self, key: str) -> FollowTicket:
@@ -96,13 +107,27 @@ class FollowLimit:
                     retry_after=RETRY_AFTER_SECONDS,
                 )
             self._open[key] += 1
-        return FollowTicket(lambda: self._give_back(key))
+        return FollowTicket(self, key)
 
-    def _give_back(self, key: str) -> None:
+    def recheck(self, key: str) -> None:
+        """Have every open follow of `key` check its credential now, not at its next
+        `recheck_s`: one of that user's tokens or sessions ended, or the user was
+        deactivated."""
         with self._lock:
-            self._open[key] -= 1
-            if self._open[key] <= 0:
-                del self._open[key]
+            wakes = [wake for ticket, wake in self._wakes.items() if ticket.key == key]
+        for wake in wakes:
+            wake()
+
+    def _listen(self, ticket: FollowTicket, wake: Callable[[], object]) -> None:
+        with self._lock:
+            self._wakes[ticket] = wake
+
+    def _give_back(self, ticket: FollowTicket) -> None:
+        with self._lock:
+            self._wakes.pop(ticket, None)
+            self._open[ticket.key] -= 1
+            if self._open[ticket.key] <= 0:
+                del self._open[ticket.key]
 
 
 class FollowStream(StreamingResponse):
@@ -140,8 +165,13 @@ class FollowStream(StreamingResponse):
 
     async def _watch(self, scope: anyio.CancelScope) -> None:
         """Cancel `scope` (the stream) once the credential no longer works."""
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        self._ticket.on_recheck(lambda: loop.call_soon_threadsafe(woken.set))
         while True:
-            await anyio.sleep(self._recheck_s)
+            with anyio.move_on_after(self._recheck_s):
+                await woken.wait()
+            woken.clear()
             try:
                 await anyio.to_thread.run_sync(self._recheck)
             except Unauthorized:

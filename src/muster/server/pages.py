@@ -208,6 +208,7 @@ async def log_out(request: Request, who: Visitor) -> Response:
         form = await request.form()
         _check_form_csrf(request, cookie, str(form.get("csrf_token") or ""))
         await asyncio.to_thread(tokens.log_out, _state(request).store, who)
+        _state(request).follows.recheck(who.name)
     clear_session_cookie(response, request)
     return response
 
@@ -256,6 +257,7 @@ async def _account_action(request: Request, who: Principal | None,
         form = await request.form()
         _check_form_csrf(request, cookie, str(form.get("csrf_token") or ""))
     await asyncio.to_thread(act, principal=who)
+    _state(request).follows.recheck(who.name)
     return RedirectResponse("/account", status_code=303)
 
 

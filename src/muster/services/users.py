@@ -302,9 +302,9 @@ def _keep_an_admin(s: Session, user: User, losing: str) -> None:
 
 
 def deactivate_user(store: Store, principal: Principal, name: str) -> dict[str, Any]:
-    """Deactivate a user: their web sessions end, their API tokens stop working with the
-    next request (and their log follows within `follows.RECHECK_SECONDS`); their experiments
-    keep running and stay visible. Harmless when already inactive.
+    """Deactivate a user: their web sessions end and their API tokens stop working with
+    the next request; their experiments keep running and stay visible. Harmless when already
+    inactive.
 
     Raises:
         Forbidden: the caller is no admin, or deactivates itself.
