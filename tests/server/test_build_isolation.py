@@ -21,6 +21,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,6 +203,12 @@ def test_why_a_build_failed_is_shown_to_its_owner_not_to_a_viewer(
     with as_user(server, users["vera"]) as vera:
         seen = {env["hash"]: env for env in vera.list_environments()}[key]
         assert (seen["state"], seen["message"]) == ("FAILED", None)
+    described = subprocess.run(
+        [sys.executable, "-m", "muster", "trial", "describe", str(trial["id"])],
+        env={**os.environ, "MUSTER_URL": server.url, "MUSTER_TOKEN": users["vera"],
+             "COLUMNS": "200", "NO_COLOR": "1"}, capture_output=True, text=True, timeout=60)
+    assert described.returncode == 0, described.stderr
+    assert "its build log: the build log of environment" in described.stdout
 
 
 def test_an_interpreter_a_user_wrote_runs_as_its_owner_never_as_root(

@@ -11,7 +11,7 @@ import typer
 from muster.cli import follow as following
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stopped_following
-from muster.errors import InvalidRequest
+from muster.errors import Forbidden, InvalidRequest
 
 app = typer.Typer(help="Describe trials, read their logs and metrics, review them.",
                   no_args_is_help=True,
@@ -102,7 +102,11 @@ def _environment(trial: dict[str, Any], home: str | None, url: str | None) -> No
     if not building and key not in (trial.get("message") or ""):
         return
     with client(home, url) as c:
-        _key, data = c.environment_log(key)
+        try:
+            _key, data = c.environment_log(key)
+        except Forbidden as exc:  # a build log is its owners' and admins'
+            render.console.print(f"its build log: {exc}", markup=False)
+            return
     lines = data.decode("utf-8", errors="replace").splitlines()[-_BUILD_LOG_LINES:]
     render.console.print(f"its build log, last {len(lines)} lines (`muster env logs {key}`):",
                          markup=False)
