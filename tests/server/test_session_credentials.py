@@ -123,7 +123,7 @@ def test_a_session_opened_with_a_token_ends_when_the_token_expires(
 ) -> None:
     _, first = new_user(admin)
     with Client(url=server.url, token=first) as user, ExitStack() as stack:
-        brief = user.create_token("brief", expires="3s")
+        brief = user.create_token("brief", expires="8s")  # time to log in and follow
         http = browser(server, stack, token=brief["token"])
         assert user.list_sessions()[0]["expires_at"] == brief["expires_at"]
         open_follow = follow(http, stack, running)
