@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from muster.environments.build import LOG_BYTES
 from muster.environments.layout import EnvHome
 from tests.environments.wheels import make_wheel
 from tests.server.experiments import only_trial, wait_ended, write_context
@@ -388,3 +389,19 @@ def test_two_trials_that_differ_in_one_package_version_diff_to_it(server: Runnin
     assert packages[0] == {"group": "packages", "field": "environment.packages.tinyalpha",
                            "a": "1.0", "b": "1.1", "rank": None}
     assert [d["field"] for d in packages[1:]] == ["environment.key"]
+
+
+def test_a_setup_command_that_prints_without_end_fills_no_disk_and_no_memory(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """80 MB in one line without a newline: the build reads it in pieces, keeps its tail,
+    and its log stops at LOG_BYTES with a line that says so."""
+    flood = ["sh", "-c", "head -c 80000000 /dev/zero | tr '\\0' x; echo; echo flood-done"]
+    trial = _ended_trial(server, _submit(server, _context(tmp_path, {"setup": [flood]})))
+    assert trial["state"] == "SUCCEEDED", trial["message"]
+    log = EnvHome(server.home / "envs").log(trial["environment"]["hash"])
+    assert LOG_BYTES - (1 << 20) < log.stat().st_size < LOG_BYTES + 4096
+    with log.open("rb") as f:
+        f.seek(-2048, os.SEEK_END)
+        tail = f.read()
+    assert b"(the log stops here: it holds 64 MiB; the build goes on)" in tail

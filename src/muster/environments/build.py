@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
@@ -65,7 +66,8 @@ from muster.environments.ownership import (
 from muster.environments.request import BuildRequest
 from muster.launch.accounts import Account
 
-__all__ = ["BUILD_TIMEOUT_S", "EXIT_BUSY", "classify_failure", "main", "uv_binary"]
+__all__ = ["BUILD_TIMEOUT_S", "EXIT_BUSY", "LOG_BYTES", "classify_failure", "main",
+           "uv_binary"]
 
 BUILD_TIMEOUT_S = 3600.0
 EXIT_BUSY = 75  # another process holds the lock: it is being built already
@@ -75,6 +77,12 @@ _NETWORK = re.compile(
     r"Network is unreachable|operation timed out|tcp connect error)", re.IGNORECASE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _MESSAGE_CHARS = 2000
+# What a build keeps of what its commands print (the root process's memory and disk, whatever
+# a setup command prints for an hour): a line is read in pieces of at most _LINE_BYTES, a
+# command's last _KEPT_BYTES are kept (its message, the freeze), the log stops at _LOG_BYTES.
+_LINE_BYTES = 64 << 10
+_KEPT_BYTES = 8 << 20
+LOG_BYTES = 64 << 20
 
 
 class BuildFailed(Exception):
@@ -117,6 +125,7 @@ class _Builder:
     def __init__(self, home: EnvHome, request: BuildRequest, log: IO[str]) -> None:
         self.home, self.request, self.log = home, request, log
         self.key = request.key
+        self.logged = 0  # bytes written to the log
         self.account = request.account
         self.deadline = time.monotonic() + BUILD_TIMEOUT_S
         self.uv = uv_binary()
@@ -127,8 +136,17 @@ class _Builder:
         self.say(f"== {text}")
 
     def say(self, text: str) -> None:
-        self.log.write(f"{time.strftime('%H:%M:%S')} {text}\n")
+        self.write(f"{time.strftime('%H:%M:%S')} {text}\n")
         self.log.flush()
+
+    def write(self, text: str) -> None:
+        """Into the log, until it holds LOG_BYTES (then one line says so)."""
+        if self.logged >= LOG_BYTES:
+            return
+        self.logged += len(text.encode())
+        if self.logged >= LOG_BYTES:
+            text = f"\n(the log stops here: it holds {LOG_BYTES >> 20} MiB; the build goes on)\n"
+        self.log.write(text)
 
     def run(self, argv: Sequence[str], *, cwd: Path | None = None,
             env: dict[str, str] | None = None, what: str) -> str:
@@ -144,15 +162,20 @@ class _Builder:
         except OSError as exc:
             raise BuildFailed("PERMANENT_ERROR", f"{what}: {argv[0]!r} cannot be run: "
                                                  f"{exc.strerror or exc}") from exc
-        assert child.stdout is not None
-        chunks: list[str] = []
+        stdout = child.stdout
+        assert stdout is not None
+        chunks: deque[str] = deque()
+        kept = 0
         timer = threading.Timer(remaining, child.kill)
         timer.start()
         try:
-            for raw in child.stdout:
+            for raw in iter(lambda: stdout.readline(_LINE_BYTES), b""):
                 line = raw.decode("utf-8", errors="replace")
                 chunks.append(line)
-                self.log.write(line)
+                kept += len(line)
+                while kept > _KEPT_BYTES:
+                    kept -= len(chunks.popleft())
+                self.write(line)
             self.log.flush()
             code = child.wait()
         finally:
