@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,10 +16,12 @@ import yaml
 from sqlalchemy import select
 
 from muster.client import pack_context
+from muster.launch.accounts import Account
 from muster.rundir import RunDir
 from muster.services.experiments import create_experiment
 from muster.states import ExperimentState
 from muster.store import Experiment, Trial
+from muster.supervise.ownership import grant_trial
 from muster.supervise.workdir import prepare_workdir
 from tests.supervise.conftest import Rig
 
@@ -106,3 +111,69 @@ def test_a_copy_left_half_made_is_made_again(tmp_path: Path) -> None:
     assert prepare_workdir(context, workdir) is False  # made once: every attempt shares it
     assert (workdir / "sub" / "a.py").read_text() == "changed by the trial"
     assert (context / "sub" / "a.py").read_text() == "print(1)"
+
+
+# Under run_as every file of a working directory is a hard link to the snapshot's: only the
+# directories are new. The job's account owns them, not the files (root's, read-only), so a
+# write through a link fails and a replacement breaks the link.
+JOB_PYTHON = Path("/usr/bin/python3")  # one every account can run (the venv may be root's)
+JOB_WRITES = """\
+import os, pathlib
+results = {"read": open("shipped.txt").read(), "runnable": os.access("run.sh", os.X_OK)}
+for name, act in [
+    ("write", lambda: open("shipped.txt", "w").write("written through")),
+    ("append", lambda: open("data/sample.bin", "ab").write(b"!")),
+    ("chmod", lambda: os.chmod("shipped.txt", 0o666)),
+]:
+    try:
+        act()
+        results[name] = "done"
+    except OSError as exc:
+        results[name] = type(exc).__name__
+pathlib.Path("shipped.txt.new").write_text("replaced by the job")
+os.replace("shipped.txt.new", "shipped.txt")
+pathlib.Path("mine.txt").write_text("the job's own")
+print(results)
+"""
+NOBODY = Account(name="nobody", uid=65534, gid=65534, groups=(65534,), home="/")
+
+
+def linked_workdirs(top: Path) -> tuple[Path, list[RunDir]]:
+    context = top / "context"
+    (context / "data").mkdir(parents=True)
+    (context / "shipped.txt").write_text("as shipped")
+    (context / "shipped.txt").chmod(0o600)  # a snapshot's files are the server's alone
+    (context / "run.sh").write_text("echo hi\n")
+    (context / "run.sh").chmod(0o700)
+    (context / "data" / "sample.bin").write_bytes(b"\x00" * 1000)
+    runs = [RunDir(top / "runs" / name) for name in ("one", "two")]
+    for run in runs:
+        assert prepare_workdir(context, run.workdir, context / "data", link_all=True)
+        grant_trial(run, NOBODY)
+    return context, runs
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not JOB_PYTHON.exists(),
+                    reason="running a job as another account needs root and /usr/bin/python3")
+def test_a_linked_working_directory_is_changed_only_by_replacing_its_files() -> None:
+    top = Path(tempfile.mkdtemp(prefix="muster-workdirs-", dir="/tmp"))
+    try:
+        top.chmod(0o755)  # the job's account must reach its own working directory
+        context, (one, two) = linked_workdirs(top)
+        for name in ("shipped.txt", "run.sh", "data/sample.bin"):
+            assert (one.workdir / name).stat().st_ino == (context / name).stat().st_ino
+        job = subprocess.run([str(JOB_PYTHON), "-c", JOB_WRITES], cwd=one.workdir,
+                             user=NOBODY.uid, group=NOBODY.gid, extra_groups=[],
+                             capture_output=True, text=True, timeout=60, check=True)
+        assert job.stdout.strip() == str({"read": "as shipped", "runnable": True,
+                                          "write": "PermissionError",
+                                          "append": "PermissionError",
+                                          "chmod": "PermissionError"}), job.stderr
+        assert (one.workdir / "shipped.txt").read_text() == "replaced by the job"
+        assert (one.workdir / "mine.txt").read_text() == "the job's own"
+        for untouched in (context, two.workdir):
+            assert (untouched / "shipped.txt").read_text() == "as shipped"
+            assert (untouched / "data" / "sample.bin").read_bytes() == b"\x00" * 1000
+            assert not (untouched / "mine.txt").exists()
+    finally:
+        shutil.rmtree(top)

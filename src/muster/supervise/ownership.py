@@ -7,8 +7,10 @@ record). The run directory itself stays root's, 0711 (entered, not listed): noth
 job's can stand in for a directory muster makes there later, so muster never creates,
 writes or changes the owner of something through a link the job planted. Files muster
 writes for the job to read (the hyperparameters, a warm standby's go file) are root's and
-readable (0644) inside those private directories. The data files of `data.path` inside the
-context are hard links shared by the experiment's trials: they stay root's, read-only.
+readable (0644) inside those private directories. The files of the working directory are
+hard links to the context snapshot's, shared by the experiment's trials (`workdir`): they
+stay root's, read-only (0444, or 0555 for a script), so a job replaces such a file, never
+writes through it; only the job's own directories lead to them.
 
 What muster reads back from these directories it opens without following links
 (`muster.atomic.read_json`, the log readers, ingestion, the checkpoint rule), and the shim
@@ -30,6 +32,7 @@ __all__ = ["grant_attempt", "grant_trial", "readable_by_job"]
 RUN_DIR_MODE = 0o711
 PRIVATE = 0o700
 READABLE = 0o644
+SHARED = 0o444  # a file linked from the snapshot: read-only for everyone (+x for a script)
 
 
 def grant_trial(run_dir: RunDir, account: Account) -> None:
@@ -53,14 +56,14 @@ def grant_trial(run_dir: RunDir, account: Account) -> None:
 
 def _give_tree(top: Path, account: Account) -> None:
     """Everything under `top` (made by muster, link-free) becomes the account's, except
-    files linked from elsewhere (the shared data): those stay root's and read-only. Links
+    files linked from elsewhere (the snapshot's): those stay root's and read-only. Links
     are changed themselves, never followed."""
     for here, dirs, files in os.walk(top):
         for name in files:
             path = os.path.join(here, name)
             info = os.lstat(path)
             if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
-                os.chmod(path, READABLE)
+                os.chmod(path, SHARED | (0o111 if info.st_mode & 0o111 else 0))
             else:
                 os.chown(path, account.uid, account.gid, follow_symlinks=False)
         for name in dirs:
