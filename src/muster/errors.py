@@ -105,6 +105,19 @@ class ServerError(MusterError):
 
 class StorageError(MusterError):
     """Checkpoint storage (a shared directory, an S3 bucket) failed or refused an operation;
-    the message names the storage URL and what to check. Retried by the upload worker."""
+    the message names the storage URL and what to check, in muster's words. Retried by the
+    upload worker.
+
+    What the remote said (its text, its exact status, how a connection failed) is `detail`:
+    for the server's log, never for a user's message, so that a storage address a user
+    named is no oracle of what answers there."""
 
     http_status = 502
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+    def for_log(self) -> str:
+        """The message, with what the remote said when there is more."""
+        return f"{self} [{self.detail}]" if self.detail else str(self)

@@ -30,12 +30,13 @@ from pathlib import Path
 from muster.atomic import atomic_write_json
 from muster.config import ExperimentConfig
 from muster.config.secrets import SUBMIT, SecretSource, source_of
+from muster.containment import inside
 from muster.errors import ConfigError
 from muster.home import Home
 
 __all__ = ["MAX_SECRET_CHARS", "MIN_MASKED_CHARS", "SUBMIT", "SecretSource", "check_server",
-           "check_submitted", "masked_values", "resolve", "save_submitted", "source_of",
-           "submitted_names"]
+           "check_submitted", "home_file_problem", "masked_values", "resolve", "save_submitted",
+           "source_of", "submitted_names"]
 
 MAX_SECRET_CHARS = 64 * 1024
 MIN_MASKED_CHARS = 4  # shorter values would mask ordinary text ("1", "on")
@@ -63,12 +64,14 @@ def check_submitted(config: ExperimentConfig, values: Mapping[str, str]) -> list
     return problems
 
 
-def check_server(config: ExperimentConfig, environ: Mapping[str, str]) -> list[str]:
-    """Problems with the values the server reads itself, found now rather than at launch."""
+def check_server(config: ExperimentConfig, environ: Mapping[str, str], home: Path
+                 ) -> list[str]:
+    """Problems with the values the server reads itself, found now rather than at launch
+    (whether the submitter may name them at all is `muster.services.allowances`)."""
     problems = []
     for name, text in config.environment.secrets.items():
         try:
-            read_on_server(name, source_of(text), environ)
+            read_on_server(name, source_of(text), environ, home)
         except ConfigError as exc:
             problems.append(f"environment.secrets.{name}: {exc}")
     storage = config.checkpoint_storage
@@ -77,7 +80,7 @@ def check_server(config: ExperimentConfig, environ: Mapping[str, str]) -> list[s
         if text is None:
             continue
         try:
-            read_on_server(name, source_of(text), environ)
+            read_on_server(name, source_of(text), environ, home)
         except ConfigError as exc:
             problems.append(f"checkpoint_storage.{name}: {exc}")
     if storage.type == "shared_fs" and storage.path is not None:
@@ -132,7 +135,7 @@ def resolve(config: ExperimentConfig, home: Home, experiment_uuid: str,
             values[name] = submitted[name]
         else:
             try:
-                values[name] = read_on_server(name, source, environ)
+                values[name] = read_on_server(name, source, environ, home.root)
             except ConfigError as exc:
                 raise ConfigError(f"secret {name}: {exc}") from None
     return values
@@ -151,7 +154,8 @@ def masked_values(secrets: Mapping[str, str], home: Home, experiment_uuid: str
             continue
         try:
             value = (_submitted_values(home, experiment_uuid).get(name, "")
-                     if source.kind == "submit" else read_on_server(name, source, os.environ))
+                     if source.kind == "submit"
+                     else read_on_server(name, source, os.environ, home.root))
         except ConfigError:
             continue
         if len(value) >= MIN_MASKED_CHARS:
@@ -170,9 +174,26 @@ def _submitted_values(home: Home, experiment_uuid: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def read_on_server(name: str, source: SecretSource, environ: Mapping[str, str]) -> str:
+def home_file_problem(source: SecretSource, home: Path) -> str:
+    """Why a `file:` source in `home` is never read ("" when it is not there)."""
+    if source.kind != "file" or not inside(source.where, [str(home)]):
+        return ""
+    return (f"{source.where} is in the server's home ($MUSTER_HOME), whose files are "
+            "never read for a job; keep the secret elsewhere, or send it with the submission")
+
+
+def read_on_server(name: str, source: SecretSource, environ: Mapping[str, str],
+                   home: Path) -> str:
+    """The value of an `env:` or `file:` source, never a file in `home` (the server's own:
+    its token, database and submitted secrets), whoever asks.
+
+    Raises:
+        ConfigError: it cannot be read, or is in `home`.
+    """
     if source.kind == "submit":
         return ""
+    if problem := home_file_problem(source, home):
+        raise ConfigError(problem)
     if source.kind == "env":
         if source.where not in environ:
             raise ConfigError(f"the server's environment has no {source.where}; set it "

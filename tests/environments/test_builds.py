@@ -405,3 +405,18 @@ def test_a_setup_command_that_prints_without_end_fills_no_disk_and_no_memory(
         f.seek(-2048, os.SEEK_END)
         tail = f.read()
     assert b"(the log stops here: it holds 64 MiB; the build goes on)" in tail
+
+
+def test_a_failed_setup_command_s_output_stays_in_the_build_log(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """Every reader sees a trial's message, only owners and admins the build log: what a
+    setup command printed before it failed goes to the log, never into the message."""
+    failing = ["sh", "-c", "echo private-build-output-$((40 + 2)); exit 3"]
+    trial = _ended_trial(server, _submit(server, _context(tmp_path, {"setup": [failing]})))
+    assert trial["state"] == "FAILED", trial
+    assert "environment.setup[0]" in trial["message"], trial["message"]
+    assert "failed (exit 3); what it printed is in the build log" in trial["message"]
+    assert "private-build-output-42" not in trial["message"]
+    log = EnvHome(server.home / "envs").log(trial["environment"]["hash"])
+    assert b"private-build-output-42" in log.read_bytes()

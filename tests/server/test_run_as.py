@@ -132,7 +132,8 @@ def shared_server(accounts: Accounts) -> Iterator[RunningServer]:
     home = top / "home"
     home.mkdir()
     cluster = top / "cluster.yaml"
-    cluster.write_text("run_as: owner\n")
+    # The jobs run on the system's interpreter, which a user may name once an admin allowed it.
+    cluster.write_text(f"run_as: owner\ninterpreters: [{SYSTEM_PYTHON}]\n")
     server = RunningServer(home=home, db_url=f"sqlite:///{home / 'muster.db'}",
                            env={"PYTHONPATH": str(top / "src")})
     server.start_with(["--min-free-disk", "0", "--cluster-config", str(cluster)])

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import http.server
 import io
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -306,8 +308,11 @@ def test_s3_errors_name_the_url_and_never_the_keys(s3_endpoint: str, tmp_path: P
             call()
         message = str(caught.value)
         assert "s3://muster-no-such-bucket/p" in message
-        assert "NoSuchBucket" in message and "check the bucket name" in message
+        assert "HTTP 4xx (NoSuchBucket)" in message and "check the bucket name" in message
+        assert "does not exist" not in message  # moto's own words go to the log only
+        assert "NoSuchBucket" in caught.value.detail
         assert secret not in message and access not in message
+        assert secret not in caught.value.detail and access not in caught.value.detail
         assert not isinstance(caught.value, ObjectMissing)
     assert secret not in repr(backend) and access not in repr(backend)
 
@@ -319,11 +324,53 @@ def test_s3_unreachable_endpoint_is_a_storage_error() -> None:
     backend = S3("muster-b", endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1",
                  access_key="AKIA-TEST-ACCESS", secret_key="SECRET-DO-NOT-LEAK")
 
-    with pytest.raises(StorageError, match=r"cannot write s3://muster-b/u1/a: Could not "
-                                           r"connect.*check endpoint_url") as caught:
+    with pytest.raises(StorageError, match=r"cannot write s3://muster-b/u1/a: the S3 "
+                                           r"endpoint could not be reached.*check "
+                                           r"endpoint_url") as caught:
         backend.put_bytes("u1/a", b"x")
-    assert "SECRET-DO-NOT-LEAK" not in str(caught.value)
-    assert "AKIA-TEST-ACCESS" not in str(caught.value)
+    assert "Could not connect" in caught.value.detail  # for the server's log
+    assert "SECRET-DO-NOT-LEAK" not in caught.value.for_log()
+    assert "AKIA-TEST-ACCESS" not in caught.value.for_log()
+
+
+class _Banner(http.server.BaseHTTPRequestHandler):
+    """Not S3: a service that answers every request with a status and words of its own."""
+
+    def _answer(self) -> None:
+        self.send_response(418)
+        self.send_header("Content-Type", "application/xml")
+        self.end_headers()
+        self.wfile.write(b"<Error><Code>Teapot</Code><Message>INTERNAL-BANNER admin panel v2"
+                         b"</Message></Error>")
+
+    do_GET = do_PUT = do_POST = do_HEAD = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        del format, args
+
+
+def test_a_service_that_is_not_s3_is_no_oracle(tmp_path: Path) -> None:
+    """What another service at a storage address says (its words, its exact status) never
+    reaches the message a user sees (issue 29, F2); the log keeps it."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Banner)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        backend = S3("muster-b", endpoint_url=f"http://127.0.0.1:{server.server_port}",
+                     region="us-east-1", access_key="AKIA-TEST", secret_key="SECRET-TEST")
+        (tmp_path / "f").write_bytes(b"x")
+        for call in (lambda: backend.put_bytes("u1/a", b"x"),
+                     lambda: backend.put_file("u1/a", tmp_path / "f"),
+                     lambda: backend.get_bytes("u1/a", 10)):
+            with pytest.raises(StorageError) as caught:
+                call()
+            message = str(caught.value)
+            assert "HTTP 4xx" in message
+            assert "BANNER" not in message and "418" not in message
+            assert "Teapot" not in message
+            assert "BANNER" in caught.value.detail or "418" in caught.value.detail
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_s3_refuses_bad_settings() -> None:

@@ -5,19 +5,33 @@ duplicate keys: plain `safe_load` keeps the last of two `failure_policy:` blocks
 
 A config comes from whoever can reach the server, so reading one is bounded before it costs
 memory or time: the text is at most MAX_CONFIG_BYTES, anchors and aliases are refused (a
-592-byte "billion laughs" document expands to gigabytes), nesting stops at MAX_DEPTH, and
-every string is at most MAX_STRING_CHARS and holds no NUL byte (which no file name,
-argument or environment variable can carry). Each problem names its key path.
+592-byte "billion laughs" document expands to gigabytes), nesting stops at MAX_DEPTH, a
+document has at most MAX_NODES nodes (scalars, lists and mappings), an integer at most
+MAX_INTEGER_DIGITS digits (Python refuses to read one of 4,300), every string is at most
+MAX_STRING_CHARS and holds no NUL byte (which no file name, argument or environment variable
+can carry), and every float is finite (`.nan`, `.inf`, and a number too large for a float,
+have no JSON spelling). Each problem names its key path, or its line where it is refused
+while the text is read.
+
+The text is scanned and parsed by libyaml (`CParser`): PyYAML's pure-Python scanner took
+3-5 s of a core for a 1 MiB config of constants (an audit saw 44-95 s on a busy server),
+before any bound could be checked; with libyaml it takes a fifth. The composer, where the
+bounds are checked node by node, and the constructor stay PyYAML's.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml._yaml import CParser, Mark
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 from muster.config.problems import config_error, key_path, show_value, validate_config_data
 from muster.config.schema import SUBMISSION, ExperimentConfig
@@ -29,33 +43,47 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 MAX_CONFIG_BYTES = 1024**2
 MAX_DEPTH = 32  # mappings and lists within each other
 MAX_STRING_CHARS = 64 * 1024
+MAX_NODES = 100_000  # scalars, lists and mappings in one document
+MAX_INTEGER_DIGITS = 100
+_INT_TAG = "tag:yaml.org,2002:int"
 
 
 class _Refused(yaml.YAMLError):
     """What the loader refuses to build, with where in the text it is."""
 
-    def __init__(self, problem: str, mark: yaml.Mark | None) -> None:
+    def __init__(self, problem: str, mark: yaml.Mark | Mark | None) -> None:
         super().__init__(problem)
         self.problem, self.mark = problem, mark
 
 
-class _StrictSafeLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that rejects a key given twice in one mapping, anchors and aliases,
-    and nesting deeper than MAX_DEPTH (checked before it recurses, not by RecursionError)."""
+class _StrictSafeLoader(Composer, CParser, SafeConstructor, Resolver):
+    """`yaml.SafeLoader`'s composer and constructor over libyaml's parser, rejecting a key
+    given twice in one mapping, anchors and aliases, nesting deeper than MAX_DEPTH (checked
+    before it recurses, not by RecursionError), more than MAX_NODES nodes, and integers of
+    more than MAX_INTEGER_DIGITS digits."""
 
     def __init__(self, stream: str) -> None:
-        super().__init__(stream)
+        CParser.__init__(self, stream)
+        Composer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
         self._depth = 0
+        self._nodes = 0
 
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
-        event = self.peek_event()  # type: ignore[no-untyped-call]
+        event = self.peek_event()
+        mark = None if event is None else event.start_mark
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise _Refused("anchors and aliases (&name, *name, <<: *name) are not accepted in "
-                           "a muster config: write each value out", event.start_mark)
+                           "a muster config: write each value out", mark)
         nests = isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent)
         if nests and self._depth >= MAX_DEPTH:
             raise _Refused(f"nested more than {MAX_DEPTH} levels deep; a config needs far "
-                           "fewer", event.start_mark)
+                           "fewer", mark)
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise _Refused(f"more than {MAX_NODES:,} values (scalars, lists and mappings) in "
+                           "one config; keep long lists in files the script reads", mark)
         self._depth += nests
         try:
             return super().compose_node(parent, index)
@@ -74,6 +102,19 @@ class _StrictSafeLoader(yaml.SafeLoader):
             seen.add(key_node.value)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_bounded_int(self, node: yaml.ScalarNode) -> int:
+        """An integer, refused before `int()` reads it when it has too many digits."""
+        written = node.value.lstrip("+-").removeprefix("0x").removeprefix("0b")
+        digits = sum(char.isalnum() for char in written)  # '_' and ':' aside
+        if digits > MAX_INTEGER_DIGITS:
+            raise _Refused(f"an integer of {digits:,} digits, over the limit of "
+                           f"{MAX_INTEGER_DIGITS}; write a smaller number, or quote it as "
+                           "a string", node.start_mark)
+        return int(self.construct_yaml_int(node))
+
+    yaml_constructors = {**SafeConstructor.yaml_constructors,
+                         _INT_TAG: construct_bounded_int}
+
 
 def load_config(text: str, source: str = "<config>") -> ExperimentConfig:
     """Parse and validate an experiment config written in YAML, as a submission: with the
@@ -87,7 +128,7 @@ def load_config(text: str, source: str = "<config>") -> ExperimentConfig:
         ConfigError: invalid YAML, or every validation problem, one per line.
     """
     data = parse_yaml(text, source)
-    problems = list(_string_problems(data, []))
+    problems = list(_value_problems(data, []))
     if problems:
         raise config_error(source, problems[:20])
     if not isinstance(data, dict):
@@ -133,7 +174,7 @@ def parse_yaml(text: str, source: str) -> object:
                           f"{MAX_CONFIG_BYTES // 1024**2} MiB limit; keep data and long lists "
                           "in files the script reads")
     try:
-        return yaml.load(text, Loader=_StrictSafeLoader)  # a SafeLoader: no Python objects
+        return _load(text)
     except _Refused as exc:
         raise ConfigError(f"{source}{_at(exc.mark)}: {exc.problem}") from None
     except yaml.MarkedYAMLError as exc:
@@ -142,15 +183,28 @@ def parse_yaml(text: str, source: str) -> object:
         raise ConfigError(f"{source}: invalid YAML: {exc}") from None
 
 
-def _string_problems(data: object, at: list[int | str]) -> Iterator[str]:
-    """Strings (keys too) that are too long or hold a NUL byte, by key path."""
+def _load(text: str) -> object:
+    """What `yaml.load` does, with the loader above (safe types only: no Python objects)."""
+    loader = _StrictSafeLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _value_problems(data: object, at: list[int | str]) -> Iterator[str]:
+    """Strings (keys too) that are too long or hold a NUL byte, and floats that are not
+    finite, by key path."""
     if isinstance(data, dict):
         for key, value in data.items():
-            yield from _string_problems(key, at)
-            yield from _string_problems(value, [*at, str(key)[:80]])
+            yield from _value_problems(key, at)
+            yield from _value_problems(value, [*at, str(key)[:80]])
     elif isinstance(data, list):
         for i, value in enumerate(data):
-            yield from _string_problems(value, [*at, i])
+            yield from _value_problems(value, [*at, i])
+    elif isinstance(data, float) and not math.isfinite(data):
+        yield (f"{key_path(at)}: {data} is not a number muster can keep (YAML's .nan, .inf "
+               "and -.inf, or a number too large for a float); write a finite number")
     elif isinstance(data, str):
         if "\x00" in data:
             yield (f"{key_path(at)}: holds a NUL byte (\\0), which no argument, path or "
@@ -174,5 +228,5 @@ def _yaml_message(exc: yaml.MarkedYAMLError, source: str) -> str:
     return message
 
 
-def _at(mark: yaml.Mark | None) -> str:
+def _at(mark: yaml.Mark | Mark | None) -> str:
     return f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -149,8 +149,10 @@ class _Builder:
         self.log.write(text)
 
     def run(self, argv: Sequence[str], *, cwd: Path | None = None,
-            env: dict[str, str] | None = None, what: str) -> str:
-        """Run one command, its output into the log; its output back, or BuildFailed."""
+            env: dict[str, str] | None = None, what: str, quoted: bool = True) -> str:
+        """Run one command, its output into the log; its output back, or BuildFailed (whose
+        message, which every reader of the trial sees, quotes the end of the output only
+        when `quoted`: uv's own words, not what a setup command printed)."""
         self.say("$ " + " ".join(argv))
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
@@ -185,8 +187,9 @@ class _Builder:
             if time.monotonic() >= self.deadline:
                 raise BuildFailed("INFRA", f"{what} took longer than the build's "
                                            f"{BUILD_TIMEOUT_S:g} s")
-            raise BuildFailed(classify_failure(output), f"{what} failed (exit {code}):\n"
-                                                         f"{uv_message(output)}")
+            said = (f":\n{uv_message(output)}" if quoted
+                    else "; what it printed is in the build log")
+            raise BuildFailed(classify_failure(output), f"{what} failed (exit {code}){said}")
         return output
 
     def uv_env(self, venv: Path | None = None) -> dict[str, str]:
@@ -213,7 +216,8 @@ class _Builder:
             env = self.uv_env(venv)
             program = shutil.which(command[0], path=env["PATH"]) or command[0]
             self.run([program, *command[1:]], cwd=venv, env=env,
-                     what=f"environment.setup[{number - 1}] ({' '.join(command)[:200]})")
+                     what=f"environment.setup[{number - 1}] ({' '.join(command)[:200]})",
+                     quoted=False)
         self.stage("recording what it holds")
         freeze = self.run([self.uv, "pip", "freeze", "--no-config", "--python",
                            str(venv / "bin" / "python")],

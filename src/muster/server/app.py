@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from muster import __version__, ui
-from muster.errors import ConfigError, MusterError, TooManyRequests
+from muster.errors import ConfigError, MusterError, StorageError, TooManyRequests
 from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
@@ -41,6 +41,7 @@ from muster.server.routes import PREFIX, public, router, scrape
 from muster.server.security_headers import HEADERS, SecurityHeaders
 from muster.server.state import ServerSettings, ServerState
 from muster.server.wakeups import SAFETY_NET_SECONDS
+from muster.services.allowances import Allowances
 from muster.services.users import bootstrap
 from muster.storage.worker import StorageWorker
 from muster.store import Store
@@ -94,7 +95,8 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
         storage = StorageWorker(store, home, cluster.checkpoint_storage)
         app.state.muster = ServerState(home, store, orchestrator, launcher,
                                        priority_floor=cluster.priority_floor, run_as=run_as,
-                                       storage=storage)
+                                       storage=storage, allowances=Allowances.of(cluster),
+                                       build_logs_open=cluster.build_logs == "everyone")
         storage.start()
         task = asyncio.create_task(orchestrator.run(), name="muster-orchestrator")
         try:
@@ -177,6 +179,8 @@ def _wake_on_replica_exit(orchestrator: Orchestrator, launcher: LocalLauncher) -
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(MusterError)
     async def muster_error(request: Request, exc: MusterError) -> Response:
+        if isinstance(exc, StorageError) and exc.detail:  # the remote's words: for admins
+            log.warning("%s %s: %s", request.method, request.url.path, exc.for_log())
         if _is_page(request):
             return error_page(request, exc.http_status, str(exc))
         response = _error(exc.http_status, type(exc).__name__, str(exc))

@@ -16,7 +16,6 @@ import hmac
 import os
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,6 +34,7 @@ from muster.server.auth import authenticate, presented_token
 from muster.server.downloads import Download
 from muster.server.follows import MAX_FOLLOWS_PER_TOKEN, FollowStream
 from muster.server.state import ServerState
+from muster.server.unpack_queue import FairQueue
 from muster.services import (
     checkpoints,
     cluster,
@@ -174,7 +174,8 @@ def _known_caller(request: Request, state: ServerState) -> bool:
 
 @router.post("/experiments", status_code=201,
              response_model=api.ExperimentDetail | list[api.ExperimentDetail],
-             responses=_errors(400, 413), openapi_extra={"requestBody": upload_form.REQUEST_BODY})
+             responses=_errors(400, 413, 429),
+             openapi_extra={"requestBody": upload_form.REQUEST_BODY})
 async def create_experiment(state: State, request: Request,
                             owner: Annotated[Principal, Depends(allow(Action.SUBMIT))]
                             ) -> dict[str, Any] | list[dict[str, Any]]:
@@ -185,19 +186,22 @@ async def create_experiment(state: State, request: Request,
 
     The form (`config`, YAML; `context`, a tar.gz; `git`, the context's git state) is read
     by `upload_form`, after the token check and within its limits, not declared as Form
-    parameters: FastAPI reads those before any dependency runs."""
-    with tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp:
+    parameters: FastAPI reads those before any dependency runs. A create with a context
+    (an upload, or `context_from`) waits its turn in the fair queue `_UNPACKING`; each user
+    holds at most `_UNPACKING.per_user` creates of any kind at once (429 past it)."""
+    with (_UNPACKING.holding(owner.name),
+          tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp):
         form = await upload_form.read_upload_form(request, Path(tmp))
         create = functools.partial(
             experiments.create_experiments, state.store, state.home, owner, form.configs,
             form.archive, capacity=cluster.submission_capacity(state.orchestrator.supervisor),
             secrets=form.secrets, priority_floor=state.priority_floor, run_as=state.run_as,
             context_from=form.context_from, git=form.git,
-            admitting=state.orchestrator.supervisor.admitting_new)
-        if form.archive is None:
+            admitting=state.orchestrator.supervisor.admitting_new, allowed=state.allowances)
+        if form.archive is None and form.context_from is None:
             exp_ids = await asyncio.to_thread(create)
         else:
-            exp_ids = await asyncio.get_running_loop().run_in_executor(_UNPACKING, create)
+            exp_ids = await _UNPACKING.run(owner.name, create)
     state.orchestrator.wake.set()
     if len(form.configs) == 1:
         return await asyncio.to_thread(experiments.describe_experiment, state.store, exp_ids[0])
@@ -206,8 +210,9 @@ async def create_experiment(state: State, request: Request,
 
 # Contexts are unpacked on threads of their own, two at a time: the default pool, shared by
 # every route, has only min(32, cpus + 4) threads, and six hostile archives (each allowed up
-# to a minute, uploads.EXTRACT_TIMEOUT_S) must not hold them all while other requests wait.
-_UNPACKING = ThreadPoolExecutor(max_workers=2, thread_name_prefix="muster-unpack")
+# to a minute, uploads.EXTRACT_TIMEOUT_S) must not hold them all while other requests wait;
+# nor may one user's archives hold both while another user's upload waits (`unpack_queue`).
+_UNPACKING = FairQueue(workers=2, per_user=8, total=32, name="muster-unpack")
 
 
 @router.get("/cluster", response_model=api.ClusterStatus)
@@ -227,10 +232,12 @@ def release_node(state: State, node_id: Annotated[str, InPath(min_length=1, max_
 
 
 @router.get("/environments", response_model=list[api.EnvironmentView])
-def list_environments(state: State, _: Reader) -> list[dict[str, Any]]:
+def list_environments(state: State, who: Reader) -> list[dict[str, Any]]:
     """Every environment muster was asked to build: its state, packages, size, last use and
-    the trials that need it or ran in it (`muster env list`)."""
-    return environments.list_environments(state.store, state.orchestrator.supervisor.envs)
+    the trials that need it or ran in it (`muster env list`); why a build failed only to
+    those who may read its log."""
+    return environments.list_environments(state.store, state.orchestrator.supervisor.envs,
+                                          who, state.build_logs_open)
 
 
 _BUILD_LOG: dict[int | str, dict[str, Any]] = {200: {
@@ -239,15 +246,16 @@ _BUILD_LOG: dict[int | str, dict[str, Any]] = {200: {
 
 
 @router.get("/environments/{prefix}/log", response_class=Response,
-            responses={**_BUILD_LOG, **_errors(404, 422)})
-def environment_log(state: State, _: Reader,
+            responses={**_BUILD_LOG, **_errors(403, 404, 422)})
+def environment_log(state: State, who: Reader,
                     prefix: Annotated[str, InPath(min_length=4, max_length=16,
                                                   pattern="^[0-9a-fA-F]+$")],
                     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> Response:
-    """The build log of the environment whose hash starts with `prefix` (`muster env logs`);
-    the `X-Environment` header names it in full."""
-    key, data = environments.environment_log(state.orchestrator.supervisor.envs, prefix,
-                                             offset)
+    """The build log of the environment whose hash starts with `prefix` (`muster env logs`),
+    for admins and the owners of experiments that need it (or every reader, with the
+    cluster config's `build_logs: everyone`); the `X-Environment` header names it in full."""
+    key, data = environments.environment_log(state.store, state.orchestrator.supervisor.envs,
+                                             prefix, who, offset, state.build_logs_open)
     return Response(data, media_type="text/plain; charset=utf-8",
                     headers={"X-Environment": key})
 

@@ -13,6 +13,7 @@ from muster.server.follows import FollowLimit
 from muster.server.log_watch import LogWatch
 from muster.server.login_limit import LoginLimiter
 from muster.server.orchestrator import Orchestrator
+from muster.services.allowances import Allowances
 from muster.storage.worker import StorageWorker
 from muster.store import Store
 
@@ -63,3 +64,8 @@ class ServerState:
     follows: FollowLimit = field(default_factory=FollowLimit)  # open log follows per user
     log_watch: LogWatch = field(default_factory=LogWatch)  # wakes them when a log is written
     logins: LoginLimiter = field(default_factory=LoginLimiter)  # failed logins
+    # What a non-admin's config may make the server act on (cluster config's allow-lists).
+    allowances: Allowances = field(default_factory=Allowances)
+    # Every reader reads environment build logs (cluster config `build_logs: everyone`),
+    # not only their owners and admins.
+    build_logs_open: bool = False

@@ -104,7 +104,8 @@ def open_any_download(store: Store, home: Home, checkpoint: str) -> CheckpointDo
             raise Conflict(f"{what} is no longer intact in its run directory ({exc}) and is "
                            "not in storage") from exc
     if not cached.is_dir():
-        fetch_checkpoint(open_backend(Location.from_json(storage)), uuid, cached, trial_id)
+        backend = open_backend(Location.from_json(storage), home.root)
+        fetch_checkpoint(backend, uuid, cached, trial_id)
     return _opened(cached, trial_id, name, registered)
 
 

@@ -21,13 +21,15 @@ from muster.config.problems import config_error
 from muster.environments.layout import EnvHome
 from muster.environments.registry import keep_request
 from muster.environments.request import RequestError, build_request
-from muster.errors import Conflict, InvalidRequest, NotFound
+from muster.environments.sources import package_source_problems
+from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
 from muster.git_state import GitState
 from muster.home import Home
-from muster.launch.accounts import RunAs
+from muster.launch.accounts import Account, RunAs
 from muster.priority import MIN_PRIORITY
 from muster.services import listing, views
 from muster.services.access import Action, Principal, authorize, check_priority_floor
+from muster.services.allowances import Allowances, allowance_problems
 from muster.services.submission import ClusterCapacity, check_submission
 from muster.services.uploads import extract_context
 from muster.services.validation import best_validation
@@ -44,6 +46,8 @@ REVIEW_DECISIONS = {
 }
 # The supervisor's events an experiment shows as warnings.
 WARNING_REASONS = (EventReason.METRIC_MISSING.value, EventReason.SEARCH_STOPPED.value)
+# The files and directories a create's snapshots may hold together (configs x context).
+MAX_ENTRIES_PER_CREATE = 200_000
 # What a describe shows as a trial's `snapshot`: the trial part of its reproducibility
 # snapshot (`snapshots.TrialParts`, handed in by the caller: that module reads trials
 # through this one, and only reads, not actions, pay for reading the home).
@@ -77,18 +81,22 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
                        secrets: Mapping[str, str] | None = None,
                        priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None,
                        context_from: int | None = None, git: GitState | None = None,
-                       admitting: Callable[[int], ContextManager[AdmitNew | None]] | None = None
-                       ) -> list[int]:
+                       admitting: Callable[[int], ContextManager[AdmitNew | None]] | None = None,
+                       allowed: Allowances | None = None) -> list[int]:
     """`create_experiment` for several configs sharing one context (a batch): every config
     is validated before anything is written, the context is unpacked once (the others get
     hard-linked copies of it: a snapshot is never written to), and every experiment and
     trial is recorded in one transaction: all of them or none. Returns their ids, in the
     order of the configs. With `admitting` (the server's `Supervisor.admitting_new`, given
     the best priority of the configs), a trial that may start at once gets its first
-    attempt recorded in that transaction too.
+    attempt recorded in that transaction too. What a config makes the server act on must
+    be in `allowed` (the cluster config's allow-lists, `muster.services.allowances`) unless
+    `owner` is an admin.
 
     Raises:
         as `create_experiment`; a config's problem names it (`config 3 of 10`).
+        Forbidden: a config names a secret source, a storage place, an interpreter or a
+            data path outside what `allowed` lets `owner` name, one line per key.
     """
     authorize(owner, Action.SUBMIT)
     configs = []
@@ -98,13 +106,16 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
         config = load_config(text, source=source)
         check_priority_floor(owner, config.resources.priority, priority_floor,
                              where="resources.priority")
+        refused = allowance_problems(config, owner, allowed or Allowances(), home.root)
+        if refused:
+            raise Forbidden("\n".join([f"{source}: {owner.role.value} {owner.name} may not "
+                                       "make the server act on:", *refused]))
         problems = (job_secrets.check_submitted(config, secrets or {})
-                    + job_secrets.check_server(config, os.environ))
+                    + job_secrets.check_server(config, os.environ, home.root))
         if problems:
             raise config_error(source, problems)
         configs.append((source, text, config))
-    if run_as is not None:
-        _check_account(store, run_as, owner)
+    account = _check_account(store, run_as, owner) if run_as is not None else None
     made: list[_Prepared] = []
     try:
         for source, text, config in configs:
@@ -119,14 +130,17 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
             elif archive is not None:
                 extract_context(archive, context)
             elif context_from is not None:
-                source_uuid = _copy_snapshot(store, context_from, context)
+                source_uuid = _copy_snapshot(store, context_from, context, owner)
                 git_state.copy(home, source_uuid, exp_uuid)
             else:
                 context.mkdir(parents=True)
             if git is not None and made[0].context is context:
                 git_state.save(home, exp_uuid, git)
+            if made[0].context is context and len(configs) > 1:
+                _check_copies(len(configs), context)
             check_submission(config, context, capacity, source)
-            made[-1].environment = _keep_environment(home, config, context, source)
+            made[-1].environment = _keep_environment(home, config, context, source, owner,
+                                                     account, allowed or Allowances())
             if secrets:
                 job_secrets.save_submitted(home, exp_uuid, secrets)
         return _insert_experiments(store, owner, made, admitting)
@@ -148,13 +162,23 @@ class _Prepared:
     environment: str | None = None
 
 
-def _copy_snapshot(store: Store, experiment_id: int, context: Path) -> str:
-    """Experiment `experiment_id`'s context snapshot, for a new experiment: hard links where
+def _copy_snapshot(store: Store, experiment_id: int, context: Path, owner: Principal) -> str:
+    """Experiment `experiment_id`'s context snapshot, for a new experiment of `owner`'s (its
+    own, or any for an admin: a job must not read another owner's code): hard links where
     the file system allows (a snapshot is never written to), else copies. Returns the
-    experiment's uuid."""
+    experiment's uuid.
+
+    Raises:
+        Forbidden: the experiment is another owner's, and `owner` is no admin.
+    """
     with store.session_scope() as s:
         experiment = experiment_or_404(s, experiment_id)
         source, source_uuid = Path(experiment.context_dir), experiment.uuid
+        whose = experiment.owner_name
+    if whose != owner.name and not owner.is_admin:
+        raise Forbidden(f"experiment {experiment_id} belongs to {whose or 'no one'}; a run "
+                        "again (context_from) reuses only your own experiments' contexts "
+                        "(an admin's: anyone's); upload the context instead")
     if not source.is_dir():
         raise Conflict(f"experiment {experiment_id}'s context snapshot is gone ({source}); "
                        "upload the context again")
@@ -167,6 +191,24 @@ def _copy_snapshot(store: Store, experiment_id: int, context: Path) -> str:
     return source_uuid
 
 
+def _check_copies(configs: int, context: Path) -> None:
+    """Refuse a batch whose snapshots, one per config, would hold more than
+    MAX_ENTRIES_PER_CREATE files and directories together (checked once the first is made,
+    before any copy: each copy costs an inode per directory and an entry per file).
+
+    Raises:
+        PayloadTooLarge: past the limit; the message says how many configs would fit.
+    """
+    entries = sum(len(dirs) + len(files) for _, dirs, files in os.walk(context))
+    if configs * entries > MAX_ENTRIES_PER_CREATE:
+        raise PayloadTooLarge(
+            f"{configs} configs sharing a context of {entries:,} files and directories would "
+            f"make {configs * entries:,} of them on the server (a snapshot per experiment), "
+            f"over the limit of {MAX_ENTRIES_PER_CREATE:,} per request; send at most "
+            f"{MAX_ENTRIES_PER_CREATE // entries} configs per request with this context, or "
+            "keep data sets and environments out of it and read them by path")
+
+
 def _link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
@@ -174,19 +216,27 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _check_account(store: Store, run_as: RunAs, owner: Principal) -> None:
+def _check_account(store: Store, run_as: RunAs, owner: Principal) -> Account:
+    """The account `owner`'s jobs run as (it must exist)."""
     with store.session_scope() as s:
         unix_user = s.get_one(User, owner.user_id).unix_user
-    run_as.account_for(owner.name, unix_user)
+    return run_as.account_for(owner.name, unix_user)
 
 
-def _keep_environment(home: Home, config: ExperimentConfig, context: Path,
-                      source: str) -> str | None:
-    """The hash of the environment the experiment's trials need built (its request kept
-    for the build), or None; the base interpreter and the requirements file are checked
-    now, with their key paths."""
+def _keep_environment(home: Home, config: ExperimentConfig, context: Path, source: str,
+                      owner: Principal, account: Account | None,
+                      allowed: Allowances) -> str | None:
+    """The hash of the environment the experiment's trials need built (by `account`, the
+    one they run as under `run_as`; its request kept for the build), or None. The base
+    interpreter (asked as `account`), the requirements file and, for a user who is not an
+    admin, the places the requirement lines fetch from (`environments.sources`) are
+    checked now, with their key paths."""
     try:
-        request = build_request(config, context)
+        if not owner.is_admin:
+            problems = package_source_problems(config, context, allowed.package_sources)
+            if problems:
+                raise config_error(source, problems)
+        request = build_request(config, context, account)
     except RequestError as exc:
         raise config_error(source, [str(exc)]) from exc
     return None if request is None else keep_request(EnvHome(home.envs_dir), request)

@@ -8,7 +8,8 @@ with the key path:
 - the entrypoint's script is missing from the context (`python train.py`, no `train.py`);
 - a shell operator is a word of the entrypoint (`&&`, `|`, `;`, `>`): it runs without a
   shell, so `python a.py && python b.py` would pass `&&` to a.py as an argument;
-- `data.path` does not exist, is not a directory, or the server cannot read it;
+- `data.path` does not exist, is not a directory, or the server cannot read it; a relative
+  one leads out of the context (`../..`, or a link);
 - one trial needs more than the whole cluster has (3 replicas on 2 slots; a GPU type it
   lacks), so it would wait in the queue forever.
 """
@@ -23,6 +24,7 @@ from pathlib import Path, PurePosixPath
 
 from muster.config import ExperimentConfig
 from muster.config.problems import config_error
+from muster.containment import inside
 from muster.words import count
 
 __all__ = ["SHELL_OPERATORS", "ClusterCapacity", "check_submission"]
@@ -129,6 +131,10 @@ def _data_problems(config: ExperimentConfig, context: Path) -> Iterator[str]:
         return
     written = config.data.path
     path = context / Path(written).expanduser()  # a relative path is inside the context
+    if not written.startswith(("/", "~")) and not inside(str(path), [str(context)]):
+        yield (f"data.path: {written!r} leads out of the uploaded context; name a directory "
+               "inside it, or an absolute path")
+        return
     where = f"{written!r}" + (f" (in the context: {path})" if not Path(written).is_absolute()
                               and not written.startswith("~") else "")
     if not path.exists():

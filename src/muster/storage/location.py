@@ -76,8 +76,10 @@ def effective_policy(config: CheckpointStorageConfig, default: CheckpointStorage
     return Policy(**counts)
 
 
-def open_backend(location: Location, environ: dict[str, str] | None = None) -> Backend:
-    """A backend for `location`, its keys read now.
+def open_backend(location: Location, home: Path, environ: dict[str, str] | None = None
+                 ) -> Backend:
+    """A backend for `location`, its keys read now (never from a file in `home`, the
+    server's `$MUSTER_HOME`).
 
     Raises:
         StorageError: a key cannot be read on the server, or the type is unknown.
@@ -89,14 +91,15 @@ def open_backend(location: Location, environ: dict[str, str] | None = None) -> B
     if location.type == "s3":
         from muster.storage.s3 import S3
 
-        access, secret = (_secret(location, "access_key", environ),
-                          _secret(location, "secret_key", environ))
+        access, secret = (_secret(location, "access_key", home, environ),
+                          _secret(location, "secret_key", home, environ))
         return S3(location.bucket or "", location.prefix, location.endpoint_url,
                   location.region, access, secret)
     raise StorageError(f"unknown checkpoint storage type {location.type!r}")
 
 
-def _secret(location: Location, name: str, environ: dict[str, str] | None) -> str | None:
+def _secret(location: Location, name: str, home: Path, environ: dict[str, str] | None
+            ) -> str | None:
     from muster.job_secrets import read_on_server
 
     reference = getattr(location, name)
@@ -104,6 +107,6 @@ def _secret(location: Location, name: str, environ: dict[str, str] | None) -> st
         return None
     try:
         return read_on_server(name, source_of(reference), os.environ if environ is None
-                              else environ)
+                              else environ, home)
     except (ConfigError, ValueError) as exc:
         raise StorageError(f"the {name} of {location.url()} cannot be read: {exc}") from None

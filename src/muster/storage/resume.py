@@ -64,13 +64,13 @@ def fetch_resume_point(store: Store, home: Home, trial_id: int) -> Path | None:
             continue
         location = Location.from_json(storage)
         try:
-            fetch_checkpoint(open_backend(location), uuid, cache / name, trial_id)
+            fetch_checkpoint(open_backend(location, home.root), uuid, cache / name, trial_id)
         except CorruptInStorage as exc:
             _skipped(store, trial_id, experiment_id, name, location.url(uuid), exc)
             continue
         except StorageError as exc:
             log.warning("trial %d: cannot fetch checkpoint %s from %s: %s", trial_id, name,
-                        location.url(uuid), exc)
+                        location.url(uuid), exc.for_log())
             return None
         return cache / name
     return None

@@ -223,11 +223,12 @@ class S3(Backend):
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             kind = ObjectMissing if code in _MISSING else _KeyTaken if code in _TAKEN else None
-            message = self._redact(f"{what}: {_describe(exc)}")
-            raise (kind or StorageError)(message) from None
+            raise (kind or StorageError)(f"{what}: {_in_our_words(exc)}",
+                                         detail=self._redact(_remote_words(exc))) from None
         except BotoCoreError as exc:
-            raise StorageError(self._redact(f"{what}: {exc}; check endpoint_url, the network "
-                                            "and the credentials")) from None
+            raise StorageError(f"{what}: the S3 endpoint could not be reached or did not "
+                               "answer as S3; check endpoint_url, the network and the "
+                               "credentials", detail=self._redact(str(exc))) from None
         except OSError as exc:
             raise StorageError(f"{what}: {os_reason(exc)}") from exc
 
@@ -255,15 +256,24 @@ def _check_settings(bucket: str, access_key: str | None, secret_key: str | None,
         raise StorageError(f"max_concurrency must be at least 1, got {max_concurrency=}")
 
 
-def _describe(exc: Any) -> str:
-    """What S3 answered to a failed call: operation, status, code, message and a hint."""
-    error = exc.response.get("Error", {})
-    code = error.get("Code", "")
-    status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?"))
-    answer = status if code in ("", status) else f"{status} {code}"
+def _in_our_words(exc: Any) -> str:
+    """A failed call as users see it: the operation, the class of the HTTP status, and a
+    hint for the S3 error codes muster knows; never the remote's own text."""
+    code = exc.response.get("Error", {}).get("Code", "")
+    status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+    shown = f"HTTP {status[0]}xx" if len(status) == 3 and status[0] in "2345" else "an error"
+    known = code if code in _HINTS or code in _MISSING or code in _TAKEN else ""
     hint = _HINTS.get(code)
-    return (f"S3 {exc.operation_name} answered {answer}: {error.get('Message', '')}"
+    return (f"S3 {exc.operation_name} answered {shown}" + (f" ({known})" if known else "")
             + (f"; {hint}" if hint else ""))
+
+
+def _remote_words(exc: Any) -> str:
+    """What S3 answered, whole, for the server's log: status, code and message."""
+    error = exc.response.get("Error", {})
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
+    return (f"S3 {exc.operation_name} answered {status} {error.get('Code', '')}: "
+            f"{error.get('Message', '')}")
 
 
 def _make_client(endpoint_url: str | None, region: str | None, access_key: str | None,

@@ -155,7 +155,8 @@ class StorageWorker:
         try:
             result = work()
         except MusterError as exc:
-            self._failed(f"{what} failed: {exc}", with_traceback=False)
+            shown = exc.for_log() if isinstance(exc, StorageError) else str(exc)
+            self._failed(f"{what} failed: {shown}", with_traceback=False)
         except Exception as exc:  # noqa: BLE001 - logged with its traceback; retried
             self._failed(f"{what} failed unexpectedly: {type(exc).__name__}: {exc}",
                          with_traceback=True)
@@ -265,14 +266,15 @@ class StorageWorker:
                          experiment_id=s.get_one(Trial, row.trial_id).experiment_id,
                          message=f"uploading checkpoint {row.name} to {location.url()} failed "
                                  f"(try {row.upload_tries}): {exc}; {then}")
-        log.warning("checkpoint %d: upload to %s failed: %s", checkpoint_id, location.url(), exc)
+        log.warning("checkpoint %d: upload to %s failed: %s", checkpoint_id, location.url(),
+                    exc.for_log())
 
     def backend(self, location: Location) -> Backend:
         """The backend for `location`, opened once and shared by every thread."""
         key = repr(sorted(location.to_json().items()))
         with self._lock:
             if key not in self._backends:
-                self._backends[key] = open_backend(location, self.environ)
+                self._backends[key] = open_backend(location, self.home.root, self.environ)
             return self._backends[key]
 
     # -- garbage collection ----------------------------------------------------------------
@@ -373,7 +375,7 @@ class StorageWorker:
             _remove_local(doomed.cached, doomed.name)
         except (StorageError, OSError) as exc:
             log.warning("checkpoint %d: deletion not finished, tried again later: %s",
-                        doomed.id, exc)
+                        doomed.id, exc.for_log() if isinstance(exc, StorageError) else exc)
             return False
         return True
 

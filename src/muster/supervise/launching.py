@@ -236,7 +236,8 @@ class Launching:
         specs, environment = recorded.specs, recorded.environment
         account = specs[0].account
         try:
-            prepare_workdir(recorded.context.snapshot, specs[0].cwd, recorded.context.data)
+            prepare_workdir(recorded.context.snapshot, specs[0].cwd, recorded.context.data,
+                            link_all=account is not None)
             if environment is not None:
                 self.ctx.envs.prepare(environment)
             if account is not None:
