@@ -9,10 +9,12 @@ module-scoped fixture of modules whose tests each make and inspect their own exp
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +25,7 @@ from typing import Any
 
 import pytest
 
+import muster
 from muster.client import Client
 from muster.errors import ServerUnavailable
 from muster.home import Home
@@ -146,3 +149,32 @@ def shared_server(env: dict[str, str] | None = None) -> Callable[..., Any]:
             yield running
 
     return server
+
+
+@contextmanager
+def serving_jobs_as_accounts(cluster_yaml: str, env: dict[str, str] | None = None,
+                             prefix: str = "muster-run-as-") -> Iterator[RunningServer]:
+    """A server (root) with `cluster_yaml` as its cluster config (`run_as: ...`), its home
+    where other accounts can reach their runs (pytest's own temporary directory is root's
+    alone), running the muster package from a copy every account can read, as an
+    installation in /opt would be: the checkout the tests run from may lie where other
+    accounts cannot look (root's home). `env` over the test's environment."""
+    top = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    top.chmod(0o755)
+    package = Path(muster.__file__).resolve().parent
+    shutil.copytree(package, top / "src" / "muster",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["chmod", "-R", "a+rX", str(top / "src")], check=True)
+    home = top / "home"
+    home.mkdir()
+    cluster = top / "cluster.yaml"
+    cluster.write_text(cluster_yaml)
+    server = RunningServer(home=home, db_url=f"sqlite:///{home / 'muster.db'}",
+                           env={"PYTHONPATH": str(top / "src"), **(env or {})})
+    server.start_with(["--min-free-disk", "0", "--cluster-config", str(cluster)])
+    try:
+        yield server
+    finally:
+        server.stop()
+        kill_home_processes(home)
+        shutil.rmtree(top, ignore_errors=True)

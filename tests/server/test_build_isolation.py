@@ -30,16 +30,14 @@ from typing import Any
 import pytest
 import yaml
 
-import muster
 from muster.client import Client
 from muster.environments.layout import EnvHome
 from muster.errors import ConfigError, Forbidden
 from muster.home import Home
 from tests.environments.wheels import make_wheel
-from tests.processes import kill_home_processes
 from tests.server.experiments import only_trial, wait_ended
 from tests.server.test_run_as import SYSTEM_PYTHON, Accounts, accounts  # noqa: F401 (fixture)
-from tests.servers import RunningServer, serving
+from tests.servers import RunningServer, serving, serving_jobs_as_accounts
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(300)]
 
@@ -55,26 +53,11 @@ WHEEL = "tinyalpha-1.0-py3-none-any.whl"
 def server(accounts: Accounts) -> Iterator[RunningServer]:  # noqa: F811 (the fixture)
     """`run_as: owner`, muster's package in a copy every account reads (as in
     test_run_as), a canary and a fake cloud key in the server's environment."""
-    top = Path(tempfile.mkdtemp(prefix="muster-builds-", dir="/tmp"))
-    top.chmod(0o755)
-    package = Path(muster.__file__).resolve().parent
-    shutil.copytree(package, top / "src" / "muster",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(["chmod", "-R", "a+rX", str(top / "src")], check=True)
-    home = top / "home"
-    home.mkdir()
-    cluster = top / "cluster.yaml"
-    cluster.write_text(f"run_as: owner\ninterpreters: [{SYSTEM_PYTHON}]\n")
-    running = RunningServer(home=home, db_url=f"sqlite:///{home / 'muster.db'}", env={
-        "PYTHONPATH": str(top / "src"), CANARY: secrets.token_hex(8),
-        "AWS_SECRET_ACCESS_KEY": "canary-aws-key", "UV_HTTP_RETRIES": "0"})
-    running.start_with(["--min-free-disk", "0", "--cluster-config", str(cluster)])
-    try:
+    with serving_jobs_as_accounts(
+            f"run_as: owner\ninterpreters: [{SYSTEM_PYTHON}]\n", prefix="muster-builds-",
+            env={CANARY: secrets.token_hex(8), "AWS_SECRET_ACCESS_KEY": "canary-aws-key",
+                 "UV_HTTP_RETRIES": "0"}) as running:
         yield running
-    finally:
-        running.stop()
-        kill_home_processes(home)
-        shutil.rmtree(top, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

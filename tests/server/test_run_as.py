@@ -19,7 +19,6 @@ import secrets
 import shutil
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +26,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-import muster
 from muster.client import Client
 from muster.errors import ConfigError
 from muster.home import Home
-from tests.processes import kill_home_processes
 from tests.server.experiments import only_trial, wait_ended, wait_trial
-from tests.servers import RunningServer
+from tests.servers import RunningServer, serving_jobs_as_accounts
 
 pytestmark = pytest.mark.lifecycle  # a real server, real accounts, real jobs
 
@@ -119,30 +116,11 @@ def accounts() -> Iterator[Accounts]:
 
 @pytest.fixture(scope="module")
 def shared_server(accounts: Accounts) -> Iterator[RunningServer]:
-    """A server with `run_as: owner`, its home where the accounts can reach their runs
-    (pytest's own temporary directory is root's alone). It runs the muster package from a
-    copy every account can read, as an installation in /opt would be: the checkout this
-    test runs from may lie where other accounts cannot look (root's home)."""
-    top = Path(tempfile.mkdtemp(prefix="muster-run-as-", dir="/tmp"))
-    top.chmod(0o755)
-    package = Path(muster.__file__).resolve().parent
-    shutil.copytree(package, top / "src" / "muster",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(["chmod", "-R", "a+rX", str(top / "src")], check=True)
-    home = top / "home"
-    home.mkdir()
-    cluster = top / "cluster.yaml"
-    # The jobs run on the system's interpreter, which a user may name once an admin allowed it.
-    cluster.write_text(f"run_as: owner\ninterpreters: [{SYSTEM_PYTHON}]\n")
-    server = RunningServer(home=home, db_url=f"sqlite:///{home / 'muster.db'}",
-                           env={"PYTHONPATH": str(top / "src")})
-    server.start_with(["--min-free-disk", "0", "--cluster-config", str(cluster)])
-    try:
+    """A server with `run_as: owner`; its jobs run on the system's interpreter, which a
+    user may name once an admin allowed it (`interpreters`)."""
+    with serving_jobs_as_accounts(
+            f"run_as: owner\ninterpreters: [{SYSTEM_PYTHON}]\n") as server:
         yield server
-    finally:
-        server.stop()
-        kill_home_processes(home)
-        shutil.rmtree(top, ignore_errors=True)
 
 
 def config(name: str, script: str, harness: bool = False, **variables: str) -> str:

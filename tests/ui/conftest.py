@@ -19,7 +19,9 @@ import pytest
 
 from muster.client import Client
 from muster.home import Home
+from tests.server.experiments import ENDED
 from tests.servers import RunningServer, serving
+from tests.waiting import wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Chromium as root, headless, and quiet on a machine whose network is closed.
@@ -108,6 +110,16 @@ class Team:
 
     def client(self, who: str) -> Client:
         return Client(url=self.server.url, token=self.tokens[who], home=Home(self.server.home))
+
+    def run_to_the_end(self, config: str, context: Path) -> dict[str, Any]:
+        """alice's experiment of `config` on `context`, once it has COMPLETED."""
+        with self.client("alice") as alice:
+            exp = alice.create_experiment(config, context)
+            ended: dict[str, Any] = wait_until(
+                lambda: (e := alice.get_experiment(exp["id"]))["state"] in ENDED and e,
+                timeout=240, what="the experiment to end")
+        assert ended["state"] == "COMPLETED", ended
+        return ended
 
 
 @pytest.fixture(scope="module")

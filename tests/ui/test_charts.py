@@ -10,9 +10,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.server.experiments import ENDED
 from tests.ui.conftest import Team
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.lifecycle  # a real server, real trials, a real browser
 
@@ -44,13 +42,10 @@ searcher: {name: random, metric: val_loss, max_trials: 12, max_concurrent_trials
 def finished_search(team: Team, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     context = tmp_path_factory.mktemp("chart-search")
     (context / "train.py").write_text(TRAIN)
+    ended = team.run_to_the_end(SEARCH, context)
     with team.client("alice") as alice:
-        exp = alice.create_experiment(SEARCH, context)
-        ended = wait_until(lambda: (e := alice.get_experiment(exp["id"]))["state"] in ENDED
-                           and e, timeout=240, what="the search to end")
-        assert ended["state"] == "COMPLETED", ended
-        best = alice.best_trial(exp["id"])
-    return {"id": exp["id"], "trials": ended["trials"], "best": best}
+        best = alice.best_trial(ended["id"])
+    return {"id": ended["id"], "trials": ended["trials"], "best": best}
 
 
 def test_one_curve_per_trial_and_the_best_trial(page_of: Any, team: Team,

@@ -23,9 +23,7 @@ from playwright.sync_api import expect
 from muster import ui
 from muster.metrics_lines import NAME_RULE
 from muster.store import Experiment
-from tests.server.experiments import ENDED
 from tests.ui.conftest import Team, WatchedBrowser
-from tests.waiting import wait_until
 
 SCRIPTS = sorted(ui.STATIC.glob("*.js"))  # ours; vendor/ is htmx's and uPlot's
 TEMPLATES = sorted(ui.TEMPLATES.glob("*.html"))
@@ -140,12 +138,7 @@ def test_a_hostile_metric_name_is_refused_with_the_rule(team: Team) -> None:
 def finished(team: Team, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     context = tmp_path_factory.mktemp("x1")
     (context / "train.py").write_text(TRAIN)
-    with team.client("alice") as alice:
-        exp = alice.create_experiment(SEARCH, context)
-        ended = wait_until(lambda: (e := alice.get_experiment(exp["id"]))["state"] in ENDED
-                           and e, timeout=240, what="the search to end")
-    assert ended["state"] == "COMPLETED", ended
-    return ended  # type: ignore[no-any-return]
+    return team.run_to_the_end(SEARCH, context)
 
 
 def _plant(team: Team, experiment_id: int, metric: str) -> None:
