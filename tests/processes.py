@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -19,13 +17,22 @@ def live_group(pgid: int) -> list[int]:
 
 
 def kill_home_processes(home: Path) -> None:
-    """SIGKILL every shim and training process group recorded under `home`/runs."""
+    """SIGKILL every shim and training process recorded under `home`/runs that still lives.
+
+    Only processes that provably are that replica's are touched: a recorded group number
+    may by now name another test's group (pids recycle while two workers churn through
+    thousands of processes), so a member must be in the shim's session and have started no
+    earlier than the recorded child.
+    """
     for shim_file in every_rank_file(home / "runs", RankFile.STATUS):
         record = json.loads(shim_file.read_text())
-        pgid = record.get("pgid")
-        if isinstance(pgid, int) and pgid > 1 and live_group(pgid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        pid, ticks = record.get("shim_pid"), record.get("shim_start_ticks")
-        if isinstance(pid, int) and isinstance(ticks, int):
-            send_signal(ProcessIdentity(pid, ticks), signal.SIGKILL)
+        pgid, shim_pid = record.get("pgid"), record.get("shim_pid")
+        child_ticks = record.get("child_start_ticks")
+        if isinstance(pgid, int) and pgid > 1 and isinstance(shim_pid, int) \
+                and isinstance(child_ticks, int):
+            for member in group_members(pgid):
+                if member.session == shim_pid and member.start_ticks >= child_ticks:
+                    send_signal(member.identity, signal.SIGKILL)
+        ticks = record.get("shim_start_ticks")
+        if isinstance(shim_pid, int) and isinstance(ticks, int):
+            send_signal(ProcessIdentity(shim_pid, ticks), signal.SIGKILL)
