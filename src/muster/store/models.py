@@ -311,6 +311,9 @@ class Attempt(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=now)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # `verify.outputs` as the attempt launched: {path: [inode, size, mtime_ns, ctime_ns] |
+    # None}; verification counts only files this attempt created or changed
+    outputs_before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     trial: Mapped[Trial] = relationship(back_populates="attempts")
     replicas: Mapped[list[Replica]] = relationship(
