@@ -366,6 +366,35 @@ MAX_OUTPUTS = 100
 MAX_PATTERN_CHARS = 1000
 
 
+class ExpectedLength(_Section):
+    """How far a run is planned to train, in one unit (`verify.expected_length`): the
+    `completed` check needs its last reported progress to reach it."""
+
+    steps: int | None = Field(default=None, ge=1)
+    epochs: int | None = Field(default=None, ge=1)
+    batches: int | None = Field(default=None, ge=1)
+    records: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> ExpectedLength:
+        if len(self.given()) != 1:
+            raise ValueError("must name exactly one unit: steps, epochs, batches or records "
+                             "(e.g. expected_length: {epochs: 10})")
+        return self
+
+    def given(self) -> list[tuple[str, int]]:
+        return [(unit, n) for unit in ("steps", "epochs", "batches", "records")
+                if (n := getattr(self, unit)) is not None]
+
+    @property
+    def unit(self) -> str:
+        return self.given()[0][0]
+
+    @property
+    def length(self) -> int:
+        return self.given()[0][1]
+
+
 class VerifyConfig(_Section):
     """The checks that must pass before an exit 0 counts as SUCCEEDED (else SUSPECT)."""
 
@@ -383,6 +412,11 @@ class VerifyConfig(_Section):
                                          max_length=MAX_PATTERN_CHARS)
     # Files (relative to the trial's working directory) the run must write, not empty.
     outputs: list[str] = Field(default_factory=list, max_length=MAX_OUTPUTS)
+    # How far the run is planned to go; else the searcher's max_length or the harness's
+    # ctx.plan() say it, and without any the `completed` check does not run.
+    expected_length: ExpectedLength | None = None
+    # A traceback, KeyboardInterrupt or CUDA/NCCL error in a log after the last progress.
+    log_errors: CheckMode = "suspect"
 
     @field_validator("require_metrics")
     @classmethod
