@@ -180,6 +180,19 @@ class StopIntent(str, Enum):
         return _INTENT_REASONS[self]
 
 
+class CheckStatus(str, Enum):
+    """How one verification check of an exit 0 came out (`verification.checks[].status`).
+
+    Only PASSED checks that inspect results count toward `verified`; NOT_RUN says why in the
+    check's detail (e.g. "not run: no planned length") and never counts.
+    """
+
+    PASSED = "passed"
+    FAILED = "failed"
+    WARNING = "warning"  # it passed, and its detail starts with "warning:"
+    NOT_RUN = "not_run"
+
+
 class GpuState(str, Enum):
     """Who may take a GPU: `free`; `allocated` to a trial (across its attempts);
     `releasing` its memory after the trial let it go."""
