@@ -193,6 +193,14 @@ class CheckStatus(str, Enum):
     NOT_RUN = "not_run"
 
 
+class MetricSource(str, Enum):
+    """Where a stored metric report was read: a metrics file (the harness or an integration
+    wrote it) or a rank's log (`verify.metrics_from_log` and the built-in recognisers)."""
+
+    HARNESS = "harness"
+    LOG = "log"
+
+
 class GpuState(str, Enum):
     """Who may take a GPU: `free`; `allocated` to a trial (across its attempts);
     `releasing` its memory after the trial let it go."""

@@ -288,6 +288,9 @@ class MetricReport(_Shape):
     attempt: int
     rank: int
     metrics: dict[str, Number]
+    # Where muster read it: "harness" (a metrics file) or "log" (recognised in the rank's
+    # log: `verify.metrics_from_log` or a built-in recogniser).
+    source: Literal["harness", "log"] = "harness"
 
 
 class CheckpointView(_Shape):

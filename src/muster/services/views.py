@@ -264,6 +264,7 @@ def metric_view(metric: Metric) -> dict[str, Any]:
         "attempt": metric.attempt,
         "rank": metric.rank,
         "metrics": encode_non_finite(metric.values),
+        "source": metric.source,
     }
 
 

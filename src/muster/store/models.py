@@ -25,7 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from muster.states import GpuState, StopIntent
+from muster.states import GpuState, MetricSource, StopIntent
 
 # The range of an INTEGER column in every supported database (32 bits in PostgreSQL): ids,
 # attempt numbers and ranks. A number the API takes for one of them is bounded by it, so a
@@ -423,6 +423,9 @@ class Metric(Base):
     step: Mapped[int] = mapped_column(BigInteger)
     time: Mapped[float] = mapped_column(Float)
     values: Mapped[dict[str, Any]] = mapped_column(NonFiniteJSON)
+    # A `MetricSource`: "harness" (a metrics file) or "log" (read from the rank's log).
+    source: Mapped[str] = mapped_column(String(8), default=MetricSource.HARNESS.value,
+                                        server_default=MetricSource.HARNESS.value)
 
 
 class MetricSeries(Base):
@@ -459,8 +462,12 @@ class IngestCursor(Base):
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int] = mapped_column(Integer)
-    file_kind: Mapped[str] = mapped_column(String(16))  # "metrics"
+    file_kind: Mapped[str] = mapped_column(String(16))  # "metrics" or "log"
     byte_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    # A rank log's only (`muster.supervise.log_metrics`): the newlines before `byte_offset`
+    # and the metric lines recognised there, so line numbers and running steps go on.
+    lines: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    reports: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     updated_at: Mapped[float] = mapped_column(Float, default=now)
 
 
