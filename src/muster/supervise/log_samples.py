@@ -22,13 +22,14 @@ import resource
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, BinaryIO
 
-from muster.launch.logs import LogPart, ReplicaLog
+from muster.launch.logs import MAX_OFFSET, LogPart, ReplicaLog
 
-__all__ = ["MAX_LINE_BYTES", "LogSamples", "bounded_lines", "count_log_samples", "counts_in"]
+__all__ = ["MAX_LINE_BYTES", "ChildAnswer", "LogSamples", "bounded_lines", "count_log_samples",
+           "counts_in", "limit_cpu", "scan_in_child"]
 
 MAX_LINE_BYTES = 64 * 1024
 FEED_BYTES = 1 << 20
@@ -87,41 +88,71 @@ def count_log_samples(log: ReplicaLog, pattern: str,
     if stream is None:
         return LogSamples({}, 0)
     with stream:
-        cpu_limit = str(math.ceil(timeout) + 5)
-        child = subprocess.Popen([sys.executable, "-P", "-m", __name__, pattern, cpu_limit],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE)
-        # The feeder owns stdin; `communicate` reads the answer (and must not touch stdin).
-        pipe, child.stdin = child.stdin, None
-        assert pipe is not None
-        feeder = threading.Thread(target=_feed, args=(stream, pipe), daemon=True)
-        feeder.start()
-        try:
-            out, err = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.communicate()
-            return LogSamples({}, 0, f"counting took longer than {timeout:g} s (does the "
-                                     "pattern backtrack?)")
-        except BaseException:
-            child.kill()  # interrupted: the count is abandoned, so is its child
-            child.wait()
-            raise
-        finally:
-            feeder.join(timeout=5)
-    if child.returncode != 0:
-        why = err.decode("utf-8", errors="replace").strip().splitlines()[-1:] or ["?"]
-        return LogSamples({}, 0, f"counting failed: {why[0]}")
-    data = json.loads(out)
+        answer = scan_in_child(__name__, [pattern], stream, timeout)
+    if answer.problem is not None:
+        return LogSamples({}, 0, f"counting {answer.problem}")
+    data = json.loads(answer.out)
     return LogSamples({int(k): int(v) for k, v in data["by_epoch"].items()}, data["matches"],
                       unusable=data["unusable"])
 
 
-def _feed(stream: BinaryIO, pipe: IO[bytes]) -> None:
-    """Copy the log into the child's stdin; a child that has gone stops the copy."""
+@dataclass(frozen=True)
+class ChildAnswer:
+    """What a scanning child printed, or why it printed nothing usable."""
+
+    out: bytes = b""
+    problem: str | None = None  # e.g. "took longer than 60 s (does the pattern backtrack?)"
+
+
+def scan_in_child(module: str, args: Sequence[str], stream: BinaryIO, timeout: float,
+                  limit: int | None = None) -> ChildAnswer:
+    """Run `python -m module *args CPU_SECONDS` with `stream` (from where it stands, at
+    most `limit` bytes) on its stdin; kill it after `timeout` seconds. The child's `main`
+    calls `limit_cpu(CPU_SECONDS)` first, so it ends even if this process dies."""
+    cpu_limit = str(math.ceil(timeout) + 5)
+    child = subprocess.Popen([sys.executable, "-P", "-m", module, *args, cpu_limit],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    # The feeder owns stdin; `communicate` reads the answer (and must not touch stdin).
+    pipe, child.stdin = child.stdin, None
+    assert pipe is not None
+    feeder = threading.Thread(target=_feed, args=(stream, pipe, limit), daemon=True)
+    feeder.start()
     try:
-        while chunk := stream.read(FEED_BYTES):
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        return ChildAnswer(problem=f"took longer than {timeout:g} s (does the pattern "
+                                   "backtrack?)")
+    except BaseException:
+        child.kill()  # interrupted: the scan is abandoned, so is its child
+        child.wait()
+        raise
+    finally:
+        feeder.join(timeout=5)
+    if child.returncode != 0:
+        why = err.decode("utf-8", errors="replace").strip().splitlines()[-1:] or ["?"]
+        return ChildAnswer(problem=f"failed: {why[0]}")
+    return ChildAnswer(out)
+
+
+def limit_cpu(argv: list[str]) -> list[str]:
+    """A scanning child's arguments without the last, CPU_SECONDS, which it applies as its
+    RLIMIT_CPU (the kernel stops it after that much CPU time)."""
+    seconds = int(argv[-1])
+    resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
+    return argv[:-1]
+
+
+def _feed(stream: BinaryIO, pipe: IO[bytes], limit: int | None = None) -> None:
+    """Copy the log (at most `limit` bytes) into the child's stdin; a child that has gone
+    stops the copy."""
+    left = MAX_OFFSET if limit is None else limit
+    try:
+        while left > 0 and (chunk := stream.read(min(FEED_BYTES, left))):
             pipe.write(chunk)
+            left -= len(chunk)
     except OSError:
         return  # the child ended (or was killed on its timeout): nothing more to feed
     finally:
@@ -133,8 +164,7 @@ def main(argv: list[str]) -> int:
     """`python -m muster.supervise.log_samples PATTERN [CPU_SECONDS]` < log: prints the
     counts as JSON; the kernel stops it after CPU_SECONDS of CPU time."""
     if len(argv) > 1:
-        seconds = int(argv[1])
-        resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
+        argv = limit_cpu(argv)
     pattern = re.compile(argv[0])
     counts = counts_in(bounded_lines(sys.stdin.buffer), pattern)
     json.dump({"by_epoch": counts.by_epoch, "matches": counts.matches,
