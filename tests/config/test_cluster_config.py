@@ -98,7 +98,8 @@ def test_no_free_disk_guard(tmp_path: Path) -> None:
          "worker's user); remove run_as"),
         ("node_quarantine: {failures: 0}", "node_quarantine.failures: must be >= 1, got 0"),
         ("slots: 0", "slots: must be >= 1, got 0"),
-        ("slots: '2'", "slots: must be a whole number, got '2'"),
+        ("slots: '2'", "slots: must be a whole number, got '2', which is quoted: remove the "
+                        "quotes"),
         ("slots: 1.5", "slots: must be a whole number, got 1.5"),
         (
             "gpus: all",

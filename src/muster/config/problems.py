@@ -15,6 +15,7 @@ from typing import Any, TypeVar, get_args
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from muster.config.yaml_numbers import number_written_as_string
 from muster.errors import ConfigError
 
 __all__ = [
@@ -110,8 +111,48 @@ def describe_error(error: ErrorDetails, root: type[BaseModel]) -> str:
     if error["type"] == "extra_forbidden":
         problem = _unknown_key(str(loc[-1]), _section_at(root, loc[:-1]), error["input"])
     else:
-        problem = _problem(error)
+        problem = _number_as_string(error, root) or _problem(error)
     return f"{key_path(loc)}: {problem}"
+
+
+_NUMBER_ERRORS = {"int_type": True, "int_parsing": True, "float_type": False,
+                  "float_parsing": False}  # -> whether the key takes a whole number
+
+
+def _number_as_string(error: ErrorDetails, root: type[BaseModel]) -> str | None:
+    """For a numeric key given a string that is a number (`1e-5`, which YAML 1.1 reads as a
+    string; or a quoted one): what to write. Asked of every key, so each numeric key of every
+    section says it the same way, also where a validator of its own (a duration, a size)
+    refused the string."""
+    kind, value = error["type"], error["input"]
+    if kind in _NUMBER_ERRORS:
+        return number_written_as_string(value, whole=_NUMBER_ERRORS[kind])
+    if kind == "value_error" and isinstance(value, str):
+        whole = _takes_a_number(_annotation_at(root, tuple(error["loc"])))
+        # Only YAML's trap here: a validator's own message is better for a quoted value.
+        found = number_written_as_string(value, whole=bool(whole)) if whole is not None else None
+        return found if found is not None and found.startswith("YAML") else None
+    return None
+
+
+def _annotation_at(root: type[BaseModel], loc: Sequence[int | str]) -> object:
+    """The type annotation of the key at `loc` (None where `loc` is no model field)."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    section = _section_at(root, loc[:-1])
+    field = section.model_fields.get(loc[-1]) if section is not None else None
+    return field.annotation if field is not None else None
+
+
+def _takes_a_number(annotation: object) -> bool | None:
+    """True for a key that takes a whole number (`int`, `int | None`), False for any
+    number (`float`), None for a key that takes text (or anything else)."""
+    kinds = {arg for arg in (get_args(annotation) or (annotation,)) if arg is not type(None)}
+    if kinds == {int}:
+        return True
+    if kinds and kinds <= {int, float}:
+        return False
+    return None
 
 
 def _parts(path: str) -> tuple[int | str, ...]:

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from muster.config.yaml_numbers import number_written_as_string
+
 __all__ = [
     "Categorical",
     "Const",
@@ -264,20 +266,26 @@ def _range(path: str, kind: str, value: Mapping[str, Any],
         if isinstance(bound, bool) or not isinstance(bound, int | float) or (
                 whole and not isinstance(bound, int)) or not math.isfinite(bound):
             what = "a whole number" if whole else "a finite number"
-            problems.append((f"{path}.{key}", f"must be {what}, got {bound!r}"))
+            problems.append((f"{path}.{key}", number_written_as_string(bound, whole)
+                             or f"must be {what}, got {bound!r}"))
     count = value.get("count")
     if count is not None and (isinstance(count, bool) or not isinstance(count, int)
                               or count < 1):
-        problems.append((f"{path}.count", f"must be a whole number >= 1, got {count!r}"))
+        problems.append((f"{path}.count", number_written_as_string(count, whole=True)
+                         or f"must be a whole number >= 1, got {count!r}"))
     base = value.get("base", 10)
     if kind == "log" and (isinstance(base, bool) or not isinstance(base, int | float)
                           or not math.isfinite(base) or base <= 0 or base == 1):
-        problems.append((f"{path}.base", f"must be a number > 0 other than 1, got {base!r}"))
+        problems.append((f"{path}.base", number_written_as_string(base)
+                         or f"must be a number > 0 other than 1, got {base!r}"))
     if len(problems) > found:
         return None
     low, high = value["minval"], value["maxval"]
     if low > high:
         problems.append((f"{path}.maxval", f"must be >= minval ({low}), got {high}"))
+        return None
+    if kind == "log" and 0 < low < 1 and 0 < high < 1:
+        problems.append((path, _values_for_exponents(low, high, base)))
         return None
     if kind == "int":
         return Int(low, high, count)
@@ -293,6 +301,26 @@ def _range(path: str, kind: str, value: Mapping[str, Any],
                                "a floating-point number; use smaller exponents"))
         return None
     return log
+
+
+def _values_for_exponents(low: float, high: float, base: float) -> str:
+    """The fix for a log range written as the values (`1.0e-5 .. 1.0e-2`) where its
+    exponents are meant: as written it would search base ** 0.00001 .. base ** 0.01."""
+    exponents = [_exponent(bound, base) for bound in (low, high)]
+    shown = _short_number(base)
+    return (f"minval {low:g} and maxval {high:g} are both between 0 and 1, so this searches "
+            f"{shown} ** {low:g} .. {shown} ** {high:g} ({base ** low:.4g} .. "
+            f"{base ** high:.4g}); type: log takes exponents, and these are exponents of base "
+            f"{shown}: write minval: {exponents[0]}, maxval: {exponents[1]}")
+
+
+def _exponent(value: float, base: float) -> str:
+    """log_base(value), as a person writes it: -5, or -3.52."""
+    return _short_number(round(math.log(value, base), 2))
+
+
+def _short_number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def _linspace(low: float, high: float, points: int) -> Iterator[float]:
