@@ -21,7 +21,8 @@ SEARCH = {"name": "search", "searcher": {"name": "random", "metric": "val_loss",
 
 def seed(store: Store) -> dict[str, Any]:
     """Three experiments: alice's search (a SUSPECT trial, an unverified and a verified
-    SUCCEEDED one, a running one), bob's finished run, and an old one without an owner."""
+    SUCCEEDED one, a running one), bob's finished run (one trial without a verification,
+    one approved on review), and an old one without an owner."""
     with store.session_scope() as s:
         alice, bob = User(name="alice", role="user"), User(name="bob", role="user")
         search = Experiment(name="Digits-Search", config=SEARCH, config_yaml="",
@@ -40,6 +41,10 @@ def seed(store: Store) -> dict[str, Any]:
                   verification={"passed": True, "verified": True, "checks": []}),
             Trial(experiment=search, state="RUNNING", number=3),
             Trial(experiment=run, state="SUCCEEDED", number=0),
+            # SUSPECT, then approved on review: SUCCEEDED, never verified.
+            Trial(experiment=run, state="SUCCEEDED", number=1, reason="review approved",
+                  message="fine", verification={"passed": False, "verified": False, "checks": [
+                      {"name": "checkpoint", "passed": False, "detail": "none"}]}),
         ]
         s.add_all([alice, bob, search, run, old, *trials])
         s.flush()
@@ -87,6 +92,10 @@ def test_each_row_says_its_progress_its_badges_and_its_best(store: Store) -> Non
     search = rows[ids["search"]]
     assert search["progress"] == {"ended": 3, "running": 1, "queued": 0, "total": 4}
     assert (search["awaiting_review"], search["unverified"]) == (1, 1)
+    assert search["verdicts"] == {"verified": 1, "not_verified": 1, "suspect": 1}
+    # No verification recorded, or approved on review: SUCCEEDED, not verified.
+    assert rows[ids["run"]]["verdicts"] == {"verified": 0, "not_verified": 2, "suspect": 0}
+    assert rows[ids["run"]]["unverified"] == 2
     assert search["trial_states"] == ["SUSPECT", "SUCCEEDED", "SUCCEEDED", "RUNNING"]
     best = search["best"]
     # The best SUCCEEDED trial by its best value: not the running one's lower value.

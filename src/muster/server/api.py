@@ -127,6 +127,9 @@ class TrialDetail(_Shape):
     attempts: list[AttemptView]
     manifest: dict[str, Any] | None
     verification: dict[str, Any] | None
+    # True only when its exit 0 was verified; null while it has not ended.
+    verified: bool | None
+    verdict: str  # one line, as the CLI and the UI print it (`muster.verdicts`)
     early_stopped: bool
     queue_reason: str | None
     priority: int
@@ -159,7 +162,8 @@ class TrialSummary(_Shape):
     restarts: int
     started_at: float | None
     ended_at: float | None
-    verified: bool | None  # its exit 0 was verified; None without a verdict
+    verified: bool | None  # its exit 0 was verified; null while it has not ended
+    verdict: str  # one line, as the CLI and the UI print it (`muster.verdicts`)
     early_stop: EarlyStop | None = None  # where the searcher stopped it
 
 
@@ -253,6 +257,14 @@ class Progress(_Shape):
     total: int  # every trial it will make (1, a grid's size, max_trials)
 
 
+class VerdictCounts(_Shape):
+    """An experiment's trials by verdict."""
+
+    verified: int  # SUCCEEDED, and their exit 0 verified
+    not_verified: int  # SUCCEEDED without that (nothing inspected; approved on review)
+    suspect: int  # SUSPECT: exit 0, a check failed, a person must decide
+
+
 class ExperimentSummary(_Shape):
     id: int
     uuid: str
@@ -269,7 +281,8 @@ class ExperimentSummary(_Shape):
     owner: str | None  # the user who submitted it (None only for older experiments)
     progress: Progress  # its trials by stage, of all it will make
     awaiting_review: int  # SUSPECT trials: exit 0, a check failed, a person must decide
-    unverified: int  # SUCCEEDED trials whose exit 0 no check of their results inspected
+    unverified: int  # SUCCEEDED trials whose exit 0 was not verified (verdicts.not_verified)
+    verdicts: VerdictCounts
     best: BestSoFar | None  # the search's best trial so far (its searcher's metric)
 
 
@@ -303,7 +316,10 @@ class CheckpointView(_Shape):
     state: Literal["local", "uploading", "stored", "upload_failed", "deleting", "deleted"]
     size: int  # bytes, every file
     storage_url: str | None  # where it is stored (`stored` and `deleting` only)
-    metric: Number | None  # the searcher's metric at its step, or the last one before
+    # The searcher's metric of the last validation rank 0 reported in its attempt before it
+    # was saved (None: none before it), and that validation's own step, whatever its unit.
+    metric: Number | None
+    metric_step: int | None
     kept_because: str | None  # why the last garbage collection kept it
     deleted_because: str | None
     error: str | None  # why its last upload failed
@@ -319,10 +335,13 @@ class CheckpointView(_Shape):
 
 
 class TrialSnapshot(_Shape):
-    """`muster.diagnostics`: the trial part, and each rank's part (by rank, as text)."""
+    """`muster.diagnostics`: the trial part, each rank's part (by rank, as text), and the
+    outside part of its latest attempt that has one (what the server saw from outside the
+    process at its launch: the interpreter, the layer's packages, the code's tree hash)."""
 
     trial: dict[str, Any]
     ranks: dict[str, dict[str, Any]]
+    outside: dict[str, Any] | None = None
 
 
 class SnapshotDifference(_Shape):

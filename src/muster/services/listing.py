@@ -94,7 +94,7 @@ class Page:
 def list_page(store: Store, where: ExperimentFilter | None = None, *, sort: str = "id",
               descending: bool = False, offset: int = 0, limit: int | None = None) -> Page:
     """One page of experiment summaries (`views.experiment_summary`, with their progress,
-    review and verification badges and best trial), by `sort` (ties: id).
+    their trials' verdict counts and best trial), by `sort` (ties: id).
 
     Raises:
         InvalidRequest: an unknown `sort` or a `limit` over `MAX_PAGE`.
@@ -149,8 +149,7 @@ def summaries(s: Session, experiments: Sequence[Experiment],
     for exp in experiments:
         mine = succeeded.get(exp.id, [])
         rows.append(views.experiment_summary(
-            exp, states=states.get(exp.id, []),
-            unverified=sum(views.is_unverified(t) for t in mine),
+            exp, states=states.get(exp.id, []), succeeded=mine,
             best=views.best_view(mine, best, searchers[exp.id]) if mine else None))
     return rows
 

@@ -16,6 +16,7 @@ from muster.states import TrialState
 from muster.storage.location import Location
 from muster.store import Attempt, Checkpoint, Event, Experiment, Metric, Replica, Trial
 from muster.store.models import encode_non_finite
+from muster.verdicts import Verdict, count_verdicts, verdict_of
 
 T = TrialState
 # How the search block counts trials. SUSPECT counts as ended: it waits for a person, and
@@ -31,15 +32,16 @@ Goals = Mapping[str, bool]
 
 
 def experiment_summary(exp: Experiment, *, states: Sequence[str] | None = None,
-                       unverified: int | None = None,
+                       succeeded: Sequence[Trial] | None = None,
                        best: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The experiment as lists show it. `states` (its trials' states, by id) and
-    `unverified` are taken from `exp.trials` when not given (a list reads them in bulk);
-    `best` is the search's best trial so far (`best_view`), if any."""
+    """The experiment as lists show it. `states` (its trials' states) and `succeeded` (its
+    SUCCEEDED trials) are taken from `exp.trials` when not given (a list reads them in
+    bulk); `best` is the search's best trial so far (`best_view`), if any."""
     if states is None:
         states = [t.state for t in exp.trials]
-    if unverified is None:
-        unverified = sum(is_unverified(t) for t in exp.trials)
+    if succeeded is None:
+        succeeded = [t for t in exp.trials if t.state == TrialState.SUCCEEDED.value]
+    counts = count_verdicts(states, (trial_verdict(t).verified for t in succeeded))
     return {
         "id": exp.id,
         "uuid": exp.uuid,
@@ -55,8 +57,9 @@ def experiment_summary(exp: Experiment, *, states: Sequence[str] | None = None,
         "archived": exp.archived,
         "owner": exp.owner_name,  # who submitted it; None only before users existed
         "progress": progress_view(exp.max_trials, states),
-        "awaiting_review": sum(state == TrialState.SUSPECT.value for state in states),
-        "unverified": unverified,
+        "awaiting_review": counts.suspect,
+        "unverified": counts.not_verified,
+        "verdicts": counts.to_json(),
         "best": None if best is None else dict(best),
     }
 
@@ -68,11 +71,6 @@ def progress_view(max_trials: int, states: Sequence[str]) -> dict[str, int]:
             "running": sum(counts[s] for s in RUNNING_STATES),
             "queued": sum(counts[s] for s in QUEUED_STATES),
             "total": max(max_trials, len(states))}
-
-
-def is_unverified(trial: Trial) -> bool:
-    """A SUCCEEDED trial whose exit 0 no check of its results inspected."""
-    return trial.state == TrialState.SUCCEEDED.value and verified(trial) is False
 
 
 def experiment_detail(exp: Experiment, best: Mapping[int, Mapping[str, float]],
@@ -153,6 +151,7 @@ def trial_detail(trial: Trial, snapshot: Mapping[str, Any] | None = None) -> dic
         "attempts": [attempt_detail(a) for a in trial.attempts],
         "manifest": encode_non_finite(trial.manifest),
         "verification": encode_non_finite(trial.verification),
+        **verdict_fields(trial),
         "early_stopped": trial.early_stopped,
         "queue_reason": trial.queue_reason,
         "priority": trial.priority,
@@ -180,16 +179,21 @@ def trial_summary(trial: Trial, best: Mapping[str, float]) -> dict[str, Any]:
         "restarts": restarts(trial),
         "started_at": trial.started_at,
         "ended_at": trial.ended_at,
-        "verified": verified(trial),
+        **verdict_fields(trial),
     }
 
 
-def verified(trial: Trial) -> bool | None:
-    """Whether its exit 0 was verified (a check inspected its results and all passed);
-    None while it has no verdict (it has not exited 0, or ended before verdicts said)."""
-    verdict = trial.verification or {}
-    value = verdict.get("verified")
-    return value if isinstance(value, bool) else None
+def trial_verdict(trial: Trial) -> Verdict:
+    """The trial's verdict (`muster.verdicts`): verified, not verified and why, SUSPECT and
+    why, or how it ended."""
+    return verdict_of(trial.state, trial.verification, early_stopped=trial.early_stopped,
+                      reason=trial.reason, message=trial.message)
+
+
+def verdict_fields(trial: Trial) -> dict[str, Any]:
+    """`verified` (null while the trial has not ended) and `verdict`, its one line."""
+    verdict = trial_verdict(trial)
+    return {"verified": verdict.verified, "verdict": verdict.line}
 
 
 def restarts(trial: Trial) -> int:
@@ -268,9 +272,11 @@ def metric_view(metric: Metric) -> dict[str, Any]:
     }
 
 
-def checkpoint_view(checkpoint: Checkpoint, metric: float | None = None) -> dict[str, Any]:
-    """A checkpoint as listed: where it is (`state`, `storage_url`), its searcher metric
-    (`muster.storage.metrics`), and why the last GC kept it (`kept_because`)."""
+def checkpoint_view(checkpoint: Checkpoint, metric: float | None = None,
+                    metric_step: int | None = None) -> dict[str, Any]:
+    """A checkpoint as listed: where it is (`state`, `storage_url`), its searcher metric and
+    the step of the validation that metric is from (`muster.storage.metrics`), and why the
+    last GC kept it (`kept_because`)."""
     storage = checkpoint.storage
     url = Location.from_json(storage).url(checkpoint.uuid) if storage else None
     stored = checkpoint.state in ("stored", "deleting")
@@ -285,6 +291,7 @@ def checkpoint_view(checkpoint: Checkpoint, metric: float | None = None) -> dict
         "size": checkpoint.size_bytes,
         "storage_url": url if stored else None,
         "metric": encode_non_finite(metric),
+        "metric_step": metric_step,
         "kept_because": checkpoint.gc_reason if checkpoint.state != "deleting" else None,
         "deleted_because": (checkpoint.gc_reason
                             if checkpoint.state in ("deleting", "deleted") else None),
