@@ -58,6 +58,8 @@ class RankFile(str, Enum):
     STOP_ACK = "stop-ack.json"  # when the loop first saw muster's SIGTERM [harness]
     SNAPSHOT = "snapshot.json"  # what the rank is made of, at init and at its end [harness]
     DIAGNOSTICS = "diagnostics.jsonl"  # its samplers, passes, gradient samples [harness]
+    PLAN = "plan.json"  # how far the run is planned to go, ctx.plan() [harness]
+    SAVE_FAILURES = "save-failures.json"  # checkpoint saves that failed [harness]
 
 
 # An ended incarnation's control files, moved aside before a restart in place; its log and
@@ -218,6 +220,14 @@ class RankFiles:
     @property
     def diagnostics(self) -> Path:
         return self.path(RankFile.DIAGNOSTICS)
+
+    @property
+    def plan(self) -> Path:
+        return self.path(RankFile.PLAN)
+
+    @property
+    def save_failures(self) -> Path:
+        return self.path(RankFile.SAVE_FAILURES)
 
 
 def every_rank_file(runs_dir: Path, kind: RankFile) -> Iterator[Path]:

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 __all__ = ["NOT_VERIFIED", "count", "rank_list"]
 
-# How an exit 0 that no check of its results inspected is shown (it is SUCCEEDED, not a
-# failure, but never presented as verified).
-NOT_VERIFIED = "exit 0 — not verified (no checks configured)"
+# How an exit 0 without the evidence to verify it is shown, followed by why (it is
+# SUCCEEDED, not a failure, but never presented as verified).
+NOT_VERIFIED = "exit 0 — not verified"
 
 
 def count(number: int, noun: str, plural: str | None = None) -> str:

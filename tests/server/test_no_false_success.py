@@ -116,7 +116,8 @@ def test_a_silent_drop_is_suspect_and_a_review_settles_it(
     assert trial["state"] == "SUSPECT", trial["message"]
     assert shortfall in trial["message"]
     assert trial["verification"]["passed"] is False
-    assert checks(trial)["samples"] == {"name": "samples", "passed": False, "detail": shortfall}
+    assert checks(trial)["samples"] == {"name": "samples", "passed": False, "detail": shortfall,
+                                     "status": "failed"}
     assert trial["manifest"]["file_count"] == 100
     assert trial["manifest"]["classes"] == {label: PER_CLASS for label in CLASSES}
     assert client.get_experiment(experiment_id)["state"] == "ACTIVE"
@@ -150,7 +151,8 @@ def test_a_clean_run_succeeds_with_every_check_passed(
     # Both checkpoints are looked at below: checkpoint GC (by default the latest and the best
     # one are kept) would delete step 9 soon after the trial ended, at its own pace.
     context = make_context(tmp_path, "--epochs", "2", verify={
-        "require_checkpoint": True, "require_metrics": ["loss", "val_loss"]},
+        "require_checkpoint": True, "require_metrics": ["loss", "val_loss"],
+        "expected_length": {"epochs": 2}},
         settings={"checkpoint_storage": {"save_trial_latest": 2}})
     experiment_id, trial_id = submit(client, context)
 
@@ -159,9 +161,11 @@ def test_a_clean_run_succeeds_with_every_check_passed(
 
     assert (trial["state"], trial["reason"]) == ("SUCCEEDED", "OK")
     assert trial["verification"]["passed"] is True
-    assert {name: c["passed"] for name, c in checks(trial).items()} == {
-        "samples": True, "checkpoint": True, "finite_metrics": True, "require_metrics": True,
-        "metrics_readable": True}
+    assert {name: c["status"] for name, c in checks(trial).items()} == {
+        "completed": "passed", "samples": "passed", "checkpoint": "passed",
+        "checkpoint_fresh": "passed", "finite_metrics": "passed", "require_metrics": "passed",
+        "log_errors": "passed", "metrics_readable": "passed"}
+    assert trial["verification"]["verified"] is True
     assert checks(trial)["samples"]["detail"] == "2 epochs, each within 1.0% of 100"
     assert checks(trial)["metrics_readable"]["detail"] == "22 metric lines read"
 

@@ -127,7 +127,8 @@ def test_a_silent_drop_is_suspect_until_a_person_reviews_it(
     assert view.attempts[0].exit_code == 0
     trial = stored(sqlite_rig, job.trial_id)
     assert trial["verification"]["passed"] is False
-    assert check(trial, "samples") == {"name": "samples", "passed": False, "detail": shortfall}
+    assert check(trial, "samples") == {"name": "samples", "passed": False, "detail": shortfall,
+                                     "status": "failed"}
     assert failed_checks(trial) == ["samples"]
     manifest = trial["manifest"]
     assert manifest["path"] == str(data.resolve())
@@ -193,7 +194,7 @@ def test_a_nan_loss_is_suspect_and_named_with_its_step(sqlite_rig: Rig) -> None:
     assert view.message is not None and f"finite_metrics: {detail}" in view.message
     trial = stored(sqlite_rig, job.trial_id)
     assert check(trial, "finite_metrics") == {
-        "name": "finite_metrics", "passed": False, "detail": detail}
+        "name": "finite_metrics", "passed": False, "detail": detail, "status": "failed"}
     assert failed_checks(trial) == ["finite_metrics"]
 
 
@@ -417,6 +418,7 @@ def test_the_digits_example_with_corrupt_data_is_suspect(sqlite_rig: Rig, tmp_pa
     assert trial["manifest"]["file_count"] == 1797
     assert len(trial["manifest"]["classes"]) == 10
     shortfall = f"epoch 1: 1,581 samples seen, 1,797 expected ({MINUS}12.0%)"
-    assert check(trial, "samples") == {"name": "samples", "passed": False, "detail": shortfall}
+    assert check(trial, "samples") == {"name": "samples", "passed": False, "detail": shortfall,
+                                     "status": "failed"}
     assert view.message is not None and shortfall in view.message
     assert failed_checks(trial) == ["samples"]

@@ -15,6 +15,7 @@ import pytest
 
 from muster.supervise.log_samples import LogSamples
 from muster.supervise.verification import (
+    EMPTY_DATA,
     NOT_VERIFIED,
     Check,
     CheckpointInfo,
@@ -22,6 +23,8 @@ from muster.supervise.verification import (
     LogCounts,
     MetricPoint,
     OutputFile,
+    Planned,
+    Progress,
     Verdict,
     VerifyConfig,
     combine_log_counts,
@@ -77,7 +80,9 @@ def check_of(verdict: Verdict, name: str) -> Check:
          1_000_000, False, "epoch 0: 1,000,010 samples seen, 1,000,000 expected (+0.001%)"),
         ({}, NO_CHECKS, 1797, False,
          "no samples were reported (ctx.samples.seen); expected 1,797 per epoch"),
-        ({0: 5}, NO_CHECKS, 0, False, "epoch 0: 5 samples seen, 0 expected"),
+        # an empty data set verifies nothing, whatever the script counted
+        ({0: 5}, NO_CHECKS, 0, False, EMPTY_DATA),
+        ({0: 0}, NO_CHECKS, 0, False, EMPTY_DATA),
     ],
 )
 def test_samples_check(
@@ -92,7 +97,7 @@ def test_samples_check(
 @pytest.mark.parametrize("samples", [{}, {0: 3}])
 def test_samples_check_is_omitted_without_an_expected_count(samples: dict[int, int]) -> None:
     verdict = verify(Evidence(samples_by_epoch=samples), NO_CHECKS, None)
-    assert [c.name for c in verdict.checks] == ["metrics_readable"]
+    assert [c.name for c in verdict.checks] == ["completed", "metrics_readable"]
     assert verdict.passed
 
 
@@ -162,7 +167,7 @@ def test_declaring_the_harness_requires_a_checkpoint_by_default() -> None:
     evidence = Evidence(final_attempt=1, checked_in=frozenset({0}))
     assert not evidence.harness_used
     verdict = verify(evidence, VerifyConfig(), None, harness_ranks=1)
-    assert [(c.name, c.passed) for c in verdict.checks][:2] == [
+    assert [(c.name, c.passed) for c in verdict.checks][1:3] == [
         ("check_in", True), ("checkpoint", False)]
     assert "check_in" not in [c.name for c in verify(evidence, VerifyConfig(), None).checks]
 
@@ -182,7 +187,7 @@ def test_check_ins_are_read_from_the_final_attempt_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("evidence", "passed", "detail"),
     [
-        (Evidence(), True, "no NaN or infinite value (no metrics were reported)"),
+        (Evidence(), True, "not run: no metric reported"),
         (Evidence(metric_names=frozenset({"loss", "val_loss"})), True,
          "no NaN or infinite value (2 metrics)"),
         (Evidence(metric_names=frozenset({"loss"})), True,
@@ -264,7 +269,8 @@ def test_verdict_passes_only_when_every_check_passes() -> None:
     verdict = verify(good, config, 1797)
     assert verdict.passed
     assert [c.name for c in verdict.checks] == [
-        "samples", "checkpoint", "finite_metrics", "require_metrics", "metrics_readable"]
+        "completed", "samples", "checkpoint", "checkpoint_fresh", "finite_metrics",
+        "require_metrics", "metrics_readable"]
     assert all(c.detail for c in verdict.checks)
 
     one_bad = Evidence(samples_by_epoch=good.samples_by_epoch, metric_names=frozenset(),
@@ -280,9 +286,13 @@ def test_verdict_to_json() -> None:
         "passed": False,
         "verified": False,
         "checks": [
-            {"name": "samples", "passed": False,
+            {"name": "completed", "passed": True, "status": "not_run",
+             "detail": "not run: no planned length (set verify.expected_length or "
+                       "searcher.max_length, or call ctx.plan() in the script)"},
+            {"name": "samples", "passed": False, "status": "failed",
              "detail": f"epoch 0: 10 samples seen, 20 expected ({MINUS}50.0%)"},
-            {"name": "metrics_readable", "passed": True, "detail": "0 metric lines read"},
+            {"name": "metrics_readable", "passed": True, "status": "not_run",
+             "detail": "not run: no metric line was written"},
         ],
     }
     json.dumps(verdict.to_json())
@@ -335,7 +345,8 @@ def test_samples_sum_ranks_and_take_each_epoch_from_its_last_attempt(tmp_path: P
     # without attempt 2 the interrupted epoch shows as a shortfall
     alone = gather_evidence(tmp_path, [1])
     assert alone.samples_by_epoch[2] == 610
-    assert "epoch 2: 610 samples seen" in verify(alone, NO_CHECKS, 1797).checks[0].detail
+    assert "epoch 2: 610 samples seen" in check_of(verify(alone, NO_CHECKS, 1797),
+                                                   "samples").detail
 
 
 def test_attempts_are_read_in_number_order(tmp_path: Path) -> None:
@@ -484,28 +495,46 @@ def test_an_empty_run_directory_gives_empty_evidence(tmp_path: Path) -> None:
 # --- verified: an exit 0 whose results were inspected --------------------------------------
 
 
+EPOCHS_1 = Planned("epochs", 1, "ctx.plan()")
+STEP_42 = Progress(highest={"training": 42}, lowest={"training": 1}, final_attempt_step=42)
+STEPS_42 = Planned("steps", 42, "verify.expected_length")
+
+
 @pytest.mark.parametrize(("evidence", "config", "manifest", "passed", "verified"), [
     # Nothing inspected the results: it passes (not a failure) but is not verified.
     (Evidence(), NO_CHECKS, None, True, False),
     (Evidence(metric_names=frozenset({"loss"}), metric_lines=3), VerifyConfig(
         require_checkpoint=False), None, True, False),
-    (Evidence(samples_by_epoch={0: 10}), NO_CHECKS, 10, True, True),
-    (Evidence(samples_by_epoch={0: 9}), NO_CHECKS, 10, False, False),
-    (Evidence(checkpoints=(INTACT,)), VerifyConfig(require_checkpoint=True), None, True, True),
-    (Evidence(metric_names=frozenset({"loss"})), VerifyConfig(
+    # Results checked, and the run reached its planned end: verified.
+    (Evidence(samples_by_epoch={0: 10}, plan=EPOCHS_1), NO_CHECKS, 10, True, True),
+    (Evidence(samples_by_epoch={0: 9}, plan=EPOCHS_1), NO_CHECKS, 10, False, False),
+    (Evidence(checkpoints=(INTACT,), progress=STEP_42, plan=STEPS_42),
+     VerifyConfig(require_checkpoint=True), None, True, True),
+    (Evidence(metric_names=frozenset({"loss"}), progress=STEP_42, plan=STEPS_42), VerifyConfig(
         require_checkpoint=False, require_metrics=["loss"]), None, True, True),
+    # Results checked, but nothing says how far the run was meant to go: not verified.
+    (Evidence(samples_by_epoch={0: 10}), NO_CHECKS, 10, True, False),
+    (Evidence(checkpoints=(INTACT,), progress=STEP_42), VerifyConfig(require_checkpoint=True),
+     None, True, False),
+    # It reached its planned end, but no check looked at what it produced: not verified.
+    (Evidence(progress=STEP_42, plan=STEPS_42), NO_CHECKS, None, True, False),
 ])
-def test_verified_needs_a_check_of_the_results(
+def test_verified_needs_its_planned_end_and_a_check_of_the_results(
     evidence: Evidence, config: VerifyConfig, manifest: int | None, passed: bool,
     verified: bool,
 ) -> None:
     verdict = verify(evidence, config, manifest)
     assert (verdict.passed, verdict.verified) == (passed, verified)
     assert verdict.to_json()["verified"] is verified
+    assert bool(verdict.why_not_verified()) is (passed and not verified)
 
 
 def test_the_words_for_an_unverified_exit_0() -> None:
-    assert NOT_VERIFIED == "exit 0 — not verified (no checks configured)"
+    assert NOT_VERIFIED == "exit 0 — not verified"
+    verdict = verify(Evidence(samples_by_epoch={0: 10}), NO_CHECKS, 10)
+    assert verdict.why_not_verified() == (
+        "completed: not run: no planned length (set verify.expected_length or "
+        "searcher.max_length, or call ctx.plan() in the script)")
 
 
 LOG_CONFIG = VerifyConfig(require_checkpoint=False, finite_metrics=False,
@@ -524,13 +553,15 @@ LOG_CONFIG = VerifyConfig(require_checkpoint=False, finite_metrics=False,
      False, "attempt 1, rank 0: counting took longer than 60 s"),
 ])
 def test_samples_from_log_check(counts: LogCounts, passed: bool, detail: str) -> None:
-    verdict = verify(Evidence(log_counts=counts), LOG_CONFIG, 1797)
+    verdict = verify(Evidence(log_counts=counts), LOG_CONFIG, 1797,
+                     searcher_length=Planned("epochs", 1, "searcher.max_length"))
     assert check_of(verdict, "samples_from_log") == Check("samples_from_log", passed, detail)
     assert verdict.verified is passed
 
 
 def test_samples_from_log_needs_an_expected_count_to_apply() -> None:
-    assert [c.name for c in verify(Evidence(), LOG_CONFIG, None).checks] == ["metrics_readable"]
+    assert [c.name for c in verify(Evidence(), LOG_CONFIG, None).checks] == [
+        "completed", "metrics_readable"]
 
 
 def test_log_counts_sum_ranks_and_take_each_epoch_from_its_last_attempt() -> None:
@@ -552,7 +583,8 @@ def test_log_counts_sum_ranks_and_take_each_epoch_from_its_last_attempt() -> Non
 ])
 def test_outputs_check(outputs: tuple[OutputFile, ...], passed: bool, detail: str) -> None:
     config = VerifyConfig(require_checkpoint=False, outputs=[o.path for o in outputs])
-    verdict = verify(Evidence(outputs=outputs, started_at=100.0), config, None)
+    verdict = verify(Evidence(outputs=outputs, started_at=100.0, progress=STEP_42), config,
+                     None, searcher_length=STEPS_42)
     assert check_of(verdict, "outputs") == Check("outputs", passed, detail)
     assert verdict.verified is passed
 

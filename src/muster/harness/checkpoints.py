@@ -8,6 +8,7 @@ the sha256 of each file, and renames the directory into place as
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -63,8 +64,12 @@ class Checkpoints:
     def __init__(
         self, directory: Path, saver: Saver, heartbeat: Heartbeat, preferred: Path | None,
         before_publish: Callable[[], None] = lambda: None,
+        failures: SaveFailures | None = None,
     ) -> None:
         self.directory = directory
+        # Every save that failed is recorded for verification, even when the training code
+        # catches the error and carries on: its last results would be missing.
+        self._failures = failures
         self._saver = saver
         self._heartbeat = heartbeat
         self._preferred = preferred
@@ -85,6 +90,23 @@ class Checkpoints:
         """
         step = check_count(step, "checkpoint.save: step")
         user_metadata = _checked_metadata(metadata)
+        if self._failures is None:
+            with self._saving(step, user_metadata) as tmp:
+                yield tmp
+            return
+        self._failures.prepare()
+        try:
+            with self._saving(step, user_metadata) as tmp:
+                yield tmp
+        except CheckpointError as exc:
+            self._failures.record(step, str(exc))
+            raise
+        except KeyboardInterrupt:
+            self._failures.record(step, "interrupted (KeyboardInterrupt) while saving")
+            raise
+
+    @contextmanager
+    def _saving(self, step: int, user_metadata: dict[str, Any]) -> Iterator[Path]:
         self._heartbeat.progress(time.time(), step)
         tmp = self._make_tmp(step)
         try:
@@ -179,6 +201,61 @@ class Checkpoints:
             "files": files,
         }
         return json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
+
+
+class SaveFailures:
+    """The rank's failed checkpoint saves, in its `save-failures.json` (docs/run-directory.md).
+
+    The file is made and given its room (`SIZE` bytes) before the first save, and rewritten
+    in place: a save that failed because the disk is full can still be recorded. Readers
+    read it after the process ended; the JSON is padded with spaces to the file's size.
+    """
+
+    SIZE = 4096
+    KEPT = 5  # the latest failures named; all are counted
+    ERROR_CHARS = 400
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._failures: list[dict[str, Any]] = []
+        self._count = 0
+
+    def prepare(self) -> None:
+        """Make the file and its room once (a warning if that fails: saving goes on)."""
+        if self._fd is not None:
+            return
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            warnings.warn(f"muster could not make {self.path}: {exc}; a failed checkpoint save "
+                          "would not be recorded", RuntimeWarning, stacklevel=4)
+            return
+        self._fd = fd
+        with contextlib.suppress(OSError):  # no room to reserve: the first write may still fit
+            os.posix_fallocate(fd, 0, self.SIZE)
+        self._write()
+
+    def record(self, step: int, error: str) -> None:
+        self._count += 1
+        text = error if len(error) <= self.ERROR_CHARS else error[:self.ERROR_CHARS] + "…"
+        self._failures = [*self._failures, {"step": step, "time": time.time(),
+                                            "error": text}][-self.KEPT:]
+        warnings.warn(f"muster: the checkpoint save for step {step} failed: {text}",
+                      RuntimeWarning, stacklevel=4)
+        self._write()
+
+    def _write(self) -> None:
+        if self._fd is None:
+            return
+        document = json.dumps({"count": self._count, "failures": self._failures}).encode()
+        try:
+            os.pwrite(self._fd, document.ljust(self.SIZE), 0)
+            os.fsync(self._fd)
+        except OSError as exc:
+            warnings.warn(f"muster could not record a failed checkpoint save in {self.path}: "
+                          f"{exc}", RuntimeWarning, stacklevel=4)
 
 
 def _checked_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -10,10 +10,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from muster.atomic import atomic_write_json
 from muster.harness import determinism, snapshot
 from muster.harness.arguments import check_count
 from muster.harness.background import BackgroundThread, Task, run_warning_on_oserror
-from muster.harness.checkpoints import Checkpoints, Saver
+from muster.harness.checkpoints import Checkpoints, SaveFailures, Saver
 from muster.harness.diagnostics import DiagnosticsLog
 from muster.harness.environment import RunEnvironment, read_environment
 from muster.harness.heartbeat import Heartbeat
@@ -48,7 +49,9 @@ class Context:
                                     sources=[self._metrics, self.samples])
         saver = Saver(env.trial_id, env.attempt, env.rank, env.hparams)
         self.checkpoint = Checkpoints(run_dir.checkpoints, saver, self._heartbeat,
-                                      env.latest_checkpoint, self._flush_accounting)
+                                      env.latest_checkpoint, self._flush_accounting,
+                                      SaveFailures(files.save_failures))
+        self._plan = files.plan
         self._stop = StopRequest(files.stop_ack, self._heartbeat)
         self._snapshot = files.snapshot
         # What muster.harness.torch's diagnostics record (`diagnose`); empty without them.
@@ -117,6 +120,28 @@ class Context:
     def report_validation(self, step: int, metrics: Mapping[str, object]) -> None:
         """Record validation metrics for `step`; as `report_training`."""
         self._metrics.report(VALIDATION, step, metrics)
+
+    def plan(self, *, steps: int | None = None, epochs: int | None = None,
+             batches: int | None = None, records: int | None = None) -> None:
+        """Declare how far this run is planned to train, in one unit: the steps it reports
+        (validation's when it reports validation, else training's), epochs (of
+        `samples.seen`), batches (training steps) or records (samples seen).
+
+        An exit 0 is verified only when the last reported progress reached the plan
+        (`verify.expected_length` in the config wins over it). Call it once, early.
+
+        Raises:
+            TypeError, ValueError: not exactly one unit, or a length that is not an int ≥ 1.
+        """
+        given = [(unit, n) for unit, n in (("steps", steps), ("epochs", epochs),
+                                           ("batches", batches), ("records", records))
+                 if n is not None]
+        if len(given) != 1:
+            raise ValueError("plan() takes exactly one of steps=, epochs=, batches=, records=")
+        unit, length = given[0]
+        if check_count(length, f"plan: {unit}") < 1:
+            raise ValueError(f"plan: {unit} must be at least 1, not {length}")
+        atomic_write_json(self._plan, {"unit": unit, "length": length})
 
     def heartbeat(self, step: int | None = None) -> None:
         """Tell muster the loop is making progress, for stretches without any report."""

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from muster import job_secrets
@@ -23,13 +24,14 @@ from muster.launch.exits import Classification, ExitObservation, classify_exit, 
 from muster.launch.logs import masked, tail_text
 from muster.rundir import AttemptDir
 from muster.states import AttemptState, EventReason, ExperimentState, Reason, TrialState
-from muster.store import Attempt, Replica, Trial, record_event, transition
+from muster.store import Attempt, Checkpoint, Replica, Trial, record_event, transition
 from muster.store.models import now
 from muster.supervise import verification
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext, current_replicas
 from muster.supervise.heartbeats import checked_in
 from muster.supervise.ingest import ingest_trial
+from muster.supervise.log_errors import RankScan, scan_log
 from muster.supervise.log_samples import count_log_samples
 from muster.supervise.outcome import (
     Move,
@@ -87,8 +89,9 @@ class Ending:
         """
         if not ingested:
             self.ingest(trial_id)  # every metric line is in the store before the verdict
-        # Counted outside the transaction: it reads whole logs, in a child process.
+        # Counted and scanned outside the transaction: they read whole logs, in children.
         counts = self._log_counts(trial_id, statuses, config)
+        scans = self._log_scans(attempt_id, statuses, config)
         with self.ctx.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
             trial = attempt.trial
@@ -117,7 +120,7 @@ class Ending:
                              + ("checked in" if harness else "started"))
             transition(s, attempt, attempt_end(decisive.reason), reason=decisive.reason,
                        actor=ACTOR, message=decisive.message)
-            self._move(s, trial, decisive, counts)
+            self._move(s, trial, decisive, counts, scans)
             placed = (trial.uuid, attempt.number)
         # After the commit: a server killed in between leaves it to the sweep.
         self.ctx.launcher.release(*placed)
@@ -143,8 +146,23 @@ class Ending:
                      for rank in ranks}
             for number, (where, ranks) in logs.items()})
 
+    def _log_scans(self, attempt_id: int, statuses: Sequence[ReplicaStatus],
+                   config: ExperimentConfig | None) -> list[RankScan] | None:
+        """Every rank log of the ended attempt, scanned for what contradicts an exit 0
+        (`verify.log_errors`); None when that is off or the primary did not exit 0."""
+        primary = next((st for st in statuses if st.rank == 0), None)
+        if primary is None or not exited_cleanly(primary):
+            return None
+        with self.ctx.store.session_scope() as s:
+            attempt = s.get_one(Attempt, attempt_id)
+            mode = (config or experiment_config(attempt.trial.experiment)).verify.log_errors
+            where = Path(attempt.run_dir)
+        if mode == "off":
+            return None
+        return [scan_log(self.ctx.launcher.log(where, st.rank)) for st in statuses]
+
     def _move(self, s: Session, trial: Trial, verdict: Classification,
-              counts: LogCounts | None) -> None:
+              counts: LogCounts | None, scans: list[RankScan] | None = None) -> None:
         policy = experiment_config(trial.experiment).failure_policy
         move = next_move(TrialState(trial.state), trial.intent, verdict, _budgets(trial),
                          policy)
@@ -156,7 +174,7 @@ class Ending:
             return
         if move.next is Next.VERIFY:
             trial.early_stopped = trial.early_stopped or move.early_stopped
-            verify_success(s, trial, move, counts)
+            verify_success(s, trial, move, counts, scans)
         elif move.next is Next.PAUSE:
             pause(s, trial, move)
         elif move.next is Next.RETRY:
@@ -260,8 +278,8 @@ def pause(s: Session, trial: Trial, move: Move) -> None:
                            "from its latest checkpoint")
 
 
-def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | None = None
-                   ) -> None:
+def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | None = None,
+                   scans: Sequence[RankScan] | None = None) -> None:
     """Exit 0 is not success until every configured check passed (invariant 1).
 
     A trial the searcher stopped early ran part of its training by design: its sample
@@ -281,20 +299,28 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
                                            "samples_from_log": None, "outputs": []})
     # Written during the run: after its first attempt was recorded (before anything ran).
     began = min((a.created_at for a in trial.attempts if not a.standby), default=None)
-    evidence = verification.gather_evidence(run_dir.path, attempts, log_counts=counts,
-                                            outputs=checks.outputs, started_at=began)
+    final = next(a for a in reversed(trial.attempts) if not a.standby)
+    saves = [(c.step, c.attempt, c.created_at) for c in
+             s.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial.id))]
+    evidence = verification.gather_evidence(
+        run_dir.path, attempts, log_counts=counts, outputs=checks.outputs, started_at=began,
+        outputs_before=final.outputs_before, saves=saves, log_scans=scans)
+    searcher = config.searcher
     result = verification.verify(
         evidence,
         checks,
         manifest_count,
         harness_ranks=config.resources.replicas if config.harness else None,
         diagnostics=diagnostics,
+        searcher_length=None if searcher.max_length is None else verification.Planned(
+            searcher.max_length_unit, searcher.max_length, "searcher.max_length"),
+        early_stopped=move.early_stopped,
     )
     trial.verification = result.to_json()
     if result.passed:
         message = early_stop_note(trial) if move.early_stopped else move.message
         if not result.verified:
-            message = f"{message}; {verification.NOT_VERIFIED}"
+            message = f"{message}; {verification.NOT_VERIFIED}: {result.why_not_verified()}"
         transition(s, trial, TrialState.SUCCEEDED, reason=move.reason, actor=ACTOR,
                    message=message)
         return

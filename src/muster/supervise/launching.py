@@ -33,6 +33,7 @@ from muster.rundir import AttemptDir, RunDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
 from muster.storage.resume import cache_dir, resumable, resume_point
 from muster.store import Attempt, Checkpoint, Experiment, Replica, Trial, transition
+from muster.supervise import verification
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import Ending
@@ -283,6 +284,7 @@ class Launching:
         s.add_all([attempt, *(Replica(attempt=attempt, rank=rank, host=self.ctx.host,
                                       log_path=str(attempt_dir.rank(rank).log))
                               for rank in range(world_size))])
+        note_outputs_before(attempt)
         s.flush()
         return attempt
 
@@ -398,3 +400,11 @@ def job_account(run_as: RunAs | None, experiment: Experiment) -> Account | None:
     return run_as.account_for(owner.name if owner else None,
                               owner.unix_user if owner else None)
 
+
+def note_outputs_before(attempt: Attempt) -> None:
+    """Record `verify.outputs` as the attempt finds them (`Attempt.outputs_before`), so
+    that verification counts only the files this attempt creates or changes."""
+    outputs = experiment_config(attempt.trial.experiment).verify.outputs
+    if outputs:
+        workdir = AttemptDir(Path(attempt.run_dir)).run.workdir
+        attempt.outputs_before = verification.outputs_as_found(workdir, outputs)

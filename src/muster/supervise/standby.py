@@ -23,7 +23,12 @@ from muster.states import AttemptState, EventReason, Reason, TrialState
 from muster.store import Attempt, Trial, record_event, transition
 from muster.store.models import now
 from muster.supervise.context import ACTOR, LiveAttempt, SupervisorContext
-from muster.supervise.launching import Launching, latest_checkpoint, prepare_attempt_dir
+from muster.supervise.launching import (
+    Launching,
+    latest_checkpoint,
+    note_outputs_before,
+    prepare_attempt_dir,
+)
 
 __all__ = ["Standby"]
 
@@ -98,6 +103,7 @@ class Standby:
                 atomic_write_json(attempt_dir.rank(rank).standby_go, go, mode=0o644,
                                   exact_mode=True)
             standby.standby = False
+            note_outputs_before(standby)  # as it starts training, not as it began to wait
             standby.trial.queue_reason = None
             transition(s, standby.trial, TrialState.STARTING, reason=EventReason.LAUNCHING,
                        actor=ACTOR, message=f"starting attempt {standby.number} (the warm "

@@ -7,6 +7,7 @@ the failed checks' details as its reasons.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -22,10 +23,13 @@ from muster.config import DiagnosticsConfig, VerifyConfig
 from muster.diagnostics import bias, diff, read_rank_parts, read_rank_records
 from muster.metrics_lines import MetricLine
 from muster.rundir import RankFile, RunDir
+from muster.states import CheckStatus
+from muster.supervise.log_errors import Finding, RankScan
 from muster.supervise.log_samples import LogSamples
 from muster.words import NOT_VERIFIED, count, rank_list
 
 __all__ = [
+    "EMPTY_DATA",
     "NOT_VERIFIED",
     "RESULT_CHECKS",
     "Check",
@@ -34,10 +38,15 @@ __all__ = [
     "LogCounts",
     "MetricPoint",
     "OutputFile",
+    "Planned",
+    "Progress",
+    "SaveFailure",
     "Verdict",
     "VerifyConfig",
     "combine_log_counts",
     "gather_evidence",
+    "output_identity",
+    "outputs_as_found",
     "rank_differences",
     "verify",
 ]
@@ -46,6 +55,8 @@ MINUS = "\u2212"  # U+2212, a real minus sign for negative percentages
 SHOWN_NON_FINITE = 5  # non-finite values named in a detail; the rest are counted
 SHOWN_DIFFERENCES = 5  # rank differences named in consistent_ranks; the rest are counted
 KEPT_NON_FINITE_PER_FILE = SHOWN_NON_FINITE  # enough to name the first ones of any file
+EMPTY_DATA = ("the data manifest counts 0 files, so 0 samples were expected: an empty data "
+              "set verifies nothing")
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,8 @@ class CheckpointInfo:
     step: int
     intact: bool
     problem: str | None  # e.g. "model.pt does not match its sha256 in metadata.json"
+    attempt: int | None = None  # the attempt that saved it (metadata.json)
+    saved_at: float | None = None  # when (metadata.json's "time")
 
     @property
     def name(self) -> str:
@@ -79,6 +92,44 @@ class OutputFile:
     path: str  # as the config names it, relative to the trial's working directory
     size: int | None  # None: missing (or not a regular file)
     modified_at: float | None
+    # Whether it is the very file the final attempt found when it started (same inode, size,
+    # modification and change times); None when muster has no record of that.
+    unchanged: bool | None = None
+
+
+@dataclass(frozen=True)
+class SaveFailure:
+    """A checkpoint save the harness saw fail (`rank-<r>.save-failures.json`)."""
+
+    rank: int
+    step: int
+    time: float
+    error: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far the run got, from what it reported (harness metrics; log metrics)."""
+
+    # The highest step of each kind ("training", "validation") over every attempt, and
+    # the lowest (a run that numbers its steps from 0 has done max + 1 of them).
+    highest: Mapping[str, int] = field(default_factory=dict)
+    lowest: Mapping[str, int] = field(default_factory=dict)
+    final_attempt_step: int | None = None  # the final attempt's highest step, any kind
+    final_attempt_time: float | None = None  # its last report's time
+    # The final attempt's last progress per rank: unix time (the harness's heartbeat) and
+    # log offset (of the last metric read from the log).
+    rank_times: Mapping[int, float] = field(default_factory=dict)
+    rank_offsets: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """How far the run was planned to train, and who said so."""
+
+    unit: str  # "steps", "epochs", "batches" or "records"
+    length: int
+    source: str  # e.g. "verify.expected_length", "searcher.max_length", "ctx.plan()"
 
 
 @dataclass(frozen=True)
@@ -120,20 +171,57 @@ class Evidence:
     rank_snapshots: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     # What each rank of the final attempt recorded of its data and gradients, by rank.
     rank_diagnostics: Mapping[int, bias.RankRecords] = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)
+    plan: Planned | None = None  # what the harness's ctx.plan() declared
+    save_failures: tuple[SaveFailure, ...] = ()  # the final attempt's
+    save_failure_count: int = 0
+    # Steps and times of every checkpoint the trial is known to have saved (GC may have
+    # deleted some): how often the script saves.
+    saves: tuple[tuple[int, int | None, float | None], ...] = ()  # (step, attempt, time)
+    # Epochs each attempt reported samples for (the harness's ctx.samples.seen).
+    epochs_by_attempt: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    # The final attempt's rank logs, scanned for tracebacks (`log_errors`); None: not scanned.
+    log_scans: tuple[RankScan, ...] | None = None
+
+
+PASSED, FAILED, WARNING, NOT_RUN = (CheckStatus.PASSED.value, CheckStatus.FAILED.value,
+                                    CheckStatus.WARNING.value, CheckStatus.NOT_RUN.value)
 
 
 @dataclass(frozen=True)
 class Check:
+    """One check's finding: `status` is passed, failed, warning (it found something, and
+    the config says to warn) or not_run (nothing to check: `detail` says why). Only a
+    failed check fails the verdict; only a passed one is evidence."""
+
     name: str
     passed: bool
     detail: str
+    status: str = ""  # derived from `passed` when not given
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            object.__setattr__(self, "status", PASSED if self.passed else FAILED)
+        if (self.status == FAILED) == self.passed or self.status not in (
+                PASSED, FAILED, WARNING, NOT_RUN):
+            raise ValueError(f"check {self.name}: status {self.status!r} with passed="
+                             f"{self.passed}")
+
+    @classmethod
+    def warning(cls, name: str, detail: str) -> Check:
+        return cls(name, True, f"warning: {detail}", WARNING)
+
+    @classmethod
+    def not_run(cls, name: str, why: str) -> Check:
+        return cls(name, True, f"not run: {why}", NOT_RUN)
 
 
-# The checks that look at what the run produced. An exit 0 is *verified* only when one of
-# them ran and every check passed; the others (finite metrics, readable metric lines,
-# check-ins) pass vacuously for a script that reports nothing.
+# The checks that look at what the run produced. An exit 0 is *verified* only when every
+# check passed or warned, `completed` passed (it reached its planned end), and at least one
+# of these passed as well; a check that did not run is never evidence.
 RESULT_CHECKS = frozenset({"samples", "checkpoint", "require_metrics", "outputs",
-                           "samples_from_log"})
+                           "samples_from_log", "checkpoint_fresh", "outputs_fresh",
+                           "resume_accounting"})
 
 
 @dataclass(frozen=True)
@@ -143,15 +231,33 @@ class Verdict:
 
     @property
     def verified(self) -> bool:
-        """Every check passed, and at least one of them inspected the run's results."""
-        return self.passed and any(c.name in RESULT_CHECKS for c in self.checks)
+        """No check failed, the run reached its planned end, and a check of its results
+        passed."""
+        passed = {c.name for c in self.checks if c.status == PASSED}
+        return self.passed and "completed" in passed and bool(passed & RESULT_CHECKS)
+
+    def why_not_verified(self) -> str:
+        """Why a passing verdict is not verified, in words (empty when it is)."""
+        if self.verified or not self.passed:
+            return ""
+        reasons = [f"{c.name}: {c.detail}" for c in self.checks
+                   if c.name == "completed" and c.status != PASSED]
+        if not any(c.name == "completed" for c in self.checks):
+            reasons.append("completed: not run: no planned length")
+        if not any(c.status == PASSED and c.name in RESULT_CHECKS for c in self.checks):
+            reasons.append("no check inspected its results (a checkpoint, outputs, samples "
+                           "or required metrics)")
+        reasons += [f"{c.name}: {c.detail}" for c in self.checks
+                    if c.status == NOT_RUN and c.name != "completed"
+                    and c.name in RESULT_CHECKS]
+        return "; ".join(reasons)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
             "verified": self.verified,
-            "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail}
-                       for c in self.checks],
+            "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail,
+                        "status": c.status} for c in self.checks],
         }
 
 
@@ -161,12 +267,15 @@ class Verdict:
 def verify(
     evidence: Evidence, config: VerifyConfig, manifest_file_count: int | None,
     harness_ranks: int | None = None, diagnostics: DiagnosticsConfig | None = None,
+    *, searcher_length: Planned | None = None, early_stopped: bool = False,
 ) -> Verdict:
-    """Judge `evidence`; the verdict passes only if every check that applies passed.
+    """Judge `evidence`; the verdict passes only if no check that applies failed.
 
     `harness_ranks` is the world size when the config declares `harness: true` (every rank
     of the final attempt must then have checked in), None when it does not. `diagnostics`
     says how the coded-bias checks judge (`diagnostics.*`; the defaults when None).
+    `searcher_length` is the searcher's max_length, a planned end when nothing closer to
+    the run declares one; `early_stopped`: the searcher stopped the trial (a planned end).
     """
     expected = (config.expected_samples if config.expected_samples is not None
                 else manifest_file_count)
@@ -174,17 +283,26 @@ def verify(
     require_checkpoint = (harness if config.require_checkpoint is None
                           else config.require_checkpoint)
     checks = [
+        _check_completed(evidence, _planned(config, evidence, searcher_length), early_stopped),
         _check_check_ins(evidence, harness_ranks) if harness_ranks is not None else None,
         _check_samples(evidence, expected, config.samples_tolerance)
         if expected is not None and (config.samples_from_log is None or evidence.harness_used)
         else None,
+        _check_resume_accounting(evidence.epochs_by_attempt)
+        if len(evidence.epochs_by_attempt) > 1 else None,
         _check_checkpoint(evidence.checkpoints) if require_checkpoint else None,
+        _check_checkpoint_fresh(evidence)
+        if require_checkpoint or evidence.save_failure_count else None,
         _check_finite_metrics(evidence) if config.finite_metrics else None,
         _check_required_metrics(evidence.metric_names, config.require_metrics)
         if config.require_metrics else None,
         _check_log_samples(evidence.log_counts, expected, config.samples_tolerance)
         if config.samples_from_log is not None and expected is not None else None,
         _check_outputs(evidence.outputs, evidence.started_at) if config.outputs else None,
+        _check_outputs_fresh(evidence.outputs, evidence.final_attempt)
+        if config.outputs else None,
+        _check_log_errors(evidence.log_scans, evidence.progress, config.log_errors)
+        if evidence.log_scans is not None and config.log_errors != "off" else None,
         _check_metrics_readable(evidence),
         _check_consistent_ranks(evidence.rank_snapshots, config.consistent_ranks)
         if config.consistent_ranks != "off" and len(evidence.rank_snapshots) > 1 else None,
@@ -192,6 +310,207 @@ def verify(
     kept = [c for c in checks if c is not None]
     kept += _diagnostics_checks(evidence, diagnostics or DiagnosticsConfig())
     return Verdict(passed=all(c.passed for c in kept), checks=kept)
+
+
+def _planned(config: VerifyConfig, evidence: Evidence,
+             searcher_length: Planned | None) -> Planned | None:
+    """The planned length closest to the run: the config's own, the script's, the
+    searcher's."""
+    if config.expected_length is not None:
+        return Planned(config.expected_length.unit, config.expected_length.length,
+                       "verify.expected_length")
+    return evidence.plan or searcher_length
+
+
+# --- completion ---------------------------------------------------------------------------
+
+_UNIT_NOUN = {"steps": "step", "batches": "batch", "epochs": "epoch", "records": "record"}
+
+
+def _check_completed(evidence: Evidence, planned: Planned | None,
+                     early_stopped: bool) -> Check:
+    """The last reported progress reached the planned length (or the searcher stopped the
+    trial early, which is a planned end)."""
+    if early_stopped:
+        return Check("completed", True, "stopped early by the searcher (a planned end)")
+    if planned is None:
+        return Check.not_run("completed", "no planned length (set verify.expected_length or "
+                                          "searcher.max_length, or call ctx.plan() in the "
+                                          "script)")
+    done = _progress_in(evidence, planned.unit)
+    noun = _UNIT_NOUN[planned.unit]
+    plan = f"{planned.length:,} {planned.unit} planned ({planned.source})"
+    if done is None:
+        return Check("completed", False, f"no progress in {planned.unit} was reported; {plan}")
+    if done >= planned.length:
+        return Check("completed", True, f"reached {noun} {done:,} of {planned.length:,} "
+                                        f"({planned.source})")
+    percent = math.floor(done / planned.length * 100)
+    return Check("completed", False, f"stopped at {noun} {done:,} of {planned.length:,} "
+                                     f"({percent}%; {planned.source})")
+
+
+def _progress_in(evidence: Evidence, unit: str) -> int | None:
+    """How much of `unit` the run reported doing: steps counted from 1 (a run that
+    numbers from 0 has done its highest step + 1); epochs and records from the sample
+    counts (the harness's, else the log's)."""
+    if unit in ("epochs", "records"):
+        by_epoch = evidence.samples_by_epoch or evidence.log_counts.by_epoch
+        if not by_epoch:
+            return None
+        return len(by_epoch) if unit == "epochs" else sum(by_epoch.values())
+    kinds = ("validation", "training") if unit == "steps" else ("training", "validation")
+    progress = evidence.progress
+    for kind in kinds:
+        if kind in progress.highest:
+            zero_based = progress.lowest.get(kind) == 0
+            return progress.highest[kind] + (1 if zero_based else 0)
+    return None
+
+
+def _check_resume_accounting(epochs_by_attempt: Mapping[int, tuple[int, ...]]) -> Check:
+    """Across attempts, every epoch from the first to the last was trained by some attempt:
+    a resume that skips epochs (the checkpoint said epoch 3, the next attempt started at
+    epoch 5) leaves them untrained. An epoch redone by a later attempt counts once."""
+    seen = sorted({e for epochs in epochs_by_attempt.values() for e in epochs})
+    skipped = [e for e in range(seen[0], seen[-1] + 1) if e not in set(seen)] if seen else []
+    attempts = count(len(epochs_by_attempt), "attempt")
+    if not skipped:
+        return Check("resume_accounting", True,
+                     f"{attempts}: every epoch from {seen[0]} to {seen[-1]} was trained"
+                     if seen else f"{attempts}: no epochs reported")
+    problems = []
+    for epoch in skipped[:SHOWN_NON_FINITE]:
+        before = max(((a, max(e for e in es if e < epoch)) for a, es in
+                      epochs_by_attempt.items() if any(e < epoch for e in es)),
+                     key=lambda pair: pair[1], default=None)
+        after = min(((a, min(e for e in es if e > epoch)) for a, es in
+                     epochs_by_attempt.items() if any(e > epoch for e in es)),
+                    key=lambda pair: pair[1], default=None)
+        where = ""
+        if before is not None and after is not None:
+            where = (f" (attempt {before[0]} reported up to epoch {before[1]}, attempt "
+                     f"{after[0]} went on from epoch {after[1]})")
+        problems.append(f"epoch {epoch} was never trained{where}")
+    more = len(skipped) - len(problems)
+    return Check("resume_accounting", False, "; ".join(problems)
+                 + (f"; and {count(more, 'more epoch')}" if more > 0 else ""))
+
+
+def _check_checkpoint_fresh(evidence: Evidence) -> Check | None:
+    """The attempt that ended saved the checkpoint that holds its training: one of its own
+    at or after its last reported step, within the script's own saving period (measured
+    from its saves); and no save it made failed without a later one succeeding."""
+    final = evidence.final_attempt
+    intact = [c for c in evidence.checkpoints if c.intact]
+    unsaved = [f for f in evidence.save_failures if not any(
+        c.attempt == final and c.step >= f.step and (c.saved_at or 0.0) > f.time
+        for c in intact)]
+    if unsaved:
+        shown = "; ".join(f"the save of step {f.step:,} (rank {f.rank}) failed: {f.error}"
+                          for f in unsaved[:3])
+        return Check("checkpoint_fresh", False, f"{shown}; no later save succeeded, so the "
+                                                "training after it was not kept")
+    if not intact:
+        return None  # `checkpoint` says there is none
+    latest = max(intact, key=lambda c: (c.step, c.saved_at or 0.0))
+    steps_period, time_period = _saving_period(evidence.saves, final)
+    last_step = evidence.progress.final_attempt_step
+    if last_step is None:
+        overall = max(evidence.progress.highest.values(), default=None)
+        if overall is None or latest.step >= overall - steps_period:
+            return Check("checkpoint_fresh", True,
+                         f"attempt {final} reported no progress; the latest checkpoint "
+                         f"({latest.name}) holds the training reported before it")
+        return Check("checkpoint_fresh", False,
+                     f"the latest checkpoint is step {latest.step:,}, but the run reported "
+                     f"step {overall:,}")
+    own = [c for c in intact if c.attempt == final]
+    if not own:
+        return Check("checkpoint_fresh", False,
+                     f"attempt {final} saved no checkpoint, though it trained to step "
+                     f"{last_step:,}; the latest ({latest.name}) is from attempt "
+                     f"{latest.attempt if latest.attempt is not None else '?'}")
+    mine = max(own, key=lambda c: (c.step, c.saved_at or 0.0))
+    last_time = evidence.progress.final_attempt_time
+    by_step = mine.step >= last_step - steps_period
+    by_time = (mine.saved_at is not None and last_time is not None
+               and mine.saved_at >= last_time - time_period)
+    if by_step or by_time:
+        return Check("checkpoint_fresh", True,
+                     f"attempt {final} saved step {mine.step:,} ({mine.name}); it reported "
+                     f"up to step {last_step:,}")
+    return Check("checkpoint_fresh", False,
+                 f"attempt {final}'s latest checkpoint is step {mine.step:,}, but it went on "
+                 f"to step {last_step:,}"
+                 + (f" (it saves every {steps_period:,} steps)" if steps_period else "")
+                 + ": its last training was not saved")
+
+
+def _saving_period(saves: Sequence[tuple[int, int | None, float | None]],
+                   final: int | None) -> tuple[int, float]:
+    """How often the script saves, in steps and seconds: the largest gap between two
+    consecutive saves of the final attempt (of any attempt, if it saved fewer than two);
+    (0, 0.0) with fewer than two saves."""
+    own = [s for s in saves if s[1] == final]
+    chosen = sorted(own if len(own) >= 2 else saves)
+    if len(chosen) < 2:
+        return 0, 0.0
+    steps = max(b[0] - a[0] for a, b in itertools.pairwise(chosen))
+    times = sorted(t for _, _, t in chosen if t is not None)
+    seconds = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+    return max(steps, 0), seconds
+
+
+def _check_outputs_fresh(outputs: Sequence[OutputFile], final: int | None) -> Check:
+    """Each output was created or changed by the attempt that ended: a file an earlier
+    (killed) attempt wrote, left as it was, is not this attempt's result."""
+    if any(o.unchanged is None for o in outputs if o.size):
+        return Check.not_run("outputs_fresh", f"no record of the outputs as attempt {final} "
+                                              "started")
+    stale = [o.path for o in outputs if o.size and o.unchanged]
+    if stale:
+        return Check("outputs_fresh", False,
+                     f"{', '.join(stale)}: not written by attempt {final}, the one that "
+                     "ended (it is the file an earlier attempt left)")
+    written = [o.path for o in outputs if o.size]
+    return Check("outputs_fresh", True, f"{count(len(written), 'file')} written by attempt "
+                                        f"{final}" + (f": {', '.join(written)}" if written else ""))
+
+
+def _check_log_errors(scans: Sequence[RankScan], progress: Progress, mode: str) -> Check:
+    """No rank's log shows a traceback, KeyboardInterrupt or CUDA/NCCL error after its last
+    reported progress; one the script printed and went on from is a warning."""
+    problems = [f"rank {scan.rank}: {scan.problem}" for scan in scans if scan.problem]
+    after: list[str] = []
+    before: list[str] = []
+    for scan in scans:
+        for finding in scan.findings:
+            shown = (f"rank {scan.rank}, log offset {finding.offset:,}: {finding.text}")
+            (after if _after_progress(finding, scan.rank, progress) else before).append(shown)
+    if after:
+        detail = (f"the log ends in an error after the last progress: {after[-1]}"
+                  + (f" (and {count(len(after) - 1, 'more')})" if len(after) > 1 else ""))
+        if mode == "warn":
+            return Check.warning("log_errors", detail)
+        return Check("log_errors", False, f"{detail}; verify.log_errors: warn only warns")
+    if problems:
+        return Check.not_run("log_errors", "; ".join(problems))
+    if before:
+        return Check.warning("log_errors", f"an error the run went on from: {before[-1]}"
+                             + (f" (and {count(len(before) - 1, 'more')})"
+                                if len(before) > 1 else ""))
+    return Check("log_errors", True, f"no traceback, KeyboardInterrupt or CUDA/NCCL error in "
+                                     f"{count(len(scans), 'rank log')}")
+
+
+def _after_progress(finding: Finding, rank: int, progress: Progress) -> bool:
+    """The finding comes after the rank's last progress (or no progress is known)."""
+    offset = progress.rank_offsets.get(rank)
+    if offset is not None and finding.offset <= offset:
+        return False
+    when = progress.rank_times.get(rank)
+    return not (when is not None and finding.time is not None and finding.time <= when)
 
 
 def _diagnostics_checks(evidence: Evidence, config: DiagnosticsConfig) -> list[Check]:
@@ -210,7 +529,7 @@ def _diagnostics_checks(evidence: Evidence, config: DiagnosticsConfig) -> list[C
         if not finding.found:
             checks.append(Check(name, True, finding.detail))
         elif mode == "warn":
-            checks.append(Check(name, True, f"warning: {finding.detail}"))
+            checks.append(Check.warning(name, finding.detail))
         else:
             checks.append(Check(name, False, finding.detail))
     return checks
@@ -248,7 +567,7 @@ def _check_consistent_ranks(snapshots: Mapping[int, Mapping[str, Any]], mode: st
                                                "libraries, frameworks, numerics switches and "
                                                "variables")
     if mode == "warn":
-        return Check("consistent_ranks", True, f"warning: {detail}")
+        return Check.warning("consistent_ranks", detail)
     return Check("consistent_ranks", False, f"{detail}; `muster trial diff` compares trials, "
                  "verify.consistent_ranks: warn only warns")
 
@@ -258,6 +577,8 @@ def _check_samples(evidence: Evidence, expected: int, tolerance: float) -> Check
     if evidence.unreadable_samples_files:
         files = ", ".join(evidence.unreadable_samples_files)
         return Check("samples", False, f"unreadable sample counts in {files}")
+    if expected == 0:
+        return Check("samples", False, EMPTY_DATA)
     if not evidence.samples_by_epoch:
         return Check("samples", False, "no samples were reported (ctx.samples.seen); "
                                        f"expected {expected:,} per epoch")
@@ -280,6 +601,8 @@ def _check_log_samples(counts: LogCounts, expected: int, tolerance: float) -> Ch
     count (as `_check_samples` does with the harness's counts)."""
     if counts.problems:
         return Check("samples_from_log", False, "; ".join(counts.problems))
+    if expected == 0:
+        return Check("samples_from_log", False, EMPTY_DATA)
     if not counts.by_epoch:
         unusable = (f" ({count(counts.unusable, 'match', 'matches')} without whole numbers in its "
                     "groups)"
@@ -339,9 +662,10 @@ def _check_checkpoint(checkpoints: Sequence[CheckpointInfo]) -> Check:
 
 def _check_finite_metrics(evidence: Evidence) -> Check:
     if evidence.non_finite_count == 0:
-        what = (count(len(evidence.metric_names), "metric") if evidence.metric_names
-                else "no metrics were reported")
-        return Check("finite_metrics", True, f"no NaN or infinite value ({what})")
+        if not evidence.metric_names:
+            return Check.not_run("finite_metrics", "no metric reported")
+        return Check("finite_metrics", True, "no NaN or infinite value "
+                                             f"({count(len(evidence.metric_names), 'metric')})")
     shown = sorted(evidence.non_finite, key=lambda p: (p.attempt, p.step, p.rank, p.name))
     parts = [_non_finite_text(p) for p in shown[:SHOWN_NON_FINITE]]
     rest = evidence.non_finite_count - len(parts)
@@ -364,6 +688,8 @@ def _check_metrics_readable(evidence: Evidence) -> Check:
         return Check("metrics_readable", False,
                      f"{count(bad, 'unreadable metric line')} "
                      f"(the first at {evidence.first_unreadable_metric_line})")
+    if not evidence.metric_lines:
+        return Check.not_run("metrics_readable", "no metric line was written")
     return Check("metrics_readable", True,
                  f"{count(evidence.metric_lines, 'metric line')} read")
 
@@ -403,13 +729,26 @@ def _non_finite_text(point: MetricPoint) -> str:
 def gather_evidence(
     run_dir: Path, attempts: Sequence[int], *, log_counts: LogCounts | None = None,
     outputs: Sequence[str] = (), started_at: float | None = None,
+    outputs_before: Mapping[str, Any] | None = None,
+    saves: Sequence[tuple[int, int | None, float | None]] | None = None,
+    log_scans: Sequence[RankScan] | None = None,
 ) -> Evidence:
     """Read what the trial's attempts left in `run_dir` (all attempts, any order); with
-    `outputs`, which of those files its working directory holds."""
+    `outputs`, which of those files its working directory holds.
+
+    `outputs_before`: the outputs as the final attempt found them when it started
+    (`Attempt.outputs_before`); `saves`: every checkpoint the store knows of the trial,
+    GC'd ones included, as (step, attempt, time); `log_scans`: the final attempt's logs,
+    scanned (`muster.supervise.log_errors`).
+    """
     ordered = sorted(attempts)
-    samples, unreadable_samples = _read_samples(run_dir, ordered)
+    final = ordered[-1] if ordered else None
+    samples, unreadable_samples, epochs_by_attempt = _read_samples(run_dir, ordered)
     metrics = _read_metrics(run_dir, ordered)
     heartbeats = {n: _rank_files(run_dir, n, RankFile.HEARTBEAT) for n in ordered}
+    checkpoints = tuple(_read_checkpoints(RunDir(run_dir).checkpoints))
+    failures, failure_count = _read_save_failures(run_dir, final)
+    workdir = RunDir(run_dir).workdir
     return Evidence(
         samples_by_epoch=samples,
         unreadable_samples_files=unreadable_samples,
@@ -419,18 +758,30 @@ def gather_evidence(
         non_finite_count=metrics.non_finite_count,
         unreadable_metric_lines=metrics.unreadable,
         first_unreadable_metric_line=metrics.first_unreadable,
-        checkpoints=tuple(_read_checkpoints(RunDir(run_dir).checkpoints)),
+        checkpoints=checkpoints,
         harness_used=any(heartbeats.values()),
-        final_attempt=ordered[-1] if ordered else None,
-        checked_in=frozenset(rank for rank, _ in heartbeats[ordered[-1]])
-        if ordered else frozenset(),
+        final_attempt=final,
+        checked_in=frozenset(rank for rank, _ in heartbeats[final])
+        if final is not None else frozenset(),
         log_counts=log_counts or LogCounts(),
-        outputs=tuple(_output_file(RunDir(run_dir).workdir, path) for path in outputs),
+        outputs=tuple(_output_file(workdir, path, outputs_before) for path in outputs),
         started_at=started_at,
-        rank_snapshots=(read_rank_parts(RunDir(run_dir).attempt(ordered[-1]).path)
-                        if ordered else {}),
-        rank_diagnostics=(read_rank_records(RunDir(run_dir).attempt(ordered[-1]).path)
-                          if ordered else {}),
+        rank_snapshots=(read_rank_parts(RunDir(run_dir).attempt(final).path)
+                        if final is not None else {}),
+        rank_diagnostics=(read_rank_records(RunDir(run_dir).attempt(final).path)
+                          if final is not None else {}),
+        progress=Progress(
+            highest=dict(metrics.highest), lowest=dict(metrics.lowest),
+            final_attempt_step=metrics.final_step, final_attempt_time=metrics.final_time,
+            rank_times=_progress_times(run_dir, final),
+        ),
+        plan=_read_plan(run_dir, ordered),
+        save_failures=failures,
+        save_failure_count=failure_count,
+        saves=tuple(saves) if saves is not None else tuple(
+            (c.step, c.attempt, c.saved_at) for c in checkpoints if c.intact),
+        epochs_by_attempt=epochs_by_attempt,
+        log_scans=tuple(log_scans) if log_scans is not None else None,
     )
 
 
@@ -453,22 +804,42 @@ def combine_log_counts(per_attempt: Mapping[int, Mapping[int, LogSamples]]) -> L
     return LogCounts(dict(sorted(by_epoch.items())), matches, unusable, tuple(problems))
 
 
-def _output_file(workdir: Path, relative: str) -> OutputFile:
+def _output_file(workdir: Path, relative: str,
+                 before: Mapping[str, Any] | None = None) -> OutputFile:
+    identity = output_identity(workdir, relative)
+    if identity is None:
+        return OutputFile(relative, None, None)
+    unchanged = None if before is None else before.get(relative) == identity
+    return OutputFile(relative, identity[1], identity[2] / 1e9, unchanged)
+
+
+def output_identity(workdir: Path, relative: str) -> list[int] | None:
+    """[inode, size, mtime_ns, ctime_ns] of the regular file at `relative` under `workdir`
+    (not following a link in its place), or None when there is none: what
+    `Attempt.outputs_before` records as an attempt starts. The change time is the kernel's:
+    a script cannot set it back."""
     try:
-        info = (workdir / relative).stat()
+        info = (workdir / relative).lstat()
     except OSError:
-        return OutputFile(relative, None, None)
+        return None
     if not stat.S_ISREG(info.st_mode):
-        return OutputFile(relative, None, None)
-    return OutputFile(relative, info.st_size, info.st_mtime)
+        return None
+    return [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def outputs_as_found(workdir: Path, outputs: Sequence[str]) -> dict[str, list[int] | None]:
+    """Each `verify.outputs` file's identity as it is now (`output_identity`)."""
+    return {path: output_identity(workdir, path) for path in outputs}
 
 
 def _read_samples(
     run_dir: Path, attempts: Sequence[int]
-) -> tuple[dict[int, int], tuple[str, ...]]:
-    """Samples per epoch, each epoch from the last attempt that reported it; bad files."""
+) -> tuple[dict[int, int], tuple[str, ...], dict[int, tuple[int, ...]]]:
+    """Samples per epoch, each epoch from the last attempt that reported it; bad files;
+    the epochs each attempt reported."""
     by_epoch: dict[int, int] = {}
     unreadable: list[str] = []
+    epochs_by_attempt: dict[int, tuple[int, ...]] = {}
     for attempt in attempts:
         in_attempt: dict[int, int] = {}
         for _, path in _rank_files(run_dir, attempt, RankFile.SAMPLES):
@@ -479,7 +850,9 @@ def _read_samples(
             for epoch, seen in epochs.items():
                 in_attempt[epoch] = in_attempt.get(epoch, 0) + seen
         by_epoch.update(in_attempt)  # a later attempt replaces the epochs it redid
-    return dict(sorted(by_epoch.items())), tuple(unreadable)
+        if in_attempt:
+            epochs_by_attempt[attempt] = tuple(sorted(in_attempt))
+    return dict(sorted(by_epoch.items())), tuple(unreadable), epochs_by_attempt
 
 
 def _epoch_counts(path: Path) -> dict[int, int] | None:
@@ -494,6 +867,54 @@ def _epoch_counts(path: Path) -> dict[int, int] | None:
     return counts
 
 
+def _read_plan(run_dir: Path, attempts: Sequence[int]) -> Planned | None:
+    """What the latest attempt that called ctx.plan() declared (its lowest rank's file)."""
+    for attempt in reversed(attempts):
+        for _, path in _rank_files(run_dir, attempt, RankFile.PLAN):
+            try:
+                data = json.loads(read_regular(path))
+                unit, length = data["unit"], data["length"]
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+            if unit in _UNIT_NOUN and _is_int(length) and length >= 1:
+                return Planned(unit, length, "ctx.plan()")
+    return None
+
+
+def _read_save_failures(run_dir: Path, final: int | None
+                        ) -> tuple[tuple[SaveFailure, ...], int]:
+    """The failed checkpoint saves the final attempt's ranks recorded, and their count."""
+    if final is None:
+        return (), 0
+    found: list[SaveFailure] = []
+    total = 0
+    for rank, path in _rank_files(run_dir, final, RankFile.SAVE_FAILURES):
+        try:
+            data = json.loads(read_regular(path))
+            total += int(data["count"])
+            found += [SaveFailure(rank, int(f["step"]), float(f["time"]), str(f["error"]))
+                      for f in data["failures"]]
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            total += 1  # a record that cannot be read still says a save failed
+            found.append(SaveFailure(rank, -1, math.inf, f"its record is unreadable ({exc})"))
+    return tuple(sorted(found, key=lambda f: (f.time, f.rank))), total
+
+
+def _progress_times(run_dir: Path, final: int | None) -> dict[int, float]:
+    """The time of each rank's last progress call in the final attempt (its heartbeat)."""
+    if final is None:
+        return {}
+    times = {}
+    for rank, path in _rank_files(run_dir, final, RankFile.HEARTBEAT):
+        try:
+            when = json.loads(read_regular(path)).get("progress_time")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(when, int | float) and math.isfinite(when):
+            times[rank] = float(when)
+    return times
+
+
 @dataclass
 class _MetricsSummary:
     names: set[str] = field(default_factory=set)
@@ -502,6 +923,10 @@ class _MetricsSummary:
     non_finite_count: int = 0
     unreadable: int = 0
     first_unreadable: str | None = None
+    highest: dict[str, int] = field(default_factory=dict)  # by kind, every attempt
+    lowest: dict[str, int] = field(default_factory=dict)
+    final_step: int | None = None  # the final attempt's highest step
+    final_time: float | None = None  # the final attempt's latest report
 
 
 def _read_metrics(run_dir: Path, attempts: Sequence[int]) -> _MetricsSummary:
@@ -509,12 +934,24 @@ def _read_metrics(run_dir: Path, attempts: Sequence[int]) -> _MetricsSummary:
     summary = _MetricsSummary()
     for attempt in attempts:
         for rank, path in _rank_files(run_dir, attempt, RankFile.METRICS):
-            _read_metrics_file(path, attempt, rank, summary, _relative(path, run_dir))
+            _read_metrics_file(path, attempt, rank, summary, _relative(path, run_dir),
+                               final=attempt == attempts[-1])
     return summary
 
 
+def _note_step(summary: _MetricsSummary, record: MetricLine, final: bool) -> None:
+    kind, step = record.kind, record.step
+    summary.highest[kind] = max(summary.highest.get(kind, step), step)
+    summary.lowest[kind] = min(summary.lowest.get(kind, step), step)
+    if final:
+        summary.final_step = max(summary.final_step if summary.final_step is not None
+                                 else step, step)
+        summary.final_time = max(summary.final_time or record.time, record.time)
+
+
 def _read_metrics_file(
-    path: Path, attempt: int, rank: int, summary: _MetricsSummary, shown_as: str
+    path: Path, attempt: int, rank: int, summary: _MetricsSummary, shown_as: str,
+    final: bool = False,
 ) -> None:
     kept_here = 0
     with os.fdopen(open_regular(path), "rb") as lines:
@@ -530,6 +967,7 @@ def _read_metrics_file(
             if record is None:
                 continue
             summary.lines += 1
+            _note_step(summary, record, final)
             for point in _non_finite_points(record, attempt, summary.names):
                 summary.non_finite_count += 1
                 if kept_here < KEPT_NON_FINITE_PER_FILE:
@@ -549,8 +987,19 @@ def _non_finite_points(
 
 def _read_checkpoints(directory: Path) -> list[CheckpointInfo]:
     """Every published checkpoint under `directory`, checked file by file, best last."""
-    return [CheckpointInfo(str(c.path), c.step, c.intact, c.problem)
+    return [CheckpointInfo(str(c.path), c.step, c.intact, c.problem,
+                           _int_or_none(c.document.get("attempt")),
+                           _float_or_none(c.document.get("time")))
             for c in checkpoint_files.inspect_all(directory)]
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if _is_int(value) else None
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
 
 
 def _rank_files(run_dir: Path, attempt: int, kind: RankFile) -> list[tuple[int, Path]]:
