@@ -364,6 +364,7 @@ class ResourcesConfig(_Section):
 
 MAX_OUTPUTS = 100
 MAX_PATTERN_CHARS = 1000
+MAX_LOG_METRIC_PATTERNS = 20  # verify.metrics_from_log's named regexes
 
 
 class ExpectedLength(_Section):
@@ -417,6 +418,13 @@ class VerifyConfig(_Section):
     expected_length: ExpectedLength | None = None
     # A traceback, KeyboardInterrupt or CUDA/NCCL error in a log after the last progress.
     log_errors: CheckMode = "suspect"
+    # Metrics read from the rank logs (`muster.supervise.log_metrics`): metric name → regex
+    # with a named group `value` (and optionally `step` or `epoch`), stored as the trial's.
+    metrics_from_log: dict[str, str] = Field(default_factory=dict,
+                                             max_length=MAX_LOG_METRIC_PATTERNS)
+    # The built-in recognisers (Hugging Face's dicts, Lightning's bars, `loss: 0.12`):
+    # `auto` reads the logs of a script without `harness: true` that wrote no metrics file.
+    log_metrics: Annotated[Literal["auto", "off"], BeforeValidator(_off_word)] = "auto"
 
     @field_validator("require_metrics")
     @classmethod
@@ -442,6 +450,15 @@ class VerifyConfig(_Section):
                              "'epoch (?P<epoch>\\d+) .* samples=(?P<samples>\\d+)'")
         return value
 
+    @field_validator("metrics_from_log")
+    @classmethod
+    def _log_patterns(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = [(name, problem) for name, pattern in value.items()
+                    if (problem := _log_metric_problem(name, pattern)) is not None]
+        if problems:
+            raise KeyedProblems(problems)
+        return value
+
     @field_validator("outputs")
     @classmethod
     def _relative_paths(cls, value: list[str]) -> list[str]:
@@ -451,6 +468,23 @@ class VerifyConfig(_Section):
                 raise ValueError(f"{path!r} must be a path inside the trial's working "
                                  "directory (relative, without ..)")
         return value
+
+
+def _log_metric_problem(name: str, pattern: str) -> str | None:
+    """Why `pattern` cannot read the metric `name` from a log, or None."""
+    problem = name_problem(name)
+    if problem is not None:
+        return f"{problem} (the key is the metric's name)"
+    if not pattern or len(pattern) > MAX_PATTERN_CHARS:
+        return f"must be a regular expression of 1 to {MAX_PATTERN_CHARS} characters"
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        return f"is not a regular expression: {exc}"
+    if "value" not in compiled.groupindex:
+        return ("needs a named group `value`, e.g. 'val acc (?P<value>[0-9.]+)' (and "
+                "optionally `step` or `epoch`: '(?P<step>\\d+)')")
+    return None
 
 
 LENGTH_UNITS = ("batches", "epochs", "records")

@@ -28,6 +28,7 @@ from muster.supervise.context import ACTOR, LiveAttempt, SupervisorContext, curr
 from muster.supervise.ending import Ending, mark_started, note_process, started_message
 from muster.supervise.heartbeats import check_in_overdue, checked_in, stall_reason
 from muster.supervise.ingest import IngestReport, ingest_trial
+from muster.supervise.log_metrics_ingest import ingest_log_metrics
 from muster.supervise.outcome import decided_by, exited_cleanly, started
 from muster.supervise.restart_in_place import RestartInPlace
 from muster.supervise.searching import Searching
@@ -38,6 +39,10 @@ from muster.words import count, rank_list
 __all__ = ["Following"]
 
 log = logging.getLogger(__name__)
+
+# How often a live attempt's logs are scanned for metrics (`verify.metrics_from_log`, the
+# built-in recognisers): each scan is a child process per rank.
+LOG_SCAN_INTERVAL_S = 5.0
 
 
 @dataclass
@@ -52,12 +57,15 @@ class Following:
     _judged: set[int] = field(default_factory=set, init=False)
     # Live attempts whose ranks' snapshots were compared once every rank had written one.
     _compared: set[int] = field(default_factory=set, init=False)
+    # Live attempts' last scan of their logs for metrics (time.monotonic()).
+    _log_scanned: dict[int, float] = field(default_factory=dict, init=False)
 
     def forget_all_but(self, live: Sequence[LiveAttempt]) -> None:
         """Keep notes only on attempts that are still live."""
         ids = {attempt.id for attempt in live}
         self._judged.intersection_update(ids)
         self._compared.intersection_update(ids)
+        self._log_scanned = {k: v for k, v in self._log_scanned.items() if k in ids}
 
     def settle(self, live: LiveAttempt) -> None:
         """Record whatever has happened to the attempt's replicas.
@@ -70,6 +78,8 @@ class Following:
         # will ever write, so the ingest below has them all and the end needs no other.
         statuses = [self.ctx.launcher.describe(live.dir.path, rank) for rank in live.ranks]
         report = self._ingest(live)
+        exited = all(st.phase is ReplicaPhase.EXITED for st in statuses)
+        self._ingest_log_metrics(live, report, final=exited)
         # A kill, a pause or a preemption: the replicas get SIGTERM and stop_grace.
         stop = live.trial.intent is not None
         if not stop and self._may_judge(live, report):
@@ -107,6 +117,25 @@ class Following:
         except OSError as exc:
             log.error("could not read the run directory of trial %s: %s", live.trial.id, exc)
             return None
+
+    def _ingest_log_metrics(self, live: LiveAttempt, report: IngestReport | None,
+                            final: bool) -> None:
+        """Store the metrics the attempt's logs gained (every `LOG_SCAN_INTERVAL_S`, and
+        once more when every replica has exited); they count as new lines of `report`."""
+        now = time.monotonic()
+        if not final and now - self._log_scanned.get(live.id, -LOG_SCAN_INTERVAL_S) \
+                < LOG_SCAN_INTERVAL_S:
+            return
+        self._log_scanned[live.id] = now
+        try:
+            added = ingest_log_metrics(self.ctx.store, self.ctx.launcher, live.trial.id,
+                                       live.number, live.dir.path, live.ranks, live.config,
+                                       final=final)
+        except OSError as exc:
+            log.error("could not read the logs of trial %s: %s", live.trial.id, exc)
+            return
+        if report is not None:
+            report.metrics_added += added
 
     def _may_judge(self, live: LiveAttempt, report: IngestReport | None) -> bool:
         """Whether the pruner may have something new to judge: the trial runs, its searcher

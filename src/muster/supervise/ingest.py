@@ -241,7 +241,7 @@ def _commit_batch(
            IngestCursor.rank == file.rank, IngestCursor.file_kind == METRICS_CURSOR)
     with store.session_scope() as s:
         if start == 0:
-            s.execute(_insert_if_absent(s, IngestCursor, dict(
+            s.execute(insert_if_absent(s, IngestCursor, dict(
                 trial_id=trial_id, attempt=file.attempt, rank=file.rank,
                 file_kind=METRICS_CURSOR, byte_offset=0, updated_at=now())))
         cursor = s.scalars(select(IngestCursor).where(*key).with_for_update()).one()
@@ -270,7 +270,7 @@ def _warn_skipped(
     return warned + shown
 
 
-def _insert_if_absent(s: Session, model: type[IngestCursor | Checkpoint],
+def insert_if_absent(s: Session, model: type[IngestCursor | Checkpoint],
                       values: dict[str, Any]) -> Insert:
     """INSERT ... ON CONFLICT DO NOTHING: a row another writer inserted first is kept."""
     dialect = postgresql if s.get_bind().dialect.name == "postgresql" else sqlite
@@ -291,7 +291,7 @@ def _register_checkpoints(
     with store.session_scope() as s:
         for found in checked:
             row = _checkpoint_row(trial_id, found)
-            result = cast(CursorResult[Any], s.execute(_insert_if_absent(s, Checkpoint, row)))
+            result = cast(CursorResult[Any], s.execute(insert_if_absent(s, Checkpoint, row)))
             if result.rowcount:
                 _note_registered(trial_id, found, report)
 
