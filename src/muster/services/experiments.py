@@ -35,6 +35,7 @@ from muster.services.uploads import extract_context
 from muster.services.validation import best_validation
 from muster.states import EventReason, ExperimentState, StopIntent, TrialState
 from muster.store import Event, Experiment, Store, Trial, User, record_event, transition
+from muster.words import count
 
 if TYPE_CHECKING:
     from muster.supervise.supervisor import AdmitNew
@@ -275,7 +276,7 @@ def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared
     searcher = config.searcher.name
     record_event(s, entity="experiment", entity_id=exp.id, reason=EventReason.CREATED,
                  actor=owner.name, message=f"experiment {exp.name!r} created"
-                 + (f"; the {searcher} searcher runs {exp.max_trials} trials"
+                 + (f"; the {searcher} searcher runs {count(exp.max_trials, 'trial')}"
                     if searcher != "single" else ""), experiment_id=exp.id)
     if searcher == "single":
         trial = Trial(uuid=str(uuid.uuid4()), experiment=exp,

@@ -2,8 +2,11 @@
 
 `CANCELED` if it was killed, `COMPLETED` if a trial succeeded, else `ERROR`. A search
 draws its trials as it goes, so an experiment closes only once it has all `max_trials` of
-them, was killed, or stopped drawing (`searching`: its first trials all failed alike; its
-ERROR then says why); a SUSPECT trial keeps it open until reviewed.
+them, was killed, or stopped drawing (`searching`: its first trials all failed alike, or it
+has nothing to draw; its ERROR then says why); a SUSPECT trial keeps it open until
+reviewed. So no ACTIVE experiment waits in silence with nothing running, queued or left to
+draw: the search's top-up draws every search with room (one of `max_trials: 1` too), and
+what cannot draw says why with its `search stopped` event, which ends it here.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from muster.states import EventReason, ExperimentState, TrialState, values
 from muster.store import Event, Experiment, Store, Trial, transition
 from muster.supervise.context import ACTOR
 from muster.supervise.isolation import Isolation
-from muster.supervise.searching import note_search_end, stopped_drawing
+from muster.supervise.searching import is_search, note_search_end, stopped_drawing
 
 __all__ = ["Closing", "experiment_end"]
 
@@ -62,14 +65,17 @@ class Closing:
                                .where(Experiment.id.in_(done), has_trials)) if done else ()
             for experiment in ending:
                 states = [TrialState(t.state) for t in experiment.trials]
-                if (states or experiment.stop_requested) and all(
-                        st.is_terminal() for st in states):
-                    end, why = experiment_end(experiment.stop_requested, states)
-                    if experiment.max_trials > 1:
-                        searches.append(experiment.id)
-                    message = (stopped_drawing(s, experiment.id)
-                               if end is ExperimentState.ERROR else None)
-                    transition(s, experiment, end, reason=why, actor=ACTOR, message=message)
+                if not all(st.is_terminal() for st in states):
+                    continue
+                drawn_none = stopped_drawing(s, experiment.id) if not states else None
+                if not (states or experiment.stop_requested or drawn_none):
+                    continue
+                end, why = experiment_end(experiment.stop_requested, states)
+                if is_search(experiment):
+                    searches.append(experiment.id)
+                message = (stopped_drawing(s, experiment.id)
+                           if end is ExperimentState.ERROR else None)
+                transition(s, experiment, end, reason=why, actor=ACTOR, message=message)
         for experiment_id in searches:  # (each reads its config: isolated)
             with (self.isolation.experiment(experiment_id, "noting the end of its search"),
                   self.store.session_scope() as s):

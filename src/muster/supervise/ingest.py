@@ -36,8 +36,10 @@ from muster.atomic import open_regular
 from muster.checkpoint_files import Inspection
 from muster.errors import NotFound
 from muster.rundir import AttemptDir, RankFile, RunDir
+from muster.storage.metrics import Mark
 from muster.store import Attempt, Checkpoint, IngestCursor, Metric, Store, Trial, series
 from muster.store.models import now
+from muster.supervise.step_scales import warn_if_step_scales_differ
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class IngestReport:
     lines_skipped: int = 0
     checkpoints_added: list[str] = field(default_factory=list)
     corrupt_checkpoints: list[str] = field(default_factory=list)
+    validations: list[Mark] = field(default_factory=list)  # rank 0's, stored by this call
 
     @property
     def changed(self) -> bool:
@@ -115,6 +118,8 @@ def ingest_trial(store: Store, trial_id: int, known: Known | None = None) -> Ing
             log.warning("trial %d: cannot read %s: %s", trial_id, file.describe(), exc)
     _register_checkpoints(store, trial_id, RunDir(known.run_dir).checkpoints,
                           known.checkpoints, report)
+    warn_if_step_scales_differ(store, trial_id, report.validations,
+                               bool(report.checkpoints_added))
     return report
 
 
@@ -177,6 +182,9 @@ def _ingest_metrics_file(
             if not _commit_batch(store, trial_id, file, offset, offset + len(data), rows):
                 return
             report.metrics_added += len(rows)
+            report.validations.extend(Mark(row["attempt"], row["time"], row["step"])
+                                      for row in rows if row["rank"] == 0
+                                      and row["kind"] == metrics_lines.VALIDATION)
             report.lines_skipped += len(problems)
             warned = _warn_skipped(trial_id, file, problems, warned)
             offset += len(data)

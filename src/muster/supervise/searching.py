@@ -6,7 +6,10 @@ while fewer than `max_concurrent_trials` of its trials are unfinished and fewer 
 `max_trials` exist, the searcher draws trial N (N = trials so far) from a study rebuilt
 from the store (`muster.search.base`), and the trial is committed with its values before
 anything runs it. The unique (experiment, number) index makes a second draw of N after a
-restart impossible, so a search ends with exactly `max_trials` trials.
+restart impossible, so a search ends with exactly `max_trials` trials. Every search with room
+is topped up, one of `max_trials: 1` too (it has no trial until its draw); an experiment that
+has no trial and cannot draw one (a single experiment that lost its trial) says so with a
+`search stopped` event, which ends it ERROR: none waits for ever in silence.
 
 A search whose first `max(3, max_concurrent_trials)` trials all ended FAILED with
 PERMANENT_ERROR, none succeeding, draws no more (a `search stopped` event with their common
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from muster.config import ExperimentConfig
 from muster.search.history import Outcome, PastTrial
@@ -81,11 +84,16 @@ class Searching:
     def top_up(self) -> None:
         """Draw the next trials of every active search that has room for them."""
         created = func.count(Trial.id)
+        # A search of max_trials 1 has no trial until its one draw; a single experiment has
+        # its trial from the start, so an index lookup leaves it out.
+        other = aliased(Trial)
+        no_trial = ~select(other.id).where(other.experiment_id == Experiment.id).exists()
         with self.store.session_scope() as s:
             rows = s.execute(
                 select(Experiment.id).outerjoin(Trial, Trial.experiment_id == Experiment.id)
                 .where(Experiment.state == ExperimentState.ACTIVE.value,
-                       Experiment.stop_requested.is_(False), Experiment.max_trials > 1)
+                       Experiment.stop_requested.is_(False),
+                       (Experiment.max_trials > 1) | no_trial)
                 .group_by(Experiment.id, Experiment.max_trials)
                 .having(created < Experiment.max_trials)).scalars().all()
         for experiment_id in rows:
@@ -98,6 +106,7 @@ class Searching:
                 experiment = s.get_one(Experiment, experiment_id)
                 config = experiment_config(experiment)
                 if not searches(config):
+                    _nothing_to_draw(s, experiment)
                     return
                 trials = list(s.scalars(select(Trial).where(
                     Trial.experiment_id == experiment_id).order_by(Trial.number)))
@@ -189,6 +198,18 @@ def _gave_up(s: Session, experiment: Experiment, trials: Sequence[Trial],
     return True
 
 
+def _nothing_to_draw(s: Session, experiment: Experiment) -> None:
+    """A single experiment without its trial (it is made with the experiment; a store
+    edited by hand, or a bug, lost it): say so once, which ends the experiment ERROR
+    (`experiments.Closing`) rather than leaving it ACTIVE with nothing to run."""
+    if stopped_drawing(s, experiment.id) is None:
+        record_event(s, entity="experiment", entity_id=experiment.id,
+                     reason=EventReason.SEARCH_STOPPED, actor=ACTOR,
+                     experiment_id=experiment.id,
+                     message="the experiment has no trial, and its single searcher draws "
+                             "none: nothing is left to run; submit it again")
+
+
 def streak_of_permanent_errors(trials: Sequence[Trial], config: ExperimentConfig
                                ) -> list[Trial] | None:
     """The first `max(3, max_concurrent_trials)` trials to end, when every one of them ended
@@ -237,6 +258,13 @@ def warn_if_metric_missing(s: Session, experiment: Experiment, trials: Sequence[
                          f" without it), so the search cannot compare them: check "
                          f"searcher.metric against the names the script passes to "
                          f"report_validation")
+
+
+def is_search(experiment: Experiment) -> bool:
+    """Whether the experiment's trials come from a searcher, read from its stored config
+    without validating it (the closing pass asks this of every experiment it ends)."""
+    searcher = experiment.config.get("searcher") if isinstance(experiment.config, dict) else None
+    return isinstance(searcher, dict) and searcher.get("name", "single") != "single"
 
 
 def note_search_end(s: Session, experiment: Experiment) -> None:
