@@ -294,6 +294,9 @@ class DataConfig(_Section):
 
     path: str = Field(min_length=1)
     manifest: ManifestConfig = Field(default_factory=ManifestConfig)
+    # A data path whose manifest counts no file is refused (at submission, else before the
+    # launch): a run over no data verifies nothing. True: the script brings its own data.
+    allow_empty: bool = False
 
 
 MAX_REPLICAS = 64
