@@ -150,6 +150,8 @@ class EventReason(str, Enum):
     DELETE_REQUESTED = "delete requested"  # `muster experiment delete`; its files go first
     EXPERIMENT_DELETED = "experiment deleted"  # its files and records are gone
     RANKS_DIFFER = "ranks differ"  # an attempt's ranks started on different libraries
+    # Its validation and checkpoint steps count in different units (warned once per trial).
+    STEP_SCALES_DIFFER = "step scales differ"
 
 
 class Role(str, Enum):

@@ -24,7 +24,7 @@ from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(180)]
 
-CONTRACT = {"id", "uuid", "step", "state", "size", "storage_url", "metric"}
+CONTRACT = {"id", "uuid", "step", "state", "size", "storage_url", "metric", "metric_step"}
 SETTLED = {"stored", "deleted"}
 
 
@@ -63,8 +63,9 @@ def test_list_gives_the_contract_and_the_policy_kept_latest_and_best(
         server: RunningServer, series: dict[str, Any], tmp_path: Path) -> None:
     rows = series["rows"]
     assert all(set(row) >= CONTRACT for row in rows)
-    assert [(r["step"], r["state"], r["metric"]) for r in rows] == [
-        (1, "deleted", 0.5), (2, "stored", 0.2), (3, "deleted", 0.4), (4, "stored", 0.6)]
+    assert [(r["step"], r["state"], r["metric"], r["metric_step"]) for r in rows] == [
+        (1, "deleted", 0.5, 1), (2, "stored", 0.2, 2), (3, "deleted", 0.4, 3),
+        (4, "stored", 0.6, 4)]
     storage = Home(server.home).checkpoints_dir
     for row in rows:
         if row["state"] == "stored":
@@ -78,6 +79,7 @@ def test_list_gives_the_contract_and_the_policy_kept_latest_and_best(
                    str(series["experiment_id"]), cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     assert "stored" in table.stdout and "deleted" in table.stdout
+    assert "Validated at" in table.stdout and "step 2" in table.stdout
 
 
 def test_a_stored_checkpoint_the_run_directory_lost_downloads_from_storage(

@@ -36,9 +36,9 @@ pytestmark = pytest.mark.lifecycle  # starts real processes
 STEPS = 5
 REPORT_KEYS = {"kind", "step", "time", "attempt", "rank", "metrics"}
 CHECKPOINT_KEYS = {"id", "uuid", "trial_id", "name", "path", "step", "state", "size",
-                   "storage_url", "metric", "kept_because", "deleted_because", "error",
-                   "stored_at", "attempt", "rank", "created_at", "size_bytes", "file_count",
-                   "metadata", "intact", "problem"}
+                   "storage_url", "metric", "metric_step", "kept_because", "deleted_because",
+                   "error", "stored_at", "attempt", "rank", "created_at", "size_bytes",
+                   "file_count", "metadata", "intact", "problem"}
 _releases = itertools.count(1)
 
 

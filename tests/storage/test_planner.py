@@ -1,5 +1,5 @@
 """The checkpoint garbage-collection planner: Determined's examples, muster's safety rule,
-ties, metric attribution, and properties over random experiments."""
+ties, and properties over random experiments (metric attribution: test_metrics.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from muster.storage.planner import (
     CheckpointState,
     Decision,
     Policy,
-    attribute_metrics,
     plan,
 )
 
@@ -402,60 +401,6 @@ def test_state_values_are_the_stored_words() -> None:
         "deleted",
     ]
     assert [s for s in S if s.is_terminal()] == [S.DELETED]
-
-
-# --- attribute_metrics ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("checkpoint_steps", "validations", "expected"),
-    [
-        pytest.param({1: 40}, [(20, 0.5), (40, 0.3)], {1: (0.3, 40)}, id="exact-step"),
-        pytest.param({1: 45}, [(20, 0.5), (40, 0.3), (60, 0.1)], {1: (0.3, 40)}, id="nearest"),
-        pytest.param({1: 10}, [(20, 0.5)], {}, id="none-before"),
-        pytest.param({1: 10}, [], {}, id="no-validations"),
-        pytest.param(
-            {1: 40}, [(40, 0.3), (60, 0.2), (40, 0.7)], {1: (0.7, 40)}, id="re-reported-last-wins"
-        ),
-        pytest.param(
-            {1: 40, 2: 50},
-            [(20, 0.5), (40, NAN), (50, INF), (30, 0.4)],
-            {1: (0.4, 30), 2: (0.4, 30)},
-            id="non-finite-dropped",
-        ),
-        pytest.param(
-            {1: 40}, [(30, 0.4), (40, 0.3), (40, NAN)], {1: (0.4, 30)}, id="nan-re-report-hides"
-        ),
-        pytest.param(
-            {1: 10, 2: 20, 3: 30, 4: 5},
-            [(30, 0.3), (10, 0.1)],
-            {1: (0.1, 10), 2: (0.1, 10), 3: (0.3, 30)},
-            id="reports-out-of-step-order",
-        ),
-    ],
-)
-def test_attribute_metrics(
-    checkpoint_steps: dict[int, int],
-    validations: list[tuple[int, float]],
-    expected: dict[int, tuple[float, int]],
-) -> None:
-    assert attribute_metrics(checkpoint_steps, validations) == expected
-
-
-@given(
-    st.dictionaries(st.integers(0, 50), st.integers(0, 100), max_size=20),
-    st.lists(st.tuples(st.integers(0, 100), st.floats(allow_nan=True)), max_size=20),
-)
-def test_attribute_metrics_matches_a_plain_scan(
-    checkpoint_steps: dict[int, int], validations: list[tuple[int, float]]
-) -> None:
-    last = dict(validations)
-    expected: dict[int, tuple[float, int]] = {}
-    for checkpoint_id, step in checkpoint_steps.items():
-        before = [s for s, v in last.items() if s <= step and math.isfinite(v)]
-        if before:
-            expected[checkpoint_id] = (last[max(before)], max(before))
-    assert attribute_metrics(checkpoint_steps, validations) == expected
 
 
 # --- properties over random experiments -------------------------------------------------------

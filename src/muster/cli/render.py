@@ -180,16 +180,18 @@ def size(n_bytes: int) -> str:
 
 
 def checkpoints_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("Id", "Trial", "Step", "Size", "State", "Metric", "Storage", "Why")
+    table = Table("Id", "Trial", "Step", "Size", "State", "Metric", "Validated at", "Storage",
+                  "Why")
     for ckpt in rows:
         state = ckpt["state"] if ckpt["intact"] else f"{ckpt['state']}, [red]not intact[/]"
         metric = "-" if ckpt["metric"] is None else f"{ckpt['metric']:.6g}" if isinstance(
             ckpt["metric"], float | int) else str(ckpt["metric"])
+        validated = "-" if ckpt.get("metric_step") is None else f"step {ckpt['metric_step']}"
         why = (ckpt["problem"] or ckpt["error"] or ckpt["deleted_because"]
                or ckpt["kept_because"] or "-")
         table.add_row(str(ckpt["id"]), str(ckpt["trial_id"]), str(ckpt["step"]),
-                      size(ckpt["size"]), state, metric, escape(ckpt["storage_url"] or "-"),
-                      escape(why))
+                      size(ckpt["size"]), state, metric, validated,
+                      escape(ckpt["storage_url"] or "-"), escape(why))
     return table
 
 

@@ -59,8 +59,7 @@ def checkpoint_view(store: Store, checkpoint: str) -> dict[str, Any]:
 
 def _views(s: Session, rows: Sequence[Checkpoint], metric: str | None) -> list[dict[str, Any]]:
     values = checkpoint_metrics(s, rows, metric)
-    return [views.checkpoint_view(row, values[row.id][0] if row.id in values else None)
-            for row in rows]
+    return [views.checkpoint_view(row, *values.get(row.id, (None, None))) for row in rows]
 
 
 def collect(store: Store, worker: StorageWorker, who: Principal, experiment_id: int,

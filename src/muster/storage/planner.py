@@ -23,10 +23,9 @@ Order and ties, so that a plan never depends on the order of its input:
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, fields
 from enum import Enum
 
@@ -38,7 +37,6 @@ __all__ = [
     "CheckpointState",
     "Decision",
     "Policy",
-    "attribute_metrics",
     "plan",
 ]
 
@@ -87,7 +85,9 @@ class CheckpointFacts:
     order: tuple[int, float, str]  # (step, saved_at, name): a greater order is a later one
     intact: bool
     state: CheckpointState
-    metric: float | None = None  # the searcher metric attributed to it; None: no validation
+    # The searcher metric of the validation it was saved after (`muster.storage.metrics`);
+    # None: no validation before it in its attempt.
+    metric: float | None = None
     metric_step: int | None = None  # the step of that validation
 
 
@@ -131,30 +131,6 @@ def plan(
     counted = [c for c in live if _counts(c)]
     selection = _select(counted, may_still_run, policy, smaller_is_better)
     return [_decide(c, selection, policy) for c in live]
-
-
-def attribute_metrics(
-    checkpoint_steps: Mapping[int, int], validations: Sequence[tuple[int, float]]
-) -> dict[int, tuple[float, int]]:
-    """The searcher metric of each checkpoint of one trial, and the step it was validated at.
-
-    A checkpoint gets the validation at its own step, else the nearest one before it; with
-    none before, it is left out. A step reported again (after a restart) takes its last
-    report; non-finite values are then dropped, as if never reported.
-
-    Args:
-        checkpoint_steps: checkpoint id -> its step.
-        validations: (step, value) of the searcher metric, in the order reported.
-    """
-    last_report = dict(validations)
-    steps = sorted(step for step, value in last_report.items() if math.isfinite(value))
-    attributed: dict[int, tuple[float, int]] = {}
-    for checkpoint_id, step in checkpoint_steps.items():
-        at = bisect.bisect_right(steps, step)
-        if at:
-            validated = steps[at - 1]
-            attributed[checkpoint_id] = (last_report[validated], validated)
-    return attributed
 
 
 def _position(c: CheckpointFacts) -> tuple[int, tuple[int, float, str], int]:
