@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from muster.words import NOT_VERIFIED, count
+from muster.verdicts import VerdictCounts, check_status, count_verdicts, verdict_of
+from muster.words import count
 
 console = Console()
 err_console = Console(stderr=True)
@@ -41,29 +42,69 @@ def duration(start: float | None, end: float | None) -> str:
 
 
 def experiments_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("ID", "Name", "Owner", "State", "Trials", "Created", "Ended")
+    table = Table("ID", "Name", "Owner", "State", "Trials", "Verdicts", "Created", "Ended")
     for exp in rows:
         trials = ", ".join(exp["trial_states"]) or "-"
         table.add_row(str(exp["id"]), escape(exp["name"]), escape(exp.get("owner") or "-"),
-                      state(exp["state"]), trials, when(exp["created_at"]),
-                      when(exp["ended_at"]))
+                      state(exp["state"]), trials, verdict_counts(exp).brief() or "-",
+                      when(exp["created_at"]), when(exp["ended_at"]))
     return table
 
 
 def trials_table(trials: list[dict[str, Any]]) -> Table:
-    table = Table("Trial", "State", "Reason", "Restarts", "Started", "Ended")
+    table = Table("Trial", "State", "Verdict", "Reason", "Restarts", "Started", "Ended")
     for trial in trials:
-        reason = NOT_VERIFIED if not_verified(trial) else trial["reason"] or "-"
-        table.add_row(str(trial["id"]), state(trial["state"]), escape(reason),
-                      str(trial["restarts"]), when(trial["started_at"]), when(trial["ended_at"]))
+        table.add_row(str(trial["id"]), state(trial["state"]), styled_verdict(trial),
+                      escape(trial["reason"] or "-"), str(trial["restarts"]),
+                      when(trial["started_at"]), when(trial["ended_at"]))
     return table
 
 
-def not_verified(trial: dict[str, Any]) -> bool:
-    """A SUCCEEDED trial whose exit 0 no check of its results inspected."""
-    verdict = trial.get("verification") or {}
-    verified = trial.get("verified", verdict.get("verified"))
-    return trial["state"] == "SUCCEEDED" and verified is False
+def verdict(trial: Mapping[str, Any]) -> str:
+    """The trial's verdict line as the server words it (`muster.verdicts`); from a server
+    that predates it, worded here from what the trial's JSON holds."""
+    line = trial.get("verdict")
+    if isinstance(line, str):
+        return line
+    return verdict_of(trial["state"], trial.get("verification"),
+                      early_stopped=bool(trial.get("early_stopped")),
+                      reason=trial.get("reason"), message=trial.get("message")).line
+
+
+def verified(trial: Mapping[str, Any]) -> bool | None:
+    """The trial's `verified` (null while it has not ended), as `verdict` words it."""
+    if "verdict" in trial:
+        value = trial.get("verified")
+        return value if isinstance(value, bool) else None
+    return verdict_of(trial["state"], trial.get("verification"),
+                      early_stopped=bool(trial.get("early_stopped")),
+                      reason=trial.get("reason"), message=trial.get("message")).verified
+
+
+VERDICT_STYLE = {"SUCCEEDED": "yellow", "SUSPECT": "yellow", "FAILED": "red"}
+
+
+def styled_verdict(trial: Mapping[str, Any]) -> str:
+    """The trial's verdict line as Rich markup (`verdict_markup`)."""
+    return verdict_markup(verdict(trial), trial["state"], verified(trial))
+
+
+def verdict_markup(line: str, trial_state: str, is_verified: bool | None) -> str:
+    """A verdict line as Rich markup: green when verified, yellow when not verified or
+    SUSPECT, red when failed."""
+    style = "green" if is_verified else VERDICT_STYLE.get(trial_state, "")
+    return f"[{style}]{escape(line)}[/]" if style else escape(line)
+
+
+def verdict_counts(exp: Mapping[str, Any]) -> VerdictCounts:
+    """The experiment's trials by verdict, as the server counted them (or, from a server
+    that predates the counts, from its trials)."""
+    counts = exp.get("verdicts")
+    if isinstance(counts, Mapping):
+        return VerdictCounts.from_json(counts)
+    trials = exp.get("trials") or []
+    return count_verdicts([t["state"] for t in trials],
+                          [verified(t) for t in trials if t["state"] == "SUCCEEDED"])
 
 
 def attempts_table(trial: dict[str, Any]) -> Table:
@@ -139,13 +180,12 @@ def search_trials_table(trials: list[dict[str, Any]], sort: str | None) -> Table
     """An experiment's trials: number, state, the best value of each metric, hparams."""
     names = list(dict.fromkeys([*([sort] if sort else []),
                                 *(name for t in trials for name in t["best_validation"])]))
-    table = Table("Trial", "Number", "State", "Early stopped", *map(escape, names),
+    table = Table("Trial", "Number", "State", "Verdict", "Early stopped", *map(escape, names),
                   "Hyperparameters")
     for trial in trials:
         values = trial["best_validation"]
-        shown = state(trial["state"]) + (" (not verified)" if not_verified(trial) else "")
-        table.add_row(str(trial["id"]), str(trial["number"]), shown,
-                      "yes" if trial["early_stopped"] else "-",
+        table.add_row(str(trial["id"]), str(trial["number"]), state(trial["state"]),
+                      styled_verdict(trial), "yes" if trial["early_stopped"] else "-",
                       *(number(values[n]) if n in values else "-" for n in names),
                       escape(hparams_text(trial["hparams"])))
     return table
@@ -217,13 +257,16 @@ def manifest_line(manifest: dict[str, Any]) -> str:
             f"in {manifest['path']} (fingerprint {str(manifest['fingerprint'])[:12]})")
 
 
-def verification_table(verification: dict[str, Any]) -> Table:
-    verdict = "[green]passed[/]" if verification["passed"] else "[yellow]failed[/]"
-    if verification["passed"] and verification.get("verified") is False:
-        verdict = f"[yellow]{NOT_VERIFIED}[/]"
-    table = Table("Check", "Passed", "Detail", title=f"Verification: {verdict}")
-    for check in verification["checks"]:
-        table.add_row(check["name"], "yes" if check["passed"] else "[red]no[/]",
+CHECK_STYLE = {"passed": "green", "failed": "red", "warning": "yellow", "not_run": "yellow"}
+
+
+def verification_table(trial: Mapping[str, Any]) -> Table:
+    """The checks of the trial's exit 0, each with its status, under its verdict line."""
+    table = Table("Check", "Status", "Detail", title=f"Verification: {styled_verdict(trial)}")
+    for check in trial["verification"]["checks"]:
+        status = check_status(check).value
+        table.add_row(escape(str(check["name"])),
+                      f"[{CHECK_STYLE[status]}]{status.replace('_', ' ')}[/]",
                       escape(str(check["detail"])))
     return table
 
