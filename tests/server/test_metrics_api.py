@@ -34,7 +34,7 @@ from tests.servers import RunningServer, shared_server
 pytestmark = pytest.mark.lifecycle  # starts real processes
 
 STEPS = 5
-REPORT_KEYS = {"kind", "step", "time", "attempt", "rank", "metrics"}
+REPORT_KEYS = {"kind", "step", "time", "attempt", "rank", "metrics", "source"}
 CHECKPOINT_KEYS = {"id", "uuid", "trial_id", "name", "path", "step", "state", "size",
                    "storage_url", "metric", "metric_step", "kept_because", "deleted_because",
                    "error", "stored_at", "attempt", "rank", "created_at", "size_bytes",
@@ -106,7 +106,7 @@ def test_metrics_come_back_in_step_order_with_their_origin(
     assert [(r["kind"], r["step"]) for r in reports] == [
         *(("training", step) for step in range(1, STEPS + 1)),
         ("validation", STEPS), ("training", STEPS + 1)]
-    assert {(r["attempt"], r["rank"]) for r in reports} == {(1, 0)}
+    assert {(r["attempt"], r["rank"], r["source"]) for r in reports} == {(1, 0, "harness")}
     assert reports[0]["metrics"] == {"loss": 1.0, "lr": 0.1}
     assert reports[STEPS]["metrics"] == {"val_loss": 0.5, "val_acc": 0.75}
     assert all(isinstance(r["time"], float) for r in reports)
