@@ -52,6 +52,8 @@ def test_a_search_is_followed_trial_by_trial(server: RunningServer, tmp_path: Pa
         "[trial 0] x is 2", "[trial 1] x is 1"], done.stdout
     ended = [line for line in done.stderr.splitlines() if " ended SUCCEEDED" in line]
     assert len(ended) == 2 and {line.split()[1] for line in ended} == {"0]", "1]"}
+    # Each trial's end says its verdict: a plain script's exit 0 is not verified, and why.
+    assert all(": exit 0 — not verified: " in line for line in ended), ended
 
 
 def test_follow_and_wait_exit_1_unless_everything_succeeded(

@@ -97,14 +97,16 @@ def test_trial_list_sorted(server: RunningServer) -> None:
     assert done.returncode == 0, done.stderr
     header = next(line for line in done.stdout.splitlines() if line.startswith("┃"))
     assert [cell.strip() for cell in header.split("┃")[1:-1]] == [
-        "Trial", "Number", "State", "Early stopped", "val_acc", "val_loss", "Hyperparameters"]
+        "Trial", "Number", "State", "Verdict", "Early stopped", "val_acc", "val_loss",
+        "Hyperparameters"]
     ids = stored["trials"]
     order = [ids[3], ids[0], ids[1], ids[2], ids[4]]  # val_acc 0.5, 0.8, then without
     positions = [done.stdout.index(row_of(done.stdout, trial_id)) for trial_id in order]
     assert positions == sorted(positions)
     early = row_of(done.stdout, ids[1]).split("│")
     assert [cell.strip() for cell in early[2:-1]] == [
-        "1", "SUCCEEDED", "yes", "-", "0.2", "lr=0.0125, model.hidden=128, opt=[bold]"]
+        "1", "SUCCEEDED", "exit 0 — not verified (stopped early by the searcher): no "
+        "verification recorded", "yes", "-", "0.2", "lr=0.0125, model.hidden=128, opt=[bold]"]
     rows = json.loads(on(server, "trial", "list", str(stored["id"]), "--json").stdout)
     assert [row["id"] for row in rows] == ids
 

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from muster.cli import watch
 from muster.client import Client
+from muster.verdicts import verdict_of
 from tests.cli.test_cli import on
 from tests.server.test_search_views import add_experiment, add_trial, search_config
 from tests.servers import RunningServer
@@ -18,10 +19,16 @@ from tests.servers import RunningServer
 pytestmark = pytest.mark.lifecycle  # starts real processes
 
 def trial(id_: int, number: int, state: str, *, best: float | None = None,
-          early: bool = False) -> dict[str, Any]:
+          early: bool = False, verified: bool = True) -> dict[str, Any]:
+    """A trial as the API shows it; a SUCCEEDED one verified unless `verified` is False."""
+    verification = ({"passed": state == "SUCCEEDED", "verified": verified and state == "SUCCEEDED",
+                     "checks": []} if state in ("SUCCEEDED", "SUSPECT") else None)
+    verdict = verdict_of(state, verification, early_stopped=early)
     return {"id": id_, "number": number, "state": state, "early_stopped": early,
             "hparams": {"lr": 0.001 * (number + 1)},
-            "best_validation": {} if best is None else {"val_accuracy": best}}
+            "best_validation": {} if best is None else {"val_accuracy": best},
+            "verification": verification, "verified": verdict.verified,
+            "verdict": verdict.line}
 
 
 def experiment(state: str = "ACTIVE", trials: list[dict[str, Any]] | None = None, *,
@@ -61,15 +68,31 @@ def test_progress_counts_the_search_and_finds_the_best() -> None:
 def test_summary_line_says_everything_in_one_line() -> None:
     assert watch.summary_line(watch.progress(MIDWAY)) == (
         "experiment 7 ACTIVE: 2 of 9 trials ended (1 stopped early), 1 running, 1 queued, "
-        "5 to draw; best val_accuracy 0.986111 in trial 12 (#1, stopped early): lr=0.0312345, "
-        "model.hidden=128, opt=[bold]")
+        "5 to draw; 2 verified, 0 not verified, 0 SUSPECT; best val_accuracy 0.986111 in "
+        "trial 12 (#1, stopped early): lr=0.0312345, model.hidden=128, opt=[bold]")
     assert watch.summary_line(watch.progress(experiment())) == (
         "experiment 7 ACTIVE: 0 of 5 trials ended (0 stopped early), 0 running, 0 queued, "
-        "5 to draw; no val_accuracy reported yet")
+        "5 to draw; 0 verified, 0 not verified, 0 SUSPECT; no val_accuracy reported yet")
     single = experiment("COMPLETED", [trial(3, 0, "SUCCEEDED")], remaining=0, metric=None)
     assert watch.summary_line(watch.progress(single)) == (
         "experiment 7 COMPLETED: 1 of 1 trials ended (0 stopped early), 0 running, 0 queued, "
-        "0 to draw")
+        "0 to draw; 1 verified, 0 not verified, 0 SUSPECT")
+
+
+def test_the_summary_counts_trials_by_verdict() -> None:
+    exp = experiment("ACTIVE", [trial(1, 0, "SUCCEEDED"), trial(2, 1, "SUCCEEDED", verified=False),
+                                trial(3, 2, "SUSPECT"), trial(4, 3, "RUNNING")],
+                     remaining=0, metric=None)
+    assert watch.summary_line(watch.progress(exp)).endswith(
+        "; 1 verified, 1 not verified, 1 SUSPECT")
+    rows = {row.id: (row.verified, row.verdict) for row in watch.progress(exp).recent}
+    assert rows == {1: (True, "verified"),
+                    2: (False, "exit 0 — not verified: no check inspected its results"),
+                    3: (False, "SUSPECT: a check failed"), 4: (None, "running")}
+    # The server's counts, when it sends them, are the ones shown.
+    counted = exp | {"verdicts": {"verified": 5, "not_verified": 0, "suspect": 2}}
+    assert watch.summary_line(watch.progress(counted)).endswith(
+        "; 5 verified, 0 not verified, 2 SUSPECT")
 
 
 def test_the_table_shows_only_the_newest_trials() -> None:
@@ -123,9 +146,11 @@ def test_live_view_renders_counts_best_and_trials() -> None:
             in text)
     assert "best val_accuracy 0.986111 in trial 12 (#1, stopped early): lr=0.0312345" in text
     assert "opt=[bold]" in text  # hyperparameter values are not markup
+    assert "verdicts: 2 verified · 0 not verified · 0 SUSPECT" in text
     rows = [line.split() for line in text.splitlines() if "│" in line]
-    assert ["│", "12", "│", "1", "│", "SUCCEEDED", "│", "yes", "│", "0.986111", "│"] in rows
-    assert ["│", "14", "│", "3", "│", "QUEUED", "│", "-", "│", "-", "│"] in rows
+    assert ["│", "12", "│", "1", "│", "SUCCEEDED", "│", "yes", "│", "0.986111", "│",
+            "verified", "(stopped", "early", "by", "the", "searcher)", "│"] in rows
+    assert ["│", "14", "│", "3", "│", "QUEUED", "│", "-", "│", "-", "│", "queued", "│"] in rows
 
 
 # -- the command, against a real server -----------------------------------------------------
@@ -136,9 +161,11 @@ def test_watch_exits_0_when_the_search_completed(server: RunningServer) -> None:
     with server.store() as store, store.session_scope() as s:
         exp = add_experiment(s, search_config("random", metric="val_loss", max_trials=2),
                              state="COMPLETED", max_trials=2)
-        add_trial(s, exp, 0, validation=[{"val_loss": 0.4}])
+        add_trial(s, exp, 0, validation=[{"val_loss": 0.4}]).verification = {
+            "passed": True, "verified": False, "checks": []}
         best = add_trial(s, exp, 1, validation=[{"val_loss": 0.3}, {"val_loss": 0.2}],
                          early_stop={"rung": 1, "step": 2, "value": 0.2})
+        best.verification = {"passed": True, "verified": True, "checks": []}
         exp_id, best_id = exp.id, best.id
 
     done = on(server, "experiment", "watch", str(exp_id))
@@ -146,9 +173,14 @@ def test_watch_exits_0_when_the_search_completed(server: RunningServer) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         f"experiment {exp_id} COMPLETED: 2 of 2 trials ended (1 stopped early), 0 running, "
-        f"0 queued, 0 to draw; best val_loss 0.2 in trial {best_id} (#1, stopped early): "
-        "lr=0.002, model.hidden=64"]
-    assert done.stderr.strip() == f"experiment {exp_id} ended COMPLETED"
+        f"0 queued, 0 to draw; 1 verified, 1 not verified, 0 SUSPECT; best val_loss 0.2 in "
+        f"trial {best_id} (#1, stopped early): lr=0.002, model.hidden=64"]
+    assert done.stderr.strip() == (f"experiment {exp_id} ended COMPLETED: 1 verified, 1 not "
+                                   "verified, 0 SUSPECT")
+
+    strict = on(server, "experiment", "watch", str(exp_id), "--require-verified")
+    assert strict.returncode == 3, strict.stderr
+    assert "not every SUCCEEDED trial was verified (--require-verified)" in strict.stderr
 
 
 @pytest.mark.timeout(60)

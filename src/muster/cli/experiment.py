@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Create, list, describe and kill experiments.", no_args_is_help=True,
                   rich_markup_mode=None, add_completion=False)
 
+RequireVerifiedOption = Annotated[bool, typer.Option(
+    "--require-verified", help="with --follow or --wait: exit 3 when the experiment "
+    "succeeded but a SUCCEEDED trial's exit 0 was not verified (see its verdict)")]
+
 
 @app.command()
 def create(
@@ -43,9 +47,14 @@ def create(
     context_from: Annotated[int | None, typer.Option(
         "--context-from", metavar="ID", help="run again: reuse experiment ID's context "
         "snapshot instead of uploading a directory")] = None,
+    require_verified: RequireVerifiedOption = False,
     as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
-    """Submit an experiment: validate the config, upload the context, queue its trial."""
+    """Submit an experiment: validate the config, upload the context, queue its trial.
+
+    With --follow or --wait it ends with each trial's verdict (verified, not verified and
+    why, SUSPECT and why) and exits 0 only if the experiment COMPLETED and every trial
+    SUCCEEDED, else 1; with --require-verified, 3 if a SUCCEEDED trial was not verified."""
     from muster.config import load_config_file  # pydantic: only the commands that validate
 
     parsed = load_config_file(config)  # fail fast, with the same message the server would give
@@ -62,8 +71,8 @@ def create(
             with stopped_following(f"experiment {exp['id']}", exp["id"]):
                 exp = _follow(c, exp, home, url) if follow else c.wait_experiment(exp["id"])
     _report_created(exp, as_json, follow or wait)
-    if (follow or wait) and not following.succeeded(exp):
-        raise typer.Exit(1)
+    if follow or wait:
+        _exit_as([exp], require_verified)
 
 
 @app.command("create-batch")
@@ -78,6 +87,7 @@ def create_batch(
     secret: Annotated[list[str] | None, typer.Option(
         "--secret", metavar="NAME=VALUE", help="the value of a `submit` secret of the "
         "configs; without one, it is read from your environment variable NAME")] = None,
+    require_verified: RequireVerifiedOption = False,
     as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
     """Submit several experiments sharing one context: it is packed and uploaded once, and
@@ -103,8 +113,18 @@ def create_batch(
     else:
         for exp in created:
             _report_created(exp, False, wait)
-    if wait and not all(following.succeeded(exp) for exp in created):
-        raise typer.Exit(1)
+    if wait:
+        _exit_as(created, require_verified)
+
+
+def _exit_as(ended: list[dict[str, Any]], require_verified: bool) -> None:
+    """Exit as `--follow`/`--wait` promise (`following.exit_code`); return on 0."""
+    code = following.exit_code(ended, require_verified)
+    if code == following.NOT_VERIFIED:
+        render.err_console.print("not every SUCCEEDED trial was verified (--require-verified)",
+                                 markup=False)
+    if code:
+        raise typer.Exit(code)
 
 
 def _secret_values(config: ExperimentConfig, given: list[str]) -> dict[str, str]:
@@ -152,8 +172,11 @@ def _report_created(exp: dict[str, Any], as_json: bool, ended: bool) -> None:
         render.print_json(exp)
     elif ended:
         verb = "is" if exp["state"] in ("ACTIVE", "PAUSED") else "ended"
-        render.err_console.print(f"experiment {exp['id']} {verb} {render.state(exp['state'])}")
+        render.err_console.print(f"experiment {exp['id']} {verb} {render.state(exp['state'])}: "
+                                 f"{render.verdict_counts(exp).words()}")
         for trial in exp["trials"]:
+            render.err_console.print(f"  trial {trial['id']}: {render.styled_verdict(trial)}",
+                                     soft_wrap=True)  # one line, however long
             for line in render.ended_replicas(trial):
                 render.err_console.print(f"  trial {trial['id']} {line}", markup=False)
             if trial["state"] == "SUSPECT":
@@ -195,8 +218,9 @@ def describe(
     if as_json:
         render.print_json(exp)
         return
-    render.console.print(f"Experiment {exp['id']} [bold]{exp['name']}[/]: "
-                         f"{render.state(exp['state'])}")
+    render.console.print(f"Experiment {exp['id']} [bold]{escape(exp['name'])}[/]: "
+                         f"{render.state(exp['state'])}; trials: "
+                         f"{render.verdict_counts(exp).words()}")
     if exp.get("message"):
         render.console.print(f"  {exp['message']}", markup=False)
     for warning in exp.get("warnings", []):
@@ -364,20 +388,31 @@ def activate(
 
 
 @app.command()
-def watch(experiment_id: int, home: HomeOption = None, url: UrlOption = None) -> None:
-    """Follow an experiment's search until it ends: trials by stage, the best so far, the
-    newest trials (a line per change when not on a terminal). Exits 0 only if it ends
-    COMPLETED."""
+def watch(experiment_id: int,
+          require_verified: Annotated[bool, typer.Option(
+              "--require-verified", help="exit 3 when it COMPLETED but a SUCCEEDED trial's "
+              "exit 0 was not verified")] = False,
+          home: HomeOption = None, url: UrlOption = None) -> None:
+    """Follow an experiment's search until it ends: trials by stage and by verdict, the
+    best so far, the newest trials (a line per change when not on a terminal). Exits 0
+    only if it ends COMPLETED (with --require-verified: and every SUCCEEDED trial was
+    verified, else 3)."""
     from muster.cli import watch as watching  # the module, beside this command of its name
 
     with client(home, url) as c:
         exp = watching.watch(c, experiment_id)
+    counts = render.verdict_counts(exp).words()
     if exp["state"] == "COMPLETED":
-        render.err_console.print(f"experiment {experiment_id} ended {render.state('COMPLETED')}")
+        render.err_console.print(f"experiment {experiment_id} ended "
+                                 f"{render.state('COMPLETED')}: {counts}")
+        if require_verified and not following.all_verified(exp):
+            render.err_console.print("not every SUCCEEDED trial was verified "
+                                     "(--require-verified)", markup=False)
+            raise typer.Exit(following.NOT_VERIFIED)
         return
     held = "" if exp["state"] != "ACTIVE" else (
         ": its SUSPECT trials wait for `muster trial review ID --approve|--reject --note TEXT`")
     verb = "is" if exp["state"] in ("ACTIVE", "PAUSED") else "ended"
     render.err_console.print(f"experiment {experiment_id} {verb} "
-                             f"{render.state(exp['state'])}{held}")
-    raise typer.Exit(1)
+                             f"{render.state(exp['state'])}{held}; {counts}")
+    raise typer.Exit(following.NOT_SUCCEEDED)

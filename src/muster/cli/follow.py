@@ -16,7 +16,7 @@ import codecs
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -25,16 +25,38 @@ from muster.client import Client, settled
 from muster.errors import NotFound, TooManyRequests
 from muster.states import TrialState
 
-__all__ = ["FOLLOW_POLL_S", "LineWriter", "attempt_marker", "follow_experiment",
-           "follow_trial", "print_trial_logs", "succeeded"]
+__all__ = ["FOLLOW_POLL_S", "NOT_SUCCEEDED", "NOT_VERIFIED", "LineWriter", "all_verified",
+           "attempt_marker", "exit_code", "follow_experiment", "follow_trial",
+           "print_trial_logs", "succeeded"]
 
 FOLLOW_POLL_S = 0.5
 Write = Callable[[str], None]
 
 
+NOT_SUCCEEDED = 1  # the experiment did not complete, or a trial did not succeed
+NOT_VERIFIED = 3  # with --require-verified: it succeeded, but a trial was not verified
+
+
 def succeeded(exp: Mapping[str, Any]) -> bool:
     """The contract of `--follow` and `--wait`: exit 0 only for this."""
     return exp["state"] == "COMPLETED" and all(t["state"] == "SUCCEEDED" for t in exp["trials"])
+
+
+def all_verified(exp: Mapping[str, Any]) -> bool:
+    """Every SUCCEEDED trial of the experiment was verified."""
+    return all(render.verified(t) is True for t in exp["trials"] if t["state"] == "SUCCEEDED")
+
+
+def exit_code(exps: Iterable[Mapping[str, Any]], require_verified: bool) -> int:
+    """How `--follow` and `--wait` exit: 0, `NOT_SUCCEEDED` unless every experiment
+    COMPLETED with every trial SUCCEEDED, else with `require_verified` `NOT_VERIFIED` if a
+    SUCCEEDED trial was not verified."""
+    ended = list(exps)
+    if not all(succeeded(exp) for exp in ended):
+        return NOT_SUCCEEDED
+    if require_verified and not all(all_verified(exp) for exp in ended):
+        return NOT_VERIFIED
+    return 0
 
 
 def attempts_of(trial: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -235,7 +257,8 @@ class _Prefixed(Output):
 
 
 def _ended_line(trial: Mapping[str, Any], exp: Mapping[str, Any]) -> str:
-    """`trial 3 (#2) ended SUCCEEDED (val_accuracy 0.986111, stopped early)`."""
+    """`[trial 2] trial 3 ended SUCCEEDED (val_accuracy 0.986111, stopped early): verified
+    (stopped early by the searcher)`: its verdict (`muster.verdicts`) last."""
     metric = (exp.get("search") or {}).get("metric")
     details = []
     if metric and metric in trial.get("best_validation", {}):
@@ -243,5 +266,6 @@ def _ended_line(trial: Mapping[str, Any], exp: Mapping[str, Any]) -> str:
     if trial.get("early_stopped"):
         details.append("stopped early")
     shown = f" ({', '.join(details)})" if details else ""
-    return f"[trial {trial['number']}] trial {trial['id']} ended {trial['state']}{shown}"
+    return (f"[trial {trial['number']}] trial {trial['id']} ended {trial['state']}{shown}: "
+            f"{render.verdict(trial)}")
 

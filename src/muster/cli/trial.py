@@ -60,6 +60,7 @@ def describe(
         return
     render.console.print(f"Trial {trial['id']} (experiment {trial['experiment_id']}): "
                          f"{render.state(trial['state'])}  restarts: {trial['restarts']}")
+    render.console.print(f"verdict: {render.styled_verdict(trial)}", soft_wrap=True)
     if trial["message"]:
         render.console.print(trial["message"], markup=False)
     render.console.print(render.attempts_table(trial))
@@ -68,7 +69,7 @@ def describe(
     if trial.get("manifest"):
         render.console.print(render.manifest_line(trial["manifest"]), markup=False)
     if trial.get("verification"):
-        render.console.print(render.verification_table(trial["verification"]))
+        render.console.print(render.verification_table(trial))
     if trial.get("queue_reason"):
         waiting = "queued" if trial["state"] == "QUEUED" else "waiting"
         render.console.print(f"{waiting}: {trial['queue_reason']}", markup=False)

@@ -22,6 +22,7 @@ from rich.table import Table
 from muster.cli import render
 from muster.client import Client
 from muster.states import ExperimentState, TrialState
+from muster.verdicts import VerdictCounts
 
 __all__ = ["POLL_S", "LinePrinter", "Progress", "poll", "progress", "progress_view", "summary_line",
            "watch"]
@@ -37,6 +38,8 @@ class TrialRow:
     state: str
     early_stopped: bool
     best: float | str | None  # its best value of the searcher's metric
+    verified: bool | None  # its verdict (`muster.verdicts`): null while it has not ended
+    verdict: str
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class Progress:
     remaining: int
     early_stopped: int
     suspect: int
+    verdicts: VerdictCounts
     best: Best | None
     recent: tuple[TrialRow, ...]
     elapsed_s: float | None
@@ -83,7 +87,8 @@ def progress(exp: Mapping[str, Any], now: float | None = None) -> Progress:
     metric = search.get("metric")
     trials = sorted(exp["trials"], key=lambda t: (t["number"], t["id"]))
     rows = tuple(TrialRow(t["id"], t["number"], t["state"], t["early_stopped"],
-                          t["best_validation"].get(metric) if metric else None)
+                          t["best_validation"].get(metric) if metric else None,
+                          render.verified(t), render.verdict(t))
                  for t in trials[-RECENT_TRIALS:])
     best = search.get("best")
     return Progress(
@@ -93,6 +98,7 @@ def progress(exp: Mapping[str, Any], now: float | None = None) -> Progress:
         remaining=search["remaining"],
         early_stopped=sum(t["early_stopped"] for t in trials),
         suspect=sum(t["state"] == TrialState.SUSPECT.value for t in trials),
+        verdicts=render.verdict_counts(exp),
         best=None if best is None else Best(best["trial_id"], best["number"], best["value"],
                                              best["hparams"], best["early_stopped"]),
         recent=rows, elapsed_s=_elapsed(exp, now),
@@ -100,12 +106,11 @@ def progress(exp: Mapping[str, Any], now: float | None = None) -> Progress:
 
 
 def summary_line(p: Progress) -> str:
-    """One line: the counts and the best trial so far (plain text, no markup)."""
+    """One line: the counts, the trials by verdict and the best trial so far (plain text,
+    no markup)."""
     counts = (f"experiment {p.experiment_id} {p.state}: {p.ended} of {p.max_trials} trials "
               f"ended ({p.early_stopped} stopped early), {p.running} running, "
-              f"{p.queued} queued, {p.remaining} to draw")
-    if p.suspect:
-        counts += f", {p.suspect} SUSPECT"
+              f"{p.queued} queued, {p.remaining} to draw; {p.verdicts.words()}")
     return f"{counts}; {best_text(p)}" if p.metric else counts
 
 
@@ -125,8 +130,8 @@ def progress_view(p: Progress) -> RenderableType:
         f"Experiment {p.experiment_id} [bold]{escape(p.name)}[/]: {render.state(p.state)} · "
         f"{escape(p.searcher)}{elapsed}",
         f"trials: [bold]{p.ended}[/] of {p.max_trials} ended · {p.early_stopped} stopped "
-        f"early · {p.running} running · {p.queued} queued · {p.remaining} to draw"
-        + (f" · [yellow]{p.suspect} SUSPECT[/]" if p.suspect else ""),
+        f"early · {p.running} running · {p.queued} queued · {p.remaining} to draw",
+        _verdicts_line(p.verdicts),
     ]
     if p.metric:
         lines.append(escape(best_text(p)))
@@ -134,13 +139,23 @@ def progress_view(p: Progress) -> RenderableType:
     return Group(*lines)
 
 
+def _verdicts_line(counts: VerdictCounts) -> str:
+    """`verdicts: 2 verified · 1 not verified · 1 SUSPECT`, the ones to look at in yellow."""
+    def shown(number: int, words: str) -> str:
+        return f"[yellow]{number} {words}[/]" if number else f"{number} {words}"
+    return (f"verdicts: [green]{counts.verified} verified[/] · "
+            f"{shown(counts.not_verified, 'not verified')} · {shown(counts.suspect, 'SUSPECT')}")
+
+
 def _trials_table(p: Progress) -> Table:
     table = Table("Trial", "#", "State", "Stopped early", f"Best {escape(p.metric or '')}".strip(),
+                  "Verdict",
                   title=f"newest {len(p.recent)} trials" if p.recent else "no trials yet")
     for row in p.recent:
         table.add_row(str(row.id), str(row.number), render.state(row.state),
                       "yes" if row.early_stopped else "-",
-                      "-" if row.best is None else render.number(row.best))
+                      "-" if row.best is None else render.number(row.best),
+                      render.verdict_markup(row.verdict, row.state, row.verified))
     return table
 
 
