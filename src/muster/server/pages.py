@@ -16,7 +16,7 @@ import hmac
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Annotated, Any
@@ -60,6 +60,7 @@ from muster.services.access import Action, Principal, authorize
 from muster.sizes import format_size
 from muster.states import ExperimentState, Role, TrialState
 from muster.store import MAX_INTEGER
+from muster.verdicts import check_status
 from muster.words import count
 
 __all__ = ["PAGE_ROWS", "error_page", "pages"]
@@ -105,8 +106,24 @@ def _flat(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return pairs
 
 
+def _verdict_class(verified: bool | None, state: str) -> str:
+    """How a trial's verdict looks (`verdict-<class>` in muster.css)."""
+    if verified is None:
+        return "pending"
+    if verified:
+        return "verified"
+    return {TrialState.SUCCEEDED.value: "not-verified", TrialState.SUSPECT.value: "suspect"
+            }.get(state, "failed")
+
+
+def _check_status(check: Any) -> str:
+    """A verification check's status, also for one stored before checks had one."""
+    return check_status(check).value if isinstance(check, Mapping) else "failed"
+
+
 templates.env.filters.update(when=_when, duration=_duration, number=_number, flat=_flat,
-                             size=format_size, count=count)
+                             size=format_size, count=count, verdict_class=_verdict_class,
+                             check_status=_check_status)
 
 
 def _state(request: Request) -> ServerState:
