@@ -7,9 +7,12 @@ cleanly when muster asks it to stop.
 
 Under a searcher (search.yaml) the trial's hyperparameters (`lr`, `hidden`, `dropout`,
 `batch_size`) come from `ctx.hparams` and override the flags, and `ctx.max_length` is the
-number of epochs: validation is then reported with the epoch as its step, the unit the
-searcher's `max_length` and its ASHA rungs count in. Without a searcher the flags decide,
-and validation is reported at the optimizer step, as before.
+number of epochs: validation is then reported, and each checkpoint saved, with the epoch as
+its step, the unit the searcher's `max_length` and its ASHA rungs count in. Without a
+searcher the flags decide, and both use the optimizer step, as before. Either way the two
+share one unit, and each epoch's checkpoint is saved right after its validation: muster
+gives a checkpoint the metric of the validation reported before it, so the "best"
+checkpoint it keeps is the model that scored it.
 
 `--skip-corrupt` reproduces a common bug on purpose: the loader skips files it cannot
 decode with `except Exception: continue`, so training "succeeds" on part of the data. The
@@ -44,7 +47,7 @@ class Settings(NamedTuple):
     batch_size: int
     epochs: int
     seed: int
-    epoch_is_step: bool  # validation is reported at the epoch (a searcher's unit)
+    epoch_is_step: bool  # validation and checkpoints are at the epoch (a searcher's unit)
 
 
 def parse_args() -> argparse.Namespace:
@@ -153,20 +156,20 @@ def main() -> int:
             state = torch.load(latest.path / "state.pt")
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-            start, step = state["epoch"] + 1, latest.step
+            start, step = state["epoch"] + 1, state.get("step", latest.step)
             print(f"resumed from {latest.path.name} (epoch {state['epoch']})", flush=True)
         print(f"training on {len(x_train)} samples, validating on {len(x_val)}", flush=True)
         for epoch in range(start, run.epochs + 1):
             step, loss = train_epoch(ctx, run, epoch, step, model, optimizer, (x_train, y_train))
             val_loss, accuracy = validate(model, x_val, y_val)
             ctx.samples.seen(len(x_val), epoch=epoch)  # every file is read once per epoch
-            ctx.report_validation(epoch if run.epoch_is_step else step,
-                                  {"val_loss": val_loss, "val_accuracy": accuracy})
+            mark = epoch if run.epoch_is_step else step  # validation's and the checkpoint's
+            ctx.report_validation(mark, {"val_loss": val_loss, "val_accuracy": accuracy})
             print(f"epoch {epoch:3d}  loss {loss:.4f}  val_loss {val_loss:.4f}  "
                   f"val_accuracy {accuracy:.3f}", flush=True)
-            with ctx.checkpoint.save(step, metadata={"epoch": epoch}) as path:
+            with ctx.checkpoint.save(mark, metadata={"epoch": epoch}) as path:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "epoch": epoch}, path / "state.pt")
+                            "epoch": epoch, "step": step}, path / "state.pt")
             if not math.isfinite(val_loss):
                 print(f"training diverged at epoch {epoch}", file=sys.stderr)
                 return 1
