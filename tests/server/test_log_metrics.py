@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from tests.server.experiments import (
     wait_trial,
     write_context,
 )
-from tests.servers import shared_server
+from tests.servers import RunningServer, shared_server
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
@@ -119,12 +122,17 @@ def test_lightning_progress_bars_are_metrics_marked_as_read_from_the_log(
 
 
 def test_loss_nan_in_a_plain_scripts_log_is_stored_as_nan(
-        client: Client, tmp_path: Path) -> None:
+        client: Client, server: RunningServer, tmp_path: Path) -> None:
     trial_id = _start(client, tmp_path, LOSS_NAN)
     _ended(client, trial_id)
     values = _values(client, trial_id)
     assert [(step, v["loss"], source) for _, step, v, source in values] == [
         (0, 2.0, "log"), (1, 1.9, "log"), (2, 1.8, "log"), (3, "NaN", "log")]
+    env = {**os.environ, "MUSTER_HOME": str(server.home), "MUSTER_URL": server.url,
+           "NO_COLOR": "1", "COLUMNS": "200"}
+    shown = subprocess.run([sys.executable, "-m", "muster", "trial", "metrics", str(trial_id)],
+                           env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert shown.stdout.count("training (log)") == 4 and "NaN" in shown.stdout
 
 
 def test_log_metrics_off_reads_nothing_but_the_named_regexes(

@@ -129,12 +129,14 @@ def ended_replicas(trial: dict[str, Any]) -> list[str]:
 
 
 def metrics_table(reports: list[dict[str, Any]]) -> Table:
-    """Step, kind, and one column per metric name (in order of first appearance)."""
+    """Step, kind ("(log)" after it when muster read the report from the rank's log), and
+    one column per metric name (in order of first appearance)."""
     names = list(dict.fromkeys(name for r in reports for name in r["metrics"]))
     table = Table("Step", "Kind", *map(escape, names))  # user-chosen names are not markup
     for report in reports:
         values = report["metrics"]
-        table.add_row(str(report["step"]), report["kind"],
+        kind = report["kind"] + (" (log)" if report.get("source") == "log" else "")
+        table.add_row(str(report["step"]), kind,
                       *(number(values[n]) if n in values else "-" for n in names))
     return table
 
