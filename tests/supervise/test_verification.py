@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from muster.supervise.log_errors import Finding, RankScan
 from muster.supervise.log_samples import LogSamples
 from muster.supervise.verification import (
     EMPTY_DATA,
@@ -25,6 +26,7 @@ from muster.supervise.verification import (
     OutputFile,
     Planned,
     Progress,
+    SaveFailure,
     Verdict,
     VerifyConfig,
     combine_log_counts,
@@ -599,3 +601,174 @@ def test_outputs_are_read_from_the_trials_working_directory(tmp_path: Path) -> N
                                                        "a-dir", "missing.bin"])
     assert [(o.path, o.size) for o in evidence.outputs] == [
         ("model.pt", 7), ("eval/empty.json", 0), ("a-dir", None), ("missing.bin", None)]
+
+
+# --- the planned end and the attempt that ended (issue 30) --------------------------------
+
+
+def progress(training: tuple[int, int] | None = None, validation: tuple[int, int] | None = None,
+             final: int | None = None, at: float | None = None, **extra: object) -> Progress:
+    """(lowest, highest) step of each kind; the final attempt's highest step and time."""
+    kinds = {k: v for k, v in (("training", training), ("validation", validation)) if v}
+    return Progress(highest={k: v[1] for k, v in kinds.items()},
+                    lowest={k: v[0] for k, v in kinds.items()}, final_attempt_step=final,
+                    final_attempt_time=at, **extra)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("evidence", "planned", "status", "detail"), [
+    (Evidence(progress=progress(training=(0, 199))), Planned("steps", 200, "ctx.plan()"),
+     "passed", "reached step 200 of 200 (ctx.plan())"),  # 0-based: step 199 is the 200th
+    (Evidence(progress=progress(training=(1, 199))), Planned("steps", 200, "ctx.plan()"),
+     "failed", "stopped at step 199 of 200 (99%; ctx.plan())"),
+    (Evidence(progress=progress(training=(0, 139))), Planned("steps", 200, "ctx.plan()"),
+     "failed", "stopped at step 140 of 200 (70%; ctx.plan())"),
+    # steps: validation's when the run reports validation (the searcher's unit)
+    (Evidence(progress=progress(training=(0, 2879), validation=(1, 40))),
+     Planned("steps", 64, "searcher.max_length"), "failed",
+     "stopped at step 40 of 64 (62%; searcher.max_length)"),
+    (Evidence(progress=progress(training=(0, 2879), validation=(1, 40))),
+     Planned("batches", 2880, "verify.expected_length"), "passed",
+     "reached batch 2,880 of 2,880 (verify.expected_length)"),
+    (Evidence(samples_by_epoch={1: 100, 2: 100, 3: 40}), Planned("epochs", 3, "ctx.plan()"),
+     "failed", "stopped at epoch 2 of 3 (66%; ctx.plan())"),  # epoch 3 was cut short
+    (Evidence(samples_by_epoch={1: 100, 2: 100, 3: 100}), Planned("records", 250, "ctx.plan()"),
+     "passed", "reached record 300 of 250 (ctx.plan())"),
+    (Evidence(), Planned("epochs", 3, "ctx.plan()"), "failed",
+     "no progress in epochs was reported; 3 epochs planned (ctx.plan())"),
+    (Evidence(), None, "not_run", "not run: no planned length (set verify.expected_length or "
+                                  "searcher.max_length, or call ctx.plan() in the script)"),
+])
+def test_completed_check(evidence: Evidence, planned: Planned | None, status: str,
+                         detail: str) -> None:
+    check = check_of(verify(evidence, NO_CHECKS, None, searcher_length=planned), "completed")
+    assert (check.status, check.detail) == (status, detail)
+
+
+def test_the_closest_plan_wins_and_an_early_stop_is_a_planned_end() -> None:
+    evidence = Evidence(progress=progress(validation=(1, 8)),
+                        plan=Planned("steps", 8, "ctx.plan()"))
+    searcher = Planned("steps", 64, "searcher.max_length")
+    assert check_of(verify(evidence, NO_CHECKS, None, searcher_length=searcher),
+                    "completed").detail == "reached step 8 of 8 (ctx.plan())"
+    config = VerifyConfig(require_checkpoint=False, finite_metrics=False,
+                          expected_length={"steps": 10})  # type: ignore[arg-type]
+    assert check_of(verify(evidence, config, None), "completed").detail == (
+        "stopped at step 8 of 10 (80%; verify.expected_length)")
+    stopped = check_of(verify(evidence, config, None, early_stopped=True), "completed")
+    assert (stopped.status, stopped.detail) == (
+        "passed", "stopped early by the searcher (a planned end)")
+
+
+def saved(step: int, attempt: int, at: float) -> CheckpointInfo:
+    return CheckpointInfo(f"/run/checkpoints/step-{step:012d}-00000000", step, True, None,
+                          attempt, at)
+
+
+@pytest.mark.parametrize(("evidence", "status", "detail"), [
+    # saves every 50 steps; trained to 240 after its last save at 200: within its period
+    (Evidence(checkpoints=(saved(150, 2, 10.0), saved(200, 2, 20.0)), final_attempt=2,
+              progress=progress(training=(0, 240), final=240, at=28.0)), "passed",
+     "attempt 2 saved step 200 (step-000000000200-00000000); it reported up to step 240"),
+    (Evidence(checkpoints=(saved(100, 2, 10.0), saved(150, 2, 20.0)), final_attempt=2,
+              progress=progress(training=(0, 240), final=240, at=40.0)), "failed",
+     "attempt 2's latest checkpoint is step 150, but it went on to step 240 (it saves every "
+     "50 steps): its last training was not saved"),
+    (Evidence(checkpoints=(saved(200, 1, 20.0),), final_attempt=2,
+              progress=progress(training=(0, 220), final=220, at=40.0)), "failed",
+     "attempt 2 saved no checkpoint, though it trained to step 220; the latest "
+     "(step-000000000200-00000000) is from attempt 1"),
+    # the final attempt only restored the last checkpoint and ended: nothing was lost
+    (Evidence(checkpoints=(saved(200, 1, 20.0),), final_attempt=2,
+              progress=progress(training=(0, 200))), "passed",
+     "attempt 2 reported no progress; the latest checkpoint (step-000000000200-00000000) "
+     "holds the training reported before it"),
+    # a save the harness saw fail, never followed by one that succeeded
+    (Evidence(checkpoints=(saved(150, 1, 10.0), saved(200, 1, 20.0)), final_attempt=1,
+              progress=progress(training=(0, 250), final=250, at=31.0),
+              save_failures=(SaveFailure(0, 250, 30.0, "No space left on device"),),
+              save_failure_count=1), "failed",
+     "the save of step 250 (rank 0) failed: No space left on device; no later save "
+     "succeeded, so the training after it was not kept"),
+    (Evidence(checkpoints=(saved(200, 1, 20.0), saved(250, 1, 31.0)), final_attempt=1,
+              progress=progress(training=(0, 250), final=250, at=31.0),
+              save_failures=(SaveFailure(0, 250, 30.0, "No space left on device"),),
+              save_failure_count=1), "passed",
+     "attempt 1 saved step 250 (step-000000000250-00000000); it reported up to step 250"),
+])
+def test_checkpoint_fresh_check(evidence: Evidence, status: str, detail: str) -> None:
+    check = check_of(verify(evidence, VerifyConfig(require_checkpoint=True), None),
+                     "checkpoint_fresh")
+    assert (check.status, check.detail) == (status, detail)
+
+
+@pytest.mark.parametrize(("outputs", "status", "detail"), [
+    ((OutputFile("model.pt", 10, 200.0, unchanged=False),), "passed",
+     "1 file written by attempt 2: model.pt"),
+    ((OutputFile("model.pt", 10, 200.0, unchanged=True),), "failed",
+     "model.pt: not written by attempt 2, the one that ended (it is the file an earlier "
+     "attempt left)"),
+    ((OutputFile("model.pt", 10, 200.0),), "not_run",
+     "not run: no record of the outputs as attempt 2 started"),
+])
+def test_outputs_fresh_check(outputs: tuple[OutputFile, ...], status: str, detail: str) -> None:
+    config = VerifyConfig(require_checkpoint=False, outputs=[o.path for o in outputs])
+    check = check_of(verify(Evidence(outputs=outputs, final_attempt=2, started_at=100.0),
+                            config, None), "outputs_fresh")
+    assert (check.status, check.detail) == (status, detail)
+
+
+CRASH = Finding("traceback", 1200, "ValueError: bad batch", time=50.0)
+
+
+@pytest.mark.parametrize(("scans", "prog", "mode", "status", "detail"), [
+    ((RankScan(0),), Progress(), "suspect", "passed",
+     "no traceback, KeyboardInterrupt or CUDA/NCCL error in 1 rank log"),
+    ((RankScan(0, (CRASH,), 1),), Progress(rank_times={0: 40.0}), "suspect", "failed",
+     "the log ends in an error after the last progress: rank 0, log offset 1,200: "
+     "ValueError: bad batch; verify.log_errors: warn only warns"),
+    ((RankScan(0, (CRASH,), 1),), Progress(rank_times={0: 40.0}), "warn", "warning",
+     "warning: the log ends in an error after the last progress: rank 0, log offset 1,200: "
+     "ValueError: bad batch"),
+    # progress reported after it: the script went on from it
+    ((RankScan(0, (CRASH,), 1),), Progress(rank_times={0: 60.0}), "suspect", "warning",
+     "warning: an error the run went on from: rank 0, log offset 1,200: ValueError: bad batch"),
+    ((RankScan(1, (CRASH,), 1),), Progress(rank_offsets={1: 5000}), "suspect", "warning",
+     "warning: an error the run went on from: rank 1, log offset 1,200: ValueError: bad batch"),
+    ((RankScan(0, problem="scanning the log took longer than 60 s"),), Progress(), "suspect",
+     "not_run", "not run: rank 0: scanning the log took longer than 60 s"),
+])
+def test_log_errors_check(scans: tuple[RankScan, ...], prog: Progress, mode: str, status: str,
+                          detail: str) -> None:
+    config = VerifyConfig(require_checkpoint=False, log_errors=mode)  # type: ignore[arg-type]
+    check = check_of(verify(Evidence(log_scans=scans, progress=prog), config, None),
+                     "log_errors")
+    assert (check.status, check.detail) == (status, detail)
+
+
+def test_resume_accounting_names_the_epochs_no_attempt_trained(tmp_path: Path) -> None:
+    write_samples(tmp_path, 1, 0, {1: 100, 2: 100, 3: 100})
+    write_samples(tmp_path, 2, 0, {3: 100, 4: 100})  # epoch 3 redone: counted once
+    write_samples(tmp_path, 3, 0, {7: 100})  # a resume that jumped to epoch 7
+    evidence = gather_evidence(tmp_path, [1, 2, 3])
+    assert evidence.epochs_by_attempt == {1: (1, 2, 3), 2: (3, 4), 3: (7,)}
+    check = check_of(verify(evidence, NO_CHECKS, 100), "resume_accounting")
+    assert (check.status, check.detail) == ("failed", (
+        "epoch 5 was never trained (attempt 2 reported up to epoch 4, attempt 3 went on from "
+        "epoch 7); epoch 6 was never trained (attempt 2 reported up to epoch 4, attempt 3 "
+        "went on from epoch 7)"))
+
+
+def test_the_harness_plan_and_save_failures_are_read_from_the_run_directory(
+    tmp_path: Path
+) -> None:
+    attempt = tmp_path / "attempt-1"
+    attempt.mkdir()
+    (attempt / "rank-0.plan.json").write_text('{"unit": "epochs", "length": 6}')
+    (attempt / "rank-0.save-failures.json").write_text(
+        '{"count": 2, "failures": [{"step": 9, "time": 5.0, "error": "ENOSPC"}]}' + " " * 50)
+    (attempt / "rank-1.save-failures.json").write_text("{not json")
+    evidence = gather_evidence(tmp_path, [1])
+    assert evidence.plan == Planned("epochs", 6, "ctx.plan()")
+    assert evidence.save_failure_count == 3
+    assert evidence.save_failures[0] == SaveFailure(0, 9, 5.0, "ENOSPC")
+    assert evidence.save_failures[1].rank == 1

@@ -283,7 +283,8 @@ def verify(
     require_checkpoint = (harness if config.require_checkpoint is None
                           else config.require_checkpoint)
     checks = [
-        _check_completed(evidence, _planned(config, evidence, searcher_length), early_stopped),
+        _check_completed(evidence, _planned(config, evidence, searcher_length), early_stopped,
+                         expected, config.samples_tolerance),
         _check_check_ins(evidence, harness_ranks) if harness_ranks is not None else None,
         _check_samples(evidence, expected, config.samples_tolerance)
         if expected is not None and (config.samples_from_log is None or evidence.harness_used)
@@ -327,8 +328,8 @@ def _planned(config: VerifyConfig, evidence: Evidence,
 _UNIT_NOUN = {"steps": "step", "batches": "batch", "epochs": "epoch", "records": "record"}
 
 
-def _check_completed(evidence: Evidence, planned: Planned | None,
-                     early_stopped: bool) -> Check:
+def _check_completed(evidence: Evidence, planned: Planned | None, early_stopped: bool,
+                     expected: int | None = None, tolerance: float = 0.01) -> Check:
     """The last reported progress reached the planned length (or the searcher stopped the
     trial early, which is a planned end)."""
     if early_stopped:
@@ -337,7 +338,7 @@ def _check_completed(evidence: Evidence, planned: Planned | None,
         return Check.not_run("completed", "no planned length (set verify.expected_length or "
                                           "searcher.max_length, or call ctx.plan() in the "
                                           "script)")
-    done = _progress_in(evidence, planned.unit)
+    done = _progress_in(evidence, planned.unit, expected, tolerance)
     noun = _UNIT_NOUN[planned.unit]
     plan = f"{planned.length:,} {planned.unit} planned ({planned.source})"
     if done is None:
@@ -350,15 +351,21 @@ def _check_completed(evidence: Evidence, planned: Planned | None,
                                      f"({percent}%; {planned.source})")
 
 
-def _progress_in(evidence: Evidence, unit: str) -> int | None:
+def _progress_in(evidence: Evidence, unit: str, expected: int | None,
+                 tolerance: float) -> int | None:
     """How much of `unit` the run reported doing: steps counted from 1 (a run that
-    numbers from 0 has done its highest step + 1); epochs and records from the sample
-    counts (the harness's, else the log's)."""
+    numbers from 0 has done its highest step + 1); records and whole epochs from the
+    sample counts (the harness's, else the log's). An epoch is whole when it saw the
+    expected samples, or, with no expected count, as many as its fullest epoch (within
+    the tolerance): an epoch cut short by a crash is not done."""
     if unit in ("epochs", "records"):
         by_epoch = evidence.samples_by_epoch or evidence.log_counts.by_epoch
         if not by_epoch:
             return None
-        return len(by_epoch) if unit == "epochs" else sum(by_epoch.values())
+        if unit == "records":
+            return sum(by_epoch.values())
+        whole = expected if expected else max(by_epoch.values())
+        return sum(1 for seen in by_epoch.values() if seen >= whole * (1 - tolerance))
     kinds = ("validation", "training") if unit == "steps" else ("training", "validation")
     progress = evidence.progress
     for kind in kinds:
@@ -414,7 +421,8 @@ def _check_checkpoint_fresh(evidence: Evidence) -> Check | None:
     if not intact:
         return None  # `checkpoint` says there is none
     latest = max(intact, key=lambda c: (c.step, c.saved_at or 0.0))
-    steps_period, time_period = _saving_period(evidence.saves, final)
+    saves = evidence.saves or tuple((c.step, c.attempt, c.saved_at) for c in intact)
+    steps_period, time_period = _saving_period(saves, final)
     last_step = evidence.progress.final_attempt_step
     if last_step is None:
         overall = max(evidence.progress.highest.values(), default=None)
