@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.cli.test_cli import assert_clean_failure, on
@@ -29,12 +30,12 @@ def _refused(server: RunningServer, tmp_path: Path, entrypoint: list[str],
     context = write_context(tmp_path, entrypoint, files=files)
     config = json.loads((context / "experiment.yaml").read_text())
     (context / "experiment.yaml").write_text(json.dumps({**config, **extra}))
-    with server.client() as client:
-        before = client.list_experiments()
+    with server.client() as client:  # (by id: an earlier test's experiments may still run)
+        before = [e["id"] for e in client.list_experiments()]
     done = on(server, "experiment", "create", str(context / "experiment.yaml"), str(context))
     message = assert_clean_failure(done)
     with server.client() as client:
-        assert client.list_experiments() == before
+        assert [e["id"] for e in client.list_experiments()] == before
     return message
 
 
@@ -104,3 +105,57 @@ def test_what_the_checks_cannot_judge_is_accepted(server: RunningServer, tmp_pat
                   str(context), "--json")
         assert done.returncode == 0, (entrypoint, done.stderr)
         assert json.loads(done.stdout)["state"] == "ACTIVE"
+
+
+def _posted(server: RunningServer, text: str) -> httpx.Response:
+    """POST /api/v1/experiments with one config and no context, as a script would."""
+    return httpx.post(f"{server.url}/api/v1/experiments", timeout=60,
+                      headers={"Authorization": f"Bearer {server.token}"},
+                      data={"config": text})
+
+
+def test_a_data_path_with_no_file_to_count(server: RunningServer, tmp_path: Path) -> None:
+    """Issue 30 item 4: a data folder the manifest would count 0 files in is refused, with
+    the two fixes; `data.allow_empty: true` lets it through."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    message = _refused(server, tmp_path, ["python", "t.py"], files={"t.py": ""},
+                       data={"path": str(empty)})
+    assert (f"data.path: {str(empty)!r} holds no file matching * (every file counts: "
+            "data.manifest.extensions is not set), so a run over it would train on nothing; "
+            "add the data files there (or fix the path), or set data.allow_empty: true if the "
+            "script brings its own data") in message
+    other = tmp_path / "other"
+    (other / "cat").mkdir(parents=True)
+    (other / "cat" / "notes.txt").write_text("no image")
+    body = {"path": str(other), "manifest": {"extensions": [".png", "jpg"]}}
+    response = _posted(server, "name: x\nentrypoint: [python, -c, pass]\n"
+                       f"data: {json.dumps(body)}\n")
+    assert response.status_code == 422, response.text
+    assert (f"data.path: {str(other)!r} holds no file matching *.png, *.jpg "
+            "(data.manifest.extensions)") in response.json()["message"]
+    for data in ({"path": str(empty), "allow_empty": True},
+                 {**body, "manifest": {"extensions": [".txt"]}}):
+        response = _posted(server, f"name: x\nentrypoint: [python, -c, pass]\n"
+                           f"data: {json.dumps(data)}\n")
+        assert response.status_code == 201, (data, response.text)
+
+
+@pytest.mark.parametrize(("setting", "problem"), [
+    ("verify: {samples_tolerance: 1e-3}",
+     "verify.samples_tolerance: YAML reads 1e-3 as a string: write 1.0e-3"),
+    ("failure_policy: {trial_retries: 1e1}",
+     "failure_policy.trial_retries: YAML reads 1e1 as a string: write 10"),
+    ("searcher: {name: random, metric: loss, max_trials: 2}\n"
+     "hyperparameters: {lr: {type: log, minval: 1e-5, maxval: -2}}",
+     "hyperparameters.lr.minval: YAML reads 1e-5 as a string: write 1.0e-5"),
+    ("searcher: {name: random, metric: loss, max_trials: 2}\n"
+     "hyperparameters: {lr: {type: log, minval: 1.0e-5, maxval: 1.0e-2}}",
+     "these are exponents of base 10: write minval: -5, maxval: -2"),
+])
+def test_numbers_that_are_not_what_was_meant_answer_422(server: RunningServer, setting: str,
+                                                        problem: str) -> None:
+    """Issue 30 item 10, through the API: the key path and the spelling to write."""
+    response = _posted(server, f"name: x\nentrypoint: [python, -c, pass]\n{setting}\n")
+    assert response.status_code == 422, response.text
+    assert problem in response.json()["message"], response.json()

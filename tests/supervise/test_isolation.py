@@ -71,6 +71,7 @@ def test_a_data_path_the_os_refuses_ends_only_its_own_trial(rig: Rig, tmp_path: 
     an older server): the scan cannot even start."""
     data = tmp_path / "data"
     data.mkdir()
+    (data / "a.png").write_bytes(b"png")  # (an empty folder is refused at submission)
     bad, good = _submit(rig, {"data": {"path": str(data)}}), _submit(rig, {})
     _poison(rig, bad, lambda c: c["data"].update(path=f"{data}\0/../etc"))
     assert rig.run_to_end(good).state == "SUCCEEDED"

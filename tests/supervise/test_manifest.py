@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from muster.errors import ConfigError
-from muster.supervise.manifest import LabelMode, Manifest, scan_manifest
+from muster.supervise.manifest import (
+    LabelMode,
+    Manifest,
+    empty_data_problem,
+    first_counted_file,
+    scan_manifest,
+)
 
 
 def make_tree(root: Path, files: dict[str, bytes]) -> Path:
@@ -205,3 +211,58 @@ def test_json_round_trip(data: Path, extensions: list[str] | None, labels: Label
     manifest = scan_manifest(data, extensions, labels)
     assert Manifest.from_json(manifest.to_json()) == manifest
     assert Manifest.from_json(json.loads(json.dumps(manifest.to_json()))) == manifest
+
+
+# -- first_counted_file: the submission's bounded look for one file to count ----------
+
+
+@pytest.mark.parametrize(("files", "extensions", "found"), [
+    ({}, None, False),
+    ({"a/b/c/README": b"x"}, None, True),
+    ({"notes.txt": b"x", "cat/a.json": b"{}"}, [".png"], False),
+    ({"notes.txt": b"x", "cat/deep/1.PNG": b"png"}, [".png"], True),
+    ({"empty/dirs/only/.keep/": b""}, [".png"], False),
+])
+def test_first_counted_file_finds_what_the_scan_would_count(
+    tmp_path: Path, files: dict[str, bytes], extensions: list[str] | None, found: bool
+) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    for relative, data in files.items():
+        path = root / relative
+        if relative.endswith("/"):
+            path.mkdir(parents=True)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    assert first_counted_file(root, extensions) is found
+    assert (scan_manifest(root, extensions, "none").file_count > 0) is found
+
+
+def test_first_counted_file_does_not_count_a_link_out_of_the_data(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.png"
+    outside.write_bytes(b"png")
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "link.png").symlink_to(outside)
+    assert first_counted_file(root, [".png"]) is False
+
+
+def test_first_counted_file_stops_undecided_after_its_entries(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    for i in range(50):
+        (root / f"{i}.txt").write_text("x")
+    assert first_counted_file(root, [".png"], max_entries=10) is None
+    assert first_counted_file(root, [".png"], max_entries=100) is False
+    (root / "z.png").write_bytes(b"png")
+    assert first_counted_file(root, [".png"], max_entries=100) is True
+
+
+def test_the_empty_data_problem_names_the_patterns_and_both_fixes() -> None:
+    assert empty_data_problem("'/d'", None) == (
+        "data.path: '/d' holds no file matching * (every file counts: data.manifest.extensions "
+        "is not set), so a run over it would train on nothing; add the data files there (or "
+        "fix the path), or set data.allow_empty: true if the script brings its own data")
+    assert "matching *.png, *.jpg (data.manifest.extensions)" in empty_data_problem(
+        "'/d'", [".png", ".jpg"])

@@ -315,8 +315,9 @@ def test_a_missing_data_directory_fails_the_trial_before_any_launch(
     """The data directory was there at submission (which checks it) and is gone by launch."""
     missing = tmp_path / "no-such-data"
     missing.mkdir()
+    (missing / "a.png").write_bytes(b"png")  # (an empty one is refused at submission)
     job = submit(sqlite_rig, config(train("--epochs", "1"), data=str(missing)))
-    missing.rmdir()
+    shutil.rmtree(missing)
 
     view = settle(sqlite_rig, job)
 

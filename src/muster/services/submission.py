@@ -9,7 +9,9 @@ with the key path:
 - a shell operator is a word of the entrypoint (`&&`, `|`, `;`, `>`): it runs without a
   shell, so `python a.py && python b.py` would pass `&&` to a.py as an argument;
 - `data.path` does not exist, is not a directory, or the server cannot read it; a relative
-  one leads out of the context (`../..`, or a link);
+  one leads out of the context (`../..`, or a link); it holds no file the data manifest
+  would count (unless `data.allow_empty`): looked for by a walk that stops at the first
+  such file, bounded, so that the scan before the launch decides what the request cannot;
 - one trial needs more than the whole cluster has (3 replicas on 2 slots; a GPU type it
   lacks), so it would wait in the queue forever.
 """
@@ -25,6 +27,8 @@ from pathlib import Path, PurePosixPath
 from muster.config import ExperimentConfig
 from muster.config.problems import config_error
 from muster.containment import inside
+from muster.errors import ConfigError
+from muster.supervise.manifest import empty_data_problem, first_counted_file
 from muster.words import count
 
 __all__ = ["SHELL_OPERATORS", "ClusterCapacity", "check_submission"]
@@ -145,6 +149,18 @@ def _data_problems(config: ExperimentConfig, context: Path) -> Iterator[str]:
     elif not os.access(path, os.R_OK | os.X_OK):
         yield (f"data.path: {where} cannot be read by the server (user {os.getuid()}); grant "
                "read access, or copy the data somewhere readable")
+    elif not config.data.allow_empty and _holds_no_data(path, config.data.manifest.extensions):
+        yield empty_data_problem(where, config.data.manifest.extensions)
+
+
+def _holds_no_data(path: Path, extensions: Sequence[str] | None) -> bool:
+    """True when the manifest would count no file under `path`: found by a walk that stops
+    at the first counted file and after MAX_CHECK_ENTRIES entries. What it cannot decide
+    in that bound, or cannot walk, the scan before the launch decides (and reports)."""
+    try:
+        return first_counted_file(path, extensions) is False
+    except ConfigError:
+        return False  # an unreadable folder below it: the scan's failure names it
 
 
 def _capacity_problems(config: ExperimentConfig, capacity: ClusterCapacity) -> Iterator[str]:

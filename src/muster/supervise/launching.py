@@ -37,6 +37,7 @@ from muster.supervise import verification
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import Ending
+from muster.supervise.manifest import empty_data_problem
 from muster.supervise.ownership import grant_attempt, grant_trial
 from muster.supervise.scans import DataScans, ScanFailed
 from muster.supervise.searching import trial_seed
@@ -203,6 +204,10 @@ class Launching:
                                           f"({self.scans.seconds(trial_id):.0f} s so far)")
                 return Scan.WAITING
             trial.manifest = found.to_json()
+        if found.file_count == 0 and not data.allow_empty:  # emptied since the submission
+            self._fail_before_launch(trial_id, empty_data_problem(
+                repr(str(path)), data.manifest.extensions))
+            return Scan.FAILED
         return Scan.READY
 
     def drop_stale_scans(self) -> None:

@@ -25,15 +25,17 @@ from typing import Any, Literal
 
 from muster.errors import ConfigError
 
-__all__ = ["LabelMode", "Manifest", "scan_manifest"]
+__all__ = ["LabelMode", "Manifest", "empty_data_problem", "first_counted_file", "scan_manifest"]
 
 LabelMode = Literal["from_dirs", "none"]
 
 PATH_KEY = "data.path"
 EXTENSIONS_KEY = "data.manifest.extensions"
 LABELS_KEY = "data.manifest.labels"
+ALLOW_EMPTY_KEY = "data.allow_empty"
 MAX_NOTES = 20  # a directory of 10,000 dangling links needs a count, not 10,000 lines
 MAX_SCAN_FILES = 5_000_000
+MAX_CHECK_ENTRIES = 20_000  # a submission's look for one counted file, in the request
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,10 @@ class _Tally:
     root: str
     extensions: tuple[str, ...] | None
     deadline: float | None = None  # time.monotonic() past which the walk gives up
+    # Set for `first_counted_file`: the walk stops at the first counted file, or once it
+    # has looked at this many entries (then `undecided`).
+    entries_left: int | None = None
+    undecided: bool = False
     files: list[tuple[str, int, int]] = field(default_factory=list)
     by_extension: Counter[str] = field(default_factory=Counter)
     classes: Counter[str] = field(default_factory=Counter)
@@ -157,6 +163,33 @@ def scan_manifest(
     )
 
 
+def first_counted_file(path: Path, extensions: Sequence[str] | None,
+                       max_entries: int = MAX_CHECK_ENTRIES) -> bool | None:
+    """Whether a scan of `path` would count at least one file, found by the same walk and
+    stopping at the first: True at once for any data set, False for one with no file to
+    count, None when it looked at `max_entries` entries without deciding (the scan before
+    the launch then decides).
+
+    Raises:
+        ConfigError: as `scan_manifest`, for a path it cannot walk.
+    """
+    tally = _Tally(_data_root(path), _normalize_extensions(extensions),
+                   entries_left=max_entries)
+    _walk(tally)
+    if tally.files:
+        return True
+    return None if tally.undecided else False
+
+
+def empty_data_problem(where: str, extensions: Sequence[str] | None) -> str:
+    """What is wrong with a data path whose manifest counts no file, and the two fixes."""
+    matching = (", ".join(f"*{e}" for e in extensions) + f" ({EXTENSIONS_KEY})" if extensions
+                else f"* (every file counts: {EXTENSIONS_KEY} is not set)")
+    return (f"{PATH_KEY}: {where} holds no file matching {matching}, so a run over it would "
+            f"train on nothing; add the data files there (or fix the path), or set "
+            f"{ALLOW_EMPTY_KEY}: true if the script brings its own data")
+
+
 def _data_root(path: Path) -> str:
     resolved = path.expanduser().resolve()
     if not resolved.exists():
@@ -201,6 +234,8 @@ def _walk(tally: _Tally) -> None:
                               "at the data set itself")
         directory, label = stack.pop()
         for entry in _list_directory(directory, root):
+            if _enough(tally):
+                return
             relative = entry.path[prefix_length:]
             if entry.is_dir(follow_symlinks=False):
                 stack.append((entry.path, entry.name if directory == root else label))
@@ -208,6 +243,18 @@ def _walk(tally: _Tally) -> None:
                 tally.note(relative, "a symlink to a directory, not followed")
             elif (extension := _extension_of(entry.name, tally.extensions)) is not None:
                 _count_entry(tally, entry, relative, label, extension)
+
+
+def _enough(tally: _Tally) -> bool:
+    """Whether a bounded walk (`entries_left` set) stops here: it found a file, or used up
+    its entries (undecided)."""
+    if tally.entries_left is None:
+        return False
+    if tally.files:
+        return True
+    tally.entries_left -= 1
+    tally.undecided = tally.entries_left < 0
+    return tally.undecided
 
 
 def _list_directory(directory: str, root: str) -> list[os.DirEntry[str]]:
