@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -233,7 +234,7 @@ def _walk(tally: _Tally) -> None:
                               f"({len(tally.files):,} files counted so far); point {PATH_KEY} "
                               "at the data set itself")
         directory, label = stack.pop()
-        for entry in _list_directory(directory, root):
+        for entry in _list_directory(directory, root, tally.entries_left):
             if _enough(tally):
                 return
             relative = entry.path[prefix_length:]
@@ -257,10 +258,13 @@ def _enough(tally: _Tally) -> bool:
     return tally.undecided
 
 
-def _list_directory(directory: str, root: str) -> list[os.DirEntry[str]]:
+def _list_directory(directory: str, root: str,
+                    limit: int | None = None) -> list[os.DirEntry[str]]:
+    """The entries of `directory`; at most `limit` + 1 of them when a limit is set (a bounded
+    walk must not list a folder of millions to look at a few)."""
     try:
         with os.scandir(directory) as entries:
-            return list(entries)
+            return list(entries if limit is None else itertools.islice(entries, limit + 1))
     except FileNotFoundError:
         if directory == root:
             raise ConfigError(f"the data directory {root} vanished during the scan "
