@@ -76,6 +76,7 @@ def train(ctx: mh.Context, args: argparse.Namespace, data: tuple[torch.Tensor, .
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
     loss_fn = nn.CrossEntropyLoss()
+    ctx.plan(epochs=args.epochs)  # "verified" needs the run to reach it
     first_epoch, step = 1, 0
     if resumed := mt.restore(ctx, model=model, optimizer=optimizer, scheduler=scheduler):
         first_epoch, step = (resumed.sampler_epoch or 0) + 1, resumed.step

@@ -110,6 +110,7 @@ def main() -> None:
     test_loader = torch.utils.data.DataLoader(test_set, batch_size=1000)
 
     with mh.init() as ctx:
+        ctx.plan(epochs=args.epochs)  # "verified" needs the run to reach it
         model = Net()
         optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
         scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)

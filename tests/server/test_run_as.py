@@ -56,6 +56,7 @@ for name, path in targets.items():
 with open("mine.txt", "w") as f:  # its own working directory
     f.write("written by the job")
 with mh.init() as ctx:
+    ctx.plan(steps=1)
     ctx.report_training(1, {"loss": 0.5})
     ctx.report_validation(1, {"val_loss": 0.25})
     with ctx.checkpoint.save(1) as path:
