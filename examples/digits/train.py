@@ -143,6 +143,7 @@ def main() -> int:
     args = parse_args()
     with mh.init(hparams=vars(args) | {"data": str(args.data)}) as ctx:
         run = settings(args, ctx)
+        ctx.plan(epochs=run.epochs)  # its planned end: "verified" needs it reached
         print(f"lr {run.lr:.4g}  hidden {run.hidden}  dropout {run.dropout:.2f}  "
               f"batch_size {run.batch_size}  epochs {run.epochs}", flush=True)
         # The split keeps the flag's seed: every trial of a search validates on the same files.
