@@ -20,7 +20,8 @@ def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
     assert {kind: files.path(kind).name for kind in RankFile} == {
         RankFile.LOG: "rank-2.log", RankFile.INDEX: "rank-2.index",
         RankFile.SPEC: "rank-2.spec.json", RankFile.LAUNCH: "rank-2.launch.json",
-        RankFile.STATUS: "rank-2.shim.json", RankFile.EXIT: "rank-2.exit.json",
+        RankFile.STATUS: "rank-2.shim.json", RankFile.ALIVE: "rank-2.alive",
+        RankFile.EXIT: "rank-2.exit.json",
         RankFile.STOP: "rank-2.stop", RankFile.SHIM_LOG: "rank-2.shim.log",
         RankFile.STALLED: "rank-2.stalled.json", RankFile.STANDBY_GO: "rank-2.standby-go.json",
         RankFile.HEARTBEAT: "rank-2.heartbeat.json", RankFile.METRICS: "rank-2.metrics.jsonl",

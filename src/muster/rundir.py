@@ -47,6 +47,7 @@ class RankFile(str, Enum):
     SPEC = "spec.json"  # the ReplicaSpec [launcher]
     LAUNCH = "launch.json"  # the shim's identity and launch time [launcher]
     STATUS = "shim.json"  # shim and child identities, process group, start time [shim]
+    ALIVE = "alive"  # touched every second while the shim runs: its mtime, last seen alive [shim]
     EXIT = "exit.json"  # the ExitRecord, after the log is synced [shim]
     STOP = "stop"  # a stop request, with its grace [launcher]
     SHIM_LOG = "shim.log"  # the shim's own diagnostics (its stderr) [shim]
@@ -64,7 +65,7 @@ class RankFile(str, Enum):
 
 # An ended incarnation's control files, moved aside before a restart in place; its log and
 # index stay where they are, and the next incarnation appends to them.
-CONTROL_FILES = (RankFile.SPEC, RankFile.LAUNCH, RankFile.STATUS, RankFile.EXIT,
+CONTROL_FILES = (RankFile.SPEC, RankFile.LAUNCH, RankFile.STATUS, RankFile.ALIVE, RankFile.EXIT,
                  RankFile.STOP, RankFile.SHIM_LOG, RankFile.STALLED, RankFile.HEARTBEAT,
                  RankFile.SNAPSHOT, RankFile.DIAGNOSTICS)
 
@@ -176,6 +177,10 @@ class RankFiles:
     @property
     def status(self) -> Path:
         return self.path(RankFile.STATUS)
+
+    @property
+    def alive(self) -> Path:
+        return self.path(RankFile.ALIVE)
 
     @property
     def exit(self) -> Path:

@@ -145,6 +145,39 @@ def test_once_the_primary_exited_0_a_later_failure_is_no_cause() -> None:
     assert cause({0: verdict(R.OK), 1: verdict(R.USER_ERROR)}, earlier).reason is R.USER_ERROR
 
 
+def lost(rank: int, lost_at: float | None) -> ReplicaStatus:
+    return ReplicaStatus(rank, ReplicaPhase.LOST, lost_at=lost_at)
+
+
+@pytest.mark.parametrize(("statuses", "verdicts", "reason"), [
+    # Rank 1 was last seen alive before the primary's exit 0 (its node died; Ray said so
+    # later): its share of the work was not done, so the attempt fails.
+    ({0: exited(0, 0, ended_at=10.0), 1: lost(1, 9.0)}, {0: R.OK, 1: R.LOST}, R.LOST),
+    # Still alive after the primary's exit 0: lost in its teardown, no cause.
+    ({0: exited(0, 0, ended_at=10.0), 1: lost(1, 11.0)}, {0: R.OK, 1: R.LOST}, R.OK),
+    # No time of death known: ordered last, as before.
+    ({0: exited(0, 0, ended_at=10.0), 1: lost(1, None)}, {0: R.OK, 1: R.LOST}, R.OK),
+    # The first failure in time: the lost rank, not the peer that then lost its connection
+    # to it and failed first in muster's eyes.
+    ({0: exited(0, 1, ended_at=10.0), 1: lost(1, 5.0)}, {0: R.USER_ERROR, 1: R.LOST}, R.LOST),
+    ({0: exited(0, 1, ended_at=10.0), 1: lost(1, 12.0)}, {0: R.USER_ERROR, 1: R.LOST},
+     R.USER_ERROR),
+    # Two losses: the earlier death is the cause.
+    ({0: lost(0, 8.0), 1: lost(1, 3.0), 2: exited(2, 0, ended_at=9.0)},
+     {0: R.LOST, 1: R.LOST, 2: R.OK}, R.LOST),
+])
+def test_a_lost_replica_is_ordered_by_when_it_was_last_alive(
+    statuses: dict[int, ReplicaStatus], verdicts: dict[int, Reason], reason: Reason
+) -> None:
+    named = {rank: Classification(why, f"rank {rank}: {why.value}", None, None, None)
+             for rank, why in verdicts.items()}
+    decided = cause(named, statuses)
+    assert decided.reason is reason
+    if reason is R.LOST:  # the earliest loss
+        first = min((s.lost_at or 0.0, r) for r, s in statuses.items() if s.lost_at)[1]
+        assert decided.message == f"rank {first}: LOST"
+
+
 def test_stopped_peers_are_no_cause() -> None:
     statuses = {0: exited(0, -15), 1: exited(1, -15)}
     assert cause({0: verdict(R.STOPPED), 1: verdict(R.STOPPED)}, statuses).reason is R.STOPPED

@@ -125,6 +125,9 @@ class ReplicaStatus:
     stop_requested: bool = False
     stop_requested_at: float | None = None  # unix time muster asked it to stop, when known
     started_at: float | None = None  # unix time the training process started, once it has
+    # LOST only: the last time it was known alive (its shim's liveness stamp, else its start
+    # or launch). It died at or after this; when muster noticed says nothing about when.
+    lost_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ attempt directory and process identities alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -33,17 +34,19 @@ from muster.launch.base import (
 )
 from muster.launch.forkserver import ForkServerError
 from muster.launch.identity import group_members, is_alive, read_identity, send_signal
-from muster.launch.logs import FileLog
+from muster.launch.logs import FileLog, LogPart
 from muster.launch.records import exit_record_from_json, spec_to_json
 from muster.rundir import CONTROL_FILES, AttemptDir, RankFile, RankFiles
 
-__all__ = ["SHIM", "LocalLauncher", "archive_control_files", "identity_from", "modified_at",
-           "spawn_shim", "status_of"]
+__all__ = ["LOG_WAIT_S", "SHIM", "LocalLauncher", "archive_control_files", "identity_from",
+           "last_alive", "log_caught_up", "modified_at", "spawn_shim", "status_of"]
 
 log = logging.getLogger(__name__)
 
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 SHIM = "muster.launch.shim"  # the shim's module: `python -P -m muster.launch.shim SPEC`
+# How long an exit record waits for its log's last bytes to show here (`log_caught_up`).
+LOG_WAIT_S = 60.0
 
 
 class LocalLauncher(Launcher):
@@ -104,8 +107,16 @@ class LocalLauncher(Launcher):
         # a dead shim without a record here really ended without one.
         exit_data = read_json(files.exit)
         stop_at = modified_at(files.stop)
-        phase = None if exit_data is not None else self._live_phase(files, status, shim, alive)
-        return status_of(rank, phase, status, exit_data, shim, child, stop_at)
+        phase: ReplicaPhase | None
+        if exit_data is not None and not log_caught_up(files, exit_data):
+            # It ended, but its log's last bytes do not show here yet: not ended for muster.
+            exit_data, phase = None, ReplicaPhase.RUNNING
+        else:
+            phase = (None if exit_data is not None
+                     else self._live_phase(files, status, shim, alive))
+        lost_at = (last_alive(files, status, read_json(files.launch))
+                   if phase is ReplicaPhase.LOST else None)
+        return status_of(rank, phase, status, exit_data, shim, child, stop_at, lost_at)
 
 
     def _deliver_stop(self, attempt_dir: Path, rank: int) -> None:
@@ -236,9 +247,10 @@ def spawn_shim(argv: list[str], cwd: Path, env: dict[str, str] | None,
 
 def status_of(rank: int, live: ReplicaPhase | None, status: Any, exit_data: Any,
               shim: ProcessIdentity | None, child: ProcessIdentity | None,
-              stop_at: float | None) -> ReplicaStatus:
+              stop_at: float | None, lost_at: float | None = None) -> ReplicaStatus:
     """A replica's status from what its files say: EXITED with its record when there is
-    one, else `live` (the launcher's judgement of a replica without one)."""
+    one, else `live` (the launcher's judgement of a replica without one); `lost_at` is a
+    LOST replica's `last_alive`."""
     if exit_data is not None:
         record = exit_record_from_json(exit_data)
         return ReplicaStatus(rank, ReplicaPhase.EXITED, shim, child, record,
@@ -248,7 +260,52 @@ def status_of(rank: int, live: ReplicaPhase | None, status: Any, exit_data: Any,
         raise ValueError(f"rank {rank}: a replica without an exit record needs its live phase")
     started_at = status.get("started_at") if isinstance(status, dict) else None
     return ReplicaStatus(rank, live, shim, child, None, stop_at is not None, stop_at,
-                         float(started_at) if isinstance(started_at, int | float) else None)
+                         float(started_at) if isinstance(started_at, int | float) else None,
+                         lost_at if live is ReplicaPhase.LOST else None)
+
+
+def last_alive(files: RankFiles, status: Any, launch: Any) -> float | None:
+    """The last time the replica was known alive: its shim's liveness stamp
+    (`RankFile.ALIVE`, kept fresh while the shim runs), else its training process's start
+    (`status`), else its launch (`launch`); None without a trace of it."""
+    times = [float(data[key]) for data, key in ((status, "started_at"), (launch, "launched_at"))
+             if isinstance(data, dict) and isinstance(data.get(key), int | float)]
+    # No stamp: a shim that never got to supervise its child; its start or launch says it.
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        times.append(os.lstat(files.alive).st_mtime)
+    return max(times, default=None)
+
+
+def log_caught_up(files: RankFiles, exit_data: Any, now: float | None = None) -> bool:
+    """Whether muster may trust the exit record `exit_data` (its JSON): the replica's log,
+    opened anew, holds every byte the record counts (`log_bytes`).
+
+    The shim syncs the log before it writes the record, but on a file system the nodes share
+    the record can show up here before the log's last bytes do; opening the log makes such a
+    file system look again. A record trusted earlier would end the attempt on a short log.
+    Past `LOG_WAIT_S` after the replica's end it is trusted anyway, the shortfall logged:
+    bytes that have not arrived by then are lost, and the attempt must end.
+    """
+    counted = exit_data.get("log_bytes") if isinstance(exit_data, dict) else None
+    if not isinstance(counted, int) or counted <= 0:
+        return True
+    stream = FileLog(files.rank, files.log).open(LogPart.LOG)
+    if stream is None:
+        size = 0
+    else:
+        with stream:
+            size = os.fstat(stream.fileno()).st_size
+    if size >= counted:
+        return True
+    ended_at = exit_data.get("ended_at")
+    waited = (now if now is not None else time.time()) - (
+        float(ended_at) if isinstance(ended_at, int | float) else 0.0)
+    if waited < LOG_WAIT_S:
+        return False
+    log.warning("%s holds %d of the %d bytes its exit record counts, %.0f s after the "
+                "replica ended; trusting the record: the rest is lost", files.log, size,
+                counted, waited)
+    return True
 
 
 def archive_control_files(attempt_dir: Path, rank: int, incarnation: int) -> None:

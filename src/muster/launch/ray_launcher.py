@@ -55,6 +55,8 @@ from muster.launch.local import (
     LocalLauncher,
     archive_control_files,
     identity_from,
+    last_alive,
+    log_caught_up,
     modified_at,
     status_of,
 )
@@ -338,11 +340,19 @@ class RayLauncher(Launcher):
         child = identity_from(status, "child")
         alive = self._actor_alive(_actor(launch, attempt_dir, rank))
         exit_data = read_json(files.exit)  # after the liveness check, as locally
-        if not alive:
+        if exit_data is not None and not log_caught_up(files, exit_data):
+            # Its actor may be gone, but it ended: not LOST, and not ended for muster
+            # until the log's last bytes show on the shared storage.
+            exit_data, phase = None, ReplicaPhase.RUNNING
+        elif not alive:
             phase = ReplicaPhase.LOST
         else:
             phase = ReplicaPhase.RUNNING if status is not None else ReplicaPhase.STARTING
-        return status_of(rank, phase, status, exit_data, shim, child, modified_at(files.stop))
+        # A lost replica (its node died, say) died after it was last known alive; Ray's own
+        # death times are when its GCS noticed, seconds later (docs/ray.md).
+        lost_at = last_alive(files, status, launch) if phase is ReplicaPhase.LOST else None
+        return status_of(rank, phase, status, exit_data, shim, child, modified_at(files.stop),
+                         lost_at)
 
 
     def _deliver_stop(self, attempt_dir: Path, rank: int) -> None:

@@ -41,6 +41,7 @@ from muster.rundir import RankFiles
 from muster.sizes import format_size
 
 __all__ = [
+    "LivenessStamp",
     "LogPump",
     "Shim",
     "StopFlag",
@@ -60,6 +61,7 @@ COALESCE_S = 0.002
 WRITEBACK_BYTES = 8 << 20
 WRITEBACK_ALIGN = 1 << 16
 MARKER_CHECK_S = 0.25
+ALIVE_STAMP_S = 1.0
 
 
 def signal_name(signum: int) -> str:
@@ -390,6 +392,42 @@ def _spawn_message(argv: list[str], cwd: Path, exc: OSError) -> str:
     )
 
 
+class LivenessStamp:
+    """The replica's liveness stamp (`RankFile.ALIVE`): while the shim supervises the child it
+    sets the file's mtime to now, at most every `ALIVE_STAMP_S`. A replica found LOST (its
+    node died, its shim was SIGKILLed) then has a time it was last known alive, which muster
+    orders against its peers' ends; when muster noticed the loss says nothing about when it
+    happened. The time is this machine's clock, as the exit record's is, and set through the
+    open file (never through a link put in its place)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd: int | None = None
+        self._next = 0.0
+        try:
+            self._fd = _open_append(path)
+        except OSError as exc:
+            log.error("cannot create the liveness stamp %s (%s): a loss of this replica will "
+                      "be ordered by its start", path, exc)
+
+    def stamp(self) -> None:
+        """Set the stamp to now, unless it was set less than `ALIVE_STAMP_S` ago."""
+        now = time.monotonic()
+        if self._fd is None or now < self._next:
+            return
+        self._next = now + ALIVE_STAMP_S
+        stamp = time.time()
+        try:
+            os.utime(self._fd, (stamp, stamp))
+        except OSError as exc:
+            log.error("cannot update the liveness stamp (%s); no further attempts", exc)
+            self.close()
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
 class Shim:
     """Runs one replica's training process to its end and records how it ended."""
 
@@ -567,17 +605,21 @@ class Shim:
         """Copy output until the child exits; returns when it ended (Unix time).
 
         WNOWAIT leaves the child a zombie, so its pid and process group stay reserved until
-        `_reap`: signalling the group can never hit a process that reused the number.
+        `_reap`: signalling the group can never hit a process that reused the number. The
+        liveness stamp is kept fresh meanwhile.
         """
         pidfd = _pidfd(pid)
         pump.wake_on_exit(pidfd)
+        alive = LivenessStamp(self.files.alive)
         try:
             while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                alive.stamp()
                 self._enforce_stop(pid)
                 self._enforce_memory(pid)
                 pump.pump_once(POLL_MS)
             return time.time()
         finally:
+            alive.close()
             pump.wake_on_exit(None)
             if pidfd is not None:
                 os.close(pidfd)

@@ -1,8 +1,8 @@
 """What an attempt's ends mean, and what the trial does next. Pure: table-tested, no I/O.
 
 - `decided_by`: the end that decides a live attempt (the primary's, or a failure), if any;
-- `cause`: the verdict an ended attempt ends with (the first failure in time, else the
-  primary's);
+- `cause`: the verdict an ended attempt ends with (the first failure in time, by when each
+  end happened, not when it was noticed; else the primary's);
 - `next_move`: the whole ladder of what follows an attempt's end, from the trial's state,
   muster's stop intent (kill, pause, preempt, early stop) and the failure policy's
   `decide()`; `muster.supervise.ending` carries the move out.
@@ -20,7 +20,7 @@ from muster.launch.exits import Classification
 from muster.states import AttemptState, EventReason, Reason, StopIntent, TrialState
 from muster.supervise.policy import Action, Budget, Budgets, decide
 
-__all__ = ["Move", "Next", "attempt_end", "cause", "decided_by", "ended_cleanly",
+__all__ = ["Move", "Next", "attempt_end", "cause", "decided_by", "end_time", "ended_cleanly",
            "exited_cleanly", "next_move", "started"]
 
 Why = Reason | EventReason
@@ -62,16 +62,31 @@ def cause(verdicts: Mapping[int, Classification],
     killed, not its peers that then lost their connection to it); else the primary's (OK,
     or STOPPED when muster was asked to stop the trial). Once the primary has exited 0 it
     has the last word: a peer failing after that (in its teardown, say) is recorded on its
-    replica but does not fail the trial."""
+    replica but does not fail the trial.
+
+    Ends are ordered by when they happened, never by when muster noticed them: a LOST
+    replica (its node died, say) by the last time it was known alive (`lost_at`), as it may
+    have died any moment after. A peer lost before the primary's exit 0 therefore fails the
+    attempt even when Ray reports it only later; one whose death time is unknown orders
+    last."""
     def ended(rank: int) -> tuple[float, int]:
-        record = statuses[rank].exit
-        return (record.ended_at if record is not None else float("inf"), rank)
+        return (end_time(statuses[rank]), rank)
 
     failed = [rank for rank, v in verdicts.items() if v.reason not in (Reason.OK, Reason.STOPPED)]
     primary = verdicts[0]
     if primary.reason is Reason.OK:
         failed = [rank for rank in failed if ended(rank) < ended(0)]
     return verdicts[min(failed, key=ended)] if failed else primary
+
+
+def end_time(status: ReplicaStatus) -> float:
+    """When the replica ended, as far as muster knows: its exit record's time, else (LOST)
+    the last time it was known alive; +inf when neither is known."""
+    if status.exit is not None:
+        return status.exit.ended_at
+    if status.lost_at is not None:
+        return status.lost_at
+    return float("inf")
 
 
 def attempt_end(reason: Reason) -> AttemptState:
