@@ -172,7 +172,8 @@ class Experiment(Base):
     # The list's default filter (not archived, not being deleted) and order, from one index
     # (migration 0014): it counts and pages 10,000s of experiments without reading a row.
     # The searches still drawing trials are found among the active experiments by
-    # `max_trials` (over 1) in one index, not by reading every active experiment's row.
+    # `max_trials` (over 1, or 1 with no trial yet: an index lookup each) in one index, not
+    # by reading every active experiment's row.
     __table_args__ = (Index("ix_experiments_listed", "archived", "delete_requested_at", "id"),
                       Index("ix_experiments_state_max_trials", "state", "max_trials"),
                       NO_ID_REUSE)
