@@ -140,7 +140,20 @@ def test_trial_logs_follow_exits_1_for_a_trial_that_did_not_succeed(
     trial = only_trial(create_json(server, context, "--wait"))
     done = on(server, "trial", "logs", str(trial["id"]), "--follow")
     assert (done.returncode, done.stdout) == (1, "x\n")
-    assert f"trial {trial['id']} is FAILED" in done.stderr
+    assert f"trial {trial['id']} is FAILED: failed: " in done.stderr
+
+
+def test_trial_logs_follow_require_verified_exits_3_for_an_exit_0_not_verified(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    context = write_context(tmp_path, ["python", "-c", "print('x')"])
+    trial = only_trial(create_json(server, context, "--wait"))
+    done = on(server, "trial", "logs", str(trial["id"]), "--follow", "--require-verified")
+    assert (done.returncode, done.stdout) == (3, "x\n"), done.stderr
+    assert f"trial {trial['id']}: exit 0 — not verified: " in done.stderr
+    assert "(--require-verified)" in done.stderr
+    done = on(server, "trial", "logs", str(trial["id"]), "--follow")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "x\n", "")  # as before
 
 
 def test_a_rank_the_trial_does_not_have_is_named(server: RunningServer, tmp_path: Path) -> None:

@@ -141,6 +141,9 @@ def logs(
     follow: Annotated[bool, typer.Option(
         "--follow", "-f", help="stream until the trial ends; exit 0 only if it SUCCEEDED")]
     = False,
+    require_verified: Annotated[bool, typer.Option(
+        "--require-verified", help="with --follow: exit 3 when the trial SUCCEEDED but its "
+        "exit 0 was not verified")] = False,
     tail: Annotated[int | None, typer.Option(help="only the last N lines (of the latest "
                                              "attempt)")] = None,
     attempt: Annotated[int | None, typer.Option(
@@ -171,8 +174,13 @@ def logs(
             trial = following.follow_trial(c, trial_id, _write, output, attempt=attempt,
                                            rank=rank, tail=tail)
     if trial["state"] != "SUCCEEDED":
-        render.err_console.print(f"trial {trial_id} is {trial['state']}")
-        raise typer.Exit(1)
+        render.err_console.print(f"trial {trial_id} is {trial['state']}: "
+                                 f"{render.styled_verdict(trial)}", soft_wrap=True)
+        raise typer.Exit(following.NOT_SUCCEEDED)
+    if require_verified and render.verified(trial) is not True:
+        render.err_console.print(f"trial {trial_id}: {render.styled_verdict(trial)} "
+                                 "(--require-verified)", soft_wrap=True)
+        raise typer.Exit(following.NOT_VERIFIED)
 
 
 def _write(text: str) -> None:
