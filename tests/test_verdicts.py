@@ -52,7 +52,7 @@ RANKS_WARN = check("consistent_ranks", "passed",
     ("SUCCEEDED", judged(True, SAMPLES, RANKS_WARN), {},
      Verdict(True, "verified; consistent_ranks: warning: OMP_NUM_THREADS: 1 vs 4 (rank 1)")),
     # SUCCEEDED, not verified: why, from the checks that did not run.
-    ("SUCCEEDED", judged(False, NO_LENGTH, NO_METRIC), {},
+    ("SUCCEEDED", judged(False, NO_METRIC, NO_LENGTH), {},
      Verdict(False, "exit 0 — not verified: completed: no planned length; finite_metrics: "
                     "no metric reported")),
     ("SUCCEEDED", judged(False, check("metrics_readable", "passed", "all lines read")), {},

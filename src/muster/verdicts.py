@@ -15,16 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from muster.states import CheckStatus, EventReason, TrialState
+from muster.words import NOT_VERIFIED  # "exit 0 — not verified", as trial messages say it
 
 __all__ = ["MAX_DETAIL_CHARS", "MAX_VERDICT_CHARS", "NOT_VERIFIED", "NO_CHECK_INSPECTED",
            "SUSPECT", "Verdict", "VerdictCounts", "check_status", "count_verdicts",
            "verdict_of"]
 
 VERIFIED = "verified"
-NOT_VERIFIED = "exit 0 — not verified"
 SUSPECT = "SUSPECT"
 NO_CHECK_INSPECTED = "no check inspected its results"
 STOPPED_EARLY = "stopped early by the searcher"
+COMPLETED = "completed"  # the check that the run reached its planned end
 MAX_DETAIL_CHARS = 100  # one check's detail in a verdict; longer ones end in "…"
 MAX_VERDICT_CHARS = 300  # the whole line
 CUT = "…"
@@ -71,7 +72,10 @@ def _succeeded(verification: Mapping[str, Any] | None, early_stopped: bool,
         warned = _details(verification, CheckStatus.WARNING)
         shown = f"; {'; '.join(warned)}" if warned else ""
         return Verdict(True, _bounded(f"{VERIFIED}{early}{shown}"))
-    why = "; ".join(_details(verification, CheckStatus.NOT_RUN)) or NO_CHECK_INSPECTED
+    # Whether the run reached its planned end comes first: the evidence most often missing.
+    not_run = sorted(_details(verification, CheckStatus.NOT_RUN),
+                     key=lambda detail: not detail.startswith(f"{COMPLETED}: "))
+    why = "; ".join(not_run) or NO_CHECK_INSPECTED
     return Verdict(False, _bounded(f"{NOT_VERIFIED}{early}: {why}"))
 
 
