@@ -32,13 +32,24 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 PACED_RUNNER = Path(__file__).resolve().parents[1] / "examples" / "paced.py"
 ENDED = ("SUCCEEDED", "SUSPECT", "FAILED", "CANCELED")
 
-# Prints numbered lines at a steady pace, then exits 0 (no harness): a log to count.
+# Prints numbered lines at a steady pace, then exits 0 (no harness): a log to count. It ends
+# with a distributed job's final barrier: once the primary (rank 0) has exited 0, muster stops
+# the other ranks, so a rank that ran a few lines behind (ranks start apart, and drift apart
+# on a loaded machine) would be stopped short of its last lines, as designed. Rank 0 leaves
+# after every rank has written its last line (a file per rank in the shared working
+# directory).
 PACED = """\
-import sys, time
+import os, pathlib, sys, time
 n = int(sys.argv[1])
 for i in range(n):
     print(f"line {i:05d} " + "x" * 40, flush=True)
     time.sleep(float(sys.argv[2]))
+done = f"done-{os.environ['MUSTER_ATTEMPT']}-{{}}"
+pathlib.Path(done.format(os.environ.get("RANK", "0"))).touch()
+world = range(int(os.environ.get("WORLD_SIZE", "1")))
+while os.environ.get("RANK", "0") == "0" and not all(
+        pathlib.Path(done.format(r)).exists() for r in world):
+    time.sleep(0.02)
 """
 
 
