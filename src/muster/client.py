@@ -333,7 +333,7 @@ class Client:
         return self._json("GET", f"/trials/{trial_id}")  # type: ignore[no-any-return]
 
     def trial_snapshot(self, trial_id: int) -> dict[str, Any]:
-        """`{trial, ranks}`: what the trial was made of (`muster.diagnostics`)."""
+        """`{trial, ranks, outside}`: what the trial was made of (`muster.diagnostics`)."""
         return self._json("GET", f"/trials/{trial_id}/snapshot")  # type: ignore[no-any-return]
 
     def diff_trials(self, a: int, b: int) -> dict[str, Any]:

@@ -5,6 +5,7 @@ $MUSTER_HOME/runs/<trial-uuid>/                RunDir (MUSTER_RUN_DIR; ./muster-
   checkpoints/step-<step>-<hex>/               the trial's checkpoints (muster.checkpoint_files)
   workdir/                                     its own copy of the context: every attempt's cwd
   env/                                         its own environment layer: every attempt's python
+  attempt-<n>.outside.json                     the attempt seen from outside, at its launch [server]
   attempt-<n>/                                 AttemptDir, one per launch of the replica set
     hparams.json                               the trial's hyperparameters (MUSTER_HPARAMS)
     restarts/<file>.<incarnation>              an ended incarnation's files (restart in place)
@@ -93,6 +94,12 @@ class RunDir:
 
     def attempt(self, number: int) -> AttemptDir:
         return AttemptDir(self.path / f"attempt-{number}")
+
+    def outside_snapshot(self, number: int) -> Path:
+        """What muster saw of attempt `number` from outside its process, at its launch
+        (`muster.diagnostics`): the server's, beside the attempt's directory rather than in
+        it, where a job under `run_as` may write."""
+        return self.path / f"attempt-{number}.outside.json"
 
     def attempt_numbers(self) -> list[int]:
         """The attempts that have a directory here, in order."""

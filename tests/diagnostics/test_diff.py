@@ -317,3 +317,69 @@ def test_to_json_shape() -> None:
     assert all(type(row["group"]) is str for row in document["differences"])
     assert json.loads(json.dumps(document)) == document
     assert to_json([]) == {"differences": []}
+
+
+# The outside part (issue 30, item 9): what the server saw of each trial's process.
+OUTSIDE: dict[str, Any] = {
+    "source": "outside", "attempt": 1, "recorded_at": 1764487282.5,
+    "python": {"version": "3.11.9", "implementation": "cpython"},
+    "packages": {"numpy": "1.26.4", "torch": "2.0.1", "tinyalpha": "1.0"},
+    "code": {"tree_sha256": "9f" * 32, "files": 14}, "unknown": {},
+}
+
+
+def plain(trial: Mapping[str, Any] | None = None,
+          outside: Mapping[str, Any] | None = None) -> TrialSnapshots:
+    """A trial without the harness: no rank part, an outside part with `outside`'s changes."""
+    return TrialSnapshots(trial=changed(TRIAL, trial or {}), ranks={},
+                          outside=changed(OUTSIDE, outside or {}))
+
+
+def with_outside(snapshots: TrialSnapshots, outside: Mapping[str, Any]) -> TrialSnapshots:
+    return TrialSnapshots(snapshots.trial, snapshots.ranks, changed(OUTSIDE, outside))
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), [
+    pytest.param(plain(), plain(outside={"attempt": 2, "recorded_at": 1.0,
+                                         "code.files": 15}), [], id="only-what-is-not-compared"),
+    pytest.param(
+        plain(), plain(outside={"packages.tinyalpha": "2.0", "python.version": "3.12.1"}),
+        [("packages", "outside.packages.tinyalpha", "1.0", "2.0", None),
+         ("frameworks", "outside.python.version", "3.11.9", "3.12.1", None)],
+        id="a-layer-package-and-the-interpreter"),
+    pytest.param(
+        plain(), plain(outside={"python.implementation": "pypy"}),
+        [("frameworks", "outside.python.implementation", "cpython", "pypy", None)],
+        id="the-implementation"),
+    pytest.param(
+        plain(), plain(trial={"environment.packages.numpy": "2.1.0"},
+                       outside={"packages.numpy": "2.1.0"}),
+        [("packages", "environment.packages.numpy", "1.26.4", "2.1.0", None)],
+        id="said-once-by-the-trial-part"),
+    pytest.param(
+        plain(), TrialSnapshots(changed(TRIAL, {}), {}, None),
+        [], id="not-recorded-on-one-side"),
+    pytest.param(
+        with_outside(snap(), {}),
+        with_outside(snap(rank={"python.version": "3.12.1"}), {"python.version": "3.12.1"}),
+        [("frameworks", "python.version", "3.11.9", "3.12.1", 0)],
+        id="the-harness-wins"),
+    pytest.param(
+        plain(), with_outside(snap(), {"python.version": "3.12.1"}),
+        [("config", "ranks", [], [0], None),
+         ("frameworks", "outside.python.version", "3.11.9", "3.12.1", None)],
+        id="plain-against-harness"),
+])
+def test_diff_trials_outside(a: TrialSnapshots, b: TrialSnapshots, expected: list[Any]) -> None:
+    assert rows(diff_trials(a, b)) == expected
+
+
+def test_an_outside_line_says_where_it_was_seen() -> None:
+    found = diff_trials(plain(), plain(outside={"packages.tinyalpha": MISSING,
+                                                "python.version": "3.12.1"}))
+    assert [d.line() for d in found] == [
+        "tinyalpha: 1.0 vs (none) (seen from outside)",
+        "python.version: 3.11.9 vs 3.12.1 (seen from outside)"]
+    assert to_json(found)["differences"][0] == {
+        "group": "packages", "field": "outside.packages.tinyalpha", "a": "1.0", "b": None,
+        "rank": None}

@@ -36,6 +36,19 @@ and threadpoolctl only when the script already imported them):
 
 Every field a process cannot know is null (a CPU-only build has no CUDA), never missing.
 
+The *outside* part, recorded by the server at each attempt's launch, harness or not
+(`muster.supervise.outside_snapshot`; `runs/<uuid>/attempt-<n>.outside.json`, the server's
+file): what muster knows of the process without it, asked of the trial's own `python`
+(`-I -S`: nothing of the user's imported) and read from its layer's site-packages:
+
+    {"source": "outside", "attempt": int, "recorded_at": float,
+     "python": {"version": str | None, "implementation": str | None},
+     "packages": {name: version} | None,  # the layer's, then the lower layers', as imported
+     "code": {"tree_sha256": str, "files": int} | None,  # the context snapshot's
+     "unknown": {field: why}}  # what could not be known, and why
+
+It is never taken for what a harness saw: the rank parts say that, and win where both speak.
+
 `diff` compares snapshots (pure): what differs, grouped and ordered most result-relevant
 first, volatile fields (hostnames, GPU uuids, paths) left out; `muster.services.snapshots`
 assembles a trial's parts and serves `muster trial diff`; `code.git` is the context's git
@@ -57,16 +70,39 @@ from typing import Any, BinaryIO
 
 from muster.atomic import open_regular, read_regular
 from muster.diagnostics.bias import RankRecords, parse_records
-from muster.rundir import AttemptDir, RankFile
+from muster.rundir import AttemptDir, RankFile, RunDir
 from muster.words import count
 
-__all__ = ["MAX_DIAGNOSTICS_BYTES", "MAX_SNAPSHOT_BYTES", "read_rank_parts", "read_rank_records"]
+__all__ = ["MAX_DIAGNOSTICS_BYTES", "MAX_SNAPSHOT_BYTES", "OUTSIDE_SOURCE", "read_outside_part",
+           "read_rank_parts", "read_rank_records"]
 
 log = logging.getLogger(__name__)
 
 MAX_SNAPSHOT_BYTES = 4 << 20  # a rank's snapshot file; a larger one is not the harness's
 MAX_DIAGNOSTICS_BYTES = 64 << 20  # read of a rank's diagnostics file (the harness writes 32)
 MAX_RECORD_BYTES = 1 << 20  # one line of it; a longer one is skipped
+OUTSIDE_SOURCE = "outside"  # an outside part's `source`: never the harness's
+
+
+def read_outside_part(run_dir: RunDir, attempts: list[int]) -> dict[str, Any] | None:
+    """The outside part of the latest of `attempts` (numbers) that has one; None when none
+    has (a trial from before they were recorded, or its record is still being made). An
+    unreadable or malformed one is passed over with a warning."""
+    for number in sorted(attempts, reverse=True):
+        path = run_dir.outside_snapshot(number)
+        try:
+            if path.stat().st_size > MAX_SNAPSHOT_BYTES:
+                raise ValueError(f"over {MAX_SNAPSHOT_BYTES} bytes")
+            document = json.loads(read_regular(path))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            log.warning("the outside snapshot %s cannot be read: %s", path, exc)
+            continue
+        if isinstance(document, dict) and document.get("source") == OUTSIDE_SOURCE:
+            return document
+        log.warning("%s is not an outside snapshot; left out", path)
+    return None
 
 
 def read_rank_parts(attempt_dir: Path) -> dict[int, dict[str, Any]]:

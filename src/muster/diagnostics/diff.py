@@ -8,6 +8,13 @@ except two rank fields: `gpus` is compared as the sorted GPU names (order and se
 numbers say nothing about the numbers a run produces), and `blas` as the sorted
 "api library version" strings, with the thread counts as their own field, `blas.threads`.
 
+The *outside* part (`muster.diagnostics`: what muster saw of the process from outside, at
+the attempt's launch; every trial has one, with the harness or without) is compared as
+`outside.python.*` and `outside.packages.*`, its lines marked "(seen from outside)". The
+harness's rank parts win: between two trials that both have them, the interpreter is
+compared per rank and not again from outside, and an outside difference that another part
+already said (the same name, the same two values) is not said twice.
+
 Pure: no I/O; whoever shows a diff reads the snapshots and hands them in.
 """
 
@@ -23,6 +30,7 @@ __all__ = [
     "GROUPS",
     "LEFT_OUT",
     "NAME_MAPS",
+    "OUTSIDE",
     "PRIORITY",
     "VOLATILE",
     "VOLATILE_FIELDS",
@@ -71,8 +79,8 @@ VOLATILE_FIELDS: frozenset[str] = frozenset({
 # numerics switch, a variable, a hyperparameter): the key is never taken for a volatile
 # segment (PyPI has a package called `path`), and a line shows the key without the map.
 NAME_MAPS: tuple[str, ...] = (
-    "environment.packages", "packages", "libraries", "variables", "frameworks", "numerics",
-    "hparams",
+    "environment.packages", "outside.packages", "packages", "libraries", "variables",
+    "frameworks", "numerics", "hparams",
 )
 
 # Trial-part fields left out: hyperparameters are compared as `hparams.*` (the values the
@@ -103,6 +111,11 @@ _RANK_GROUPS: tuple[tuple[str, Group], ...] = (
     ("gpus", Group.HARDWARE),
 )
 _RANK_DEFAULT = Group.NUMERICS
+# The interpreter's implementation changes numerics as much as its version does.
+_OUTSIDE_GROUPS: tuple[tuple[str, Group], ...] = (
+    ("outside.python", Group.FRAMEWORKS), ("outside.packages", Group.PACKAGES),
+)
+OUTSIDE = "outside"  # the prefix of every field of the outside part
 
 # Within a group, these fields (fnmatch patterns) come first, in this order; the rest
 # follow alphabetically.
@@ -111,11 +124,12 @@ PRIORITY: Mapping[Group, tuple[str, ...]] = {
                  "code.tree_sha256", "code.files"),
     Group.CONFIG: ("ranks", "hparams.*", "seed", "data.fingerprint"),
     # Each package before the environment's key: the key is a hash of them all.
-    Group.PACKAGES: ("environment.packages.torch", "packages.torch", "environment.packages.*",
-                     "packages.*"),
+    Group.PACKAGES: ("environment.packages.torch", "packages.torch", "outside.packages.torch",
+                     "environment.packages.*", "packages.*", "outside.packages.*"),
     Group.FRAMEWORKS: ("frameworks.cuda", "libraries.libcublas", "libraries.libcudnn",
                        "frameworks.cudnn", "frameworks.nccl", "libraries.libnccl",
-                       "frameworks.torch", "driver", "python.version"),
+                       "frameworks.torch", "driver", "python.version",
+                       "outside.python.version", "outside.python.implementation"),
     Group.NUMERICS: ("variables.CUBLAS_WORKSPACE_CONFIG", "numerics.*",
                      "variables.PYTHONHASHSEED", "variables.NVIDIA_TF32_OVERRIDE",
                      "seed.torch_initial", "blas", "blas.threads"),
@@ -135,17 +149,22 @@ class Difference:
     rank: int | None
 
     def line(self) -> str:
-        """`libcublas: libcublas.so.11.10.1.25 vs libcublas.so.11.10.3.66 (rank 0)`."""
+        """`libcublas: libcublas.so.11.10.1.25 vs libcublas.so.11.10.3.66 (rank 0)`;
+        `numpy: 1.26.4 vs 2.0.2 (seen from outside)`."""
         where = "" if self.rank is None else f" (rank {self.rank})"
+        if _under(self.field, OUTSIDE):
+            where = " (seen from outside)"
         return f"{_short_name(self.field)}: {_shown(self.a)} vs {_shown(self.b)}{where}"
 
 
 @dataclass(frozen=True)
 class TrialSnapshots:
-    """One trial's snapshot: its trial part, and each rank's part (none without a harness)."""
+    """One trial's snapshot: its trial part, each rank's part (none without a harness), and
+    the outside part of its latest attempt that has one (None: not recorded)."""
 
     trial: Mapping[str, Any]
     ranks: Mapping[int, Mapping[str, Any]]
+    outside: Mapping[str, Any] | None = None
 
 
 def diff_trials(a: TrialSnapshots, b: TrialSnapshots) -> list[Difference]:
@@ -159,7 +178,31 @@ def diff_trials(a: TrialSnapshots, b: TrialSnapshots) -> list[Difference]:
     for rank in sorted(a.ranks.keys() & b.ranks.keys()):
         found += _compare(_rank_fields(a.ranks[rank]), _rank_fields(b.ranks[rank]),
                           _RANK_GROUPS, _RANK_DEFAULT, rank)
-    return _ordered(found)
+    return _ordered(found + _outside_differences(a, b, found))
+
+
+def _outside_differences(a: TrialSnapshots, b: TrialSnapshots,
+                         said: list[Difference]) -> list[Difference]:
+    """The outside parts compared, when both trials have one: less the interpreter where
+    both have the harness's rank parts (they win), less what `said` already says."""
+    if a.outside is None or b.outside is None:
+        return []
+    harness = bool(a.ranks) and bool(b.ranks)
+    known = {(_short_name(d.field), _key(d.a), _key(d.b)) for d in said}
+    return [d for d in _compare(_outside_fields(a.outside, harness),
+                                _outside_fields(b.outside, harness), _OUTSIDE_GROUPS,
+                                Group.PACKAGES, None)
+            if (_short_name(d.field), _key(d.a), _key(d.b)) not in known]
+
+
+def _outside_fields(part: Mapping[str, Any], harness: bool) -> dict[str, Any]:
+    kept = {"packages": part.get("packages")} | ({} if harness else {"python": part.get("python")})
+    return _flatten(kept, OUTSIDE)
+
+
+def _key(value: Any) -> Any:
+    """A value as a set member (lists are compared whole)."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 def diff_ranks(ranks: Mapping[int, Mapping[str, Any]]) -> list[Difference]:
@@ -270,11 +313,12 @@ def _under(path: str, prefix: str) -> bool:
 
 def _short_name(field: str) -> str:
     """`libraries.libcublas` -> `libcublas`; a field outside the name maps keeps its path
-    (`python.version`, `code.git.commit`)."""
+    (`python.version`, `code.git.commit`), less the outside part's prefix (its line says
+    where it was seen)."""
     for name_map in NAME_MAPS:
         if field.startswith(name_map + "."):
             return field[len(name_map) + 1:]
-    return field
+    return field.removeprefix(OUTSIDE + ".")
 
 
 def _shown(value: Any) -> str:

@@ -655,8 +655,11 @@ async def download_trial_checkpoint(state: State, _: Reader, trial_id: TrialId,
             responses=_errors(404))
 def get_trial_snapshot(state: State, _: Reader, trial_id: TrialId) -> dict[str, Any]:
     """What the trial was made of: its code's tree hash, config, hyperparameters, seed,
-    environment and data fingerprint, and what each rank of its latest attempt loaded
-    (written by the harness: libraries, frameworks, numerics switches and variables)."""
+    environment and data fingerprint, what each rank of its latest attempt loaded
+    (written by the harness: libraries, frameworks, numerics switches and variables), and
+    what the server saw of that attempt from outside at its launch (`outside`: the
+    interpreter and the packages of the trial's layer; a run without the harness has only
+    this)."""
     return snapshots.trial_snapshot(state.store, state.home, trial_id)
 
 

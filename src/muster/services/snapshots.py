@@ -5,15 +5,15 @@ and never change for a trial: the experiment's context snapshot (hashed once per
 experiment), its normalised config, the trial's hyperparameters and seed, its environment's
 `pip freeze`, its data manifest's fingerprint. The rank parts are what the harness wrote in
 each rank of the trial's latest attempt (`rank-<r>.snapshot.json`); a trial run without the
-harness has none. Two experiments are compared through one trial each: its best by the
-searcher's metric, else its latest (`stand_in`).
+harness has none. The outside part is what the server saw of its latest attempt from
+outside the process, at its launch (`muster.supervise.outside_snapshot`): a plain script's
+interpreter and packages, compared by the diff too. Two experiments are compared through
+one trial each: its best by the searcher's metric, else its latest (`stand_in`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import sys
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -23,12 +23,14 @@ from typing import Any
 
 from muster import git_state
 from muster.config.schema import ExperimentConfig, SearcherConfig
-from muster.diagnostics import diff, read_rank_parts
+from muster.diagnostics import diff, read_outside_part, read_rank_parts
+from muster.diagnostics.code_tree import tree_of
 from muster.environments import interpreters
 from muster.environments.interpreters import InterpreterError
 from muster.environments.layout import RECORD, EnvHome
 from muster.errors import Conflict
 from muster.home import Home
+from muster.rundir import AttemptDir
 from muster.services import views
 from muster.services.experiments import experiment_or_404, trial_or_404
 from muster.services.validation import best_validation
@@ -47,7 +49,8 @@ _TREES_KEPT = 256
 
 
 def trial_snapshot(store: Store, home: Home, trial_id: int) -> dict[str, Any]:
-    """`{"trial": the trial part, "ranks": {rank: the rank part}}`.
+    """`{"trial": the trial part, "ranks": {rank: the rank part}, "outside": the outside
+    part or null}` (`muster.diagnostics`).
 
     Raises:
         NotFound: no such trial.
@@ -56,18 +59,25 @@ def trial_snapshot(store: Store, home: Home, trial_id: int) -> dict[str, Any]:
         trial = trial_or_404(s, trial_id)
         part = trial_part(home, trial)
         attempts = sorted(trial.attempts, key=lambda a: a.number)
-        latest = Path(attempts[-1].run_dir) if attempts else None
-    ranks = read_rank_parts(latest) if latest is not None else {}
-    return {"trial": part, "ranks": {str(rank): value for rank, value in ranks.items()}}
+        latest = AttemptDir(Path(attempts[-1].run_dir)) if attempts else None
+        numbers = [a.number for a in attempts]
+    ranks = read_rank_parts(latest.path) if latest is not None else {}
+    outside = read_outside_part(latest.run, numbers) if latest is not None else None
+    return {"trial": part, "ranks": {str(rank): value for rank, value in ranks.items()},
+            "outside": outside}
 
 
 def diff_trials(store: Store, home: Home, a: int, b: int) -> dict[str, Any]:
     """What differs between trials `a` and `b` (`diff.to_json`), most relevant first."""
     first, second = trial_snapshot(store, home, a), trial_snapshot(store, home, b)
-    differences = diff.diff_trials(
-        diff.TrialSnapshots(first["trial"], {int(r): v for r, v in first["ranks"].items()}),
-        diff.TrialSnapshots(second["trial"], {int(r): v for r, v in second["ranks"].items()}))
+    differences = diff.diff_trials(_snapshots(first), _snapshots(second))
     return {**diff.to_json(differences), "lines": [d.line() for d in differences]}
+
+
+def _snapshots(snapshot: Mapping[str, Any]) -> diff.TrialSnapshots:
+    return diff.TrialSnapshots(snapshot["trial"],
+                               {int(r): v for r, v in snapshot["ranks"].items()},
+                               snapshot["outside"])
 
 
 def trial_part(home: Home, trial: Trial) -> dict[str, Any]:
@@ -82,7 +92,7 @@ def _code(home: Home, experiment_uuid: str) -> dict[str, Any]:
     (`experiments.create_experiment`) and never change."""
     cached = _TREES.get(experiment_uuid)
     if cached is None:
-        cached = {**_tree(home.context_dir(experiment_uuid)),
+        cached = {**tree_of(home.context_dir(experiment_uuid)),
                   "git": _git(home, experiment_uuid)}
         _TREES[experiment_uuid] = cached
         if len(_TREES) > _TREES_KEPT:
@@ -94,21 +104,6 @@ def _git(home: Home, experiment_uuid: str) -> dict[str, Any] | None:
     """The context's git state (`muster.git_state`), None when it had none."""
     state = git_state.load(home, experiment_uuid)
     return None if state is None else state.snapshot()
-
-
-def _tree(root: Path) -> dict[str, Any]:
-    digest, files = hashlib.sha256(), 0
-    for folder, dirs, names in os.walk(root):
-        dirs.sort()
-        for name in sorted(names):
-            path = Path(folder, name)
-            if path.is_symlink() or not path.is_file():
-                continue
-            with path.open("rb") as stream:
-                content = hashlib.file_digest(stream, "sha256").hexdigest()
-            digest.update(f"{path.relative_to(root).as_posix()}\0{content}\n".encode())
-            files += 1
-    return {"tree_sha256": digest.hexdigest(), "files": files}
 
 
 def _packages(home: Home, key: str | None) -> dict[str, str] | None:

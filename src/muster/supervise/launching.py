@@ -33,7 +33,7 @@ from muster.rundir import AttemptDir, RunDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
 from muster.storage.resume import cache_dir, resumable, resume_point
 from muster.store import Attempt, Checkpoint, Experiment, Replica, Trial, transition
-from muster.supervise import verification
+from muster.supervise import outside_snapshot, verification
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import Ending
@@ -264,6 +264,7 @@ class Launching:
                                launch_error=(rank, str(exc)))
             return
         self.note_shims(attempt_id, launched)
+        outside_snapshot.record_soon(specs[0], environment, recorded.context.snapshot)
 
     def note_shims(self, attempt_id: int, shims: Mapping[int, ProcessIdentity]) -> None:
         """Record the identities of the shims the launcher started, by rank."""
