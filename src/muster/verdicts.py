@@ -73,9 +73,12 @@ def _succeeded(verification: Mapping[str, Any] | None, early_stopped: bool,
         shown = f"; {'; '.join(warned)}" if warned else ""
         return Verdict(True, _bounded(f"{VERIFIED}{early}{shown}"))
     # Whether the run reached its planned end comes first: the evidence most often missing.
+    # The verdict says why itself (`why_not_verified`); rows stored before it did are read.
     not_run = sorted(_details(verification, CheckStatus.NOT_RUN),
                      key=lambda detail: not detail.startswith(f"{COMPLETED}: "))
-    why = "; ".join(not_run) or NO_CHECK_INSPECTED
+    stored = verification.get("why_not_verified")
+    why = (_one_line(stored) if isinstance(stored, str) and stored
+           else "; ".join(not_run) or NO_CHECK_INSPECTED)
     return Verdict(False, _bounded(f"{NOT_VERIFIED}{early}: {why}"))
 
 

@@ -146,10 +146,47 @@ def test_log_metrics_off_reads_nothing_but_the_named_regexes(
     assert all(math.isfinite(v["ms"]) for _, _, v, _ in values)
 
 
-@pytest.mark.xfail(strict=True, reason="wired by verification")
 def test_loss_nan_in_a_plain_scripts_log_makes_the_trial_suspect(
         client: Client, tmp_path: Path) -> None:
     trial_id = _start(client, tmp_path, LOSS_NAN)
     trial = _ended(client, trial_id)
     assert trial["state"] == "SUSPECT", trial["message"]
     assert "loss was nan at line 4 of rank 0" in json.dumps(trial)
+
+
+NANOGPT_LOOP = """\
+import sys, traceback
+max_iters = 20
+try:
+    for iter_num in range(max_iters + 1):
+        if iter_num == int(sys.argv[1]):
+            raise RuntimeError("Expected all tensors to be on the same device")
+        if iter_num % 5 == 0:
+            print(f"step {iter_num}: train loss {3.0 - iter_num / 10:.4f}, "
+                  f"val loss {3.1 - iter_num / 10:.4f}", flush=True)
+        print(f"iter {iter_num}: loss {3.0 - iter_num / 10:.4f}, time 12.34ms, mfu -100.00%",
+              flush=True)
+except RuntimeError:
+    traceback.print_exc()
+    print("training failed, exiting cleanly", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("crash_at", "state", "completed"), [
+    (99, "SUCCEEDED", "reached batch 21 of 20 (verify.expected_length)"),
+    (13, "SUSPECT", "stopped at batch 13 of 20 (65%; verify.expected_length)"),
+])
+def test_a_plain_loop_is_judged_by_the_steps_its_log_reports(
+        client: Client, tmp_path: Path, crash_at: int, state: str, completed: str) -> None:
+    # nanoGPT's loop prints `iter N: loss …` per step (from 0) and `step N: train loss …,
+    # val loss …` per evaluation; its planned length is max_iters, in training batches.
+    trial_id = _start(client, tmp_path, NANOGPT_LOOP, str(crash_at), verify={
+        "expected_length": {"batches": 20}, "require_metrics": ["loss", "val_loss"]})
+    trial = _ended(client, trial_id)
+    assert trial["state"] == state, trial["message"]
+    checks = {c["name"]: c for c in trial["verification"]["checks"]}
+    assert checks["completed"]["detail"] == completed
+    assert trial["verification"]["verified"] is (state == "SUCCEEDED")
+    if state == "SUSPECT":
+        assert checks["log_errors"]["status"] == "failed"
+        assert "Expected all tensors to be on the same device" in checks["log_errors"]["detail"]

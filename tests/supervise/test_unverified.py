@@ -55,7 +55,7 @@ def test_an_exit_0_that_nothing_checked_is_not_verified(sqlite_rig: Rig, tmp_pat
     assert trial["state"] == "SUCCEEDED"
     assert trial["verification"]["passed"] is True
     assert trial["verification"]["verified"] is False
-    assert f"; {NOT_VERIFIED}: completed: not run: no planned length" in trial["message"]
+    assert f"; {NOT_VERIFIED}: completed: no planned length" in trial["message"]
     json.dumps(trial)
 
 

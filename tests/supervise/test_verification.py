@@ -287,6 +287,7 @@ def test_verdict_to_json() -> None:
     assert verdict.to_json() == {
         "passed": False,
         "verified": False,
+        "why_not_verified": None,  # it is not passed, let alone verified: SUSPECT
         "checks": [
             {"name": "completed", "passed": True, "status": "not_run",
              "detail": "not run: no planned length (set verify.expected_length or "
@@ -535,8 +536,9 @@ def test_the_words_for_an_unverified_exit_0() -> None:
     assert NOT_VERIFIED == "exit 0 — not verified"
     verdict = verify(Evidence(samples_by_epoch={0: 10}), NO_CHECKS, 10)
     assert verdict.why_not_verified() == (
-        "completed: not run: no planned length (set verify.expected_length or "
+        "completed: no planned length (set verify.expected_length or "
         "searcher.max_length, or call ctx.plan() in the script)")
+    assert verdict.to_json()["why_not_verified"] == verdict.why_not_verified()
 
 
 LOG_CONFIG = VerifyConfig(require_checkpoint=False, finite_metrics=False,
@@ -622,9 +624,12 @@ def progress(training: tuple[int, int] | None = None, validation: tuple[int, int
      "failed", "stopped at step 199 of 200 (99%; ctx.plan())"),
     (Evidence(progress=progress(training=(0, 139))), Planned("steps", 200, "ctx.plan()"),
      "failed", "stopped at step 140 of 200 (70%; ctx.plan())"),
-    # steps: validation's when the run reports validation (the searcher's unit)
+    # the searcher's steps are validation's; a config's or a plan's the loop's own
+    (Evidence(progress=progress(training=(0, 19), validation=(9, 19))),
+     Planned("steps", 20, "verify.expected_length"), "passed",
+     "reached step 20 of 20 (verify.expected_length)"),
     (Evidence(progress=progress(training=(0, 2879), validation=(1, 40))),
-     Planned("steps", 64, "searcher.max_length"), "failed",
+     Planned("steps", 64, "searcher.max_length", validation_steps=True), "failed",
      "stopped at step 40 of 64 (62%; searcher.max_length)"),
     (Evidence(progress=progress(training=(0, 2879), validation=(1, 40))),
      Planned("batches", 2880, "verify.expected_length"), "passed",

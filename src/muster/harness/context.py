@@ -123,9 +123,9 @@ class Context:
 
     def plan(self, *, steps: int | None = None, epochs: int | None = None,
              batches: int | None = None, records: int | None = None) -> None:
-        """Declare how far this run is planned to train, in one unit: the steps it reports
-        (validation's when it reports validation, else training's), epochs (of
-        `samples.seen`), batches (training steps) or records (samples seen).
+        """Declare how far this run is planned to train, in one unit: steps (the training
+        steps it reports; validation's if it reports no training), batches (the same),
+        epochs (whole epochs of `samples.seen`) or records (samples seen).
 
         An exit 0 is verified only when the last reported progress reached the plan
         (`verify.expected_length` in the config wins over it). Call it once, early.

@@ -22,7 +22,7 @@ from muster.config import ExperimentConfig
 from muster.launch.base import ReplicaPhase, ReplicaStatus
 from muster.launch.exits import Classification, ExitObservation, classify_exit, replica_name
 from muster.launch.logs import masked, tail_text
-from muster.rundir import AttemptDir
+from muster.rundir import AttemptDir, RankFile
 from muster.states import AttemptState, EventReason, ExperimentState, Reason, TrialState
 from muster.store import Attempt, Checkpoint, Replica, Trial, record_event, transition
 from muster.store.models import now
@@ -32,6 +32,7 @@ from muster.supervise.context import ACTOR, SupervisorContext, current_replicas
 from muster.supervise.heartbeats import checked_in
 from muster.supervise.ingest import ingest_trial
 from muster.supervise.log_errors import RankScan, scan_log
+from muster.supervise.log_metrics import LogMetricEvidence, log_metric_evidence
 from muster.supervise.log_samples import count_log_samples
 from muster.supervise.outcome import (
     Move,
@@ -92,6 +93,7 @@ class Ending:
         # Counted and scanned outside the transaction: they read whole logs, in children.
         counts = self._log_counts(trial_id, statuses, config)
         scans = self._log_scans(attempt_id, statuses, config)
+        log_metrics = self._log_metrics(trial_id, statuses, config)
         with self.ctx.store.session_scope() as s:
             attempt = s.get_one(Attempt, attempt_id)
             trial = attempt.trial
@@ -120,7 +122,7 @@ class Ending:
                              + ("checked in" if harness else "started"))
             transition(s, attempt, attempt_end(decisive.reason), reason=decisive.reason,
                        actor=ACTOR, message=decisive.message)
-            self._move(s, trial, decisive, counts, scans)
+            self._move(s, trial, decisive, counts, scans, log_metrics)
             placed = (trial.uuid, attempt.number)
         # After the commit: a server killed in between leaves it to the sweep.
         self.ctx.launcher.release(*placed)
@@ -161,8 +163,26 @@ class Ending:
             return None
         return [scan_log(self.ctx.launcher.log(where, st.rank)) for st in statuses]
 
+    def _log_metrics(self, trial_id: int, statuses: Sequence[ReplicaStatus],
+                     config: ExperimentConfig | None) -> LogMetricEvidence | None:
+        """What the rank logs of every attempt say of the trial's metrics
+        (`verify.metrics_from_log`, the built-in recognisers); None when the primary did
+        not exit 0."""
+        primary = next((st for st in statuses if st.rank == 0), None)
+        if primary is None or not exited_cleanly(primary):
+            return None
+        with self.ctx.store.session_scope() as s:
+            trial = s.get_one(Trial, trial_id)
+            config = config or experiment_config(trial.experiment)
+            logs = {a.number: (Path(a.run_dir), sorted({r.rank for r in a.replicas}))
+                    for a in trial.attempts if not a.standby}
+        wrote_metrics = any(AttemptDir(where).ranks_with(RankFile.METRICS)
+                            for where, _ in logs.values())
+        return log_metric_evidence(self.ctx.launcher, logs, config, wrote_metrics)
+
     def _move(self, s: Session, trial: Trial, verdict: Classification,
-              counts: LogCounts | None, scans: list[RankScan] | None = None) -> None:
+              counts: LogCounts | None, scans: list[RankScan] | None = None,
+              log_metrics: LogMetricEvidence | None = None) -> None:
         policy = experiment_config(trial.experiment).failure_policy
         move = next_move(TrialState(trial.state), trial.intent, verdict, _budgets(trial),
                          policy)
@@ -174,7 +194,7 @@ class Ending:
             return
         if move.next is Next.VERIFY:
             trial.early_stopped = trial.early_stopped or move.early_stopped
-            verify_success(s, trial, move, counts, scans)
+            verify_success(s, trial, move, counts, scans, log_metrics)
         elif move.next is Next.PAUSE:
             pause(s, trial, move)
         elif move.next is Next.RETRY:
@@ -279,7 +299,8 @@ def pause(s: Session, trial: Trial, move: Move) -> None:
 
 
 def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | None = None,
-                   scans: Sequence[RankScan] | None = None) -> None:
+                   scans: Sequence[RankScan] | None = None,
+                   log_metrics: LogMetricEvidence | None = None) -> None:
     """Exit 0 is not success until every configured check passed (invariant 1).
 
     A trial the searcher stopped early ran part of its training by design: its sample
@@ -304,7 +325,8 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
              s.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial.id))]
     evidence = verification.gather_evidence(
         run_dir.path, attempts, log_counts=counts, outputs=checks.outputs, started_at=began,
-        outputs_before=final.outputs_before, saves=saves, log_scans=scans)
+        outputs_before=final.outputs_before, saves=saves, log_scans=scans,
+        log_metrics=log_metrics)
     searcher = config.searcher
     result = verification.verify(
         evidence,
@@ -313,7 +335,8 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
         harness_ranks=config.resources.replicas if config.harness else None,
         diagnostics=diagnostics,
         searcher_length=None if searcher.max_length is None else verification.Planned(
-            searcher.max_length_unit, searcher.max_length, "searcher.max_length"),
+            searcher.max_length_unit, searcher.max_length, "searcher.max_length",
+            validation_steps=True),
         early_stopped=move.early_stopped,
     )
     trial.verification = result.to_json()

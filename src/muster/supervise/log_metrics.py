@@ -158,20 +158,28 @@ class ScanResult:
     non_finite_count: int = 0  # (name, value, step, line, offset) of the first few above
     unusable: int = 0  # named-regex matches whose `value` was no number
     problem: str | None = None
+    # How far the log says training got: the lowest and highest step of each kind, and
+    # where the last report was printed (the last progress, for verification).
+    highest: dict[str, int] = field(default_factory=dict)
+    lowest: dict[str, int] = field(default_factory=dict)
+    last_offset: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"end": [self.end.offset, self.end.lines, self.end.reports],
                 "reports": [[r.kind, r.step, r.values, r.line, r.offset] for r in self.reports],
                 "names": sorted(self.names), "values": self.values,
                 "non_finite": self.non_finite, "non_finite_count": self.non_finite_count,
-                "unusable": self.unusable}
+                "unusable": self.unusable, "highest": self.highest, "lowest": self.lowest,
+                "last_offset": self.last_offset}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScanResult:
         return cls(Position(*data["end"]), [LogReport(*r) for r in data["reports"]],
                    set(data["names"]), data["values"],
                    [tuple(v) for v in data["non_finite"]],
-                   data["non_finite_count"], data["unusable"])
+                   data["non_finite_count"], data["unusable"],
+                   highest=dict(data.get("highest", {})), lowest=dict(data.get("lowest", {})),
+                   last_offset=data.get("last_offset"))
 
 
 # -- configuration -------------------------------------------------------------------------
@@ -355,6 +363,7 @@ def scan(stream: BinaryIO, spec: ScanSpec) -> ScanResult:
             continue  # a progress bar redrawn with the same values
         last = (step, values)
         bad = _note(result, values, step, piece)
+        _note_progress(result, values, step, piece)
         if spec.keep_reports and (_kept(reports) or (bad - first_bad)):
             result.reports.extend(_reports(values, step, piece))
         first_bad |= bad
@@ -376,6 +385,16 @@ def _note(result: ScanResult, values: dict[str, float], step: int, piece: _Piece
         if len(result.non_finite) < KEPT_NON_FINITE:
             result.non_finite.append((name, value, step, piece.line, piece.offset))
     return bad
+
+
+def _note_progress(result: ScanResult, values: dict[str, float], step: int,
+                   piece: _Piece) -> None:
+    """Keep the lowest and highest step of each kind, and where this report was."""
+    for report in _reports(values, step, piece):
+        kind = report.kind
+        result.highest[kind] = max(result.highest.get(kind, step), step)
+        result.lowest[kind] = min(result.lowest.get(kind, step), step)
+    result.last_offset = piece.offset
 
 
 def _reports(values: dict[str, float], step: int, piece: _Piece) -> list[LogReport]:
@@ -441,6 +460,12 @@ class LogMetricEvidence:
     non_finite_count: int = 0
     problems: tuple[str, ...] = ()  # e.g. "attempt 1, rank 0: reading ... took longer ..."
     scanned: bool = False  # False: neither a named regex nor the recognisers applied
+    # Progress: the lowest and highest step of each kind over every attempt; the final
+    # attempt's highest step and, per rank, the log offset of its last report.
+    highest: Mapping[str, int] = field(default_factory=dict)
+    lowest: Mapping[str, int] = field(default_factory=dict)
+    final_step: int | None = None
+    last_offsets: Mapping[int, int] = field(default_factory=dict)
 
     def describe(self) -> str | None:
         """The first non-finite value in words ("loss was nan at line 1,204 of rank 0"),
@@ -476,6 +501,11 @@ def log_metric_evidence(launcher: Launcher,
     values = count = 0
     kept: list[NonFiniteValue] = []
     problems: list[str] = []
+    highest: dict[str, int] = {}
+    lowest: dict[str, int] = {}
+    final_step: int | None = None
+    last_offsets: dict[int, int] = {}
+    final = max(attempts_and_ranks, default=None)
     for attempt, (where, ranks) in sorted(attempts_and_ranks.items()):
         for rank in sorted(ranks):
             result = scan_log(launcher.log(where, rank), spec, timeout)
@@ -486,8 +516,18 @@ def log_metric_evidence(launcher: Launcher,
             count += result.non_finite_count
             kept += [NonFiniteValue(name, value, step, attempt, rank, line, offset)
                      for name, value, step, line, offset in result.non_finite]
+            for kind, step in result.highest.items():
+                highest[kind] = max(highest.get(kind, step), step)
+            for kind, step in result.lowest.items():
+                lowest[kind] = min(lowest.get(kind, step), step)
+            if attempt == final:
+                final_step = max([final_step or 0, *result.highest.values()]) \
+                    if result.highest else final_step
+                if result.last_offset is not None:
+                    last_offsets[rank] = result.last_offset
     return LogMetricEvidence(frozenset(names), values, tuple(kept), count, tuple(problems),
-                             scanned=True)
+                             scanned=True, highest=highest, lowest=lowest,
+                             final_step=final_step, last_offsets=last_offsets)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from muster.metrics_lines import MetricLine
 from muster.rundir import RankFile, RunDir
 from muster.states import CheckStatus
 from muster.supervise.log_errors import Finding, RankScan
+from muster.supervise.log_metrics import LogMetricEvidence
 from muster.supervise.log_samples import LogSamples
 from muster.words import NOT_VERIFIED, count, rank_list
 
@@ -130,6 +131,9 @@ class Planned:
     unit: str  # "steps", "epochs", "batches" or "records"
     length: int
     source: str  # e.g. "verify.expected_length", "searcher.max_length", "ctx.plan()"
+    # Steps are validation's where the run reports validation (the searcher's max_length
+    # counts report_validation's steps); else training's, the steps a loop counts.
+    validation_steps: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,9 @@ class Evidence:
     epochs_by_attempt: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     # The final attempt's rank logs, scanned for tracebacks (`log_errors`); None: not scanned.
     log_scans: tuple[RankScan, ...] | None = None
+    # Metrics read from the rank logs (`verify.metrics_from_log`, the recognisers); their
+    # names are in `metric_names` and their steps in `progress` too.
+    log_metrics: LogMetricEvidence = field(default_factory=LogMetricEvidence)
 
 
 PASSED, FAILED, WARNING, NOT_RUN = (CheckStatus.PASSED.value, CheckStatus.FAILED.value,
@@ -237,17 +244,16 @@ class Verdict:
         return self.passed and "completed" in passed and bool(passed & RESULT_CHECKS)
 
     def why_not_verified(self) -> str:
-        """Why a passing verdict is not verified, in words (empty when it is)."""
+        """Why a passing verdict is not verified, in words (empty when it is): the planned
+        end first, then the missing evidence of results (as `muster.verdicts` shows it)."""
         if self.verified or not self.passed:
             return ""
-        reasons = [f"{c.name}: {c.detail}" for c in self.checks
+        reasons = [f"{c.name}: {_without_not_run(c.detail)}" for c in self.checks
                    if c.name == "completed" and c.status != PASSED]
-        if not any(c.name == "completed" for c in self.checks):
-            reasons.append("completed: not run: no planned length")
         if not any(c.status == PASSED and c.name in RESULT_CHECKS for c in self.checks):
             reasons.append("no check inspected its results (a checkpoint, outputs, samples "
                            "or required metrics)")
-        reasons += [f"{c.name}: {c.detail}" for c in self.checks
+        reasons += [f"{c.name}: {_without_not_run(c.detail)}" for c in self.checks
                     if c.status == NOT_RUN and c.name != "completed"
                     and c.name in RESULT_CHECKS]
         return "; ".join(reasons)
@@ -256,9 +262,14 @@ class Verdict:
         return {
             "passed": self.passed,
             "verified": self.verified,
+            "why_not_verified": self.why_not_verified() or None,
             "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail,
                         "status": c.status} for c in self.checks],
         }
+
+
+def _without_not_run(detail: str) -> str:
+    return detail.removeprefix("not run: ")
 
 
 # --- the decision -------------------------------------------------------------------------
@@ -338,7 +349,7 @@ def _check_completed(evidence: Evidence, planned: Planned | None, early_stopped:
         return Check.not_run("completed", "no planned length (set verify.expected_length or "
                                           "searcher.max_length, or call ctx.plan() in the "
                                           "script)")
-    done = _progress_in(evidence, planned.unit, expected, tolerance)
+    done = _progress_in(evidence, planned.unit, expected, tolerance, planned.validation_steps)
     noun = _UNIT_NOUN[planned.unit]
     plan = f"{planned.length:,} {planned.unit} planned ({planned.source})"
     if done is None:
@@ -352,7 +363,7 @@ def _check_completed(evidence: Evidence, planned: Planned | None, early_stopped:
 
 
 def _progress_in(evidence: Evidence, unit: str, expected: int | None,
-                 tolerance: float) -> int | None:
+                 tolerance: float, validation_steps: bool = False) -> int | None:
     """How much of `unit` the run reported doing: steps counted from 1 (a run that
     numbers from 0 has done its highest step + 1); records and whole epochs from the
     sample counts (the harness's, else the log's). An epoch is whole when it saw the
@@ -366,7 +377,7 @@ def _progress_in(evidence: Evidence, unit: str, expected: int | None,
             return sum(by_epoch.values())
         whole = expected if expected else max(by_epoch.values())
         return sum(1 for seen in by_epoch.values() if seen >= whole * (1 - tolerance))
-    kinds = ("validation", "training") if unit == "steps" else ("training", "validation")
+    kinds = ("validation", "training") if validation_steps else ("training", "validation")
     progress = evidence.progress
     for kind in kinds:
         if kind in progress.highest:
@@ -669,6 +680,9 @@ def _check_checkpoint(checkpoints: Sequence[CheckpointInfo]) -> Check:
 
 
 def _check_finite_metrics(evidence: Evidence) -> Check:
+    from_log = evidence.log_metrics.describe()
+    if from_log is not None:
+        return Check("finite_metrics", False, from_log + " (read from the log)")
     if evidence.non_finite_count == 0:
         if not evidence.metric_names:
             return Check.not_run("finite_metrics", "no metric reported")
@@ -740,6 +754,7 @@ def gather_evidence(
     outputs_before: Mapping[str, Any] | None = None,
     saves: Sequence[tuple[int, int | None, float | None]] | None = None,
     log_scans: Sequence[RankScan] | None = None,
+    log_metrics: LogMetricEvidence | None = None,
 ) -> Evidence:
     """Read what the trial's attempts left in `run_dir` (all attempts, any order); with
     `outputs`, which of those files its working directory holds.
@@ -747,8 +762,10 @@ def gather_evidence(
     `outputs_before`: the outputs as the final attempt found them when it started
     (`Attempt.outputs_before`); `saves`: every checkpoint the store knows of the trial,
     GC'd ones included, as (step, attempt, time); `log_scans`: the final attempt's logs,
-    scanned (`muster.supervise.log_errors`).
+    scanned (`muster.supervise.log_errors`); `log_metrics`: the metrics read from the
+    rank logs of every attempt (`muster.supervise.log_metrics`).
     """
+    from_log = log_metrics or LogMetricEvidence()
     ordered = sorted(attempts)
     final = ordered[-1] if ordered else None
     samples, unreadable_samples, epochs_by_attempt = _read_samples(run_dir, ordered)
@@ -760,7 +777,7 @@ def gather_evidence(
     return Evidence(
         samples_by_epoch=samples,
         unreadable_samples_files=unreadable_samples,
-        metric_names=frozenset(metrics.names),
+        metric_names=frozenset(metrics.names) | from_log.names,
         metric_lines=metrics.lines,
         non_finite=tuple(metrics.non_finite),
         non_finite_count=metrics.non_finite_count,
@@ -778,11 +795,7 @@ def gather_evidence(
                         if final is not None else {}),
         rank_diagnostics=(read_rank_records(RunDir(run_dir).attempt(final).path)
                           if final is not None else {}),
-        progress=Progress(
-            highest=dict(metrics.highest), lowest=dict(metrics.lowest),
-            final_attempt_step=metrics.final_step, final_attempt_time=metrics.final_time,
-            rank_times=_progress_times(run_dir, final),
-        ),
+        progress=_progress(metrics, from_log, _progress_times(run_dir, final)),
         plan=_read_plan(run_dir, ordered),
         save_failures=failures,
         save_failure_count=failure_count,
@@ -790,7 +803,23 @@ def gather_evidence(
             (c.step, c.attempt, c.saved_at) for c in checkpoints if c.intact),
         epochs_by_attempt=epochs_by_attempt,
         log_scans=tuple(log_scans) if log_scans is not None else None,
+        log_metrics=from_log,
     )
+
+
+def _progress(metrics: _MetricsSummary, from_log: LogMetricEvidence,
+              rank_times: dict[int, float]) -> Progress:
+    """How far the run got, by the harness's reports and the metrics read from its logs."""
+    highest, lowest = dict(metrics.highest), dict(metrics.lowest)
+    for kind, step in from_log.highest.items():
+        highest[kind] = max(highest.get(kind, step), step)
+    for kind, step in from_log.lowest.items():
+        lowest[kind] = min(lowest.get(kind, step), step)
+    steps = [s for s in (metrics.final_step, from_log.final_step) if s is not None]
+    return Progress(highest=highest, lowest=lowest,
+                    final_attempt_step=max(steps) if steps else None,
+                    final_attempt_time=metrics.final_time, rank_times=rank_times,
+                    rank_offsets=dict(from_log.last_offsets))
 
 
 def combine_log_counts(per_attempt: Mapping[int, Mapping[int, LogSamples]]) -> LogCounts:
