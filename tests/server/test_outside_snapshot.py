@@ -7,6 +7,7 @@ harness run."""
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ from muster.rundir import RunDir
 from tests.cli.test_cli import on
 from tests.environments.wheels import make_wheel
 from tests.server.experiments import TRIAL_ENDED, only_trial, wait_trial
-from tests.servers import RunningServer, shared_server
+from tests.server.test_run_as import SYSTEM_PYTHON, Accounts, accounts  # noqa: F401 (fixture)
+from tests.servers import RunningServer, serving_jobs_as_accounts, shared_server
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(240)]
@@ -156,3 +158,37 @@ def test_a_plain_script_against_a_harness_run(
     other = plain_trial(client, tmp_path, PLAIN, python=system)
     found = client.diff_trials(other, harnessed)
     assert any(d["field"] == "outside.python.version" for d in found["differences"])
+
+
+# Installs a distribution into the trial's own layer as an installer would (its metadata),
+# then asks to be run again.
+WRITES_ITS_LAYER = """\
+import os, sys, sysconfig
+if os.environ["MUSTER_ATTEMPT"] == "1":
+    meta = os.path.join(sysconfig.get_paths()["purelib"], "tinybeta-3.1.dist-info")
+    os.makedirs(meta)
+    with open(os.path.join(meta, "METADATA"), "w") as out:
+        out.write("Metadata-Version: 2.1\\nName: tinybeta\\nVersion: 3.1\\n")
+    sys.exit(75)
+"""
+
+
+def test_under_run_as_the_record_is_the_server_s_and_sees_the_job_s_layer(
+        accounts: Accounts, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
+    with serving_jobs_as_accounts(f"run_as: owner\ninterpreters: [{SYSTEM_PYTHON}]\n",
+                                  prefix="muster-outside-") as running:
+        with running.client() as admin:
+            alice = admin.create_user("alice", "user", unix_user=accounts.alice.pw_name)
+        with Client(url=running.url, token=alice["token"]) as as_alice:
+            trial_id = plain_trial(as_alice, tmp_path, WRITES_ITS_LAYER,
+                                   python=str(SYSTEM_PYTHON))
+            part = outside_of(running, as_alice, trial_id)
+            uuid = as_alice.get_trial(trial_id)["uuid"]
+        assert part["attempt"] == 2 and part["packages"]["tinybeta"] == "3.1"
+        assert part["python"]["version"] is not None and part["unknown"] == {}
+        run = RunDir(Home(running.home).run_dir(uuid).path)
+        layer = run.env.lstat()  # the job's alone: read by the probe as the job's account
+        assert (layer.st_uid, stat.S_IMODE(layer.st_mode)) == (accounts.alice.pw_uid, 0o700)
+        record = run.outside_snapshot(2).lstat()  # the server's, where the job cannot write
+        assert (record.st_uid, stat.S_IMODE(record.st_mode)) == (0, 0o600)
+        assert run.outside_snapshot(2).parent == run.path

@@ -140,7 +140,7 @@ def test_the_record_is_read_back_from_the_latest_attempt_that_has_one(tmp_path: 
     found = read_outside_part(run, [1, 2, 3])
     assert found is not None and found["attempt"] == 2
     assert found["python"]["version"] == OURS
-    assert stat.S_IMODE(run.outside_snapshot(2).stat().st_mode) == 0o644
+    assert stat.S_IMODE(run.outside_snapshot(2).stat().st_mode) == 0o600
     run.outside_snapshot(2).write_text(json.dumps({"source": "harness"}))  # not ours
     assert read_outside_part(run, [1, 2, 3])["attempt"] == 1  # type: ignore[index]
     assert read_outside_part(run, [4]) is None

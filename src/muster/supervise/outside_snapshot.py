@@ -167,11 +167,11 @@ def capture(question: Question, attempt: int) -> dict[str, Any]:
 
 
 def record(run_dir: RunDir, attempt: int, question: Question) -> None:
-    """Capture attempt `attempt`'s outside part and write it (atomic, readable) beside the
-    attempt's directory; a file that cannot be written is logged, not raised."""
+    """Capture attempt `attempt`'s outside part and write it (atomic, the server's alone)
+    beside the attempt's directory; a file that cannot be written is logged, not raised."""
     part = capture(question, attempt)
     try:
-        atomic_write_json(run_dir.outside_snapshot(attempt), part, 0o644)
+        atomic_write_json(run_dir.outside_snapshot(attempt), part, 0o600)
     except OSError as exc:
         log.warning("the outside snapshot of %s attempt %d cannot be written: %s",
                     run_dir.path, attempt, exc)
