@@ -122,7 +122,10 @@ def diff(
 ) -> None:
     """What differs between two trials: code, config and hyperparameters, packages,
     framework and library versions (the CUDA libraries each rank loaded), numerics switches
-    and variables, hardware; most result-relevant first, hostnames and paths left out."""
+    and variables, hardware; most result-relevant first, hostnames and paths left out. A
+    script without the harness is compared by what the server saw of it from outside, at
+    each attempt's launch: its interpreter and its layer's packages ("seen from
+    outside")."""
     with client(home, url) as c:
         found = c.diff_trials(a, b)
     if as_json:
