@@ -174,8 +174,12 @@ def test_a_server_sigkilled_mid_run_reattaches_and_every_log_line_is_there_once(
     config = {"name": "paced-on-ray", "entrypoint": "python paced.py 200 0.05",
               "resources": {"replicas": 2}, "verify": {"require_checkpoint": False}}
     experiment = server.submit(config, _paced_context(tmp_path))
-    server.wait_trial(experiment, lambda t: t["state"] == "RUNNING", what="RUNNING")
-    run_dir = Path(server.trials(experiment)[0]["attempts"][0]["run_dir"])
+    trial = server.wait_trial(experiment, lambda t: bool(t["attempts"]), what="attempt 1")
+    run_dir = Path(trial["attempts"][0]["run_dir"])
+    # Mid-run: both ranks are logging. (Read from their files: on a loaded machine the
+    # supervisor's pass that records RUNNING can come after a short run has ended.)
+    wait_until(lambda: all(_size(run_dir / f"rank-{r}.log") > 0 for r in (0, 1)), timeout=120,
+               what="both ranks to log")
     server.kill()
     logged = (run_dir / "rank-0.log").stat().st_size
     wait_until(lambda: (run_dir / "rank-0.log").stat().st_size > logged + 500, timeout=60,
@@ -252,6 +256,13 @@ def _log(server: RayServer, trial_id: int, rank: int = 0, attempt: int | None = 
     if attempt is not None:
         args += ["--attempt", str(attempt)]
     return server.cli(*args).stdout
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _alive(pid: int) -> bool:
