@@ -42,6 +42,9 @@ PACED = """\
 import os, pathlib, sys, time
 n = int(sys.argv[1])
 for i in range(n):
+    if i == n // 2 and len(sys.argv) > 3:  # half-way, wait for the file argv[3]
+        while not os.path.exists(sys.argv[3]):
+            time.sleep(0.02)
     print(f"line {i:05d} " + "x" * 40, flush=True)
     time.sleep(float(sys.argv[2]))
 done = f"done-{os.environ['MUSTER_ATTEMPT']}-{{}}"
@@ -171,7 +174,10 @@ def test_a_sigkilled_rank_restarts_the_trial_from_its_checkpoint(
 def test_a_server_sigkilled_mid_run_reattaches_and_every_log_line_is_there_once(
     server: RayServer, tmp_path: Path
 ) -> None:
-    config = {"name": "paced-on-ray", "entrypoint": "python paced.py 200 0.05",
+    # The ranks stop half-way until the server is back, so that it follows them to their
+    # end (not only finds it), rank 0's exit 0 included.
+    back = tmp_path / "server-back"
+    config = {"name": "paced-on-ray", "entrypoint": f"python paced.py 200 0.05 {back}",
               "resources": {"replicas": 2}, "verify": {"require_checkpoint": False}}
     experiment = server.submit(config, _paced_context(tmp_path))
     trial = server.wait_trial(experiment, lambda t: bool(t["attempts"]), what="attempt 1")
@@ -184,7 +190,12 @@ def test_a_server_sigkilled_mid_run_reattaches_and_every_log_line_is_there_once(
     logged = (run_dir / "rank-0.log").stat().st_size
     wait_until(lambda: (run_dir / "rank-0.log").stat().st_size > logged + 500, timeout=60,
                what="the replicas to go on logging without a server")
+    reattached = "reconciled replicas: {'RUNNING': 2}"
+    before = server.log().count(reattached)
     server.start()
+    wait_until(lambda: server.log().count(reattached) > before, timeout=60,
+               what="the restarted server to reattach to both running ranks")
+    back.touch()
     trial = server.wait_trial(experiment, _ended, what="the trial to end after the restart")
     assert (trial["state"], trial["reason"]) == ("SUCCEEDED", "OK"), trial
     assert len(trial["attempts"]) == 1  # reattached, not restarted
