@@ -77,11 +77,12 @@ def test_checkpoint_list(server: RunningServer, reported: dict[str, Any]) -> Non
     done = on(server, "checkpoint", "list", str(reported["id"]))
     assert done.returncode == 0, done.stderr
     header, *lines = table_rows(done.stdout)
-    assert header == ["Id", "Trial", "Step", "Size", "State", "Metric", "Storage", "Why"]
+    assert header == ["Id", "Trial", "Step", "Size", "State", "Metric", "Validated at",
+                      "Storage", "Why"]
     body = [row for row in lines if row[0]]  # a long cell goes on over more lines
     assert [row[2] for row in body] == [str(STEPS), str(STEPS + 1)]
     assert "not intact" not in body[0][4] and "not intact" in body[1][4]
-    assert "does not match its sha256" in body[1][7]
+    assert "does not match its sha256" in body[1][8]
     done = on(server, "checkpoint", "list", str(reported["id"]), "--json")
     rows = json.loads(done.stdout)
     assert [(c["step"], c["intact"]) for c in rows] == [(STEPS, True), (STEPS + 1, False)]

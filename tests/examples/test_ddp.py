@@ -197,7 +197,7 @@ def test_a_sigkilled_rank_restarts_both_from_the_latest_checkpoint(
         assert (f"rank {rank}: resumed from {resumed_from.name} "
                 f"(epoch {epoch}, step {resumed_from.step})") in log
     found = checks(sqlite_rig, job.trial_id)
-    assert found["samples"] == {"name": "samples", "passed": True,
+    assert found["samples"] == {"name": "samples", "passed": True, "status": "passed",
                                 "detail": f"3 epochs, each within 1.0% of {FILES:,}"}
     assert all(c["passed"] for c in found.values()), found
 

@@ -76,7 +76,7 @@ def test_running_waits_until_every_rank_has_checked_in(rig: Rig, tmp_path: Path)
     trial = rig.run_to_end(job)
     assert (trial.state, trial.reason) == ("SUCCEEDED", "OK")
     checks = stored(rig, job.trial_id)["verification"]["checks"]
-    assert {"name": "check_in", "passed": True,
+    assert {"name": "check_in", "passed": True, "status": "passed",
             "detail": "all 2 ranks checked in through muster.harness.init()"} in checks
 
 

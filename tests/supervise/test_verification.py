@@ -750,6 +750,18 @@ def test_log_errors_check(scans: tuple[RankScan, ...], prog: Progress, mode: str
     assert (check.status, check.detail) == (status, detail)
 
 
+def test_a_peers_error_after_the_primary_exited_0_is_its_teardown() -> None:
+    scans = (RankScan(0), RankScan(1, (CRASH,), 1))
+    late = check_of(verify(Evidence(log_scans=scans, primary_ended_at=45.0), NO_CHECKS, None),
+                    "log_errors")
+    assert (late.status, late.detail) == (
+        "warning", "warning: an error the run went on from: rank 1, log offset 1,200: "
+                   "ValueError: bad batch (after rank 0 had exited 0)")
+    early = check_of(verify(Evidence(log_scans=scans, primary_ended_at=55.0), NO_CHECKS, None),
+                     "log_errors")
+    assert early.status == "failed"
+
+
 def test_resume_accounting_names_the_epochs_no_attempt_trained(tmp_path: Path) -> None:
     write_samples(tmp_path, 1, 0, {1: 100, 2: 100, 3: 100})
     write_samples(tmp_path, 2, 0, {3: 100, 4: 100})  # epoch 3 redone: counted once

@@ -54,6 +54,14 @@ __all__ = ["TAIL_LINES", "Ending", "classify_replica", "mark_started", "note_pro
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class LogScans:
+    """The ended attempt's rank logs, scanned (`log_errors`), and when its primary exited."""
+
+    ranks: list[RankScan]
+    primary_ended_at: float
 LaunchError = tuple[int, str]  # (the rank that could not be launched, why)
 
 
@@ -149,7 +157,7 @@ class Ending:
             for number, (where, ranks) in logs.items()})
 
     def _log_scans(self, attempt_id: int, statuses: Sequence[ReplicaStatus],
-                   config: ExperimentConfig | None) -> list[RankScan] | None:
+                   config: ExperimentConfig | None) -> LogScans | None:
         """Every rank log of the ended attempt, scanned for what contradicts an exit 0
         (`verify.log_errors`); None when that is off or the primary did not exit 0."""
         primary = next((st for st in statuses if st.rank == 0), None)
@@ -161,7 +169,9 @@ class Ending:
             where = Path(attempt.run_dir)
         if mode == "off":
             return None
-        return [scan_log(self.ctx.launcher.log(where, st.rank)) for st in statuses]
+        assert primary.exit is not None  # exited_cleanly
+        return LogScans([scan_log(self.ctx.launcher.log(where, st.rank)) for st in statuses],
+                        primary.exit.ended_at)
 
     def _log_metrics(self, trial_id: int, statuses: Sequence[ReplicaStatus],
                      config: ExperimentConfig | None) -> LogMetricEvidence | None:
@@ -181,7 +191,7 @@ class Ending:
         return log_metric_evidence(self.ctx.launcher, logs, config, wrote_metrics)
 
     def _move(self, s: Session, trial: Trial, verdict: Classification,
-              counts: LogCounts | None, scans: list[RankScan] | None = None,
+              counts: LogCounts | None, scans: LogScans | None = None,
               log_metrics: LogMetricEvidence | None = None) -> None:
         policy = experiment_config(trial.experiment).failure_policy
         move = next_move(TrialState(trial.state), trial.intent, verdict, _budgets(trial),
@@ -299,7 +309,7 @@ def pause(s: Session, trial: Trial, move: Move) -> None:
 
 
 def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | None = None,
-                   scans: Sequence[RankScan] | None = None,
+                   scans: LogScans | None = None,
                    log_metrics: LogMetricEvidence | None = None) -> None:
     """Exit 0 is not success until every configured check passed (invariant 1).
 
@@ -325,8 +335,9 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
              s.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial.id))]
     evidence = verification.gather_evidence(
         run_dir.path, attempts, log_counts=counts, outputs=checks.outputs, started_at=began,
-        outputs_before=final.outputs_before, saves=saves, log_scans=scans,
-        log_metrics=log_metrics)
+        outputs_before=final.outputs_before, saves=saves,
+        log_scans=scans.ranks if scans is not None else None, log_metrics=log_metrics,
+        primary_ended_at=scans.primary_ended_at if scans is not None else None)
     searcher = config.searcher
     result = verification.verify(
         evidence,

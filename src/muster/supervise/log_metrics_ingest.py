@@ -81,9 +81,13 @@ def ingest_log_metrics(store: Store, launcher: Launcher, trial_id: int, attempt:
         replica_log = launcher.log(attempt_dir, rank)
         start = cursors.get(rank, Position())
         budget = FINAL_SCAN_BYTES if final else SCAN_BYTES
-        while budget > 0 and (size := replica_log.size(LogPart.LOG)) > start.offset:
+        # What the log holds now: a log still being written is not chased past it (each
+        # scan is a child process; a steady writer would keep this loop going for ever).
+        size = replica_log.size(LogPart.LOG)
+        while budget > 0 and size > start.offset:
             limit = min(SCAN_BYTES, budget)
             whole = size - start.offset <= limit
+            limit = min(limit, size - start.offset)
             result = _scan(replica_log, dataclasses.replace(
                 spec, start=start, final=final and whole), limit, trial_id, attempt)
             if result is None or result.end.offset == start.offset:

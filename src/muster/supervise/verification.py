@@ -189,6 +189,7 @@ class Evidence:
     # Metrics read from the rank logs (`verify.metrics_from_log`, the recognisers); their
     # names are in `metric_names` and their steps in `progress` too.
     log_metrics: LogMetricEvidence = field(default_factory=LogMetricEvidence)
+    primary_ended_at: float | None = None  # when rank 0 of the final attempt exited
 
 
 PASSED, FAILED, WARNING, NOT_RUN = (CheckStatus.PASSED.value, CheckStatus.FAILED.value,
@@ -313,7 +314,8 @@ def verify(
         _check_outputs(evidence.outputs, evidence.started_at) if config.outputs else None,
         _check_outputs_fresh(evidence.outputs, evidence.final_attempt)
         if config.outputs else None,
-        _check_log_errors(evidence.log_scans, evidence.progress, config.log_errors)
+        _check_log_errors(evidence.log_scans, evidence.progress, config.log_errors,
+                          evidence.primary_ended_at)
         if evidence.log_scans is not None and config.log_errors != "off" else None,
         _check_metrics_readable(evidence),
         _check_consistent_ranks(evidence.rank_snapshots, config.consistent_ranks)
@@ -366,16 +368,18 @@ def _progress_in(evidence: Evidence, unit: str, expected: int | None,
                  tolerance: float, validation_steps: bool = False) -> int | None:
     """How much of `unit` the run reported doing: steps counted from 1 (a run that
     numbers from 0 has done its highest step + 1); records and whole epochs from the
-    sample counts (the harness's, else the log's). An epoch is whole when it saw the
-    expected samples, or, with no expected count, as many as its fullest epoch (within
-    the tolerance): an epoch cut short by a crash is not done."""
+    sample counts (the harness's, else the log's). An epoch is whole when it saw as many
+    samples as the run's fullest epoch (within the tolerance): an epoch cut short by a
+    crash is not done."""
     if unit in ("epochs", "records"):
         by_epoch = evidence.samples_by_epoch or evidence.log_counts.by_epoch
         if not by_epoch:
             return None
         if unit == "records":
             return sum(by_epoch.values())
-        whole = expected if expected else max(by_epoch.values())
+        # Whole next to the run's own fullest epoch: a run that drops samples in every epoch
+        # is the samples check's to fail, not this one's.
+        whole = max(by_epoch.values())
         return sum(1 for seen in by_epoch.values() if seen >= whole * (1 - tolerance))
     kinds = ("validation", "training") if validation_steps else ("training", "validation")
     progress = evidence.progress
@@ -497,15 +501,21 @@ def _check_outputs_fresh(outputs: Sequence[OutputFile], final: int | None) -> Ch
                                         f"{final}" + (f": {', '.join(written)}" if written else ""))
 
 
-def _check_log_errors(scans: Sequence[RankScan], progress: Progress, mode: str) -> Check:
+def _check_log_errors(scans: Sequence[RankScan], progress: Progress, mode: str,
+                      primary_ended_at: float | None = None) -> Check:
     """No rank's log shows a traceback, KeyboardInterrupt or CUDA/NCCL error after its last
-    reported progress; one the script printed and went on from is a warning."""
+    reported progress; one the script printed and went on from is a warning, and so is a
+    peer's after the primary had exited 0 (its teardown: the primary has the last word)."""
     problems = [f"rank {scan.rank}: {scan.problem}" for scan in scans if scan.problem]
     after: list[str] = []
     before: list[str] = []
     for scan in scans:
         for finding in scan.findings:
             shown = (f"rank {scan.rank}, log offset {finding.offset:,}: {finding.text}")
+            if scan.rank != 0 and primary_ended_at is not None and finding.time is not None \
+                    and finding.time > primary_ended_at:
+                before.append(f"{shown} (after rank 0 had exited 0)")
+                continue
             (after if _after_progress(finding, scan.rank, progress) else before).append(shown)
     if after:
         detail = (f"the log ends in an error after the last progress: {after[-1]}"
@@ -755,6 +765,7 @@ def gather_evidence(
     saves: Sequence[tuple[int, int | None, float | None]] | None = None,
     log_scans: Sequence[RankScan] | None = None,
     log_metrics: LogMetricEvidence | None = None,
+    primary_ended_at: float | None = None,
 ) -> Evidence:
     """Read what the trial's attempts left in `run_dir` (all attempts, any order); with
     `outputs`, which of those files its working directory holds.
@@ -804,6 +815,7 @@ def gather_evidence(
         epochs_by_attempt=epochs_by_attempt,
         log_scans=tuple(log_scans) if log_scans is not None else None,
         log_metrics=from_log,
+        primary_ended_at=primary_ended_at,
     )
 
 
