@@ -1,5 +1,5 @@
-"""What a log says against an exit 0: the findings table, and the child that scans a real
-log's tail and dates each finding by the log's index."""
+"""What a log says against an exit 0: the findings table, and the scan of a real log's tail
+(in the server when it is small, else in a child) that dates each finding by its index."""
 
 from __future__ import annotations
 
@@ -69,7 +69,13 @@ def test_a_scan_from_inside_the_log_skips_the_partial_first_line() -> None:
     assert list(numbered_lines(stream, 1000)) == [(1032, b"KeyboardInterrupt\n")]
 
 
-def test_a_real_log_is_scanned_in_a_child_and_dated_by_its_index(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_child", [False, True])
+def test_a_real_log_is_scanned_and_dated_by_its_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_child: bool
+) -> None:
+    # A small log is read in the server; a bigger one (here: any) in a child process.
+    if in_child:
+        monkeypatch.setattr(log_errors, "IN_PROCESS_BYTES", 0)
     log = tmp_path / "rank-0.log"
     log.write_bytes(TRACEBACK)
     (tmp_path / "rank-0.index").write_text("0 100.5\n18 107.25\n")
@@ -82,6 +88,7 @@ def test_only_the_tail_of_a_long_log_is_read(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     tail = len(TRACEBACK) + 5  # from inside the last KeyboardInterrupt line
     monkeypatch.setattr(log_errors, "MAX_SCAN_BYTES", tail)
+    monkeypatch.setattr(log_errors, "IN_PROCESS_BYTES", 0)
     log = tmp_path / "rank-0.log"
     log.write_bytes(b"KeyboardInterrupt\n" * 10 + TRACEBACK)
     scan = scan_log(FileLog(0, log))

@@ -13,6 +13,7 @@ script printed and went on from (a warning).
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import sys
@@ -22,7 +23,12 @@ from typing import BinaryIO
 
 from muster.launch.log_index import IndexWalker
 from muster.launch.logs import LogPart, ReplicaLog
-from muster.supervise.log_samples import MAX_LINE_BYTES, limit_cpu, scan_in_child
+from muster.supervise.log_samples import (
+    IN_PROCESS_BYTES,
+    MAX_LINE_BYTES,
+    limit_cpu,
+    scan_in_child,
+)
 
 __all__ = ["MAX_SCAN_BYTES", "Finding", "RankScan", "findings_in", "scan_log"]
 
@@ -127,8 +133,13 @@ def scan_log(log: ReplicaLog, timeout: float = DEFAULT_TIMEOUT_S) -> RankScan:
     if stream is None:
         return RankScan(log.rank)
     with stream:
-        start = max(0, stream.seek(0, 2) - MAX_SCAN_BYTES)
+        size = stream.seek(0, 2)
+        start = max(0, size - MAX_SCAN_BYTES)
         stream.seek(start)
+        if size - start <= IN_PROCESS_BYTES:  # its expressions are muster's: no child
+            found, total = findings_in(numbered_lines(io.BytesIO(stream.read(size - start)),
+                                                      start))
+            return RankScan(log.rank, tuple(_dated(log, found)), total, start)
         answer = scan_in_child(__name__, [str(start)], stream, timeout, MAX_SCAN_BYTES)
     if answer.problem is not None:
         return RankScan(log.rank, scanned_from=start, problem=f"scanning the log {answer.problem}")

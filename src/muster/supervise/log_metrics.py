@@ -34,6 +34,7 @@ verification reads: every name seen and every NaN or infinity, with its line and
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from muster.launch.logs import LogPart, ReplicaLog
 from muster.metrics_lines import TRAINING, VALIDATION, name_problem
 from muster.supervise.log_samples import (
+    IN_PROCESS_BYTES,
     MAX_LINE_BYTES,
     bounded_lines,
     limit_cpu,
@@ -430,7 +432,13 @@ def scan_log(log: ReplicaLog, spec: ScanSpec, timeout: float = DEFAULT_TIMEOUT_S
     if stream is None:
         return ScanResult(spec.start)
     with stream:
+        size = stream.seek(0, 2)
         stream.seek(spec.start.offset)
+        part = size - spec.start.offset if limit is None else min(limit, size - spec.start.offset)
+        if not spec.patterns and part <= IN_PROCESS_BYTES:
+            # Only the built-in recognisers, muster's own expressions, over a small part:
+            # read here (a child's start-up would cost more than the read).
+            return scan(io.BytesIO(stream.read(part)), spec)
         answer = scan_in_child(__name__, [spec.to_json()], stream, timeout, limit)
     if answer.problem is not None:
         return ScanResult(spec.start, problem=f"reading metrics from the log {answer.problem}")

@@ -104,6 +104,11 @@ class ChildAnswer:
     problem: str | None = None  # e.g. "took longer than 60 s (does the pattern backtrack?)"
 
 
+# A log part this small is read in the server itself when only muster's own expressions
+# look at it (no pattern of the user's): a child's start-up would cost more than the read.
+IN_PROCESS_BYTES = 256 * 1024
+
+
 def scan_in_child(module: str, args: Sequence[str], stream: BinaryIO, timeout: float,
                   limit: int | None = None) -> ChildAnswer:
     """Run `python -m module *args CPU_SECONDS` with `stream` (from where it stands, at
