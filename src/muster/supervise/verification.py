@@ -924,7 +924,7 @@ def _read_plan(run_dir: Path, attempts: Sequence[int]) -> Planned | None:
                 data = json.loads(read_regular(path))
                 unit, length = data["unit"], data["length"]
             except (OSError, ValueError, TypeError, KeyError):
-                continue
+                continue  # no plan read: `completed` does not run, so it is not verified
             if unit in _UNIT_NOUN and _is_int(length) and length >= 1:
                 return Planned(unit, length, "ctx.plan()")
     return None
@@ -958,7 +958,7 @@ def _progress_times(run_dir: Path, final: int | None) -> dict[int, float]:
         try:
             when = json.loads(read_regular(path)).get("progress_time")
         except (OSError, ValueError, AttributeError):
-            continue
+            continue  # no time: every error in its log counts as after its last progress
         if isinstance(when, int | float) and math.isfinite(when):
             times[rank] = float(when)
     return times
