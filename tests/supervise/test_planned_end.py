@@ -9,7 +9,6 @@ own Ctrl-C handler, outputs left by a killed attempt).
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -260,7 +259,6 @@ if attempt == 1:
 def test_an_output_rewritten_by_the_final_attempt_is_fresh(
     sqlite_rig: Rig, tmp_path: Path
 ) -> None:
-    time.sleep(0.01)  # (distinct change times from the previous test's files)
     trial = run(sqlite_rig, {"entrypoint": ["python", "train.py"],
                              "verify": {"outputs": ["model.pt"]}},
                 {"train.py": REWRITES}, tmp_path)

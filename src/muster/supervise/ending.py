@@ -22,7 +22,7 @@ from muster.config import ExperimentConfig
 from muster.launch.base import ReplicaPhase, ReplicaStatus
 from muster.launch.exits import Classification, ExitObservation, classify_exit, replica_name
 from muster.launch.logs import masked, tail_text
-from muster.rundir import AttemptDir, RankFile
+from muster.rundir import AttemptDir
 from muster.states import AttemptState, EventReason, ExperimentState, Reason, TrialState
 from muster.store import Attempt, Checkpoint, Replica, Trial, record_event, transition
 from muster.store.models import now
@@ -33,6 +33,7 @@ from muster.supervise.heartbeats import checked_in
 from muster.supervise.ingest import ingest_trial
 from muster.supervise.log_errors import RankScan, scan_log
 from muster.supervise.log_metrics import LogMetricEvidence, log_metric_evidence
+from muster.supervise.log_metrics_ingest import wrote_metrics_files
 from muster.supervise.log_samples import count_log_samples
 from muster.supervise.outcome import (
     Move,
@@ -186,8 +187,7 @@ class Ending:
             config = config or experiment_config(trial.experiment)
             logs = {a.number: (Path(a.run_dir), sorted({r.rank for r in a.replicas}))
                     for a in trial.attempts if not a.standby}
-        wrote_metrics = any(AttemptDir(where).ranks_with(RankFile.METRICS)
-                            for where, _ in logs.values())
+        wrote_metrics = any(wrote_metrics_files(where) for where, _ in logs.values())
         return log_metric_evidence(self.ctx.launcher, logs, config, wrote_metrics)
 
     def _move(self, s: Session, trial: Trial, verdict: Classification,
