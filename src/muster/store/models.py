@@ -347,6 +347,17 @@ class Replica(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     log_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
     max_rss_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The peak resident memory of the whole process group (cgroup peak, or sampled).
+    peak_rss_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Who named the end an OOM kill ("cgroup", "kmsg", "watchdog"); None: not an OOM kill.
+    oom_source: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    oom_limit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Output the shim could not write to the log (disk full, EIO); None: not known.
+    log_lost_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # A stalled replica's evidence bundle (relative to the attempt's directory) and the
+    # one line its main thread's stack gives ("waits in all_reduce at train.py:88").
+    evidence: Mapped[str | None] = mapped_column(Text, nullable=True)
+    stack_summary: Mapped[str | None] = mapped_column(Text, nullable=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
