@@ -28,11 +28,23 @@ def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
         RankFile.SAMPLES: "rank-2.samples.json", RankFile.STOP_ACK: "rank-2.stop-ack.json",
         RankFile.SNAPSHOT: "rank-2.snapshot.json", RankFile.DIAGNOSTICS: "rank-2.diagnostics.jsonl",
         RankFile.PLAN: "rank-2.plan.json", RankFile.SAVE_FAILURES: "rank-2.save-failures.json",
+        RankFile.DUMP: "rank-2.dump.json",
     }
     assert (files.log, files.exit, files.metrics) == (
         files.path(RankFile.LOG), files.path(RankFile.EXIT), files.path(RankFile.METRICS))
     assert files.archived(RankFile.EXIT, 1) == attempt.restarts / "rank-2.exit.json.1"
     assert LOCAL_RUN_DIR == "muster-run"
+    assert files.dump == attempt.path / "rank-2.dump.json"
+    assert attempt.evidence_of("20250101T120000Z-stalled", 2) == (
+        attempt.path / "evidence" / "20250101T120000Z-stalled" / "rank-2")
+
+
+@pytest.mark.parametrize("bundle", [
+    "../x", "20250101T120000Z-stalled/..", "/tmp", "", "20250101T120000Z-", ".",
+    "20250101T120000Z-Stalled", "20250101T120000Z-stalled\n"])
+def test_a_malformed_bundle_id_never_becomes_a_path(tmp_path: Path, bundle: str) -> None:
+    with pytest.raises(ValueError, match="evidence bundle id"):
+        RunDir(tmp_path).attempt(1).evidence_of(bundle, 0)
 
 
 def test_control_files_exclude_what_the_next_incarnation_appends_to() -> None:

@@ -10,6 +10,7 @@ $MUSTER_HOME/runs/<trial-uuid>/                RunDir (MUSTER_RUN_DIR; ./muster-
     hparams.json                               the trial's hyperparameters (MUSTER_HPARAMS)
     restarts/<file>.<incarnation>              an ended incarnation's files (restart in place)
     rank-<r>.<suffix>                          RankFiles: one replica's files, by `RankFile`
+    evidence/<bundle>/rank-<r>/                one rank's evidence bundle (launch.evidence)
 ```
 
 Every reader and writer builds its paths here; no other module spells a file name of the
@@ -28,14 +29,18 @@ from enum import Enum
 from pathlib import Path
 
 __all__ = [
-    "CHECKPOINTS", "CONTROL_FILES", "LOCAL_RUN_DIR", "AttemptDir", "RankFile", "RankFiles",
-    "RunDir", "every_rank_file",
+    "BUNDLE_ID", "CHECKPOINTS", "CONTROL_FILES", "EVIDENCE", "LOCAL_RUN_DIR", "AttemptDir",
+    "RankFile", "RankFiles", "RunDir", "every_rank_file",
 ]
 
 LOCAL_RUN_DIR = "muster-run"  # the run directory of a run off the platform, in its cwd
 CHECKPOINTS = "checkpoints"
 WORKDIR = "workdir"
 ENV = "env"
+EVIDENCE = "evidence"
+# An evidence bundle's id, `<UTC yyyymmddThhmmssZ>-<reason>`: a request file names it, so
+# nothing but this shape ever becomes a directory name (no separators, no `..`).
+BUNDLE_ID = re.compile(r"[0-9]{8}T[0-9]{6}Z-[a-z]{1,32}")
 _ATTEMPT = re.compile(r"attempt-([0-9]+)")
 _RANK = re.compile(r"rank-([0-9]+)\.(.+)")
 
@@ -62,6 +67,7 @@ class RankFile(str, Enum):
     DIAGNOSTICS = "diagnostics.jsonl"  # its samplers, passes, gradient samples [harness]
     PLAN = "plan.json"  # how far the run is planned to go, ctx.plan() [harness]
     SAVE_FAILURES = "save-failures.json"  # checkpoint saves that failed [harness]
+    DUMP = "dump.json"  # a request for an evidence bundle: {bundle, reason, requested_at} [server]
 
 
 # An ended incarnation's control files, moved aside before a restart in place; its log and
@@ -127,6 +133,22 @@ class AttemptDir:
     @property
     def restarts(self) -> Path:
         return self.path / "restarts"
+
+    @property
+    def evidence(self) -> Path:
+        """Every evidence bundle of the attempt, one directory per bundle id."""
+        return self.path / EVIDENCE
+
+    def evidence_of(self, bundle: str, rank: int) -> Path:
+        """Where rank `rank`'s part of bundle `bundle` is collected.
+
+        Raises:
+            ValueError: `bundle` is not a bundle id (`BUNDLE_ID`).
+        """
+        if not BUNDLE_ID.fullmatch(bundle):
+            raise ValueError(f"an evidence bundle id looks like '20250101T120000Z-requested', "
+                             f"got {bundle!r}")
+        return self.evidence / bundle / f"rank-{rank}"
 
     def rank(self, rank: int) -> RankFiles:
         return RankFiles(self.path, rank)
@@ -240,6 +262,10 @@ class RankFiles:
     @property
     def save_failures(self) -> Path:
         return self.path(RankFile.SAVE_FAILURES)
+
+    @property
+    def dump(self) -> Path:
+        return self.path(RankFile.DUMP)
 
 
 def every_rank_file(runs_dir: Path, kind: RankFile) -> Iterator[Path]:
