@@ -29,6 +29,7 @@ import ray_launcher
 import recovery
 import replicas
 import scale
+import silence
 import tail
 import throughput
 import ui_budget
@@ -50,6 +51,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "harness_overhead": harness_overhead.run,
     "manifest_scan": manifest_scan.run,
     "pass_sessions": pass_sessions.run,
+    "silence": silence.run,
     "ingest": ingest.run,
     "replicas": replicas.run,
     "recovery": recovery.run,

@@ -21,6 +21,7 @@ def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
         RankFile.LOG: "rank-2.log", RankFile.INDEX: "rank-2.index",
         RankFile.SPEC: "rank-2.spec.json", RankFile.LAUNCH: "rank-2.launch.json",
         RankFile.STATUS: "rank-2.shim.json", RankFile.ALIVE: "rank-2.alive",
+        RankFile.ACTIVE: "rank-2.active",
         RankFile.EXIT: "rank-2.exit.json",
         RankFile.STOP: "rank-2.stop", RankFile.SHIM_LOG: "rank-2.shim.log",
         RankFile.STALLED: "rank-2.stalled.json", RankFile.STANDBY_GO: "rank-2.standby-go.json",

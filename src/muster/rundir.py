@@ -54,6 +54,7 @@ class RankFile(str, Enum):
     LAUNCH = "launch.json"  # the shim's identity and launch time [launcher]
     STATUS = "shim.json"  # shim and child identities, process group, start time [shim]
     ALIVE = "alive"  # touched every second while the shim runs: its mtime, last seen alive [shim]
+    ACTIVE = "active"  # "<last output> <last CPU use>": silence_timeout's evidence [shim]
     EXIT = "exit.json"  # the ExitRecord, after the log is synced [shim]
     STOP = "stop"  # a stop request, with its grace [launcher]
     SHIM_LOG = "shim.log"  # the shim's own diagnostics (its stderr) [shim]
@@ -72,7 +73,8 @@ class RankFile(str, Enum):
 
 # An ended incarnation's control files, moved aside before a restart in place; its log and
 # index stay where they are, and the next incarnation appends to them.
-CONTROL_FILES = (RankFile.SPEC, RankFile.LAUNCH, RankFile.STATUS, RankFile.ALIVE, RankFile.EXIT,
+CONTROL_FILES = (RankFile.SPEC, RankFile.LAUNCH, RankFile.STATUS, RankFile.ALIVE,
+                 RankFile.ACTIVE, RankFile.EXIT,
                  RankFile.STOP, RankFile.SHIM_LOG, RankFile.STALLED, RankFile.HEARTBEAT,
                  RankFile.SNAPSHOT, RankFile.DIAGNOSTICS)
 
@@ -210,6 +212,10 @@ class RankFiles:
     @property
     def alive(self) -> Path:
         return self.path(RankFile.ALIVE)
+
+    @property
+    def active(self) -> Path:
+        return self.path(RankFile.ACTIVE)
 
     @property
     def exit(self) -> Path:

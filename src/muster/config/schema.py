@@ -255,6 +255,10 @@ class FailurePolicy(_Section):
     # restart does not pay the script's start-up (imports, data) again.
     warm_standby: bool = False
     heartbeat_timeout: float = Field(default=300.0, gt=0)
+    # A replica that wrote no output AND whose process group used no CPU for this long is
+    # STALLED, harness or not (a download prints nothing but uses CPU; a deadlock neither).
+    # None: `off`.
+    silence_timeout: float | None = Field(default=1800.0, gt=0)
     # With `launcher: ray`: how long an attempt's placement group may wait for the cluster
     # to have room (CAPACITY), and how many such waits a trial gets before it fails.
     capacity_timeout: float = Field(default=600.0, gt=0)
@@ -264,6 +268,14 @@ class FailurePolicy(_Section):
                      mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
+        return parse_duration(value)
+
+    @field_validator("silence_timeout", mode="before")
+    @classmethod
+    def _duration_or_off(cls, value: object) -> float | None:
+        if value is None or value is False or (isinstance(value, str)
+                                               and value.strip().lower() == "off"):
+            return None
         return parse_duration(value)
 
 

@@ -39,6 +39,8 @@ class ProcStat:
     pgid: int
     session: int
     start_ticks: int
+    # utime + stime + cutime + cstime: the CPU time it and its reaped children used, in ticks
+    cpu_ticks: int = 0
 
     @property
     def is_dead(self) -> bool:
@@ -70,6 +72,7 @@ def parse_stat(text: str) -> ProcStat:
         pgid=int(fields[2]),
         session=int(fields[3]),
         start_ticks=int(fields[19]),
+        cpu_ticks=sum(int(field) for field in fields[11:15]),
     )
 
 

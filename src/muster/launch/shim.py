@@ -32,7 +32,9 @@ from types import FrameType
 from muster.atomic import atomic_write_json, open_regular, read_json
 from muster.errors import LaunchError
 from muster.launch.accounts import drop_to, job_identity
+from muster.launch.activity import ActivityStamp
 from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaSpec
+from muster.launch.dumps import DumpRequests
 from muster.launch.environment import job_environment, job_umask
 from muster.launch.identity import group_members, own_identity, read_identity, send_signal
 from muster.launch.memory import MemoryGuard, MemoryReport, open_memory_guard
@@ -441,6 +443,8 @@ class Shim:
         self._next_marker_check = 0.0
         self._memory: MemoryGuard | None = None
         self._out_of_memory = False
+        self._dumps = DumpRequests(self.files)
+        self._next_dump_check = 0.0
 
     def run(self) -> int:
         """Start, pump, stop on request, reap, record. Returns the shim's own exit status."""
@@ -564,14 +568,18 @@ class Shim:
         child = read_identity(pid)
         if child is None:  # an unreaped child keeps its /proc entry, even as a zombie
             raise RuntimeError(f"/proc/{pid}/stat vanished before the child was reaped")
+        # Before the status: once that says RUNNING, the server judges silence by the stamp.
+        activity = ActivityStamp(self.files.active, started_at)
         self._write_status(child, started_at)
         if self._memory is not None:
             self._memory.watch(pid)
         index_fd = _open_append(self.files.index)
         try:
-            ended_at = self._relay(pid, LogPump(read_fd, log_fd, index_fd))
+            ended_at = self._relay(pid, LogPump(read_fd, log_fd, index_fd), activity)
         finally:
             os.close(index_fd)
+            activity.close()
+            self._dumps.close()
         memory = self._memory.finish() if self._memory is not None else None
         if memory is not None and memory.oom:
             peak = "unknown" if memory.peak_bytes is None else format_size(memory.peak_bytes)
@@ -579,10 +587,10 @@ class Shim:
                         format_size(memory.limit_bytes), peak, memory.mechanism)
         return child, ended_at, memory
 
-    def _relay(self, pid: int, pump: LogPump) -> float:
+    def _relay(self, pid: int, pump: LogPump, activity: ActivityStamp) -> float:
         """Copy output until the child exits, end its group, drain; returns when it ended."""
         try:
-            ended_at = self._pump_until_exit(pid, pump)
+            ended_at = self._pump_until_exit(pid, pump, activity)
             self._end_group(pid, pump)
         finally:
             pump.close()
@@ -601,12 +609,12 @@ class Shim:
         atomic_write_json(self.files.status, status)
         self._notify()  # the server records RUNNING now, not at its next regular pass
 
-    def _pump_until_exit(self, pid: int, pump: LogPump) -> float:
+    def _pump_until_exit(self, pid: int, pump: LogPump, activity: ActivityStamp) -> float:
         """Copy output until the child exits; returns when it ended (Unix time).
 
         WNOWAIT leaves the child a zombie, so its pid and process group stay reserved until
         `_reap`: signalling the group can never hit a process that reused the number. The
-        liveness stamp is kept fresh meanwhile.
+        liveness and activity stamps are kept fresh meanwhile, and evidence requests served.
         """
         pidfd = _pidfd(pid)
         pump.wake_on_exit(pidfd)
@@ -614,9 +622,12 @@ class Shim:
         try:
             while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
                 alive.stamp()
+                self._serve_dumps(pid)
                 self._enforce_stop(pid)
                 self._enforce_memory(pid)
-                pump.pump_once(POLL_MS)
+                if pump.pump_once(POLL_MS):
+                    activity.output(time.time())
+                activity.tick(pid)
             return time.time()
         finally:
             alive.close()
@@ -641,6 +652,13 @@ class Shim:
         self._out_of_memory = True
         self._killpg(pgid, signal.SIGKILL)
 
+    def _serve_dumps(self, pgid: int) -> None:
+        """Look for an evidence request (and a collector that ended) every MARKER_CHECK_S."""
+        now = time.monotonic()
+        if now >= self._next_dump_check:
+            self._next_dump_check = now + MARKER_CHECK_S
+            self._dumps.poll(pgid)
+
     def _check_marker(self) -> None:
         now = time.monotonic()
         if self.stop.requested or now < self._next_marker_check:
@@ -655,6 +673,8 @@ class Shim:
         if not self.stop.requested:
             return
         if self._term_sent_at is None:
+            if self._dumps.busy:
+                return  # evidence before destruction: the collector is bounded in time
             self._grace = _marker_grace(self.files.stop, self.spec.stop_grace)
             log.info("stop requested (%s): SIGTERM to group %d, SIGKILL after %.1f s",
                      self.stop.cause, pgid, self._grace)

@@ -29,7 +29,7 @@ from muster.store.models import now
 from muster.supervise import verification
 from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext, current_replicas
-from muster.supervise.heartbeats import checked_in
+from muster.supervise.heartbeats import checked_in, stall_evidence
 from muster.supervise.ingest import ingest_trial
 from muster.supervise.log_errors import RankScan, scan_log
 from muster.supervise.log_metrics import LogMetricEvidence, log_metric_evidence
@@ -239,6 +239,12 @@ def classify_replica(replica: Replica, status: ReplicaStatus, trial: Trial, log_
         record = dataclasses.replace(record, stop_requested=False)
     attempt_dir = AttemptDir(Path(replica.attempt.run_dir))
     stalled = read_json(attempt_dir.rank(replica.rank).stalled)
+    stall = stalled["reason"] if isinstance(stalled, dict) else None
+    evidence = stall_evidence(attempt_dir, replica.rank) if stall is not None else None
+    if stall is not None and evidence is not None:
+        stack = ("stacks: " + "; ".join(evidence.lines) if evidence.lines
+                 else "no stacks could be collected in time")
+        stall = f"{stall}; {stack} (evidence: {evidence.bundle})"
     return classify_exit(
         ExitObservation(
             rank=replica.rank,
@@ -247,7 +253,7 @@ def classify_replica(replica: Replica, status: ReplicaStatus, trial: Trial, log_
             log_tail=log_tail,
             transient_exit_codes=frozenset(policy.transient_exit_codes),
             stop_requested=stopped,
-            stalled=stalled["reason"] if isinstance(stalled, dict) else None,
+            stalled=stall,
         )
     )
 
@@ -260,6 +266,10 @@ def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classif
     replica.reason = verdict.reason.value
     replica.message = verdict.message
     replica.log_tail = log_tail
+    if verdict.reason is Reason.STALLED:
+        evidence = stall_evidence(AttemptDir(Path(replica.attempt.run_dir)), replica.rank)
+        if evidence is not None:
+            replica.evidence, replica.stack_summary = evidence.bundle, evidence.summary
     if status.exit is not None:
         replica.max_rss_bytes = status.exit.max_rss_bytes
         replica.started_at = status.exit.started_at

@@ -18,15 +18,21 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from muster.atomic import atomic_write_json
+from muster.atomic import atomic_write_json, read_json
 from muster.diagnostics import read_rank_parts
 from muster.launch.base import ReplicaPhase, ReplicaStatus
+from muster.launch.dumps import SUMMARY, request_dump
 from muster.rundir import AttemptDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
 from muster.store import Attempt, Event, record_event
 from muster.supervise.context import ACTOR, LiveAttempt, SupervisorContext, current_replicas
 from muster.supervise.ending import Ending, mark_started, note_process, started_message
-from muster.supervise.heartbeats import check_in_overdue, checked_in, stall_reason
+from muster.supervise.heartbeats import (
+    check_in_overdue,
+    checked_in,
+    silence_reason,
+    stall_reason,
+)
 from muster.supervise.ingest import IngestReport, ingest_trial
 from muster.supervise.log_metrics_ingest import ingest_log_metrics
 from muster.supervise.outcome import decided_by, exited_cleanly, started
@@ -43,6 +49,9 @@ log = logging.getLogger(__name__)
 # How often a live attempt's logs are scanned for metrics (`verify.metrics_from_log`, the
 # built-in recognisers): each scan is a child process per rank.
 LOG_SCAN_INTERVAL_S = 5.0
+# How long a stalled replica's stop waits for its evidence bundle (the shim bounds the
+# collector to COLLECT_LIMIT_S; this covers a shim that cannot collect at all).
+EVIDENCE_WAIT_S = 40.0
 
 
 @dataclass
@@ -167,18 +176,42 @@ class Following:
             elif winding_down and not status.stop_requested:
                 self.ctx.launcher.cancel(live.dir.path, status.rank, grace)
             elif status.phase is ReplicaPhase.RUNNING and not winding_down:
-                self._check_progress(live, status)
+                self._check_progress(live, status, statuses)
 
-    def _check_progress(self, live: LiveAttempt, status: ReplicaStatus) -> None:
-        """Stop a replica that checked in through the harness but has made no progress for
-        `heartbeat_timeout`, or that should have checked in (`harness: true`) and has not
-        within `heartbeat_timeout` of starting; the marker makes its end STALLED, not
-        STOPPED."""
-        rank, attempt_dir = status.rank, live.dir.path
-        marker = live.dir.rank(rank).stalled
-        if marker.exists():
+    def _check_progress(self, live: LiveAttempt, status: ReplicaStatus,
+                        statuses: Sequence[ReplicaStatus]) -> None:
+        """Stop a replica that makes no progress: checked in through the harness but no
+        progress for `heartbeat_timeout`; should have checked in (`harness: true`) and has
+        not within `heartbeat_timeout` of starting; or no output and no CPU for
+        `silence_timeout`. Evidence first (invariant 9): the stall asks the shim of every
+        running rank for its part of one evidence bundle, and the stop follows once the
+        bundle is in (or `EVIDENCE_WAIT_S` passed). The marker makes its end STALLED, not
+        STOPPED; one stall per attempt (the others' ends follow from it)."""
+        files = live.dir.rank(status.rank)
+        marker = read_json(files.stalled)
+        if isinstance(marker, dict):
+            self._stop_with_evidence(live, status, marker)
             return
-        timeout = live.config.failure_policy.heartbeat_timeout
+        if any(live.dir.rank(other.rank).stalled.exists() for other in statuses
+               if other.rank != status.rank):
+            return
+        why = self._stall_reason(live, status)
+        if why is None:
+            return
+        ranks = [other.rank for other in statuses if other.phase is ReplicaPhase.RUNNING]
+        bundle = request_dump([live.dir.rank(rank) for rank in ranks], "stalled")
+        marker = {"reason": why, "time": time.time(), "bundle": bundle, "ranks": ranks}
+        atomic_write_json(files.stalled, marker)
+        with self.ctx.store.session_scope() as s:
+            record_event(s, entity="attempt", entity_id=live.id, reason=Reason.STALLED,
+                         actor=ACTOR, message=f"stopping rank {status.rank}: {why}",
+                         experiment_id=live.trial.experiment_id, trial_id=live.trial.id)
+        self._stop_with_evidence(live, status, marker)
+
+    def _stall_reason(self, live: LiveAttempt, status: ReplicaStatus) -> str | None:
+        rank, attempt_dir = status.rank, live.dir.path
+        policy = live.config.failure_policy
+        timeout = policy.heartbeat_timeout
         now = time.time()
         if checked_in(attempt_dir, rank):
             why = stall_reason(attempt_dir, rank, timeout, now)
@@ -186,14 +219,25 @@ class Following:
             why = check_in_overdue(since, timeout, now)
         else:
             why = None
-        if why is None:
+        if why is None and policy.silence_timeout is not None \
+                and (since := _waiting_since(live.dir, status)) is not None:
+            why = silence_reason(live.dir.rank(rank), since, policy.silence_timeout, now)
+        return why
+
+    def _stop_with_evidence(self, live: LiveAttempt, status: ReplicaStatus,
+                            marker: dict[str, object]) -> None:
+        """Stop a stalled replica once the evidence bundle is complete for every rank it was
+        asked of, or once waiting took `EVIDENCE_WAIT_S` (a shim that cannot collect must
+        not keep its slot)."""
+        if status.stop_requested:
             return
-        atomic_write_json(marker, {"reason": why, "time": time.time()})
-        with self.ctx.store.session_scope() as s:
-            record_event(s, entity="attempt", entity_id=live.id, reason=Reason.STALLED,
-                         actor=ACTOR, message=f"stopping rank {rank}: {why}",
-                         experiment_id=live.trial.experiment_id, trial_id=live.trial.id)
-        self.ctx.launcher.cancel(attempt_dir, rank)
+        bundle, asked, ranks = marker.get("bundle"), marker.get("time"), marker.get("ranks")
+        waited = time.time() - asked if isinstance(asked, int | float) else EVIDENCE_WAIT_S
+        collected = (isinstance(bundle, str) and isinstance(ranks, list)
+                     and all(_bundle_complete(live.dir, bundle, rank) for rank in ranks
+                             if isinstance(rank, int)))
+        if collected or waited >= EVIDENCE_WAIT_S:
+            self.ctx.launcher.cancel(live.dir.path, status.rank)
 
     def _mark_running(self, live: LiveAttempt, statuses: Sequence[ReplicaStatus]) -> bool:
         """RUNNING once every replica's training process has started (and, with
@@ -258,6 +302,14 @@ class Following:
             attempt = s.get_one(Attempt, live.id)
             if attempt.state == AttemptState.STARTING and not attempt.standby:
                 attempt.trial.queue_reason = reason
+
+
+def _bundle_complete(attempt_dir: AttemptDir, bundle: str, rank: int) -> bool:
+    """True once the rank's part of evidence bundle `bundle` was written to its end."""
+    try:
+        return (attempt_dir.evidence_of(bundle, rank) / SUMMARY).exists()
+    except ValueError:  # not a bundle id: nothing to wait for
+        return True
 
 
 def _not_checked_in(attempt_dir: AttemptDir, statuses: Sequence[ReplicaStatus]) -> list[int]:

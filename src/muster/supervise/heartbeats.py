@@ -1,4 +1,4 @@
-"""Stall detection: a replica that checked in through the harness and then made no progress.
+"""Stall detection: a replica that makes no progress (harness) or shows no life (any script).
 
 The harness's heartbeat thread rewrites the rank's heartbeat file every few seconds with the
 time of the last *progress* call (docs/run-directory.md). A live thread over a deadlocked
@@ -6,16 +6,24 @@ training loop keeps the file fresh but `progress_time` still; that is what we lo
 Scripts that never use the harness write no heartbeat file and are never judged stalled,
 unless the config declares `harness: true`: then a rank that has not checked in (written its
 first heartbeat) `heartbeat_timeout` after its process started is stalled too.
+
+Every replica, harness or not, is also judged by its shim's activity stamp
+(`muster.launch.activity`): no output AND no CPU time used by its process group for
+`silence_timeout` is a stall. The heartbeat is the finer signal where there is one (a loop
+that spins without progress still uses CPU); silence catches what never checks in.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from muster.atomic import read_json
-from muster.rundir import RankFiles
+from muster.launch.activity import read_activity
+from muster.launch.dumps import SUMMARY
+from muster.rundir import AttemptDir, RankFiles
 
 log = logging.getLogger(__name__)
 
@@ -56,3 +64,72 @@ def check_in_overdue(waiting_since: float, timeout: float, now: float) -> str | 
             "muster.harness.init(); call it on every rank, raise "
             "failure_policy.heartbeat_timeout if start-up takes this long, or set "
             "`harness: false`")
+
+
+def silence_reason(files: RankFiles, started_at: float, timeout: float,
+                   now: float) -> str | None:
+    """Why the replica counts as stalled at `now` by its activity stamp: no output and no CPU
+    for `timeout` since the later of the two (and of its start), or None while it shows life
+    or has no stamp."""
+    activity = read_activity(files.active)
+    if activity is None:
+        return None
+    idle = now - max(activity.last, started_at)
+    if idle < timeout:
+        return None
+    return (f"no output and no CPU time used for {_span(idle)} (silence_timeout "
+            f"{_span(timeout)}); last output at {_clock(max(activity.output_at, started_at))}, "
+            f"last CPU use at {_clock(max(activity.cpu_at, started_at))}")
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _clock(stamp: float) -> str:
+    return dt.datetime.fromtimestamp(stamp).strftime("%H:%M:%S")
+
+
+@dataclass(frozen=True)
+class StallEvidence:
+    """The evidence bundle taken before a stalled replica was stopped."""
+
+    bundle: str  # its directory, relative to the attempt's ("evidence/<id>")
+    lines: list[str]  # per rank collected, the main thread's stack in one line
+
+    @property
+    def summary(self) -> str | None:
+        return "\n".join(self.lines) or None
+
+
+def stall_evidence(attempt_dir: AttemptDir, rank: int) -> StallEvidence | None:
+    """The evidence bundle the replica's stall asked for, if it did: every rank's part."""
+    marker = read_json(attempt_dir.rank(rank).stalled)
+    bundle = marker.get("bundle") if isinstance(marker, dict) else None
+    ranks = marker.get("ranks", [rank]) if isinstance(marker, dict) else []
+    if not isinstance(bundle, str) or not isinstance(ranks, list):
+        return None
+    try:
+        directory = attempt_dir.evidence_of(bundle, rank).parent
+    except ValueError:
+        return None
+    lines = [line for other in sorted(r for r in ranks if isinstance(r, int))
+             if (line := _stack_line(directory / f"rank-{other}", other)) is not None]
+    return StallEvidence(str(directory.relative_to(attempt_dir.path)), lines)
+
+
+def _stack_line(directory: Path, rank: int) -> str | None:
+    """Rank `rank`'s main-thread line from its part of a bundle; None where it has none."""
+    try:
+        summary = read_json(directory / SUMMARY)
+    except ValueError as exc:  # written atomically: a damaged one says nothing
+        log.warning("cannot read the evidence summary in %s: %s", directory, exc)
+        return None
+    line = summary.get("line") if isinstance(summary, dict) else None
+    if not isinstance(line, str) or not line:
+        return None
+    return line if line.startswith("rank ") else f"rank {rank} {line}"
