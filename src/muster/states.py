@@ -203,6 +203,16 @@ class MetricSource(str, Enum):
     LOG = "log"
 
 
+class DistributedEnv(str, Enum):
+    """When a replica gets torchrun's variables (`resources.distributed_env`): `auto` when
+    the trial is distributed (several replicas, or a torchrun entrypoint), `always`, `never`.
+    One replica without them runs single-process code such as nanoGPT's as written."""
+
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
 class GpuState(str, Enum):
     """Who may take a GPU: `free`; `allocated` to a trial (across its attempts);
     `releasing` its memory after the trial let it go."""

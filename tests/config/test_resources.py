@@ -1,10 +1,11 @@
-"""resources.memory_limit: a size per replica, as people write sizes."""
+"""resources.memory_limit: a size per replica, as people write sizes; distributed_env."""
 
 from __future__ import annotations
 
 import pytest
 
 from muster.config import ExperimentConfig, load_config
+from muster.states import DistributedEnv
 from tests.config.test_loading import one_problem
 
 HEAD = "name: x\nentrypoint: python t.py\n"
@@ -45,3 +46,18 @@ def test_a_bad_memory_limit_says_what_it_must_look_like(written: str, problem: s
     assert one_problem(f"resources: {{memory_limit: {written}}}") == (
         f"resources.memory_limit: {problem}"
     )
+
+
+@pytest.mark.parametrize("written", ["auto", "always", "never"])
+def test_distributed_env_is_one_of_three_words(written: str) -> None:
+    config = load_config(HEAD + f"resources: {{distributed_env: {written}}}")
+    assert config.resources.distributed_env is DistributedEnv(written)
+    assert ExperimentConfig.from_json_dict(config.to_json_dict()) == config
+    assert load_config(HEAD).resources.distributed_env is DistributedEnv.AUTO
+
+
+@pytest.mark.parametrize(("written", "shown"), [
+    ("sometimes", "'sometimes'"), ("Always", "'Always'"), ("true", "true"), ("2", "2")])
+def test_a_bad_distributed_env_names_the_three_words(written: str, shown: str) -> None:
+    assert one_problem(f"resources: {{distributed_env: {written}}}") == (
+        f"resources.distributed_env: must be 'auto', 'always' or 'never', got {shown}")

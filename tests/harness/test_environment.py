@@ -39,6 +39,24 @@ def test_on_the_platform_every_variable_is_read(platform: Platform, tmp_path: Pa
     assert env.heartbeat_timeout == 300.0
 
 
+@pytest.mark.parametrize(("variables", "rank", "world_size"), [
+    ({"MUSTER_RANK": "1", "MUSTER_WORLD_SIZE": "2"}, 1, 2),  # distributed_env: never
+    ({"MUSTER_RANK": "0", "MUSTER_WORLD_SIZE": "1"}, 0, 1),  # one replica, auto
+    ({"MUSTER_RANK": "0", "MUSTER_WORLD_SIZE": "1", "RANK": "1", "WORLD_SIZE": "2"}, 1, 2),
+    ({"MUSTER_RANK": "1", "MUSTER_WORLD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2"}, 1, 2),
+])
+def test_muster_s_rank_serves_where_torchrun_s_is_not_set(
+    platform: Platform, tmp_path: Path, variables: dict[str, str], rank: int, world_size: int
+) -> None:
+    """Without torchrun's variables (`resources.distributed_env`) each replica keeps its
+    own rank's files; a torchrun entrypoint's processes have their own RANK, which wins
+    over the MUSTER_RANK they inherited."""
+    environ = {name: value for name, value in platform.env.items()
+               if name not in ("RANK", "WORLD_SIZE")}
+    env = read_environment({**environ, **variables}, tmp_path)
+    assert (env.rank, env.world_size) == (rank, world_size)
+
+
 @pytest.mark.parametrize(
     ("timeout", "interval"), [(None, 10.0), ("300", 10.0), ("9", 3.0), ("1.5s", 0.5)]
 )
@@ -56,6 +74,8 @@ def test_heartbeat_interval_is_10_s_or_a_third_of_the_timeout(
         ({"RANK": "-1"}, "RANK must be at least 0"),
         ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 must be smaller than WORLD_SIZE=2"),
         ({"WORLD_SIZE": "0"}, "WORLD_SIZE must be at least 1"),
+        ({"MUSTER_RANK": "2", "MUSTER_WORLD_SIZE": "2"},
+         "MUSTER_RANK=2 must be smaller than MUSTER_WORLD_SIZE=2"),
         ({"MUSTER_RUN_DIR": "/r", "MUSTER_ATTEMPT": "0"}, "MUSTER_ATTEMPT must be at least 1"),
         ({"MUSTER_RUN_DIR": "/r", "MUSTER_TRIAL_ID": "x"}, "MUSTER_TRIAL_ID must be an integer"),
         ({"MUSTER_HEARTBEAT_TIMEOUT": "soon"}, "MUSTER_HEARTBEAT_TIMEOUT must be a number"),

@@ -9,7 +9,7 @@ import pytest
 
 from muster.config import load_config
 from muster.harness.standby import GO_VARIABLE
-from muster.launch.environment import job_environment
+from muster.launch.environment import TORCHRUN_VARIABLES, job_environment
 from muster.rundir import RunDir
 from muster.supervise.launching import AttemptPlan, replica_specs
 
@@ -49,6 +49,8 @@ def test_one_spec_per_rank_with_the_torchrun_environment() -> None:
         assert (env["RANK"], env["LOCAL_RANK"]) == (str(spec.rank), str(spec.rank))
         assert (env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == (
             "2", "127.0.0.1", "29500")
+        assert (env["MUSTER_RANK"], env["MUSTER_WORLD_SIZE"]) == (str(spec.rank), "2")
+        assert spec.distributed
         assert env["MUSTER_RUN_DIR"] == str(RUN.path)
         assert env["MUSTER_HPARAMS"] == str(RUN.attempt(2).hparams)
         assert (env["MUSTER_TRIAL_ID"], env["MUSTER_ATTEMPT"]) == ("7", "2")
@@ -94,3 +96,35 @@ def test_the_job_gets_no_server_setting_and_python_first() -> None:
 def test_secrets_join_the_job_s_variables() -> None:
     [spec, _] = replica_specs(plan(secrets={"TOKEN": "s3cr3t"}))
     assert spec.env["TOKEN"] == "s3cr3t" and spec.env["OMP_NUM_THREADS"] == "2"
+
+
+def config_of(replicas: int, entrypoint: str = "python train.py", setting: str = "") -> str:
+    written = f", distributed_env: {setting}" if setting else ""
+    return f"name: plan\nentrypoint: {entrypoint}\nresources: {{replicas: {replicas}{written}}}\n"
+
+
+def test_one_replica_gets_muster_s_rank_and_no_torchrun_variables() -> None:
+    """nanoGPT takes its DDP path whenever RANK is set: one replica is not distributed."""
+    [spec] = replica_specs(plan(config=load_config(config_of(1))))
+    assert not TORCHRUN_VARIABLES & spec.env.keys() and not spec.distributed
+    assert (spec.env["MUSTER_RANK"], spec.env["MUSTER_WORLD_SIZE"]) == ("0", "1")
+    env = job_environment({**ENVIRON, "RANK": "3", "MASTER_PORT": "1"}, spec.env)
+    assert not TORCHRUN_VARIABLES & env.keys()  # nor from the server's own environment
+
+
+@pytest.mark.parametrize(("replicas", "entrypoint", "setting", "distributed"), [
+    (1, "torchrun --standalone --nproc-per-node 2 train.py", "", True),
+    (1, "python -m torch.distributed.run train.py", "", True),
+    (1, "python train.py", "always", True),
+    (2, "python train.py", "never", False),
+    (1, "torchrun train.py", "never", False),
+])
+def test_the_setting_and_the_entrypoint_decide(replicas: int, entrypoint: str, setting: str,
+                                               distributed: bool) -> None:
+    specs = replica_specs(plan(config=load_config(config_of(replicas, entrypoint, setting))))
+    for spec in specs:
+        assert spec.distributed is distributed
+        assert (TORCHRUN_VARIABLES - {"GROUP_RANK"} <= spec.env.keys()) is distributed
+        assert not distributed or spec.env["RANK"] == str(spec.rank)
+        assert spec.env["MUSTER_RANK"] == str(spec.rank)
+        assert spec.env["MUSTER_WORLD_SIZE"] == str(replicas)

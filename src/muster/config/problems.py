@@ -214,6 +214,7 @@ _DESCRIBERS: dict[str, Callable[[dict[str, Any], object], str]] = {
     "value_error": _value_error,
     "assertion_error": _value_error,
     "literal_error": _literal,
+    "enum": _literal,
     "too_short": _too_short,
     "too_long": _too_long,
     "string_too_short": _string_too_short,

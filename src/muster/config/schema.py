@@ -32,6 +32,7 @@ from muster.config.secrets import source_of
 from muster.config.units import parse_duration, parse_size
 from muster.metrics_lines import name_problem
 from muster.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from muster.states import DistributedEnv
 
 __all__ = [
     "SUBMISSION",
@@ -322,7 +323,8 @@ class ResourcesConfig(_Section):
     """What each trial runs on: how many replicas (ranks) start and stop together, how much
     memory each replica's processes may use together (bytes; None: no limit), how many GPUs
     each replica gets (of which type), the experiment's cap on replicas running at once,
-    and its place in the queue (priority 1-99, lower runs first, as in Determined)."""
+    its place in the queue (priority 1-99, lower runs first, as in Determined), and when its
+    replicas get torchrun's variables (`distributed_env`)."""
 
     FOREIGN_KEYS: ClassVar[dict[str, str]] = {
         "slots_per_trial": "muster asks for processes and GPUs apart: use resources.replicas "
@@ -344,6 +346,9 @@ class ResourcesConfig(_Section):
     gpu_type: str | None = Field(default=None, min_length=1)
     max_slots: int | None = Field(default=None, ge=1)
     priority: int = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY)
+    # When replicas get torchrun's variables (`launch.environment.wants_distributed_env`);
+    # not strict: YAML gives the word, the enum's member is what the code compares.
+    distributed_env: DistributedEnv = Field(default=DistributedEnv.AUTO, strict=False)
 
     @field_validator("gpu_type")
     @classmethod

@@ -49,10 +49,7 @@ def read_environment(
     Raises:
         ValueError: a variable muster sets is malformed, or the hparams file is unreadable.
     """
-    rank = _int_var(environ, "RANK", minimum=0) or 0
-    world_size = _int_var(environ, "WORLD_SIZE", minimum=1) or 1
-    if rank >= world_size:
-        raise ValueError(f"RANK={rank} must be smaller than WORLD_SIZE={world_size}")
+    rank, world_size = _rank_and_world_size(environ)
     run_dir_var = environ.get("MUSTER_RUN_DIR")
     if not run_dir_var:
         return RunEnvironment(
@@ -79,6 +76,20 @@ def read_environment(
         deterministic=environ.get("MUSTER_DETERMINISTIC") == "1",
         diagnostics_interval=interval_from(environ),
     )
+
+
+def _rank_and_world_size(environ: Mapping[str, str]) -> tuple[int, int]:
+    """torchrun's RANK and WORLD_SIZE where either is set (muster's on a distributed trial,
+    or those of the processes a torchrun entrypoint starts, which inherit muster's own);
+    else MUSTER_RANK and MUSTER_WORLD_SIZE, which every replica has
+    (`resources.distributed_env` may leave torchrun's out); else rank 0 of 1."""
+    prefix = "" if environ.get("RANK") or environ.get("WORLD_SIZE") else "MUSTER_"
+    rank = _int_var(environ, f"{prefix}RANK", minimum=0) or 0
+    world_size = _int_var(environ, f"{prefix}WORLD_SIZE", minimum=1) or 1
+    if rank >= world_size:
+        raise ValueError(f"{prefix}RANK={rank} must be smaller than "
+                         f"{prefix}WORLD_SIZE={world_size}")
+    return rank, world_size
 
 
 def _int_var(environ: Mapping[str, str], name: str, minimum: int) -> int | None:

@@ -67,6 +67,9 @@ class ReplicaSpec:
     # The Unix account the training process runs as (the cluster config's `run_as`);
     # None: the shim's own (the server's user).
     account: Account | None = None
+    # It has torchrun's variables (`resources.distributed_env`): a launcher that places
+    # ranks on several nodes adds their rendezvous and per-node ranks to these alone.
+    distributed: bool = True
 
     @property
     def log_path(self) -> Path:

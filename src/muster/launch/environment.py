@@ -11,11 +11,14 @@ of them, and the spec file never holds a copy of the server's environment.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
+
+from muster.states import DistributedEnv
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class ReplicaContext:
     # (diagnostics.record and .interval): MUSTER_DIAGNOSTICS.
     diagnostics: str = "20"
     distributed_debug: bool = False  # debug.torch_distributed: detail
+    # torchrun's variables (RANK, MASTER_ADDR...): `wants_distributed_env`'s decision.
+    distributed: bool = True
 
 
 # Set for every rank with `reproducibility.deterministic: true`: str hashing stops being
@@ -51,6 +56,15 @@ DETERMINISTIC_VARIABLES = {"PYTHONHASHSEED": "0", "CUBLAS_WORKSPACE_CONFIG": ":4
 
 # What would point the trial's `python` at another environment than its own.
 _OTHER_ENVIRONMENTS = frozenset({"PYTHONHOME", "CONDA_PREFIX", "CONDA_DEFAULT_ENV"})
+
+# What torchrun gives each process it starts, and muster a replica of a distributed trial.
+# Only a job's own variables hold them, never the server's environment: a trial that is not
+# distributed must not find a stale rank there (GROUP_RANK: the Ray launcher's node number).
+TORCHRUN_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"})
+# The modules `python -m` runs as torchrun (`launch` is its deprecated older name).
+TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+_PYTHON = re.compile(r"python[0-9.]*")
 
 # Set by `muster up`: the umask its user had, which jobs get back (the server runs with 077).
 JOB_UMASK_VARIABLE = "MUSTER_JOB_UMASK"
@@ -66,16 +80,14 @@ def build_env(user_vars: Mapping[str, str], ctx: ReplicaContext) -> dict[str, st
             "MUSTER_ATTEMPT": str(ctx.attempt),
             "MUSTER_HPARAMS": str(ctx.hparams_path),
             "MUSTER_REPLICA_RESTART": str(ctx.incarnation),
-            "RANK": str(ctx.rank),
-            "LOCAL_RANK": str(ctx.rank),
-            "WORLD_SIZE": str(ctx.world_size),
-            "LOCAL_WORLD_SIZE": str(ctx.world_size),
-            "MASTER_ADDR": ctx.master_addr,
-            "MASTER_PORT": str(ctx.master_port),
+            "MUSTER_RANK": str(ctx.rank),
+            "MUSTER_WORLD_SIZE": str(ctx.world_size),
             "PYTHONUNBUFFERED": "1",
             "PYTHONIOENCODING": "utf-8",
         }
     )
+    if ctx.distributed:
+        env.update(torchrun_variables(ctx))
     env["MUSTER_DIAGNOSTICS"] = ctx.diagnostics
     if ctx.distributed_debug:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
@@ -98,14 +110,76 @@ def build_env(user_vars: Mapping[str, str], ctx: ReplicaContext) -> dict[str, st
     return env
 
 
+def torchrun_variables(ctx: ReplicaContext) -> dict[str, str]:
+    """What torchrun would give the replica's process (all on one node, as local ranks)."""
+    return {
+        "RANK": str(ctx.rank),
+        "LOCAL_RANK": str(ctx.rank),
+        "WORLD_SIZE": str(ctx.world_size),
+        "LOCAL_WORLD_SIZE": str(ctx.world_size),
+        "MASTER_ADDR": ctx.master_addr,
+        "MASTER_PORT": str(ctx.master_port),
+    }
+
+
+def wants_distributed_env(setting: DistributedEnv, replicas: int,
+                          entrypoint: Sequence[str]) -> bool:
+    """Whether a trial's replicas get torchrun's variables (`resources.distributed_env`).
+
+    `auto`: only a distributed trial, one of several replicas or one whose entrypoint is
+    torchrun. Code like nanoGPT's takes its DDP path whenever RANK is set (and fails on a
+    CPU without NCCL), and Hugging Face's Trainer wraps a model in a world-size-1 DDP.
+    """
+    if setting is DistributedEnv.AUTO:
+        return replicas > 1 or launches_torchrun(entrypoint)
+    return setting is DistributedEnv.ALWAYS
+
+
+def launches_torchrun(argv: Sequence[str]) -> bool:
+    """Whether `argv` starts torchrun: `torchrun ...`, or `python -m torch.distributed.run`
+    (or `.launch`) with any python (`python3`, `python3.11`, an absolute path)."""
+    if not argv:
+        return False
+    program = PurePath(argv[0]).name
+    if program == "torchrun":
+        return True
+    return _PYTHON.fullmatch(program) is not None and python_module(argv[1:]) in TORCHRUN_MODULES
+
+
+def python_module(args: Sequence[str]) -> str | None:
+    """The module `python ARGS` runs with `-m` (after options, `-u -m`, `-Bm`, `-mNAME`);
+    None for a script, `-c` or stdin."""
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--check-hash-based-pycs":  # python's one long option with a value
+            rest = rest[1:]
+            continue
+        if not arg.startswith("-") or arg in ("-", "--"):
+            return None
+        if arg.startswith("--"):
+            continue
+        for at, letter in enumerate(arg[1:], start=2):
+            if letter in "mcWX":  # the options that take a value: here, or the next word
+                value = arg[at:] or (rest.pop(0) if rest else "")
+                if letter == "m":
+                    return value or None
+                if letter == "c":
+                    return None
+                break
+    return None
+
+
 def job_environment(inherited: Mapping[str, str], job: Mapping[str, str],
                     path: Sequence[str] | None = None) -> dict[str, str]:
     """What the training process starts with: `inherited` without the server's `MUSTER_*`
-    settings and Python settings that would point it at another environment, then the
+    settings, torchrun's variables and Python settings that would point it at another
+    environment, then the
     job's own variables (`build_env`), and `path` (its environment's `bin` directories)
     first on PATH: `python` and `pip` are its environment's, never muster's own venv."""
     env = {name: value for name, value in inherited.items()
-           if not name.startswith("MUSTER_") and name not in _OTHER_ENVIRONMENTS}
+           if not name.startswith("MUSTER_") and name not in _OTHER_ENVIRONMENTS
+           and name not in TORCHRUN_VARIABLES}
     env.update(job)
     first = [str(Path(sys.executable).parent)] if path is None else list(path)
     # muster's own interpreter directory is dropped from the rest: a trial whose

@@ -22,7 +22,8 @@ shim, and keeps them in the attempt's `master.json`; every rank's actor puts the
 spec as `MASTER_ADDR` and `MASTER_PORT` before its shim starts (the server's own choice,
 127.0.0.1 and a port free here, means nothing on another node), so a replica set's actors
 are created side by side (`submit_all`). LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK
-follow where the group put each rank, as torchrun's do on each node.
+follow where the group put each rank, as torchrun's do on each node. A trial that is not
+distributed (`resources.distributed_env`) has none of these and no rendezvous.
 
 Ray is imported when the launcher is made, never by `import muster`.
 """
@@ -249,7 +250,7 @@ class RayLauncher(Launcher):
                                   f"{spec.attempt_dir}; start a new attempt in a new "
                                   "directory.", rank=spec.rank)
             spec = dataclasses.replace(spec, env={**spec.env,
-                                                  **self._local_ranks(group, spec.rank)})
+                                                  **self._local_ranks(group, spec)})
             atomic_write_bytes(files.spec, json_bytes(spec_to_json(spec)), mode=0o600)
         except OSError as exc:
             raise LaunchError(f"Could not launch {where} in {spec.attempt_dir}: {exc}",
@@ -266,9 +267,10 @@ class RayLauncher(Launcher):
                 options["num_gpus"] = gpus
         elif self._resources:
             options["resources"] = self._resources
-        # With a group, the actors meet at rank 0's node (`ray_replica.rendezvous`).
-        actor = replica_actor().options(**options).remote(str(files.spec),
-                                                          meet=group is not None)
+        # With a group, a distributed trial's actors meet at rank 0's node
+        # (`ray_replica.rendezvous`); the others need no rendezvous.
+        actor = replica_actor().options(**options).remote(
+            str(files.spec), meet=group is not None and spec.distributed)
         return _Started(name, actor, actor.where.remote())
 
     def _finish(self, spec: ReplicaSpec, begun: _Started) -> ProcessIdentity:
@@ -299,12 +301,13 @@ class RayLauncher(Launcher):
                               rank=spec.rank) from exc
         return identity
 
-    def _local_ranks(self, group: Any | None, rank: int) -> dict[str, str]:
+    def _local_ranks(self, group: Any | None, spec: ReplicaSpec) -> dict[str, str]:
         """torchrun's per-node variables from where the group placed each rank: LOCAL_RANK
         and LOCAL_WORLD_SIZE among the ranks on this rank's node, GROUP_RANK the node's
-        number (in the order of the ranks)."""
-        if group is None:
+        number (in the order of the ranks); none for a replica without torchrun's variables."""
+        if group is None or not spec.distributed:
             return {}
+        rank = spec.rank
         placed = self._ray.util.placement_group_table(group).get("bundles_to_node_id") or {}
         node_of = {int(index): node for index, node in placed.items()}
         if rank not in node_of:

@@ -45,6 +45,8 @@ def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
         notify=_notify_target(data.get("notify")),
         path=None if data.get("path") is None else tuple(str(p) for p in data["path"]),
         account=account_from_json(data.get("account")),  # absent before run_as existed
+        # Absent before distributed_env existed, when every replica had torchrun's variables.
+        distributed=bool(data.get("distributed", True)),
     )
 
 

@@ -28,7 +28,12 @@ from muster.harness.standby import GO_VARIABLE
 from muster.home import Home
 from muster.launch.accounts import Account, RunAs
 from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec, ReplicaStatus
-from muster.launch.environment import ReplicaContext, build_env, free_port
+from muster.launch.environment import (
+    ReplicaContext,
+    build_env,
+    free_port,
+    wants_distributed_env,
+)
 from muster.rundir import AttemptDir, RunDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
 from muster.storage.resume import cache_dir, resumable, resume_point
@@ -97,12 +102,15 @@ class AttemptPlan:
 
 
 def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
-    """One launch plan per rank (all of them by default), with the torchrun environment:
-    one MASTER_PORT per attempt, so a restarted rendezvous never meets the last attempt's
-    stragglers. Pure: each spec holds the job's own variables only (`build_env`); the shim
-    puts them over the environment it inherited."""
+    """One launch plan per rank (all of them by default), with the torchrun environment
+    when the trial is distributed (`wants_distributed_env`): one MASTER_PORT per attempt, so
+    a restarted rendezvous never meets the last attempt's stragglers. Pure: each spec holds
+    the job's own variables only (`build_env`); the shim puts them over the environment it
+    inherited."""
     config = plan.config
     world_size = config.resources.replicas
+    distributed = wants_distributed_env(config.resources.distributed_env, world_size,
+                                        config.entrypoint)
     specs = []
     for rank in range(world_size) if ranks is None else ranks:
         ctx = ReplicaContext(
@@ -117,6 +125,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             diagnostics=(str(config.diagnostics.interval) if config.diagnostics.record
                          else "off"),
             distributed_debug=config.debug.torch_distributed == "detail",
+            distributed=distributed,
         )
         env = build_env({**config.environment.variables, **plan.secrets}, ctx)
         if plan.environment is not None:
@@ -129,7 +138,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             attempt_dir=plan.dir.path, stop_grace=config.failure_policy.stop_grace,
             memory_limit=config.resources.memory_limit,
             path=plan.environment.path if plan.environment is not None else None,
-            account=plan.account,
+            account=plan.account, distributed=distributed,
         ))
     return specs
 
