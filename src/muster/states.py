@@ -203,6 +203,16 @@ class MetricSource(str, Enum):
     LOG = "log"
 
 
+class OomSource(str, Enum):
+    """Who named a replica's end an out-of-memory kill: its memory cgroup's OOM-kill
+    counter, the kernel log's "Killed process" line for one of its processes (no cgroup),
+    or muster's RSS watchdog at its `memory_limit`."""
+
+    CGROUP = "cgroup"
+    KMSG = "kmsg"
+    WATCHDOG = "watchdog"
+
+
 class DistributedEnv(str, Enum):
     """When a replica gets torchrun's variables (`resources.distributed_env`): `auto` when
     the trial is distributed (several replicas, or a torchrun entrypoint), `always`, `never`.

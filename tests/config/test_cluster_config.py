@@ -73,12 +73,16 @@ def test_no_free_disk_guard(tmp_path: Path) -> None:
         ("slot: 2", "slot: unknown key; did you mean 'slots'?"),
         (
             "zzz: 1",
-            "zzz: unknown key; the keys allowed here are build_logs, checkpoint_storage, "
+            "zzz: unknown key; the keys allowed here are base_environment, build_logs, "
+            "checkpoint_storage, "
             "data_roots, gpu_release, gpus, interpreters, launcher, min_free_disk, "
             "node_quarantine, package_sources, preemption, priority_floor, ray, run_as, "
             "secret_sources, slots, storage_endpoints, storage_paths, trusted_proxies",
         ),
         ("launcher: slurm", "launcher: must be 'local' or 'ray', got 'slurm'"),
+        ("base_environment: venv", "base_environment: must be the absolute path of a Python "
+                                   "interpreter or a venv on the server, such as "
+                                   "/opt/train-venv, got 'venv'"),
         ("launcher: ray", "(top level): launcher: ray needs a `ray:` section with at least "
                           "`storage_path:` (a directory every node and the server mount), e.g. "
                           "ray: {address: auto, storage_path: /shared/muster-runs}"),

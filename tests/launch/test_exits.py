@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from muster.launch.base import ExitRecord
+from muster.launch.base import ExitRecord, OomKill
 from muster.launch.exits import Classification, ExitObservation, classify_exit, termination_reason
-from muster.states import Reason
+from muster.states import OomSource, Reason
 
 VALUE_ERROR_TAIL = """\
 epoch 1 loss 0.53
@@ -68,7 +68,15 @@ allocate memory: you tried to allocate 4611686018427387904 bytes. Error code 12 
 allocate memory)
 """
 
-OVER_LIMIT = {"oom": True, "memory_limit_bytes": 4 << 30, "peak_memory_bytes": 4509715660}
+GiB = 1 << 30
+OVER_LIMIT = {"oom": OomKill(OomSource.CGROUP, 4 * GiB, 24 * GiB),
+              "memory_limit_bytes": 4 * GiB, "peak_memory_bytes": 4509715660,
+              "peak_rss_bytes": 4509715660}
+# The kernel's OOM killer, without a memory_limit: seen by the replica's cgroup, or read in
+# the kernel log (no cgroup).
+KERNEL_OOM = {"oom": OomKill(OomSource.CGROUP, None, 24 * GiB),
+              "peak_rss_bytes": int(21.3 * GiB)}
+KMSG_OOM = {"oom": OomKill(OomSource.KMSG, None, 24 * GiB), "peak_rss_bytes": int(21.3 * GiB)}
 
 # The last 20 lines of a chained urllib traceback: the "Traceback" header is above them.
 URL_ERROR_TAIL = """\
@@ -163,10 +171,17 @@ def classify(exit: ExitRecord | None, rank: int = 0, **extra: Any) -> Classifica
         # 5. exit 0
         (ExitObservation(0, record(0)), Reason.OK),
         (ExitObservation(0, record(0), log_tail=VALUE_ERROR_TAIL), Reason.OK),
-        # 5b. out of memory: over the shim's limit (its SIGKILL is not INFRA), or the
-        # process said so (after signals and transient codes, before permanent errors)
+        # 5b. out of memory: over the shim's limit or killed by the kernel's OOM killer,
+        # limit or not (that SIGKILL is not INFRA), or the process said so (after signals
+        # and transient codes, before permanent errors)
         (ExitObservation(0, record(-9, **OVER_LIMIT)), Reason.OOM),
         (ExitObservation(0, record(1, **OVER_LIMIT)), Reason.OOM),
+        (ExitObservation(0, record(-9, **KERNEL_OOM)), Reason.OOM),
+        (ExitObservation(0, record(-9, **KMSG_OOM)), Reason.OOM),
+        (ExitObservation(0, record(137, **KERNEL_OOM)), Reason.OOM),  # under a shell
+        (ExitObservation(0, record(1, **KMSG_OOM), log_tail=VALUE_ERROR_TAIL), Reason.OOM),
+        (ExitObservation(0, record(0, **KERNEL_OOM)), Reason.OK),  # a worker, but it coped
+        (ExitObservation(0, record(-9, **KERNEL_OOM), stop_requested=True), Reason.STOPPED),
         (ExitObservation(0, record(-9, **OVER_LIMIT), stop_requested=True), Reason.STOPPED),
         (ExitObservation(0, record(1), log_tail=MEMORY_ERROR_TAIL), Reason.OOM),
         (ExitObservation(0, record(1), log_tail=CUDA_OOM_TAIL), Reason.OOM),
@@ -374,14 +389,41 @@ def test_termination_reason(tail: str, reason: str | None) -> None:
         (
             ExitObservation(1, record(-9, **OVER_LIMIT), log_tail="step 1\n"),
             "The replica worker-1 (rank 1) ran out of memory and exited with a non-zero status "
-            "of 137 (limit 4 GiB, peak 4.2 GiB)",
+            "of 137: killed by the kernel's OOM killer at its memory_limit of 4 GiB (peak "
+            "4.2 GiB): raise resources.memory_limit or use less memory",
         ),
         (
-            ExitObservation(
-                0, record(-9, oom=True, memory_limit_bytes=150 << 20, peak_memory_bytes=None)
-            ),
+            ExitObservation(0, record(-9, oom=OomKill(OomSource.WATCHDOG, 150 << 20),
+                                      memory_limit_bytes=150 << 20, peak_memory_bytes=None)),
             "The replica worker-0 (rank 0) ran out of memory and exited with a non-zero status "
-            "of 137 (limit 150 MiB)",
+            "of 137: killed by muster's memory watchdog at its memory_limit of 150 MiB: raise "
+            "resources.memory_limit or use less memory",
+        ),
+        (
+            ExitObservation(0, record(-9, **KERNEL_OOM)),
+            "The replica worker-0 (rank 0) ran out of memory and exited with a non-zero status "
+            "of 137: killed by the kernel's OOM killer at 21.3 GiB (machine 24 GiB, no "
+            "memory_limit set): set resources.memory_limit or use less memory",
+        ),
+        (
+            ExitObservation(0, record(-9, **KMSG_OOM)),
+            "The replica worker-0 (rank 0) ran out of memory and exited with a non-zero status "
+            "of 137: killed by the kernel's OOM killer at 21.3 GiB (machine 24 GiB, no "
+            "memory_limit set): set resources.memory_limit or use less memory",
+        ),
+        (
+            ExitObservation(0, record(-9, oom=OomKill(OomSource.KMSG, None, None))),
+            "The replica worker-0 (rank 0) ran out of memory and exited with a non-zero status "
+            "of 137: killed by the kernel's OOM killer (no memory_limit set): set "
+            "resources.memory_limit or use less memory",
+        ),
+        (
+            # The machine ran out before the replica reached its limit (the watchdog's).
+            ExitObservation(0, record(-9, oom=OomKill(OomSource.KMSG, 30 * GiB, 24 * GiB),
+                                      memory_limit_bytes=30 * GiB, peak_rss_bytes=20 * GiB)),
+            "The replica worker-0 (rank 0) ran out of memory and exited with a non-zero status "
+            "of 137: killed by the kernel's OOM killer at 20 GiB (machine 24 GiB, below its "
+            "memory_limit of 30 GiB): the machine ran out of memory first; use less memory",
         ),
         (
             ExitObservation(0, record(1), log_tail=MEMORY_ERROR_TAIL),
@@ -461,7 +503,10 @@ _RECORDS = st.builds(
     signals_sent=st.lists(st.sampled_from(["SIGTERM", "SIGKILL"]), max_size=2),
     spawn_error=st.none() | st.text(max_size=30),
     spawn_errno=st.none() | st.integers(0, 200),
-    oom=st.booleans(),
+    oom=st.none() | st.builds(OomKill, st.sampled_from(OomSource),
+                              st.none() | st.integers(1, 2**44),
+                              st.none() | st.integers(1, 2**44)),
+    peak_rss_bytes=st.none() | st.integers(0, 2**44),
     memory_limit_bytes=st.none() | st.integers(1, 2**44),
     peak_memory_bytes=st.none() | st.integers(0, 2**44),
 )

@@ -3,7 +3,6 @@ cgroup where this machine lets us make one, and with the RSS watchdog everywhere
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import subprocess
@@ -13,14 +12,25 @@ from pathlib import Path
 import pytest
 
 from muster.errors import LaunchError
-from muster.launch.base import ExitRecord, MemoryEnforcement, ReplicaSpec
+from muster.launch.base import ExitRecord, MemoryEnforcement, OomKill, ReplicaSpec
 from muster.launch.exits import ExitObservation, classify_exit
 from muster.launch.local import LocalLauncher
 from muster.launch.logs import FileLog, tail_text
-from muster.launch.memory import WATCHDOG_FAILURES, RssWatchdog, open_cgroup
-from muster.launch.records import exit_record_from_json, spec_from_json, spec_to_json
+from muster.launch.memory import (
+    WATCHDOG_FAILURES,
+    GroupSample,
+    RssWatchdog,
+    machine_memory,
+    open_cgroup,
+)
+from muster.launch.records import (
+    exit_record_from_json,
+    exit_record_to_json,
+    spec_from_json,
+    spec_to_json,
+)
 from muster.sizes import format_size
-from muster.states import Reason
+from muster.states import OomSource, Reason
 from tests.launch.conftest import Replica, fixture_argv, kill_leftovers
 from tests.processes import live_group
 from tests.waiting import wait_until
@@ -91,14 +101,19 @@ def classified(replica: Replica, record: ExitRecord) -> ExitObservation:
 
 _OVER_LIMIT = re.compile(
     r"The replica worker-0 \(rank 0\) ran out of memory and exited with a non-zero status "
-    r"of 137 \(limit 150 MiB, peak (?P<peak>[\d.]+) (?P<unit>MiB|GiB)\)"
+    r"of 137: killed by (?:the kernel's OOM killer|muster's memory watchdog) at its "
+    r"memory_limit of 150 MiB \(peak (?P<peak>[\d.]+) (?P<unit>MiB|GiB)\): raise "
+    r"resources\.memory_limit or use less memory"
 )
 
 
 def assert_over_the_limit(replica: Replica, mechanism: str) -> ExitRecord:
     record = replica.wait_exit()
-    assert (record.returncode, record.signal, record.oom) == (-9, "SIGKILL", True)
+    source = OomSource.WATCHDOG if mechanism == "watchdog" else OomSource.CGROUP
+    assert (record.returncode, record.signal) == (-9, "SIGKILL")
+    assert record.oom == OomKill(source, LIMIT, machine_memory())
     assert record.memory_limit_bytes == LIMIT
+    assert record.peak_rss_bytes == record.peak_memory_bytes
     assert record.memory_enforcement is not None
     assert record.memory_enforcement.startswith(mechanism)
     assert record.peak_memory_bytes is not None and record.peak_memory_bytes >= LIMIT
@@ -141,7 +156,7 @@ def test_a_replica_under_its_limit_is_unaffected(
 ) -> None:
     replica = run("within", "40", enforcement=mechanism)
     record = replica.wait_exit()
-    assert (record.returncode, record.oom, record.memory_limit_bytes) == (0, False, LIMIT)
+    assert (record.returncode, record.oom, record.memory_limit_bytes) == (0, None, LIMIT)
     assert record.peak_memory_bytes is not None and record.peak_memory_bytes < LIMIT
     if mechanism == "cgroup":  # the kernel's peak; the watchdog's samples may miss a moment
         assert record.peak_memory_bytes >= 40 * MiB
@@ -166,11 +181,13 @@ def test_auto_takes_a_cgroup_where_one_can_be_made(run: RunFn) -> None:
     assert record.memory_enforcement.startswith(expected)
 
 
-def test_without_a_limit_the_record_says_nothing_about_memory(run: RunFn) -> None:
+def test_without_a_limit_the_record_says_nothing_about_a_limit(run: RunFn) -> None:
+    """The limit's fields stay empty, as before; the group's peak is recorded all the same."""
     record = run("within", "10", limit=None).wait_exit()
-    assert (record.returncode, record.oom) == (0, False)
+    assert (record.returncode, record.oom) == (0, None)
     assert (record.memory_limit_bytes, record.peak_memory_bytes, record.memory_enforcement) == (
         None, None, None)
+    assert record.peak_rss_bytes is not None and record.peak_rss_bytes > 0
 
 
 @pytest.mark.parametrize(
@@ -184,7 +201,7 @@ def test_without_a_limit_the_record_says_nothing_about_memory(run: RunFn) -> Non
 def test_an_out_of_memory_exception_is_oom(run: RunFn, mode: str, reason: str) -> None:
     replica = run(mode, limit=None)
     record = replica.wait_exit()
-    assert (record.returncode, record.oom) == (1, False)
+    assert (record.returncode, record.oom) == (1, None)
     verdict = classify_exit(classified(replica, record))
     assert verdict.reason is Reason.OOM
     assert verdict.termination_reason == reason
@@ -232,10 +249,22 @@ def test_an_exit_record_written_before_memory_limits_loads() -> None:
     }
     record = exit_record_from_json(old)
     assert (record.oom, record.memory_limit_bytes, record.peak_memory_bytes) == (
-        False, None, None)
+        None, None, None)
     assert classify_exit(ExitObservation(0, record)).reason is Reason.INFRA
-    full = dataclasses.asdict(dataclasses.replace(record, oom=True, memory_limit_bytes=1))
-    assert exit_record_from_json(full).oom
+    # Before issue 31 `oom` was a bool, and only a memory limit could set it.
+    for mechanism, source in (("cgroup-v1", OomSource.CGROUP), ("watchdog", OomSource.WATCHDOG)):
+        full = old | {"oom": True, "memory_limit_bytes": 1, "memory_enforcement": mechanism}
+        assert exit_record_from_json(full).oom == OomKill(source, 1)
+    assert exit_record_from_json(old | {"oom": False}).oom is None
+
+
+def test_an_oom_kill_survives_a_json_round_trip() -> None:
+    record = ExitRecord(returncode=-9, exit_code=137, signal="SIGKILL", pid=7, start_ticks=1,
+                        started_at=1.0, ended_at=2.0, max_rss_bytes=4096,
+                        oom=OomKill(OomSource.KMSG, None, 24 << 30), peak_rss_bytes=5 << 20)
+    data = json.loads(json.dumps(exit_record_to_json(record)))
+    assert data["oom"] == {"source": "kmsg", "limit_bytes": None, "machine_bytes": 24 << 30}
+    assert exit_record_from_json(data) == record
 
 
 @pytest.mark.parametrize(
@@ -259,7 +288,7 @@ def test_a_watchdog_that_cannot_sample_kills_the_group_and_says_why(tmp_path: Pa
     """No silent degradation: the replica never runs on without its limit."""
     calls: list[int] = []
 
-    def broken_proc(pgid: int) -> int:  # what a /proc that refuses to be read does
+    def broken_proc(pgid: int) -> GroupSample:  # what a /proc that refuses to be read does
         calls.append(pgid)
         raise OSError(24, "Too many open files")
 
@@ -284,12 +313,12 @@ def test_a_watchdog_that_recovers_in_time_keeps_watching() -> None:
                                     OSError("again"), 2 * MiB]
     taken: list[int] = []
 
-    def flaky(pgid: int) -> int:
+    def flaky(pgid: int) -> GroupSample:
         value = samples[min(len(taken), len(samples) - 1)]
         taken.append(pgid)
         if isinstance(value, OSError):
             raise value
-        return value
+        return GroupSample(value, ())
 
     proc = subprocess.Popen(["sleep", "60"], process_group=0)
     try:

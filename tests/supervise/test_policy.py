@@ -52,9 +52,13 @@ RETRY, FAIL = Action.RETRY, Action.FAIL
             FAIL,
             None,
         ),
-        # out of memory: never retried, whatever the budgets
+        # out of memory: not retried unless oom_retries allows it, whatever the other budgets
         (Reason.OOM, NONE_USED, DEFAULT, FAIL, None),
         (Reason.OOM, NONE_USED, FailurePolicy(retry_user_errors=5, trial_retries=5), FAIL, None),
+        (Reason.OOM, NONE_USED, FailurePolicy(oom_retries=1), RETRY, "oom_retries"),
+        (Reason.OOM, Budgets(oom_retries=1), FailurePolicy(oom_retries=1), FAIL, None),
+        (Reason.OOM, Budgets(trial_retries=3), FailurePolicy(oom_retries=1), RETRY,
+         "oom_retries"),
         # transient: the whole trial again
         (Reason.TRANSIENT, NONE_USED, DEFAULT, RETRY, "trial_retries"),
         (Reason.TRANSIENT, Budgets(trial_retries=2), DEFAULT, RETRY, "trial_retries"),
@@ -171,6 +175,25 @@ def test_decisions(
             "PERMANENT_ERROR failure; not retried, since a retry would fail the same way",
         ),
         (
+            Reason.OOM,
+            NONE_USED,
+            DEFAULT,
+            "OOM failure; not retried (oom_retries is 0), since a retry would run out of "
+            "memory the same way",
+        ),
+        (
+            Reason.OOM,
+            Budgets(oom_retries=1),
+            FailurePolicy(oom_retries=2),
+            "OOM failure; retrying the trial (retry 2 of 2)",
+        ),
+        (
+            Reason.OOM,
+            Budgets(oom_retries=2),
+            FailurePolicy(oom_retries=2),
+            "OOM failure; giving up after 2 retries",
+        ),
+        (
             Reason.INTERNAL,
             NONE_USED,
             DEFAULT,
@@ -212,13 +235,14 @@ def test_infra_walks_through_every_budget_then_fails() -> None:
     assert used.user_error_retries == 0 and used.internal_retries == 0
 
 
-_BUDGETS = st.builds(Budgets, *(st.integers(0, 8) for _ in range(4)))
+_BUDGETS = st.builds(Budgets, *(st.integers(0, 8) for _ in range(5)))
 _POLICIES = st.builds(
     FailurePolicy,
     replica_restarts=st.integers(0, 6),
     trial_retries=st.integers(0, 6),
     internal_retries=st.integers(0, 6),
     retry_user_errors=st.integers(0, 6),
+    oom_retries=st.integers(0, 6),
     restart_scope=st.sampled_from(["trial", "replica"]),
 )
 _LIMIT = {
@@ -226,6 +250,7 @@ _LIMIT = {
     "trial_retries": "trial_retries",
     "internal_retries": "internal_retries",
     "user_error_retries": "retry_user_errors",
+    "oom_retries": "oom_retries",
 }
 
 
@@ -251,3 +276,12 @@ def test_infrastructure_never_charges_the_user_budget(
     reason: Reason, used: Budgets, policy: FailurePolicy
 ) -> None:
     assert decide(reason, used, policy).charge != "user_error_retries"
+
+
+@given(_BUDGETS, _POLICIES)
+def test_oom_charges_its_own_budget_alone(used: Budgets, policy: FailurePolicy) -> None:
+    """An OOM retry never uses the budgets of other failures, nor they its."""
+    assert decide(Reason.OOM, used, policy).charge in (None, "oom_retries")
+    for reason in Reason:
+        if reason is not Reason.OOM:
+            assert decide(reason, used, policy).charge != "oom_retries"

@@ -39,6 +39,7 @@ def status(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption 
     envs = info["environments"]
     render.console.print(f"environments: {envs['count']} built, {format_size(envs['bytes'])} "
                          "(muster env list)", markup=False)
+    render.console.print(f"runtime base: {info['runtime_base']['message']}", markup=False)
     render.console.print(info["gpu_note"], markup=False)
     if info["gpus"]:
         render.console.print(gpus_table(info["gpus"]))

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from muster.sizes import format_size
+from muster.states import Reason
 from muster.verdicts import VerdictCounts, check_status, count_verdicts, verdict_of
 from muster.words import count
 
@@ -108,7 +110,8 @@ def verdict_counts(exp: Mapping[str, Any]) -> VerdictCounts:
 
 
 def attempts_table(trial: dict[str, Any]) -> Table:
-    table = Table("Attempt", "Rank", "State", "Exit", "Signal", "Reason", "Duration", "Log")
+    table = Table("Attempt", "Rank", "State", "Exit", "Signal", "Reason", "Duration",
+                  "Peak memory", "Log")
     for attempt in trial["attempts"]:
         for rep in attempt["replicas"]:
             exit_code = "-" if rep["exit_code"] is None else str(rep["exit_code"])
@@ -116,9 +119,24 @@ def attempts_table(trial: dict[str, Any]) -> Table:
                                        if rep.get("incarnation") else "")
             number = str(attempt["number"]) + (" (standby)" if attempt.get("standby") else "")
             table.add_row(number, rank, state(attempt["state"]),
-                          exit_code, rep["signal"] or "-", rep["reason"] or "-",
-                          duration(rep["started_at"], rep["ended_at"]), rep["log_path"])
+                          exit_code, rep["signal"] or "-", _reason(rep),
+                          duration(rep["started_at"], rep["ended_at"]), _peak(rep),
+                          rep["log_path"])
     return table
+
+
+def _reason(replica: dict[str, Any]) -> str:
+    """The replica's reason; an OOM says who saw it ("OOM (cgroup)")."""
+    oom = replica.get("oom")
+    if replica["reason"] == Reason.OOM.value and oom:
+        return f"OOM ({oom['source']})"
+    return replica["reason"] or "-"
+
+
+def _peak(replica: dict[str, Any]) -> str:
+    """The peak memory of the replica's process group (replicas recorded before it: -)."""
+    peak = replica.get("peak_rss_bytes")
+    return "-" if peak is None else format_size(peak)
 
 
 def ended_replicas(trial: dict[str, Any]) -> list[str]:

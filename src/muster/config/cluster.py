@@ -27,6 +27,9 @@ interpreters: [/opt/conda/bin/python]    # environment.python: root-owned interp
 package_sources: [https://pypi.lab.example/simple]    # indexes and hosts uv may fetch from
 build_logs: owners                       # or `everyone`: viewers read build logs too
 trusted_proxies: [127.0.0.1]             # whose X-Forwarded-For names the client
+base_environment: /opt/train-venv        # what trials without an environment block import
+                                         # (an interpreter or a venv; default: the runtime
+                                         # base computed from muster's own installation)
 ```
 
 The file is optional (`$MUSTER_HOME/cluster.yaml`); its models are as strict as the
@@ -206,6 +209,11 @@ class ClusterConfig(_Section):
     # Addresses (or networks, `10.0.0.0/8`) whose `X-Forwarded-For` is believed.
     trusted_proxies: list[Annotated[str, Field(min_length=1, max_length=64)]] = \
         Field(default_factory=list, max_length=MAX_ALLOWED)
+    # The interpreter or venv whose packages trials without an environment block import
+    # (with muster.harness); None: the runtime base muster computes from its own
+    # installation, less its own dependencies (`muster.environments.runtime_base`).
+    # Checked when the server starts (`runtime_base.check_base_environment`).
+    base_environment: str | None = None
 
     @model_validator(mode="after")
     def _ray_needs_its_section(self) -> ClusterConfig:
@@ -252,6 +260,17 @@ class ClusterConfig(_Section):
     @classmethod
     def _size(cls, value: object) -> int:
         return parse_size(value)
+
+    @field_validator("base_environment", mode="plain")
+    @classmethod
+    def _base_environment(cls, value: object) -> str | None:
+        if value is None:
+            return None
+        path = os.path.expanduser(value) if isinstance(value, str) else ""
+        if not os.path.isabs(path) or len(path) > 4096:
+            raise ValueError("must be the absolute path of a Python interpreter or a venv on "
+                             f"the server, such as /opt/train-venv, got {show_value(value)}")
+        return path
 
 
 def _distinct_indices(specs: list[FakeGpuConfig]) -> list[FakeGpuConfig]:

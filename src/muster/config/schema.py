@@ -245,6 +245,9 @@ class FailurePolicy(_Section):
     trial_retries: int = Field(default=3, ge=0)
     internal_retries: int = Field(default=2, ge=0)
     retry_user_errors: int = Field(default=0, ge=0)
+    # OOM (the kernel's OOM killer, the memory watchdog, MemoryError, CUDA out of memory):
+    # a retry runs out of memory the same way, unless the data or the machine differ.
+    oom_retries: int = Field(default=0, ge=0)
     restart_scope: Literal["trial", "replica"] = "trial"
     transient_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(default_factory=list)
     stop_grace: float = Field(default=30.0, ge=0)

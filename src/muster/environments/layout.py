@@ -58,6 +58,17 @@ class EnvHome:
         return self.root / "spares"
 
     @property
+    def runtime(self) -> Path:
+        """Where the runtime base is built (`runtime_base`): what a trial without an
+        environment block imports."""
+        return self.root / "runtime"
+
+    @property
+    def runtime_current(self) -> Path:
+        """The link whose presence says the runtime base is built; trials name it."""
+        return self.runtime / "current"
+
+    @property
     def harness(self) -> Path:
         """A directory holding only a link to muster's package: on a trial's path, it makes
         `import muster.harness` work without muster's dependencies (the harness needs the

@@ -34,6 +34,7 @@ from muster.environments.interpreters import Interpreter, InterpreterError, insp
 from muster.environments.layers import Script, lower_scripts, site_packages, write_layer
 from muster.environments.layout import RECORD, EnvHome, is_hash
 from muster.environments.request import BuildRequest
+from muster.environments.runtime_base import RuntimeBase, RuntimeBaseError
 from muster.errors import LaunchError, NotFound
 from muster.launch.accounts import Account
 
@@ -138,6 +139,9 @@ class Environments:
     root: Path  # $MUSTER_HOME/envs
     # Jobs run as other accounts (`run_as`): builds are readable by everyone (umask 022).
     shared: bool = False
+    # The cluster config's `base_environment`: what trials without an environment block
+    # run on instead of the computed runtime base (`runtime_base`).
+    base_environment: str | None = None
     _running: dict[str, _Build] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _making: set[str] = field(default_factory=set)  # spares being made, by template digest
@@ -145,6 +149,7 @@ class Environments:
     def __post_init__(self) -> None:
         self.layout = EnvHome(self.root).ensure(self.shared)
         self.harness = self.layout.ensure_harness(self.shared)
+        self.runtime = RuntimeBase(self.layout, self.shared, self.base_environment)
         # Spares of an earlier server: cheap to make again, and they may be of a template
         # no trial uses any more (its interpreter or scripts changed).
         for path in _children(self.layout.spares):
@@ -254,14 +259,21 @@ class Environments:
                   account: Account | None = None) -> TrialEnvironment:
         """What a trial of `config` (its experiment's environment hash `key`) runs in, its
         own layer at `layer`; the base interpreter is asked as `account` (the one its jobs
-        run as, under `run_as`).
+        run as, under `run_as`). Without an environment block (no `python`, nothing
+        built) that base is the runtime base.
 
         Raises:
-            LaunchError: the base interpreter cannot be used now, or `key` is not built.
+            LaunchError: the base interpreter or the runtime base cannot be used now, or
+                `key` is not built.
         """
+        python = config.environment.python
         try:
-            base = own() if config.environment.python is None else inspect(
-                config.environment.python, account)
+            if python is None and key is None:
+                base = self.runtime.interpreter(account)
+            else:
+                base = own() if python is None else inspect(python, account)
+        except RuntimeBaseError as exc:
+            raise LaunchError(str(exc)) from exc
         except (InterpreterError, OSError) as exc:
             raise LaunchError(f"environment.python cannot be used: {exc}") from exc
         built = None

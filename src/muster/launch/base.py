@@ -25,6 +25,7 @@ from muster.errors import LaunchError
 from muster.launch.accounts import Account
 from muster.launch.logs import ReplicaLog, log_size, read_range
 from muster.rundir import RankFiles
+from muster.states import OomSource
 
 # How the shim holds a replica to `ReplicaSpec.memory_limit` (see `muster.launch.memory`):
 # "auto" takes a writable cgroup memory controller where there is one, else the watchdog.
@@ -77,17 +78,30 @@ class ReplicaSpec:
 
 
 @dataclass(frozen=True)
+class OomKill:
+    """The replica's process group ran out of memory: who said so (`source`), the
+    `memory_limit` it had (None: none set) and the memory of the machine it ran on."""
+
+    source: OomSource
+    limit_bytes: int | None
+    machine_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class ExitRecord:
     """What the shim wrote to its exit record (`RankFiles.exit`) when the training process ended.
 
     `returncode` is Python-style (negative = killed by that signal); `exit_code` is
     shell-style (128+N for a signal) and `signal` the signal's name, e.g. "SIGKILL".
     `spawn_error` is set (and the codes are None) when the entrypoint could not start.
-    With a memory limit, `oom` says whether the replica's process group ran out of it (the
-    limit was crossed, or the kernel's OOM killer struck inside its cgroup);
-    `peak_memory_bytes` is the group's peak as the enforcing mechanism saw it (the cgroup's
-    peak usage, or the watchdog's largest RSS sum), `memory_enforcement` that mechanism.
-    The memory fields are absent from records written before limits existed.
+    `oom` is set when the replica's process group ran out of memory, limit or not: the
+    kernel's OOM killer struck inside its cgroup, or (no cgroup) the kernel log names one
+    of its processes, or the watchdog found it over its limit. `peak_rss_bytes` is the
+    group's peak memory, for every replica: its cgroup's peak usage, or the largest sum of
+    its processes' RSS the shim sampled. With a memory limit, `peak_memory_bytes` is the
+    group's peak as the enforcing mechanism saw it and `memory_enforcement` that mechanism.
+    The memory fields are absent from records written before limits existed; records
+    written before issue 31 have a bool `oom` (read as an `OomKill` or None).
     """
 
     returncode: int | None
@@ -103,12 +117,13 @@ class ExitRecord:
     spawn_error: str | None = None
     spawn_errno: int | None = None
     log_bytes: int = 0
-    oom: bool = False
+    oom: OomKill | None = None
     memory_limit_bytes: int | None = None
     peak_memory_bytes: int | None = None
     memory_enforcement: str | None = None  # "cgroup-v1", "cgroup-v2" or "watchdog"
     # Why the limit could not be enforced: the shim then killed the group (INTERNAL).
     memory_error: str | None = None
+    peak_rss_bytes: int | None = None
 
 
 class ReplicaPhase(str, Enum):

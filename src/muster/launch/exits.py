@@ -4,9 +4,10 @@ The rules are ARCHITECTURE.md's "Exit classification" table, applied in order; t
 that matches wins. The failure policy (`muster.supervise.policy`) then decides what to do.
 Every classification carries a one-line message in one pattern, e.g.
 `The replica worker-1 (rank 1) exited with a non-zero status of 1. Termination reason:
-ValueError: bad shape (see the last 20 log lines)`, or for a replica over its memory limit
-`The replica worker-1 (rank 1) ran out of memory and exited with a non-zero status of 137
-(limit 4 GiB, peak 4.2 GiB)`.
+ValueError: bad shape (see the last 20 log lines)`, or for a replica whose process group ran
+out of memory `The replica worker-0 (rank 0) ran out of memory and exited with a non-zero
+status of 137: killed by the kernel's OOM killer at 21.3 GiB (machine 24 GiB, no
+memory_limit set): set resources.memory_limit or use less memory`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import re
 import signal
 from dataclasses import dataclass
 
-from muster.launch.base import ExitRecord
+from muster.launch.base import ExitRecord, OomKill
 from muster.sizes import format_size
-from muster.states import Reason
+from muster.states import OomSource, Reason
 
 __all__ = [
     "Classification",
@@ -47,6 +48,8 @@ _OUT_OF_MEMORY_TEXT = re.compile(
     r"CUDA (?:error: )?out of memory|DefaultCPUAllocator: can't allocate memory", re.IGNORECASE
 )
 _MAX_SIGNAL = 64
+# A kernel OOM kill with a peak this close to the memory limit was the limit's doing.
+_AT_LIMIT = 0.97
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'\s+File "[^"]*", line \d+')
 _TRACEBACK_FRAME = re.compile(r'\s+File "[^"]*", line \d+, in ')
@@ -119,8 +122,8 @@ def _classify_status(obs: ExitObservation, record: ExitRecord) -> Classification
                    "without it")
         return Classification(Reason.INTERNAL, message, code, sig, term)
     reason = _failure_reason(obs, record, code, sig, term)
-    if reason is Reason.OOM and record.oom:
-        message = _over_limit_message(name, code, record)
+    if reason is Reason.OOM and record.oom is not None:
+        message = _oom_kill_message(name, code, record, record.oom)
     elif reason is Reason.OOM:
         message = _failure_message(name, code, sig, term, obs.log_tail, "ran out of memory and ")
     else:
@@ -131,8 +134,9 @@ def _classify_status(obs: ExitObservation, record: ExitRecord) -> Classification
 def _failure_reason(
     obs: ExitObservation, record: ExitRecord, code: int, sig: str | None, term: str | None
 ) -> Reason:
-    # Over the limit comes first: the SIGKILL that enforced it is not an INFRA failure.
-    if record.oom:
+    # An OOM kill comes first: the SIGKILL of the kernel's OOM killer (or the one that
+    # enforced the limit) is not an INFRA failure.
+    if record.oom is not None:
         return Reason.OOM
     if sig is not None:
         return Reason.TRANSIENT if sig in _TRANSIENT_SIGNALS else Reason.INFRA
@@ -238,14 +242,29 @@ def _failure_message(
     return message
 
 
-def _over_limit_message(name: str, code: int, record: ExitRecord) -> str:
-    """`... ran out of memory and exited with a non-zero status of 137 (limit 4 GiB, peak
-    4.2 GiB)`: the shim's memory limit (or the kernel's OOM killer under it) ended it."""
-    sizes = {"limit": record.memory_limit_bytes, "peak": record.peak_memory_bytes}
-    shown = [f"{label} {format_size(size)}" for label, size in sizes.items() if size is not None]
-    detail = f" ({', '.join(shown)})" if shown else ""
+def _oom_kill_message(name: str, code: int, record: ExitRecord, oom: OomKill) -> str:
+    """`... ran out of memory and exited with a non-zero status of 137: killed by the
+    kernel's OOM killer at 21.3 GiB (machine 24 GiB, no memory_limit set): set
+    resources.memory_limit or use less memory`; with a limit `... at its memory_limit of
+    4 GiB (peak 4 GiB): raise resources.memory_limit or use less memory`."""
     lead = f"The replica {name} ran out of memory and exited with a non-zero status of {code}"
-    return lead + detail
+    peak = record.peak_rss_bytes if record.peak_rss_bytes is not None \
+        else record.peak_memory_bytes
+    limit = oom.limit_bytes
+    killer = ("muster's memory watchdog" if oom.source is OomSource.WATCHDOG
+              else "the kernel's OOM killer")
+    if limit is not None and (oom.source is OomSource.WATCHDOG or peak is None
+                              or peak >= limit * _AT_LIMIT):
+        shown = f" (peak {format_size(peak)})" if peak is not None else ""
+        return (f"{lead}: killed by {killer} at its memory_limit of {format_size(limit)}"
+                f"{shown}: raise resources.memory_limit or use less memory")
+    at = f" at {format_size(peak)}" if peak is not None else ""
+    machine = f"machine {format_size(oom.machine_bytes)}, " if oom.machine_bytes else ""
+    if limit is None:
+        return (f"{lead}: killed by {killer}{at} ({machine}no memory_limit set): set "
+                "resources.memory_limit or use less memory")
+    return (f"{lead}: killed by {killer}{at} ({machine}below its memory_limit of "
+            f"{format_size(limit)}): the machine ran out of memory first; use less memory")
 
 
 def _stop_detail(record: ExitRecord, sig: str | None) -> str:

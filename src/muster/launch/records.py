@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, cast, get_args
 
 from muster.launch.accounts import account_from_json
-from muster.launch.base import ExitRecord, MemoryEnforcement, ReplicaSpec
+from muster.launch.base import ExitRecord, MemoryEnforcement, OomKill, ReplicaSpec
+from muster.states import OomSource
 
 __all__ = ["exit_record_from_json", "exit_record_to_json", "spec_from_json", "spec_to_json"]
 
@@ -51,13 +52,37 @@ def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
 
 
 def exit_record_to_json(record: ExitRecord) -> dict[str, Any]:
-    return dataclasses.asdict(record)
+    data = dataclasses.asdict(record)
+    if record.oom is not None:
+        data["oom"] = data["oom"] | {"source": record.oom.source.value}
+    return data
 
 
 def exit_record_from_json(data: dict[str, Any]) -> ExitRecord:
     """Parse an exit record; unknown keys (from a newer shim) are ignored."""
     names = {f.name for f in dataclasses.fields(ExitRecord)}
-    return ExitRecord(**{k: v for k, v in data.items() if k in names})
+    fields = {k: v for k, v in data.items() if k in names}
+    fields["oom"] = _oom_kill(data)
+    return ExitRecord(**fields)
+
+
+def _oom_kill(data: dict[str, Any]) -> OomKill | None:
+    """The record's `oom`: an object since issue 31; a bool before, when only a memory limit
+    could name an OOM (its mechanism says who: the cgroup or the watchdog)."""
+    value = data.get("oom")
+    if isinstance(value, dict):
+        machine = value.get("machine_bytes")
+        return OomKill(OomSource(value["source"]), _optional_int(value.get("limit_bytes")),
+                       _optional_int(machine))
+    if value is True:
+        watchdog = data.get("memory_enforcement") == OomSource.WATCHDOG.value
+        return OomKill(OomSource.WATCHDOG if watchdog else OomSource.CGROUP,
+                       _optional_int(data.get("memory_limit_bytes")))
+    return None
+
+
+def _optional_int(value: object) -> int | None:
+    return None if value is None else int(cast(int, value))
 
 
 def _notify_target(value: object) -> tuple[int, int] | None:

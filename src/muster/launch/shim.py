@@ -3,10 +3,12 @@
 Run as `python -m muster.launch.shim SPEC_JSON_PATH` in its own session, it starts the
 training command in its own process group, copies every byte of its merged stdout+stderr to
 its log without ever blocking it, and writes its exit record atomically when it
-ends. With a memory limit it holds the training process's whole group to it
-(`muster.launch.memory`) and records how it fared. It does not need the server that started
-it, so a server crash or restart loses neither output nor exit code. Its own diagnostics go
-to stderr (`RankFiles.shim_log`), never into the training log.
+ends. It watches the training process's whole group's memory (`muster.launch.memory`): in
+a memory cgroup of its own where one can be made, else by sampling its RSS; it records the
+group's peak and any OOM kill, and holds it to its memory limit where it has one. It does
+not need the server that started it, so a server crash or restart loses neither output nor
+exit code. Its own diagnostics go to stderr (`RankFiles.shim_log`), never into the training
+log.
 
 Its files in the attempt directory are `muster.rundir.RankFiles`: it reads the spec, writes
 the status, the log, its index and the exit record, and obeys the stop marker.
@@ -33,14 +35,15 @@ from muster.atomic import atomic_write_json, open_regular, read_json
 from muster.errors import LaunchError
 from muster.launch.accounts import drop_to, job_identity
 from muster.launch.activity import ActivityStamp
-from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaSpec
+from muster.launch.base import ExitRecord, OomKill, ProcessIdentity, ReplicaSpec
 from muster.launch.dumps import DumpRequests
 from muster.launch.environment import job_environment, job_umask
 from muster.launch.identity import group_members, own_identity, read_identity, send_signal
-from muster.launch.memory import MemoryGuard, MemoryReport, open_memory_guard
+from muster.launch.memory import MemoryGuard, MemoryReport, machine_memory, open_memory_guard
 from muster.launch.records import exit_record_to_json, spec_from_json
 from muster.rundir import RankFiles
 from muster.sizes import format_size
+from muster.states import OomSource
 
 __all__ = [
     "LivenessStamp",
@@ -470,13 +473,15 @@ class Shim:
             if self._memory is not None:
                 self._memory.close()
 
-    def _open_memory_guard(self) -> MemoryGuard | None:
+    def _open_memory_guard(self) -> MemoryGuard:
         spec = self.spec
         name = f"muster-{spec.trial_uuid}-a{spec.attempt}-r{spec.rank}-{os.getpid()}"
         guard = open_memory_guard(spec.memory_limit, spec.memory_enforcement, name)
-        if guard is not None:
+        if guard.limit_bytes is not None:
             limit = format_size(guard.limit_bytes)
             log.info("memory limit %s, enforced by %s", limit, guard.mechanism)
+        else:
+            log.info("no memory limit; the group's memory is watched by %s", guard.mechanism)
         return guard
 
     def _start_and_supervise(self, log_fd: int) -> int:
@@ -550,6 +555,7 @@ class Shim:
             self._killpg(proc.pid, signal.SIGKILL)
             raise
         returncode, max_rss = self._reap(proc)
+        memory = self._named_by_kernel_log(memory, returncode)
         if self._memory is not None:  # before the record, which says the shim is done
             self._memory.close()
         # The exit record promises a complete log: its bytes and size must be on disk first.
@@ -581,11 +587,22 @@ class Shim:
             activity.close()
             self._dumps.close()
         memory = self._memory.finish() if self._memory is not None else None
-        if memory is not None and memory.oom:
+        if memory is not None and memory.oom is not None:
             peak = "unknown" if memory.peak_bytes is None else format_size(memory.peak_bytes)
-            log.warning("the replica ran out of memory (limit %s, peak %s, enforced by %s)",
-                        format_size(memory.limit_bytes), peak, memory.mechanism)
+            limit = "none" if memory.limit_bytes is None else format_size(memory.limit_bytes)
+            log.warning("the replica ran out of memory (limit %s, peak %s, seen by %s)",
+                        limit, peak, memory.oom.value)
         return child, ended_at, memory
+
+    def _named_by_kernel_log(self, memory: MemoryReport | None,
+                             returncode: int) -> MemoryReport | None:
+        """The report, with the OOM the kernel log names where the child did not exit
+        cleanly and nothing else saw one (the watchdog, without a cgroup)."""
+        if memory is None or memory.oom is not None or returncode == 0 or self._memory is None:
+            return memory
+        if not self._memory.killed_by_kernel():
+            return memory
+        return dataclasses.replace(memory, oom=OomSource.KMSG)
 
     def _relay(self, pid: int, pump: LogPump, activity: ActivityStamp) -> float:
         """Copy output until the child exits, end its group, drain; returns when it ended."""
@@ -636,14 +653,16 @@ class Shim:
                 os.close(pidfd)
 
     def _enforce_memory(self, pgid: int) -> None:
-        """Once the group crossed its memory limit, SIGKILL all of it, once. (The kernel's OOM
-        killer in a cgroup takes one process; the watchdog has killed the group already.)"""
+        """Once the group crossed its memory limit, or the kernel's OOM killer struck in its
+        cgroup, SIGKILL all of it, once. (The kernel's OOM killer in a cgroup takes one
+        process; the watchdog has killed the group already.)"""
         if self._memory is None or self._out_of_memory:
             return
-        limit = format_size(self._memory.limit_bytes)
+        limit = ("none" if self._memory.limit_bytes is None
+                 else format_size(self._memory.limit_bytes))
         if self._memory.breached():
-            log.warning("the replica hit its memory limit of %s: SIGKILL to group %d",
-                        limit, pgid)
+            log.warning("the replica ran out of memory (memory limit: %s): SIGKILL to group "
+                        "%d", limit, pgid)
         elif self._memory.error is not None:
             log.error("the memory limit of %s cannot be enforced (%s): SIGKILL to group %d",
                       limit, self._memory.error, pgid)
@@ -793,12 +812,17 @@ class Shim:
 
 
 def _with_memory(record: ExitRecord, memory: MemoryReport | None) -> ExitRecord:
-    """The record with how the replica fared against its memory limit, if it had one."""
+    """The record with the group's peak memory and any OOM kill, and how it fared against
+    its memory limit if it had one (those fields stay empty without one, as before)."""
     if memory is None:
+        return record
+    oom = (None if memory.oom is None
+           else OomKill(memory.oom, memory.limit_bytes, machine_memory()))
+    record = dataclasses.replace(record, oom=oom, peak_rss_bytes=memory.peak_bytes)
+    if memory.limit_bytes is None:
         return record
     return dataclasses.replace(
         record,
-        oom=memory.oom,
         memory_limit_bytes=memory.limit_bytes,
         peak_memory_bytes=memory.peak_bytes,
         memory_enforcement=memory.mechanism,

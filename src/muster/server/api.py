@@ -66,6 +66,13 @@ class Event(_Shape):
     attempt: int | None  # an attempt's number in its trial, for an attempt's event
 
 
+class OomView(_Shape):
+    """Who named a replica's end an OOM kill, and the memory_limit it had (None: none)."""
+
+    source: str  # "cgroup", "kmsg" or "watchdog"
+    limit_bytes: int | None
+
+
 class ReplicaView(_Shape):
     rank: int
     incarnation: int  # 0, or n after n restarts in place
@@ -79,6 +86,8 @@ class ReplicaView(_Shape):
     log_path: str
     log_tail: str | None
     max_rss_bytes: int | None
+    peak_rss_bytes: int | None  # the whole process group's peak memory (cgroup or sampled)
+    oom: OomView | None  # set when it ran out of memory
     started_at: float | None
     ended_at: float | None
 
@@ -508,6 +517,7 @@ class ClusterStatus(_Shape):
     disk_ok: bool
     disk_message: str
     environments: EnvironmentsDisk
+    runtime_base: RuntimeBaseView
     nodes: list[NodeView]
 
 
@@ -541,6 +551,22 @@ class PruneResultView(_Shape):
 class EnvironmentsDisk(_Shape):
     count: int
     bytes: int
+
+
+class BasePackageView(_Shape):
+    name: str  # normalized (PEP 503)
+    version: str
+
+
+class RuntimeBaseView(_Shape):
+    """What trials without an environment block import (`muster cluster status`)."""
+
+    source: str  # computed (from muster's installation) | configured (base_environment)
+    path: str  # the published base, or the configured interpreter or venv
+    python: str | None  # its version; None when it cannot be used (`error`)
+    packages: list[BasePackageView]  # training packages first
+    error: str | None
+    message: str  # one line: "computed, 22 packages (torch 2.13.0, ..., +19), python 3.11.7"
 
 
 class PriorityRequest(BaseModel):

@@ -27,6 +27,8 @@ from starlette.exceptions import HTTPException
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from muster import __version__, ui
+from muster.environments.interpreters import InterpreterError
+from muster.environments.runtime_base import check_base_environment
 from muster.errors import ConfigError, MusterError, StorageError, TooManyRequests
 from muster.home import Home
 from muster.launch.identity import own_identity
@@ -59,6 +61,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     cluster = settings.cluster(home)
     run_as = settings.run_as(cluster)
+    _check_base_environment(cluster.base_environment, run_as is not None)
     launcher, home = open_launcher(cluster, home)
     home.ensure(jobs_enter=run_as is not None)
     store = Store(settings.db_url or home.default_db_url)
@@ -72,6 +75,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
                        else cluster.min_free_disk),
         gpus=gpus, gpu_release=cluster.gpu_release, preemption=cluster.preemption,
         run_as=run_as, quarantine_after=cluster.node_quarantine.failures,
+        base_environment=cluster.base_environment,
     )
     slots = settings.slots if settings.slots is not None else cluster.slots
     if slots is not None:
@@ -89,6 +93,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
         log.info("the token in %s is %s's (an admin)", home.token_path, admin)
         orchestrator = Orchestrator(supervisor, use_wakeups=wakeups and not launcher.on_cluster,
                                     safety_net=safety_net)
+        supervisor.envs.runtime.start()  # what the first trial without an environment needs
         if isinstance(launcher, LocalLauncher):
             await asyncio.to_thread(launcher.warm_up)
             _wake_on_replica_exit(orchestrator, launcher)
@@ -129,6 +134,22 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.mount("/static", StaticFiles(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app
+
+
+def _check_base_environment(path: str | None, run_as: bool) -> None:
+    """The cluster config's `base_environment`, checked before anything starts.
+
+    Raises:
+        ConfigError: it is not an interpreter (or venv) muster can use.
+    """
+    if path is None:
+        return
+    try:
+        check_base_environment(path, run_as=run_as)
+    except InterpreterError as exc:
+        raise ConfigError(f"base_environment in the cluster config cannot be used: {exc}; "
+                          "name a Python 3 interpreter or a venv, or remove it (trials then "
+                          "run on the runtime base muster computes)") from exc
 
 
 def trusted_proxies(entries: list[str]) -> list[str]:

@@ -19,6 +19,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from muster.environments.runtime_base import BaseSummary
+from muster.environments.runtime_plan import TRAINING_PACKAGES
 from muster.errors import Conflict, GpuError, NotFound
 from muster.launch.base import NodeInfo
 from muster.schedule.disk import disk_shortfall, free_bytes
@@ -172,6 +174,7 @@ def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
         "disk_message": shortfall or (f"{format_size(free)} free, at least "
                                       f"{format_size(supervisor.min_free_disk)} required"),
         "environments": _environments_disk(supervisor),
+        "runtime_base": runtime_base_view(supervisor.envs.runtime.summary()),
         "nodes": _nodes(supervisor, snapshot),
     }
 
@@ -220,6 +223,29 @@ def release_quarantined(store: Store, node_id: str, who: str) -> dict[str, Any]:
             raise Conflict(f"Node {node_id} is not quarantined; nothing to release.")
     log.warning("node %s released from quarantine by %s", node_id, who)
     return {"id": node_id, "released": True}
+
+
+_SHOWN_PACKAGES = 3
+
+
+def runtime_base_view(base: BaseSummary) -> dict[str, Any]:
+    """What trials without an environment block import: its packages (training packages
+    first, in `TRAINING_PACKAGES`' order) and one line that says it, or why it cannot be
+    used."""
+    rank = {name: i for i, name in enumerate(TRAINING_PACKAGES)}
+    packages = sorted(base.packages, key=lambda p: (rank.get(p[0], len(rank)), p[0]))
+    if base.error is not None:
+        message = f"{base.source}, cannot be used: {base.error}"
+    else:
+        shown = [f"{name} {version}" for name, version in packages[:_SHOWN_PACKAGES]]
+        if len(packages) > _SHOWN_PACKAGES:
+            shown.append(f"+{len(packages) - _SHOWN_PACKAGES}")
+        listed = f" ({', '.join(shown)})" if shown else ""
+        message = (f"{base.source}, {len(packages)} packages{listed}, python {base.python} "
+                   f"({base.path})")
+    return {"source": base.source, "path": base.path, "python": base.python,
+            "packages": [{"name": name, "version": version} for name, version in packages],
+            "error": base.error, "message": message}
 
 
 def _environments_disk(supervisor: Supervisor) -> dict[str, int]:

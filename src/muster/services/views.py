@@ -237,6 +237,10 @@ def replica_detail(replica: Replica) -> dict[str, Any]:
         "log_path": replica.log_path,
         "log_tail": replica.log_tail,
         "max_rss_bytes": replica.max_rss_bytes,
+        # The peak memory of its whole process group, and who named its end an OOM kill.
+        "peak_rss_bytes": replica.peak_rss_bytes,
+        "oom": (None if replica.oom_source is None
+                else {"source": replica.oom_source, "limit_bytes": replica.oom_limit_bytes}),
         "started_at": replica.started_at,
         "ended_at": replica.ended_at,
     }

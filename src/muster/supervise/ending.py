@@ -45,7 +45,7 @@ from muster.supervise.outcome import (
     started,
 )
 from muster.supervise.placement import note_node_end
-from muster.supervise.policy import Budgets
+from muster.supervise.policy import COUNTED_BY_ATTEMPTS, Budgets
 from muster.supervise.searching import early_stop_note
 from muster.supervise.verification import LogCounts, combine_log_counts
 
@@ -209,7 +209,8 @@ class Ending:
             pause(s, trial, move)
         elif move.next is Next.RETRY:
             assert move.charge is not None, "a retry always names its budget (next_move)"
-            setattr(trial, move.charge, getattr(trial, move.charge) + 1)
+            if move.charge not in COUNTED_BY_ATTEMPTS:
+                setattr(trial, move.charge, getattr(trial, move.charge) + 1)
             transition(s, trial, TrialState.RESTARTING, reason=move.reason, actor=ACTOR,
                        message=move.message)
         else:
@@ -272,6 +273,10 @@ def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classif
             replica.evidence, replica.stack_summary = evidence.bundle, evidence.summary
     if status.exit is not None:
         replica.max_rss_bytes = status.exit.max_rss_bytes
+        replica.peak_rss_bytes = status.exit.peak_rss_bytes
+        oom = status.exit.oom
+        replica.oom_source = oom.source.value if oom is not None else None
+        replica.oom_limit_bytes = oom.limit_bytes if oom is not None else None
         replica.started_at = status.exit.started_at
         replica.ended_at = status.exit.ended_at
     else:
@@ -374,10 +379,14 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
 
 
 def _budgets(trial: Trial) -> Budgets:
+    """What the trial has used, when its newest attempt (not a standby) has just ended: every
+    earlier attempt that ended OOM was an OOM retry."""
+    ran = [a for a in trial.attempts if not a.standby]
     return Budgets(
         replica_restarts=trial.replica_restarts,
         trial_retries=trial.trial_retries,
         internal_retries=trial.internal_retries,
         user_error_retries=trial.user_error_retries,
+        oom_retries=sum(a.reason == Reason.OOM.value for a in ran[:-1]),
     )
 

@@ -16,11 +16,16 @@ from muster.config.schema import FailurePolicy
 from muster.states import Reason
 from muster.words import count
 
-__all__ = ["INTERNAL_FAILURE_MESSAGE", "Action", "Budget", "Budgets", "Decision", "decide"]
+__all__ = ["COUNTED_BY_ATTEMPTS", "INTERNAL_FAILURE_MESSAGE", "Action", "Budget", "Budgets",
+           "Decision", "decide"]
 
 INTERNAL_FAILURE_MESSAGE = "Internal error occurred for the current attempt"
 
-Budget = Literal["replica_restarts", "trial_retries", "internal_retries", "user_error_retries"]
+Budget = Literal["replica_restarts", "trial_retries", "internal_retries", "user_error_retries",
+                 "oom_retries"]
+# Budgets the trial's attempts count themselves (a retry is a new attempt ended for that
+# reason), rather than a counter on the trial that a retry increments.
+COUNTED_BY_ATTEMPTS: frozenset[Budget] = frozenset({"oom_retries"})
 
 
 class Action(str, Enum):
@@ -38,6 +43,7 @@ class Budgets:
     trial_retries: int = 0
     internal_retries: int = 0
     user_error_retries: int = 0
+    oom_retries: int = 0
 
     def charged(self, budget: Budget) -> Budgets:
         """These budgets after one more use of `budget`."""
@@ -64,9 +70,7 @@ def decide(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decision:
     if reason is Reason.USER_ERROR:
         return _user_error(used, policy)
     if reason is Reason.OOM:
-        message = ("OOM failure; not retried, since it would run out of memory the same way "
-                   "(raise resources.memory_limit or use less memory)")
-        return Decision(Action.FAIL, None, message)
+        return _oom(used, policy)
     if reason is Reason.TRANSIENT:
         return _trial_retry(reason, used, policy) or _give_up(
             f"{reason.value} failure; giving up after {count(policy.trial_retries, 'retry')}"
@@ -91,6 +95,20 @@ def _user_error(used: Budgets, policy: FailurePolicy) -> Decision:
         message = f"USER_ERROR failure; retrying the trial (retry {attempt} of {limit})"
         return Decision(Action.RETRY, "user_error_retries", message)
     return _give_up(f"USER_ERROR failure; giving up after {count(limit, 'retry')}")
+
+
+def _oom(used: Budgets, policy: FailurePolicy) -> Decision:
+    """Out of memory: a retry would most likely run out of memory the same way, so only
+    as many as the experiment asks for."""
+    limit = policy.oom_retries
+    if limit == 0:
+        return _give_up("OOM failure; not retried (oom_retries is 0), since a retry would run "
+                        "out of memory the same way")
+    if used.oom_retries < limit:
+        attempt = used.oom_retries + 1
+        message = f"OOM failure; retrying the trial (retry {attempt} of {limit})"
+        return Decision(Action.RETRY, "oom_retries", message)
+    return _give_up(f"OOM failure; giving up after {count(limit, 'retry')}")
 
 
 def _infra(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decision:

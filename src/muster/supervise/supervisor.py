@@ -83,6 +83,9 @@ class Supervisor:
     preemption: bool = False
     run_as: RunAs | None = None  # whom jobs run as (cluster config `run_as`)
     quarantine_after: int = 3  # cluster config `node_quarantine.failures`
+    # Cluster config `base_environment`: trials without an environment block run on it
+    # (None: on the runtime base computed from muster's own installation).
+    base_environment: str | None = None
     _pool: GpuPool = field(init=False)
     _search: Searching = field(init=False)
     _launching: Launching = field(init=False)
@@ -103,7 +106,8 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self._pool = GpuPool(self.store, self.gpus, self.gpu_release)
-        self.envs = Environments(self.home.envs_dir, shared=self.run_as is not None)
+        self.envs = Environments(self.home.envs_dir, shared=self.run_as is not None,
+                                 base_environment=self.base_environment)
         ctx = SupervisorContext(self.store, self.launcher, self.home, self.host, self._pool,
                                 self.gpus, self.envs, self.run_as, self.quarantine_after)
         self._placements = Placements(ctx)
