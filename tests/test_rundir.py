@@ -19,6 +19,7 @@ def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
     assert files == RankFiles(attempt.path, 2)
     assert {kind: files.path(kind).name for kind in RankFile} == {
         RankFile.LOG: "rank-2.log", RankFile.INDEX: "rank-2.index",
+        RankFile.DROPPED: "rank-2.log.dropped",
         RankFile.SPEC: "rank-2.spec.json", RankFile.LAUNCH: "rank-2.launch.json",
         RankFile.STATUS: "rank-2.shim.json", RankFile.ALIVE: "rank-2.alive",
         RankFile.ACTIVE: "rank-2.active",

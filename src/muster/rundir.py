@@ -50,6 +50,7 @@ class RankFile(str, Enum):
 
     LOG = "log"  # the training output, byte-exact [shim]
     INDEX = "index"  # "<log offset> <unix time>" per chunk copied [shim]
+    DROPPED = "log.dropped"  # what resources.log_limit dropped from the log (log_limit) [shim]
     SPEC = "spec.json"  # the ReplicaSpec [launcher]
     LAUNCH = "launch.json"  # the shim's identity and launch time [launcher]
     STATUS = "shim.json"  # shim and child identities, process group, start time [shim]
@@ -196,6 +197,10 @@ class RankFiles:
     @property
     def index(self) -> Path:
         return self.path(RankFile.INDEX)
+
+    @property
+    def dropped(self) -> Path:
+        return self.path(RankFile.DROPPED)
 
     @property
     def spec(self) -> Path:
