@@ -58,6 +58,9 @@ class ReplicaSpec:
     stop_grace: float = 30.0
     memory_limit: int | None = None  # bytes, for the replica's whole process group
     memory_enforcement: MemoryEnforcement = "auto"
+    # The most the replica's log may hold on disk (`resources.log_limit`): past it the shim
+    # keeps its head and a rolling tail (`muster.launch.log_limit`); None: no limit.
+    log_limit: int | None = None
     # The process (pid, start ticks) the shim sends SIGUSR1 once the exit record is written,
     # so that it notices the end at once; None: nobody, it polls.
     notify: tuple[int, int] | None = None
@@ -124,6 +127,13 @@ class ExitRecord:
     # Why the limit could not be enforced: the shim then killed the group (INTERNAL).
     memory_error: str | None = None
     peak_rss_bytes: int | None = None
+    # Output the shim could not write to the log (a full disk, an I/O error) and why; a
+    # marker line in the log says where, once one could be written.
+    log_lost_bytes: int = 0
+    log_lost_error: str | None = None
+    # Output dropped to hold the log to `log_limit` (its head and latest output are kept).
+    log_dropped_bytes: int = 0
+    log_limit_bytes: int | None = None
 
 
 class ReplicaPhase(str, Enum):

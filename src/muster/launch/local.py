@@ -144,7 +144,7 @@ class LocalLauncher(Launcher):
 
     def log(self, attempt_dir: Path, rank: int) -> FileLog:
         files = RankFiles(attempt_dir, rank)
-        return FileLog(rank, files.log, files.index)
+        return FileLog(rank, files.log, files.index, files.dropped)
 
     def logged_ranks(self, attempt_dir: Path) -> list[int]:
         return [rank for rank, _ in AttemptDir(attempt_dir).ranks_with(RankFile.LOG)]

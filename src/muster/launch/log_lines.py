@@ -5,7 +5,9 @@ holds at most `MAX_LINE_BYTES` before its newline, and a longer one (a progress 
 with b"\\r" for an hour) is cut into pieces of that size, each a line of its own. The rule
 counts from the line's start, so reading forward and counting back cut in the same places.
 A line is complete once its newline (or its full size) has been written; the last, partial
-line of a log is only a line when the log is final (its replica has ended).
+line of a log is only a line when the log is final (its replica has ended). A range dropped
+to hold the log to its limit (`muster.launch.log_limit`) is never read, and ends the line
+before it: the bytes after it start a line.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from itertools import chain
 from typing import BinaryIO
 
 from muster.launch.log_index import IndexWalker
-from muster.launch.logs import LogPart, ReplicaLog, pread
+from muster.launch.log_limit import LogDrops
+from muster.launch.logs import ReplicaLog, blocks_backward, drops_of, open_log
 
 __all__ = ["MAX_LINE_BYTES", "LineStartsBackward", "LogLine", "lines_from"]
 
@@ -60,7 +63,7 @@ def lines_from(
 
 
 def _split(source: ReplicaLog, start: int, final: bool) -> Iterator[tuple[int, bytes]]:
-    log = source.open(LogPart.LOG)
+    log = open_log(source)
     if log is None:
         return
     with log:
@@ -69,6 +72,10 @@ def _split(source: ReplicaLog, start: int, final: bool) -> Iterator[tuple[int, b
         log.seek(start)
         pending, base = bytearray(), start  # base: the offset of pending[0]
         while block := log.read(_BLOCK_BYTES):
+            if (at := log.tell() - len(block)) != base + len(pending):  # past a dropped range
+                if pending:
+                    yield base, bytes(pending)
+                pending, base = bytearray(), at
             pending += block
             cut = 0
             while (end := _line_end(pending, cut)) is not None:
@@ -102,15 +109,16 @@ class LineStartsBackward:
     def __init__(self, source: ReplicaLog, final: bool) -> None:
         self.end = 0
         self._starts: Iterator[int] = iter(())
-        self._stream = source.open(LogPart.LOG)
+        self._stream = open_log(source)
         if self._stream is None:
             return
         size = self._stream.seek(0, os.SEEK_END)
         newlines = _newlines_backward(self._stream, size)
         line_end = next(newlines, -1)  # the newline that ends the last whole line
-        partial = _piece_starts(line_end + 1, size - line_end - 1)
+        drops = drops_of(self._stream)
+        partial = _piece_starts(drops.skip(line_end + 1), size)
         self.end = partial.pop() if partial and not final else size  # still being written
-        self._starts = chain(reversed(partial), _whole_lines_backward(newlines, line_end))
+        self._starts = chain(reversed(partial), _whole_lines_backward(newlines, line_end, drops))
 
     def __iter__(self) -> Iterator[int]:
         return self._starts
@@ -121,26 +129,27 @@ class LineStartsBackward:
             self._stream = None
 
 
-def _whole_lines_backward(newlines: Iterator[int], line_end: int) -> Iterator[int]:
-    """The starts of the lines ending at the newline `line_end` and at those before it."""
+def _whole_lines_backward(newlines: Iterator[int], line_end: int,
+                          drops: LogDrops) -> Iterator[int]:
+    """The starts of the lines ending at the newline `line_end` and at those before it. A
+    line that runs into a dropped range starts where the range ends (the bytes before the
+    range ended their line, at the marker's newline)."""
     while line_end >= 0:
-        line_start = next(newlines, -1) + 1
-        yield from reversed(_piece_starts(line_start, max(1, line_end - line_start)))
-        line_end = line_start - 1
+        newline = next(newlines, -1)
+        line_start = drops.skip(newline + 1)
+        yield from reversed(_piece_starts(line_start, max(line_start + 1, line_end)))
+        line_end = newline
 
 
-def _piece_starts(start: int, length: int) -> list[int]:
-    """Where the lines of a stretch of `length` bytes without a newline start (its newline,
-    if any, not counted); none for an empty stretch."""
-    return list(range(start, start + length, MAX_LINE_BYTES))
+def _piece_starts(start: int, end: int) -> list[int]:
+    """Where the lines of the stretch [start, end) without a newline start (its newline, if
+    any, not counted); none for an empty stretch."""
+    return list(range(start, end, MAX_LINE_BYTES))
 
 
 def _newlines_backward(stream: BinaryIO, end: int) -> Iterator[int]:
-    """The offsets of the newlines before `end`, last first."""
-    while end > 0:
-        start = max(0, end - _BLOCK_BYTES)
-        block = pread(stream, end - start, start)
+    """The offsets of the newlines before `end`, last first (none in a dropped range)."""
+    for start, block in blocks_backward(stream, end):
         pos = len(block)
         while (pos := block.rfind(b"\n", 0, pos)) != -1:
             yield start + pos
-        end = start

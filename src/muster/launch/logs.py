@@ -7,6 +7,11 @@ the local one: the shim's files (`RankFiles.log`, `RankFiles.index`).
 
 Logs are stored byte-exact (invariant 2) and may be many GiB, so every helper here costs
 what it returns, not what the file holds. Text is decoded only in `tail_text`, for display.
+
+A log held to `resources.log_limit` has dropped ranges: holes in the file, recorded in its
+`LogDrops` (`muster.launch.log_limit`), that read as NUL bytes from the file itself. Every
+reader reads through `open_log`, whose stream skips them (offsets stay those of the file),
+and the helpers here that walk a log backward skip them too.
 """
 
 from __future__ import annotations
@@ -16,16 +21,17 @@ import errno
 import io
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import BinaryIO
 
 from muster.atomic import open_regular
+from muster.launch.log_limit import LogDrops, read_drops
 
-__all__ = ["BLOCK_BYTES", "MAX_OFFSET", "FileLog", "LogPart", "MaskedLog", "ReplicaLog",
-           "log_size", "masked", "pread",
-           "read_range", "tail_offset", "tail_text"]
+__all__ = ["BLOCK_BYTES", "MAX_OFFSET", "NO_DROPS", "FileLog", "LogPart", "MaskedLog",
+           "ReplicaLog", "blocks_backward", "drops_of", "log_size", "masked", "open_log",
+           "pread", "read_range", "tail_offset", "tail_text"]
 
 BLOCK_BYTES = 64 * 1024
 # The largest byte offset there is (a signed 64-bit off_t). A file system refuses to seek far
@@ -41,12 +47,17 @@ class LogPart(str, Enum):
     INDEX = "index"  # one "<log offset> <unix time>" line per chunk: when each part arrived
 
 
+NO_DROPS = LogDrops(limit=0)
+
+
 class ReplicaLog(abc.ABC):
     """One replica's log and its index, wherever its launcher keeps them.
 
     Contract: both parts only grow; `open` never waits for a part to appear (None while
-    it does not exist) and returns a binary stream that can seek; `size` is what a stream
-    opened now would hold. Neither has side effects.
+    it does not exist) and returns a binary stream that can seek, of the bytes as stored
+    (a dropped range reads as NULs: read the log through `open_log`); `size` is what a
+    stream opened now would hold; `drops` is the log's record of its dropped ranges as it
+    is now. None has side effects.
     """
 
     def __init__(self, rank: int) -> None:
@@ -64,14 +75,21 @@ class ReplicaLog(abc.ABC):
         with stream:
             return stream.seek(0, os.SEEK_END)
 
+    def drops(self) -> LogDrops:
+        """What was dropped from the log to hold it to its limit (`NO_DROPS`: nothing)."""
+        return NO_DROPS
+
 
 class FileLog(ReplicaLog):
-    """A replica's log and index as local files."""
+    """A replica's log, index and record of dropped ranges as local files."""
 
-    def __init__(self, rank: int, log: Path, index: Path | None = None) -> None:
+    def __init__(self, rank: int, log: Path, index: Path | None = None,
+                 dropped: Path | None = None) -> None:
         super().__init__(rank)
         self.log = log
         self.index = index if index is not None else log.with_suffix(".index")
+        self.dropped = dropped if dropped is not None else log.with_name(f"{log.name}.dropped")
+        self._drops: tuple[bytes, LogDrops] = (b"", NO_DROPS)  # the record read last
 
     def __repr__(self) -> str:
         return f"FileLog({self.rank}, {str(self.log)!r})"
@@ -93,6 +111,15 @@ class FileLog(ReplicaLog):
             return os.lstat(self._path(part)).st_size
         except _NO_FILE:
             return 0
+
+    def drops(self) -> LogDrops:
+        """Read anew at every call (a reader asks after each read), parsed only when changed."""
+        data, drops = read_drops(self.dropped)
+        if not data:
+            return NO_DROPS
+        if data != self._drops[0]:
+            self._drops = (data, drops or NO_DROPS)
+        return self._drops[1]
 
     def _path(self, part: LogPart) -> Path:
         return self.log if part is LogPart.LOG else self.index
@@ -120,6 +147,9 @@ class MaskedLog(ReplicaLog):
 
     def size(self, part: LogPart = LogPart.LOG) -> int:
         return self.inner.size(part)
+
+    def drops(self) -> LogDrops:
+        return self.inner.drops()
 
 
 def masked(log: ReplicaLog, values: Sequence[bytes]) -> ReplicaLog:
@@ -165,10 +195,91 @@ class _MaskedStream(io.RawIOBase):
         super().close()
 
 
+def open_log(log: ReplicaLog) -> BinaryIO | None:
+    """The log, open for reading without its dropped ranges: a read that starts in one
+    starts at its end, and no read goes into one, so the bytes a read returns start at
+    `tell() - len(data)` after it. None while the log does not exist. Close it when done.
+
+    The record of dropped ranges is read again after every read: the shim records a range
+    before it punches it out, so a range dropped while a read ran is seen, and the read is
+    cut or made again; no punched byte is ever shown.
+    """
+    stream = log.open(LogPart.LOG)
+    return None if stream is None else _KeptStream(stream, log)  # type: ignore[return-value]
+
+
+class _KeptStream(io.RawIOBase):
+    def __init__(self, raw: BinaryIO, log: ReplicaLog) -> None:
+        super().__init__()
+        self.raw, self.log = raw, log
+        self.drops = log.drops()
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.position = self.raw.seek(offset, whence)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        while True:
+            start = self.drops.skip(self.position)
+            room = self.drops.room(start)
+            data = pread(self.raw, len(view) if room is None else min(room, len(view)), start)
+            self.drops = self.log.drops()  # what was dropped while the read ran
+            if self.drops.skip(start) != start:
+                continue  # its start was dropped meanwhile: from that range's end
+            room = self.drops.room(start)
+            n = len(data) if room is None else min(len(data), room)
+            view[:n] = data[:n]
+            self.position = start + n
+            return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def drops_of(stream: BinaryIO) -> LogDrops:
+    """The dropped ranges a stream from `open_log` skips (as of its last read)."""
+    return stream.drops if isinstance(stream, _KeptStream) else NO_DROPS
+
+
 def pread(stream: BinaryIO, size: int, offset: int) -> bytes:
-    """Up to `size` bytes of `stream` from `offset` (fewer only at its end)."""
+    """Up to `size` bytes of `stream` from `offset` (fewer only at its end or, for a stream
+    from `open_log`, at a dropped range; one that starts in a dropped range reads from its
+    end)."""
     stream.seek(offset)
     return stream.read(size)
+
+
+def blocks_backward(stream: BinaryIO, end: int) -> Iterator[tuple[int, bytes]]:
+    """The bytes before `end`, last first, as (offset, block) of at most `BLOCK_BYTES`; for
+    a stream from `open_log`, without its dropped ranges (no block spans one)."""
+    while end > 0:
+        drops = drops_of(stream)
+        end = drops.back(end)
+        if end <= 0:
+            return
+        start = max(drops.floor(end), end - BLOCK_BYTES)
+        block = pread(stream, end - start, start)
+        if stream.tell() - len(block) != start or len(block) != end - start:
+            if drops_of(stream) == drops or not block:
+                return  # the file is shorter than `end`: nothing more to read
+            continue  # a range was dropped while it was read: again, around it
+        yield start, block
+        end = start
 
 
 def log_size(log: ReplicaLog) -> int:
@@ -184,14 +295,14 @@ def read_range(log: ReplicaLog, offset: int, limit: int) -> tuple[bytes, int]:
     """
     if offset < 0 or limit < 0:
         raise ValueError(f"offset and limit must be >= 0, but got {offset=} and {limit=}.")
-    stream = log.open(LogPart.LOG)
+    stream = open_log(log)
     if stream is None:
         return b"", offset
     with stream:
         if offset >= stream.seek(0, os.SEEK_END):
             return b"", offset
         data = pread(stream, limit, offset)
-    return data, offset + len(data)
+        return data, stream.tell() if data else offset
 
 
 def tail_offset(log: ReplicaLog, lines: int) -> int:
@@ -202,7 +313,7 @@ def tail_offset(log: ReplicaLog, lines: int) -> int:
     """
     if lines < 0:
         raise ValueError(f"lines must be >= 0, but got {lines=}.")
-    stream = log.open(LogPart.LOG)
+    stream = open_log(log)
     if stream is None:
         return 0
     with stream:
@@ -215,15 +326,12 @@ def _tail_offset(stream: BinaryIO, size: int, lines: int) -> int:
     # The newline that ends the last line does not start a line: search before it.
     end = size - 1 if pread(stream, 1, size - 1) == b"\n" else size
     wanted = lines
-    while end > 0:
-        start = max(0, end - BLOCK_BYTES)
-        block = pread(stream, end - start, start)
+    for start, block in blocks_backward(stream, end):
         pos = len(block)
         while (pos := block.rfind(b"\n", 0, pos)) != -1:
             wanted -= 1
             if wanted == 0:
                 return start + pos + 1
-        end = start
     return 0
 
 

@@ -43,6 +43,7 @@ def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
         # Specs written before memory limits existed have neither key.
         memory_limit=None if data.get("memory_limit") is None else int(data["memory_limit"]),
         memory_enforcement=_enforcement(data.get("memory_enforcement", "auto")),
+        log_limit=None if data.get("log_limit") is None else int(data["log_limit"]),
         notify=_notify_target(data.get("notify")),
         path=None if data.get("path") is None else tuple(str(p) for p in data["path"]),
         account=account_from_json(data.get("account")),  # absent before run_as existed

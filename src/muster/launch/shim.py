@@ -39,6 +39,7 @@ from muster.launch.base import ExitRecord, OomKill, ProcessIdentity, ReplicaSpec
 from muster.launch.dumps import DumpRequests
 from muster.launch.environment import job_environment, job_umask
 from muster.launch.identity import group_members, own_identity, read_identity, send_signal
+from muster.launch.log_limit import MIN_LOG_LIMIT, LogCap, lost_marker
 from muster.launch.memory import MemoryGuard, MemoryReport, machine_memory, open_memory_guard
 from muster.launch.records import exit_record_to_json, spec_from_json
 from muster.rundir import RankFiles
@@ -176,6 +177,13 @@ class LogPump:
     line. The enlarged pipe holds far more than a child writes in that moment, so it does not
     block. A failing log write (disk full) is reported once in the shim log and the pipe keeps
     draining: blocking the child would be worse than losing the bytes the disk cannot take.
+    Those bytes are counted (`lost_bytes`, in the exit record), and as soon as a write
+    succeeds again, or at the end (`finish`), a marker line in the log says where and how
+    much: "── muster: 1.2 MiB of output lost here: No space left on device ──".
+
+    With a `LogCap` (`resources.log_limit`) the pump asks it only once a write would pass
+    `LogCap.next_at`: past the head it writes the marker line, then keeps the latest output
+    while the cap punches older output out of the file (`muster.launch.log_limit`).
 
     Every `WRITEBACK_BYTES` the pump asks the kernel to start writing the new part of the log
     to disk (sync_file_range, SYNC_FILE_RANGE_WRITE: it does not wait for the disk). That is
@@ -183,7 +191,8 @@ class LogPump:
     exit record, but that sync then finds little left to write.
     """
 
-    def __init__(self, read_fd: int, log_fd: int, index_fd: int) -> None:
+    def __init__(self, read_fd: int, log_fd: int, index_fd: int,
+                 cap: LogCap | None = None) -> None:
         self._read_fd, self._log_fd, self._index_fd = read_fd, log_fd, index_fd
         self._buf = bytearray(CHUNK_BYTES)
         self._view = memoryview(self._buf)
@@ -196,8 +205,22 @@ class LogPump:
         self._writeback_usable = True
         self.eof = False
         self.lost_bytes = 0
+        self.lost_error: str | None = None  # why the last bytes were lost
+        self._unmarked = 0  # lost bytes no marker line in the log tells of yet
         self._index_failed = False
         self._exit_fd: int | None = None
+        self._cap = cap
+        self._cap_at = sys.maxsize  # a write past this offset asks the cap first
+        self._take_bytes = CHUNK_BYTES
+        self._take_view = self._view
+        self._kept_at = 0.0  # when the latest chunk held in memory arrived (the cap's)
+        if cap is not None:
+            self._follow_cap(cap)
+
+    @property
+    def dropped_bytes(self) -> int:
+        """Output dropped to hold the log to its limit."""
+        return 0 if self._cap is None else self._cap.dropped
 
     def wake_on_exit(self, pidfd: int | None) -> None:
         """Also wake `pump_once` when `pidfd` turns readable (the child exited), so that an
@@ -221,12 +244,26 @@ class LogPump:
             self._poller.unregister(self._read_fd)
             self.close()
             return 0
-        if self._write(n):
+        if self.offset + n > self._cap_at or self._unmarked:
+            self._write_slowly(stamp, n)
+        elif self._write(n):
             self._index(stamp, n)
             self._start_writeback()
         if n < COALESCE_BELOW_BYTES:
             time.sleep(COALESCE_S)
         return n
+
+    def finish(self) -> None:
+        """At the end, before the exit record: the output the cap held in memory, and the
+        marker line for output lost at the end, where they can be written now."""
+        stamp = time.time()
+        if self._unmarked:
+            self._mark_loss(stamp)
+        tail = self._cap.finish() if self._cap is not None else b""
+        if tail and self._write_bytes(self._kept_at or stamp, tail):
+            return
+        if self._unmarked:
+            self._mark_loss(stamp)
 
     def close(self) -> None:
         """Close the staging pipe (at EOF the pump does this itself); idempotent."""
@@ -239,20 +276,112 @@ class LogPump:
         """Take the next chunk from the child's pipe, into the staging pipe or the buffer;
         returns its size (0 at EOF)."""
         if self._stage is None:
-            return os.readv(self._read_fd, [self._buf])
-        return os.splice(self._read_fd, self._stage.write_fd, CHUNK_BYTES)
+            return os.readv(self._read_fd, [self._take_view])
+        return os.splice(self._read_fd, self._stage.write_fd, self._take_bytes)
 
     def _write(self, n: int) -> bool:
         """Write the chunk's `n` bytes to the log; False if they were dropped."""
         try:
             self._put(n)
         except OSError as exc:
-            if not self.lost_bytes:
-                log.error("cannot write the training log (%s); output is being dropped", exc)
-            end = _end_of(self._log_fd)  # a partial write kept its first bytes
-            self.lost_bytes += n - (end - self.offset)
-            self.offset = end
+            self._note_loss(n, exc)
             return False
+        return True
+
+    def _note_loss(self, n: int, exc: OSError) -> None:
+        """Of `n` bytes written, those the log did not take are lost (a partial write kept
+        its first bytes)."""
+        if not self.lost_bytes:
+            log.error("cannot write the training log (%s); output is being dropped", exc)
+        end = _end_of(self._log_fd)
+        self._lose(n - (end - self.offset), exc.strerror or str(exc))
+        self.offset = end
+
+    def _lose(self, n: int, error: str | None = None) -> None:
+        self.lost_bytes += n
+        self._unmarked += n
+        self.lost_error = error or self.lost_error
+
+    def _write_slowly(self, stamp: float, n: int) -> None:
+        """A chunk that needs more than one write: a marker line before it (output was lost
+        before it), or the log's limit. It is written from the buffer."""
+        if self._stage is not None:
+            self._stage.unload(self._view[:n])
+        if self._unmarked and not self._mark_loss(stamp):
+            self._lose(n)  # the log still takes nothing: this chunk is lost too
+            return
+        if self._cap is not None and self.offset + n > self._cap_at:
+            self._write_capped(self._cap, stamp, n)
+        else:
+            self._write_piece(stamp, 0, n)
+
+    def _write_capped(self, cap: LogCap, stamp: float, n: int) -> None:
+        """Write a chunk that reaches the log's limit: what still fits in the head, then the
+        marker line; past the head, each piece after the cap made room for it (or, where it
+        holds the latest output in memory, into memory)."""
+        done = 0
+        if cap.hole_start is None:
+            done = min(n, cap.head_room(self.offset))
+            self._write_piece(stamp, 0, done)
+            at = self.offset
+            marked = self._write_bytes(stamp, cap.marker_line(), output=False)
+            cap.begin(at if marked else None, self.offset)
+        while done < n and not cap.in_memory:
+            piece = min(n - done, cap.take_bytes)
+            if self.offset + piece > cap.next_at:
+                cap.make_room(self.offset + piece)
+            if not cap.in_memory:
+                self._write_piece(stamp, done, piece)
+                done += piece
+        if done < n:
+            cap.keep(self._view[done:n])
+            self._kept_at = stamp
+        self._follow_cap(cap)
+
+    def _follow_cap(self, cap: LogCap) -> None:
+        """Take the cap's next threshold; past the head, take chunks no larger than the room
+        one drop makes; with the latest output held in memory, stop splicing (it needs the
+        bytes)."""
+        self._cap_at = cap.next_at
+        if cap.hole_start is not None and self._take_bytes > cap.take_bytes:
+            self._take_bytes = cap.take_bytes
+            self._take_view = self._view[:cap.take_bytes]
+        if cap.in_memory:
+            self.close()
+
+    def _write_piece(self, stamp: float, start: int, count: int) -> None:
+        """Write `count` bytes of the buffer from `start`, as one indexed chunk."""
+        if not count:
+            return
+        try:
+            _write_all(self._log_fd, self._view[start:start + count])
+        except OSError as exc:
+            self._note_loss(count, exc)
+            return
+        self._index(stamp, count)
+        self._start_writeback()
+
+    def _mark_loss(self, stamp: float) -> bool:
+        """Write the marker line for the bytes lost since the last one; False if it could
+        not be written (the bytes stay unmarked)."""
+        line = lost_marker(self._unmarked, self.lost_error or "the log could not be written")
+        if not self._write_bytes(stamp, line, output=False):
+            return False
+        self._unmarked = 0
+        return True
+
+    def _write_bytes(self, stamp: float, data: bytes, *, output: bool = True) -> bool:
+        """Write `data` of the shim's own making as one indexed chunk: a marker line, or
+        `output` held in memory (lost, and counted, where it cannot be written)."""
+        try:
+            _write_all(self._log_fd, data)
+        except OSError as exc:
+            if output:
+                self._note_loss(len(data), exc)
+            else:
+                self.offset = _end_of(self._log_fd)  # the part it wrote stays
+            return False
+        self._index(stamp, len(data))
         return True
 
     def _put(self, n: int) -> None:
@@ -447,6 +576,7 @@ class Shim:
         self._memory: MemoryGuard | None = None
         self._out_of_memory = False
         self._dumps = DumpRequests(self.files)
+        self._pump: LogPump | None = None  # once its output has been drained
         self._next_dump_check = 0.0
 
     def run(self) -> int:
@@ -559,9 +689,9 @@ class Shim:
         if self._memory is not None:  # before the record, which says the shim is done
             self._memory.close()
         # The exit record promises a complete log: its bytes and size must be on disk first.
-        os.fdatasync(log_fd)
+        synced = _sync_log(log_fd)
         record = self._record(returncode, child, started_at, ended_at, max_rss, log_fd)
-        self._write_exit(_with_memory(record, memory))
+        self._write_exit(_with_log(_with_memory(record, memory), self._pump, self.spec, synced))
         return 0
 
     def _watch(
@@ -581,7 +711,8 @@ class Shim:
             self._memory.watch(pid)
         index_fd = _open_append(self.files.index)
         try:
-            ended_at = self._relay(pid, LogPump(read_fd, log_fd, index_fd), activity)
+            pump = LogPump(read_fd, log_fd, index_fd, self._log_cap(log_fd))
+            ended_at = self._relay(pid, pump, activity)
         finally:
             os.close(index_fd)
             activity.close()
@@ -609,9 +740,21 @@ class Shim:
         try:
             ended_at = self._pump_until_exit(pid, pump, activity)
             self._end_group(pid, pump)
+            pump.finish()
+            self._pump = pump
         finally:
             pump.close()
         return ended_at
+
+    def _log_cap(self, log_fd: int) -> LogCap | None:
+        """What holds the log to the spec's `log_limit`; None without one."""
+        limit = self.spec.log_limit
+        if limit is None:
+            return None
+        if limit < MIN_LOG_LIMIT:
+            log.error("log_limit %d is below the least there is; holding the log to %s",
+                      limit, format_size(MIN_LOG_LIMIT))
+        return LogCap(max(limit, MIN_LOG_LIMIT), log_fd, self.files.dropped)
 
     def _write_status(self, child: ProcessIdentity, started_at: float) -> None:
         shim = own_identity()
@@ -809,6 +952,27 @@ class Shim:
             return
         log.info("the process to notify (pid %d) is gone; it will find this replica's files",
                  pid)
+
+
+def _sync_log(log_fd: int) -> str | None:
+    """fdatasync the log; None, or why it failed (a file system that allocates late finds
+    no room for the last bytes only now: they are lost)."""
+    try:
+        os.fdatasync(log_fd)
+    except OSError as exc:
+        log.error("cannot sync the training log to disk (%s): its last bytes may be lost", exc)
+        return f"the log could not be synced to disk: {exc.strerror or exc}"
+    return None
+
+
+def _with_log(record: ExitRecord, pump: LogPump | None, spec: ReplicaSpec,
+              sync_error: str | None) -> ExitRecord:
+    """The record with the output the log lost (a full disk) or dropped (its limit)."""
+    if pump is None:
+        return dataclasses.replace(record, log_lost_error=sync_error)
+    return dataclasses.replace(
+        record, log_lost_bytes=pump.lost_bytes, log_lost_error=pump.lost_error or sync_error,
+        log_dropped_bytes=pump.dropped_bytes, log_limit_bytes=spec.log_limit)
 
 
 def _with_memory(record: ExitRecord, memory: MemoryReport | None) -> ExitRecord:

@@ -28,10 +28,11 @@ from muster.home import Home
 from muster.launch.base import Launcher
 from muster.launch.logs import (
     FileLog,
-    LogPart,
     ReplicaLog,
+    drops_of,
     log_size,
     masked,
+    open_log,
     read_range,
     tail_offset,
 )
@@ -157,7 +158,9 @@ def read_log(
     if one is not None:
         begin = _rank_start(where, one, start.at(one) if start else offset, tail)
         data, next_offset = read_range(where.source(one), begin, limit)
-        return LogSlice(data, number, begin, next_offset, one)
+        # Past a range dropped to hold the log to its limit, the bytes start after it.
+        return LogSlice(data, number, next_offset - len(data) if data else begin,
+                        next_offset, one)
     page_start = _merged_start(where, offset, start, tail)
     data, next_cursor = merged_page(where.sources(), page_start, limit, final=where.ended)
     return MergedSlice(data, number, next_cursor)
@@ -166,7 +169,9 @@ def read_log(
 @dataclass
 class RawLog:
     """One replica's whole log, open: its first `size` bytes, what it held when opened (a
-    log only grows, so bytes added later are left for another download)."""
+    log only grows, so bytes added later are left for another download). A log held to its
+    limit is sent without its dropped ranges: `size` does not count them (and should one
+    more range be dropped while it is sent, the bytes after it make up the count)."""
 
     stream: BinaryIO
     size: int
@@ -221,11 +226,12 @@ def open_raw_log(
     if rank not in where.ranks:
         raise NotFound(f"attempt {number} of trial {trial_id} has no rank {rank}; pass rank= "
                        f"one of its ranks: {', '.join(map(str, where.ranks))}")
-    stream = where.source(rank).open(LogPart.LOG)
+    stream = open_log(where.source(rank))
     if stream is None:
         raise NotFound(f"rank {rank} of attempt {number} of trial {trial_id} has written no "
                        "log yet; download it again once the replica has started")
-    return RawLog(stream, stream.seek(0, os.SEEK_END), trial_id, number, rank)
+    size = stream.seek(0, os.SEEK_END)
+    return RawLog(stream, size - drops_of(stream).dropped_within(size), trial_id, number, rank)
 
 
 def _pick_attempt(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from muster.launch.log_index import IndexWalker
-from muster.launch.logs import LogPart, ReplicaLog
+from muster.launch.logs import ReplicaLog, drops_of, open_log
 from muster.supervise.log_samples import (
     IN_PROCESS_BYTES,
     MAX_LINE_BYTES,
@@ -128,13 +128,14 @@ def numbered_lines(stream: BinaryIO, start: int) -> Iterator[tuple[int, bytes]]:
 
 def scan_log(log: ReplicaLog, timeout: float = DEFAULT_TIMEOUT_S) -> RankScan:
     """Scan the last `MAX_SCAN_BYTES` of `log` in a child process killed after `timeout`
-    seconds; date each finding by the log's index."""
-    stream = log.open(LogPart.LOG)
+    seconds; date each finding by the log's index. A log held to its limit is scanned from
+    the end of its last dropped range at most: offsets count on from the scan's start."""
+    stream = open_log(log)
     if stream is None:
         return RankScan(log.rank)
     with stream:
         size = stream.seek(0, 2)
-        start = max(0, size - MAX_SCAN_BYTES)
+        start = max(0, size - MAX_SCAN_BYTES, drops_of(stream).floor(size))
         stream.seek(start)
         if size - start <= IN_PROCESS_BYTES:  # its expressions are muster's: no child
             found, total = findings_in(numbered_lines(io.BytesIO(stream.read(size - start)),

@@ -34,6 +34,7 @@ verification reads: every name seen and every NaN or infinity, with its line and
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from muster.launch.logs import LogPart, ReplicaLog
+from muster.launch.logs import ReplicaLog, drops_of, open_log
 from muster.metrics_lines import TRAINING, VALIDATION, name_problem
 from muster.supervise.log_samples import (
     IN_PROCESS_BYTES,
@@ -173,6 +174,20 @@ class ScanResult:
                 "non_finite": self.non_finite, "non_finite_count": self.non_finite_count,
                 "unusable": self.unusable, "highest": self.highest, "lowest": self.lowest,
                 "last_offset": self.last_offset}
+
+    def followed_by(self, later: ScanResult) -> ScanResult:
+        """This result and `later`'s (a scan from where this one stopped) as one."""
+        highest, lowest = dict(self.highest), dict(self.lowest)
+        for kind, step in later.highest.items():
+            highest[kind] = max(highest.get(kind, step), step)
+        for kind, step in later.lowest.items():
+            lowest[kind] = min(lowest.get(kind, step), step)
+        return ScanResult(
+            later.end, self.reports + later.reports, self.names | later.names,
+            self.values + later.values, (self.non_finite + later.non_finite)[:KEPT_NON_FINITE],
+            self.non_finite_count + later.non_finite_count, self.unusable + later.unusable,
+            later.problem or self.problem, highest, lowest,
+            later.last_offset if later.last_offset is not None else self.last_offset)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScanResult:
@@ -426,20 +441,38 @@ def _kept(number: int) -> bool:
 
 def scan_log(log: ReplicaLog, spec: ScanSpec, timeout: float = DEFAULT_TIMEOUT_S,
              limit: int | None = None) -> ScanResult:
-    """`scan` of `log` from `spec.start` (at most `limit` bytes), in a child process killed
-    after `timeout` seconds (then `problem` says so, and nothing is read)."""
-    stream = log.open(LogPart.LOG)
+    """`scan` of `log` from `spec.start` (at most `limit` bytes of the file), in a child
+    process killed after `timeout` seconds (then `problem` says so, and nothing is read).
+
+    A log held to its limit is scanned stretch by stretch around its dropped ranges (one
+    ends the line before it), each from its own offset, and the results joined."""
+    stream = open_log(log)
     if stream is None:
         return ScanResult(spec.start)
     with stream:
         size = stream.seek(0, 2)
-        stream.seek(spec.start.offset)
-        part = size - spec.start.offset if limit is None else min(limit, size - spec.start.offset)
-        if not spec.patterns and part <= IN_PROCESS_BYTES:
-            # Only the built-in recognisers, muster's own expressions, over a small part:
-            # read here (a child's start-up would cost more than the read).
-            return scan(io.BytesIO(stream.read(part)), spec)
-        answer = scan_in_child(__name__, [spec.to_json()], stream, timeout, limit)
+        end = size if limit is None else min(size, spec.start.offset + limit)
+        stretches = drops_of(stream).spans(spec.start.offset, end)
+        result = ScanResult(spec.start)
+        for number, (start, stop) in enumerate(stretches):
+            last = number == len(stretches) - 1
+            part = _scan_stretch(stream, dataclasses.replace(
+                spec, start=dataclasses.replace(result.end, offset=start),
+                final=spec.final or not last), stop - start, timeout)
+            result = part if number == 0 else result.followed_by(part)
+            if part.problem is not None:
+                break
+    return result
+
+
+def _scan_stretch(stream: BinaryIO, spec: ScanSpec, part: int, timeout: float) -> ScanResult:
+    """`scan` of `part` bytes of `stream` (none of them dropped) from `spec.start`."""
+    stream.seek(spec.start.offset)
+    if not spec.patterns and part <= IN_PROCESS_BYTES:
+        # Only the built-in recognisers, muster's own expressions, over a small part:
+        # read here (a child's start-up would cost more than the read).
+        return scan(io.BytesIO(stream.read(part)), spec)
+    answer = scan_in_child(__name__, [spec.to_json()], stream, timeout, part)
     if answer.problem is not None:
         return ScanResult(spec.start, problem=f"reading metrics from the log {answer.problem}")
     return ScanResult.from_json(json.loads(answer.out))

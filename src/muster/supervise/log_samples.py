@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, BinaryIO
 
-from muster.launch.logs import MAX_OFFSET, LogPart, ReplicaLog
+from muster.launch.logs import MAX_OFFSET, ReplicaLog, open_log
 
 __all__ = ["MAX_LINE_BYTES", "ChildAnswer", "LogSamples", "bounded_lines", "count_log_samples",
            "counts_in", "limit_cpu", "scan_in_child"]
@@ -84,7 +84,7 @@ def count_log_samples(log: ReplicaLog, pattern: str,
                       timeout: float = DEFAULT_TIMEOUT_S) -> LogSamples:
     """The samples per epoch `pattern` finds in `log`, counted by a child process that is
     killed after `timeout` seconds (then `problem` says so)."""
-    stream = log.open(LogPart.LOG)
+    stream = open_log(log)  # without the ranges dropped to hold it to its limit
     if stream is None:
         return LogSamples({}, 0)
     with stream:
