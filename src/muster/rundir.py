@@ -235,6 +235,12 @@ class RankFiles:
         return self.path(RankFile.SHIM_LOG)
 
     @property
+    def flight_recorder(self) -> Path:
+        """The prefix of the dumps torch's flight recorder writes for this rank (a dump is
+        `<prefix><rank>`); the evidence bundle collects them."""
+        return self.attempt_dir / f"rank-{self.rank}.flight-"
+
+    @property
     def stalled(self) -> Path:
         return self.path(RankFile.STALLED)
 

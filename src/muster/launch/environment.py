@@ -46,6 +46,8 @@ class ReplicaContext:
     # (diagnostics.record and .interval): MUSTER_DIAGNOSTICS.
     diagnostics: str = "20"
     distributed_debug: bool = False  # debug.torch_distributed: detail
+    # Where torch's flight recorder dumps, for a job that turns its buffer on.
+    flight_recorder: Path | None = None
     # torchrun's variables (RANK, MASTER_ADDR...): `wants_distributed_env`'s decision.
     distributed: bool = True
 
@@ -65,6 +67,11 @@ TORCHRUN_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD
 # The modules `python -m` runs as torchrun (`launch` is its deprecated older name).
 TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 _PYTHON = re.compile(r"python[0-9.]*")
+
+# torch's flight recorder: the variables that turn its buffer on (the older NCCL-only name
+# and the newer one), and those that say where it dumps.
+FLIGHT_RECORDER_BUFFERS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FLIGHT_RECORDER_FILES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
 # Set by `muster up`: the umask its user had, which jobs get back (the server runs with 077).
 JOB_UMASK_VARIABLE = "MUSTER_JOB_UMASK"
@@ -91,6 +98,12 @@ def build_env(user_vars: Mapping[str, str], ctx: ReplicaContext) -> dict[str, st
     env["MUSTER_DIAGNOSTICS"] = ctx.diagnostics
     if ctx.distributed_debug:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    if ctx.flight_recorder is not None and any(user_vars.get(name, "0") not in ("", "0")
+                                               for name in FLIGHT_RECORDER_BUFFERS):
+        # A job that records its collectives gets its dumps into the attempt's directory,
+        # where a stall's evidence bundle finds them; a path it names itself wins.
+        for name in FLIGHT_RECORDER_FILES:
+            env.setdefault(name, str(ctx.flight_recorder))
     if ctx.heartbeat_timeout is not None:
         env["MUSTER_HEARTBEAT_TIMEOUT"] = f"{ctx.heartbeat_timeout:g}"
     for name, value in (("MUSTER_MAX_LENGTH", ctx.max_length), ("MUSTER_SEED", ctx.seed)):

@@ -125,7 +125,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             diagnostics=(str(config.diagnostics.interval) if config.diagnostics.record
                          else "off"),
             distributed_debug=config.debug.torch_distributed == "detail",
-            distributed=distributed,
+            distributed=distributed, flight_recorder=plan.dir.rank(rank).flight_recorder,
         )
         env = build_env({**config.environment.variables, **plan.secrets}, ctx)
         if plan.environment is not None:
