@@ -164,7 +164,7 @@ def test_a_clean_run_succeeds_with_every_check_passed(
     assert {name: c["status"] for name, c in checks(trial).items()} == {
         "completed": "passed", "samples": "passed", "checkpoint": "passed",
         "checkpoint_fresh": "passed", "finite_metrics": "passed", "require_metrics": "passed",
-        "log_errors": "passed", "metrics_readable": "passed"}
+        "log_errors": "passed", "log_complete": "passed", "metrics_readable": "passed"}
     assert trial["verification"]["verified"] is True
     assert checks(trial)["samples"]["detail"] == "2 epochs, each within 1.0% of 100"
     assert checks(trial)["metrics_readable"]["detail"] == "22 metric lines read"

@@ -121,8 +121,15 @@ def attempts_table(trial: dict[str, Any]) -> Table:
             table.add_row(number, rank, state(attempt["state"]),
                           exit_code, rep["signal"] or "-", _reason(rep),
                           duration(rep["started_at"], rep["ended_at"]), _peak(rep),
-                          rep["log_path"])
+                          _log(rep))
     return table
+
+
+def _log(replica: dict[str, Any]) -> str:
+    """The log's path, and the output it lost (a full disk), if any."""
+    lost = replica.get("log_lost_bytes")
+    path = escape(replica["log_path"])
+    return f"{path} [red]({format_size(lost)} of output lost)[/]" if lost else path
 
 
 def _reason(replica: dict[str, Any]) -> str:

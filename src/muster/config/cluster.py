@@ -5,6 +5,8 @@ slots: 2                 # replicas without GPUs that may run at once (default: 
 gpus: auto               # `auto` (NVML), `none`, or a fake inventory:
                          # [{index: 0, name: Fake-A100, memory: 40GiB, type: a100}]
 min_free_disk: 5GiB      # no new replica starts below this much free disk; 0: no guard
+log_limit: 10GiB         # each replica's log keeps its head and latest output past this
+                         # (an experiment's resources.log_limit wins); off: no limit
 preemption: false
 gpu_release: {max_used_fraction: 0.05, timeout: 60s}
 priority_floor: 10       # priorities 1-9 are admins' alone (lower runs first)
@@ -47,7 +49,7 @@ from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_
 
 from muster.config.loading import parse_yaml, read_config_text
 from muster.config.problems import config_error, show_value, validate_config_data
-from muster.config.schema import CheckpointStorageConfig, _Section
+from muster.config.schema import CheckpointStorageConfig, _Section, log_limit_or_off
 from muster.config.units import parse_duration, parse_size
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 
@@ -55,6 +57,7 @@ __all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "NodeQuarantine
            "RayConfig", "RunAsAccount", "gpu_type_from_name", "load_cluster_config"]
 
 DEFAULT_MIN_FREE_DISK = 5 << 30
+DEFAULT_LOG_LIMIT = 10 << 30
 DEFAULT_PRIORITY_FLOOR = 10
 _WHAT = "cluster config"
 
@@ -163,6 +166,9 @@ class ClusterConfig(_Section):
     slots: int | None = Field(default=None, ge=1)  # None: the CPU count, decided by the server
     gpus: Literal["auto", "none"] | list[FakeGpuConfig] = "auto"
     min_free_disk: int = Field(default=DEFAULT_MIN_FREE_DISK, ge=0)
+    # What a replica's log keeps on disk when its experiment does not say (its head and its
+    # latest output past it, docs/run-directory.md); None: `off`, all of it.
+    log_limit: int | None = DEFAULT_LOG_LIMIT
     preemption: bool = False
     gpu_release: GpuReleaseConfig = Field(default_factory=GpuReleaseConfig)
     # The best (lowest) priority a user who is not an admin may give a trial; better ones
@@ -255,6 +261,11 @@ class ClusterConfig(_Section):
                              f"{{user: NAME}} (one account for every job), got "
                              f"{show_value(value)}")
         return RunAsAccount.model_validate(value, strict=True)
+
+    @field_validator("log_limit", mode="before")
+    @classmethod
+    def _log_limit(cls, value: object) -> int | None:
+        return None if value is None else log_limit_or_off(value)
 
     @field_validator("min_free_disk", mode="before")
     @classmethod

@@ -317,6 +317,7 @@ class DataConfig(_Section):
 
 MAX_REPLICAS = 64
 MIN_MEMORY_LIMIT = 1 << 20
+MIN_LOG_LIMIT = 1 << 20  # the least a shim holds a log to (muster.launch.log_limit)
 
 
 MAX_GPUS_PER_REPLICA = 64
@@ -326,8 +327,9 @@ class ResourcesConfig(_Section):
     """What each trial runs on: how many replicas (ranks) start and stop together, how much
     memory each replica's processes may use together (bytes; None: no limit), how many GPUs
     each replica gets (of which type), the experiment's cap on replicas running at once,
-    its place in the queue (priority 1-99, lower runs first, as in Determined), and when its
-    replicas get torchrun's variables (`distributed_env`)."""
+    its place in the queue (priority 1-99, lower runs first, as in Determined), when its
+    replicas get torchrun's variables (`distributed_env`), and how much of its output each
+    replica's log keeps on disk (`log_limit`: None, the cluster config's; `off`, all of it)."""
 
     FOREIGN_KEYS: ClassVar[dict[str, str]] = {
         "slots_per_trial": "muster asks for processes and GPUs apart: use resources.replicas "
@@ -352,6 +354,8 @@ class ResourcesConfig(_Section):
     # When replicas get torchrun's variables (`launch.environment.wants_distributed_env`);
     # not strict: YAML gives the word, the enum's member is what the code compares.
     distributed_env: DistributedEnv = Field(default=DistributedEnv.AUTO, strict=False)
+    # Past it a replica's log keeps its head and its latest output (docs/run-directory.md).
+    log_limit: int | Literal["off"] | None = None
 
     @field_validator("gpu_type")
     @classmethod
@@ -383,6 +387,40 @@ class ResourcesConfig(_Section):
         if size < MIN_MEMORY_LIMIT:
             raise ValueError(f"must be at least 1MiB (write a unit, e.g. '4GiB'), got {value!r}")
         return size
+
+    @field_validator("log_limit", mode="before")
+    @classmethod
+    def _log_limit(cls, value: object) -> int | Literal["off"] | None:
+        """`10GiB`, a number of bytes, or `off` (the whole output is kept)."""
+        if value is None:
+            return None
+        size = log_limit_or_off(value)
+        return "off" if size is None else size
+
+    def log_limit_bytes(self, cluster_default: int | None) -> int | None:
+        """The limit a replica's log is held to: this config's, else the cluster's default;
+        None: no limit."""
+        if self.log_limit is None:
+            return cluster_default
+        return None if self.log_limit == "off" else self.log_limit
+
+
+def log_limit_or_off(value: object) -> int | None:
+    """A `log_limit` as written: a size of at least 1MiB, or `off` (None).
+
+    Raises:
+        ValueError: it is neither.
+    """
+    if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+        return None
+    try:
+        size = parse_size(value)
+    except ValueError:
+        raise ValueError(f"must be a size such as '10GiB', or 'off' to keep all output, got "
+                         f"{value!r}") from None
+    if size < MIN_LOG_LIMIT:
+        raise ValueError(f"must be at least 1MiB (write a unit, e.g. '10GiB'), got {value!r}")
+    return size
 
 
 MAX_OUTPUTS = 100

@@ -88,6 +88,9 @@ class ReplicaView(_Shape):
     max_rss_bytes: int | None
     peak_rss_bytes: int | None  # the whole process group's peak memory (cgroup or sampled)
     oom: OomView | None  # set when it ran out of memory
+    # Output its log could not take (a full disk, an I/O error): a marker line in the log
+    # says where, and the trial is not verified (check log_complete). Null until it ended.
+    log_lost_bytes: int | None = None
     started_at: float | None
     ended_at: float | None
 

@@ -75,7 +75,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
                        else cluster.min_free_disk),
         gpus=gpus, gpu_release=cluster.gpu_release, preemption=cluster.preemption,
         run_as=run_as, quarantine_after=cluster.node_quarantine.failures,
-        base_environment=cluster.base_environment,
+        base_environment=cluster.base_environment, log_limit=cluster.log_limit,
     )
     slots = settings.slots if settings.slots is not None else cluster.slots
     if slots is not None:

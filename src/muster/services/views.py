@@ -241,6 +241,8 @@ def replica_detail(replica: Replica) -> dict[str, Any]:
         "peak_rss_bytes": replica.peak_rss_bytes,
         "oom": (None if replica.oom_source is None
                 else {"source": replica.oom_source, "limit_bytes": replica.oom_limit_bytes}),
+        # Output its log could not take (a full disk); a marker line in the log says where.
+        "log_lost_bytes": replica.log_lost_bytes,
         "started_at": replica.started_at,
         "ended_at": replica.ended_at,
     }

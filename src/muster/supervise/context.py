@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from muster.config import ExperimentConfig
+from muster.config.cluster import DEFAULT_LOG_LIMIT
 from muster.environments.registry import Environments
 from muster.home import Home
 from muster.launch.accounts import RunAs
@@ -50,6 +51,8 @@ class SupervisorContext:
     run_as: RunAs | None = None  # whom jobs run as; None: the server's own user
     # The bad-node circuit breaker: infra failures of this many trials in a row on a node.
     quarantine_after: int = 3
+    # The cluster config's `log_limit`, for experiments that set none (None: no limit).
+    log_limit: int | None = DEFAULT_LOG_LIMIT
 
     @property
     def breaker(self) -> int | None:

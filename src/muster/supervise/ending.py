@@ -273,6 +273,7 @@ def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classif
             replica.evidence, replica.stack_summary = evidence.bundle, evidence.summary
     if status.exit is not None:
         replica.max_rss_bytes = status.exit.max_rss_bytes
+        replica.log_lost_bytes = status.exit.log_lost_bytes
         replica.peak_rss_bytes = status.exit.peak_rss_bytes
         oom = status.exit.oom
         replica.oom_source = oom.source.value if oom is not None else None
@@ -352,7 +353,8 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
         run_dir.path, attempts, log_counts=counts, outputs=checks.outputs, started_at=began,
         outputs_before=final.outputs_before, saves=saves,
         log_scans=scans.ranks if scans is not None else None, log_metrics=log_metrics,
-        primary_ended_at=scans.primary_ended_at if scans is not None else None)
+        primary_ended_at=scans.primary_ended_at if scans is not None else None,
+        log_lost=_log_lost(final))
     searcher = config.searcher
     result = verification.verify(
         evidence,
@@ -376,6 +378,14 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
     failed = "; ".join(f"{c.name}: {c.detail}" for c in result.checks if not c.passed)
     transition(s, trial, TrialState.SUSPECT, reason=EventReason.VERIFICATION_FAILED,
                actor=ACTOR, message=f"{move.message}, but verification failed: {failed}")
+
+
+def _log_lost(attempt: Attempt) -> dict[int, int]:
+    """The bytes each rank of `attempt` could not write to its log, every incarnation's."""
+    lost: dict[int, int] = {}
+    for replica in attempt.replicas:
+        lost[replica.rank] = lost.get(replica.rank, 0) + (replica.log_lost_bytes or 0)
+    return lost
 
 
 def _budgets(trial: Trial) -> Budgets:

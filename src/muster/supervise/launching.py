@@ -99,6 +99,7 @@ class AttemptPlan:
     # muster runs on, as before environments (plans made by hand in tests).
     environment: TrialEnvironment | None = None
     account: Account | None = None  # the Unix account its jobs run as (`run_as`)
+    log_limit: int | None = None  # what each replica's log keeps (`resources.log_limit`)
 
 
 def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
@@ -136,7 +137,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             trial_uuid=plan.trial_uuid, attempt=plan.number, rank=rank,
             argv=list(config.entrypoint), env=env, cwd=plan.workdir,
             attempt_dir=plan.dir.path, stop_grace=config.failure_policy.stop_grace,
-            memory_limit=config.resources.memory_limit,
+            memory_limit=config.resources.memory_limit, log_limit=plan.log_limit,
             path=plan.environment.path if plan.environment is not None else None,
             account=plan.account, distributed=distributed,
         ))
@@ -177,7 +178,7 @@ class Launching:
             secrets=job_secrets.resolve(config, self.ctx.home, trial.experiment.uuid),
             environment=self.ctx.envs.for_trial(config, trial.experiment.environment_key,
                                                 run_dir.env, account),
-            account=account)
+            account=account, log_limit=config.resources.log_limit_bytes(self.ctx.log_limit))
 
     def specs(self, plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
         return replica_specs(plan, ranks)

@@ -34,6 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from muster.config import GpuReleaseConfig
+from muster.config.cluster import DEFAULT_LOG_LIMIT
 from muster.environments.registry import Environments
 from muster.errors import ConfigError, LaunchError
 from muster.home import Home
@@ -86,6 +87,9 @@ class Supervisor:
     # Cluster config `base_environment`: trials without an environment block run on it
     # (None: on the runtime base computed from muster's own installation).
     base_environment: str | None = None
+    # Cluster config `log_limit`: what a replica's log keeps when its experiment does not
+    # say (None: no limit).
+    log_limit: int | None = DEFAULT_LOG_LIMIT
     _pool: GpuPool = field(init=False)
     _search: Searching = field(init=False)
     _launching: Launching = field(init=False)
@@ -109,7 +113,8 @@ class Supervisor:
         self.envs = Environments(self.home.envs_dir, shared=self.run_as is not None,
                                  base_environment=self.base_environment)
         ctx = SupervisorContext(self.store, self.launcher, self.home, self.host, self._pool,
-                                self.gpus, self.envs, self.run_as, self.quarantine_after)
+                                self.gpus, self.envs, self.run_as, self.quarantine_after,
+                                log_limit=self.log_limit)
         self._placements = Placements(ctx)
         ending = Ending(ctx)
         self._isolation = Isolation(ctx)

@@ -18,11 +18,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from muster import checkpoint_files, metrics_lines
-from muster.atomic import open_regular, read_regular
+from muster.atomic import open_regular, read_json, read_regular
 from muster.config import DiagnosticsConfig, VerifyConfig
 from muster.diagnostics import bias, diff, read_rank_parts, read_rank_records
+from muster.launch.log_limit import read_drops
 from muster.metrics_lines import MetricLine
 from muster.rundir import RankFile, RunDir
+from muster.sizes import format_size
 from muster.states import CheckStatus
 from muster.supervise.log_errors import Finding, RankScan
 from muster.supervise.log_metrics import LogMetricEvidence
@@ -37,6 +39,7 @@ __all__ = [
     "CheckpointInfo",
     "Evidence",
     "LogCounts",
+    "LogLoss",
     "MetricPoint",
     "OutputFile",
     "Planned",
@@ -137,6 +140,18 @@ class Planned:
 
 
 @dataclass(frozen=True)
+class LogLoss:
+    """One rank's log of the final attempt: the output it lost (`lost_bytes`, every
+    incarnation's, and `error`, why) and the output dropped to hold it to `limit`."""
+
+    rank: int
+    lost_bytes: int = 0
+    error: str | None = None
+    dropped_bytes: int = 0
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
 class LogCounts:
     """Samples per epoch counted from the rank logs (`verify.samples_from_log`)."""
 
@@ -190,6 +205,9 @@ class Evidence:
     # names are in `metric_names` and their steps in `progress` too.
     log_metrics: LogMetricEvidence = field(default_factory=LogMetricEvidence)
     primary_ended_at: float | None = None  # when rank 0 of the final attempt exited
+    # What each rank's log of the final attempt lost (a full disk) or dropped (its
+    # log_limit); None: not gathered (`log_complete` does not run).
+    log_losses: tuple[LogLoss, ...] | None = None
 
 
 PASSED, FAILED, WARNING, NOT_RUN = (CheckStatus.PASSED.value, CheckStatus.FAILED.value,
@@ -317,6 +335,7 @@ def verify(
         _check_log_errors(evidence.log_scans, evidence.progress, config.log_errors,
                           evidence.primary_ended_at)
         if evidence.log_scans is not None and config.log_errors != "off" else None,
+        _check_log_complete(evidence.log_losses) if evidence.log_losses is not None else None,
         _check_metrics_readable(evidence),
         _check_consistent_ranks(evidence.rank_snapshots, config.consistent_ranks)
         if config.consistent_ranks != "off" and len(evidence.rank_snapshots) > 1 else None,
@@ -714,6 +733,32 @@ def _check_required_metrics(reported: frozenset[str], required: Sequence[str]) -
     return Check("require_metrics", True, f"reported: {', '.join(required)}")
 
 
+def _check_log_complete(losses: Sequence[LogLoss]) -> Check:
+    """Every byte each rank printed reached its log: a log that lost output (a full disk)
+    is incomplete evidence, and fails; output dropped by `resources.log_limit` was dropped
+    on purpose (the head and the latest output are kept), a warning."""
+    lost = [loss for loss in losses if loss.lost_bytes or loss.error]
+    if lost:
+        return Check("log_complete", False, "; ".join(map(_lost_text, lost)))
+    capped = [loss for loss in losses if loss.dropped_bytes]
+    if capped:
+        return Check.warning("log_complete", "; ".join(
+            f"rank {loss.rank}'s log reached resources.log_limit"
+            f"{f' ({format_size(loss.limit)})' if loss.limit else ''}: "
+            f"{format_size(loss.dropped_bytes)} of output from its middle were dropped, as "
+            "the limit asks (its head and its latest output are kept)" for loss in capped))
+    return Check("log_complete", True, f"every byte of output reached the log "
+                                       f"({count(len(losses), 'rank')})")
+
+
+def _lost_text(loss: LogLoss) -> str:
+    if not loss.lost_bytes:
+        return f"rank {loss.rank}'s log is incomplete: {loss.error}"
+    why = f" ({loss.error})" if loss.error else ""
+    return (f"rank {loss.rank} lost {format_size(loss.lost_bytes)} of output{why}: the log "
+            "is incomplete")
+
+
 def _check_metrics_readable(evidence: Evidence) -> Check:
     bad = evidence.unreadable_metric_lines
     if bad:
@@ -766,6 +811,7 @@ def gather_evidence(
     log_scans: Sequence[RankScan] | None = None,
     log_metrics: LogMetricEvidence | None = None,
     primary_ended_at: float | None = None,
+    log_lost: Mapping[int, int] | None = None,
 ) -> Evidence:
     """Read what the trial's attempts left in `run_dir` (all attempts, any order); with
     `outputs`, which of those files its working directory holds.
@@ -774,7 +820,8 @@ def gather_evidence(
     (`Attempt.outputs_before`); `saves`: every checkpoint the store knows of the trial,
     GC'd ones included, as (step, attempt, time); `log_scans`: the final attempt's logs,
     scanned (`muster.supervise.log_errors`); `log_metrics`: the metrics read from the
-    rank logs of every attempt (`muster.supervise.log_metrics`).
+    rank logs of every attempt (`muster.supervise.log_metrics`); `log_lost`: the bytes each
+    rank of the final attempt could not write to its log, every incarnation's (the store's).
     """
     from_log = log_metrics or LogMetricEvidence()
     ordered = sorted(attempts)
@@ -816,7 +863,27 @@ def gather_evidence(
         log_scans=tuple(log_scans) if log_scans is not None else None,
         log_metrics=from_log,
         primary_ended_at=primary_ended_at,
+        log_losses=(_log_losses(run_dir, final, log_lost)
+                    if log_lost is not None and final is not None else None),
     )
+
+
+def _log_losses(run_dir: Path, final: int, lost: Mapping[int, int]) -> tuple[LogLoss, ...]:
+    """Each rank's loss: its bytes from the store, why from its exit record, and what its
+    log_limit dropped from the log's record of dropped ranges."""
+    losses = []
+    for rank in sorted(lost):
+        files = RunDir(run_dir).attempt(final).rank(rank)
+        try:
+            record = read_json(files.exit)
+        except (OSError, ValueError):  # the store's count still speaks
+            record = None
+        error = record.get("log_lost_error") if isinstance(record, dict) else None
+        drops = read_drops(files.dropped)[1]
+        losses.append(LogLoss(rank, lost[rank], error if isinstance(error, str) else None,
+                              drops.dropped if drops is not None else 0,
+                              drops.limit if drops is not None else None))
+    return tuple(losses)
 
 
 def _progress(metrics: _MetricsSummary, from_log: LogMetricEvidence,
