@@ -19,6 +19,7 @@ import auth
 import checkpoint_storage
 import cli_startup
 import diagnostics_overhead
+import evidence
 import first_log
 import harness_overhead
 import ingest
@@ -52,6 +53,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "manifest_scan": manifest_scan.run,
     "pass_sessions": pass_sessions.run,
     "silence": silence.run,
+    "evidence": evidence.run,
     "ingest": ingest.run,
     "replicas": replicas.run,
     "recovery": recovery.run,

@@ -30,7 +30,8 @@ def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
         RankFile.SAMPLES: "rank-2.samples.json", RankFile.STOP_ACK: "rank-2.stop-ack.json",
         RankFile.SNAPSHOT: "rank-2.snapshot.json", RankFile.DIAGNOSTICS: "rank-2.diagnostics.jsonl",
         RankFile.PLAN: "rank-2.plan.json", RankFile.SAVE_FAILURES: "rank-2.save-failures.json",
-        RankFile.DUMP: "rank-2.dump.json",
+        RankFile.DUMP: "rank-2.dump.json", RankFile.STACK_SIGNAL: "rank-2.stack-signal.json",
+        RankFile.FAULTHANDLER: "rank-2.faulthandler.txt",
     }
     assert (files.log, files.exit, files.metrics) == (
         files.path(RankFile.LOG), files.path(RankFile.EXIT), files.path(RankFile.METRICS))

@@ -70,6 +70,8 @@ class RankFile(str, Enum):
     PLAN = "plan.json"  # how far the run is planned to go, ctx.plan() [harness]
     SAVE_FAILURES = "save-failures.json"  # checkpoint saves that failed [harness]
     DUMP = "dump.json"  # a request for an evidence bundle: {bundle, reason, requested_at} [server]
+    STACK_SIGNAL = "stack-signal.json"  # the signal that makes the rank print its stacks [harness]
+    FAULTHANDLER = "faulthandler.txt"  # what it printed on that signal (faulthandler) [harness]
 
 
 # An ended incarnation's control files, moved aside before a restart in place; its log and
@@ -77,7 +79,8 @@ class RankFile(str, Enum):
 CONTROL_FILES = (RankFile.SPEC, RankFile.LAUNCH, RankFile.STATUS, RankFile.ALIVE,
                  RankFile.ACTIVE, RankFile.EXIT,
                  RankFile.STOP, RankFile.SHIM_LOG, RankFile.STALLED, RankFile.HEARTBEAT,
-                 RankFile.SNAPSHOT, RankFile.DIAGNOSTICS)
+                 RankFile.SNAPSHOT, RankFile.DIAGNOSTICS, RankFile.DUMP, RankFile.STACK_SIGNAL,
+                 RankFile.FAULTHANDLER)
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,14 @@ class RankFiles:
     @property
     def dump(self) -> Path:
         return self.path(RankFile.DUMP)
+
+    @property
+    def stack_signal(self) -> Path:
+        return self.path(RankFile.STACK_SIGNAL)
+
+    @property
+    def faulthandler(self) -> Path:
+        return self.path(RankFile.FAULTHANDLER)
 
 
 def every_rank_file(runs_dir: Path, kind: RankFile) -> Iterator[Path]:

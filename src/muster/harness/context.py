@@ -20,6 +20,7 @@ from muster.harness.environment import RunEnvironment, read_environment
 from muster.harness.heartbeat import Heartbeat
 from muster.harness.metrics import TRAINING, VALIDATION, MetricsWriter
 from muster.harness.samples import Samples
+from muster.harness.stack_signal import StackSignal
 from muster.harness.standby import wait_for_promotion
 from muster.harness.stopping import StopRequest
 from muster.rundir import RunDir
@@ -53,6 +54,8 @@ class Context:
                                       SaveFailures(files.save_failures))
         self._plan = files.plan
         self._stop = StopRequest(files.stop_ack, self._heartbeat)
+        # Every thread's stack on a signal, for muster's evidence where py-spy cannot attach.
+        self._stack_signal = StackSignal(files)
         self._snapshot = files.snapshot
         # What muster.harness.torch's diagnostics record (`diagnose`); empty without them.
         self._diagnostics = DiagnosticsLog(files.diagnostics, env.diagnostics_interval)
@@ -158,6 +161,7 @@ class Context:
         SIGTERM first: once muster sees the check-in, its stop must reach `should_stop()`.
         """
         self._stop.install()
+        self._stack_signal.install()
         self._heartbeat.write()
         self._write_snapshot()
         self._background.start()
@@ -176,6 +180,7 @@ class Context:
             run_warning_on_oserror(f"writing {self._diagnostics.path}", self._diagnostics.flush)
             self._write_snapshot()  # again: CUDA's libraries and GPUs are known by now
         finally:
+            self._stack_signal.uninstall()
             self._stop.uninstall()
 
     def _write_snapshot(self) -> None:
