@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from muster.rundir import CONTROL_FILES, LOCAL_RUN_DIR, RankFile, RankFiles, RunDir, every_rank_file
+from muster.rundir import (
+    BUNDLE_ID,
+    CONTROL_FILES,
+    LOCAL_RUN_DIR,
+    RankFile,
+    RankFiles,
+    RunDir,
+    every_rank_file,
+    new_bundle_id,
+)
 
 
 def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
@@ -40,6 +49,14 @@ def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
     assert files.dump == attempt.path / "rank-2.dump.json"
     assert attempt.evidence_of("20250101T120000Z-stalled", 2) == (
         attempt.path / "evidence" / "20250101T120000Z-stalled" / "rank-2")
+
+
+def test_bundle_ids_sort_by_time_and_say_why() -> None:
+    assert new_bundle_id("stalled", now=0) == "19700101T000000Z-stalled"
+    assert BUNDLE_ID.fullmatch(new_bundle_id("requested"))
+    for reason in ("", "../x", "Stalled", "x" * 33):
+        with pytest.raises(ValueError, match="reason"):
+            new_bundle_id(reason)
 
 
 @pytest.mark.parametrize("bundle", [

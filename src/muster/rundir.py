@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -30,7 +31,7 @@ from pathlib import Path
 
 __all__ = [
     "BUNDLE_ID", "CHECKPOINTS", "CONTROL_FILES", "EVIDENCE", "LOCAL_RUN_DIR", "AttemptDir",
-    "RankFile", "RankFiles", "RunDir", "every_rank_file",
+    "RankFile", "RankFiles", "RunDir", "every_rank_file", "new_bundle_id",
 ]
 
 LOCAL_RUN_DIR = "muster-run"  # the run directory of a run off the platform, in its cwd
@@ -41,6 +42,20 @@ EVIDENCE = "evidence"
 # An evidence bundle's id, `<UTC yyyymmddThhmmssZ>-<reason>`: a request file names it, so
 # nothing but this shape ever becomes a directory name (no separators, no `..`).
 BUNDLE_ID = re.compile(r"[0-9]{8}T[0-9]{6}Z-[a-z]{1,32}")
+
+
+def new_bundle_id(reason: str, now: float | None = None) -> str:
+    """A new bundle's id: `<UTC yyyymmddThhmmssZ>-<reason>`, which sorts by time and says why.
+
+    Raises:
+        ValueError: `reason` is not 1 to 32 lowercase letters.
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    bundle = f"{stamp}-{reason}"
+    if not BUNDLE_ID.fullmatch(bundle):
+        raise ValueError(f"an evidence bundle's reason is 1 to 32 lowercase letters, "
+                         f"got {reason!r}")
+    return bundle
 _ATTEMPT = re.compile(r"attempt-([0-9]+)")
 _RANK = re.compile(r"rank-([0-9]+)\.(.+)")
 

@@ -1,6 +1,6 @@
 """The evidence collector on real stuck processes: py-spy's stacks and the one-line summary,
 faulthandler's where py-spy is missing (and no signal to a process that did not ask for
-it), the process table, the log's tail, the flight recorder's dumps, the request file."""
+it), the process table, the log's tail, the flight recorder's dumps."""
 
 from __future__ import annotations
 
@@ -22,17 +22,13 @@ from muster.launch.evidence import (
     STACKS,
     STACKS_JSON,
     SUMMARY,
-    DumpRequest,
     EvidenceReason,
     Tools,
     collect,
-    new_bundle_id,
-    read_request,
     read_summary,
-    write_request,
 )
 from muster.launch.identity import is_alive, read_identity
-from muster.rundir import BUNDLE_ID, RankFiles, RunDir
+from muster.rundir import RunDir, new_bundle_id
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.lifecycle
@@ -85,7 +81,7 @@ def wait_stuck(log: Path, proc: subprocess.Popen[bytes]) -> None:
 
 def _bundle(attempt_dir: Path, rank: int) -> Path:
     return RunDir(attempt_dir.parent).attempt(1).evidence_of(
-        new_bundle_id(EvidenceReason.REQUESTED), rank)
+        new_bundle_id(EvidenceReason.REQUESTED.value), rank)
 
 
 def _collector(out: Path, rank: int, log: Path, pgid: int) -> subprocess.Popen[str]:
@@ -128,7 +124,7 @@ def test_two_gloo_ranks_each_name_where_they_wait(tmp_path: Path, start: Start) 
                    wait=False) for rank in (0, 1)]
     for rank, proc in enumerate(procs):
         wait_stuck(attempt.rank(rank).log, proc)
-    bundle = new_bundle_id(EvidenceReason.STALLED)
+    bundle = new_bundle_id(EvidenceReason.STALLED.value)
     collectors = [_collector(attempt.evidence_of(bundle, rank), rank, attempt.rank(rank).log,
                              proc.pid) for rank, proc in enumerate(procs)]
     printed = [c.communicate(timeout=60)[0].strip() for c in collectors]
@@ -230,24 +226,3 @@ def test_a_summary_exists_only_once_it_is_whole(tmp_path: Path) -> None:
     assert read_summary(tmp_path) is None
     (tmp_path / SUMMARY).write_text('["not", "a", "summary"]')
     assert read_summary(tmp_path) is None
-
-
-def test_requests_round_trip_and_malformed_ones_are_none(tmp_path: Path) -> None:
-    files = RankFiles(tmp_path, 1)
-    bundle = new_bundle_id(EvidenceReason.STALLED, now=0)
-    assert bundle == "19700101T000000Z-stalled" and BUNDLE_ID.fullmatch(bundle)
-    assert read_request(files.dump) is None
-    request = DumpRequest(bundle, EvidenceReason.STALLED, 12.5)
-    write_request(files, request)
-    assert read_request(files.dump) == request
-    for bad in ({"bundle": "../../etc", "reason": "stalled", "requested_at": 1},
-                {"bundle": "x/19700101T000000Z-stalled", "reason": "stalled", "requested_at": 1},
-                {"bundle": bundle, "reason": "bored", "requested_at": 1},
-                {"bundle": bundle, "reason": "stalled", "requested_at": True},
-                ["not", "an", "object"]):
-        atomic_write_json(files.dump, bad)
-        assert read_request(files.dump) is None, bad
-    files.dump.unlink()
-    files.dump.symlink_to(tmp_path / "elsewhere.json")
-    with pytest.raises(OSError):
-        read_request(files.dump)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from muster.atomic import atomic_write_json, open_regular
-from muster.rundir import BUNDLE_ID, EVIDENCE, RankFiles
+from muster.rundir import BUNDLE_ID, EVIDENCE, RankFiles, new_bundle_id
 
 __all__ = ["COLLECT_LIMIT_S", "SUMMARY", "DumpRequests", "request_dump"]
 
@@ -44,7 +44,7 @@ SUMMARY = "summary.json"  # a rank's part of a bundle is complete once this exis
 
 def request_dump(ranks: list[RankFiles], reason: str) -> str:
     """Ask the shims of `ranks` for their parts of a new evidence bundle; returns its id."""
-    bundle = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + reason
+    bundle = new_bundle_id(reason)
     request = {"bundle": bundle, "reason": reason, "requested_at": time.time()}
     for files in ranks:
         atomic_write_json(files.dump, request)

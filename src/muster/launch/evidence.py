@@ -45,6 +45,7 @@ from pathlib import Path
 from muster.atomic import atomic_write_bytes, atomic_write_json, json_bytes, open_regular
 from muster.harness.stack_signal import read_registration
 from muster.launch.base import ProcessIdentity
+from muster.launch.dumps import SUMMARY
 from muster.launch.identity import group_members, send_signal
 from muster.launch.stacks import (
     ThreadStack,
@@ -54,21 +55,18 @@ from muster.launch.stacks import (
     render,
     where,
 )
-from muster.rundir import BUNDLE_ID, RankFiles
+from muster.rundir import RankFiles
 
 __all__ = [
-    "PROCESSES", "STACKS", "STACKS_JSON", "SUMMARY", "DumpRequest", "EvidenceReason",
-    "EvidenceSummary", "Tools", "collect", "main", "new_bundle_id", "read_request",
-    "read_summary", "write_request",
+    "PROCESSES", "STACKS", "STACKS_JSON", "SUMMARY", "EvidenceReason", "EvidenceSummary", "Tools",
+    "collect", "main", "read_summary",
 ]
 
-# The files of one rank's part of a bundle.
-SUMMARY = "summary.json"
+# The files of one rank's part of a bundle (and SUMMARY, last: `muster.launch.dumps`).
 PROCESSES = "processes.json"
 STACKS = "stacks.txt"
 STACKS_JSON = "stacks.json"
 LOG_TAIL = "log-tail.txt"
-FAULTHANDLER = "faulthandler.txt"
 FLIGHT_RECORDER = "flight-recorder"
 
 MAX_PROCESSES = 64  # described in processes.json
@@ -96,53 +94,10 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 class EvidenceReason(str, Enum):
-    """Why a bundle was asked for; the last part of its id."""
+    """Why a bundle was asked for (`muster.launch.dumps.request_dump`); the end of its id."""
 
     STALLED = "stalled"  # before muster kills a replica that made no progress
     REQUESTED = "requested"  # `muster trial dump`, the trial page's "Dump stacks"
-
-
-def new_bundle_id(reason: EvidenceReason, now: float | None = None) -> str:
-    """`<UTC yyyymmddThhmmssZ>-<reason>`: sorts by time, and names why."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    return f"{stamp}-{reason.value}"
-
-
-@dataclass(frozen=True)
-class DumpRequest:
-    """The server's request for a rank's part of a bundle (`rank-<r>.dump.json`)."""
-
-    bundle: str
-    reason: EvidenceReason
-    requested_at: float
-
-
-def write_request(files: RankFiles, request: DumpRequest) -> None:
-    """Ask rank `files.rank`'s shim for its part of `request.bundle` (atomically)."""
-    atomic_write_json(files.dump, {"bundle": request.bundle, "reason": request.reason.value,
-                                   "requested_at": request.requested_at})
-
-
-def read_request(path: Path) -> DumpRequest | None:
-    """The request at `path`; None where there is none, or it is malformed (a bundle id of
-    another shape, which would make a path of it, included).
-
-    Raises:
-        OSError: the file is a link, not a regular file, or unreadable.
-    """
-    try:
-        with os.fdopen(open_regular(path), "rb") as file:
-            data = json.loads(file.read(4096))
-    except (FileNotFoundError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    bundle, reason, at = data.get("bundle"), data.get("reason"), data.get("requested_at")
-    if not (isinstance(bundle, str) and BUNDLE_ID.fullmatch(bundle)
-            and reason in {r.value for r in EvidenceReason}
-            and isinstance(at, int | float) and not isinstance(at, bool)):
-        return None
-    return DumpRequest(bundle, EvidenceReason(reason), float(at))
 
 
 @dataclass(frozen=True)
