@@ -28,6 +28,7 @@ import pass_sessions
 import queue_throughput
 import ray_launcher
 import recovery
+import replica_cgroup
 import replicas
 import scale
 import silence
@@ -66,6 +67,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "diagnostics_overhead": diagnostics_overhead.run,
     "scale": scale.run,
     "wakeups": wakeups.run,
+    "replica_cgroup": replica_cgroup.run,
     "ray_launcher": ray_launcher.run,  # skipped without ray[default,train]: `make bench-ray`
 }
 

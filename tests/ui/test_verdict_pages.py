@@ -11,6 +11,7 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
+from muster.sizes import format_size
 from tests.server.experiments import make_context, only_trial, wait_trial, write_context
 from tests.ui.conftest import Team
 
@@ -79,3 +80,16 @@ def test_the_experiment_page_and_the_list_count_verdicts(
         expect(page.locator("#live .facts .verdict-counts")).to_have_text(badges[name])
         cell = page.locator("table.trials tbody tr td.verdict")
         expect(cell).to_have_text(trial["verdict"])
+
+
+def test_the_trial_page_shows_each_replica_s_peak_memory(
+    page_of: Any, team: Team, trials: dict[str, dict[str, Any]]
+) -> None:
+    """Every attempt records its process group's peak memory (issue 31), limit or not."""
+    page = page_of("vera")
+    trial = trials["plain"]
+    [replica] = trial["attempts"][-1]["replicas"]
+    assert replica["peak_rss_bytes"] is not None and replica["oom"] is None
+    page.goto(f"{team.server.url}/trials/{trial['id']}")
+    expect(page.locator("table.attempts tbody td.peak")).to_have_text(
+        format_size(replica["peak_rss_bytes"]))

@@ -51,13 +51,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from muster.errors import LaunchError
 from muster.launch.base import MemoryEnforcement, ProcessIdentity
 from muster.launch.identity import group_members, read_identity
-from muster.launch.kernel_log import KernelKill, KernelLog
 from muster.sizes import format_size
 from muster.states import OomSource
+
+if TYPE_CHECKING:  # the cgroup (the common case) needs no kernel log: a shim starts faster
+    from muster.launch.kernel_log import KernelKill, KernelLog
 
 __all__ = [
     "SAMPLE_INTERVAL_S",
@@ -233,7 +236,11 @@ class RssWatchdog(MemoryGuard):
         default = SAMPLE_INTERVAL_S if limit_bytes is None else WATCHDOG_INTERVAL_S
         self._interval_s = default if interval_s is None else interval_s
         self._sample_group = sample or sample_group
-        self._kernel_log = kernel_log if kernel_log is not None else KernelLog.open()
+        if kernel_log is None:
+            from muster.launch.kernel_log import KernelLog
+
+            kernel_log = KernelLog.open()
+        self._kernel_log = kernel_log
         if self._kernel_log.problem is not None:
             log.info("no kernel log to name OOM kills in the replica's group: %s",
                      self._kernel_log.problem)
