@@ -30,6 +30,7 @@ import ray_launcher
 import recovery
 import replica_cgroup
 import replicas
+import runtime_base
 import scale
 import silence
 import tail
@@ -61,6 +62,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "queue": queue_throughput.run,
     "search": search.run,
     "environments": environments.run,
+    "runtime_base": runtime_base.run,
     "auth": auth.run,
     "ui_budget": ui_budget.run,
     "checkpoint_storage": checkpoint_storage.run,

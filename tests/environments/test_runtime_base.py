@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,21 @@ def test_the_base_is_built_once_then_again_when_the_installation_changes(
     # A layer names `current`, so one made before the change sees the new package.
     assert imports_in_a_layer(envs, base, tmp_path / "layer")["added"] == "imported"
     assert sorted(p.name for p in envs.runtime.iterdir()) == sorted(["current", second.name])
+
+
+def test_under_run_as_the_base_is_root_s_and_readable_by_every_account(
+        tmp_path: Path, installation: Interpreter) -> None:
+    envs = EnvHome(tmp_path / "envs").ensure(shared=True)
+    ensure_base(envs, installation, shared=True)
+    assert stat.S_IMODE(envs.runtime.stat().st_mode) == 0o711, "entered, never listed"
+    built = envs.runtime_current.resolve()
+    for folder, _dirs, files in os.walk(built):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o755, folder
+        for name in files:
+            path = Path(folder, name)
+            if not path.is_symlink():
+                assert stat.S_IMODE(path.stat().st_mode) & 0o444 == 0o444, path
+    assert os.access(built / "bin" / "kept-tool", os.X_OK)
 
 
 def config(environment: str = "") -> object:
