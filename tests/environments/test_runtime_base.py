@@ -171,7 +171,14 @@ def test_a_base_that_cannot_be_built_fails_the_launch_naming_the_fix(tmp_path: P
     envs.layout.runtime.write_text("not a directory")  # where the base must be made
     with pytest.raises(LaunchError, match=r"runtime base .* cannot be built.*base_environment"):
         envs.for_trial(config(), None, tmp_path / "layer")  # type: ignore[arg-type]
-    assert envs.runtime.summary().error is not None
+    said = envs.runtime.summary().error
+    assert said is not None and "File exists" in said
+    envs.layout.runtime.unlink()  # fixed: the next try (a while later, or a restart) builds
+    assert envs.runtime.summary().error == said, "told again, not tried at every look"
+    assert not envs.layout.runtime.exists()
+    restarted = Environments(tmp_path / "envs")
+    restarted.for_trial(config(), None, tmp_path / "layer")  # type: ignore[arg-type]
+    assert restarted.layout.runtime_current.is_dir()
 
 
 def test_a_configured_base_environment_is_what_plain_trials_run_on(tmp_path: Path) -> None:

@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 RUNTIME_LAYOUT = 1  # bumped when the base's layout changes: every key changes with it
 BASE_RECORD = "base.json"
 LOCK_NAME = "runtime"
+RETRY_AFTER_S = 30.0  # a base that could not be built is tried again this much later
 _BUILT_NAME = re.compile(r"[0-9a-f]{16}-[0-9a-f]{8}")
 _NOT_PROGRAMS = re.compile(r"(python[0-9.]*|activate.*|deactivate.*|pydoc.*)")
 
@@ -135,6 +136,9 @@ class RuntimeBase:
     configured: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ready: tuple[Interpreter, Interpreter] | None = None  # (what it was computed from, it)
+    # The last failure (what it was computed from, when, why): told again for a while
+    # rather than tried at every launch and every look at the cluster page.
+    _failed: tuple[Interpreter, float, str] | None = None
 
     def start(self) -> None:
         """Build the base now, on a thread, so that the first launch finds it ready (a
@@ -168,15 +172,20 @@ class RuntimeBase:
         with self._lock:
             if self._ready is not None and self._ready[0] is server:
                 return self._ready[1]
+            failed = self._failed
+            if (failed is not None and failed[0] is server
+                    and time.monotonic() - failed[1] < RETRY_AFTER_S):
+                raise RuntimeBaseError(failed[2])
             try:
                 base = ensure_base(self.layout, server, self.shared)
             except (OSError, LookupError) as exc:
-                raise RuntimeBaseError(
-                    f"the runtime base (what a trial without an environment block imports) "
-                    f"cannot be built in {self.layout.runtime}: {exc}; fix that, name an "
-                    "interpreter or venv as base_environment in the cluster config, or give "
-                    "the experiment environment.python") from exc
-            self._ready = (server, base)
+                why = (f"the runtime base (what a trial without an environment block imports) "
+                       f"cannot be built in {self.layout.runtime}: {exc}; fix that, name an "
+                       "interpreter or venv as base_environment in the cluster config, or "
+                       "give the experiment environment.python")
+                self._failed = (server, time.monotonic(), why)
+                raise RuntimeBaseError(why) from exc
+            self._ready, self._failed = (server, base), None
             return base
 
     def summary(self) -> BaseSummary:
