@@ -149,8 +149,32 @@ def test_live_view_renders_counts_best_and_trials() -> None:
     assert "verdicts: 2 verified · 0 not verified · 0 SUSPECT" in text
     rows = [line.split() for line in text.splitlines() if "│" in line]
     assert ["│", "12", "│", "1", "│", "SUCCEEDED", "│", "yes", "│", "0.986111", "│",
-            "verified", "(stopped", "early", "by", "the", "searcher)", "│"] in rows
-    assert ["│", "14", "│", "3", "│", "QUEUED", "│", "-", "│", "-", "│", "queued", "│"] in rows
+            "verified", "(stopped", "early", "by", "the", "searcher)", "│", "-", "│"] in rows
+    assert ["│", "14", "│", "3", "│", "QUEUED", "│", "-", "│", "-", "│", "queued", "│", "-",
+            "│"] in rows
+
+
+RUNNING_AT = {"done": 340, "planned": 1000, "unit": "steps", "fraction": 0.34,
+              "rate_per_s": 2.72, "eta_seconds": 242.6, "planned_by": "ctx.plan()",
+              "measured_by": "harness", "as_of": 140.0}
+
+
+def test_a_running_trial_shows_its_progress_and_eta() -> None:
+    trials = [trial(11, 0, "SUCCEEDED", best=0.95),
+              trial(13, 1, "RUNNING") | {"progress": RUNNING_AT},
+              trial(14, 2, "RUNNING") | {"progress": RUNNING_AT | {
+                  "planned": None, "fraction": None, "eta_seconds": None,
+                  "planned_by": None}}]
+    p = watch.progress(experiment(trials=trials, metric=None))
+    assert watch.summary_line(p).endswith("; trial 13 at 34%, trial 14 at 340 steps")
+    console = Console(file=io.StringIO(), width=160, force_terminal=True, record=True)
+    console.print(watch.progress_view(p))
+    text = console.export_text()
+    assert "trial 13: 340 of 1,000 steps (34%), ETA 4m 02s" in text
+    assert "trial 14: 340 steps, no planned length" in text
+    rows = [line.split() for line in text.splitlines() if "│" in line]
+    assert ["│", "13", "│", "1", "│", "RUNNING", "│", "-", "│", "-", "│", "running", "│",
+            "340", "of", "1,000", "steps", "(34%),", "ETA", "4m", "02s", "│"] in rows
 
 
 # -- the command, against a real server -----------------------------------------------------

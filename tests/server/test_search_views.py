@@ -39,7 +39,8 @@ SEARCH_KEYS = {"searcher", "metric", "smaller_is_better", "max_trials", "max_con
                "max_length", "max_length_unit", "ended", "running", "queued", "remaining",
                "best"}
 SUMMARY_KEYS = {"id", "number", "state", "hparams", "early_stopped", "best_validation",
-                "restarts", "started_at", "ended_at", "verified", "verdict", "early_stop"}
+                "restarts", "started_at", "ended_at", "verified", "verdict", "early_stop",
+                "progress"}
 
 
 # -- rows ---------------------------------------------------------------------------------

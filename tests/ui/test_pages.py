@@ -87,6 +87,33 @@ def test_a_run_from_the_list_to_its_live_log(page_of: Any, team: Team, tmp_path:
     expect(page.locator("#log mark")).to_have_count(1)
 
 
+def test_a_running_trial_shows_its_progress_and_eta(page_of: Any, team: Team,
+                                                    tmp_path: Path) -> None:
+    """In the list (polled) and on the trial page (its progress line polls), until it ends:
+    a trial that planned 10 steps (ctx.plan()) and reported 5."""
+    gate = tmp_path / "gate"
+    with team.client("alice") as alice:
+        exp = create(alice, tmp_path, "planned_progress.py", "steps", "10", "5", str(gate),
+                     name="half-way")
+    trial_id = only_trial(exp)["id"]
+    with_eta = re.compile(r"5 of 10 steps \(50%\), ETA \d")
+    page = page_of("alice")
+    listed = page.locator(f"tr[data-experiment='{exp['id']}'] .trial-progress")
+    expect(listed).to_contain_text(with_eta, timeout=30_000)
+    expect(listed.get_by_role("link", name="#0")).to_have_attribute("href",
+                                                                    f"/trials/{trial_id}")
+    page.goto(f"{team.server.url}/trials/{trial_id}")
+    progress = page.locator("#progress")
+    expect(progress).to_contain_text(with_eta)
+    expect(progress).to_contain_text("planned by ctx.plan(), measured from harness")
+    expect(progress.locator("progress")).to_have_attribute("value", "0.5")
+    gate.touch()  # it exits 0 short of its plan: SUSPECT, and the line goes away
+    expect(progress).to_have_text("", timeout=30_000)
+    page.reload()
+    expect(page.locator("#verdict")).to_contain_text("SUSPECT")
+    expect(progress).to_have_text("")
+
+
 def test_kill_changes_the_state_without_a_reload(page_of: Any, team: Team,
                                                  tmp_path: Path) -> None:
     with team.client("alice") as alice:

@@ -11,6 +11,7 @@ from rich.table import Table
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
+from muster.words import progress_line
 
 app = typer.Typer(help="The queue and what runs; move trials in the queue.",
                   no_args_is_help=True,
@@ -20,7 +21,8 @@ app = typer.Typer(help="The queue and what runs; move trials in the queue.",
 @app.command("list")
 def list_jobs(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
     """Show the trials that run or wait: those holding resources, then the queue in its
-    order (priority, then id), then paused ones, with why each queued one waits."""
+    order (priority, then id), then paused ones, with why each queued one waits and how far
+    each RUNNING one has come (and its ETA, where its planned length is known)."""
     with client(home, url) as c:
         jobs = c.list_jobs()
     if as_json:
@@ -33,7 +35,7 @@ def list_jobs(as_json: JsonOption = False, home: HomeOption = None, url: UrlOpti
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table("Trial", "Experiment", "State", "Priority", "Replicas", "GPUs/replica",
-                  "GPUs held", "Why it waits")
+                  "GPUs held", "Progress", "Why it waits")
     for job in jobs:
         per_replica = str(job["gpus_per_replica"]) + (f" {job['gpu_type']}"
                                                       if job["gpu_type"] else "")
@@ -41,6 +43,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
         table.add_row(str(job["trial_id"]), experiment,
                       render.state(job["state"]), str(job["priority"]), str(job["replicas"]),
                       escape(per_replica), ", ".join(map(str, job["gpus"])) or "-",
+                      escape(progress_line(job.get("progress"))),
                       escape(job["queue_reason"] or "-"))
     return table
 

@@ -12,6 +12,7 @@ from muster.cli import follow as following
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stopped_following
 from muster.errors import Forbidden, InvalidRequest
+from muster.words import progress_line
 
 app = typer.Typer(help="Describe trials, read their logs and metrics, review them.",
                   no_args_is_help=True,
@@ -63,6 +64,8 @@ def describe(
     render.console.print(f"verdict: {render.styled_verdict(trial)}", soft_wrap=True)
     if trial["message"]:
         render.console.print(trial["message"], markup=False)
+    if trial.get("progress"):
+        render.console.print(f"progress: {progress_line(trial['progress'])}", markup=False)
     render.console.print(render.attempts_table(trial))
     for line in render.ended_replicas(trial):
         render.console.print(f"  {line}", markup=False)

@@ -23,6 +23,7 @@ from muster.cli import render
 from muster.client import Client
 from muster.states import ExperimentState, TrialState
 from muster.verdicts import VerdictCounts
+from muster.words import progress_done, progress_line, progress_percent
 
 __all__ = ["POLL_S", "LinePrinter", "Progress", "poll", "progress", "progress_view", "summary_line",
            "watch"]
@@ -40,6 +41,7 @@ class TrialRow:
     best: float | str | None  # its best value of the searcher's metric
     verified: bool | None  # its verdict (`muster.verdicts`): null while it has not ended
     verdict: str
+    progress: Mapping[str, Any] | None = None  # while RUNNING (`muster.services.progress`)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class Progress:
     best: Best | None
     recent: tuple[TrialRow, ...]
     elapsed_s: float | None
+    # (trial id, its progress) of each RUNNING trial that reported progress, by number.
+    running_progress: tuple[tuple[int, Mapping[str, Any]], ...] = ()
 
     def finished(self) -> bool:
         """The experiment has ended, or nothing will run again until a person reviews its
@@ -88,7 +92,7 @@ def progress(exp: Mapping[str, Any], now: float | None = None) -> Progress:
     trials = sorted(exp["trials"], key=lambda t: (t["number"], t["id"]))
     rows = tuple(TrialRow(t["id"], t["number"], t["state"], t["early_stopped"],
                           t["best_validation"].get(metric) if metric else None,
-                          render.verified(t), render.verdict(t))
+                          render.verified(t), render.verdict(t), t.get("progress"))
                  for t in trials[-RECENT_TRIALS:])
     best = search.get("best")
     return Progress(
@@ -102,6 +106,8 @@ def progress(exp: Mapping[str, Any], now: float | None = None) -> Progress:
         best=None if best is None else Best(best["trial_id"], best["number"], best["value"],
                                              best["hparams"], best["early_stopped"]),
         recent=rows, elapsed_s=_elapsed(exp, now),
+        running_progress=tuple((t["id"], t["progress"]) for t in trials
+                               if t.get("progress") is not None),
     )
 
 
@@ -111,7 +117,17 @@ def summary_line(p: Progress) -> str:
     counts = (f"experiment {p.experiment_id} {p.state}: {p.ended} of {p.max_trials} trials "
               f"ended ({p.early_stopped} stopped early), {p.running} running, "
               f"{p.queued} queued, {p.remaining} to draw; {p.verdicts.words()}")
-    return f"{counts}; {best_text(p)}" if p.metric else counts
+    line = f"{counts}; {best_text(p)}" if p.metric else counts
+    return f"{line}; {running}" if (running := running_text(p)) else line
+
+
+def running_text(p: Progress) -> str:
+    """E.g. "trial 13 at 34%, trial 14 at 2,000 steps": how far each RUNNING trial has
+    come, in whole percent (the one-line history gets a line per percent, not per step)."""
+    return ", ".join(
+        f"trial {trial_id} at " + (progress_done(progress) if progress["planned"] is None
+                                   else f"{progress_percent(progress)}%")
+        for trial_id, progress in p.running_progress)
 
 
 def best_text(p: Progress) -> str:
@@ -135,6 +151,8 @@ def progress_view(p: Progress) -> RenderableType:
     ]
     if p.metric:
         lines.append(escape(best_text(p)))
+    lines += [f"trial {trial_id}: {escape(progress_line(progress))}"
+              for trial_id, progress in p.running_progress]
     lines.append(_trials_table(p))
     return Group(*lines)
 
@@ -149,13 +167,14 @@ def _verdicts_line(counts: VerdictCounts) -> str:
 
 def _trials_table(p: Progress) -> Table:
     table = Table("Trial", "#", "State", "Stopped early", f"Best {escape(p.metric or '')}".strip(),
-                  "Verdict",
+                  "Verdict", "Progress",
                   title=f"newest {len(p.recent)} trials" if p.recent else "no trials yet")
     for row in p.recent:
         table.add_row(str(row.id), str(row.number), render.state(row.state),
                       "yes" if row.early_stopped else "-",
                       "-" if row.best is None else render.number(row.best),
-                      render.verdict_markup(row.verdict, row.state, row.verified))
+                      render.verdict_markup(row.verdict, row.state, row.verified),
+                      escape(progress_line(row.progress)))
     return table
 
 

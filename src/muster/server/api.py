@@ -124,6 +124,29 @@ class TrialEnvironmentView(_Shape):
     freeze: list[str] | None
 
 
+class TrialProgress(_Shape):
+    """How far a RUNNING trial has come, in its planned length's unit, and when it will end
+    at its recent rate (`muster.services.progress`). `planned`, `fraction` and
+    `eta_seconds` are null without a planned length; `rate_per_s` and `eta_seconds` with
+    fewer than two progress points: the ETA is unknown, never guessed."""
+
+    done: int | float  # steps or records done; epochs to two places
+    planned: int | None
+    unit: str  # steps | batches | epochs | records
+    fraction: float | None  # done / planned, at most 1
+    rate_per_s: float | None
+    eta_seconds: float | None  # after `as_of`, at `rate_per_s`
+    planned_by: str | None  # verify.expected_length | ctx.plan() | searcher.max_length
+    measured_by: str  # harness | log (metrics), heartbeat, samples
+    as_of: float | None  # the time of the latest progress point
+
+
+class RunningTrialProgress(_Shape):
+    trial_id: int
+    number: int
+    progress: TrialProgress
+
+
 class TrialDetail(_Shape):
     id: int
     uuid: str
@@ -154,6 +177,7 @@ class TrialDetail(_Shape):
     # hparams, seed, environment, data) in the reads (`GET /trials/{id}`,
     # `/experiments/{id}`, `/experiments/{id}/best`); null in the answers to actions.
     snapshot: dict[str, Any] | None
+    progress: TrialProgress | None = None  # while RUNNING, once it reported progress
 
 
 class TrialDescription(TrialDetail):
@@ -177,6 +201,7 @@ class TrialSummary(_Shape):
     verified: bool | None  # its exit 0 was verified; null while it has not ended
     verdict: str  # one line, as the CLI and the UI print it (`muster.verdicts`)
     early_stop: EarlyStop | None = None  # where the searcher stopped it
+    progress: TrialProgress | None = None  # while RUNNING, once it reported progress
 
 
 class CurveView(_Shape):
@@ -296,6 +321,8 @@ class ExperimentSummary(_Shape):
     unverified: int  # SUCCEEDED trials whose exit 0 was not verified (verdicts.not_verified)
     verdicts: VerdictCounts
     best: BestSoFar | None  # the search's best trial so far (its searcher's metric)
+    # Its RUNNING trials that reported progress, by number.
+    trial_progress: list[RunningTrialProgress] = []
 
 
 class ExperimentDetail(ExperimentSummary):
@@ -455,6 +482,7 @@ class Job(_Shape):
     gpu_type: str | None
     gpus: list[int]
     queue_reason: str | None
+    progress: TrialProgress | None = None  # while RUNNING, once it reported progress
 
 
 class GpuView(_Shape):

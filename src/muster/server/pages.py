@@ -61,7 +61,7 @@ from muster.sizes import format_size
 from muster.states import ExperimentState, Role, TrialState
 from muster.store import MAX_INTEGER
 from muster.verdicts import check_status
-from muster.words import count
+from muster.words import count, progress_line
 
 __all__ = ["PAGE_ROWS", "error_page", "pages"]
 
@@ -123,7 +123,7 @@ def _check_status(check: Any) -> str:
 
 templates.env.filters.update(when=_when, duration=_duration, number=_number, flat=_flat,
                              size=format_size, count=count, verdict_class=_verdict_class,
-                             check_status=_check_status)
+                             check_status=_check_status, progress_line=progress_line)
 
 
 def _state(request: Request) -> ServerState:
@@ -521,6 +521,16 @@ def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
     return _render(request, "trial.html", who, nav="experiments", trial=trial, exp=exp,
                    can_act=_can_act(who, exp["owner"]), ranks=ranks,
                    checkpoints=retention.trial_checkpoints(store, trial["id"]),
+                   settled=TrialState(trial["state"]).is_settled())
+
+
+@pages.get("/ui/trials/{trial_id}/progress", response_class=HTMLResponse)
+def trial_progress_fragment(request: Request, who: Visitor, trial_id: int) -> Response:
+    """The trial page's progress line, polled every few seconds while the trial runs."""
+    if who is None:
+        return Response(status_code=401)
+    trial = experiments.trial_progress(_state(request).store, _bounded(trial_id, "trial"))
+    return _render(request, "_trial_progress.html", who, trial=trial,
                    settled=TrialState(trial["state"]).is_settled())
 
 

@@ -27,7 +27,7 @@ from muster.git_state import GitState
 from muster.home import Home
 from muster.launch.accounts import Account, RunAs
 from muster.priority import MIN_PRIORITY
-from muster.services import listing, views
+from muster.services import listing, progress, views
 from muster.services.access import Action, Principal, authorize, check_priority_floor
 from muster.services.allowances import Allowances, allowance_problems
 from muster.services.submission import ClusterCapacity, check_submission
@@ -324,7 +324,8 @@ def experiment_overview(store: Store, experiment_id: int) -> dict[str, Any]:
         exp = experiment_or_404(s, experiment_id)
         succeeded = [t.id for t in exp.trials if t.state == TrialState.SUCCEEDED.value]
         goals = views.searcher_goals(views.searcher_settings(exp))
-        view = views.experiment_overview(exp, best_validation(s, succeeded, goals))
+        view = views.experiment_overview(exp, best_validation(s, succeeded, goals),
+                                         progress.of_running(s, exp.trials))
         view["warnings"] = _warnings(s, exp.id)
         return view
 
@@ -339,17 +340,31 @@ def experiment_header(store: Store, experiment_id: int) -> dict[str, Any]:
 
 def describe_trial(store: Store, trial_id: int,
                    part_of: TrialPartOf | None = None) -> dict[str, Any]:
-    """The trial, its attempts, `best_validation` and events, and its `snapshot` from
-    `part_of` (null without it)."""
+    """The trial, its attempts, `best_validation` and events, its `snapshot` from
+    `part_of` (null without it), and its `progress` while RUNNING."""
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
-        view = views.trial_detail(trial, None if part_of is None else part_of(trial))
+        view = views.trial_detail(trial, None if part_of is None else part_of(trial),
+                                  progress.of_running(s, [trial]).get(trial.id))
         goals = views.searcher_goals(views.searcher_settings(trial.experiment))
         view["best_validation"] = best_validation(s, [trial.id], goals).get(trial.id, {})
         events = s.scalars(select(Event).where(Event.trial_id == trial_id).order_by(Event.id))
         numbers = {a.id: a.number for a in trial.attempts}
         view["events"] = [views.event_view(e, numbers) for e in events]
         return view
+
+
+def trial_progress(store: Store, trial_id: int) -> dict[str, Any]:
+    """`{id, state, progress}` of a trial: what its page polls while it runs, without its
+    attempts' details or events.
+
+    Raises:
+        NotFound: there is no such trial.
+    """
+    with store.session_scope() as s:
+        trial = trial_or_404(s, trial_id)
+        return {"id": trial.id, "state": trial.state,
+                "progress": progress.of_running(s, [trial]).get(trial.id)}
 
 
 def kill_experiment(store: Store, principal: Principal, experiment_id: int) -> dict[str, Any]:
@@ -502,7 +517,7 @@ def experiment_view(s: Session, exp: Experiment, part_of: TrialPartOf | None = N
     goals = views.searcher_goals(views.searcher_settings(exp))
     parts = {} if part_of is None else {t.id: part_of(t) for t in exp.trials}
     view = views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals),
-                                   parts)
+                                   parts, progress.of_running(s, exp.trials))
     view["warnings"] = _warnings(s, exp.id)
     return view
 

@@ -17,6 +17,7 @@ from muster.config import ExperimentConfig
 from muster.config.schema import ResourcesConfig
 from muster.errors import Conflict, InvalidRequest
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
+from muster.services import progress
 from muster.services.access import Action, Principal, check_priority_floor
 from muster.services.experiments import (
     authorize_on,
@@ -44,19 +45,22 @@ def job_order(state: str, priority: int, trial_id: int) -> tuple[int, int, int]:
 
 
 def list_jobs(store: Store) -> list[dict[str, Any]]:
-    """Every job, in `job_order`, with what it needs and the GPUs it holds."""
+    """Every job, in `job_order`, with what it needs, the GPUs it holds and, RUNNING, its
+    `progress` (the running trials are as many as the slots: each is measured cheaply)."""
     with store.session_scope() as s:
         trials = s.scalars(select(Trial).where(Trial.state.in_(JOB_STATES))
                            .options(selectinload(Trial.experiment)
                                     .selectinload(Experiment.owner))).all()
         held = _held_gpus(s)
         resources: dict[int, ResourcesConfig] = {}
+        measured = progress.of_running(s, trials)
         jobs = []
         for trial in sorted(trials, key=lambda t: job_order(t.state, t.priority, t.id)):
             exp = trial.experiment
             if exp.id not in resources:
                 resources[exp.id] = ExperimentConfig.model_validate(exp.config).resources
-            jobs.append(_job_view(trial, resources[exp.id], held.get(trial.id, [])))
+            jobs.append(_job_view(trial, resources[exp.id], held.get(trial.id, []),
+                                  measured.get(trial.id)))
         return jobs
 
 
@@ -69,7 +73,8 @@ def _held_gpus(s: Session) -> dict[int, list[int]]:
     return held
 
 
-def _job_view(trial: Trial, resources: ResourcesConfig, gpus: list[int]) -> dict[str, Any]:
+def _job_view(trial: Trial, resources: ResourcesConfig, gpus: list[int],
+              measured: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "trial_id": trial.id,
         "experiment_id": trial.experiment_id,
@@ -82,6 +87,7 @@ def _job_view(trial: Trial, resources: ResourcesConfig, gpus: list[int]) -> dict
         "gpu_type": resources.gpu_type,
         "gpus": gpus,
         "queue_reason": trial.queue_reason,
+        "progress": measured,
     }
 
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import ColumnElement, String, cast, func, select
-from sqlalchemy.orm import Session, defer, joinedload
+from sqlalchemy.orm import Session, defer, joinedload, selectinload
 
 from muster.config.schema import SearcherConfig
 from muster.errors import InvalidRequest, NotFound
-from muster.services import views
+from muster.services import progress, views
 from muster.services.validation import best_validation_each
 from muster.states import ExperimentState, TrialState
 from muster.store import Experiment, Store, Trial, User
@@ -145,13 +145,28 @@ def summaries(s: Session, experiments: Sequence[Experiment],
         trial.id: goals for exp in experiments
         if (goals := views.searcher_goals(searchers[exp.id]))
         for trial in succeeded.get(exp.id, [])})
+    running = _running_progress(s, ids)
     rows = []
     for exp in experiments:
         mine = succeeded.get(exp.id, [])
         rows.append(views.experiment_summary(
             exp, states=states.get(exp.id, []), succeeded=mine,
-            best=views.best_view(mine, best, searchers[exp.id]) if mine else None))
+            best=views.best_view(mine, best, searchers[exp.id]) if mine else None,
+            running=running.get(exp.id, [])))
     return rows
+
+
+def _running_progress(s: Session, ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
+    """The progress of the RUNNING trials of the page's experiments, by experiment id:
+    `views.running_progress` rows."""
+    trials = list(s.scalars(select(Trial).options(selectinload(Trial.attempts)).where(
+        Trial.experiment_id.in_(ids), Trial.state == TrialState.RUNNING.value)))
+    measured = progress.of_running(s, trials)
+    by_experiment: dict[int, list[Trial]] = defaultdict(list)
+    for trial in trials:
+        by_experiment[trial.experiment_id].append(trial)
+    return {exp_id: views.running_progress(mine, measured)
+            for exp_id, mine in by_experiment.items()}
 
 
 def _searcher(uuid: str, block: dict[str, Any] | None) -> SearcherConfig:

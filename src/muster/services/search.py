@@ -17,7 +17,7 @@ from sqlalchemy.orm import selectinload
 from muster.config.schema import SearcherConfig
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.metrics_lines import VALIDATION
-from muster.services import views
+from muster.services import progress, views
 from muster.services.experiments import TrialPartOf, experiment_or_404
 from muster.services.validation import best_validation
 from muster.states import TrialState
@@ -144,8 +144,10 @@ def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage
         elif query.descending:
             trials.reverse()
         end = None if query.limit is None else query.offset + query.limit
-        rows = [{**views.trial_summary(t, best.get(t.id, {})),
-                 "early_stop": views.early_stop(t)} for t in trials[query.offset:end]]
+        shown = trials[query.offset:end]
+        measured = progress.of_running(s, shown)  # the page's RUNNING trials alone
+        rows = [{**views.trial_summary(t, best.get(t.id, {}), measured.get(t.id)),
+                 "early_stop": views.early_stop(t)} for t in shown]
         return TrialPage(rows, len(trials))
 
 

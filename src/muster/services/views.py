@@ -33,10 +33,12 @@ Goals = Mapping[str, bool]
 
 def experiment_summary(exp: Experiment, *, states: Sequence[str] | None = None,
                        succeeded: Sequence[Trial] | None = None,
-                       best: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                       best: Mapping[str, Any] | None = None,
+                       running: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The experiment as lists show it. `states` (its trials' states) and `succeeded` (its
     SUCCEEDED trials) are taken from `exp.trials` when not given (a list reads them in
-    bulk); `best` is the search's best trial so far (`best_view`), if any."""
+    bulk); `best` is the search's best trial so far (`best_view`), if any; `running`, its
+    RUNNING trials' progress (`running_progress`)."""
     if states is None:
         states = [t.state for t in exp.trials]
     if succeeded is None:
@@ -61,7 +63,16 @@ def experiment_summary(exp: Experiment, *, states: Sequence[str] | None = None,
         "unverified": counts.not_verified,
         "verdicts": counts.to_json(),
         "best": None if best is None else dict(best),
+        "trial_progress": [dict(row) for row in running],
     }
+
+
+def running_progress(trials: Iterable[Trial], progress: Mapping[int, Mapping[str, Any]]
+                     ) -> list[dict[str, Any]]:
+    """`{trial_id, number, progress}` of each of `trials` that has a `progress` view (by
+    trial id: `muster.services.progress.of_running`), by number."""
+    return [{"trial_id": t.id, "number": t.number, "progress": dict(progress[t.id])}
+            for t in sorted(trials, key=lambda t: (t.number, t.id)) if t.id in progress]
 
 
 def progress_view(max_trials: int, states: Sequence[str]) -> dict[str, int]:
@@ -74,26 +85,29 @@ def progress_view(max_trials: int, states: Sequence[str]) -> dict[str, int]:
 
 
 def experiment_detail(exp: Experiment, best: Mapping[int, Mapping[str, float]],
-                      snapshots: Mapping[int, Mapping[str, Any]] | None = None
+                      snapshots: Mapping[int, Mapping[str, Any]] | None = None,
+                      progress: Mapping[int, Mapping[str, Any]] | None = None
                       ) -> dict[str, Any]:
-    """The experiment, every trial with its `best_validation` (`best`, by trial id) and its
-    snapshot's trial part (`snapshots`, by trial id; null where not given), and the
-    search's progress."""
-    view = experiment_overview(exp, best)
-    parts = snapshots or {}
-    view["trials"] = [{**trial_detail(t, parts.get(t.id)),
+    """The experiment, every trial with its `best_validation` (`best`, by trial id), its
+    snapshot's trial part (`snapshots`, by trial id; null where not given) and its
+    `progress` (by trial id: the RUNNING ones), and the search's progress."""
+    view = experiment_overview(exp, best, progress)
+    parts, measured = snapshots or {}, progress or {}
+    view["trials"] = [{**trial_detail(t, parts.get(t.id), measured.get(t.id)),
                        "best_validation": dict(best.get(t.id, {}))} for t in exp.trials]
     return view
 
 
-def experiment_overview(exp: Experiment, best: Mapping[int, Mapping[str, float]]
+def experiment_overview(exp: Experiment, best: Mapping[int, Mapping[str, float]],
+                        progress: Mapping[int, Mapping[str, Any]] | None = None
                         ) -> dict[str, Any]:
-    """`experiment_detail` without its trials: the summary, the config and the search's
-    progress (what a page shows above its trials table, read without each trial's
-    attempts)."""
+    """`experiment_detail` without its trials: the summary (with its RUNNING trials'
+    `progress`, by trial id), the config and the search's progress (what a page shows
+    above its trials table, read without each trial's attempts)."""
     searcher = searcher_settings(exp)
     search = search_view(exp, searcher, best)
-    view = experiment_summary(exp, best=search["best"])
+    view = experiment_summary(exp, best=search["best"],
+                              running=running_progress(exp.trials, progress or {}))
     view["config"] = exp.config
     view["config_yaml"] = exp.config_yaml  # as submitted: what "run again" starts from
     view["search"] = search
@@ -133,9 +147,11 @@ def best_view(
             "early_stopped": winner.early_stopped}
 
 
-def trial_detail(trial: Trial, snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def trial_detail(trial: Trial, snapshot: Mapping[str, Any] | None = None,
+                 progress: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The trial as `trial describe` shows it; `snapshot` is the trial part of its
-    reproducibility snapshot (`muster.services.snapshots`), null where the caller read none."""
+    reproducibility snapshot (`muster.services.snapshots`), null where the caller read none;
+    `progress`, how far it has come while RUNNING (`muster.services.progress`)."""
     return {
         "id": trial.id,
         "uuid": trial.uuid,
@@ -164,11 +180,14 @@ def trial_detail(trial: Trial, snapshot: Mapping[str, Any] | None = None) -> dic
             else trial.environment_freeze.splitlines(),
         },
         "snapshot": None if snapshot is None else dict(snapshot),
+        "progress": None if progress is None else dict(progress),
     }
 
 
-def trial_summary(trial: Trial, best: Mapping[str, float]) -> dict[str, Any]:
-    """One row of an experiment's trial list (`best`: its `best_validation`)."""
+def trial_summary(trial: Trial, best: Mapping[str, float],
+                  progress: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One row of an experiment's trial list (`best`: its `best_validation`; `progress`:
+    how far it has come while RUNNING)."""
     return {
         "id": trial.id,
         "number": trial.number,
@@ -180,6 +199,7 @@ def trial_summary(trial: Trial, best: Mapping[str, float]) -> dict[str, Any]:
         "started_at": trial.started_at,
         "ended_at": trial.ended_at,
         **verdict_fields(trial),
+        "progress": None if progress is None else dict(progress),
     }
 
 

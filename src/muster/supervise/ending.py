@@ -355,16 +355,13 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
         log_scans=scans.ranks if scans is not None else None, log_metrics=log_metrics,
         primary_ended_at=scans.primary_ended_at if scans is not None else None,
         log_lost=_log_lost(final))
-    searcher = config.searcher
     result = verification.verify(
         evidence,
         checks,
         manifest_count,
         harness_ranks=config.resources.replicas if config.harness else None,
         diagnostics=diagnostics,
-        searcher_length=None if searcher.max_length is None else verification.Planned(
-            searcher.max_length_unit, searcher.max_length, "searcher.max_length",
-            validation_steps=True),
+        searcher_length=verification.searcher_length(config.searcher),
         early_stopped=move.early_stopped,
     )
     trial.verification = result.to_json()

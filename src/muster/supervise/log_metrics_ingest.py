@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Table, insert, select
 
+from muster.launch.log_index import IndexWalker
 from muster.launch.logs import LogPart, ReplicaLog
 from muster.rundir import AttemptDir, RankFile
 from muster.states import MetricSource
@@ -92,7 +93,7 @@ def ingest_log_metrics(store: Store, launcher: Launcher, trial_id: int, attempt:
                 spec, start=start, final=final and whole), limit, trial_id, attempt)
             if result is None or result.end.offset == start.offset:
                 break  # a problem (logged), or only a line still being written
-            if not _commit(store, trial_id, attempt, rank, start, result):
+            if not _commit(store, trial_id, attempt, replica_log, start, result):
                 break
             added += len(result.reports)
             budget -= result.end.offset - start.offset
@@ -120,13 +121,15 @@ def _cursors(store: Store, trial_id: int, attempt: int) -> dict[int, Position]:
                     IngestCursor.file_kind == LOG_CURSOR))}
 
 
-def _commit(store: Store, trial_id: int, attempt: int, rank: int, start: Position,
-            result: ScanResult) -> bool:
+def _commit(store: Store, trial_id: int, attempt: int, replica_log: ReplicaLog,
+            start: Position, result: ScanResult) -> bool:
     """Insert the reports and move the log's cursor from `start` to `result.end`, in one
     transaction; False (nothing stored) when another ingestion moved it meanwhile."""
+    rank = replica_log.rank
     key = (IngestCursor.trial_id == trial_id, IngestCursor.attempt == attempt,
            IngestCursor.rank == rank, IngestCursor.file_kind == LOG_CURSOR)
-    rows = _rows(trial_id, attempt, rank, result.reports)
+    rows = _rows(trial_id, attempt, rank, result.reports, _arrival_times(replica_log,
+                                                                          result.reports))
     with store.session_scope() as s:
         if start.offset == 0:
             s.execute(insert_if_absent(s, IngestCursor, dict(
@@ -145,9 +148,22 @@ def _commit(store: Store, trial_id: int, attempt: int, rank: int, start: Positio
     return True
 
 
-def _rows(trial_id: int, attempt: int, rank: int,
-          reports: list[LogReport]) -> list[dict[str, Any]]:
-    at = time.time()  # a log line has no time of its own
+def _rows(trial_id: int, attempt: int, rank: int, reports: list[LogReport],
+          times: list[float]) -> list[dict[str, Any]]:
     return [{"trial_id": trial_id, "attempt": attempt, "rank": rank, "kind": r.kind,
              "step": r.step, "time": at, "values": r.values,
-             "source": MetricSource.LOG.value} for r in reports]
+             "source": MetricSource.LOG.value} for r, at in zip(reports, times, strict=True)]
+
+
+def _arrival_times(replica_log: ReplicaLog, reports: list[LogReport]) -> list[float]:
+    """When each report's line reached the log: the time the shim copied its chunk (the
+    log's index; offsets only grow), so a rate of progress read from a log is the run's, not
+    that of the scans. A log without an index: the time of this scan."""
+    if not reports:
+        return []
+    walker = IndexWalker(replica_log, reports[0].offset)
+    scanned = time.time()
+    try:
+        return [walker.time_at(r.offset) or scanned for r in reports]
+    finally:
+        walker.close()

@@ -20,6 +20,7 @@ from typing import Any
 from muster import checkpoint_files, metrics_lines
 from muster.atomic import open_regular, read_json, read_regular
 from muster.config import DiagnosticsConfig, VerifyConfig
+from muster.config.schema import SearcherConfig
 from muster.diagnostics import bias, diff, read_rank_parts, read_rank_records
 from muster.launch.log_limit import read_drops
 from muster.metrics_lines import MetricLine
@@ -51,8 +52,15 @@ __all__ = [
     "gather_evidence",
     "output_identity",
     "outputs_as_found",
+    "planned_length",
     "rank_differences",
+    "read_plan",
+    "read_samples",
+    "searcher_length",
+    "step_kinds",
+    "steps_done",
     "verify",
+    "whole_epochs",
 ]
 
 MINUS = "\u2212"  # U+2212, a real minus sign for negative percentages
@@ -313,8 +321,8 @@ def verify(
     require_checkpoint = (harness if config.require_checkpoint is None
                           else config.require_checkpoint)
     checks = [
-        _check_completed(evidence, _planned(config, evidence, searcher_length), early_stopped,
-                         expected, config.samples_tolerance),
+        _check_completed(evidence, planned_length(config, evidence.plan, searcher_length),
+                         early_stopped, expected, config.samples_tolerance),
         _check_check_ins(evidence, harness_ranks) if harness_ranks is not None else None,
         _check_samples(evidence, expected, config.samples_tolerance)
         if expected is not None and (config.samples_from_log is None or evidence.harness_used)
@@ -345,14 +353,24 @@ def verify(
     return Verdict(passed=all(c.passed for c in kept), checks=kept)
 
 
-def _planned(config: VerifyConfig, evidence: Evidence,
-             searcher_length: Planned | None) -> Planned | None:
-    """The planned length closest to the run: the config's own, the script's, the
-    searcher's."""
+def planned_length(config: VerifyConfig, plan: Planned | None,
+                   searcher: Planned | None) -> Planned | None:
+    """The planned length closest to the run: the config's own (`verify.expected_length`),
+    the script's (`plan`: its ctx.plan(), `read_plan`), the searcher's (`searcher_length`).
+    The `completed` check judges a run's end by it, and a running trial's progress is
+    measured against it (`muster.services.progress`)."""
     if config.expected_length is not None:
         return Planned(config.expected_length.unit, config.expected_length.length,
                        "verify.expected_length")
-    return evidence.plan or searcher_length
+    return plan or searcher
+
+
+def searcher_length(searcher: SearcherConfig) -> Planned | None:
+    """The searcher's max_length as a planned length (it counts validation's steps)."""
+    if searcher.max_length is None:
+        return None
+    return Planned(searcher.max_length_unit, searcher.max_length, "searcher.max_length",
+                   validation_steps=True)
 
 
 # --- completion ---------------------------------------------------------------------------
@@ -396,17 +414,30 @@ def _progress_in(evidence: Evidence, unit: str, expected: int | None,
             return None
         if unit == "records":
             return sum(by_epoch.values())
-        # Whole next to the run's own fullest epoch: a run that drops samples in every epoch
-        # is the samples check's to fail, not this one's.
-        whole = max(by_epoch.values())
-        return sum(1 for seen in by_epoch.values() if seen >= whole * (1 - tolerance))
-    kinds = ("validation", "training") if validation_steps else ("training", "validation")
+        return whole_epochs(by_epoch, tolerance)
     progress = evidence.progress
-    for kind in kinds:
+    for kind in step_kinds(validation_steps):
         if kind in progress.highest:
-            zero_based = progress.lowest.get(kind) == 0
-            return progress.highest[kind] + (1 if zero_based else 0)
+            return steps_done(progress.highest[kind], progress.lowest.get(kind))
     return None
+
+
+def step_kinds(validation_steps: bool) -> tuple[str, str]:
+    """The report kinds whose steps count a plan's steps, the one that counts first."""
+    return ("validation", "training") if validation_steps else ("training", "validation")
+
+
+def steps_done(highest: int, lowest: int | None) -> int:
+    """Steps done, counted from 1: a run that numbers from 0 has done its highest + 1."""
+    return highest + (1 if lowest == 0 else 0)
+
+
+def whole_epochs(by_epoch: Mapping[int, int], tolerance: float) -> int:
+    """The epochs that are whole next to the run's own fullest epoch (within `tolerance`):
+    an epoch cut short by a crash is not done, while a run that drops samples in every
+    epoch is the samples check's to fail, not `completed`'s."""
+    whole = max(by_epoch.values(), default=0)
+    return sum(1 for seen in by_epoch.values() if seen >= whole * (1 - tolerance))
 
 
 def _check_resume_accounting(epochs_by_attempt: Mapping[int, tuple[int, ...]]) -> Check:
@@ -826,7 +857,7 @@ def gather_evidence(
     from_log = log_metrics or LogMetricEvidence()
     ordered = sorted(attempts)
     final = ordered[-1] if ordered else None
-    samples, unreadable_samples, epochs_by_attempt = _read_samples(run_dir, ordered)
+    samples, unreadable_samples, epochs_by_attempt = read_samples(run_dir, ordered)
     metrics = _read_metrics(run_dir, ordered)
     heartbeats = {n: _rank_files(run_dir, n, RankFile.HEARTBEAT) for n in ordered}
     checkpoints = tuple(_read_checkpoints(RunDir(run_dir).checkpoints))
@@ -854,7 +885,7 @@ def gather_evidence(
         rank_diagnostics=(read_rank_records(RunDir(run_dir).attempt(final).path)
                           if final is not None else {}),
         progress=_progress(metrics, from_log, _progress_times(run_dir, final)),
-        plan=_read_plan(run_dir, ordered),
+        plan=read_plan(run_dir, ordered),
         save_failures=failures,
         save_failure_count=failure_count,
         saves=tuple(saves) if saves is not None else tuple(
@@ -948,7 +979,7 @@ def outputs_as_found(workdir: Path, outputs: Sequence[str]) -> dict[str, list[in
     return {path: output_identity(workdir, path) for path in outputs}
 
 
-def _read_samples(
+def read_samples(
     run_dir: Path, attempts: Sequence[int]
 ) -> tuple[dict[int, int], tuple[str, ...], dict[int, tuple[int, ...]]]:
     """Samples per epoch, each epoch from the last attempt that reported it; bad files;
@@ -983,7 +1014,7 @@ def _epoch_counts(path: Path) -> dict[int, int] | None:
     return counts
 
 
-def _read_plan(run_dir: Path, attempts: Sequence[int]) -> Planned | None:
+def read_plan(run_dir: Path, attempts: Sequence[int]) -> Planned | None:
     """What the latest attempt that called ctx.plan() declared (its lowest rank's file)."""
     for attempt in reversed(attempts):
         for _, path in _rank_files(run_dir, attempt, RankFile.PLAN):
