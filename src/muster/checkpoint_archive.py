@@ -33,6 +33,7 @@ import posixpath
 import shutil
 import stat
 import tarfile
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,8 @@ from muster.checkpoint_files import MAX_PROBLEMS_SHOWN, METADATA_FILE, Inspectio
 from muster.errors import Conflict, InvalidRequest, ServerError
 
 __all__ = ["CHUNK_BYTES", "MEDIA_TYPE", "ArchivePlan", "CheckpointFolder", "FoundFile", "Member",
-           "Registered", "archive_chunks", "archive_name", "plan_archive", "unpack_checkpoint"]
+           "Registered", "archive_chunks", "archive_name", "plan_archive", "unpack_checkpoint",
+           "unpack_files"]
 
 CHUNK_BYTES = 1024**2
 MEDIA_TYPE = "application/x-tar"
@@ -313,23 +315,48 @@ def unpack_checkpoint(
     return dataclasses.replace(found, path=dest)
 
 
-def _check_target(dest: Path) -> None:
+def unpack_files(chunks: Iterable[bytes], dest: Path, top: str, what: str) -> None:
+    """Unpack a tar.gz of regular files under `top/` into `dest` (new, or an empty
+    directory), by the rules `unpack_checkpoint` keeps: beside it first, no link, device,
+    absolute path or `..` taken, and `dest` gets the files only once all arrived.
+
+    Raises:
+        InvalidRequest: `dest` is in the way (a file, or a directory with files in it).
+        ServerError: the archive broke off or is malformed; nothing is left behind.
+    """
+    _check_target(dest, "")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    unpacking = dest.parent / f".{dest.name}.download-{os.urandom(4).hex()}"
+    unpacking.mkdir()
+    try:
+        stream = _Gunzipped(_ChunkReader(iter(chunks)), what)
+        _extract(stream, unpacking, top, what)
+        stream.check_whole()
+        _rename(unpacking, dest, what, "")
+    except BaseException:
+        shutil.rmtree(unpacking, ignore_errors=True)
+        raise
+
+
+def _check_target(dest: Path, option: str = " with -o") -> None:
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-        raise InvalidRequest(f"{dest} exists and is not a directory; choose another with -o")
+        raise InvalidRequest(f"{dest} exists and is not a directory; choose another{option}")
     if dest.is_dir() and any(dest.iterdir()):
         raise InvalidRequest(f"{dest} is a directory with files in it; choose an empty or new "
-                             "one with -o")
+                             f"one{option}")
 
 
-def _rename(unpacking: Path, dest: Path) -> None:
+def _rename(unpacking: Path, dest: Path, what: str = "the checkpoint",
+            option: str = " with -o") -> None:
     try:
         os.rename(unpacking, dest)  # over an empty directory too
     except OSError as exc:
-        raise InvalidRequest(f"could not put the checkpoint at {dest} ({exc.strerror or exc}); "
-                             "choose an empty or new directory with -o") from exc
+        raise InvalidRequest(f"could not put {what} at {dest} ({exc.strerror or exc}); "
+                             f"choose an empty or new directory{option}") from exc
 
 
-def _extract(stream: io.RawIOBase, into: Path, name: str) -> None:
+def _extract(stream: io.RawIOBase, into: Path, name: str,
+             what: str = "the checkpoint archive") -> None:
     """Each member's bytes into a new file below `into` (directories made here, no link
     ever written, so none is ever followed)."""
     try:
@@ -341,9 +368,9 @@ def _extract(stream: io.RawIOBase, into: Path, name: str) -> None:
                     raise ServerError(f"the archive's {member.name!r} has no data")
                 with source:
                     _write_new(into, relative, source)
-    except (tarfile.TarError, EOFError) as exc:
-        raise ServerError(f"the checkpoint archive is not a complete tar ({exc}); download it "
-                          "again") from exc
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise ServerError(f"{what} is not a complete tar ({exc}); download it again"
+                          ) from exc
 
 
 def _member_path(member: tarfile.TarInfo, name: str) -> str:
@@ -403,3 +430,39 @@ class _ChunkReader(io.RawIOBase):
         data = self._pending[self._at:end]
         self._at += len(data)
         return data
+
+
+class _Gunzipped(io.RawIOBase):
+    """A gzip stream, inflated as it is read; `check_whole` tells a stream cut short (a tar
+    read from it may end at a member's boundary and look complete) from a whole one."""
+
+    def __init__(self, raw: io.RawIOBase, what: str) -> None:
+        super().__init__()
+        self._raw, self._what = raw, what
+        self._inflate = zlib.decompressobj(31)  # 31: the gzip container, trailer checked
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1, /) -> bytes:
+        while not self._pending and not self._inflate.eof:
+            compressed = self._raw.read(CHUNK_BYTES)
+            if not compressed:
+                break
+            try:
+                self._pending = self._inflate.decompress(compressed)
+            except zlib.error as exc:
+                raise ServerError(f"{self._what} is not gzip data ({exc}); download it "
+                                  "again") from exc
+        end = len(self._pending) if size < 0 else size
+        data, self._pending = self._pending[:end], self._pending[end:]
+        return data
+
+    def check_whole(self) -> None:
+        """Raises ServerError unless the stream ran to its gzip trailer (its CRC and length
+        checked), with nothing after it."""
+        while self.read(CHUNK_BYTES):
+            pass
+        if not self._inflate.eof or self._inflate.unused_data or self._raw.read(1):
+            raise ServerError(f"{self._what} broke off before its end; download it again")

@@ -515,6 +515,33 @@ class Client:
         with closing(self.stream_checkpoint(trial_id, name)) as chunks:
             return unpack_checkpoint(chunks, dest, name, trial_id)
 
+    def dump_trial(self, trial_id: int) -> dict[str, Any]:
+        """Save an evidence bundle of a RUNNING trial now (what muster saves before it stops
+        a stalled replica): `{bundle, attempt, path, ranks: [{rank, complete, line, tool,
+        errors}]}`, once every rank's part is in (at most ~20 s).
+
+        Raises:
+            Conflict: the trial is not RUNNING, or a dump of it is under way.
+        """
+        return self._json("POST", f"/trials/{trial_id}/dump")  # type: ignore[no-any-return]
+
+    def download_evidence(self, trial_id: int, dest: Path, attempt: int | None = None) -> None:
+        """Unpack every evidence bundle of one attempt (default: the latest that has any)
+        into `dest` (new, or an empty directory): `<bundle>/rank-<r>/...`.
+
+        Raises:
+            InvalidRequest: `dest` is in the way (a file, or a directory with files in it).
+            NotFound: no such trial or attempt, or it has no evidence.
+            ServerError: the download broke off or is malformed; nothing of it is kept.
+        """
+        from muster.checkpoint_archive import unpack_files
+
+        query = "" if attempt is None else f"?attempt={attempt}"
+        what = f"the evidence of trial {trial_id}"
+        with closing(self._stream_archive(f"/trials/{trial_id}/evidence{query}", what)
+                     ) as chunks:
+            unpack_files(chunks, dest, "evidence", what)
+
     def review_trial(self, trial_id: int, decision: str, note: str) -> dict[str, Any]:
         """Approve ("approve" → SUCCEEDED) or reject ("reject" → FAILED) a SUSPECT trial; the
         review is recorded as the token's user's."""

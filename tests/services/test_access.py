@@ -22,6 +22,7 @@ TABLE = {
     A.ACTIVATE: (False, True, False, True),
     A.SET_PRIORITY: (False, True, False, True),
     A.REVIEW: (False, True, False, True),
+    A.DUMP: (False, True, False, True),
     A.DELETE: (False, True, False, True),
     A.ARCHIVE: (False, True, False, True),
     A.COLLECT: (False, True, False, True),

@@ -153,6 +153,21 @@ def ended_replicas(trial: dict[str, Any]) -> list[str]:
             for a in trial["attempts"] for r in a["replicas"] if r["message"]]
 
 
+def stack_lines(trial: dict[str, Any]) -> list[str]:
+    """Where each rank's main thread was in each attempt's latest evidence bundle (a stall's,
+    or `muster trial dump`'s): "attempt 2 (evidence/<id>): rank 1 waits in all_reduce at
+    train.py:88", each line once."""
+    lines: list[str] = []
+    for attempt in trial["attempts"]:
+        for rep in attempt["replicas"]:
+            summary, bundle = rep.get("stack_summary"), rep.get("evidence")
+            for line in (summary or "").splitlines():
+                shown = f"attempt {attempt['number']} ({bundle}): {line}"
+                if shown not in lines:
+                    lines.append(shown)
+    return lines
+
+
 def metrics_table(reports: list[dict[str, Any]]) -> Table:
     """Step, kind ("(log)" after it when muster read the report from the rank's log), and
     one column per metric name (in order of first appearance)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,8 +15,8 @@ from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stoppe
 from muster.errors import Forbidden, InvalidRequest
 from muster.words import progress_line
 
-app = typer.Typer(help="Describe trials, read their logs and metrics, review them.",
-                  no_args_is_help=True,
+app = typer.Typer(help="Describe trials, read their logs and metrics, dump their stacks, "
+                  "review them.", no_args_is_help=True,
                   rich_markup_mode=None, add_completion=False)
 DEFAULT_TAIL = 50
 DONE = {"approve": "approved", "reject": "rejected"}
@@ -69,6 +70,11 @@ def describe(
     render.console.print(render.attempts_table(trial))
     for line in render.ended_replicas(trial):
         render.console.print(f"  {line}", markup=False)
+    if stacks := render.stack_lines(trial):
+        render.console.print(f"stacks (`muster trial evidence {trial['id']} --attempt N DIR` "
+                             "downloads the bundles):", markup=False)
+        for line in stacks:
+            render.console.print(f"  {line}", markup=False, soft_wrap=True)
     if trial.get("manifest"):
         render.console.print(render.manifest_line(trial["manifest"]), markup=False)
     if trial.get("verification"):
@@ -227,6 +233,50 @@ def metrics(
         render.err_console.print(f"trial {trial_id} has reported no metrics yet")
     else:
         render.console.print(render.metrics_table(reports))
+
+
+@app.command()
+def dump(
+    trial_id: int, as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Save an evidence bundle of a RUNNING trial now, as muster does before it stops a
+    stalled replica: every thread's stack of every Python process of each running replica
+    (py-spy), its processes' state, CPU and memory, the end of its log. Prints where each
+    rank's main thread is, and where the bundle is; exits 1 when no rank's part came."""
+    with client(home, url) as c:
+        result = c.dump_trial(trial_id)
+    if as_json:
+        render.print_json(result)
+    else:
+        for part in result["ranks"]:
+            render.console.print(part["line"], markup=False, soft_wrap=True)
+            for error in part["errors"]:
+                render.err_console.print(f"  rank {part['rank']}: {error}", markup=False,
+                                         soft_wrap=True)
+        render.console.print(
+            f"bundle {result['bundle']} (attempt {result['attempt']}): {result['path']} on the "
+            f"server; `muster trial evidence {trial_id} --attempt {result['attempt']} DIR` "
+            "downloads it", markup=False, soft_wrap=True)
+    if not any(part["complete"] for part in result["ranks"]):
+        raise typer.Exit(1)
+
+
+@app.command()
+def evidence(
+    trial_id: int,
+    directory: Annotated[Path, typer.Argument(help="where to unpack them, new or empty")],
+    attempt: Annotated[int | None, typer.Option(
+        min=1, help="the attempt (default: the latest that has evidence)")] = None,
+    home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Download the evidence bundles of one attempt of a trial into DIRECTORY:
+    `<bundle>/rank-<r>/` with summary.json, stacks.txt (every thread of every Python
+    process), stacks.json, processes.json, log-tail.txt and flight-recorder/."""
+    with client(home, url) as c:
+        c.download_evidence(trial_id, directory, attempt)
+    bundles = sorted(p.name for p in directory.iterdir() if p.is_dir())
+    render.console.print(f"evidence of trial {trial_id} in {directory}: "
+                         f"{', '.join(bundles)}", markup=False)
 
 
 @app.command()

@@ -30,7 +30,8 @@ from muster.atomic import open_regular
 from muster.launch.log_limit import LogDrops, read_drops
 
 __all__ = ["BLOCK_BYTES", "MAX_OFFSET", "NO_DROPS", "FileLog", "LogPart", "MaskedLog",
-           "ReplicaLog", "blocks_backward", "drops_of", "log_size", "masked", "open_log",
+           "ReplicaLog", "blocks_backward", "drops_of", "log_size", "masked", "masked_stream",
+           "open_log",
            "pread", "read_range", "tail_offset", "tail_text"]
 
 BLOCK_BYTES = 64 * 1024
@@ -155,6 +156,13 @@ class MaskedLog(ReplicaLog):
 def masked(log: ReplicaLog, values: Sequence[bytes]) -> ReplicaLog:
     """`log`, masking `values` when there are any."""
     return MaskedLog(log, values) if values else log
+
+
+def masked_stream(stream: BinaryIO, values: Sequence[bytes]) -> BinaryIO:
+    """`stream` read as `MaskedLog` reads a log: each of `values` shown as `*`s of the
+    same length (for other files muster serves that a job wrote, e.g. its evidence)."""
+    kept = sorted({v for v in values if v}, key=len, reverse=True)
+    return _MaskedStream(stream, kept) if kept else stream  # type: ignore[return-value]
 
 
 class _MaskedStream(io.RawIOBase):

@@ -91,8 +91,31 @@ class ReplicaView(_Shape):
     # Output its log could not take (a full disk, an I/O error): a marker line in the log
     # says where, and the trial is not verified (check log_complete). Null until it ended.
     log_lost_bytes: int | None = None
+    # Its latest evidence bundle (`evidence/<id>`, in its attempt's directory: a stall's, or
+    # `muster trial dump`'s) and where its main thread was then, one line per rank.
+    evidence: str | None = None
+    stack_summary: str | None = None
     started_at: float | None
     ended_at: float | None
+
+
+class DumpRankView(_Shape):
+    """One rank's part of an evidence bundle a dump asked for."""
+
+    rank: int
+    complete: bool  # its summary.json was written in time
+    line: str  # "rank 1 waits in all_reduce at train.py:88", or why there is none
+    tool: str | None  # "py-spy" | "faulthandler" | None (no stack could be read)
+    errors: list[str]
+
+
+class DumpResult(_Shape):
+    """`POST /trials/{id}/dump`: the bundle, and what each running rank's part says."""
+
+    bundle: str  # its id, `<UTC yyyymmddThhmmssZ>-requested`
+    attempt: int
+    path: str  # its directory on the server: `<attempt dir>/evidence/<bundle>`
+    ranks: list[DumpRankView]
 
 
 class AttemptView(_Shape):

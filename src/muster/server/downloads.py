@@ -1,11 +1,13 @@
-"""A file sent for a browser (or `curl -OJ`) to save: a stream of known length, an attachment.
+"""A file sent for a browser (or `curl -OJ`) to save: a stream, an attachment.
 
 The bytes come from a blocking iterator, run on a worker thread a chunk at a time, so a
 file of any size passes through without being held. Its length is announced up front
 (Content-Length), so a download that stops early is a broken one to every client, never a
 shorter file that looks whole: when the iterator raises a `MusterError` after the 200 has
 gone out (a checkpoint file no longer matches its sha256), the error is logged and the
-connection closed.
+connection closed. A stream whose length cannot be known up front (a tar.gz made as it is
+sent) goes without Content-Length, in chunks: its own format must show a cut (gzip's trailer
+does).
 """
 
 from __future__ import annotations
@@ -31,16 +33,17 @@ def attachment(filename: str) -> str:
 
 
 class Download(StreamingResponse):
-    """`chunks`, `size` bytes in all, as the attachment `filename`; `close` is called however
-    the response ends (sent, its client gone, or broken off)."""
+    """`chunks`, `size` bytes in all (None: not known before the end), as the attachment
+    `filename`; `close` is called however the response ends (sent, its client gone, or
+    broken off)."""
 
     def __init__(
-        self, chunks: Iterator[bytes], *, size: int, filename: str, media_type: str,
+        self, chunks: Iterator[bytes], *, size: int | None, filename: str, media_type: str,
         close: Callable[[], None], headers: Mapping[str, str] | None = None,
     ) -> None:
+        length = {} if size is None else {"Content-Length": str(size)}
         super().__init__(chunks, media_type=media_type, headers={
-            **(headers or {}), "Content-Length": str(size),
-            "Content-Disposition": attachment(filename)})
+            **(headers or {}), **length, "Content-Disposition": attachment(filename)})
         self._filename, self._close = filename, close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -41,6 +41,7 @@ from muster.services import (
     curves,
     diagnostics,
     environments,
+    evidence,
     experiments,
     importance,
     jobs,
@@ -591,6 +592,43 @@ async def download_trial_log(
     return Download(raw.chunks(), size=raw.size, filename=raw.filename,
                     media_type="application/octet-stream", close=raw.close,
                     headers={"X-Muster-Attempt": str(raw.attempt)})
+
+
+@router.post("/trials/{trial_id}/dump", response_model=api.DumpResult,
+             responses=_errors(404, 409))
+async def dump_trial_stacks(state: State, trial_id: TrialId,
+                            who: Annotated[Principal, Depends(allow(Action.DUMP))]
+                            ) -> dict[str, Any]:
+    """Save an evidence bundle of the RUNNING trial's current attempt now: every thread's
+    stack of every Python process of each running replica, its processes, the end of its
+    log (what muster saves before it stops a stalled replica). Answers once every rank's
+    part is complete, or after 20 s with what there is; each complete part becomes its
+    replica's `evidence` and `stack_summary`. 409 for a trial that is not RUNNING, or while
+    another dump of it is under way."""
+    with state.dumps.holding(trial_id):
+        plan = await asyncio.to_thread(evidence.start_dump, state.store, who, trial_id)
+        await evidence.wait_for_dump(plan)
+        return await asyncio.to_thread(evidence.finish_dump, state.store, plan)
+
+
+@router.get("/trials/{trial_id}/evidence", response_class=Response,
+            responses={**_file_response(evidence.MEDIA_TYPE,
+                                        "the attempt's evidence bundles as a tar.gz"),
+                       **_errors(404)})
+async def download_trial_evidence(
+    state: State, _: Reader, trial_id: TrialId,
+    attempt: Annotated[int | None, Query(
+        ge=1, le=MAX_INTEGER, description="default: the latest that has evidence")] = None,
+) -> Response:
+    """Every evidence bundle of one attempt, `trial-<id>-attempt-<a>-evidence.tar.gz`:
+    `evidence/<bundle>/rank-<r>/` (summary.json, stacks.txt, stacks.json, processes.json,
+    log-tail.txt, flight-recorder/), the trial's secrets masked. Made as it is sent, so
+    without Content-Length (gzip's trailer shows a cut); 404 when there is none."""
+    download = await asyncio.to_thread(evidence.open_evidence_download, state.store,
+                                       state.home, trial_id, attempt)
+    return Download(download.chunks(), size=None, filename=download.filename,
+                    media_type=evidence.MEDIA_TYPE, close=download.close,
+                    headers={"X-Muster-Attempt": str(download.attempt)})
 
 
 @router.get("/trials/{trial_id}/metrics", response_model=list[api.MetricReport],

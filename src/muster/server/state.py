@@ -14,6 +14,7 @@ from muster.server.log_watch import LogWatch
 from muster.server.login_limit import LoginLimiter
 from muster.server.orchestrator import Orchestrator
 from muster.services.allowances import Allowances
+from muster.services.evidence import DumpsInFlight
 from muster.storage.worker import StorageWorker
 from muster.store import Store
 
@@ -64,6 +65,7 @@ class ServerState:
     follows: FollowLimit = field(default_factory=FollowLimit)  # open log follows per user
     log_watch: LogWatch = field(default_factory=LogWatch)  # wakes them when a log is written
     logins: LoginLimiter = field(default_factory=LoginLimiter)  # failed logins
+    dumps: DumpsInFlight = field(default_factory=DumpsInFlight)  # one per trial at a time
     # What a non-admin's config may make the server act on (cluster config's allow-lists).
     allowances: Allowances = field(default_factory=Allowances)
     # Every reader reads environment build logs (cluster config `build_logs: everyone`),

@@ -8,7 +8,7 @@ ownership with the row it read (`authorize(..., owner=...)`). The table is the w
 |---|---|---|---|
 | read (experiments, trials, logs, metrics, jobs, cluster, events, users) | yes | yes | yes |
 | submit an experiment | no | yes | yes |
-| kill, pause, activate, set priority, review | no | its own | any |
+| kill, pause, activate, set priority, review, dump stacks | no | its own | any |
 | own tokens, own password, own display name | yes | yes | yes |
 | prune environments, manage users, others' tokens | no | no | yes |
 
@@ -36,6 +36,7 @@ class Action(str, Enum):
     ACTIVATE = "activate"
     SET_PRIORITY = "set priority"
     REVIEW = "review"
+    DUMP = "dump stacks"  # save a running trial's evidence bundle (`muster trial dump`)
     OWN_ACCOUNT = "own account"  # one's own tokens, password and display name
     DELETE = "delete"  # an ended experiment: its files, checkpoints and records
     ARCHIVE = "archive"  # hide from (or show again in) the default lists
@@ -66,6 +67,8 @@ RULES: dict[Action, Rule] = {
     Action.ACTIVATE: Rule(_SUBMITTERS, own_only=True, verb="activate"),
     Action.SET_PRIORITY: Rule(_SUBMITTERS, own_only=True, verb="change the priority of"),
     Action.REVIEW: Rule(_SUBMITTERS, own_only=True, verb="review"),
+    # As kill: reading a process's stacks pauses it for a moment.
+    Action.DUMP: Rule(_SUBMITTERS, own_only=True, verb="dump the stacks of"),
     Action.OWN_ACCOUNT: Rule(_EVERYONE, verb="manage its own tokens"),
     Action.DELETE: Rule(_SUBMITTERS, own_only=True, verb="delete"),
     Action.ARCHIVE: Rule(_SUBMITTERS, own_only=True, verb="archive"),

@@ -263,6 +263,9 @@ def replica_detail(replica: Replica) -> dict[str, Any]:
                 else {"source": replica.oom_source, "limit_bytes": replica.oom_limit_bytes}),
         # Output its log could not take (a full disk); a marker line in the log says where.
         "log_lost_bytes": replica.log_lost_bytes,
+        # Its latest evidence bundle (relative to the attempt's directory) and its line(s).
+        "evidence": replica.evidence,
+        "stack_summary": replica.stack_summary,
         "started_at": replica.started_at,
         "ended_at": replica.ended_at,
     }
