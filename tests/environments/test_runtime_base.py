@@ -138,6 +138,7 @@ def test_the_base_is_built_once_then_again_when_the_installation_changes(
 def test_under_run_as_the_base_is_root_s_and_readable_by_every_account(
         tmp_path: Path, installation: Interpreter) -> None:
     envs = EnvHome(tmp_path / "envs").ensure(shared=True)
+    ensure_base(envs, installation)  # built before run_as was set: rebuilt for it
     ensure_base(envs, installation, shared=True)
     assert stat.S_IMODE(envs.runtime.stat().st_mode) == 0o711, "entered, never listed"
     built = envs.runtime_current.resolve()
@@ -148,6 +149,9 @@ def test_under_run_as_the_base_is_root_s_and_readable_by_every_account(
             if not path.is_symlink():
                 assert stat.S_IMODE(path.stat().st_mode) & 0o444 == 0o444, path
     assert os.access(built / "bin" / "kept-tool", os.X_OK)
+    ensure_base(envs, installation, shared=False)  # jobs run as the server's user again
+    assert envs.runtime_current.resolve() != built, "built again"
+    assert stat.S_IMODE(envs.runtime.stat().st_mode) == 0o700, "the server's alone"
 
 
 def config(environment: str = "") -> object:

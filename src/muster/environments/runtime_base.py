@@ -210,10 +210,11 @@ def ensure_base(layout: EnvHome, server: Interpreter, shared: bool = False) -> I
     installed = _installed(server.sites)
     names = included_distributions({name: item.facts for name, item in installed.items()})
     packages = tuple((name, installed[name].facts.version) for name in names)
-    key = _key(server, packages)
+    key = _key(server, packages, shared)
     if _published_key(layout) != key:
         layout.ensure()
-        layout.runtime.mkdir(mode=0o711 if shared else 0o700, exist_ok=True)
+        layout.runtime.mkdir(mode=0o700, exist_ok=True)
+        layout.runtime.chmod(0o711 if shared else 0o700)
         with _held(layout.lock(LOCK_NAME)):
             if _published_key(layout) != key:
                 built = _build(layout, server, installed, names, key, shared)
@@ -238,9 +239,12 @@ def _installed(sites: Sequence[str]) -> dict[str, _Installed]:
     return found
 
 
-def _key(server: Interpreter, packages: Sequence[tuple[str, str]]) -> str:
+def _key(server: Interpreter, packages: Sequence[tuple[str, str]], shared: bool) -> str:
+    """What the base is made of: a server that starts running jobs as other accounts
+    (`shared`) builds one they can read."""
     identity = {"layout": RUNTIME_LAYOUT, "python": [server.executable, server.version],
-                "sites": list(server.sites), "packages": [list(p) for p in packages]}
+                "sites": list(server.sites), "packages": [list(p) for p in packages],
+                "shared": shared}
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
