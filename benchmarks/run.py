@@ -23,6 +23,7 @@ import evidence
 import first_log
 import harness_overhead
 import ingest
+import log_limit
 import manifest_scan
 import pass_sessions
 import queue_throughput
@@ -50,6 +51,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "first_log": first_log.run,
     "cli_startup": cli_startup.run,
     "throughput": throughput.run,
+    "log_limit": log_limit.run,
     "tail": tail.run,
     "harness_overhead": harness_overhead.run,
     "manifest_scan": manifest_scan.run,

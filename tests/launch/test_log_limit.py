@@ -394,3 +394,43 @@ def test_output_lost_on_a_full_disk_is_marked_in_the_log_and_counted(
     assert marker is not None, shown[-300:]
     assert shown.startswith(b"before\n") and shown.endswith(b"after\n")
     assert shown.index(marker[0]) < shown.index(b"after\n")
+
+
+def test_a_punch_refused_midway_keeps_the_latest_output_in_memory(tmp_path: Path) -> None:
+    """Holes could be punched when the head ended, but not later (here the log turns
+    append-only): the output from then on is held in memory and written at the end after a
+    count line; nothing shown is a NUL, and the last step is there."""
+    files = RankFiles(tmp_path, 0)
+    files.attempt_dir.mkdir(parents=True, exist_ok=True)
+    read_fd, write_fd = os.pipe()
+    log_fd = os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    index_fd = os.open(files.index, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    pump = LogPump(read_fd, log_fd, index_fd, LogCap(LIMIT, log_fd, files.dropped))
+    first, rest = _steps(0, 35_000), _steps(35_000, 115_000)  # past the head; then 2+ MiB
+
+    def drain_while(payload: bytes) -> None:
+        writer = threading.Thread(target=os.write, args=(write_fd, payload), daemon=True)
+        writer.start()
+        while writer.is_alive() or pump.pump_once(0):
+            pump.pump_once(10)
+
+    try:
+        drain_while(first)
+        with _append_only(files.log):
+            for start in range(0, len(rest), 60_000):
+                drain_while(rest[start:start + 60_000])
+            os.close(write_fd)
+            while not pump.eof:
+                pump.pump_once(100)
+            pump.finish()
+    finally:
+        for fd in (read_fd, log_fd, index_fd):
+            os.close(fd)
+    shown = PumpedLog(files, 0).read_all()
+    assert b"\0" not in shown and pump.lost_bytes == 0
+    assert shown.startswith(b"step 0: loss 0.5\n") and shown.endswith(b"step 149999: loss 0.5\n")
+    assert "the latest output follows".encode() in shown
+    count_line = re.search("── muster: (.+) of output dropped here: the log reached "
+                           r"resources\.log_limit \(1 MiB\); the latest (.+) follow ──\n"
+                           .encode(), shown)
+    assert count_line is not None

@@ -303,17 +303,29 @@ class LogPump:
         self.lost_error = error or self.lost_error
 
     def _write_slowly(self, stamp: float, n: int) -> None:
-        """A chunk that needs more than one write: a marker line before it (output was lost
-        before it), or the log's limit. It is written from the buffer."""
-        if self._stage is not None:
-            self._stage.unload(self._view[:n])
+        """A chunk that needs more than its write: a marker line before it (output was lost
+        before it), or the log's limit (room made first, or a split at the head's end)."""
         if self._unmarked and not self._mark_loss(stamp):
+            self._unload(n)
             self._lose(n)  # the log still takes nothing: this chunk is lost too
             return
-        if self._cap is not None and self.offset + n > self._cap_at:
-            self._write_capped(self._cap, stamp, n)
-        else:
-            self._write_piece(stamp, 0, n)
+        cap = self._cap
+        if cap is not None and self.offset + n > self._cap_at:
+            if cap.hole_start is not None and not cap.in_memory:
+                cap.make_room(self.offset + n)
+                self._cap_at = cap.next_at
+            if cap.hole_start is None or cap.in_memory:
+                self._unload(n)
+                self._write_capped(cap, stamp, n)
+                return
+        if self._write(n):
+            self._index(stamp, n)
+            self._start_writeback()
+
+    def _unload(self, n: int) -> None:
+        """Bring the chunk's `n` bytes into the buffer (they are in the staging pipe)."""
+        if self._stage is not None:
+            self._stage.unload(self._view[:n])
 
     def _write_capped(self, cap: LogCap, stamp: float, n: int) -> None:
         """Write a chunk that reaches the log's limit: what still fits in the head, then the
@@ -346,6 +358,10 @@ class LogPump:
         if cap.hole_start is not None and self._take_bytes > cap.take_bytes:
             self._take_bytes = cap.take_bytes
             self._take_view = self._view[:cap.take_bytes]
+        if cap.hole_start is not None:
+            # Most of what comes now will be punched out again: starting its writeback
+            # would only make each punch wait for it.
+            self._writeback_usable = False
         if cap.in_memory:
             self.close()
 
