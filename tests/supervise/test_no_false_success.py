@@ -217,6 +217,11 @@ def test_a_hang_after_check_in_is_stalled_and_the_restart_succeeds(sqlite_rig: R
     assert "no progress for" in first.message and "last progress at step 2" in first.message
     assert (first.run_dir / "rank-0.stalled.json").exists()
     assert b"hanging after step 2" in (first.run_dir / "rank-0.log").read_bytes()
+    # Its stacks were saved before it was killed (invariant 9), and its end names them.
+    assert "; stacks: rank 0 " in first.message and "(evidence: evidence/" in first.message
+    [bundle] = (first.run_dir / "evidence").iterdir()
+    assert (bundle / "rank-0" / "summary.json").exists()
+    assert "hanging after step 2" in (bundle / "rank-0" / "log-tail.txt").read_text()
     [stop] = [e for e in view.events_of(first) if e.reason == "STALLED" and e.to_state is None]
     assert stop.message is not None and stop.message.startswith("stopping rank 0: no progress")
     assert (second.number, second.state, second.replica_reason) == (2, "SUCCEEDED", "OK")
@@ -225,7 +230,9 @@ def test_a_hang_after_check_in_is_stalled_and_the_restart_succeeds(sqlite_rig: R
 
 
 @pytest.mark.timeout(60)
-def test_a_script_without_the_harness_is_never_stalled(sqlite_rig: Rig, tmp_path: Path) -> None:
+def test_heartbeat_timeout_never_judges_a_script_without_the_harness(sqlite_rig: Rig,
+                                                                   tmp_path: Path) -> None:
+    """(Silence is judged by silence_timeout, 30 minutes here: tests/supervise/test_silence.py.)"""
     release = tmp_path / "release"
     timeout = 1.0
     job = submit(sqlite_rig, config(fixture_entrypoint("wait_for_file.py", str(release)),
