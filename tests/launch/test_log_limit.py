@@ -113,6 +113,18 @@ def test_a_record_round_trips(tmp_path: Path) -> None:
     assert read_drops(path)[1] == record
 
 
+def test_a_tail_that_spans_a_dropped_range_is_read_around_it(tmp_path: Path) -> None:
+    """Lines longer than what the tail kept: the last lines start before the dropped range,
+    and are shown without it (a dropped range ends the line before it)."""
+    log = tmp_path / "rank-0.log"
+    head, hidden, tail = b"first\nmarker line\n", b"\0" * 5000, b"x" * 300 + b"\nlast\n"
+    log.write_bytes(head + hidden + tail)
+    (tmp_path / "rank-0.log.dropped").write_text(json.dumps(
+        LogDrops(LIMIT, ((len(head), len(head) + len(hidden)),), len(hidden)).to_json()))
+    assert tail_text(FileLog(0, log), 3) == (b"marker line\n" + tail).decode()
+    assert tail_text(FileLog(0, log), 9) == (head + tail).decode()
+
+
 # -- a pump past its limit -----------------------------------------------------------------
 
 
@@ -429,7 +441,7 @@ def test_a_punch_refused_midway_keeps_the_latest_output_in_memory(tmp_path: Path
     shown = PumpedLog(files, 0).read_all()
     assert b"\0" not in shown and pump.lost_bytes == 0
     assert shown.startswith(b"step 0: loss 0.5\n") and shown.endswith(b"step 149999: loss 0.5\n")
-    assert "the latest output follows".encode() in shown
+    assert b"the latest output follows" in shown
     count_line = re.search("── muster: (.+) of output dropped here: the log reached "
                            r"resources\.log_limit \(1 MiB\); the latest (.+) follow ──\n"
                            .encode(), shown)

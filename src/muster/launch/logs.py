@@ -344,7 +344,13 @@ def _tail_offset(stream: BinaryIO, size: int, lines: int) -> int:
 
 
 def tail_text(log: ReplicaLog, lines: int) -> str:
-    """The last `lines` lines, decoded for display (invalid bytes become U+FFFD)."""
-    offset = tail_offset(log, lines)
-    data, _ = read_range(log, offset, max(0, log_size(log) - offset))
-    return data.decode("utf-8", errors="replace")
+    """The last `lines` lines, decoded for display (invalid bytes become U+FFFD); around a
+    dropped range when they span one."""
+    offset, end = tail_offset(log, lines), log_size(log)
+    parts = []
+    while offset < end:
+        data, offset = read_range(log, offset, end - offset)
+        if not data:
+            break
+        parts.append(data)
+    return b"".join(parts).decode("utf-8", errors="replace")
