@@ -446,3 +446,19 @@ def test_a_punch_refused_midway_keeps_the_latest_output_in_memory(tmp_path: Path
                            r"resources\.log_limit \(1 MiB\); the latest (.+) follow ──\n"
                            .encode(), shown)
     assert count_line is not None
+
+
+def test_a_restart_in_place_goes_on_from_the_log_s_record(tmp_path: Path) -> None:
+    """The next incarnation of a replica appends to the same log: its pump takes up the
+    earlier one's hole and marker (one marker, one dropped range), and the log stays
+    within its limit, its latest output the new incarnation's."""
+    files = RankFiles(tmp_path, 0)
+    _pump(files, _steps(0, 100_000))
+    first = read_drops(files.dropped)[1]
+    pumped = _pump(files, _steps(100_000, 100_000))
+    second = read_drops(files.dropped)[1]
+    assert first is not None and second is not None
+    assert (second.marker, second.hole_start) == (first.marker, first.hole_start)
+    assert len(second.ranges) == 1 and second.ranges[0][1] > first.ranges[0][1]
+    assert pumped.allocated() <= LIMIT
+    _check_head_marker_tail(pumped.read_all(), 200_000)
