@@ -222,6 +222,21 @@ def test_the_log_tail_keeps_the_last_lines_read_from_the_end(tmp_path: Path) -> 
     assert len(tail) == 200 and tail[0] == b"line 101" and tail[-1] == b"partial"
 
 
+def test_the_log_tail_of_a_capped_log_goes_around_what_the_cap_dropped(tmp_path: Path) -> None:
+    """A log whose middle resources.log_limit punched out: the tail is read around the
+    hole (never its NULs), ending with the latest output."""
+    from tests.launch.test_log_limit import _pump
+
+    files = RunDir(tmp_path / "run").attempt(1).rank(0)
+    lines = [b"%06d " % n + b"y" * 20_000 + b"\n" for n in range(160)]  # ~3 MiB
+    _pump(files, b"".join(lines))
+    out = _bundle(files.attempt_dir, 0)
+    collect(out, 0, files.log, _ended_group(), Tools(None))
+    tail = (out / LOG_TAIL).read_bytes()
+    assert b"\0" not in tail and tail.endswith(lines[-1])
+    assert 0 < len(tail) <= 256 * 1024
+
+
 def test_a_summary_exists_only_once_it_is_whole(tmp_path: Path) -> None:
     assert read_summary(tmp_path) is None
     (tmp_path / SUMMARY).write_text('["not", "a", "summary"]')

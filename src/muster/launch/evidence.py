@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -47,6 +49,7 @@ from muster.harness.stack_signal import read_registration
 from muster.launch.base import ProcessIdentity
 from muster.launch.dumps import SUMMARY
 from muster.launch.identity import group_members, send_signal
+from muster.launch.logs import FileLog, log_size, read_range, tail_offset
 from muster.launch.stacks import (
     ThreadStack,
     main_thread,
@@ -379,16 +382,25 @@ def _new_output(path: Path, offset: int) -> str:
 
 
 def _log_tail(log: Path) -> bytes:
-    """The last LOG_TAIL_LINES lines of the log (within its last LOG_TAIL_BYTES)."""
-    with os.fdopen(open_regular(log), "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        start = max(0, size - LOG_TAIL_BYTES)
-        file.seek(start)
-        data = file.read(LOG_TAIL_BYTES)
-    lines = data.splitlines(keepends=True)
-    if start > 0 and lines:
-        lines = lines[1:]  # the first is cut
-    return b"".join(lines[-LOG_TAIL_LINES:])
+    """The last LOG_TAIL_LINES lines of the log (within its last LOG_TAIL_BYTES), read
+    around any range `resources.log_limit` dropped (never its NULs) and never through a
+    link (`FileLog`)."""
+    if not stat.S_ISREG(os.lstat(log).st_mode):  # (missing: FileNotFoundError)
+        raise OSError(errno.EINVAL, "not a regular file")
+    replica = FileLog(0, log)
+    end = log_size(replica)
+    lines_start, bytes_start = tail_offset(replica, LOG_TAIL_LINES), end - LOG_TAIL_BYTES
+    offset = max(lines_start, bytes_start)
+    parts: list[bytes] = []
+    while offset < end:
+        data, offset = read_range(replica, offset, end - offset)
+        if not data:
+            break
+        parts.append(data)
+    data = b"".join(parts)
+    if bytes_start > lines_start and b"\n" in data:
+        data = data[data.index(b"\n") + 1:]  # the first line is cut
+    return data
 
 
 def _environ(pid: int) -> dict[str, str]:
