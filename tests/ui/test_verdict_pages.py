@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import yaml
 from playwright.sync_api import expect
+from sqlalchemy import select
 
 from muster.sizes import format_size
+from muster.store import Attempt, Replica, Store
 from tests.server.experiments import make_context, only_trial, wait_trial, write_context
 from tests.ui.conftest import Team
 
@@ -93,3 +95,25 @@ def test_the_trial_page_shows_each_replica_s_peak_memory(
     page.goto(f"{team.server.url}/trials/{trial['id']}")
     expect(page.locator("table.attempts tbody td.peak")).to_have_text(
         format_size(replica["peak_rss_bytes"]))
+
+
+def test_the_trial_page_says_when_a_replica_s_log_lost_output(
+    page_of: Any, team: Team, trials: dict[str, dict[str, Any]]
+) -> None:
+    """Output the shim could not write (a full disk; tests/supervise/test_log_complete.py
+    makes one) is named beside the replica's message; a complete log says nothing."""
+    page = page_of("vera")
+    trial = trials["verified"]
+    page.goto(f"{team.server.url}/trials/{trial['id']}")
+    expect(page.locator("table.attempts .log-lost")).to_have_count(0)
+    store = Store(team.server.db_url)
+    try:
+        with store.session_scope() as s:
+            [replica] = s.scalars(select(Replica).join(Attempt).where(
+                Attempt.trial_id == trial["id"]))
+            replica.log_lost_bytes = 3 * 2**20
+    finally:
+        store.dispose()
+    page.goto(f"{team.server.url}/trials/{trial['id']}")
+    expect(page.locator("table.attempts .log-lost")).to_have_text(
+        "(3 MiB of output lost: the log is incomplete)")
