@@ -33,7 +33,8 @@ PACKAGE = "six"
 
 def _build(envs: Environments, config_text: str, context: Path) -> float:
     """Seconds from asking to a published environment (muster's build, end to end)."""
-    request = build_request(load_config(config_text, source="bench"), context)
+    request = build_request(load_config(config_text, source="bench"), context,
+                            runtime=envs.runtime)
     expect(request is not None, "the config builds nothing")
     assert request is not None
     key = envs.keep_request(request)
@@ -72,7 +73,7 @@ def run(quick: bool) -> Outcome:
         cached = "name: b\nentrypoint: python t.py\nenvironment:\n  pip: [six]\n"
         _build(envs, cached, context)
         config = load_config(cached, source="bench")
-        request = build_request(config, context)
+        request = build_request(config, context, runtime=envs.runtime)
         assert request is not None
         layers = iter(range(10**6))
 

@@ -145,7 +145,7 @@ def test_two_experiments_share_one_build_and_run_in_it(server: RunningServer,
     for trial in trials:
         report = _report(server, trial)
         assert report["tinybeta"] == "2.0" and report["tinyalpha"] == "1.0"
-        assert report["yaml"] == "imported", "inherit is the default: muster's packages too"
+        assert report["yaml"] == "imported", "inherit is the default: the base's packages too"
         assert report["muster.harness"] == "imported"
         # `python` and `pip` are the trial's own layer's, never muster's venv.
         assert report["prefix"].startswith(str(server.home / "runs"))
@@ -153,6 +153,52 @@ def test_two_experiments_share_one_build_and_run_in_it(server: RunningServer,
         assert report["pip"] == f"{report['prefix']}/bin/pip"
     assert trials[0]["environment"]["hash"] in _cli(server, "trial", "describe",
                                                     str(trials[0]["id"])).stdout
+
+
+ON_THE_BASE = """\
+import importlib, json, os, shutil, sys
+found = {"prefix": sys.prefix, "pytest_program": shutil.which("pytest"),
+         "torchrun": shutil.which("torchrun")}
+for name in ("tinytorchuser", "torch", "muster.harness", "fastapi", "rich", "pytest"):
+    try:
+        importlib.import_module(name)
+        found[name] = "imported"
+    except ImportError as exc:
+        found[name] = f"missing: {exc}"
+print("REPORT " + json.dumps(found), flush=True)
+"""
+
+
+def test_a_built_environment_stands_on_the_runtime_base_not_musters_venv(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """`pip: [a local package that needs torch]` without environment.python: uv finds torch
+    in the runtime base (offline: it is never fetched), and the trial imports the package
+    and torch but none of muster's server, test or CLI packages, nor runs their programs."""
+    wheel = make_wheel(tmp_path / "wheels", "tinytorchuser", "1.0", requires=["torch"],
+                       code="import torch\nVERSION = '1.0'\n")
+    context = _context(tmp_path, {"pip": [f"tinytorchuser @ file://{wheel}"]},
+                       script=ON_THE_BASE)
+    trial = _ended_trial(server, _submit(server, context))
+    assert trial["state"] == "SUCCEEDED", trial["message"]
+    report = _report(server, trial)
+    assert (report["tinytorchuser"], report["torch"], report["muster.harness"]) == (
+        "imported", "imported", "imported")
+    for name in ("fastapi", "rich", "pytest"):
+        assert report[name] == f"missing: No module named '{name}'", name
+    musters_bin = os.path.dirname(sys.executable)
+    assert report["pytest_program"] is None or not report["pytest_program"].startswith(
+        musters_bin), "muster's venv's programs are not on the trial's PATH"
+    assert report["torchrun"] == f"{report['prefix']}/bin/torchrun", "the base's, rebased"
+    built = EnvHome(server.home / "envs").built(trial["environment"]["hash"])
+    assert built is not None
+    site = next((built / "lib").glob("python*/site-packages"))
+    assert not (site / "torch").exists(), "torch was not installed again"
+    [stub] = site.glob("torch-*.dist-info")
+    assert (stub / "INSTALLER").read_text() == "muster-inherited\n"
+    record = json.loads((built / ".muster" / "env.json").read_text())
+    assert record["python"] == str(server.home / "envs" / "runtime" / "current" / "bin"
+                                   / "python")
 
 
 def test_inherit_false_is_a_clean_environment_with_pip_and_the_harness(

@@ -259,16 +259,18 @@ class Environments:
                   account: Account | None = None) -> TrialEnvironment:
         """What a trial of `config` (its experiment's environment hash `key`) runs in, its
         own layer at `layer`; the base interpreter is asked as `account` (the one its jobs
-        run as, under `run_as`). Without an environment block (no `python`, nothing
-        built) that base is the runtime base.
+        run as, under `run_as`). Without `python`, that base is the runtime base (or the
+        configured one) unless a clean venv (`inherit: false`) was built: the base of the
+        trial's layer is the base its build inherits (`request.build_request`).
 
         Raises:
             LaunchError: the base interpreter or the runtime base cannot be used now, or
                 `key` is not built.
         """
         python = config.environment.python
+        inherit = config.environment.inherit is not False
         try:
-            if python is None and key is None:
+            if python is None and (key is None or inherit):
                 base = self.runtime.interpreter(account)
             else:
                 base = own() if python is None else inspect(python, account)
@@ -281,8 +283,7 @@ class Environments:
             built = self.layout.built(key)
             if built is None:
                 raise LaunchError(f"environment {key} is not built")
-        return TrialEnvironment(layer=layer, base=base, built=built,
-                                inherit=config.environment.inherit is not False, key=key)
+        return TrialEnvironment(layer=layer, base=base, built=built, inherit=inherit, key=key)
 
     def prepare(self, env: TrialEnvironment) -> bool:
         """Make the trial's own layer, once (every attempt shares it: what it installed

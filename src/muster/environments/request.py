@@ -6,6 +6,13 @@ base interpreter (its real binary, its venv, and — when inherited — the pack
 imports), `inherit`, the requirement lines after `-r` includes are read in, the setup
 commands, and the bytes of local wheels and archives the lines name.
 
+The base is `environment.python` when the experiment names one. Without it, an environment
+that inherits stands on what trials without an environment block stand on, the runtime
+base or the cluster config's `base_environment` (`runtime_base`), never muster's own venv
+(its server, test and CLI packages would be importable again), and the hash covers that
+base's key as well (`BuildRequest.based_on`): a new base is a new build. A clean one
+(`inherit: false`) needs only an interpreter binary: muster's, as before.
+
 Under `run_as`, it covers the account that builds it too, and only trials of that account
 run in the build. The build runs as that account (`build`), so the account can change what
 it built, during the build and after it (a process it left running, a file it holds open
@@ -28,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from muster.config import ExperimentConfig
 from muster.environments.interpreters import Interpreter, InterpreterError, inspect, own
 from muster.environments.layout import HASH_CHARS
+from muster.environments.runtime_base import RuntimeBase, RuntimeBaseError
 from muster.launch.accounts import Account, account_from_json
 
 __all__ = ["CONSTRAINT", "LAYOUT_VERSION", "MAX_REQUIREMENT_LINES", "BuildRequest", "RequestError",
@@ -58,6 +66,9 @@ class BuildRequest:
     context: str | None  # where relative paths in the lines are read from
     files: dict[str, str] = field(default_factory=dict)  # local archive -> its sha256
     account: Account | None = None  # `run_as`: who builds it (and whose trials use it)
+    # The key of the trials' base it stands on (`runtime_base.TrialBase`); None when
+    # `environment.python` names the base, or nothing is inherited.
+    based_on: str | None = None
 
     @property
     def key(self) -> str:
@@ -72,6 +83,8 @@ class BuildRequest:
         }
         if self.account is not None:
             identity["account"] = [self.account.name, self.account.uid]
+        if self.based_on is not None:
+            identity["based_on"] = self.based_on
         text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
 
@@ -90,7 +103,8 @@ class BuildRequest:
                 "requirements": list(self.requirements),
                 "setup": [list(argv) for argv in self.setup], "context": self.context,
                 "files": self.files,
-                "account": None if self.account is None else self.account.to_json()}
+                "account": None if self.account is None else self.account.to_json(),
+                "based_on": self.based_on}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> BuildRequest:
@@ -103,7 +117,8 @@ class BuildRequest:
                                for argv in data["setup"]),  # type: ignore[attr-defined]
                    context=None if data.get("context") is None else str(data["context"]),
                    files={str(k): str(v) for k, v in data.get("files", {}).items()},  # type: ignore[attr-defined]
-                   account=account_from_json(data.get("account")))
+                   account=account_from_json(data.get("account")),
+                   based_on=None if data.get("based_on") is None else str(data["based_on"]))
 
 
 def base_interpreter(config: ExperimentConfig, account: Account | None = None) -> Interpreter:
@@ -137,24 +152,36 @@ def read_requirements(config: ExperimentConfig, context: Path) -> list[str]:
     return lines
 
 
-def build_request(config: ExperimentConfig, context: Path,
-                  account: Account | None = None) -> BuildRequest | None:
+def build_request(config: ExperimentConfig, context: Path, account: Account | None = None,
+                  *, runtime: RuntimeBase) -> BuildRequest | None:
     """What to build for `config`, read against the submitted `context`, by `account`
     (under `run_as`: the account its jobs run as); None when nothing is built (the trial
-    runs on the base interpreter, under its own layer).
+    runs on the base interpreter, under its own layer). Without `environment.python`, an
+    environment that inherits is based on `runtime`, the trials' base (built now if it
+    must be).
 
     Raises:
-        RequestError: the base interpreter or the requirements file cannot be used.
+        RequestError: the base interpreter, the trials' base or the requirements file
+            cannot be used.
     """
     env = config.environment
-    base = base_interpreter(config, account)
+    named = None if env.python is None else base_interpreter(config, account)
     if not env.builds():
         return None
+    inherit = env.inherit is not False
+    base, based_on = named or own(), None
+    if named is None and inherit:
+        try:
+            trials_base = runtime.base(account)
+        except RuntimeBaseError as exc:
+            raise RequestError(f"environment: {exc} (an environment that inherits is built "
+                               "on it; inherit: false builds a clean one)") from exc
+        base, based_on = trials_base.interpreter, trials_base.key
     lines = read_requirements(config, context)
-    return BuildRequest(base=base, inherit=env.inherit is not False,
-                        requirements=tuple(lines), setup=tuple(tuple(a) for a in env.setup),
-                        context=str(context), files=_local_files(lines, context),
-                        account=account)
+    return BuildRequest(base=base, inherit=inherit, requirements=tuple(lines),
+                        setup=tuple(tuple(a) for a in env.setup), context=str(context),
+                        files=_local_files(lines, context), account=account,
+                        based_on=based_on)
 
 
 def _read_requirements(context: Path, name: PurePosixPath, where: str, depth: int,

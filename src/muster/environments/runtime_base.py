@@ -22,6 +22,11 @@ The cluster config's `base_environment` names another base, an interpreter or a 
 trials without an environment block run on it as they would on `environment.python` (its
 packages, and `muster.harness`).
 
+A built environment without `environment.python` that inherits (the default) stands on the
+same base (`request.build_request`): its build sees the base's packages (torch is not
+downloaded again) and its hash covers the base's key (`TrialBase.key`), so a new base gives
+new builds to the submissions that follow.
+
 A base that cannot be built is an error that fails the trials needing it (the message
 names the fix), never a silent fall-back to the server's own packages.
 """
@@ -59,8 +64,8 @@ from muster.environments.runtime_plan import (
 )
 from muster.launch.accounts import Account
 
-__all__ = ["BaseSummary", "RuntimeBase", "RuntimeBaseError", "check_base_environment",
-           "configured_python", "ensure_base"]
+__all__ = ["BaseSummary", "RuntimeBase", "RuntimeBaseError", "TrialBase",
+           "check_base_environment", "configured_python", "ensure_base"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +91,16 @@ class BaseSummary:
     python: str | None  # its version; None when it cannot be used (`error`)
     packages: tuple[tuple[str, str], ...]  # (normalized name, version), sorted
     error: str | None
+
+
+@dataclass(frozen=True)
+class TrialBase:
+    """What trials stand on when their experiment names no `environment.python`: the base
+    as an interpreter, and a key that changes whenever what it holds does (a built
+    environment's hash covers it)."""
+
+    interpreter: Interpreter
+    key: str
 
 
 @dataclass(frozen=True)
@@ -135,7 +150,7 @@ class RuntimeBase:
     shared: bool = False  # jobs run as other accounts: the base is readable by everyone
     configured: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _ready: tuple[Interpreter, Interpreter] | None = None  # (what it was computed from, it)
+    _ready: tuple[Interpreter, TrialBase] | None = None  # (what it was computed from, it)
     # The last failure (what it was computed from, when, why): told again for a while
     # rather than tried at every launch and every look at the cluster page.
     _failed: tuple[Interpreter, float, str] | None = None
@@ -161,13 +176,23 @@ class RuntimeBase:
         Raises:
             RuntimeBaseError: it cannot be built, or the configured one cannot be used.
         """
+        return self.base(account).interpreter
+
+    def base(self, account: Account | None = None) -> TrialBase:
+        """The base with its key (`interpreter`'s, for what a built environment's hash
+        covers).
+
+        Raises:
+            RuntimeBaseError: as `interpreter`.
+        """
         if self.configured is not None:
             try:
-                return inspect(configured_python(self.configured), account)
+                found = inspect(configured_python(self.configured), account)
             except InterpreterError as exc:
                 raise RuntimeBaseError(
                     f"base_environment {self.configured} (the cluster config) cannot be "
                     f"used: {exc}; fix it or remove it from the cluster config") from exc
+            return TrialBase(found, _configured_key(found))
         server = own()
         with self._lock:
             if self._ready is not None and self._ready[0] is server:
@@ -177,7 +202,7 @@ class RuntimeBase:
                     and time.monotonic() - failed[1] < RETRY_AFTER_S):
                 raise RuntimeBaseError(failed[2])
             try:
-                base = ensure_base(self.layout, server, self.shared)
+                base = _ensure(self.layout, server, self.shared)
             except (OSError, LookupError) as exc:
                 why = (f"the runtime base (what a trial without an environment block imports) "
                        f"cannot be built in {self.layout.runtime}: {exc}; fix that, name an "
@@ -207,6 +232,11 @@ def ensure_base(layout: EnvHome, server: Interpreter, shared: bool = False) -> I
         OSError: it could not be built (nothing half made is published).
         LookupError: muster's own distribution is not installed (`runtime_plan`).
     """
+    return _ensure(layout, server, shared).interpreter
+
+
+def _ensure(layout: EnvHome, server: Interpreter, shared: bool) -> TrialBase:
+    """`ensure_base`, with the base's key."""
     installed = _installed(server.sites)
     names = included_distributions({name: item.facts for name, item in installed.items()})
     packages = tuple((name, installed[name].facts.version) for name in names)
@@ -221,10 +251,10 @@ def ensure_base(layout: EnvHome, server: Interpreter, shared: bool = False) -> I
                 _publish(layout, built)
                 _remove_others(layout, built)
     current = layout.runtime_current
-    return dataclasses.replace(server, path=str(current / "bin" / "python"),
-                               prefix=str(current),
-                               sites=(str(site_packages(current, server)),),
-                               packages=packages)
+    return TrialBase(dataclasses.replace(server, path=str(current / "bin" / "python"),
+                                         prefix=str(current),
+                                         sites=(str(site_packages(current, server)),),
+                                         packages=packages), key)
 
 
 def _installed(sites: Sequence[str]) -> dict[str, _Installed]:
@@ -245,6 +275,15 @@ def _key(server: Interpreter, packages: Sequence[tuple[str, str]], shared: bool)
     identity = {"layout": RUNTIME_LAYOUT, "python": [server.executable, server.version],
                 "sites": list(server.sites), "packages": [list(p) for p in packages],
                 "shared": shared}
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _configured_key(base: Interpreter) -> str:
+    """What a configured base is made of, as far as muster can see: its interpreter, its
+    venv, and the packages it imports."""
+    identity = {"configured": [base.path, base.executable, base.prefix, base.version],
+                "sites": list(base.sites), "packages": base.packages_digest()}
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

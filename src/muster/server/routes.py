@@ -198,7 +198,8 @@ async def create_experiment(state: State, request: Request,
             form.archive, capacity=cluster.submission_capacity(state.orchestrator.supervisor),
             secrets=form.secrets, priority_floor=state.priority_floor, run_as=state.run_as,
             context_from=form.context_from, git=form.git,
-            admitting=state.orchestrator.supervisor.admitting_new, allowed=state.allowances)
+            admitting=state.orchestrator.supervisor.admitting_new, allowed=state.allowances,
+            runtime=state.orchestrator.supervisor.envs.runtime)
         if form.archive is None and form.context_from is None:
             exp_ids = await asyncio.to_thread(create)
         else:

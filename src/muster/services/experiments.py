@@ -21,6 +21,7 @@ from muster.config.problems import config_error
 from muster.environments.layout import EnvHome
 from muster.environments.registry import keep_request
 from muster.environments.request import RequestError, build_request
+from muster.environments.runtime_base import RuntimeBase
 from muster.environments.sources import package_source_problems
 from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
 from muster.git_state import GitState
@@ -83,7 +84,8 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
                        priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None,
                        context_from: int | None = None, git: GitState | None = None,
                        admitting: Callable[[int], ContextManager[AdmitNew | None]] | None = None,
-                       allowed: Allowances | None = None) -> list[int]:
+                       allowed: Allowances | None = None,
+                       runtime: RuntimeBase | None = None) -> list[int]:
     """`create_experiment` for several configs sharing one context (a batch): every config
     is validated before anything is written, the context is unpacked once (the others get
     hard-linked copies of it: a snapshot is never written to), and every experiment and
@@ -92,7 +94,9 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
     the best priority of the configs), a trial that may start at once gets its first
     attempt recorded in that transaction too. What a config makes the server act on must
     be in `allowed` (the cluster config's allow-lists, `muster.services.allowances`) unless
-    `owner` is an admin.
+    `owner` is an admin. An environment to build that inherits, without
+    `environment.python`, is based on `runtime`: the server's base of trials (it knows the
+    cluster config's `base_environment`); by default the base computed for `home`.
 
     Raises:
         as `create_experiment`; a config's problem names it (`config 3 of 10`).
@@ -117,6 +121,8 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
             raise config_error(source, problems)
         configs.append((source, text, config))
     account = _check_account(store, run_as, owner) if run_as is not None else None
+    if runtime is None:
+        runtime = RuntimeBase(EnvHome(home.envs_dir), shared=run_as is not None)
     made: list[_Prepared] = []
     try:
         for source, text, config in configs:
@@ -141,7 +147,8 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
                 _check_copies(len(configs), context)
             check_submission(config, context, capacity, source)
             made[-1].environment = _keep_environment(home, config, context, source, owner,
-                                                     account, allowed or Allowances())
+                                                     account, allowed or Allowances(),
+                                                     runtime)
             if secrets:
                 job_secrets.save_submitted(home, exp_uuid, secrets)
         return _insert_experiments(store, owner, made, admitting)
@@ -226,18 +233,19 @@ def _check_account(store: Store, run_as: RunAs, owner: Principal) -> Account:
 
 def _keep_environment(home: Home, config: ExperimentConfig, context: Path, source: str,
                       owner: Principal, account: Account | None,
-                      allowed: Allowances) -> str | None:
+                      allowed: Allowances, runtime: RuntimeBase) -> str | None:
     """The hash of the environment the experiment's trials need built (by `account`, the
-    one they run as under `run_as`; its request kept for the build), or None. The base
-    interpreter (asked as `account`), the requirements file and, for a user who is not an
-    admin, the places the requirement lines fetch from (`environments.sources`) are
-    checked now, with their key paths."""
+    one they run as under `run_as`; its request kept for the build; based on `runtime`
+    unless `environment.python` names a base), or None. The base interpreter (asked as
+    `account`), the requirements file and, for a user who is not an admin, the places the
+    requirement lines fetch from (`environments.sources`) are checked now, with their key
+    paths."""
     try:
         if not owner.is_admin:
             problems = package_source_problems(config, context, allowed.package_sources)
             if problems:
                 raise config_error(source, problems)
-        request = build_request(config, context, account)
+        request = build_request(config, context, account, runtime=runtime)
     except RequestError as exc:
         raise config_error(source, [str(exc)]) from exc
     return None if request is None else keep_request(EnvHome(home.envs_dir), request)
