@@ -32,6 +32,8 @@ class Entry:
     hidden: bool = False
 
 
+_TRIAL_HELP = "Describe trials, read their logs and metrics, dump their stacks, review them."
+
 # The order is the order `muster --help` lists them in. `help` is each command's short
 # help as its module states it (tests/cli/test_cli_startup.py holds them equal).
 COMMANDS: dict[str, Entry] = {
@@ -49,9 +51,8 @@ COMMANDS: dict[str, Entry] = {
                     "Show the audit trail: every state change and decision, with who made it."),
     "experiment": Entry("experiment", "app", "Create, list, describe and kill experiments."),
     "e": Entry("experiment", "app", "Create, list, describe and kill experiments.", hidden=True),
-    "trial": Entry("trial", "app", "Describe trials, read their logs and metrics, dump their stacks, review them."),
-    "t": Entry("trial", "app", "Describe trials, read their logs and metrics, dump their stacks, review them.",
-               hidden=True),
+    "trial": Entry("trial", "app", _TRIAL_HELP),
+    "t": Entry("trial", "app", _TRIAL_HELP, hidden=True),
     "checkpoint": Entry("checkpoint", "app", "List, download and garbage-collect checkpoints."),
     "cluster": Entry("cluster", "app", "The server's resources."),
     "job": Entry("job", "app", "The queue and what runs; move trials in the queue."),
