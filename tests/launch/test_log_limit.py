@@ -5,15 +5,20 @@ by real pumps and shims into real files and read back through every reader."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import errno
 import json
+import mmap
 import os
 import re
 import shutil
+import struct
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -22,6 +27,8 @@ from muster.launch.local import LocalLauncher
 from muster.launch.log_limit import (
     MIN_LOG_LIMIT,
     CapPlan,
+    DropStep,
+    DropWorker,
     LogCap,
     LogDrops,
     dropped_marker,
@@ -155,13 +162,14 @@ def _steps(first: int, count: int) -> bytes:
     return b"".join(b"step %d: loss 0.5\n" % n for n in range(first, first + count))
 
 
-def _pump(files: RankFiles, payload: bytes, limit: int = LIMIT) -> PumpedLog:
+def _pump(files: RankFiles, payload: bytes, limit: int = LIMIT,
+          cap: type[LogCap] = LogCap) -> PumpedLog:
     """Feed `payload` through a real pipe into a pump held to `limit` until EOF."""
     files.attempt_dir.mkdir(parents=True, exist_ok=True)
     read_fd, write_fd = os.pipe()
     log_fd = os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     index_fd = os.open(files.index, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    pump = LogPump(read_fd, log_fd, index_fd, LogCap(limit, log_fd, files.dropped))
+    pump = LogPump(read_fd, log_fd, index_fd, cap(limit, log_fd, files.dropped))
 
     def write() -> None:
         view = memoryview(payload)
@@ -249,6 +257,144 @@ def test_readers_never_show_a_dropped_byte_while_the_log_rolls(tmp_path: Path) -
         reader.join(timeout=30)
     assert len(seen) > 1000
     assert not any(b"\0" in chunk for chunk in seen)
+
+
+def _holes(fd: int) -> list[tuple[int, int]]:
+    """The holes in the file at `fd` as its file system reports them (SEEK_HOLE/SEEK_DATA),
+    less the one every file has at its end."""
+    holes, at = [], 0
+    while True:
+        try:
+            start = os.lseek(fd, at, os.SEEK_HOLE)
+            end = os.lseek(fd, start, os.SEEK_DATA)
+        except OSError as exc:  # ENXIO: at the end, or no data after the hole (the end's)
+            assert exc.errno == errno.ENXIO, exc
+            return holes
+        if end == start:  # the end's hole, and the file grew meanwhile
+            return holes
+        holes.append((start, end))
+        at = end
+
+
+def _recorded(record: LogDrops | None, hole: tuple[int, int]) -> bool:
+    return record is not None and any(start <= hole[0] and hole[1] <= end
+                                       for start, end in record.ranges)
+
+
+def test_the_record_on_disk_names_every_hole_at_every_moment(tmp_path: Path) -> None:
+    """A thread looks at the log's holes as the file system reports them while a pump rolls
+    it at ten times its limit, then at the record: every hole it saw lies in a range the
+    record names (a range is punched only once the record that names it is written, so a
+    reader that reads the record after its read never shows a punched byte)."""
+    files = RankFiles(tmp_path, 0)
+    files.attempt_dir.mkdir(parents=True, exist_ok=True)
+    files.log.touch()
+    looks, unrecorded, seen = 0, [], set()
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal looks
+        fd = os.open(files.log, os.O_RDONLY)
+        try:
+            while not done.is_set():
+                holes = _holes(fd)
+                record = read_drops(files.dropped)[1]
+                looks += 1
+                seen.update(holes)
+                unrecorded.extend((h, record) for h in holes if not _recorded(record, h))
+        finally:
+            os.close(fd)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        pumped = _pump(files, _steps(0, 500_000))  # about 10 MiB
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+    assert not unrecorded, unrecorded[:3]
+    assert looks > 10 and len({end for _, end in seen}) > 3, "the hole was seen growing"
+    assert pumped.allocated() <= LIMIT
+
+
+# /proc/kpageflags (Documentation/admin-guide/mm/pagemap.rst): written and not yet on disk,
+# or on its way there (ext4 starts the writeback of a file renamed over another at once).
+_KPF_DIRTY, _KPF_WRITEBACK = 1 << 4, 1 << 8
+
+
+def _dirty_pages(path: Path) -> int | None:
+    """How many of the file's pages in the page cache are not on disk yet (dirty, or under
+    writeback), read through /proc/self/pagemap and /proc/kpageflags; None where those do
+    not tell (not root: page frame numbers read as 0, or no /proc/kpageflags)."""
+    if not os.access("/proc/kpageflags", os.R_OK):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page, fd = mmap.PAGESIZE, os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    os.close(fd)
+    assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    dirty = 0
+    try:
+        with open("/proc/self/pagemap", "rb") as pagemap, \
+                open("/proc/kpageflags", "rb") as kpageflags:
+            for at in range(address, address + size, page):
+                ctypes.c_char.from_address(at).value  # noqa: B018  (fault the page in)
+                pagemap.seek(at // page * 8)
+                frame = struct.unpack("Q", pagemap.read(8))[0] & ((1 << 55) - 1)
+                if frame == 0:
+                    return None
+                kpageflags.seek(frame * 8)
+                flags = struct.unpack("Q", kpageflags.read(8))[0]
+                dirty += bool(flags & (_KPF_DIRTY | _KPF_WRITEBACK))
+    finally:
+        libc.munmap(address, size)
+    return dirty
+
+
+class _CheckedWorker(DropWorker):
+    """Looks at the record that stands under its name at the moment of each punch (does it
+    name the range about to be punched? is it on disk?) and after each step."""
+
+    punches: ClassVar[list[tuple[tuple[int, int], bool, int | None]]] = []
+    steps: ClassVar[list[int | None]] = []  # the record's pages not on disk after each step
+
+    def carry_out(self, step: DropStep) -> None:
+        super().carry_out(step)
+        self.steps.append(_dirty_pages(self._record))
+
+    def _punch_out(self, punch: tuple[int, int]) -> None:
+        range_ = (max(punch[0], self._punched_to), punch[1])
+        if range_[1] > range_[0]:
+            named = _recorded(read_drops(self._record)[1], range_)
+            self.punches.append((range_, named, _dirty_pages(self._record)))
+        super()._punch_out(punch)
+
+
+class _CheckedCap(LogCap):
+    worker_class = _CheckedWorker
+
+
+def test_each_range_is_punched_only_once_a_synced_record_names_it(tmp_path: Path) -> None:
+    """Invariant 6 for the record: at each punch the record under its name already names
+    the range, and none of its pages waits in the page cache (the kernel's own page flags:
+    it was synced before it was renamed there); nor after any step, the first (a record
+    with no range yet, where no earlier one stood) and the last included. The first record
+    written without a sync, as the shim once wrote them while the child ran, stays dirty
+    for half a minute."""
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"written, not synced")
+    if _dirty_pages(probe) != 1:
+        pytest.skip("the page cache's dirty flags need /proc/kpageflags (root)")
+    _CheckedWorker.punches, _CheckedWorker.steps = [], []
+    _pump(RankFiles(tmp_path / "attempt", 0), _steps(0, 150_000), cap=_CheckedCap)
+    punches = _CheckedWorker.punches
+    assert len(punches) > 3 and all(named and not dirty for _, named, dirty in punches), punches
+    assert len(_CheckedWorker.steps) > len(punches) and not any(_CheckedWorker.steps)
 
 
 def test_line_readers_tails_and_scans_go_around_the_dropped_range(tmp_path: Path) -> None:

@@ -12,10 +12,12 @@ A log that reaches its limit keeps its head and a rolling tail (docs/run-directo
 Nothing is moved: every offset (the index's, a follower's, a scan's cursor) keeps meaning
 the same byte, and the file's allocated size stays within the limit while its size goes on
 growing. The shim (`LogCap`) announces each dropped range in the log's record,
-`rank-<r>.log.dropped` (`LogDrops`, atomic), before it punches the range out
-(fallocate(2) FALLOC_FL_PUNCH_HOLE), so a reader (`muster.launch.logs.open_log`) that looks
-at the record after each read never shows a punched byte. The count in the marker line is
-rewritten in place (its width is fixed) each time the hole grows.
+`rank-<r>.log.dropped` (`LogDrops`, written as invariant 6 asks: synced, renamed, its
+directory synced) before it punches the range out (fallocate(2) FALLOC_FL_PUNCH_HOLE), so a
+reader (`muster.launch.logs.open_log`) that looks at the record after each read never shows
+a punched byte, also after a crash. The count in the marker line is rewritten in place (its
+width is fixed) each time the hole grows. The syncs are a `DropWorker`'s, a thread of the
+shim's: the pump, which must never keep the child waiting, only hands it each step.
 
 Where the file system cannot punch holes, the shim keeps the head and the marker, writes
 nothing more while the child runs, holds the latest output in memory instead (at most
@@ -27,25 +29,30 @@ Standard library only: the shim imports it (ctypes only once a log reaches its l
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from muster.atomic import atomic_write_json, json_bytes, open_regular
+from muster.atomic import atomic_write_json, open_regular
 from muster.sizes import format_size
 
-__all__ = ["MAX_RANGES", "MIN_LOG_LIMIT", "RING_MAX_BYTES", "CapPlan", "LogCap", "LogDrops",
-           "dropped_marker", "lost_marker", "read_drops"]
+__all__ = ["FINISH_WAIT_S", "MAX_RANGES", "MIN_LOG_LIMIT", "RING_MAX_BYTES", "CapPlan",
+           "DropStep", "DropWorker", "LogCap", "LogDrops", "dropped_marker", "lost_marker",
+           "read_drops"]
 
 log = logging.getLogger("muster.shim")
 
 MIN_LOG_LIMIT = 1 << 20
 RING_MAX_BYTES = 64 << 20  # the latest output held in memory where holes cannot be punched
 MAX_RANGES = 64  # in a record; more is no record the shim wrote
+FINISH_WAIT_S = 30.0  # the most the end waits for the worker's last step (a disk in trouble)
 _RECORD_MAX_BYTES = 64 * 1024
 _STEP_MIN, _STEP_MAX = 64 * 1024, 64 << 20
 _BLOCK_MIN, _BLOCK_MAX = 512, 64 * 1024
@@ -217,6 +224,7 @@ class CapPlan:
         return cls(limit, head, limit - head - marker - 2 * block - step, step, block, marker)
 
 
+@functools.cache
 def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
     """libc's fallocate(2), which `os` lacks (os.posix_fallocate cannot punch); None where
     there is none."""
@@ -235,6 +243,143 @@ def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
     return fallocate
 
 
+def _punch(fd: int, offset: int, length: int) -> int:
+    """Punch [offset, offset + length) out of the file at `fd`; 0, or the errno."""
+    if length <= 0:
+        return 0
+    fallocate = _load_fallocate()
+    if fallocate is None:
+        return errno.ENOSYS
+    return fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length)
+
+
+@dataclass(frozen=True)
+class DropStep:
+    """One step of a rolling tail, as the pump hands it over: the record naming all that was
+    dropped so far, the range to punch once it is recorded ([start, end), whole blocks; empty:
+    a record alone), and the count the marker line shows (None: its count is not kept)."""
+
+    record: LogDrops
+    punch: tuple[int, int]
+    shown: int | None
+
+
+class DropWorker:
+    """Carries out a log's `DropStep`s on a thread of its own, in order: the record made
+    durable (`atomic_write_json`: synced, renamed, the directory synced; invariant 6), only
+    then its range punched out of the log, then the marker's count rewritten in place.
+
+    The pump that hands the steps never waits for the disk (a sync of the record takes
+    milliseconds, while a fast child's pipe fills): `hand` takes the lock the thread holds
+    only to pick a step up, never across a write. At most one step waits besides the one
+    being carried out; a newer one replaces it, which loses nothing, since a step's record
+    names all that the one before named, and its punch goes on from where the last punch
+    ended. The worker writes through a descriptor of the log of its own, opened through
+    /proc/self/fd (the same file, never a path a job could swap) without O_APPEND, so the
+    marker lands where it is told (pwrite appends on an O_APPEND descriptor). Once a punch
+    is refused (or that descriptor could not be had) it punches no more and says so
+    (`failure`), and still writes each record: a recorded range is dropped from view
+    whether or not its bytes are gone.
+
+    The thread starts with the first step, so never before the shim has spawned its child
+    (`preexec_fn` is unsafe with another thread alive); `settle` waits for it and ends it,
+    after which `carry_out` runs a last step on the caller's thread.
+    """
+
+    def __init__(self, log_fd: int, record: Path, limit: int) -> None:
+        self._record, self._limit = record, limit
+        self._fd, self.refused = _reopen(log_fd)  # refused: 0, or the errno of a punch
+        self._cond = threading.Condition()
+        self._pending: DropStep | None = None
+        self._closing = False
+        self._punched_to = 0  # where the hole this worker punched ends
+        self._thread = threading.Thread(target=self._run, name="muster-log-drops", daemon=True)
+
+    def hand(self, step: DropStep) -> None:
+        """Give the worker `step` (replacing one it has not started); never waits on it."""
+        with self._cond:
+            self._pending = step
+            self._cond.notify()
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def failure(self) -> str | None:
+        """Why the log's output can no longer be punched out of it; None while it can."""
+        if self.refused:
+            return os.strerror(self.refused)
+        if self._thread.ident is not None and not self._thread.is_alive():
+            return "the thread that punches it ended (see the shim log)"
+        return None
+
+    def settle(self, timeout: float) -> bool:
+        """Carry out the step handed last, then end the thread; False if that takes longer
+        than `timeout` (the thread then goes on, and keeps its descriptor)."""
+        if self._thread.ident is None:
+            return True
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def close(self) -> None:
+        """Close the worker's descriptor of the log (after `settle`); idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def carry_out(self, step: DropStep) -> None:
+        """Record, then punch, then count: nothing is punched or counted before a synced
+        record names it (a full disk: the next step names it too)."""
+        try:
+            atomic_write_json(self._record, step.record.to_json())
+        except OSError as exc:
+            log.error("cannot record the log's dropped range (%s); punching nothing yet", exc)
+            return
+        self._punch_out(step.punch)
+        self._count(step)
+
+    def _run(self) -> None:
+        while (step := self._next()) is not None:
+            self.carry_out(step)
+
+    def _next(self) -> DropStep | None:
+        """The step to carry out next; None once `settle` asked to stop and none is left."""
+        with self._cond:
+            while self._pending is None and not self._closing:
+                self._cond.wait()
+            step, self._pending = self._pending, None
+            return step
+
+    def _punch_out(self, punch: tuple[int, int]) -> None:
+        """Punch what of [start, end) is not punched yet, unless punching was refused."""
+        start, end = max(punch[0], self._punched_to), punch[1]
+        if end <= start or self._fd is None or self.refused:  # no descriptor: refused
+            return
+        self.refused = _punch(self._fd, start, end - start)
+        if not self.refused:
+            self._punched_to = end
+
+    def _count(self, step: DropStep) -> None:
+        """The marker's count, rewritten in place (the line is padded to a fixed width)."""
+        marker = step.record.marker
+        if marker is None or step.shown is None or self._fd is None:
+            return
+        try:
+            os.pwrite(self._fd, dropped_marker(step.shown, self._limit), marker)
+        except OSError as exc:
+            log.error("cannot update the count in the log's marker line: %s", exc)
+
+
+def _reopen(log_fd: int) -> tuple[int | None, int]:
+    """A descriptor of the log at `log_fd` of the worker's own, for writing where it is told:
+    (fd, 0), or (None, errno) where none can be had (an append-only file refuses one)."""
+    try:
+        return os.open(f"/proc/self/fd/{log_fd}", os.O_WRONLY | os.O_CLOEXEC), 0
+    except OSError as exc:
+        return None, exc.errno or errno.EBADF
+
+
 class LogCap:
     """The shim's side of the limit for one log: where the head ends, what to drop and when.
 
@@ -244,20 +389,28 @@ class LogCap:
     `keep` for each chunk once the latest output is held in memory instead (`in_memory`);
     `finish` at the end. A log that reached its limit under an earlier incarnation of the
     replica (a restart in place appends to it) goes on from its record.
+
+    The disk work of each step (the record synced, the punch, the marker's count) is a
+    `DropWorker`'s, so the pump decides and moves on. The log's allocated size can therefore
+    pass the limit while the worker is behind: by what the child writes while a step is
+    carried out (two syncs of a small file and a punch), one step being carried out and one
+    waiting at most, since a newer step replaces a waiting one. It is back within the limit
+    as soon as the worker has caught up, and is within it once `finish` returned.
     """
+
+    worker_class: ClassVar[type[DropWorker]] = DropWorker  # what carries out the steps
 
     def __init__(self, limit: int, log_fd: int, record: Path) -> None:
         self.plan = CapPlan.of(limit, os.fstat(log_fd).st_blksize)
         self._fd, self._record = log_fd, record
-        self._fallocate: Callable[[int, int, int, int], int] | None = None
+        self._worker: DropWorker | None = None  # made with the first step
         self._ring: _Ring | None = None
         self._ring_dropped = 0  # of `dropped`, what the ring pushed out
         self._counting = False  # the marker line's count is kept up to date (holes are punched)
         self.dropped = 0
         self.marker: int | None = None
         self.hole_start: int | None = None  # None: still in the head
-        self.drop_to = 0
-        self._punched_to = 0  # where the hole punched so far ends
+        self.drop_to = 0  # where the dropped range ends, as handed to the worker
         _, earlier = read_drops(record)
         if earlier is not None and earlier.limit == limit and earlier.hole_start is not None:
             self._resume(earlier, earlier.hole_start)
@@ -307,35 +460,20 @@ class LogCap:
         self.marker, self.hole_start, self.drop_to = marker, hole_start, hole_start
         if not self._counting:
             self._to_memory()
-        try:
-            self._write_record()
-        except OSError as exc:
-            log.error("cannot record that the log reached its limit: %s", exc)
+        self._hand()
 
     def make_room(self, end: int) -> None:
-        """Before the log grows to `end`: drop what is older than the tail, recorded before
-        it is punched out."""
+        """Before the log grows to `end`: drop what is older than the tail (the worker
+        records it, then punches it out), or, once the worker can no longer punch, turn to
+        holding the latest output in memory."""
         assert self.hole_start is not None
+        if self._punching_failed():
+            return
         target = (end - self.plan.tail) // self.plan.block * self.plan.block
         if target <= self.drop_to:
             return
-        before = self.dropped, self.drop_to
         self.dropped, self.drop_to = self.dropped + target - self.drop_to, target
-        try:
-            self._write_record()
-        except OSError as exc:  # a full disk: nothing is dropped; the next write asks again
-            log.error("cannot record the log's dropped range (%s); dropping nothing yet", exc)
-            self.dropped, self.drop_to = before
-            return
-        start = max(-(-self.hole_start // self.plan.block) * self.plan.block, self._punched_to)
-        problem = self._punch(start, target - start)
-        if problem:
-            log.error("cannot punch the dropped range out of the log (%s); keeping the latest "
-                      "output in memory instead", os.strerror(problem))
-            self._to_memory()
-        else:
-            self._punched_to = target
-        self._rewrite_marker()
+        self._hand()
 
     def keep(self, data: memoryview) -> None:
         """Hold `data` (the latest output) in memory, dropping what it pushes out."""
@@ -345,8 +483,9 @@ class LogCap:
         self._ring_dropped += pushed
 
     def finish(self) -> bytes:
-        """At the end: the count in the marker and the record made final; returns what the
-        pump appends (the output held in memory, after a marker line of its own), or b""."""
+        """At the end: the worker's steps carried out, the count in the marker and the
+        record made final; returns what the pump appends (the output held in memory, after a
+        marker line of its own), or b""."""
         tail = b""
         if self._ring is not None and len(self._ring):
             kept = self._ring.contents()
@@ -358,12 +497,48 @@ class LogCap:
                 line = line.removeprefix(b"\n")
             tail = line + kept
         if self.hole_start is not None:
-            self._rewrite_marker()
-            try:
-                self._write_record(durable=True)
-            except OSError as exc:
-                log.error("cannot record the log's dropped bytes (%s)", exc)
+            self._settle()
         return tail
+
+    def _settle(self) -> None:
+        """Wait (bounded) for the worker's last step, then carry out the final one here."""
+        worker = self._worker or self._new_worker()
+        if not worker.settle(FINISH_WAIT_S):
+            log.error("the log's dropped range is still being recorded after %.0f s (a disk "
+                      "in trouble?): its record stays as that step leaves it", FINISH_WAIT_S)
+            return
+        worker.carry_out(self._step())
+        worker.close()
+
+    def _punching_failed(self) -> bool:
+        """Whether the worker had a punch refused (the latest output then goes to memory
+        from here on) or the output is held in memory already."""
+        problem = None if self._worker is None else self._worker.failure()
+        if problem is not None and self._ring is None:
+            log.error("cannot punch the dropped range out of the log (%s); keeping the latest "
+                      "output in memory instead", problem)
+            self._to_memory()
+        return self._ring is not None
+
+    def _hand(self) -> None:
+        if self._worker is None:
+            self._worker = self._new_worker()
+        self._worker.hand(self._step())
+
+    def _new_worker(self) -> DropWorker:
+        return self.worker_class(self._fd, self._record, self.plan.limit)
+
+    def _step(self) -> DropStep:
+        """The step that makes the record say what was dropped so far, and punches it out."""
+        start = self.hole_start
+        assert start is not None
+        ranges = ((start, self.drop_to),) if self.drop_to > start else ()
+        record = LogDrops(self.plan.limit, ranges, self.dropped, self.marker,
+                          self._ring is None, start)
+        first = -(-start // self.plan.block) * self.plan.block
+        punch = (first, self.drop_to) if self._ring is None else (0, 0)
+        shown = self.dropped - self._ring_dropped if self._counting else None  # in the hole
+        return DropStep(record, punch, shown)
 
     def _to_memory(self) -> None:
         self._ring = _Ring(min(RING_MAX_BYTES, self.plan.tail + self.plan.step))
@@ -376,75 +551,10 @@ class LogCap:
         where it can."""
         end = os.fstat(self._fd).st_size
         start = -(-end // self.plan.block) * self.plan.block + self.plan.block
-        problem = self._punch(start, self.plan.block)
+        problem = _punch(self._fd, start, self.plan.block)
         if problem:
             log.info("the log's file system does not punch holes: %s", os.strerror(problem))
         return not problem
-
-    def _punch(self, offset: int, length: int) -> int:
-        """0, or the errno of the punch."""
-        if length <= 0:
-            return 0
-        if self._fallocate is None:
-            self._fallocate = _load_fallocate()
-        if self._fallocate is None:
-            return errno.ENOSYS
-        return self._fallocate(self._fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
-                               offset, length)
-
-    def _write_record(self, *, durable: bool = False) -> None:
-        """Replace the record atomically (a reader sees the old one or the new one). While
-        the child runs, not synced: the pump must not wait on the disk at every step (a
-        sync took 7 ms here, while a fast child's pipe fills). A journaling file system
-        commits this rename before the punch that follows it, so a machine that crashes
-        leaves no punched range the record does not name, at worst a record without its
-        bytes (the hole then reads as NULs). The last one, at the end, is synced."""
-        start = self.hole_start
-        ranges = ((start, self.drop_to),) if start is not None and self.drop_to > start else ()
-        record = LogDrops(self.plan.limit, ranges, self.dropped, self.marker,
-                          self._ring is None, start).to_json()
-        if durable:
-            atomic_write_json(self._record, record)
-        else:
-            _replace(self._record, json_bytes(record))
-
-    def _rewrite_marker(self) -> None:
-        """The marker's count, rewritten in place. A log open for appending is set to write
-        where it is told for the moment (pwrite would append to it)."""
-        if self.marker is None or not self._counting:
-            return
-        import fcntl
-
-        flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
-        try:
-            if flags & os.O_APPEND:
-                fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~os.O_APPEND)
-            shown = self.dropped - self._ring_dropped  # what the hole holds
-            os.pwrite(self._fd, dropped_marker(shown, self.plan.limit), self.marker)
-        except OSError as exc:
-            log.error("cannot update the count in the log's marker line: %s", exc)
-        finally:
-            if flags & os.O_APPEND:
-                fcntl.fcntl(self._fd, fcntl.F_SETFL, flags)
-
-
-def _replace(path: Path, data: bytes) -> None:
-    """Put `data` at `path` through a new temp file and a rename, never through a link (as
-    `muster.atomic` does), without syncing either."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, 0o644)
-    except FileExistsError:  # left by a shim that died, or planted: it goes, unread
-        os.unlink(tmp)
-        fd = os.open(tmp, flags, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def _text_line(text: str) -> bytes:

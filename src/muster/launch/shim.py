@@ -183,7 +183,8 @@ class LogPump:
 
     With a `LogCap` (`resources.log_limit`) the pump asks it only once a write would pass
     `LogCap.next_at`: past the head it writes the marker line, then keeps the latest output
-    while the cap punches older output out of the file (`muster.launch.log_limit`).
+    while the cap has older output recorded and punched out of the file by a thread of its
+    own, which the pump never waits for (`muster.launch.log_limit.DropWorker`).
 
     Every `WRITEBACK_BYTES` the pump asks the kernel to start writing the new part of the log
     to disk (sync_file_range, SYNC_FILE_RANGE_WRITE: it does not wait for the disk). That is
@@ -763,7 +764,9 @@ class Shim:
         return ended_at
 
     def _log_cap(self, log_fd: int) -> LogCap | None:
-        """What holds the log to the spec's `log_limit`; None without one."""
+        """What holds the log to the spec's `log_limit`; None without one. Made once the
+        child is spawned: the thread it starts with its first step must not be alive when
+        the shim forks with `preexec_fn`."""
         limit = self.spec.log_limit
         if limit is None:
             return None
