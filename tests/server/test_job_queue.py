@@ -75,7 +75,7 @@ def test_jobs_list_what_runs_then_the_queue_by_priority(
         "trial_id": high, "experiment_id": queued[2]["id"], "experiment_name": "high",
         "owner": "admin",
         "state": "QUEUED", "priority": 10, "replicas": 1, "gpus_per_replica": 0,
-        "gpu_type": None, "gpus": [], "queue_reason": reasons[0],
+        "gpu_type": None, "gpus": [], "queue_reason": reasons[0], "progress": None,
     }
     assert [job["priority"] for job in jobs[1:]] == [10, 42, 50]
 
