@@ -165,12 +165,13 @@ def masked_stream(stream: BinaryIO, values: Sequence[bytes]) -> BinaryIO:
     return _MaskedStream(stream, kept) if kept else stream  # type: ignore[return-value]
 
 
-class _MaskedStream(io.RawIOBase):
-    def __init__(self, raw: BinaryIO, values: Sequence[bytes]) -> None:
+class _OverStream(io.RawIOBase):
+    """A readable, seekable stream that shows `raw` its own way (its `readinto`), keeping
+    its own position; closing it closes `raw`."""
+
+    def __init__(self, raw: BinaryIO) -> None:
         super().__init__()
         self.raw = raw
-        self.margin = max(map(len, values)) - 1
-        self.pattern = re.compile(b"|".join(re.escape(v) for v in values))
         self.position = 0
 
     def readable(self) -> bool:
@@ -186,6 +187,17 @@ class _MaskedStream(io.RawIOBase):
     def tell(self) -> int:
         return self.position
 
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+class _MaskedStream(_OverStream):
+    def __init__(self, raw: BinaryIO, values: Sequence[bytes]) -> None:
+        super().__init__(raw)
+        self.margin = max(map(len, values)) - 1
+        self.pattern = re.compile(b"|".join(re.escape(v) for v in values))
+
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         want = len(buffer)
         start = max(0, self.position - self.margin)
@@ -197,10 +209,6 @@ class _MaskedStream(io.RawIOBase):
         self.position += len(piece)
         self.raw.seek(self.position)
         return len(piece)
-
-    def close(self) -> None:
-        self.raw.close()
-        super().close()
 
 
 def open_log(log: ReplicaLog) -> BinaryIO | None:
@@ -216,25 +224,11 @@ def open_log(log: ReplicaLog) -> BinaryIO | None:
     return None if stream is None else _KeptStream(stream, log)  # type: ignore[return-value]
 
 
-class _KeptStream(io.RawIOBase):
+class _KeptStream(_OverStream):
     def __init__(self, raw: BinaryIO, log: ReplicaLog) -> None:
-        super().__init__()
-        self.raw, self.log = raw, log
+        super().__init__(raw)
+        self.log = log
         self.drops = log.drops()
-        self.position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        self.position = self.raw.seek(offset, whence)
-        return self.position
-
-    def tell(self) -> int:
-        return self.position
 
     def fileno(self) -> int:
         return self.raw.fileno()
@@ -253,10 +247,6 @@ class _KeptStream(io.RawIOBase):
             view[:n] = data[:n]
             self.position = start + n
             return n
-
-    def close(self) -> None:
-        self.raw.close()
-        super().close()
 
 
 def drops_of(stream: BinaryIO) -> LogDrops:
