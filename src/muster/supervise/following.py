@@ -192,12 +192,10 @@ class Following:
         if isinstance(marker, dict):
             self._stop_with_evidence(live, status, marker)
             return
-        if any(live.dir.rank(other.rank).stalled.exists() for other in statuses
-               if other.rank != status.rank):
-            return
         why = self._stall_reason(live, status)
-        if why is None:
-            return
+        if why is None or any(live.dir.rank(other.rank).stalled.exists() for other in statuses
+                              if other.rank != status.rank):
+            return  # (the others are looked at only for a stall: no N² stats per pass)
         ranks = [other.rank for other in statuses if other.phase is ReplicaPhase.RUNNING]
         bundle = request_dump([live.dir.rank(rank) for rank in ranks], "stalled")
         marker = {"reason": why, "time": time.time(), "bundle": bundle, "ranks": ranks}
