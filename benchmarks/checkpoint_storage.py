@@ -58,16 +58,16 @@ from sqlalchemy.engine import Engine
 from muster import checkpoint_files
 from muster.atomic import json_bytes
 from muster.checkpoint_files import METADATA_FILE, NAME_PREFIX
+from muster.checkpoint_storage.location import Location
+from muster.checkpoint_storage.planner import CheckpointState
+from muster.checkpoint_storage.s3 import S3
+from muster.checkpoint_storage.transfer import upload_checkpoint
+from muster.checkpoint_storage.worker import PlannedCheckpoint, StorageWorker
 from muster.config import load_config
 from muster.config.units import parse_size
 from muster.home import Home
 from muster.metrics_lines import VALIDATION
 from muster.states import EventReason, ExperimentState, TrialState
-from muster.storage.location import Location
-from muster.storage.planner import CheckpointState
-from muster.storage.s3 import S3
-from muster.storage.transfer import upload_checkpoint
-from muster.storage.worker import PlannedCheckpoint, StorageWorker
 from muster.store import Checkpoint, Event, Experiment, Metric, Store, Trial
 
 NAME = "checkpoint_storage"

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import auth
-import checkpoint_storage
 import cli_startup
 import diagnostics_overhead
 import evidence
@@ -39,6 +38,8 @@ import throughput
 import ui_budget
 import wakeups
 from report import Outcome, describe_machine, render_markdown, write_json
+
+import checkpoint_storage
 
 # This folder's environments.py and search.py: ruff sorts them apart, as tests/environments/
 # and tests/search/ exist.

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
+from muster.checkpoint_storage.worker import StorageWorker
 from muster.client import pack_context
 from muster.services.experiments import create_experiment, describe_experiment
 from muster.services.retention import trial_checkpoints
-from muster.storage.worker import StorageWorker
+from tests.checkpoint_storage.test_worker import _drain
 from tests.examples.test_ddp import EXAMPLE, NEEDS, copy_context, digits
-from tests.storage.test_worker import _drain
 from tests.supervise.conftest import Rig
 
 torch = pytest.importorskip("torch", reason=NEEDS)

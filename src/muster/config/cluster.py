@@ -180,7 +180,7 @@ class ClusterConfig(_Section):
     # must run as root to drop to them.
     run_as: Literal["owner"] | RunAsAccount | None = None
     # Where checkpoints go and how many are kept when an experiment does not say
-    # (`muster.storage.location`); None: shared_fs in $MUSTER_HOME/checkpoints, 1/1/0.
+    # (`muster.checkpoint_storage.location`); None: shared_fs in $MUSTER_HOME/checkpoints, 1/1/0.
     checkpoint_storage: CheckpointStorageConfig | None = None
     # Where replicas run: this machine (`local`), or the nodes of a Ray cluster (`ray`,
     # which needs the `ray:` section and `pip install 'muster[ray]'`).

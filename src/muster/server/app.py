@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from muster import __version__, ui
+from muster.checkpoint_storage.worker import StorageWorker
 from muster.environments.interpreters import InterpreterError
 from muster.environments.runtime_base import check_base_environment
 from muster.errors import ConfigError, MusterError, StorageError, TooManyRequests
@@ -45,7 +46,6 @@ from muster.server.state import ServerSettings, ServerState
 from muster.server.wakeups import SAFETY_NET_SECONDS
 from muster.services.allowances import Allowances
 from muster.services.users import bootstrap
-from muster.storage.worker import StorageWorker
 from muster.store import Store
 from muster.supervise.supervisor import Supervisor
 

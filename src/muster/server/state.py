@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from muster.checkpoint_storage.worker import StorageWorker
 from muster.config import ClusterConfig, load_cluster_config
 from muster.home import Home
 from muster.launch.accounts import RunAs, check_can_switch
@@ -15,7 +16,6 @@ from muster.server.login_limit import LoginLimiter
 from muster.server.orchestrator import Orchestrator
 from muster.services.allowances import Allowances
 from muster.services.evidence import DumpsInFlight
-from muster.storage.worker import StorageWorker
 from muster.store import Store
 
 

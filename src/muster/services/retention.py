@@ -1,6 +1,6 @@
 """Checkpoints listed, garbage-collected on demand, experiments archived and deleted.
 
-What routes and the CLI call; the storage worker (`muster.storage.worker`) does the
+What routes and the CLI call; the storage worker (`muster.checkpoint_storage.worker`) does the
 deleting, in its own thread, from what these record.
 """
 
@@ -12,14 +12,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from muster.checkpoint_storage.location import effective_policy
+from muster.checkpoint_storage.metrics import checkpoint_metrics
+from muster.checkpoint_storage.worker import StorageWorker
 from muster.errors import Conflict, NotFound
 from muster.services import views
 from muster.services.access import Action, Principal, authorize
 from muster.services.experiments import experiment_or_404, trial_or_404
 from muster.states import EventReason, ExperimentState
-from muster.storage.location import effective_policy
-from muster.storage.metrics import checkpoint_metrics
-from muster.storage.worker import StorageWorker
 from muster.store import Checkpoint, Store, Trial, record_event
 from muster.store.models import now
 from muster.supervise.configs import experiment_config

@@ -11,9 +11,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from muster.checkpoint_storage.location import Location
 from muster.config.schema import SearcherConfig
 from muster.states import TrialState
-from muster.storage.location import Location
 from muster.store import Attempt, Checkpoint, Event, Experiment, Metric, Replica, Trial
 from muster.store.models import encode_non_finite
 from muster.verdicts import Verdict, count_verdicts, verdict_of
@@ -304,7 +304,7 @@ def metric_view(metric: Metric) -> dict[str, Any]:
 def checkpoint_view(checkpoint: Checkpoint, metric: float | None = None,
                     metric_step: int | None = None) -> dict[str, Any]:
     """A checkpoint as listed: where it is (`state`, `storage_url`), its searcher metric and
-    the step of the validation that metric is from (`muster.storage.metrics`), and why the
+    the step of the validation that metric is from (`checkpoint_storage.metrics`), and why the
     last GC kept it (`kept_because`)."""
     storage = checkpoint.storage
     url = Location.from_json(storage).url(checkpoint.uuid) if storage else None

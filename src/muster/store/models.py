@@ -485,7 +485,7 @@ class IngestCursor(Base):
 
 class Checkpoint(Base):
     """A checkpoint directory of a trial, as found and verified when it was registered, and
-    where it is in storage (`muster.storage`): `state` is a `CheckpointState`."""
+    where it is in storage (`muster.checkpoint_storage`): `state` is a `CheckpointState`."""
 
     __tablename__ = "checkpoints"
     __table_args__ = (UniqueConstraint("trial_id", "name"),)
@@ -514,7 +514,7 @@ class Checkpoint(Base):
     registered_at: Mapped[float] = mapped_column(Float, default=now)
     state: Mapped[str] = mapped_column(String(16), default="local", server_default="local",
                                        index=True)
-    # The storage it goes to (`muster.storage.location.Location.to_json`, no secrets): fixed
+    # The storage it goes to (`checkpoint_storage.location.Location.to_json`, no secrets): fixed
     # when its upload begins, so a changed default never sends a deletion elsewhere.
     storage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     stored_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -34,9 +34,9 @@ from sqlalchemy.orm import Session
 from muster import checkpoint_files, metrics_lines
 from muster.atomic import open_regular
 from muster.checkpoint_files import Inspection
+from muster.checkpoint_storage.metrics import Mark
 from muster.errors import NotFound
 from muster.rundir import AttemptDir, RankFile, RunDir
-from muster.storage.metrics import Mark
 from muster.store import Attempt, Checkpoint, IngestCursor, Metric, Store, Trial, series
 from muster.store.models import now
 from muster.supervise.step_scales import warn_if_step_scales_differ

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from muster import job_secrets
 from muster.atomic import atomic_write_json
+from muster.checkpoint_storage.resume import cache_dir, resumable, resume_point
 from muster.config import ExperimentConfig
 from muster.environments.registry import TrialEnvironment
 from muster.errors import ConfigError, GpuError, LaunchError
@@ -36,7 +37,6 @@ from muster.launch.environment import (
 )
 from muster.rundir import AttemptDir, RunDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
-from muster.storage.resume import cache_dir, resumable, resume_point
 from muster.store import Attempt, Checkpoint, Experiment, Replica, Trial, transition
 from muster.supervise import outside_snapshot, verification
 from muster.supervise.configs import experiment_config
@@ -146,7 +146,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
 
 def latest_checkpoint(run_dir: RunDir, home: Home) -> Path | None:
     """The checkpoint a new attempt resumes from (`MUSTER_LATEST_CHECKPOINT`): the latest
-    intact one in the run directory or fetched back from storage (`muster.storage.resume`)."""
+    intact one in the run directory or fetched back from storage (`checkpoint_storage.resume`)."""
     return resume_point(run_dir.checkpoints, cache_dir(home, run_dir.path.name))
 
 

@@ -2,7 +2,7 @@
 
 A script that reports validation at the epoch (1, 2, ...) and saves checkpoints at the
 optimizer step (45, 90, ...) is not wrong, and each checkpoint still gets the validation it
-was saved after (`muster.storage.metrics`); but its steps no longer compare, so a reader of
+was saved after (`checkpoint_storage.metrics`); but its steps no longer compare, so a reader of
 "checkpoint 90, val_accuracy 0.98 at step 2" deserves to be told once. The sign is a pair of
 one attempt that only different units explain (`step_scale_conflict`). Checked after an
 ingestion that stored a rank-0 validation or registered a checkpoint, until the trial has
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from muster.checkpoint_storage.metrics import Mark, step_scale_conflict
 from muster.metrics_lines import VALIDATION
 from muster.states import EventReason, MetricSource
-from muster.storage.metrics import Mark, step_scale_conflict
 from muster.store import Checkpoint, Event, Metric, Store, Trial, record_event
 from muster.store.actors import SUPERVISOR
 

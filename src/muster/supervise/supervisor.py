@@ -33,6 +33,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from muster.checkpoint_storage.resume import fetch_resume_point
 from muster.config import GpuReleaseConfig
 from muster.config.cluster import DEFAULT_LOG_LIMIT
 from muster.environments.registry import Environments
@@ -43,7 +44,6 @@ from muster.launch.base import Launcher
 from muster.schedule.gpu_pool import GpuPool
 from muster.schedule.inventory import GpuInventory, NoGpus
 from muster.states import AttemptState, values
-from muster.storage.resume import fetch_resume_point
 from muster.store import Attempt, Store, Trial
 from muster.supervise.admission import Admission
 from muster.supervise.context import LiveAttempt, SupervisorContext, read_live_attempts

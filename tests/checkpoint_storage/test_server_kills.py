@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import select
 
 from muster.checkpoint_files import METADATA_FILE
-from muster.storage.s3 import S3
-from muster.storage.transfer import fetch_checkpoint
+from muster.checkpoint_storage.s3 import S3
+from muster.checkpoint_storage.transfer import fetch_checkpoint
 from muster.store import Checkpoint, Event
 from tests.processes import kill_home_processes
 from tests.server.experiments import make_context, only_trial, submit, wait_ended

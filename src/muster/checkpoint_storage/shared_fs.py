@@ -6,7 +6,7 @@ An object is the file `root/<key>`. Writes go to a temporary file beside it,
 a crash is an `OpenUpload` until `abort_upload` removes it.
 
 The key rules, the refusal of sources that are not regular files and the hashing reader are
-shared with `muster.storage.s3`, which imports them from here.
+shared with `muster.checkpoint_storage.s3`, which imports them from here.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
+from muster.checkpoint_storage.base import Backend, ObjectMissing, OpenUpload, StoredObject
 from muster.errors import StorageError
-from muster.storage.base import Backend, ObjectMissing, OpenUpload, StoredObject
 
 __all__ = ["SharedFs"]
 

@@ -16,8 +16,8 @@ import yaml
 from sqlalchemy import select
 
 from muster.checkpoint_files import METADATA_FILE, published
+from muster.checkpoint_storage.worker import StorageWorker
 from muster.services.experiments import create_experiment
-from muster.storage.worker import StorageWorker
 from muster.store import Checkpoint, Event, Trial
 from tests.supervise.conftest import FIXTURES, Rig
 

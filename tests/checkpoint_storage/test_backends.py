@@ -1,4 +1,4 @@
-"""One contract suite for every storage backend (`muster.storage.base`), run against
+"""One contract suite for every storage backend (`muster.checkpoint_storage.base`), run against
 shared_fs on a temporary directory and S3 on moto's real S3 API; no mocks."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from muster.checkpoint_storage.base import Backend, ObjectMissing
+from muster.checkpoint_storage.s3 import S3
+from muster.checkpoint_storage.shared_fs import HashingReader, SharedFs
 from muster.errors import StorageError
-from muster.storage.base import Backend, ObjectMissing
-from muster.storage.s3 import S3
-from muster.storage.shared_fs import HashingReader, SharedFs
 
 from .conftest import PART
 

@@ -16,8 +16,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from muster.checkpoint_files import METADATA_FILE
-from muster.storage.base import Backend
-from muster.storage.planner import CheckpointState
+from muster.checkpoint_storage.base import Backend
+from muster.checkpoint_storage.planner import CheckpointState
 
 __all__ = ["SweepReport", "sweep_location"]
 

@@ -12,12 +12,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from muster.checkpoint_storage.base import Backend
+from muster.checkpoint_storage.planner import Policy
 from muster.config.schema import CheckpointStorageConfig
 from muster.config.secrets import source_of
 from muster.errors import ConfigError, StorageError
 from muster.home import Home
-from muster.storage.base import Backend
-from muster.storage.planner import Policy
 
 __all__ = ["Location", "effective_location", "effective_policy", "open_backend"]
 
@@ -85,11 +85,11 @@ def open_backend(location: Location, home: Path, environ: dict[str, str] | None 
         StorageError: a key cannot be read on the server, or the type is unknown.
     """
     if location.type == "shared_fs":
-        from muster.storage.shared_fs import SharedFs
+        from muster.checkpoint_storage.shared_fs import SharedFs
 
         return SharedFs(Path(location.path or "/"))
     if location.type == "s3":
-        from muster.storage.s3 import S3
+        from muster.checkpoint_storage.s3 import S3
 
         access, secret = (_secret(location, "access_key", home, environ),
                           _secret(location, "secret_key", home, environ))

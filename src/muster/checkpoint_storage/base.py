@@ -2,7 +2,7 @@
 
 A backend stores objects under string keys (`<uuid>/<relative path>`; `/` separates parts,
 never `..`), relative to its root (a directory, or a bucket and prefix). The rules every
-backend keeps, and `tests/storage/test_backends.py` holds both to:
+backend keeps, and `tests/checkpoint_storage/test_backends.py` holds both to:
 
 - `put_file` streams a local file to `key` and returns the sha256 of the bytes it sent;
   a put that fails or is interrupted never leaves an object under `key` that a `get`

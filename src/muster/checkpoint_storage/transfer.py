@@ -22,8 +22,8 @@ from pathlib import Path, PurePosixPath
 from muster import checkpoint_files
 from muster.atomic import fsync_dir, read_regular
 from muster.checkpoint_files import METADATA_FILE, Inspection
+from muster.checkpoint_storage.base import Backend, ObjectMissing
 from muster.errors import StorageError
-from muster.storage.base import Backend, ObjectMissing
 
 __all__ = ["CheckpointChanged", "CorruptInStorage", "delete_checkpoint", "fetch_checkpoint",
            "upload_checkpoint"]

@@ -85,7 +85,7 @@ class CheckpointFacts:
     order: tuple[int, float, str]  # (step, saved_at, name): a greater order is a later one
     intact: bool
     state: CheckpointState
-    # The searcher metric of the validation it was saved after (`muster.storage.metrics`);
+    # The searcher metric of the validation it was saved after (`checkpoint_storage.metrics`);
     # None: no validation before it in its attempt.
     metric: float | None = None
     metric_step: int | None = None  # the step of that validation

@@ -14,12 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import select
 
+from muster.checkpoint_storage.metrics import Mark, attribute_metrics, step_scale_conflict
+from muster.checkpoint_storage.worker import StorageWorker
 from muster.services.experiments import create_experiment
 from muster.services.retention import trial_checkpoints
-from muster.storage.metrics import Mark, attribute_metrics, step_scale_conflict
-from muster.storage.worker import StorageWorker
 from muster.store import Event, Trial
-from tests.storage.test_worker import _drain
+from tests.checkpoint_storage.test_worker import _drain
 from tests.supervise.conftest import FIXTURES, Rig
 
 V = tuple[Mark, float]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from muster.storage.planner import (
+from muster.checkpoint_storage.planner import (
     BEING_UPLOADED,
     DELETION_BEGUN,
     NOT_INTACT,

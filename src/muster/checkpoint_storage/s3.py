@@ -17,9 +17,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from muster.errors import StorageError
-from muster.storage.base import Backend, ObjectMissing, OpenUpload, StoredObject
-from muster.storage.shared_fs import (
+from muster.checkpoint_storage.base import Backend, ObjectMissing, OpenUpload, StoredObject
+from muster.checkpoint_storage.shared_fs import (
     HashingReader,
     check_key,
     check_prefix,
@@ -28,6 +27,7 @@ from muster.storage.shared_fs import (
     os_reason,
     too_large,
 )
+from muster.errors import StorageError
 
 __all__ = ["S3"]
 

@@ -29,16 +29,21 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from muster.checkpoint_storage import transfer
+from muster.checkpoint_storage.base import Backend
+from muster.checkpoint_storage.location import (
+    Location,
+    effective_location,
+    effective_policy,
+    open_backend,
+)
+from muster.checkpoint_storage.metrics import checkpoint_metrics
+from muster.checkpoint_storage.planner import CheckpointFacts, CheckpointState, Decision, plan
+from muster.checkpoint_storage.sweep import SweepReport, sweep_location
 from muster.config.schema import CheckpointStorageConfig, ExperimentConfig
 from muster.errors import MusterError, StorageError
 from muster.home import Home
 from muster.states import EventReason, TrialState
-from muster.storage import transfer
-from muster.storage.base import Backend
-from muster.storage.location import Location, effective_location, effective_policy, open_backend
-from muster.storage.metrics import checkpoint_metrics
-from muster.storage.planner import CheckpointFacts, CheckpointState, Decision, plan
-from muster.storage.sweep import SweepReport, sweep_location
 from muster.store import Checkpoint, Experiment, Store, Trial, record_event
 from muster.store.actors import STORAGE
 from muster.store.models import now

@@ -17,9 +17,9 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from muster.storage.base import Backend
-from muster.storage.s3 import S3
-from muster.storage.shared_fs import TMP_PREFIX, SharedFs
+from muster.checkpoint_storage.base import Backend
+from muster.checkpoint_storage.s3 import S3
+from muster.checkpoint_storage.shared_fs import TMP_PREFIX, SharedFs
 from tests.supervise.conftest import home, sqlite_rig, sqlite_store  # noqa: F401 - the rig
 
 PART = 5 << 20  # S3's smallest part: files of more than this go up in parts
