@@ -113,7 +113,7 @@ def whoami(state: State, request: Request, who: Reader) -> dict[str, Any]:
             "csrf_token": tokens.csrf_token(cookie) if cookie else None}
 
 
-@router.get("/users", response_model=list[api.UserView])
+@router.get("/users", response_model=api.many(api.UserView))
 def list_users(state: State, _: Reader) -> list[dict[str, Any]]:
     """Every user, oldest first (deactivated ones too)."""
     return users.list_users(state.store)
@@ -163,7 +163,7 @@ def activate_user(state: State, name: NamePath, who: Admin) -> dict[str, Any]:
     return users.activate_user(state.store, who, name)
 
 
-@router.get("/tokens", response_model=list[api.TokenView], responses=_errors(404))
+@router.get("/tokens", response_model=api.many(api.TokenView), responses=_errors(404))
 def list_tokens(state: State, who: Account,
                 user: Annotated[str | None, Query(min_length=1, max_length=32, description=(
                     "an admin lists this user's tokens"))] = None) -> list[dict[str, Any]]:
@@ -193,7 +193,7 @@ def revoke_token(state: State, token_id: TokenIdPath, who: Account) -> dict[str,
     return view
 
 
-@router.get("/sessions", response_model=list[api.SessionView], responses=_errors(404))
+@router.get("/sessions", response_model=api.many(api.SessionView), responses=_errors(404))
 def list_sessions(state: State, who: Account, user: UserQuery = None) -> list[dict[str, Any]]:
     """Your open web sessions (an admin: `user`'s), oldest first: where each was opened
     from, with which API token (none: a password), and which one is this request's."""
@@ -210,7 +210,7 @@ def end_session(state: State, session_id: SessionIdPath, who: Account) -> dict[s
     return view
 
 
-@router.get("/events", response_model=list[api.AuditEvent], responses=_errors(404))
+@router.get("/events", response_model=api.many(api.AuditEvent), responses=_errors(404))
 def list_events(
     state: State, _: Reader,
     experiment_id: Annotated[int | None, Query(ge=1, le=MAX_INTEGER)] = None,

@@ -174,7 +174,7 @@ def _known_caller(request: Request, state: ServerState) -> bool:
 
 
 @router.post("/experiments", status_code=201,
-             response_model=api.ExperimentDetail | list[api.ExperimentDetail],
+             response_model=api.one_or_many(api.ExperimentDetail),
              responses=_errors(400, 413, 429),
              openapi_extra={"requestBody": upload_form.REQUEST_BODY})
 async def create_experiment(state: State, request: Request,
@@ -233,7 +233,7 @@ def release_node(state: State, node_id: Annotated[str, InPath(min_length=1, max_
     return cluster.release_quarantined(state.store, node_id, who.name)
 
 
-@router.get("/environments", response_model=list[api.EnvironmentView])
+@router.get("/environments", response_model=api.many(api.EnvironmentView))
 def list_environments(state: State, who: Reader) -> list[dict[str, Any]]:
     """Every environment muster was asked to build: its state, packages, size, last use and
     the trials that need it or ran in it (`muster env list`); why a build failed only to
@@ -296,7 +296,7 @@ scrape.add_api_route("/metrics", get_prometheus_metrics, methods=["GET"],
                      response_class=Response, include_in_schema=False)
 
 
-@router.get("/jobs", response_model=list[api.Job])
+@router.get("/jobs", response_model=api.many(api.Job))
 def list_jobs(state: State, _: Reader) -> list[dict[str, Any]]:
     """Trials that run or wait: those holding resources, then the queue in its order (priority,
     then id), then paused ones; each with its resources, GPUs held and `queue_reason`."""
@@ -335,7 +335,7 @@ _TOTAL_COUNT: dict[int | str, dict[str, Any]] = {200: {"headers": {"X-Total-Coun
     "schema": {"type": "integer"}}}}}
 
 
-@router.get("/experiments", response_model=list[api.ExperimentSummary],
+@router.get("/experiments", response_model=api.many(api.ExperimentSummary),
             responses={**_TOTAL_COUNT, **_errors(400, 404)})
 def list_experiments(
     state: State, who: Reader, response: Response,
@@ -394,7 +394,7 @@ def get_importance(state: State, _: Reader, experiment_id: ExperimentId) -> dict
     return importance.experiment_importance(state.store, experiment_id)
 
 
-@router.get("/experiments/{experiment_id}/trials", response_model=list[api.TrialSummary],
+@router.get("/experiments/{experiment_id}/trials", response_model=api.many(api.TrialSummary),
             responses=_errors(400, 404))
 def list_experiment_trials(
     state: State,
@@ -632,7 +632,7 @@ async def download_trial_evidence(
                     headers={"X-Muster-Attempt": str(download.attempt)})
 
 
-@router.get("/trials/{trial_id}/metrics", response_model=list[api.MetricReport],
+@router.get("/trials/{trial_id}/metrics", response_model=api.many(api.MetricReport),
             responses=_errors(404))
 def get_trial_metrics(
     state: State,
@@ -663,7 +663,7 @@ def get_trial_series(
     return curves.trial_series(state.store, trial_id, points)
 
 
-@router.get("/trials/{trial_id}/checkpoints", response_model=list[api.CheckpointView],
+@router.get("/trials/{trial_id}/checkpoints", response_model=api.many(api.CheckpointView),
             responses=_errors(404))
 def get_trial_checkpoints(state: State, _: Reader, trial_id: TrialId
                           ) -> list[dict[str, Any]]:
@@ -758,7 +758,7 @@ async def download_checkpoint(state: State, _: Reader, checkpoint: CheckpointRef
 
 
 @router.get("/experiments/{experiment_id}/checkpoints",
-            response_model=list[api.CheckpointView], responses=_errors(404))
+            response_model=api.many(api.CheckpointView), responses=_errors(404))
 def get_experiment_checkpoints(state: State, _: Reader, experiment_id: ExperimentId
                                ) -> list[dict[str, Any]]:
     """Every checkpoint of the experiment's trials (deleted ones too), by trial and step."""

@@ -1,0 +1,680 @@
+"""The shapes muster's HTTP API serves, declared once: services build them, routes return
+them, `muster.client.Client` hands them out, the CLI and the pages read them.
+
+Standard library only (and `muster.states`), so the CLI and the SDK a training script
+imports stay fast and free of pydantic; `muster.server.api` derives the pydantic model of
+each shape for the door (response validation, `/openapi.json`). A shape here is exactly a
+JSON object on the wire: every key is always present (null where the comment says so), and
+field names are a fixed contract (docs "JSON contract"): extend, never rename. Free JSON
+(hyperparameters, metrics, config blobs, snapshots) stays `dict[str, Any]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from muster.states import (
+    AttemptState,
+    ExperimentState,
+    GpuState,
+    MetricSource,
+    OomSource,
+    Role,
+    TrialState,
+)
+
+# Metric values: numbers, or "NaN", "Infinity", "-Infinity" (strict JSON has no other way).
+Number = float | int | str
+
+
+class Error(TypedDict):
+    """Every error: its kind (the `MusterError` class, or the HTTP phrase) and a sentence
+    that says what happened and what to do."""
+
+    error: str
+    message: str
+
+
+class SupervisorHealth(TypedDict):
+    """How the supervisor's passes are going (the orchestrator's `PassHealth`)."""
+
+    failures_in_a_row: int
+    last_error: str | None
+    last_error_at: float | None
+    last_pass_at: float | None
+    passes: int  # passes that succeeded since the server started
+    interval: float  # seconds between passes that nothing woke
+    wakeups: bool  # whether files and processes wake passes (inotify, pidfds)
+
+
+class Health(TypedDict):
+    status: Literal["ok"]
+    version: str
+    pid: int  # `muster up` checks that the server answering is the one it started
+    degraded: bool  # the last supervisor pass failed: the server serves, the queue waits
+    last_supervisor_error: str | None
+    last_supervisor_error_at: float | None
+    supervisor: SupervisorHealth
+
+
+class Event(TypedDict):
+    at: float
+    entity: str
+    entity_id: int
+    from_state: str | None
+    to_state: str | None
+    reason: str
+    actor: str
+    message: str | None
+    attempt: int | None  # an attempt's number in its trial, for an attempt's event
+
+
+class OomView(TypedDict):
+    """Who named a replica's end an OOM kill, and the memory_limit it had (None: none)."""
+
+    source: OomSource
+    limit_bytes: int | None
+
+
+class ReplicaView(TypedDict):
+    rank: int
+    incarnation: int  # 0, or n after n restarts in place
+    host: str  # the server's host name, where it was decided
+    node: str  # where it runs: the Ray node id, or locally the host name
+    pid: int | None
+    exit_code: int | None
+    signal: str | None  # a name such as "SIGKILL"
+    reason: str | None
+    message: str | None
+    log_path: str
+    log_tail: str | None
+    max_rss_bytes: int | None
+    peak_rss_bytes: int | None  # the whole process group's peak memory (cgroup or sampled)
+    oom: OomView | None  # set when it ran out of memory
+    # Output its log could not take (a full disk, an I/O error): a marker line in the log
+    # says where, and the trial is not verified (check log_complete). Null until it ended.
+    log_lost_bytes: int | None
+    # Its latest evidence bundle (`evidence/<id>`, in its attempt's directory: a stall's, or
+    # `muster trial dump`'s) and where its main thread was then, one line per rank.
+    evidence: str | None
+    stack_summary: str | None
+    started_at: float | None
+    ended_at: float | None
+
+
+class DumpRankView(TypedDict):
+    """One rank's part of an evidence bundle a dump asked for."""
+
+    rank: int
+    complete: bool  # its summary.json was written in time
+    line: str  # "rank 1 waits in all_reduce at train.py:88", or why there is none
+    tool: str | None  # "py-spy" | "faulthandler" | None (no stack could be read)
+    errors: list[str]
+
+
+class DumpResult(TypedDict):
+    """`POST /trials/{id}/dump`: the bundle, and what each running rank's part says."""
+
+    bundle: str  # its id, `<UTC yyyymmddThhmmssZ>-requested`
+    attempt: int
+    path: str  # its directory on the server: `<attempt dir>/evidence/<bundle>`
+    ranks: list[DumpRankView]
+
+
+class AttemptView(TypedDict):
+    number: int
+    state: AttemptState
+    standby: bool  # a warm standby not (yet) promoted
+    reason: str | None
+    message: str | None
+    run_dir: str
+    started_at: float | None
+    ended_at: float | None
+    replicas: list[ReplicaView]
+
+
+class EarlyStop(TypedDict):
+    """Where the searcher stopped a trial early."""
+
+    rung: int
+    step: int
+    value: Number
+
+
+class TrialEnvironmentView(TypedDict):
+    """What a trial runs in: the hash of its built environment (None: the base interpreter
+    under the trial's own layer) and what that held when the trial first launched."""
+
+    hash: str | None
+    python: str | None  # environment.python, None: the interpreter muster runs on
+    freeze: list[str] | None
+
+
+class TrialProgress(TypedDict):
+    """How far a RUNNING trial has come, in its planned length's unit, and when it will end
+    at its recent rate (`muster.services.progress`). `planned`, `fraction` and
+    `eta_seconds` are null without a planned length; `rate_per_s` and `eta_seconds` with
+    fewer than two progress points: the ETA is unknown, never guessed."""
+
+    done: int | float  # steps or records done; epochs to two places
+    planned: int | None
+    unit: str  # steps | batches | epochs | records
+    fraction: float | None  # done / planned, at most 1
+    rate_per_s: float | None
+    eta_seconds: float | None  # after `as_of`, at `rate_per_s`
+    planned_by: str | None  # verify.expected_length | ctx.plan() | searcher.max_length
+    measured_by: str  # harness | log (metrics), heartbeat, samples
+    as_of: float | None  # the time of the latest progress point
+
+
+class RunningTrialProgress(TypedDict):
+    trial_id: int
+    number: int
+    progress: TrialProgress
+
+
+class TrialDetail(TypedDict):
+    id: int
+    uuid: str
+    experiment_id: int
+    state: TrialState
+    reason: str | None
+    message: str | None
+    restarts: int
+    hparams: dict[str, Any]
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    attempts: list[AttemptView]
+    manifest: dict[str, Any] | None
+    verification: dict[str, Any] | None
+    # True only when its exit 0 was verified; null while it has not ended.
+    verified: bool | None
+    verdict: str  # one line, as the CLI and the UI print it (`muster.verdicts`)
+    early_stopped: bool
+    queue_reason: str | None
+    priority: int
+    number: int  # its place in the search, from 0
+    early_stop: EarlyStop | None
+    # The best finite value of the searcher's metric over rank 0's validation reports.
+    best_validation: dict[str, float]
+    environment: TrialEnvironmentView
+    # The trial part of its reproducibility snapshot (`muster.diagnostics`: code, config,
+    # hparams, seed, environment, data) in the reads (`GET /trials/{id}`,
+    # `/experiments/{id}`, `/experiments/{id}/best`); null in the answers to actions.
+    snapshot: dict[str, Any] | None
+    progress: TrialProgress | None  # while RUNNING, once it reported progress
+
+
+class TrialDescription(TrialDetail):
+    """A trial with its events: `GET /trials/{id}`."""
+
+    events: list[Event]
+
+
+class TrialSummary(TypedDict):
+    """One row of an experiment's trial list."""
+
+    id: int
+    number: int
+    state: TrialState
+    hparams: dict[str, Any]
+    early_stopped: bool
+    best_validation: dict[str, float]
+    restarts: int
+    started_at: float | None
+    ended_at: float | None
+    verified: bool | None  # its exit 0 was verified; null while it has not ended
+    verdict: str  # one line, as the CLI and the UI print it (`muster.verdicts`)
+    early_stop: EarlyStop | None  # where the searcher stopped it
+    progress: TrialProgress | None  # while RUNNING, once it reported progress
+
+
+class CurveView(TypedDict):
+    """One trial's learning curve: steps and values, downsampled (min/max buckets)."""
+
+    trial_id: int
+    number: int
+    state: TrialState
+    hparams: dict[str, Any]
+    early_stop: EarlyStop | None  # where the searcher stopped it
+    reports: int  # finite values the curve stands for
+    steps: list[int]
+    values: list[float]
+
+
+class ExperimentCurves(TypedDict):
+    experiment_id: int
+    metric: str
+    kind: str
+    smaller_is_better: bool | None  # None for a metric other than the searcher's
+    points_per_trial: int
+    trials: list[CurveView]
+
+
+class SeriesView(TypedDict):
+    """One metric of a trial as a curve (rank 0), downsampled (min/max buckets)."""
+
+    kind: str
+    name: str
+    reports: int  # reports that named it, NaN and ±inf included
+    lowest: float | None  # finite values only
+    highest: float | None
+    last_step: int | None
+    steps: list[int]
+    values: list[float]
+
+
+class TrialSeries(TypedDict):
+    trial_id: int
+    series: list[SeriesView]
+
+
+class ParamImportance(TypedDict):
+    name: str  # the key path, e.g. "optimizer.lr"
+    importance: float  # its share; the shares of an answer sum to 1
+
+
+class Importance(TypedDict):
+    """How much each hyperparameter the search varied mattered for the searcher's metric:
+    `GET /experiments/{id}/importance`."""
+
+    experiment_id: int
+    evaluator: str  # Optuna's evaluator, by class name: PedAnovaImportanceEvaluator
+    metric: str
+    smaller_is_better: bool
+    ended_trials: int  # SUCCEEDED, FAILED, CANCELED and SUSPECT, when this was computed
+    trials_used: int  # the SUCCEEDED ones with a finite value of the metric
+    importances: list[ParamImportance]  # the largest share first
+    message: str | None  # what to keep in mind when reading it (few trials, ties)
+
+
+class BestSoFar(TypedDict):
+    trial_id: int
+    number: int
+    hparams: dict[str, Any]
+    metric: str
+    value: float
+    early_stopped: bool
+
+
+class SearchProgress(TypedDict):
+    searcher: str
+    metric: str | None
+    smaller_is_better: bool
+    max_trials: int
+    max_concurrent_trials: int
+    max_length: int | None  # the training each trial gets, in max_length_unit
+    max_length_unit: str  # steps (report_validation's), batches, epochs or records
+    ended: int  # SUCCEEDED, FAILED, CANCELED and SUSPECT
+    running: int  # STARTING, RUNNING and RESTARTING
+    queued: int  # QUEUED and PAUSED
+    remaining: int  # still to be made
+    best: BestSoFar | None
+
+
+class Progress(TypedDict):
+    ended: int  # SUCCEEDED, FAILED, CANCELED, SUSPECT
+    running: int  # STARTING, RUNNING, RESTARTING
+    queued: int  # QUEUED, PAUSED
+    total: int  # every trial it will make (1, a grid's size, max_trials)
+
+
+class VerdictCounts(TypedDict):
+    """An experiment's trials by verdict."""
+
+    verified: int  # SUCCEEDED, and their exit 0 verified
+    not_verified: int  # SUCCEEDED without that (nothing inspected; approved on review)
+    suspect: int  # SUSPECT: exit 0, a check failed, a person must decide
+
+
+class ExperimentSummary(TypedDict):
+    id: int
+    uuid: str
+    name: str
+    description: str
+    labels: list[str]
+    state: ExperimentState
+    message: str | None
+    created_at: float
+    ended_at: float | None
+    trial_states: list[TrialState]
+    priority: int  # what its new trials get
+    archived: bool  # hidden from the default lists (`muster experiment archive`)
+    owner: str | None  # the user who submitted it (None only for older experiments)
+    progress: Progress  # its trials by stage, of all it will make
+    awaiting_review: int  # SUSPECT trials: exit 0, a check failed, a person must decide
+    unverified: int  # SUCCEEDED trials whose exit 0 was not verified (verdicts.not_verified)
+    verdicts: VerdictCounts
+    best: BestSoFar | None  # the search's best trial so far (its searcher's metric)
+    # Its RUNNING trials that reported progress, by number.
+    trial_progress: list[RunningTrialProgress]
+
+
+class ExperimentDetail(ExperimentSummary):
+    config: dict[str, Any]
+    config_yaml: str  # the config as it was submitted (secrets are never in it)
+    trials: list[TrialDetail]
+    search: SearchProgress
+    warnings: list[str]  # e.g. no ended trial reported the searcher's metric
+
+
+class MetricReport(TypedDict):
+    kind: Literal["training", "validation"]
+    step: int
+    time: float
+    attempt: int
+    rank: int
+    metrics: dict[str, Number]
+    # Where muster read it: "harness" (a metrics file) or "log" (recognised in the rank's
+    # log: `verify.metrics_from_log` or a built-in recogniser).
+    source: MetricSource
+
+
+class CheckpointView(TypedDict):
+    id: int
+    uuid: str  # its name in storage: `<storage>/<uuid>/`
+    trial_id: int
+    name: str
+    path: str  # in the trial's run directory (gone once `deleted`)
+    step: int
+    state: Literal["local", "uploading", "stored", "upload_failed", "deleting", "deleted"]
+    size: int  # bytes, every file
+    storage_url: str | None  # where it is stored (`stored` and `deleting` only)
+    # The searcher's metric of the last validation rank 0 reported in its attempt before it
+    # was saved (None: none before it), and that validation's own step, whatever its unit.
+    metric: Number | None
+    metric_step: int | None
+    kept_because: str | None  # why the last garbage collection kept it
+    deleted_because: str | None
+    error: str | None  # why its last upload failed
+    stored_at: float | None
+    attempt: int | None
+    rank: int | None
+    created_at: float | None
+    size_bytes: int
+    file_count: int
+    metadata: Any  # what the training code passed as save(metadata=...)
+    intact: bool
+    problem: str | None
+
+
+class TrialSnapshot(TypedDict):
+    """`muster.diagnostics`: the trial part, each rank's part (by rank, as text), and the
+    outside part of its latest attempt that has one (what the server saw from outside the
+    process at its launch: the interpreter, the layer's packages, the code's tree hash)."""
+
+    trial: dict[str, Any]
+    ranks: dict[str, dict[str, Any]]
+    outside: dict[str, Any] | None
+
+
+class SnapshotDifference(TypedDict):
+    group: Literal["code", "config", "packages", "frameworks", "numerics", "hardware",
+                   "platform"]
+    field: str
+    a: Any
+    b: Any
+    rank: int | None  # None for a trial-level field
+
+
+class TrialDiff(TypedDict):
+    differences: list[SnapshotDifference]  # most result-relevant first
+    lines: list[str]  # each as `muster trial diff` prints it: "cuda: 11.7.1 vs 11.7.0"
+
+
+class DiagnosticFinding(TypedDict):
+    check: str  # "diagnostics.sampler_overlap", as in verification.checks
+    found: bool  # the check found a problem (whether that fails it depends on `mode`)
+    detail: str
+    mode: Literal["suspect", "warn", "off"]
+
+
+class TrialDiagnostics(TypedDict):
+    """The coded-bias diagnostics of the trial's latest attempt (docs/diagnostics.md)."""
+
+    attempt: int | None
+    ranks: list[int]  # the ranks that recorded
+    findings: list[DiagnosticFinding]
+    # grad_norm_spread: [[update, std/mean of the ranks' local gradient norms]];
+    # sampler_overlap: [[pass, largest share of the same samples two ranks drew]]
+    series: dict[str, list[list[float]]]
+
+
+class ExperimentDiff(TrialDiff):
+    """Two experiments compared through one trial each: its best by the searcher's metric
+    (`best`), else its latest (`latest`)."""
+
+    a_trial: int
+    a_basis: Literal["best", "latest"]
+    b_trial: int
+    b_basis: Literal["best", "latest"]
+
+
+class GcPolicy(TypedDict):
+    save_trial_latest: int
+    save_trial_best: int
+    save_experiment_best: int
+
+
+class GcDecision(TypedDict):
+    id: int
+    trial_id: int
+    name: str
+    step: int
+    state: str
+    keep: bool
+    reasons: list[str]
+
+
+class GcPlan(TypedDict):
+    experiment_id: int
+    dry_run: bool
+    policy: GcPolicy
+    checkpoints: list[GcDecision]
+
+
+class DeleteAccepted(TypedDict):
+    experiment_id: int
+    deleting: bool
+    message: str
+
+
+class Archived(TypedDict):
+    experiment_id: int
+    archived: bool
+
+
+class Job(TypedDict):
+    trial_id: int
+    experiment_id: int
+    experiment_name: str
+    owner: str | None
+    state: TrialState
+    priority: int
+    replicas: int
+    gpus_per_replica: int
+    gpu_type: str | None
+    gpus: list[int]
+    queue_reason: str | None
+    progress: TrialProgress | None  # while RUNNING, once it reported progress
+
+
+class GpuView(TypedDict):
+    index: int
+    name: str
+    type: str
+    memory_total_bytes: int
+    memory_used_bytes: int | None  # read live; None with `memory_error`
+    memory_error: str | None
+    state: GpuState
+    trial_id: int | None
+
+
+class FilesystemView(TypedDict):
+    paths: list[str]
+    free_bytes: int
+    total_bytes: int
+
+
+class NodeReplicaView(TypedDict):
+    """A replica running on a node."""
+
+    trial_id: int
+    attempt: int
+    rank: int
+
+
+class NodeView(TypedDict):
+    """A machine trials run on (with the local launcher: the server's own)."""
+
+    id: str  # the host name (a Ray node's id on Ray)
+    address: str
+    alive: bool
+    cpus: int
+    gpus: int
+    cpus_free: float | None  # None: not known (a dead node)
+    gpus_free: float | None
+    hostname: str | None
+    quarantined: bool  # the bad-node circuit breaker took it out of the pool
+    quarantine_reason: str | None
+    replicas: list[NodeReplicaView]  # the replicas of live attempts running there
+
+
+class NodeReleaseView(TypedDict):
+    id: str
+    released: bool  # True: it was quarantined and is back in the pool
+
+
+class ClusterStatus(TypedDict):
+    slots: int
+    slots_in_use: int
+    queued: int
+    queue_length: int
+    suspect: int
+    trial_counts: dict[str, int]
+    gpus: list[GpuView]
+    gpu_note: str
+    gpu_source: str
+    filesystems: list[FilesystemView]
+    runs_dir: str
+    free_disk_bytes: int
+    min_free_disk_bytes: int
+    disk_ok: bool
+    disk_message: str
+    environments: EnvironmentsDisk
+    runtime_base: RuntimeBaseView
+    nodes: list[NodeView]
+
+
+class EnvironmentView(TypedDict):
+    """One environment: `GET /environments`, `muster env list --json`."""
+
+    hash: str
+    python: str
+    inherit: bool
+    packages: list[str]
+    setup: list[list[str]]
+    state: str  # READY, BUILDING, FAILED, MISSING (requested, not built yet)
+    size_bytes: int | None
+    built_at: float | None
+    last_used: float | None
+    message: str | None  # why its build failed
+    trials: list[int]  # the trials that need it or ran in it
+
+
+class PruneResultView(TypedDict):
+    removed: list[str]
+    kept_in_use: list[str]
+    freed_bytes: int
+
+
+class EnvironmentsDisk(TypedDict):
+    count: int
+    bytes: int
+
+
+class BasePackageView(TypedDict):
+    name: str  # normalized (PEP 503)
+    version: str
+
+
+class RuntimeBaseView(TypedDict):
+    """What trials without an environment block import (`muster cluster status`)."""
+
+    source: str  # computed (from muster's installation) | configured (base_environment)
+    path: str  # the published base, or the configured interpreter or venv
+    python: str | None  # its version; None when it cannot be used (`error`)
+    packages: list[BasePackageView]  # training packages first
+    error: str | None
+    message: str  # one line: "computed, 22 packages (torch 2.13.0, ..., +19), python 3.11.7"
+
+
+class UserView(TypedDict):
+    name: str
+    display_name: str
+    role: Role
+    active: bool
+    has_password: bool  # can log in to the web UI
+    unix_user: str | None  # its jobs' account under `run_as: owner` (None: its name)
+    created_at: float
+    last_seen_at: float | None
+
+
+class NewUser(UserView):
+    token: str  # its first API token: shown this once
+    token_id: str
+
+
+class TokenView(TypedDict):
+    id: str
+    name: str
+    user: str
+    created_at: float
+    expires_at: float | None
+    last_used_at: float | None
+    expired: bool
+
+
+class NewToken(TokenView):
+    token: str  # shown this once
+
+
+class Whoami(UserView):
+    via: Literal["token", "session"]
+    token_id: str | None
+    csrf_token: str | None  # a web session's: send it as X-CSRF-Token on unsafe requests
+
+
+class LoginView(Whoami):
+    expires_at: float  # when the web session ends
+
+
+class AuditEvent(TypedDict):
+    id: int
+    at: float
+    actor: str  # a user's name, or system:supervisor, system:searcher, ...
+    kind: str  # what happened: the event's reason ("killed", "review approved", ...)
+    message: str | None
+    entity: str  # experiment, trial, attempt or user
+    entity_id: int
+    experiment_id: int | None
+    trial_id: int | None
+    from_state: str | None
+    to_state: str | None
+
+
+class SessionView(TypedDict):
+    """A web session (`GET /sessions`)."""
+
+    id: str
+    user: str
+    created_at: float
+    expires_at: float | None
+    last_used_at: float | None
+    address: str | None  # the client's, when it was opened
+    opened_with: str | None  # the API token's id it was opened with; None: a password
+    opened_with_name: str | None  # that token's name
+    current: bool  # the session this request came with
+    ended: bool
+
