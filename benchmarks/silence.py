@@ -29,8 +29,8 @@ from muster.rundir import AttemptDir
 from muster.services.experiments import create_experiment
 from muster.services.users import bootstrap, principal
 from muster.states import TrialState
-from muster.store import Attempt, Store, Trial
-from muster.supervise import configs
+from muster.store import Attempt, Experiment, Store, Trial
+from muster.store.configs import kept_config
 from muster.supervise.heartbeats import silence_reason
 from muster.supervise.supervisor import Supervisor
 
@@ -74,15 +74,20 @@ def _running_dirs(store: Store, trials: int) -> list[Path]:
     return dirs if len(dirs) == trials else []
 
 
-def _set_silence(seconds: float | None) -> None:
-    """Turn the check on or off in the configs the supervisor holds (validated once each)."""
-    for config in configs._CONFIGS.values():
-        object.__setattr__(config.failure_policy, "silence_timeout", seconds)
+def _set_silence(store: Store, seconds: float | None) -> None:
+    """Turn the check on or off in the configs the supervisor holds (validated once each,
+    kept by `muster.store.configs`)."""
+    with store.session_scope() as s:
+        uuids = list(s.scalars(select(Experiment.uuid)))
+    for uuid in uuids:
+        config = kept_config(uuid)
+        if config is not None:
+            object.__setattr__(config.failure_policy, "silence_timeout", seconds)
 
 
 def _passes(supervisor: Supervisor, silence: float | None) -> Callable[[], float]:
     def arm() -> float:
-        _set_silence(silence)
+        _set_silence(supervisor.store, silence)
         started = time.perf_counter()
         for _ in range(PASSES):
             supervisor.tick()

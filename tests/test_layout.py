@@ -111,6 +111,24 @@ def test_only_rundir_spells_the_run_directory() -> None:
     assert spelled == []
 
 
+# The models of a stored experiment config (or a block of it) that only its home validates.
+STORED_CONFIG_MODELS = {"ExperimentConfig", "SearcherConfig"}
+
+
+def test_only_the_store_validates_stored_configs() -> None:
+    """`muster.store.configs` reads stored configs back (validated once, kept by uuid), and
+    `muster.config.loading` validates a submitted one; nobody else validates one."""
+    validating = sorted(
+        (name, node.lineno) for name, tree in modules().items()
+        if not name.startswith("muster.store") and name != "muster.config.loading"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr.startswith("model_validate")
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id in STORED_CONFIG_MODELS)
+    assert validating == []
+
+
 def _code_strings(tree: ast.Module) -> Iterator[str]:
     """The string constants of a module that are not docstrings."""
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)

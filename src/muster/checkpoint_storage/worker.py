@@ -40,12 +40,13 @@ from muster.checkpoint_storage.location import (
 from muster.checkpoint_storage.metrics import checkpoint_metrics
 from muster.checkpoint_storage.planner import CheckpointFacts, CheckpointState, Decision, plan
 from muster.checkpoint_storage.sweep import SweepReport, sweep_location
-from muster.config.schema import CheckpointStorageConfig, ExperimentConfig
+from muster.config.schema import CheckpointStorageConfig
 from muster.errors import MusterError, StorageError
 from muster.home import Home
 from muster.states import EventReason, TrialState
 from muster.store import Checkpoint, Experiment, Store, Trial, record_event
 from muster.store.actors import STORAGE
+from muster.store.configs import experiment_config
 from muster.store.models import now
 
 log = logging.getLogger(__name__)
@@ -471,12 +472,6 @@ class StorageWorker:
                 busy = set(self._busy)
             report += sweep_location(self.backend(location), states, busy, age, now())
         return report
-
-
-def experiment_config(experiment: Experiment) -> ExperimentConfig:
-    """The stored config (validated again: the storage package sits below `supervise`,
-    whose cache of validated configs it may not import)."""
-    return ExperimentConfig.model_validate(experiment.config)
 
 
 def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:

@@ -24,6 +24,7 @@ from muster.metrics_lines import KINDS, VALIDATION
 from muster.services import views
 from muster.services.experiments import experiment_or_404, trial_or_404
 from muster.store import Metric, MetricSeries, Store, Trial, series
+from muster.store.configs import experiment_searcher
 from muster.store.series import finite
 
 __all__ = ["CURVES_BUDGET", "experiment_curves", "trial_series"]
@@ -47,7 +48,7 @@ def experiment_curves(store: Store, experiment_id: int, metric: str | None = Non
     _check(kind, points)
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
-        searcher = views.searcher_settings(exp)
+        searcher = experiment_searcher(exp)
         if metric is None:
             if searcher.metric is None:
                 raise Conflict(f"experiment {experiment_id} has no searcher metric to draw; "

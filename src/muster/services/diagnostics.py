@@ -10,7 +10,7 @@ from typing import Any
 from muster.diagnostics import bias, read_rank_records
 from muster.services.experiments import trial_or_404
 from muster.store import Store
-from muster.supervise.configs import experiment_config
+from muster.store.configs import experiment_config
 
 __all__ = ["trial_diagnostics"]
 

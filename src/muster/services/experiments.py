@@ -36,6 +36,7 @@ from muster.services.uploads import extract_context
 from muster.services.validation import best_validation
 from muster.states import EventReason, ExperimentState, StopIntent, TrialState
 from muster.store import Event, Experiment, Store, Trial, User, record_event, transition
+from muster.store.configs import experiment_searcher
 from muster.words import count
 
 if TYPE_CHECKING:
@@ -331,7 +332,7 @@ def experiment_overview(store: Store, experiment_id: int) -> dict[str, Any]:
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
         succeeded = [t.id for t in exp.trials if t.state == TrialState.SUCCEEDED.value]
-        goals = views.searcher_goals(views.searcher_settings(exp))
+        goals = views.searcher_goals(experiment_searcher(exp))
         view = views.experiment_overview(exp, best_validation(s, succeeded, goals),
                                          progress.of_running(s, exp.trials))
         view["warnings"] = _warnings(s, exp.id)
@@ -354,7 +355,7 @@ def describe_trial(store: Store, trial_id: int,
         trial = trial_or_404(s, trial_id)
         view = views.trial_detail(trial, None if part_of is None else part_of(trial),
                                   progress.of_running(s, [trial]).get(trial.id))
-        goals = views.searcher_goals(views.searcher_settings(trial.experiment))
+        goals = views.searcher_goals(experiment_searcher(trial.experiment))
         view["best_validation"] = best_validation(s, [trial.id], goals).get(trial.id, {})
         events = s.scalars(select(Event).where(Event.trial_id == trial_id).order_by(Event.id))
         numbers = {a.id: a.number for a in trial.attempts}
@@ -522,7 +523,7 @@ def experiment_view(s: Session, exp: Experiment, part_of: TrialPartOf | None = N
     their snapshots from `part_of` (at most `schema.MAX_TRIALS`: a search's bound), and
     the warnings the supervisor recorded (`warnings`: a metric no trial reports, a search
     that stopped drawing)."""
-    goals = views.searcher_goals(views.searcher_settings(exp))
+    goals = views.searcher_goals(experiment_searcher(exp))
     parts = {} if part_of is None else {t.id: part_of(t) for t in exp.trials}
     view = views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals),
                                    parts, progress.of_running(s, exp.trials))

@@ -35,7 +35,7 @@ from muster.services.experiments import experiment_or_404
 from muster.services.validation import best_validation
 from muster.states import TrialState
 from muster.store import Experiment, Store, Trial
-from muster.supervise.configs import experiment_config
+from muster.store.configs import experiment_config
 from muster.supervise.searching import experiment_seed
 from muster.words import count
 

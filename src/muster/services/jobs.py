@@ -13,7 +13,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from muster.config import ExperimentConfig
 from muster.config.schema import ResourcesConfig
 from muster.errors import Conflict, InvalidRequest
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
@@ -28,6 +27,7 @@ from muster.services.experiments import (
 )
 from muster.states import EventReason, ExperimentState, GpuState, TrialState
 from muster.store import Experiment, GpuDevice, Store, Trial, record_event
+from muster.store.configs import experiment_resources
 
 __all__ = ["JOB_STATES", "check_priority", "job_order", "list_jobs",
            "set_experiment_priority", "set_trial_priority"]
@@ -58,7 +58,7 @@ def list_jobs(store: Store) -> list[dict[str, Any]]:
         for trial in sorted(trials, key=lambda t: job_order(t.state, t.priority, t.id)):
             exp = trial.experiment
             if exp.id not in resources:
-                resources[exp.id] = ExperimentConfig.model_validate(exp.config).resources
+                resources[exp.id] = experiment_resources(exp.uuid, exp.config)
             jobs.append(_job_view(trial, resources[exp.id], held.get(trial.id, []),
                                   measured.get(trial.id)))
         return jobs

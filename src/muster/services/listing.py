@@ -9,7 +9,7 @@ and those trials' rank-0 validation values of the searcher's metric (the best so
 from __future__ import annotations
 
 import json
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,16 +23,13 @@ from muster.services import progress, views
 from muster.services.validation import best_validation_each
 from muster.states import ExperimentState, TrialState
 from muster.store import Experiment, Store, Trial, User
+from muster.store.configs import stored_searcher
 
 __all__ = ["MAX_PAGE", "SORTS", "ExperimentFilter", "Page", "list_page"]
 
 MAX_PAGE = 500  # rows at most in one page
 # What a summary never shows of a trial: not read (the manifest and the freeze can be large).
 _UNLISTED = (defer(Trial.manifest), defer(Trial.search_state), defer(Trial.environment_freeze))
-# Experiments' searchers by uuid, validated once (a stored config never changes), the most
-# recently listed few thousand kept.
-_SEARCHERS: OrderedDict[str, SearcherConfig] = OrderedDict()
-_SEARCHERS_KEPT = 4096
 # What a list may be sorted by: the API's `sort` words.
 SORTS = {
     "id": Experiment.id,
@@ -122,7 +119,7 @@ def list_page(store: Store, where: ExperimentFilter | None = None, *, sort: str 
                           defer(Experiment.config_yaml))
                  .order_by(*order))
         found = s.execute(query).all()  # (the owner is one row: no duplicates to drop)
-        searchers = {exp.id: _searcher(exp.uuid, block) for exp, block in found}
+        searchers = {exp.id: stored_searcher(exp.uuid, block) for exp, block in found}
         return Page(summaries(s, [exp for exp, _ in found], searchers), total, offset, limit)
 
 
@@ -167,15 +164,3 @@ def _running_progress(s: Session, ids: Sequence[int]) -> dict[int, list[dict[str
         by_experiment[trial.experiment_id].append(trial)
     return {exp_id: views.running_progress(mine, measured)
             for exp_id, mine in by_experiment.items()}
-
-
-def _searcher(uuid: str, block: dict[str, Any] | None) -> SearcherConfig:
-    """The searcher of experiment `uuid`, whose stored config's block is `block`."""
-    found = _SEARCHERS.get(uuid)
-    if found is None:
-        found = _SEARCHERS[uuid] = views.searcher_of(block)
-        if len(_SEARCHERS) > _SEARCHERS_KEPT:
-            _SEARCHERS.popitem(last=False)
-    else:
-        _SEARCHERS.move_to_end(uuid)
-    return found

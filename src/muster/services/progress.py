@@ -31,8 +31,8 @@ from muster.atomic import read_json
 from muster.rundir import AttemptDir, RankFile, RankFiles, RunDir
 from muster.states import TrialState
 from muster.store import Attempt, Metric, Trial
+from muster.store.configs import experiment_config
 from muster.supervise import verification
-from muster.supervise.configs import experiment_config
 from muster.supervise.verification import Planned
 
 __all__ = ["WINDOW", "Measured", "Point", "estimate", "measure", "of_running"]

@@ -21,8 +21,8 @@ from muster.services.access import Action, Principal, authorize
 from muster.services.experiments import experiment_or_404, trial_or_404
 from muster.states import EventReason, ExperimentState
 from muster.store import Checkpoint, Store, Trial, record_event
+from muster.store.configs import experiment_config
 from muster.store.models import now
-from muster.supervise.configs import experiment_config
 
 __all__ = ["checkpoint_row", "checkpoint_view", "collect", "delete_experiment",
            "experiment_checkpoints", "set_archived", "trial_checkpoints"]

@@ -22,6 +22,7 @@ from muster.services.experiments import TrialPartOf, experiment_or_404
 from muster.services.validation import best_validation
 from muster.states import TrialState
 from muster.store import Store, Trial, series
+from muster.store.configs import experiment_searcher
 
 __all__ = ["ORDERS", "TrialPage", "TrialQuery", "best_trial", "list_trials", "sort_goals",
            "trial_page"]
@@ -39,7 +40,7 @@ def best_trial(store: Store, experiment_id: int, part_of: TrialPartOf | None = N
     """
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
-        searcher = views.searcher_settings(exp)
+        searcher = experiment_searcher(exp)
         if searcher.metric is None:
             raise Conflict(f"experiment {experiment_id} has no searcher metric to rank its "
                            "trials by; compare them by a metric they report with `muster "
@@ -119,7 +120,7 @@ def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage
         raise InvalidRequest(f"limit must be 1 to {MAX_TRIAL_PAGE}, got {query.limit}")
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
-        searcher = views.searcher_settings(exp)
+        searcher = experiment_searcher(exp)
         select_trials = select(Trial).where(Trial.experiment_id == experiment_id).options(
             selectinload(Trial.attempts)).order_by(Trial.number, Trial.id)
         if query.states:

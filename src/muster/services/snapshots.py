@@ -36,7 +36,7 @@ from muster.services.experiments import experiment_or_404, trial_or_404
 from muster.services.validation import best_validation
 from muster.states import TrialState
 from muster.store import Experiment, Store, Trial
-from muster.supervise.configs import experiment_config
+from muster.store.configs import experiment_config, experiment_searcher
 from muster.supervise.searching import trial_seed
 
 __all__ = ["Basis", "TrialParts", "diff_experiments", "diff_trials", "stand_in",
@@ -214,7 +214,7 @@ def diff_experiments(store: Store, home: Home, a: int, b: int) -> dict[str, Any]
 def _stand_in(store: Store, experiment_id: int) -> tuple[int, Basis]:
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
-        searcher = views.searcher_settings(exp)
+        searcher = experiment_searcher(exp)
         succeeded = [t.id for t in exp.trials if t.state == TrialState.SUCCEEDED.value]
         chosen = stand_in(exp.trials, best_validation(s, succeeded,
                                                       views.searcher_goals(searcher)), searcher)

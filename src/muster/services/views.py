@@ -15,6 +15,7 @@ from muster.checkpoint_storage.location import Location
 from muster.config.schema import SearcherConfig
 from muster.states import TrialState
 from muster.store import Attempt, Checkpoint, Event, Experiment, Metric, Replica, Trial
+from muster.store.configs import experiment_searcher
 from muster.store.models import encode_non_finite
 from muster.verdicts import Verdict, count_verdicts, verdict_of
 
@@ -104,7 +105,7 @@ def experiment_overview(exp: Experiment, best: Mapping[int, Mapping[str, float]]
     """`experiment_detail` without its trials: the summary (with its RUNNING trials'
     `progress`, by trial id), the config and the search's progress (what a page shows
     above its trials table, read without each trial's attempts)."""
-    searcher = searcher_settings(exp)
+    searcher = experiment_searcher(exp)
     search = search_view(exp, searcher, best)
     view = experiment_summary(exp, best=search["best"],
                               running=running_progress(exp.trials, progress or {}))
@@ -338,16 +339,6 @@ def checkpoint_view(checkpoint: Checkpoint, metric: float | None = None,
 
 
 # -- search: the best validation values and the best trial ---------------------------------
-
-
-def searcher_settings(exp: Experiment) -> SearcherConfig:
-    """The experiment's `searcher` block; experiments from before search ran `single`."""
-    return searcher_of(exp.config.get("searcher"))
-
-
-def searcher_of(block: Mapping[str, Any] | None) -> SearcherConfig:
-    """A stored config's `searcher` block (None: it has none, from before search)."""
-    return SearcherConfig.model_validate({} if block is None else block)
 
 
 def searcher_goals(searcher: SearcherConfig) -> dict[str, bool]:

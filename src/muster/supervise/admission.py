@@ -27,13 +27,12 @@ from sqlalchemy import BigInteger, Integer, String, Table, bindparam, case, func
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
-from muster.config import ExperimentConfig
 from muster.priority import MAX_PRIORITY
 from muster.schedule.disk import disk_shortfall
 from muster.schedule.plan import Capacity, Demand, Holding, plan
 from muster.states import EventReason, StopIntent, TrialState, values
 from muster.store import Experiment, Trial, record_event
-from muster.supervise.configs import experiment_config
+from muster.store.configs import experiment_config, experiment_resources
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import pause, record_decision
 from muster.supervise.environments import EnvironmentGate, QueuedTrial, Sorted
@@ -303,10 +302,11 @@ class Admission:
         """Each experiment's needs (and any others known): kept, or read from its config."""
         missing = [i for i in experiment_ids if i not in self._needs]
         for start in range(0, len(missing), _READ_AT_ONCE):
-            for experiment_id, key, stored in s.execute(
-                    select(Experiment.id, Experiment.environment_key, Experiment.config)
+            for experiment_id, key, uuid, stored in s.execute(
+                    select(Experiment.id, Experiment.environment_key, Experiment.uuid,
+                           Experiment.config)
                     .where(Experiment.id.in_(missing[start:start + _READ_AT_ONCE]))):
-                self._needs[experiment_id] = _read_needs(key, stored)
+                self._needs[experiment_id] = _read_needs(key, uuid, stored)
         return self._needs
 
     def _forget_all_but(self, experiment_ids: set[int]) -> None:
@@ -417,11 +417,11 @@ def _holders(s: Session) -> list[_Holder]:
         .where(Trial.state.in_(values(TrialState.active()))).order_by(Trial.id))]
 
 
-def _read_needs(key: str | None, stored: dict[str, object]) -> _Needs:
-    # Validated here, not kept whole (`configs`): 10,000 queued experiments would push the
+def _read_needs(key: str | None, uuid: str, stored: dict[str, object]) -> _Needs:
+    # Not kept whole (`experiment_resources`): 10,000 queued experiments would push the
     # running ones' configs out, and cost memory; the few fields admission uses are kept.
     try:
-        resources = ExperimentConfig.model_validate(stored).resources
+        resources = experiment_resources(uuid, stored)
     except Exception as exc:  # noqa: BLE001 - each of its trials is handed to the isolation
         return _Needs(key, None, exc)
     return _Needs(key, _Resources(resources.replicas, resources.gpus_per_replica,

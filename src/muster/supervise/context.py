@@ -27,7 +27,7 @@ from muster.schedule.inventory import GpuInventory
 from muster.states import AttemptState, StopIntent, TrialState, values
 from muster.store import Attempt, Experiment, Replica, Store, Trial
 from muster.store.actors import SUPERVISOR
-from muster.supervise.configs import kept_config, stored_config
+from muster.store.configs import kept_config, stored_config
 from muster.supervise.ingest import Known, known_files
 
 __all__ = ["ACTOR", "LiveAttempt", "ReplicaFacts", "SupervisorContext", "TrialFacts",

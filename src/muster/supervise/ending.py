@@ -25,9 +25,9 @@ from muster.launch.logs import masked, tail_text
 from muster.rundir import AttemptDir
 from muster.states import AttemptState, EventReason, ExperimentState, Reason, TrialState
 from muster.store import Attempt, Checkpoint, Replica, Trial, record_event, transition
+from muster.store.configs import experiment_config
 from muster.store.models import now
 from muster.supervise import verification
-from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext, current_replicas
 from muster.supervise.heartbeats import checked_in, stall_evidence
 from muster.supervise.ingest import ingest_trial

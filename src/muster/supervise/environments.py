@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from muster.environments.registry import EnvState
 from muster.states import EventReason, Reason, TrialState
 from muster.store import Trial, transition
-from muster.supervise.configs import experiment_config
+from muster.store.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import record_decision
 

@@ -38,8 +38,8 @@ from muster.launch.environment import (
 from muster.rundir import AttemptDir, RunDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
 from muster.store import Attempt, Checkpoint, Experiment, Replica, Trial, transition
+from muster.store.configs import experiment_config
 from muster.supervise import outside_snapshot, verification
-from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 from muster.supervise.ending import Ending
 from muster.supervise.manifest import empty_data_problem

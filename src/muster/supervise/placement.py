@@ -27,8 +27,8 @@ from muster.launch.base import Bundle
 from muster.launch.exits import Classification
 from muster.states import AttemptState, EventReason, Reason, TrialState, values
 from muster.store import Attempt, ClusterNode, Replica, Trial, record_event, transition
+from muster.store.configs import experiment_config
 from muster.store.models import now
-from muster.supervise.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
 
 __all__ = ["Placements", "note_node_end", "quarantined_nodes", "release_node"]

@@ -42,7 +42,7 @@ from muster.search.history import trial_seed as seed_for
 from muster.states import EventReason, ExperimentState, Reason, StopIntent, TrialState
 from muster.store import Event, Experiment, Metric, Store, Trial, record_event
 from muster.store.actors import SEARCHER
-from muster.supervise.configs import experiment_config
+from muster.store.configs import experiment_config
 from muster.supervise.isolation import Isolation
 from muster.words import count
 

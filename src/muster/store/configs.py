@@ -1,0 +1,106 @@
+"""Stored experiment configs, read back: the one place that validates the `config` column.
+
+A stored config never changes and an experiment's uuid is unique across databases, so each
+is validated once and kept by uuid, the most recent few thousand (`KEPT`). The pieces
+some readers need from many experiments at once, without keeping every config whole (the
+queue's `resources`, a listing's `searcher`), have readers of their own here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+from muster.config import ExperimentConfig, ResourcesConfig
+from muster.config.schema import SearcherConfig
+from muster.store.models import Experiment
+
+__all__ = ["KEPT", "experiment_config", "experiment_resources", "experiment_searcher",
+           "kept_config", "stored_config", "stored_searcher"]
+
+KEPT = 4096  # configs (and, apart, searcher blocks) kept validated
+
+T = TypeVar("T")
+
+
+class _Kept(Generic[T]):
+    """Validated values by experiment uuid, the least recently used dropped past `KEPT`.
+    Shared by the supervisor's passes, the requests' threads and the storage worker."""
+
+    def __init__(self) -> None:
+        self._values: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, uuid: str) -> T | None:
+        with self._lock:
+            value = self._values.get(uuid)
+            if value is not None:
+                self._values.move_to_end(uuid)
+            return value
+
+    def get_or_make(self, uuid: str, make: Callable[[], T]) -> T:
+        found = self.get(uuid)
+        if found is not None:
+            return found
+        value = make()  # outside the lock: a validation may take a while
+        with self._lock:
+            self._values[uuid] = value
+            if len(self._values) > KEPT:
+                self._values.popitem(last=False)
+        return value
+
+
+_CONFIGS: _Kept[ExperimentConfig] = _Kept()
+_SEARCHERS: _Kept[SearcherConfig] = _Kept()
+
+
+def experiment_config(experiment: Experiment) -> ExperimentConfig:
+    """The experiment's config, validated once. Its `config` column is read only when the
+    config is not kept (a query may defer it).
+
+    Raises:
+        pydantic.ValidationError: the stored config is no longer valid.
+    """
+    config = kept_config(experiment.uuid)
+    return config if config is not None else stored_config(experiment.uuid, experiment.config)
+
+
+def stored_config(uuid: str, stored: Mapping[str, Any]) -> ExperimentConfig:
+    """`stored`, the config column of the experiment `uuid`, validated once (as
+    `experiment_config`), for a caller that read the column alone."""
+    return _CONFIGS.get_or_make(uuid, lambda: ExperimentConfig.model_validate(stored))
+
+
+def kept_config(uuid: str) -> ExperimentConfig | None:
+    """The config of the experiment `uuid` if it is kept (validated already), else None."""
+    return _CONFIGS.get(uuid)
+
+
+def experiment_resources(uuid: str, stored: Mapping[str, Any]) -> ResourcesConfig:
+    """The `resources` of the experiment `uuid`, whose config column is `stored`: the kept
+    config's, else validated without keeping it (the queue may hold 10,000 experiments,
+    whose configs must not push out the running ones').
+
+    Raises:
+        pydantic.ValidationError: the stored config is no longer valid.
+    """
+    config = kept_config(uuid)
+    if config is None:
+        config = ExperimentConfig.model_validate(stored)
+    return config.resources
+
+
+def experiment_searcher(experiment: Experiment) -> SearcherConfig:
+    """The experiment's `searcher` block; experiments from before search ran `single`."""
+    kept = _SEARCHERS.get(experiment.uuid)
+    return (kept if kept is not None
+            else stored_searcher(experiment.uuid, experiment.config.get("searcher")))
+
+
+def stored_searcher(uuid: str, block: Mapping[str, Any] | None) -> SearcherConfig:
+    """`block`, the stored config's `searcher` of the experiment `uuid` (None: it has none,
+    from before search), validated once; the rest of the config is not validated."""
+    return _SEARCHERS.get_or_make(
+        uuid, lambda: SearcherConfig.model_validate({} if block is None else block))
