@@ -17,6 +17,7 @@ import typer
 
 from muster.atomic import atomic_write_json, read_json
 from muster.cli.options import HomeOption
+from muster.cli.port_owner import refusal
 from muster.client import Client
 from muster.config import parse_size
 from muster.errors import MusterError, ServerUnavailable
@@ -49,19 +50,20 @@ def up(
     detach: Annotated[bool, typer.Option(help="run in the background")] = False,
 ) -> None:
     """Start the muster server (and its supervisor) on this machine."""
-    from muster.launch.environment import JOB_UMASK_VARIABLE
+    from muster.jobenv import JOB_UMASK
     from muster.server.state import ServerSettings
 
     # The server's files (database, logs, run files) are its user's alone; jobs get the
     # user's own umask back (the shim restores it).
     user_umask = os.umask(0o077)
-    os.environ.setdefault(JOB_UMASK_VARIABLE, f"{user_umask:04o}")
+    os.environ.setdefault(JOB_UMASK, f"{user_umask:04o}")
     where = Home.resolve(home).ensure()
     settings = ServerSettings(db, slots, _size(min_free_disk) if min_free_disk else None,
                               str(Path(cluster_config).resolve()) if cluster_config else None)
     settings.run_as(settings.cluster(where))  # a bad cluster config stops here, with every
     # problem named (and a run_as this machine cannot honour)
     _refuse_second_server(where)
+    _refuse_taken_port(host, port)
     if detach:
         _start_detached(where, host, port, settings)
         return
@@ -101,9 +103,8 @@ def _serve(home: Home, host: str, port: int, settings: ServerSettings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s")
     me = own_identity()
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     atomic_write_json(home.server_file, {"pid": me.pid, "start_ticks": me.start_ticks,
-                                         "url": url})
+                                         "url": _url(host, port)})
     # uvicorn re-raises the SIGTERM it caught once it has shut down; exit through Python
     # then, not the default action, so the `finally` below still removes server.json.
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -135,23 +136,28 @@ def _start_detached(home: Home, host: str, port: int, settings: ServerSettings) 
              else ["--min-free-disk", str(settings.min_free_disk)])
     argv += ["--cluster-config", settings.cluster_config] if settings.cluster_config else []
     log_path = home.root / "server.log"
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     with open(log_path, "ab") as server_log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=server_log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    _wait_healthy(home, url, proc, log_path)
-    typer.echo(f"muster server running at {url} (pid {proc.pid}); "
+    _wait_healthy(home, host, port, proc, log_path)
+    typer.echo(f"muster server running at {_url(host, port)} (pid {proc.pid}); "
                f"log: {log_path}")
 
 
+def _url(host: str, port: int) -> str:
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+
+
 def _wait_healthy(
-    home: Home, url: str, proc: subprocess.Popen[bytes], log_path: os.PathLike[str]
+    home: Home, host: str, port: int, proc: subprocess.Popen[bytes], log_path: os.PathLike[str]
 ) -> None:
+    url = _url(host, port)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            why = refusal(host, port)  # taken since `up` looked
             raise MusterError(f"the server exited with status {proc.returncode} while "
-                              f"starting; see {log_path}")
+                              f"starting{f' ({why})' if why else ''}; see {log_path}")
         try:
             with Client(url=url, home=home) as c:
                 answered = c.health().get("pid")
@@ -162,6 +168,12 @@ def _wait_healthy(
             pass  # not listening yet: keep waiting
         time.sleep(0.1)
     raise MusterError(f"the server did not answer within {START_TIMEOUT:.0f}s; see {log_path}")
+
+
+def _refuse_taken_port(host: str, port: int) -> None:
+    why = refusal(host, port)
+    if why is not None:
+        raise MusterError(why)
 
 
 def _running_server(home: Home) -> ProcessIdentity | None:
