@@ -6,10 +6,16 @@
 # MUSTER_DEMO_SUSPECT=1 also runs the silent-drop example, which must end SUSPECT.
 # MUSTER_DEMO_BIAS=1 also runs the coded-bias example both ways (examples/digits/bias.py):
 # bias.yaml must end SUSPECT naming the ranks' shared samples, bias-fixed.yaml SUCCEEDED.
+# The server listens on MUSTER_DEMO_PORT, else on a port free at the start (it prints its URL:
+# open it for the web UI while the demo runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export MUSTER_HOME="${MUSTER_HOME:-$PWD/.muster-demo}"
-port="${MUSTER_DEMO_PORT:-8765}"
+free_port='import socket
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    print(s.getsockname()[1])'
+port="${MUSTER_DEMO_PORT:-$(.venv/bin/python -c "$free_port")}"
 export MUSTER_URL="http://127.0.0.1:$port"
 muster=.venv/bin/muster
 field() { .venv/bin/python -c "import json, sys; print(json.load(sys.stdin)$1)"; }
