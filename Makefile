@@ -1,4 +1,5 @@
-# muster — `make demo` runs the bundled example, `make test` runs every check.
+# muster — `make demo` runs the bundled example, `make test` runs every check,
+# `make docs` builds the documentation site into site/.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,14 +9,14 @@ VENDOR := src/muster/ui/static/vendor
 ASSETS := $(VENDOR)/.built
 BROWSER := $(VENV)/.browser
 
-.PHONY: install demo test lint typecheck unit quick bench bench-ray bench-harness screenshots clean
+.PHONY: install demo test lint typecheck unit quick docs bench bench-ray bench-harness screenshots clean
 
 install: $(STAMP) $(ASSETS) $(BROWSER)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,examples,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,docs,examples,ray]'
 	touch $(STAMP)
 
 # Node 20 and npm build the UI's assets: exact versions from the lockfile, nothing committed.
@@ -58,6 +59,11 @@ quick: install  # the inner loop: every test that starts no server and no proces
 
 test: lint typecheck unit
 
+# The site (mkdocs.yml): offline, strict (a broken link or anchor fails), into site/. The CLI
+# and HTTP API references are generated as it builds (scripts/docs_hooks.py).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 bench: install
 	$(BIN)/python benchmarks/run.py
 
@@ -81,4 +87,4 @@ screenshots: install  # docs/ui/*.png, from a real server running a real search
 	$(BIN)/python scripts/screenshots.py
 
 clean:
-	rm -rf $(VENV) $(BENCH_RAY) $(BENCH_HARNESS) .muster-demo .pytest_cache .mypy_cache .ruff_cache ui/node_modules $(VENDOR)
+	rm -rf $(VENV) $(BENCH_RAY) $(BENCH_HARNESS) .muster-demo .pytest_cache .mypy_cache .ruff_cache ui/node_modules $(VENDOR) site

@@ -7,12 +7,14 @@ API, a short adaptive ASHA search of the digits example (examples/digits/search.
 SUSPECT) and a run with a mistyped data path (a trial that fails). It takes each page in
 Debian's Chromium (/usr/bin/chromium, as tests/ui drives it) at 1280x800, signed in as the
 home's admin by its token, the cluster while they run and the others once they have ended,
-and writes docs/ui/{login,experiments,experiment,trial,cluster,new}.png. About 2 minutes on
+and writes docs/ui/{login,experiments,experiment,trial,cluster,new}.png, and README's picture,
+docs/screenshot.png: the experiment page's first screen in 64 colours. About 2 minutes on
 2 cores (more when they are busy); the server stops and the home is deleted at the end.
 """
 
 from __future__ import annotations
 
+import io
 import shutil
 import socket
 import subprocess
@@ -33,6 +35,7 @@ from muster.home import Home
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "examples" / "digits"
 OUT = REPO / "docs" / "ui"
+README_PICTURE = REPO / "docs" / "screenshot.png"
 CHROMIUM = Path("/usr/bin/chromium")
 # As tests/ui/conftest.py: Chromium as root, headless, quiet on a closed network.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -70,7 +73,22 @@ def main() -> int:
     for name, png in shots.items():
         (OUT / f"{name}.png").write_bytes(png)
         print(f"docs/ui/{name}.png: {len(png) / 1024:.0f} KiB")
+    small = first_screen(shots["experiment"])
+    README_PICTURE.write_bytes(small)
+    print(f"{README_PICTURE.relative_to(REPO)}: {len(small) / 1024:.0f} KiB")
     return 0
+
+
+def first_screen(png: bytes) -> bytes:
+    """A page's first viewport of a PNG, in a palette of 64 colours: README's picture stays
+    small (the pages are flat colours and text, which a palette keeps sharp)."""
+    from PIL import Image  # muster[examples]; only this picture needs it
+
+    page = Image.open(io.BytesIO(png)).convert("RGB")
+    screen = page.crop((0, 0, VIEWPORT["width"], min(page.height, VIEWPORT["height"])))
+    out = io.BytesIO()
+    screen.quantize(colors=64).save(out, format="PNG", optimize=True)
+    return out.getvalue()
 
 
 def _take(camera: Camera, client: Client, context: Path) -> dict[str, bytes]:

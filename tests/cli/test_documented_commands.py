@@ -17,18 +17,26 @@ FENCE = re.compile(r"^```.*?$(.*?)^```", re.S | re.M)
 
 
 def _shown_lines() -> list[tuple[str, str]]:
-    """(where, words) for each command line: in Markdown only inside fenced blocks, in an
-    example's source anywhere (its docstring tells the reader how to run it)."""
+    """(where, words) for each command line: in Markdown only inside fenced blocks (in a
+    transcript, its `$ ` lines), in an example's source anywhere (its docstring tells the
+    reader how to run it)."""
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for block in FENCE.findall(path.read_text()):
-            found += [(path.name, m.group(1)) for m in map(COMMAND_LINE.match,
-                                                            block.splitlines()) if m]
+            found += [(str(path.relative_to(ROOT)), m.group(1))
+                      for m in map(COMMAND_LINE.match, _command_lines(block)) if m]
     for path in sorted((ROOT / "examples").rglob("*")):
         if path.suffix in {".py", ".sh", ".yaml"}:
             found += [(str(path.relative_to(ROOT)), m.group(1))
                       for m in map(COMMAND_LINE.match, path.read_text().splitlines()) if m]
     return found
+
+
+def _command_lines(block: str) -> list[str]:
+    """A transcript's `$ ` lines (the rest is what the commands printed), else every line."""
+    lines = block.splitlines()
+    prompted = [line for line in lines if line.startswith("$ ")]
+    return prompted or lines
 
 
 def _resolves(words: list[str]) -> bool:
