@@ -19,7 +19,13 @@ HEADER = """# CLI reference
 
 Generated from the `muster` command's own definitions when the site is built (every
 `muster ... --help` says the same). Exit status 1 with one `error: ...` line on stderr is
-muster's refusal; the JSON each `--json` prints is in the [JSON contract](json-contract.md).
+muster's refusal; the JSON each `--json` prints is in the [JSON contract](json-contract.md),
+the other exit statuses in [Scripting muster](scripting.md).
+
+The CLI answers at once: a command imports only its own module, and `muster --help` imports
+none. Shell completion (bash, zsh, fish) covers commands, subcommands and options:
+`muster --install-completion` for the current shell (restart it after), or
+`muster --show-completion bash > ~/.local/share/bash-completion/completions/muster`.
 """
 
 
