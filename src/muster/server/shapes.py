@@ -38,19 +38,25 @@ def shape(typed: type) -> type[BaseModel]:
         for name, hint in hints.items()
     }
     model: type[BaseModel] = create_model(
-        typed.__name__, __config__=_FORBID, __doc__=inspect.getdoc(typed),
+        typed.__name__, __config__=_FORBID, __doc__=_docstring(typed),
         __module__=__name__, **fields)
     return model
 
 
+def _docstring(typed: type) -> str | None:
+    """`typed`'s own docstring (`inspect.getdoc` would give a shape without one `dict`'s)."""
+    own = vars(typed).get("__doc__")
+    return inspect.cleandoc(own) if own else None
+
+
 def many(model: type[BaseModel]) -> Any:
     """A JSON array of `model`'s objects, as a route's `response_model`."""
-    return list[model]  # type: ignore[valid-type]
+    return types.GenericAlias(list, (model,))  # `list[model]`, spelt for a variable
 
 
 def one_or_many(model: type[BaseModel]) -> Any:
     """One of `model`'s objects or an array of them, as a route's `response_model`."""
-    return model | list[model]  # type: ignore[valid-type]
+    return model | types.GenericAlias(list, (model,))
 
 
 def _translate(hint: Any) -> Any:
