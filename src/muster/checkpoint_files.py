@@ -24,9 +24,10 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeGuard
+from typing import Any, TypedDict, TypeGuard
 
 from muster.atomic import open_regular, read_regular
+from muster.rundir import Hparams
 
 METADATA_FILE = "metadata.json"
 NAME_PREFIX = "step-"
@@ -36,6 +37,23 @@ TMP_PREFIX = ".tmp-"
 NAME = re.compile(r"step-(\d+)(?:-[^/]*)?")
 MAX_PROBLEMS_SHOWN = 5
 
+# What the training code passed as save(metadata=...): free JSON, its own keys.
+Metadata = dict[str, Any]
+
+
+class CheckpointDocument(TypedDict):
+    """metadata.json as the harness writes it. A reader takes it as unchecked JSON
+    (`Inspection.document`): a checkpoint copied in by hand may hold anything."""
+
+    step: int
+    time: float  # unix seconds, when it was saved
+    trial_id: int | None  # None off the platform
+    attempt: int
+    rank: int  # the rank that saved it
+    hparams: Hparams
+    metadata: Metadata
+    files: dict[str, str]  # relative POSIX path → sha256 hex digest
+
 
 @dataclass(frozen=True)
 class Inspection:
@@ -43,7 +61,7 @@ class Inspection:
 
     path: Path
     step: int  # metadata.json's, else the name's; -1 when neither gives one
-    document: dict[str, Any]  # metadata.json as parsed; {} when it is unreadable
+    document: dict[str, object]  # metadata.json as parsed, unchecked; {} when unreadable
     file_sizes: dict[str, int]  # every file under the directory: relative POSIX path → bytes
     problems: tuple[str, ...] = field(default=())
 
@@ -73,8 +91,9 @@ class Inspection:
         return None
 
     @property
-    def user_metadata(self) -> Any:
-        """What the training code passed as save(metadata=...); {} when absent."""
+    def user_metadata(self) -> object:
+        """What the training code passed as save(metadata=...); {} when absent (any JSON
+        value in a checkpoint muster did not write)."""
         value = self.document.get("metadata")
         return {} if value is None else value
 
@@ -215,7 +234,7 @@ def _files(path: Path) -> tuple[dict[str, int], set[str]]:
     return sizes, irregular
 
 
-def _read_document(path: Path) -> tuple[dict[str, Any], list[str]]:
+def _read_document(path: Path) -> tuple[dict[str, object], list[str]]:
     try:
         document = json.loads(read_regular(path))
     except FileNotFoundError:
@@ -230,7 +249,7 @@ def _read_document(path: Path) -> tuple[dict[str, Any], list[str]]:
 
 
 def _check_files(
-    folder: Path, files: dict[str, Any], sizes: dict[str, int], irregular: set[str]
+    folder: Path, files: dict[str, object], sizes: dict[str, int], irregular: set[str]
 ) -> list[str]:
     problems = []
     for relative, expected in sorted(files.items()):
@@ -264,7 +283,7 @@ def _inside(relative: str) -> bool:
     return bool(where.parts) and not where.is_absolute() and ".." not in where.parts
 
 
-def _step(name: str, recorded: Any) -> tuple[int, str | None]:
+def _step(name: str, recorded: object) -> tuple[int, str | None]:
     """The checkpoint's step (metadata.json's, else the name's), and a problem if they differ."""
     named = step_in_name(name)
     if not _is_int(recorded):
@@ -276,16 +295,16 @@ def _step(name: str, recorded: Any) -> tuple[int, str | None]:
     return recorded, None
 
 
-def _trial_mismatch(recorded: Any, trial_id: int | None) -> list[str]:
+def _trial_mismatch(recorded: object, trial_id: int | None) -> list[str]:
     if trial_id is None or recorded is None or str(recorded) == str(trial_id):
         return []
     return [f"{METADATA_FILE} names trial {recorded}, but the checkpoint is in trial "
             f"{trial_id}'s run directory"]
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> TypeGuard[int | float]:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)

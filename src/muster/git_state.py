@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 from muster.atomic import atomic_write_bytes, atomic_write_json, read_json, read_regular
 from muster.errors import InvalidRequest, PayloadTooLarge
@@ -46,7 +46,7 @@ from muster.home import Home
 from muster.sizes import format_size
 
 __all__ = ["GIT_TIMEOUT_S", "MAX_BRANCH_CHARS", "MAX_DIFF_BYTES", "MAX_FIELD_BYTES",
-           "GitState", "capture", "copy", "field_too_large", "load", "parse_field",
+           "GitSnapshot", "GitState", "capture", "copy", "field_too_large", "load", "parse_field",
            "save"]
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,15 @@ _DIFF = ("-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false", "-c",
          "--src-prefix=a/", "--dst-prefix=b/", "--", ".")
 
 
+class GitSnapshot(TypedDict):
+    """The trial snapshot's `code.git`: the state without the diff's text."""
+
+    commit: str
+    branch: str | None
+    dirty: bool
+    diff_sha256: str | None
+
+
 @dataclass(frozen=True)
 class GitState:
     """A context's git state; `diff` is the diff's text, when it was sent."""
@@ -87,10 +96,10 @@ class GitState:
         """The upload form's `git` field."""
         return json.dumps(asdict(self), ensure_ascii=False)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> GitSnapshot:
         """The trial snapshot's `code.git` (`muster.diagnostics`)."""
-        return {"commit": self.commit, "branch": self.branch, "dirty": self.dirty,
-                "diff_sha256": self.diff_sha256}
+        return GitSnapshot(commit=self.commit, branch=self.branch, dirty=self.dirty,
+                           diff_sha256=self.diff_sha256)
 
 
 # -- the server: the form's field, and the files beside the context snapshot -------------
@@ -192,7 +201,7 @@ def _consistent(state: GitState, *, kept: bool) -> GitState:
     return replace(state, diff_sha256=digest)
 
 
-def _text(data: dict[str, Any], key: str, valid: Callable[[str], object], what: str, *,
+def _text(data: dict[str, object], key: str, valid: Callable[[str], object], what: str, *,
           required: bool = False) -> Any:
     value = data.get(key)
     if value is None and not required:
@@ -203,7 +212,7 @@ def _text(data: dict[str, Any], key: str, valid: Callable[[str], object], what: 
     return value
 
 
-def _flag(data: dict[str, Any], key: str, *, required: bool = False) -> bool:
+def _flag(data: dict[str, object], key: str, *, required: bool = False) -> bool:
     value = data.get(key, None if required else False)
     if not isinstance(value, bool):
         shown = "missing" if value is None else f"got {_shown(value)}"

@@ -28,11 +28,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "BUNDLE_ID", "CHECKPOINTS", "CONTROL_FILES", "EVIDENCE", "LOCAL_RUN_DIR", "AttemptDir",
-    "RankFile", "RankFiles", "RunDir", "every_rank_file", "new_bundle_id",
+    "Hparams", "RankFile", "RankFiles", "RunDir", "every_rank_file", "new_bundle_id",
 ]
+
+# hparams.json: the trial's hyperparameters, free JSON (the names are the experiment's).
+Hparams = dict[str, Any]
 
 LOCAL_RUN_DIR = "muster-run"  # the run directory of a run off the platform, in its cwd
 CHECKPOINTS = "checkpoints"

@@ -9,11 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, get_type_hints, is_typeddict
 
 import pytest
 
-from muster.harness.snapshot import capture, loaded_libraries, numerics_variables, write
+from muster.harness.snapshot import (
+    RankPart,
+    capture,
+    loaded_libraries,
+    numerics_variables,
+    write,
+)
 
 OPTIONAL_STR = (str, type(None))
 # The rank part of muster.diagnostics' schema: each key and the types its value may have.
@@ -92,6 +98,18 @@ def test_a_capture_has_every_field_of_the_schema() -> None:
     assert snapshot["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
     assert all(isinstance(name, str) and isinstance(version, str)
                for name, version in snapshot["packages"].items())
+
+
+def test_the_schema_is_the_rank_parts_type() -> None:
+    def keys(shape: type) -> dict[str, Any]:
+        return {name: keys(hint) if is_typeddict(hint) else None
+                for name, hint in get_type_hints(shape).items()}
+
+    def schema_keys(schema: dict[str, Any]) -> dict[str, Any]:
+        return {name: schema_keys(part) if isinstance(part, dict) else None
+                for name, part in schema.items()}
+
+    assert keys(RankPart) == schema_keys(SCHEMA)
 
 
 @needs_torch

@@ -66,15 +66,16 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO, TypedDict
 
 from muster.atomic import open_regular, read_regular
 from muster.diagnostics.bias import RankRecords, parse_records
+from muster.diagnostics.code_tree import CodeTree
 from muster.rundir import AttemptDir, RankFile, RunDir
 from muster.words import count
 
-__all__ = ["MAX_DIAGNOSTICS_BYTES", "MAX_SNAPSHOT_BYTES", "OUTSIDE_SOURCE", "read_outside_part",
-           "read_rank_parts", "read_rank_records"]
+__all__ = ["MAX_DIAGNOSTICS_BYTES", "MAX_SNAPSHOT_BYTES", "OUTSIDE_SOURCE", "OutsidePart",
+           "Part", "read_outside_part", "read_rank_parts", "read_rank_records"]
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,31 @@ MAX_DIAGNOSTICS_BYTES = 64 << 20  # read of a rank's diagnostics file (the harne
 MAX_RECORD_BYTES = 1 << 20  # one line of it; a longer one is skipped
 OUTSIDE_SOURCE = "outside"  # an outside part's `source`: never the harness's
 
+# A part as read back from its file: a JSON object whose fields are not checked (a script
+# may write anything to a rank's file, an older harness or server wrote less); `diff`
+# compares it field by field. The shapes written are `muster.harness.snapshot.RankPart`,
+# `OutsidePart` and the trial part above.
+Part = dict[str, object]
 
-def read_outside_part(run_dir: RunDir, attempts: list[int]) -> dict[str, Any] | None:
+
+class OutsideInterpreter(TypedDict):
+    version: str | None
+    implementation: str | None
+
+
+class OutsidePart(TypedDict):
+    """The outside part, as `muster.supervise.outside_snapshot` writes it."""
+
+    source: str  # OUTSIDE_SOURCE
+    attempt: int
+    recorded_at: float
+    python: OutsideInterpreter
+    packages: dict[str, str] | None
+    code: CodeTree | None
+    unknown: dict[str, str]  # field → why it could not be known
+
+
+def read_outside_part(run_dir: RunDir, attempts: list[int]) -> Part | None:
     """The outside part of the latest of `attempts` (numbers) that has one; None when none
     has (a trial from before they were recorded, or its record is still being made). An
     unreadable or malformed one is passed over with a warning."""
@@ -105,10 +129,10 @@ def read_outside_part(run_dir: RunDir, attempts: list[int]) -> dict[str, Any] | 
     return None
 
 
-def read_rank_parts(attempt_dir: Path) -> dict[int, dict[str, Any]]:
+def read_rank_parts(attempt_dir: Path) -> dict[int, Part]:
     """The rank parts the harness wrote in one attempt, by rank; an unreadable, oversized or
     malformed one is left out with a warning (a run without the harness has none)."""
-    parts: dict[int, dict[str, Any]] = {}
+    parts: dict[int, Part] = {}
     for rank, path in AttemptDir(attempt_dir).ranks_with(RankFile.SNAPSHOT):
         try:
             size = path.stat().st_size
@@ -137,7 +161,7 @@ def read_rank_records(attempt_dir: Path) -> dict[int, RankRecords]:
     return found
 
 
-def _objects(stream: BinaryIO, path: Path) -> Iterator[dict[str, Any]]:
+def _objects(stream: BinaryIO, path: Path) -> Iterator[dict[str, object]]:
     read = skipped = 0
     while read < MAX_DIAGNOSTICS_BYTES:
         line = stream.readline(MAX_RECORD_BYTES + 1)

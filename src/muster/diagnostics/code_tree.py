@@ -11,18 +11,26 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
-__all__ = ["KEPT", "tree_of"]
+__all__ = ["KEPT", "CodeTree", "tree_of"]
 
 KEPT = 256
 
-_trees: OrderedDict[Path, dict[str, Any]] = OrderedDict()
+
+class CodeTree(TypedDict):
+    """A context snapshot's digest: the code part's (and the outside part's) `code`."""
+
+    tree_sha256: str  # of the relative paths and file hashes, sorted
+    files: int
+
+
+_trees: OrderedDict[Path, CodeTree] = OrderedDict()
 _lock = threading.Lock()
 
 
-def tree_of(root: Path) -> dict[str, Any]:
-    """`{"tree_sha256": hex, "files": n}`: the sha256 of the relative paths and file hashes
+def tree_of(root: Path) -> CodeTree:
+    """The sha256 of the relative paths and file hashes
     under `root`, sorted (links and what is not a regular file left out)."""
     with _lock:
         known = _trees.get(root)
@@ -36,7 +44,7 @@ def tree_of(root: Path) -> dict[str, Any]:
     return found
 
 
-def _digest(root: Path) -> dict[str, Any]:
+def _digest(root: Path) -> CodeTree:
     digest, files = hashlib.sha256(), 0
     for folder, dirs, names in os.walk(root):
         dirs.sort()
@@ -48,4 +56,4 @@ def _digest(root: Path) -> dict[str, Any]:
                 content = hashlib.file_digest(stream, "sha256").hexdigest()
             digest.update(f"{path.relative_to(root).as_posix()}\0{content}\n".encode())
             files += 1
-    return {"tree_sha256": digest.hexdigest(), "files": files}
+    return CodeTree(tree_sha256=digest.hexdigest(), files=files)

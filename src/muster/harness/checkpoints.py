@@ -19,10 +19,11 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from muster import checkpoint_files
 from muster.atomic import fsync_dir
+from muster.checkpoint_files import CheckpointDocument, Metadata
 from muster.errors import MusterError
 from muster.harness.arguments import check_count
 from muster.harness.heartbeat import Heartbeat
@@ -42,7 +43,7 @@ class Checkpoint(NamedTuple):
     path: Path
     step: int
     time: float
-    metadata: dict[str, Any]  # what the training code passed to save(metadata=...)
+    metadata: Metadata  # what the training code passed to save(metadata=...)
 
 
 class Saver(NamedTuple):
@@ -106,7 +107,7 @@ class Checkpoints:
             raise
 
     @contextmanager
-    def _saving(self, step: int, user_metadata: dict[str, Any]) -> Iterator[Path]:
+    def _saving(self, step: int, user_metadata: Metadata) -> Iterator[Path]:
         self._heartbeat.progress(time.time(), step)
         tmp = self._make_tmp(step)
         try:
@@ -160,7 +161,7 @@ class Checkpoints:
             ) from exc
         return tmp
 
-    def _publish(self, tmp: Path, step: int, user_metadata: dict[str, Any]) -> None:
+    def _publish(self, tmp: Path, step: int, user_metadata: Metadata) -> None:
         """Sync and hash the files, write metadata.json, rename into place, sync the parent."""
         final = self.directory / f"{NAME_PREFIX}{step:012d}-{os.urandom(4).hex()}"
         doing, renamed = f"listing {tmp}", False
@@ -186,21 +187,30 @@ class Checkpoints:
                 f"{exc}{_hint(exc)}; nothing was saved"
             ) from exc
 
-    def _metadata(self, step: int, user_metadata: dict[str, Any], files: dict[str, str]) -> bytes:
+    def _metadata(self, step: int, user_metadata: Metadata, files: dict[str, str]) -> bytes:
         if METADATA_FILE in files:
             raise CheckpointError(f"{METADATA_FILE} is muster's name in a checkpoint; "
                                   "save your own metadata under another name or as metadata=")
-        document = {
-            "step": step,
-            "time": time.time(),
-            "trial_id": self._saver.trial_id,
-            "attempt": self._saver.attempt,
-            "rank": self._saver.rank,
-            "hparams": dict(self._saver.hparams),
-            "metadata": user_metadata,
-            "files": files,
-        }
+        document = CheckpointDocument(
+            step=step, time=time.time(), trial_id=self._saver.trial_id,
+            attempt=self._saver.attempt, rank=self._saver.rank,
+            hparams=dict(self._saver.hparams), metadata=user_metadata, files=files)
         return json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
+
+
+class SaveFailure(TypedDict):
+    """One failed save in `save-failures.json`."""
+
+    step: int
+    time: float
+    error: str  # at most `SaveFailures.ERROR_CHARS`, then "…"
+
+
+class SaveFailuresDocument(TypedDict):
+    """`save-failures.json`: how many saves failed, and the latest `SaveFailures.KEPT`."""
+
+    count: int
+    failures: list[SaveFailure]
 
 
 class SaveFailures:
@@ -218,7 +228,7 @@ class SaveFailures:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
-        self._failures: list[dict[str, Any]] = []
+        self._failures: list[SaveFailure] = []
         self._count = 0
 
     def prepare(self) -> None:
@@ -240,8 +250,8 @@ class SaveFailures:
     def record(self, step: int, error: str) -> None:
         self._count += 1
         text = error if len(error) <= self.ERROR_CHARS else error[:self.ERROR_CHARS] + "…"
-        self._failures = [*self._failures, {"step": step, "time": time.time(),
-                                            "error": text}][-self.KEPT:]
+        failure = SaveFailure(step=step, time=time.time(), error=text)
+        self._failures = [*self._failures, failure][-self.KEPT:]
         warnings.warn(f"muster: the checkpoint save for step {step} failed: {text}",
                       RuntimeWarning, stacklevel=4)
         self._write()
@@ -249,7 +259,8 @@ class SaveFailures:
     def _write(self) -> None:
         if self._fd is None:
             return
-        document = json.dumps({"count": self._count, "failures": self._failures}).encode()
+        document = json.dumps(SaveFailuresDocument(count=self._count,
+                                                   failures=self._failures)).encode()
         try:
             os.pwrite(self._fd, document.ljust(self.SIZE), 0)
             os.fsync(self._fd)
@@ -258,7 +269,7 @@ class SaveFailures:
                           f"{exc}", RuntimeWarning, stacklevel=4)
 
 
-def _checked_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+def _checked_metadata(metadata: Mapping[str, Any] | None) -> Metadata:
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):

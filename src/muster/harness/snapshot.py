@@ -17,12 +17,12 @@ import socket
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from muster.atomic import atomic_write_json
 
-__all__ = ["LIBRARY_FAMILIES", "NUMERICS_VARIABLES", "capture", "loaded_libraries",
-           "numerics_variables", "write"]
+__all__ = ["LIBRARY_FAMILIES", "NUMERICS_VARIABLES", "RankPart", "capture",
+           "loaded_libraries", "numerics_variables", "write"]
 
 # Exact names, and prefixes ending in "*". They change numerics, so two runs that differ
 # in them may differ in their results.
@@ -56,8 +56,75 @@ _TORCH_ERRORS = (AttributeError, AssertionError, ImportError, OSError, RuntimeEr
 _T = TypeVar("_T")
 
 
+class Interpreter(TypedDict):
+    version: str | None  # None: not known (the outside part's, when its probe failed)
+    implementation: str | None
+
+
+class Machine(TypedDict):
+    system: str
+    release: str
+    machine: str
+    hostname: str
+    cpu: str | None
+
+
+class Frameworks(TypedDict):
+    torch: str | None
+    cuda: str | None
+    cudnn: str | None
+    nccl: str | None
+    numpy: str | None
+
+
+class Gpu(TypedDict):
+    index: int
+    name: str | None
+    uuid: str | None
+
+
+class Numerics(TypedDict):
+    tf32_matmul: bool | None
+    tf32_cudnn: bool | None
+    cudnn_benchmark: bool | None
+    cudnn_deterministic: bool | None
+    deterministic_algorithms: bool | None
+    float32_matmul_precision: str | None
+
+
+class BlasPool(TypedDict):
+    """A thread pool threadpoolctl sees."""
+
+    api: str | None
+    library: str
+    version: str | None
+    threads: int | None
+
+
+class Seed(TypedDict):
+    torch_initial: int | None
+
+
+class RankPart(TypedDict):
+    """The rank part of a snapshot (`muster.diagnostics`): every field a process cannot know
+    is null, never missing. Its readers take it as unchecked JSON: a script may write
+    anything to the file, and an older harness wrote less."""
+
+    python: Interpreter
+    platform: Machine
+    frameworks: Frameworks
+    driver: str | None
+    gpus: list[Gpu]  # [] until CUDA is initialized
+    libraries: dict[str, str]  # library family → its loaded file(s)
+    packages: dict[str, str]  # the torch, numpy and nvidia-* distributions → version
+    numerics: Numerics
+    blas: list[BlasPool]
+    variables: dict[str, str]  # the allow-listed numerics variables that are set
+    seed: Seed
+
+
 def capture(environ: Mapping[str, str] | None = None,
-            maps_path: str = "/proc/self/maps") -> dict[str, Any]:
+            maps_path: str = "/proc/self/maps") -> RankPart:
     """The rank part of the snapshot, as `muster.diagnostics` describes it.
 
     Args:
@@ -66,26 +133,26 @@ def capture(environ: Mapping[str, str] | None = None,
     """
     torch: Any = sys.modules.get("torch")
     cuda = torch is not None and _read(lambda: bool(torch.cuda.is_initialized())) is True
-    return {
-        "python": {"version": platform.python_version(),
-                   "implementation": platform.python_implementation()},
-        "platform": {"system": platform.system(), "release": platform.release(),
-                     "machine": platform.machine(), "hostname": socket.gethostname(),
-                     "cpu": _cpu_model()},
-        "frameworks": _frameworks(torch),
-        "driver": _driver_version(),
-        "gpus": _gpus(torch) if cuda else [],
-        "libraries": loaded_libraries(_read_lines(maps_path)),
-        "packages": _packages(),
-        "numerics": _numerics(torch),
-        "blas": _blas(),
-        "variables": numerics_variables(os.environ if environ is None else environ),
-        "seed": {"torch_initial": None if torch is None
-                 else _read(lambda: int(torch.initial_seed()))},
-    }
+    return RankPart(
+        python=Interpreter(version=platform.python_version(),
+                           implementation=platform.python_implementation()),
+        platform=Machine(system=platform.system(), release=platform.release(),
+                         machine=platform.machine(), hostname=socket.gethostname(),
+                         cpu=_cpu_model()),
+        frameworks=_frameworks(torch),
+        driver=_driver_version(),
+        gpus=_gpus(torch) if cuda else [],
+        libraries=loaded_libraries(_read_lines(maps_path)),
+        packages=_packages(),
+        numerics=_numerics(torch),
+        blas=_blas(),
+        variables=numerics_variables(os.environ if environ is None else environ),
+        seed=Seed(torch_initial=None if torch is None
+                  else _read(lambda: int(torch.initial_seed()))),
+    )
 
 
-def write(path: Path, snapshot: dict[str, Any]) -> None:
+def write(path: Path, snapshot: RankPart) -> None:
     """Store `snapshot` at `path` as JSON, atomically (`muster.atomic`)."""
     atomic_write_json(path, snapshot)
 
@@ -148,20 +215,20 @@ def _driver_version() -> str | None:
     return match.group(1) if match else None
 
 
-def _frameworks(torch: Any) -> dict[str, str | None]:
+def _frameworks(torch: Any) -> Frameworks:
     numpy: Any = sys.modules.get("numpy")
+    numpy_version = _read(lambda: str(numpy.__version__)) if numpy else None
     if torch is None:
-        return {"torch": None, "cuda": None, "cudnn": None, "nccl": None,
-                "numpy": _read(lambda: str(numpy.__version__)) if numpy else None}
+        return Frameworks(torch=None, cuda=None, cudnn=None, nccl=None, numpy=numpy_version)
     cudnn = torch.backends.cudnn if _read(lambda: torch.backends.cudnn.is_available()) else None
-    return {
-        "torch": _read(lambda: str(torch.__version__)),
-        "cuda": _read(lambda: _optional_str(torch.version.cuda)),
-        "cudnn": _read(lambda: _optional_str(cudnn.version())) if cudnn else None,
+    return Frameworks(
+        torch=_read(lambda: str(torch.__version__)),
+        cuda=_read(lambda: _optional_str(torch.version.cuda)),
+        cudnn=_read(lambda: _optional_str(cudnn.version())) if cudnn else None,
         # NCCL's own version call; it needs no CUDA device (a CPU build has no NCCL).
-        "nccl": _read(lambda: _version_text(torch.cuda.nccl.version())),
-        "numpy": _read(lambda: str(numpy.__version__)) if numpy else None,
-    }
+        nccl=_read(lambda: _version_text(torch.cuda.nccl.version())),
+        numpy=numpy_version,
+    )
 
 
 def _optional_str(value: object) -> str | None:
@@ -175,41 +242,41 @@ def _version_text(version: object) -> str:
     return str(version)
 
 
-def _gpus(torch: Any) -> list[dict[str, Any]]:
+def _gpus(torch: Any) -> list[Gpu]:
     count = _read(lambda: int(torch.cuda.device_count())) or 0
     return [_gpu(torch, index) for index in range(count)]
 
 
-def _gpu(torch: Any, index: int) -> dict[str, Any]:
-    return {"index": index,
-            "name": _read(lambda: str(torch.cuda.get_device_name(index))),
-            "uuid": _read(lambda: _optional_str(
-                getattr(torch.cuda.get_device_properties(index), "uuid", None)))}
+def _gpu(torch: Any, index: int) -> Gpu:
+    return Gpu(index=index,
+               name=_read(lambda: str(torch.cuda.get_device_name(index))),
+               uuid=_read(lambda: _optional_str(
+                   getattr(torch.cuda.get_device_properties(index), "uuid", None))))
 
 
-def _numerics(torch: Any) -> dict[str, bool | str | None]:
+def _numerics(torch: Any) -> Numerics:
     if torch is None:
-        return dict.fromkeys(("tf32_matmul", "tf32_cudnn", "cudnn_benchmark",
-                              "cudnn_deterministic", "deterministic_algorithms",
-                              "float32_matmul_precision"))
-    return {
-        "tf32_matmul": _read(lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
-        "tf32_cudnn": _read(lambda: bool(torch.backends.cudnn.allow_tf32)),
-        "cudnn_benchmark": _read(lambda: bool(torch.backends.cudnn.benchmark)),
-        "cudnn_deterministic": _read(lambda: bool(torch.backends.cudnn.deterministic)),
-        "deterministic_algorithms": _read(
+        return Numerics(tf32_matmul=None, tf32_cudnn=None, cudnn_benchmark=None,
+                        cudnn_deterministic=None, deterministic_algorithms=None,
+                        float32_matmul_precision=None)
+    return Numerics(
+        tf32_matmul=_read(lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
+        tf32_cudnn=_read(lambda: bool(torch.backends.cudnn.allow_tf32)),
+        cudnn_benchmark=_read(lambda: bool(torch.backends.cudnn.benchmark)),
+        cudnn_deterministic=_read(lambda: bool(torch.backends.cudnn.deterministic)),
+        deterministic_algorithms=_read(
             lambda: bool(torch.are_deterministic_algorithms_enabled())),
-        "float32_matmul_precision": _read(lambda: str(torch.get_float32_matmul_precision())),
-    }
+        float32_matmul_precision=_read(lambda: str(torch.get_float32_matmul_precision())),
+    )
 
 
-def _blas() -> list[dict[str, Any]]:
+def _blas() -> list[BlasPool]:
     """The thread pools threadpoolctl sees, when the script imported it."""
     threadpoolctl: Any = sys.modules.get("threadpoolctl")
     pools = _read(threadpoolctl.threadpool_info) if threadpoolctl else None
-    return [{"api": pool.get("internal_api"),
-             "library": os.path.basename(pool.get("filepath") or ""),
-             "version": pool.get("version"), "threads": pool.get("num_threads")}
+    return [BlasPool(api=pool.get("internal_api"),
+                     library=os.path.basename(pool.get("filepath") or ""),
+                     version=pool.get("version"), threads=pool.get("num_threads"))
             for pool in pools or []]
 
 

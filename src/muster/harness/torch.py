@@ -64,13 +64,14 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, NotRequired, Protocol, TypedDict, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.serialization import MAP_LOCATION
 
+from muster.checkpoint_files import Metadata
 from muster.harness.arguments import check_count
 from muster.harness.background import run_warning_on_oserror
 from muster.harness.checkpoints import Checkpoint, CheckpointError
@@ -86,6 +87,32 @@ OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 EXTRA_FILE = "extra.pt"
 RNG_FILE = "rng.pt"
+
+
+class SavedBy(TypedDict):
+    """What `save` records in the checkpoint's metadata, under `METADATA_KEY`."""
+
+    format: int  # `FORMAT`
+    sampler_epoch: int | None
+    world_size: int  # how many ranks the saving run had
+
+
+class RngState(TypedDict):
+    """One rank's random number generators, as `rng.pt` holds them."""
+
+    python: tuple[Any, ...]  # random.getstate()
+    torch: torch.Tensor
+    # numpy's (kind, keys as an int64 tensor, position, has_gauss, cached_gaussian), when
+    # numpy is installed
+    numpy: NotRequired[tuple[str, torch.Tensor, int, int, float]]
+    cuda: NotRequired[list[torch.Tensor]]  # one per device, when CUDA is available
+
+
+class SavedRng(TypedDict):
+    """`rng.pt`: every rank's RNG state on rank 0."""
+
+    world_size: int
+    ranks: dict[int, RngState]
 
 
 class Stateful(Protocol):
@@ -148,14 +175,14 @@ def save(
     document = _checked_metadata(metadata)
     weights = _unwrapped(model)
     rank, world_size = _rank_and_world_size(ctx)
-    document[METADATA_KEY] = {"format": FORMAT, "sampler_epoch": sampler_epoch,
-                              "world_size": world_size}
+    document[METADATA_KEY] = SavedBy(format=FORMAT, sampler_epoch=sampler_epoch,
+                                     world_size=world_size)
     # A checkpoint says the steps before it are done; a resume never redoes them. So their
     # sample counts must be on disk, on every rank, before it exists (the gather below
     # orders these writes before rank 0's save): a rank killed just after the checkpoint
     # would otherwise leave its epoch short of samples for good.
     run_warning_on_oserror(f"writing {ctx.samples.path}", ctx.samples.flush)
-    rng = {"world_size": world_size, "ranks": _gathered_rng_states(rank, world_size)}
+    rng = SavedRng(world_size=world_size, ranks=_gathered_rng_states(rank, world_size))
     try:
         if rank == 0:
             _write(ctx, step, document, weights, optimizer, scheduler, extra, rng)
@@ -166,8 +193,8 @@ def save(
 
 
 def _write(
-    ctx: Context, step: int, document: dict[str, Any], weights: nn.Module,
-    optimizer: Stateful | None, scheduler: Stateful | None, extra: Any, rng: dict[str, Any],
+    ctx: Context, step: int, document: Metadata, weights: nn.Module,
+    optimizer: Stateful | None, scheduler: Stateful | None, extra: Any, rng: SavedRng,
 ) -> None:
     with ctx.checkpoint.save(step, metadata=document) as path:
         torch.save(weights.state_dict(), path / MODEL_FILE)
@@ -318,7 +345,7 @@ def _refuse_sharded(model: nn.Module) -> None:
             "ctx.checkpoint.save()")
 
 
-def _checked_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+def _checked_metadata(metadata: Mapping[str, Any] | None) -> Metadata:
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
@@ -363,7 +390,7 @@ def _check_ranks_agree(latest: Checkpoint | None) -> None:
             "see the same checkpoints directory (MUSTER_RUN_DIR on a shared file system)")
 
 
-def _recorded(latest: Checkpoint) -> dict[str, Any]:
+def _recorded(latest: Checkpoint) -> SavedBy:
     """What `save` recorded in the checkpoint's metadata; refuses one it did not write."""
     saved = latest.metadata.get(METADATA_KEY)
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
@@ -371,7 +398,7 @@ def _recorded(latest: Checkpoint) -> dict[str, Any]:
             f"the latest checkpoint {latest.path} was not saved by muster.harness.torch.save "
             f"(its metadata has no {METADATA_KEY!r} of format {FORMAT}); read it with "
             "ctx.checkpoint.restore() and your own loading code")
-    return saved
+    return cast(SavedBy, saved)  # of our format: `save` wrote it
 
 
 def _load(path: Path, map_location: MAP_LOCATION) -> Any:
@@ -389,7 +416,7 @@ def _load_if_given(
     stateful.load_state_dict(_load(path, map_location))
 
 
-def _gathered_rng_states(rank: int, world_size: int) -> dict[int, dict[str, Any]]:
+def _gathered_rng_states(rank: int, world_size: int) -> dict[int, RngState]:
     """Every rank's RNG state on rank 0 (a collective when distributed); {} elsewhere."""
     state = _rng_state()
     if not _distributed():
@@ -399,8 +426,8 @@ def _gathered_rng_states(rank: int, world_size: int) -> dict[int, dict[str, Any]
     return dict(enumerate(gathered)) if gathered is not None else {}
 
 
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+def _rng_state() -> RngState:
+    state = RngState(python=random.getstate(), torch=torch.get_rng_state())
     numpy = _numpy()
     if numpy is not None:
         kind, keys, position, has_gauss, cached_gaussian = numpy.random.get_state()
@@ -412,7 +439,7 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _restore_rng(saved: dict[str, Any], rank: int, world_size: int, path: Path) -> None:
+def _restore_rng(saved: SavedRng, rank: int, world_size: int, path: Path) -> None:
     state = saved["ranks"].get(rank)
     saved_world_size = saved["world_size"]
     if state is not None:
@@ -434,7 +461,7 @@ def _rng_warning(path: Path, rank: int, world_size: int, saved_world_size: int,
             f"were restored and {rng}; the data order will differ from an uninterrupted run")
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def _set_rng_state(state: RngState) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     numpy = _numpy()

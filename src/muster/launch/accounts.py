@@ -13,16 +13,26 @@ from __future__ import annotations
 import os
 import pwd
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from muster.errors import ConfigError
 
-__all__ = ["Account", "AccountError", "RunAs", "account_from_json", "check_can_switch",
-           "drop_to", "job_identity", "lookup_account"]
+__all__ = ["Account", "AccountError", "AccountJson", "RunAs", "account_from_json",
+           "check_can_switch", "drop_to", "job_identity", "lookup_account"]
 
 
 class AccountError(ConfigError):
     """A job's account cannot be used: missing on this machine, or root."""
+
+
+class AccountJson(TypedDict):
+    """An `Account` in a replica's spec."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: list[int]
+    home: str
 
 
 @dataclass(frozen=True)
@@ -35,12 +45,12 @@ class Account:
     groups: tuple[int, ...]  # its supplementary groups (the primary one included)
     home: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "uid": self.uid, "gid": self.gid,
-                "groups": list(self.groups), "home": self.home}
+    def to_json(self) -> AccountJson:
+        return AccountJson(name=self.name, uid=self.uid, gid=self.gid,
+                           groups=list(self.groups), home=self.home)
 
 
-def account_from_json(data: Any) -> Account | None:
+def account_from_json(data: object) -> Account | None:
     if not isinstance(data, dict):
         return None
     return Account(name=str(data["name"]), uid=int(data["uid"]), gid=int(data["gid"]),

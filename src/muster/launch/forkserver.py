@@ -32,8 +32,9 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TypedDict, cast
 
 from muster.launch.base import ProcessIdentity
 
@@ -42,6 +43,27 @@ log = logging.getLogger(__name__)
 ENV_SWITCH = "MUSTER_SHIM_FORKSERVER"
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 _REPLY_TIMEOUT_S = 30.0
+
+
+class ShimRequest(TypedDict):
+    """A request on the fork server's stdin: fork a shim for this spec."""
+
+    spec: str  # the replica's spec file
+    cwd: str  # the shim's working directory (its attempt's)
+    log: str  # the shim's own log, its stderr
+
+
+class Forked(TypedDict):
+    """The reply when the shim was forked: its identity."""
+
+    pid: int
+    start_ticks: int
+
+
+class Refused(TypedDict):
+    """The reply when no shim was forked, and why."""
+
+    error: str
 
 
 class ForkServerError(Exception):
@@ -72,7 +94,7 @@ class ForkServer:
         Raises:
             ForkServerError: the fork server could not be started or did not answer.
         """
-        request = json.dumps({"spec": str(spec), "cwd": str(cwd), "log": str(shim_log)})
+        request = json.dumps(ShimRequest(spec=str(spec), cwd=str(cwd), log=str(shim_log)))
         with self._lock:
             proc = self._running()
             assert proc.stdin is not None and proc.stdout is not None
@@ -85,7 +107,7 @@ class ForkServer:
                 raise ForkServerError(f"the shim fork server failed: {exc}", asked=True) from exc
         if "error" in reply:  # it could not fork: no shim exists
             raise ForkServerError(f"the shim fork server could not start the shim: "
-                                  f"{reply['error']}", asked=False)
+                                  f"{cast(Refused, reply)['error']}", asked=False)
         return ProcessIdentity(int(reply["pid"]), int(reply["start_ticks"]))
 
     def start(self) -> None:
@@ -129,7 +151,7 @@ class ForkServer:
             proc.wait()
 
 
-def _read_reply(stdout: IO[bytes]) -> dict[str, Any]:
+def _read_reply(stdout: IO[bytes]) -> Forked | Refused:
     ready, _, _ = select.select([stdout], [], [], _REPLY_TIMEOUT_S)
     if not ready:
         raise OSError(f"no answer within {_REPLY_TIMEOUT_S:.0f} s")
@@ -139,7 +161,7 @@ def _read_reply(stdout: IO[bytes]) -> dict[str, Any]:
     reply = json.loads(line)
     if not isinstance(reply, dict):
         raise ValueError(f"unexpected reply {line!r}")
-    return reply
+    return cast(Forked | Refused, reply)  # its fields are converted where they are read
 
 
 _SHARED: ForkServer | None = None
@@ -188,16 +210,16 @@ def serve() -> int:
             request = json.loads(line)
             pid = _fork_shim(shim.main, request)
             identity = read_identity(pid)
-            reply: dict[str, Any] = (
-                {"pid": identity.pid, "start_ticks": identity.start_ticks}
-                if identity is not None else {"error": f"shim {pid} vanished at once"})
+            reply: Forked | Refused = (
+                Forked(pid=identity.pid, start_ticks=identity.start_ticks)
+                if identity is not None else Refused(error=f"shim {pid} vanished at once"))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
+            reply = Refused(error=f"{type(exc).__name__}: {exc}")
         replies.write(json.dumps(reply).encode() + b"\n")
         replies.flush()
 
 
-def _fork_shim(run: Any, request: dict[str, Any]) -> int:
+def _fork_shim(run: Callable[[list[str]], int], request: ShimRequest) -> int:
     spec, cwd, shim_log = str(request["spec"]), str(request["cwd"]), str(request["log"])
     sys.stdout.flush()
     sys.stderr.flush()

@@ -8,28 +8,89 @@ files, and the shim never imports the launcher.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any, NotRequired, TypedDict, cast, get_args
 
-from muster.launch.accounts import account_from_json
+from muster.launch.accounts import AccountJson, account_from_json
 from muster.launch.base import ExitRecord, MemoryEnforcement, OomKill, ReplicaSpec
 from muster.states import OomSource
 
-__all__ = ["exit_record_from_json", "exit_record_to_json", "spec_from_json", "spec_to_json"]
+__all__ = ["ExitRecordJson", "OomKillJson", "ReplicaSpecJson", "exit_record_from_json",
+           "exit_record_to_json", "spec_from_json", "spec_to_json"]
 
 
-def spec_to_json(spec: ReplicaSpec) -> dict[str, Any]:
+class ReplicaSpecJson(TypedDict):
+    """`RankFiles.spec`: a `ReplicaSpec` as JSON. The keys a spec written before a field
+    existed lacks are NotRequired (their reader's default says what such a spec meant)."""
+
+    trial_uuid: str
+    attempt: int
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    attempt_dir: str
+    stop_grace: float
+    memory_limit: NotRequired[int | None]
+    memory_enforcement: NotRequired[str]
+    log_limit: NotRequired[int | None]
+    notify: NotRequired[list[int] | None]  # [pid, start_ticks]
+    path: NotRequired[list[str] | None]
+    account: NotRequired[AccountJson | None]
+    distributed: NotRequired[bool]
+
+
+class OomKillJson(TypedDict):
+    source: str  # an `OomSource` value
+    limit_bytes: int | None
+    machine_bytes: int | None
+
+
+class ExitRecordJson(TypedDict, total=False):
+    """`RankFiles.exit`: an `ExitRecord` as JSON. Not total: records written before a field
+    existed lack it, and `oom` was a bool before issue 31."""
+
+    returncode: int | None
+    exit_code: int | None
+    signal: str | None
+    pid: int | None
+    start_ticks: int | None
+    started_at: float | None
+    ended_at: float
+    max_rss_bytes: int | None
+    stop_requested: bool
+    signals_sent: list[str]
+    spawn_error: str | None
+    spawn_errno: int | None
+    log_bytes: int
+    oom: OomKillJson | bool | None
+    memory_limit_bytes: int | None
+    peak_memory_bytes: int | None
+    memory_enforcement: str | None
+    memory_error: str | None
+    peak_rss_bytes: int | None
+    log_lost_bytes: int
+    log_lost_error: str | None
+    log_dropped_bytes: int
+    log_limit_bytes: int | None
+
+
+def spec_to_json(spec: ReplicaSpec) -> ReplicaSpecJson:
     """The spec as JSON-ready data (paths as strings)."""
-    data = dataclasses.asdict(spec)
-    data["cwd"] = str(spec.cwd)
-    data["attempt_dir"] = str(spec.attempt_dir)
-    data["notify"] = list(spec.notify) if spec.notify else None
-    data["path"] = list(spec.path) if spec.path is not None else None
-    data["account"] = spec.account.to_json() if spec.account is not None else None
-    return data
+    return ReplicaSpecJson(
+        trial_uuid=spec.trial_uuid, attempt=spec.attempt, rank=spec.rank,
+        argv=list(spec.argv), env=dict(spec.env), cwd=str(spec.cwd),
+        attempt_dir=str(spec.attempt_dir), stop_grace=spec.stop_grace,
+        memory_limit=spec.memory_limit, memory_enforcement=spec.memory_enforcement,
+        log_limit=spec.log_limit,
+        notify=list(spec.notify) if spec.notify else None,
+        path=list(spec.path) if spec.path is not None else None,
+        account=spec.account.to_json() if spec.account is not None else None,
+        distributed=spec.distributed)
 
 
-def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
+def spec_from_json(data: ReplicaSpecJson) -> ReplicaSpec:
     """The inverse of `spec_to_json`."""
     return ReplicaSpec(
         trial_uuid=str(data["trial_uuid"]),
@@ -41,33 +102,36 @@ def spec_from_json(data: dict[str, Any]) -> ReplicaSpec:
         attempt_dir=Path(data["attempt_dir"]),
         stop_grace=float(data["stop_grace"]),
         # Specs written before memory limits existed have neither key.
-        memory_limit=None if data.get("memory_limit") is None else int(data["memory_limit"]),
+        memory_limit=_optional_int(data.get("memory_limit")),
         memory_enforcement=_enforcement(data.get("memory_enforcement", "auto")),
-        log_limit=None if data.get("log_limit") is None else int(data["log_limit"]),
+        log_limit=_optional_int(data.get("log_limit")),
         notify=_notify_target(data.get("notify")),
-        path=None if data.get("path") is None else tuple(str(p) for p in data["path"]),
+        path=_directories(data.get("path")),
         account=account_from_json(data.get("account")),  # absent before run_as existed
         # Absent before distributed_env existed, when every replica had torchrun's variables.
         distributed=bool(data.get("distributed", True)),
     )
 
 
-def exit_record_to_json(record: ExitRecord) -> dict[str, Any]:
-    data = dataclasses.asdict(record)
+def exit_record_to_json(record: ExitRecord) -> ExitRecordJson:
+    # asdict gives every field under its own name: the TypedDict's keys, by the table test.
+    data = cast(ExitRecordJson, dataclasses.asdict(record))
     if record.oom is not None:
-        data["oom"] = data["oom"] | {"source": record.oom.source.value}
+        data["oom"] = OomKillJson(source=record.oom.source.value,
+                                  limit_bytes=record.oom.limit_bytes,
+                                  machine_bytes=record.oom.machine_bytes)
     return data
 
 
-def exit_record_from_json(data: dict[str, Any]) -> ExitRecord:
+def exit_record_from_json(data: ExitRecordJson) -> ExitRecord:
     """Parse an exit record; unknown keys (from a newer shim) are ignored."""
-    names = {f.name for f in dataclasses.fields(ExitRecord)}
+    names = {f.name for f in dataclasses.fields(ExitRecord)} - {"oom"}
     fields = {k: v for k, v in data.items() if k in names}
-    fields["oom"] = _oom_kill(data)
-    return ExitRecord(**fields)
+    # ExitRecordJson names ExitRecord's fields with their types (the table test holds it).
+    return ExitRecord(**cast(Mapping[str, Any], fields), oom=_oom_kill(data))
 
 
-def _oom_kill(data: dict[str, Any]) -> OomKill | None:
+def _oom_kill(data: ExitRecordJson) -> OomKill | None:
     """The record's `oom`: an object since issue 31; a bool before, when only a memory limit
     could name an OOM (its mechanism says who: the cgroup or the watchdog)."""
     value = data.get("oom")
@@ -80,6 +144,10 @@ def _oom_kill(data: dict[str, Any]) -> OomKill | None:
         return OomKill(OomSource.WATCHDOG if watchdog else OomSource.CGROUP,
                        _optional_int(data.get("memory_limit_bytes")))
     return None
+
+
+def _directories(value: list[str] | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(str(p) for p in value)
 
 
 def _optional_int(value: object) -> int | None:

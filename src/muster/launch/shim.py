@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import cast
 
 from muster.atomic import atomic_write_json, open_regular, read_json
 from muster.errors import LaunchError
@@ -41,7 +42,7 @@ from muster.launch.environment import job_environment, job_umask
 from muster.launch.identity import group_members, own_identity, read_identity, send_signal
 from muster.launch.log_limit import MIN_LOG_LIMIT, LogCap, lost_marker
 from muster.launch.memory import MemoryGuard, MemoryReport, machine_memory, open_memory_guard
-from muster.launch.records import exit_record_to_json, spec_from_json
+from muster.launch.records import ReplicaSpecJson, exit_record_to_json, spec_from_json
 from muster.rundir import RankFiles
 from muster.sizes import format_size
 from muster.states import OomSource
@@ -1027,7 +1028,7 @@ def load_spec(path: Path) -> ReplicaSpec:
         data = json.loads(file.read())
     if not isinstance(data, dict):
         raise SystemExit(f"muster shim: no replica spec at {path}")
-    return spec_from_json(data)
+    return spec_from_json(cast(ReplicaSpecJson, data))  # its reader converts each field
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,7 +100,7 @@ def _code(home: Home, experiment_uuid: str) -> dict[str, Any]:
     return cached
 
 
-def _git(home: Home, experiment_uuid: str) -> dict[str, Any] | None:
+def _git(home: Home, experiment_uuid: str) -> git_state.GitSnapshot | None:
     """The context's git state (`muster.git_state`), None when it had none."""
     state = git_state.load(home, experiment_uuid)
     return None if state is None else state.snapshot()

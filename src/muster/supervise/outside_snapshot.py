@@ -33,11 +33,16 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from muster.atomic import atomic_write_json
-from muster.diagnostics import MAX_SNAPSHOT_BYTES, OUTSIDE_SOURCE
-from muster.diagnostics.code_tree import tree_of
+from muster.diagnostics import (
+    MAX_SNAPSHOT_BYTES,
+    OUTSIDE_SOURCE,
+    OutsideInterpreter,
+    OutsidePart,
+)
+from muster.diagnostics.code_tree import CodeTree, tree_of
 from muster.environments.interpreters import InterpreterError, own
 from muster.environments.isolation import as_account, probe_environ
 from muster.environments.layers import site_packages
@@ -138,32 +143,40 @@ def question_for(environment: TrialEnvironment | None, account: Account | None,
                     (layer_site, *environment.lower_sites), account, context)
 
 
-def capture(question: Question, attempt: int) -> dict[str, Any]:
+class Facts(TypedDict):
+    """What the interpreter said of itself, checked: strings, bounded."""
+
+    version: str
+    implementation: str
+    packages: dict[str, str]  # normalized name → version, as it would import them
+    cut: bool  # it stopped at MAX_PACKAGES or MAX_SITE_ENTRIES
+
+
+def capture(question: Question, attempt: int) -> OutsidePart:
     """The outside part of attempt `attempt` (`muster.diagnostics`); what could not be
     known is null, with why in `unknown`."""
     unknown: dict[str, str] = {}
+    facts: Facts | None = None
     try:
         facts = _ask(question)
     except ProbeError as exc:
-        facts, unknown["python"] = {}, str(exc)
-    code: dict[str, Any] | None = None
+        unknown["python"] = str(exc)
+    code: CodeTree | None = None
     try:
         if not question.context.is_dir():
             raise FileNotFoundError(f"{question.context} is not a directory")
         code = tree_of(question.context)
     except OSError as exc:
         unknown["code"] = f"the context snapshot cannot be read: {exc}"
-    if facts.get("cut"):
+    if facts is not None and facts["cut"]:
         unknown["packages"] = (f"more than {MAX_PACKAGES:,} distributions or "
                                f"{MAX_SITE_ENTRIES:,} entries in a site directory: cut off")
-    return {
-        "source": OUTSIDE_SOURCE, "attempt": attempt, "recorded_at": time.time(),
-        "python": {"version": facts.get("version"),
-                   "implementation": facts.get("implementation")},
-        "packages": facts.get("packages"),
-        "code": code,
-        "unknown": unknown,
-    }
+    python = (OutsideInterpreter(version=None, implementation=None) if facts is None else
+              OutsideInterpreter(version=facts["version"],
+                                 implementation=facts["implementation"]))
+    return OutsidePart(source=OUTSIDE_SOURCE, attempt=attempt, recorded_at=time.time(),
+                       python=python, packages=None if facts is None else facts["packages"],
+                       code=code, unknown=unknown)
 
 
 def record(run_dir: RunDir, attempt: int, question: Question) -> None:
@@ -202,7 +215,7 @@ def _said(done: Future[None]) -> None:
         log.error("an outside snapshot failed", exc_info=failure)
 
 
-def _ask(question: Question) -> dict[str, Any]:
+def _ask(question: Question) -> Facts:
     """The facts the interpreter printed, checked: strings, bounded."""
     argv = [question.python, "-I", "-S", "-c", _PROBE, str(MAX_PACKAGES),
             str(MAX_SITE_ENTRIES), str(MAX_HEADER_BYTES), *question.sites]
@@ -264,16 +277,16 @@ def _end(child: subprocess.Popen[bytes]) -> None:
         child.stdout.close()
 
 
-def _checked(said: Any) -> dict[str, Any]:
+def _checked(said: Any) -> Facts:
     if not isinstance(said, Mapping):
         raise TypeError("its answer is not a JSON object")
     packages = said.get("packages")
     if not isinstance(packages, Mapping) or len(packages) > MAX_PACKAGES:
         raise TypeError(f"its packages are not a map of at most {MAX_PACKAGES:,} names")
-    return {"version": _word(said.get("version")),
-            "implementation": _word(said.get("implementation")),
-            "packages": {_word(name): _word(version) for name, version in packages.items()},
-            "cut": said.get("cut") is True}
+    return Facts(version=_word(said.get("version")),
+                 implementation=_word(said.get("implementation")),
+                 packages={_word(name): _word(version) for name, version in packages.items()},
+                 cut=said.get("cut") is True)
 
 
 def _word(value: Any) -> str:
