@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from muster.jobenv import MUSTER_PREFIX, TORCHRUN_VARIABLES
+
 SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = SRC / "muster"
 # The standard-library core: what the harness may import inside a training process.
 CORE = {"muster", "muster.states", "muster.errors", "muster.rundir", "muster.metrics_lines",
         "muster.checkpoint_files", "muster.atomic", "muster.home", "muster.sizes",
-        "muster.words"}
+        "muster.words", "muster.jobenv"}
 HTTP = ("fastapi", "starlette", "uvicorn")
 # How run-directory files are named: only `muster.rundir` may spell these.
 RUN_DIR_NAMES = re.compile(
@@ -127,6 +129,18 @@ def test_only_the_store_validates_stored_configs() -> None:
         and isinstance(node.func.value, ast.Name)
         and node.func.value.id in STORED_CONFIG_MODELS)
     assert validating == []
+
+
+def test_only_jobenv_spells_the_job_s_variables() -> None:
+    """What muster hands a training process through its environment (its own variables and
+    torchrun's) is named once, in `muster.jobenv`; everyone else uses its constants."""
+    names = {node.value.value for node in modules()["muster.jobenv"].body
+             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+             and isinstance(node.value.value, str)
+             and node.value.value.startswith(MUSTER_PREFIX)} | TORCHRUN_VARIABLES
+    spelled = [(name, text) for name, tree in modules().items() if name != "muster.jobenv"
+               for text in _code_strings(tree) if text in names]
+    assert spelled == []
 
 
 def _code_strings(tree: ast.Module) -> Iterator[str]:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from muster.harness.standby import GO_VARIABLE, wait_for_promotion
+from muster.harness.standby import wait_for_promotion
+from muster.jobenv import STANDBY_GO
 
 
 def test_not_a_standby_returns_at_once() -> None:
@@ -21,7 +22,7 @@ def test_not_a_standby_returns_at_once() -> None:
 
 def test_a_standby_waits_for_its_go_file_and_takes_its_environment(tmp_path: Path) -> None:
     go = tmp_path / "rank-0.standby-go.json"
-    environ = {GO_VARIABLE: str(go), "MUSTER_LATEST_CHECKPOINT": "/stale", "KEEP": "1"}
+    environ = {STANDBY_GO: str(go), "MUSTER_LATEST_CHECKPOINT": "/stale", "KEEP": "1"}
     promoted = threading.Event()
 
     def wait() -> None:
@@ -41,7 +42,7 @@ def test_a_standby_waits_for_its_go_file_and_takes_its_environment(tmp_path: Pat
 def test_null_removes_a_variable(tmp_path: Path) -> None:
     go = tmp_path / "go.json"
     go.write_text(json.dumps({"env": {"MUSTER_LATEST_CHECKPOINT": None}}))
-    environ = {GO_VARIABLE: str(go), "MUSTER_LATEST_CHECKPOINT": "/stale"}
+    environ = {STANDBY_GO: str(go), "MUSTER_LATEST_CHECKPOINT": "/stale"}
     assert wait_for_promotion(environ) is True
     assert environ == {}
 
@@ -50,4 +51,4 @@ def test_a_go_file_that_is_not_muster_s_is_refused(tmp_path: Path) -> None:
     go = tmp_path / "go.json"
     go.write_text("[1, 2]")
     with pytest.raises(ValueError, match="has no 'env' object"):
-        wait_for_promotion({GO_VARIABLE: str(go)})
+        wait_for_promotion({STANDBY_GO: str(go)})

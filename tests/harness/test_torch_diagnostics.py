@@ -30,7 +30,8 @@ import muster.harness as mh  # noqa: E402
 import muster.harness.diagnostics as harness_diagnostics  # noqa: E402
 import muster.harness.torch as mt  # noqa: E402
 from muster.diagnostics.bias import Bounds, judge, parse_records  # noqa: E402
-from muster.harness.diagnostics import DEFAULT_INTERVAL, DiagnosticsLog, interval_from  # noqa: E402
+from muster.harness.diagnostics import DiagnosticsLog  # noqa: E402
+from muster.jobenv import DEFAULT_DIAGNOSTICS_INTERVAL, diagnostics_interval  # noqa: E402
 from muster.rundir import RunDir  # noqa: E402
 
 
@@ -284,9 +285,10 @@ def test_the_default_interval_samples_the_first_step(diagnostics_file: Path) -> 
     trainer = Trainer()
     with mh.init() as ctx:
         mt.diagnose(ctx, model=trainer.model, optimizer=trainer.optimizer)
-        for _ in range(DEFAULT_INTERVAL + 1):
+        for _ in range(DEFAULT_DIAGNOSTICS_INTERVAL + 1):
             trainer.step()
-    assert [u["update"] for u in records(diagnostics_file, "update")] == [0, DEFAULT_INTERVAL]
+    updates = [u["update"] for u in records(diagnostics_file, "update")]
+    assert updates == [0, DEFAULT_DIAGNOSTICS_INTERVAL]
 
 
 def test_frozen_parameters_are_not_hashed(diagnostics_file: Path) -> None:
@@ -401,26 +403,26 @@ def test_a_model_needs_its_optimizer(diagnostics_file: Path) -> None:
     assert not diagnostics_file.exists()
 
 
-# --- interval_from and the bounded log ----------------------------------------------------
+# --- diagnostics_interval and the bounded log --------------------------------------------
 
 
 @pytest.mark.parametrize(("environ", "interval"), [
-    ({}, DEFAULT_INTERVAL),
-    ({"MUSTER_DIAGNOSTICS": ""}, DEFAULT_INTERVAL),
-    ({"MUSTER_DIAGNOSTICS": "  "}, DEFAULT_INTERVAL),
+    ({}, DEFAULT_DIAGNOSTICS_INTERVAL),
+    ({"MUSTER_DIAGNOSTICS": ""}, DEFAULT_DIAGNOSTICS_INTERVAL),
+    ({"MUSTER_DIAGNOSTICS": "  "}, DEFAULT_DIAGNOSTICS_INTERVAL),
     ({"MUSTER_DIAGNOSTICS": "off"}, None),
     ({"MUSTER_DIAGNOSTICS": " off "}, None),
     ({"MUSTER_DIAGNOSTICS": "1"}, 1),
     ({"MUSTER_DIAGNOSTICS": "250"}, 250),
 ])
-def test_interval_from(environ: dict[str, str], interval: int | None) -> None:
-    assert interval_from(environ) == interval
+def test_diagnostics_interval(environ: dict[str, str], interval: int | None) -> None:
+    assert diagnostics_interval(environ) == interval
 
 
 @pytest.mark.parametrize("raw", ["0", "-3", "abc", "2.5", "OFF", "on", "1e3"])
-def test_interval_from_refuses(raw: str) -> None:
+def test_diagnostics_interval_refuses(raw: str) -> None:
     with pytest.raises(ValueError, match="MUSTER_DIAGNOSTICS must be 'off' or a positive") as info:
-        interval_from({"MUSTER_DIAGNOSTICS": raw})
+        diagnostics_interval({"MUSTER_DIAGNOSTICS": raw})
     assert repr(raw) in str(info.value)
 
 

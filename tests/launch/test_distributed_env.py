@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from muster.launch.environment import (
-    TORCHRUN_VARIABLES,
-    job_environment,
-    launches_torchrun,
-    python_module,
-    wants_distributed_env,
-)
+from muster.jobenv import TORCHRUN_VARIABLES, job_environment
+from muster.launch.torchrun import launches_torchrun, python_module, wants_distributed_env
 from muster.states import DistributedEnv
 
 AUTO, ALWAYS, NEVER = DistributedEnv.AUTO, DistributedEnv.ALWAYS, DistributedEnv.NEVER

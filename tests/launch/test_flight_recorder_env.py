@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from muster.launch.environment import ReplicaContext, build_env
+from muster.jobenv import Distributed, JobEnvironment, build_env
 from muster.rundir import RankFiles
 
 
-def context(tmp_path: Path) -> ReplicaContext:
-    return ReplicaContext(run_dir=tmp_path, trial_id=1, attempt=1, rank=1, world_size=2,
-                          master_addr="127.0.0.1", master_port=29500,
+def context(tmp_path: Path) -> JobEnvironment:
+    return JobEnvironment(run_dir=tmp_path, trial_id=1, attempt=1, rank=1, world_size=2,
+                          distributed=Distributed.on_one_node(1, 2, "127.0.0.1", 29500),
                           hparams_path=tmp_path / "hparams.json",
                           flight_recorder=RankFiles(tmp_path, 1).flight_recorder)
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from muster.config import load_config
-from muster.harness.standby import GO_VARIABLE
-from muster.launch.environment import TORCHRUN_VARIABLES, job_environment
+from muster.jobenv import STANDBY_GO, TORCHRUN_VARIABLES, job_environment
 from muster.rundir import RunDir
 from muster.supervise.launching import AttemptPlan, replica_specs
 
@@ -58,7 +57,7 @@ def test_one_spec_per_rank_with_the_torchrun_environment() -> None:
         assert env["OMP_NUM_THREADS"] == "2" and env["HOME"] == "/root"
         assert "MUSTER_SEED" not in env and "MUSTER_LATEST_CHECKPOINT" not in env
         assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # muster schedules no GPUs here
-        assert GO_VARIABLE not in env
+        assert STANDBY_GO not in env
 
 
 @pytest.mark.parametrize(("gpus", "visible"), [
@@ -81,7 +80,7 @@ def test_resume_seed_restart_and_standby() -> None:
     assert spec.env["MUSTER_LATEST_CHECKPOINT"] == str(latest)
     assert spec.env["MUSTER_SEED"] == "1234"
     assert spec.env["MUSTER_REPLICA_RESTART"] == "2"
-    assert spec.env[GO_VARIABLE] == str(RUN.attempt(2).rank(1).standby_go)
+    assert spec.env[STANDBY_GO] == str(RUN.attempt(2).rank(1).standby_go)
 
 
 def test_the_job_gets_no_server_setting_and_python_first() -> None:

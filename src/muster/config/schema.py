@@ -30,6 +30,7 @@ from muster.config import space
 from muster.config.problems import KeyedProblems, show_value, validate_config_data
 from muster.config.secrets import source_of
 from muster.config.units import parse_duration, parse_size
+from muster.jobenv import MUSTER_PREFIX
 from muster.metrics_lines import name_problem
 from muster.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from muster.states import DistributedEnv
@@ -130,7 +131,7 @@ class EnvironmentConfig(_Section):
     def _sources(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         problems = []
         for name, text in value.items():
-            if not _ENV_NAME.fullmatch(name) or name.startswith("MUSTER_"):
+            if not _ENV_NAME.fullmatch(name) or name.startswith(MUSTER_PREFIX):
                 problems.append((name, "is not a usable environment variable name (letters, "
                                        "digits and '_', not starting with a digit or MUSTER_)"))
                 continue
@@ -351,7 +352,7 @@ class ResourcesConfig(_Section):
     gpu_type: str | None = Field(default=None, min_length=1)
     max_slots: int | None = Field(default=None, ge=1)
     priority: int = Field(default=DEFAULT_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY)
-    # When replicas get torchrun's variables (`launch.environment.wants_distributed_env`);
+    # When replicas get torchrun's variables (`launch.torchrun.wants_distributed_env`);
     # not strict: YAML gives the word, the enum's member is what the code compares.
     distributed_env: DistributedEnv = Field(default=DistributedEnv.AUTO, strict=False)
     # Past it a replica's log keeps its head and its latest output (docs/run-directory.md).

@@ -16,9 +16,9 @@ from muster.harness.arguments import check_count
 from muster.harness.background import BackgroundThread, Task, run_warning_on_oserror
 from muster.harness.checkpoints import Checkpoints, SaveFailures, Saver
 from muster.harness.diagnostics import DiagnosticsLog
-from muster.harness.environment import RunEnvironment, read_environment
 from muster.harness.heartbeat import Heartbeat
 from muster.harness.metrics import TRAINING, VALIDATION, MetricsWriter
+from muster.harness.run import Run, read_run
 from muster.harness.samples import Samples
 from muster.harness.stack_signal import StackSignal
 from muster.harness.standby import wait_for_promotion
@@ -39,7 +39,7 @@ class Context:
         checkpoint: `ctx.checkpoint.save(step)` and `ctx.checkpoint.restore()`.
     """
 
-    def __init__(self, env: RunEnvironment, heartbeat_interval: float) -> None:
+    def __init__(self, env: Run, heartbeat_interval: float) -> None:
         self._env = env
         run_dir = RunDir(env.run_dir)
         files = run_dir.attempt(env.attempt).rank(env.rank)
@@ -218,7 +218,7 @@ def init(
         raise RuntimeError("muster.harness.init() is already active in this process; "
                            "use the context it yielded")
     wait_for_promotion()  # a warm standby waits here until it becomes the next attempt
-    env = read_environment(os.environ, Path.cwd(), _checked_hparams(hparams))
+    env = read_run(os.environ, Path.cwd(), _checked_hparams(hparams))
     if env.deterministic:
         determinism.apply(env.seed, env.rank)  # before the snapshot: it records the switches
     context = Context(env, _checked_interval(heartbeat_interval, env))
@@ -246,7 +246,7 @@ def _checked_hparams(hparams: Mapping[str, Any] | None) -> dict[str, Any] | None
     return dict(hparams)
 
 
-def _checked_interval(interval: float | None, env: RunEnvironment) -> float:
+def _checked_interval(interval: float | None, env: Run) -> float:
     if interval is None:
         return env.heartbeat_interval()
     if not interval > 0:

@@ -3,7 +3,8 @@
 Standard library only. The torch side (`muster.harness.torch_diagnostics`) hands records
 in; they are queued and appended as JSON lines to `rank-<r>.diagnostics.jsonl` by the
 harness's background thread, like metrics. The platform judges every rank's file together
-(`muster.diagnostics.bias`); the records are described there.
+(`muster.diagnostics.bias`); the records are described there. How often a rank samples is
+the job's MUSTER_DIAGNOSTICS (`muster.jobenv.diagnostics_interval`).
 
 The file is bounded: past `MAX_FILE_BYTES` further records are dropped with one warning,
 so a run of millions of steps at a small interval cannot fill a disk with diagnostics.
@@ -20,32 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_INTERVAL", "MAX_FILE_BYTES", "DiagnosticsLog", "interval_from"]
+__all__ = ["MAX_FILE_BYTES", "DiagnosticsLog"]
 
-DEFAULT_INTERVAL = 20  # optimizer steps between gradient-norm and replica-hash samples
 MAX_FILE_BYTES = 32 << 20
-VARIABLE = "MUSTER_DIAGNOSTICS"  # "off", or the interval in optimizer steps
-
-
-def interval_from(environ: Mapping[str, str]) -> int | None:
-    """The sampling interval MUSTER_DIAGNOSTICS sets; None when diagnostics are off.
-
-    Raises:
-        ValueError: the variable is neither "off" nor a positive integer.
-    """
-    raw = environ.get(VARIABLE, "").strip()
-    if not raw:
-        return DEFAULT_INTERVAL
-    if raw == "off":
-        return None
-    try:
-        interval = int(raw)
-    except ValueError:
-        interval = 0
-    if interval < 1:
-        raise ValueError(f"{VARIABLE} must be 'off' or a positive number of optimizer steps, "
-                         f"got {raw!r}")
-    return interval
 
 
 class DiagnosticsLog:

@@ -16,8 +16,8 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from muster.atomic import read_json
+from muster.jobenv import STANDBY_GO
 
-GO_VARIABLE = "MUSTER_STANDBY_GO"
 POLL_S = 0.005
 
 
@@ -30,7 +30,7 @@ def wait_for_promotion(environ: MutableMapping[str, str] = os.environ) -> bool:
     Raises:
         ValueError: the go file is not what muster writes.
     """
-    go = environ.get(GO_VARIABLE)
+    go = environ.get(STANDBY_GO)
     if not go:
         return False
     path = Path(go)
@@ -44,5 +44,5 @@ def wait_for_promotion(environ: MutableMapping[str, str] = os.environ) -> bool:
             environ.pop(name, None)
         else:
             environ[name] = str(value)
-    environ.pop(GO_VARIABLE, None)
+    environ.pop(STANDBY_GO, None)
     return True

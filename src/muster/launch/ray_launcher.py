@@ -39,6 +39,7 @@ from typing import Any
 
 from muster.atomic import atomic_write_bytes, atomic_write_json, json_bytes, read_json
 from muster.errors import LaunchError
+from muster.jobenv import GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE
 from muster.launch.base import (
     READY,
     Bundle,
@@ -314,8 +315,8 @@ class RayLauncher(Launcher):
             return {}
         nodes = list(dict.fromkeys(node_of[index] for index in sorted(node_of)))
         mine = sorted(index for index, node in node_of.items() if node == node_of[rank])
-        return {"LOCAL_RANK": str(mine.index(rank)), "LOCAL_WORLD_SIZE": str(len(mine)),
-                "GROUP_RANK": str(nodes.index(node_of[rank]))}
+        return {LOCAL_RANK: str(mine.index(rank)), LOCAL_WORLD_SIZE: str(len(mine)),
+                GROUP_RANK: str(nodes.index(node_of[rank]))}
 
     def _wait_for_name(self, name: str, where: str) -> None:
         """Wait for an actor of the same name (the ended incarnation of a replica restarted

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from muster.atomic import atomic_write_bytes, atomic_write_json, json_bytes, read_json
+from muster.jobenv import MASTER_ADDR, MASTER_PORT
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import read_identity, send_signal
 from muster.launch.local import SHIM, spawn_shim
@@ -86,8 +87,8 @@ def rendezvous(spec_path: Path, rank: int, timeout: float = RENDEZVOUS_TIMEOUT_S
     spec = read_json(spec_path)
     if not isinstance(spec, dict):
         raise ValueError(f"{spec_path} is not a replica's spec")
-    spec["env"] = {**spec["env"], "MASTER_ADDR": str(found["addr"]),
-                   "MASTER_PORT": str(found["port"])}
+    spec["env"] = {**spec["env"], MASTER_ADDR: str(found["addr"]),
+                   MASTER_PORT: str(found["port"])}
     atomic_write_bytes(spec_path, json_bytes(spec), mode=0o600)  # it holds the job's secrets
 
 

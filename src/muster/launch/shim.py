@@ -34,11 +34,11 @@ from typing import cast
 
 from muster.atomic import atomic_write_json, open_regular, read_json
 from muster.errors import LaunchError
+from muster.jobenv import job_environment, job_umask
 from muster.launch.accounts import drop_to, job_identity
 from muster.launch.activity import ActivityStamp
 from muster.launch.base import ExitRecord, OomKill, ProcessIdentity, ReplicaSpec
 from muster.launch.dumps import DumpRequests
-from muster.launch.environment import job_environment, job_umask
 from muster.launch.identity import group_members, own_identity, read_identity, send_signal
 from muster.launch.log_limit import MIN_LOG_LIMIT, LogCap, lost_marker
 from muster.launch.memory import MemoryGuard, MemoryReport, machine_memory, open_memory_guard

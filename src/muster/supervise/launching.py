@@ -25,16 +25,11 @@ from muster.checkpoint_storage.resume import cache_dir, resumable, resume_point
 from muster.config import ExperimentConfig
 from muster.environments.registry import TrialEnvironment
 from muster.errors import ConfigError, GpuError, LaunchError
-from muster.harness.standby import GO_VARIABLE
 from muster.home import Home
+from muster.jobenv import Distributed, JobEnvironment, build_env
 from muster.launch.accounts import Account, RunAs
 from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec, ReplicaStatus
-from muster.launch.environment import (
-    ReplicaContext,
-    build_env,
-    free_port,
-    wants_distributed_env,
-)
+from muster.launch.torchrun import free_port, wants_distributed_env
 from muster.rundir import AttemptDir, RunDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
 from muster.store import Attempt, Checkpoint, Experiment, Replica, Trial, transition
@@ -114,25 +109,25 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
                                         config.entrypoint)
     specs = []
     for rank in range(world_size) if ranks is None else ranks:
-        ctx = ReplicaContext(
-            run_dir=plan.dir.run.path, trial_id=plan.trial_id, attempt=plan.number, rank=rank,
-            world_size=world_size, master_addr=MASTER_ADDR, master_port=plan.master_port,
-            hparams_path=plan.dir.hparams, latest_checkpoint=plan.latest_checkpoint,
-            heartbeat_timeout=config.failure_policy.heartbeat_timeout,
+        job = JobEnvironment(
+            run_dir=plan.dir.run.path, trial_id=plan.trial_id, attempt=plan.number,
+            hparams_path=plan.dir.hparams, rank=rank, world_size=world_size,
             incarnation=plan.incarnation,
-            gpus=None if plan.gpus is None else plan.gpus.get(rank, ()),
+            distributed=(Distributed.on_one_node(rank, world_size, MASTER_ADDR,
+                                                 plan.master_port) if distributed else None),
+            latest_checkpoint=plan.latest_checkpoint,
+            heartbeat_timeout=config.failure_policy.heartbeat_timeout,
             max_length=config.searcher.max_length, seed=plan.seed,
             deterministic=config.reproducibility.deterministic,
-            diagnostics=(str(config.diagnostics.interval) if config.diagnostics.record
-                         else "off"),
+            diagnostics_interval=(config.diagnostics.interval if config.diagnostics.record
+                                  else None),
+            gpus=None if plan.gpus is None else plan.gpus.get(rank, ()),
             distributed_debug=config.debug.torch_distributed == "detail",
-            distributed=distributed, flight_recorder=plan.dir.rank(rank).flight_recorder,
+            flight_recorder=plan.dir.rank(rank).flight_recorder,
+            virtual_env=plan.environment.layer if plan.environment is not None else None,
+            standby_go=plan.dir.rank(rank).standby_go if plan.standby else None,
         )
-        env = build_env({**config.environment.variables, **plan.secrets}, ctx)
-        if plan.environment is not None:
-            env["VIRTUAL_ENV"] = str(plan.environment.layer)
-        if plan.standby:
-            env[GO_VARIABLE] = str(plan.dir.rank(rank).standby_go)
+        env = build_env({**config.environment.variables, **plan.secrets}, job)
         specs.append(ReplicaSpec(
             trial_uuid=plan.trial_uuid, attempt=plan.number, rank=rank,
             argv=list(config.entrypoint), env=env, cwd=plan.workdir,

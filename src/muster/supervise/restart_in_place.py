@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from muster.errors import LaunchError
 from muster.launch.base import ReplicaPhase, ReplicaSpec, ReplicaStatus
-from muster.launch.environment import free_port
 from muster.launch.exits import replica_name
+from muster.launch.torchrun import free_port
 from muster.store import Attempt, Replica
 from muster.supervise.context import LiveAttempt, SupervisorContext, current_replicas
 from muster.supervise.ending import (

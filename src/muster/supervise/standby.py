@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from muster.atomic import atomic_write_json
 from muster.errors import LaunchError
+from muster.jobenv import LATEST_CHECKPOINT
 from muster.launch.base import ReplicaPhase
 from muster.rundir import AttemptDir
 from muster.states import AttemptState, EventReason, Reason, TrialState
@@ -98,7 +99,7 @@ class Standby:
         with self.ctx.store.session_scope() as s:
             standby = s.get_one(Attempt, standby_id)
             latest = latest_checkpoint(attempt_dir.run, self.ctx.home)
-            go = {"env": {"MUSTER_LATEST_CHECKPOINT": str(latest) if latest else None}}
+            go = {"env": {LATEST_CHECKPOINT: str(latest) if latest else None}}
             for rank in ranks:  # root's, readable by a job running as its own account
                 atomic_write_json(attempt_dir.rank(rank).standby_go, go, mode=0o644,
                                   exact_mode=True)

@@ -7,27 +7,27 @@ from pathlib import Path
 
 import pytest
 
-from muster.harness.environment import read_environment
+from muster.harness.run import read_run
 from tests.harness.conftest import HPARAMS, Platform
 
 
 def test_without_muster_run_dir_it_is_a_local_run(tmp_path: Path) -> None:
-    env = read_environment({}, tmp_path, {"lr": 0.1})
+    env = read_run({}, tmp_path, {"lr": 0.1})
     assert env.run_dir == tmp_path / "muster-run"
     assert (env.trial_id, env.attempt, env.rank, env.world_size) == (None, 1, 0, 1)
     assert env.hparams == {"lr": 0.1}
     assert env.latest_checkpoint is None
-    assert read_environment({}, tmp_path).hparams == {}
+    assert read_run({}, tmp_path).hparams == {}
 
 
 def test_a_local_run_under_torchrun_keeps_its_rank(tmp_path: Path) -> None:
-    env = read_environment({"RANK": "1", "WORLD_SIZE": "2"}, tmp_path)
+    env = read_run({"RANK": "1", "WORLD_SIZE": "2"}, tmp_path)
     assert (env.rank, env.world_size, env.attempt) == (1, 2, 1)
 
 
 def test_on_the_platform_every_variable_is_read(platform: Platform, tmp_path: Path) -> None:
     latest = tmp_path / "ckpt"
-    env = read_environment(
+    env = read_run(
         {**platform.env, "MUSTER_LATEST_CHECKPOINT": str(latest),
          "MUSTER_HEARTBEAT_TIMEOUT": "300"},
         tmp_path, {"ignored": True},
@@ -53,7 +53,7 @@ def test_muster_s_rank_serves_where_torchrun_s_is_not_set(
     over the MUSTER_RANK they inherited."""
     environ = {name: value for name, value in platform.env.items()
                if name not in ("RANK", "WORLD_SIZE")}
-    env = read_environment({**environ, **variables}, tmp_path)
+    env = read_run({**environ, **variables}, tmp_path)
     assert (env.rank, env.world_size) == (rank, world_size)
 
 
@@ -64,7 +64,7 @@ def test_heartbeat_interval_is_10_s_or_a_third_of_the_timeout(
     tmp_path: Path, timeout: str | None, interval: float
 ) -> None:
     variables = {} if timeout is None else {"MUSTER_HEARTBEAT_TIMEOUT": timeout}
-    assert read_environment(variables, tmp_path).heartbeat_interval() == pytest.approx(interval)
+    assert read_run(variables, tmp_path).heartbeat_interval() == pytest.approx(interval)
 
 
 @pytest.mark.parametrize(
@@ -88,12 +88,12 @@ def test_a_malformed_variable_is_named(
     tmp_path: Path, variables: dict[str, str], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        read_environment(variables, tmp_path)
+        read_run(variables, tmp_path)
 
 
 def test_hparams_must_be_a_json_object(tmp_path: Path) -> None:
     path = tmp_path / "hparams.json"
     path.write_text(json.dumps([1, 2]))
     with pytest.raises(ValueError, match="must hold a JSON object, got list"):
-        read_environment({"MUSTER_RUN_DIR": str(tmp_path), "MUSTER_HPARAMS": str(path)},
+        read_run({"MUSTER_RUN_DIR": str(tmp_path), "MUSTER_HPARAMS": str(path)},
                          tmp_path)
