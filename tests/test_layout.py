@@ -156,6 +156,63 @@ def _code_strings(tree: ast.Module) -> Iterator[str]:
             yield node.value
 
 
+# Enums that may live outside `muster.states` although another module imports them: none is
+# stored, served or compared outside its home and the one module that acts on it.
+ENUMS_KEPT_HOME = {
+    # The run directory's file names: `muster.rundir` owns that layout (STYLE 14).
+    ("muster.rundir", "RankFile"),
+    # A replica log's two parts: `muster.launch.logs` owns a log's layout.
+    ("muster.launch.logs", "LogPart"),
+    # The keys of the authorisation table: callers name one, only `access` reads it.
+    ("muster.services.access", "Action"),
+    # A decision's answer, read by the module that carries it out: the failure policy's
+    # (read by `outcome`), `outcome`'s (by `ending` and `admission`), and a trial's data
+    # scan's (by the supervisor).
+    ("muster.supervise.policy", "Action"),
+    ("muster.supervise.outcome", "Next"),
+    ("muster.supervise.launching", "Scan"),
+}
+
+
+def _enum_definitions() -> set[tuple[str, str]]:
+    """(module, class) of every Enum subclass defined outside `muster.states`."""
+    bases = {"Enum", "StrEnum", "IntEnum", "Flag", "IntFlag"}
+    return {(name, node.name) for name, tree in modules().items() if name != "muster.states"
+            for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            and any((isinstance(base, ast.Name) and base.id in bases)
+                    or (isinstance(base, ast.Attribute) and base.attr in bases)
+                    for base in node.bases)}
+
+
+def _names_imported(importer: str, module: str) -> set[str]:
+    """What `importer` takes from `module`: names it imports from it, and attributes it reads
+    of `module` imported by its last name (`from muster.services import tokens`)."""
+    tree = modules()[importer]
+    parent, _, leaf = module.rpartition(".")
+    found: set[str] = set()
+    leaf_bound = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == module:
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == parent:
+            leaf_bound |= any(alias.name == leaf and alias.asname is None for alias in node.names)
+    if leaf_bound:
+        found.update(node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                     and isinstance(node.value, ast.Name) and node.value.id == leaf)
+    return found
+
+
+def test_shared_enums_live_in_states() -> None:
+    """An enum another module uses is a word of the shared vocabulary: it lives in
+    `muster.states` (issue 32), unless `ENUMS_KEPT_HOME` says why not."""
+    shared = sorted((home, enum, importer) for home, enum in _enum_definitions()
+                    if (home, enum) not in ENUMS_KEPT_HOME
+                    for importer in modules() if importer != home
+                    and enum in _names_imported(importer, home))
+    assert shared == []
+    assert ENUMS_KEPT_HOME - _enum_definitions() == set()  # no excuse outlives its enum
+
+
 def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
     """Tarjan's algorithm, iteratively."""
     index: dict[str, int] = {}

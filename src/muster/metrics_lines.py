@@ -28,14 +28,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from muster.states import MetricKind
+
 __all__ = [
-    "KINDS", "NAME_PATTERN", "NAME_RULE", "TRAINING", "VALIDATION", "BadLine", "MetricLine",
+    "NAME_PATTERN", "NAME_RULE", "BadLine", "MetricLine",
     "exact_template", "is_complete", "json_number", "name_problem", "parse", "template",
 ]
 
-TRAINING = "training"
-VALIDATION = "validation"
-KINDS = (TRAINING, VALIDATION)
 _STEP_LIMIT = 1 << 63
 # What real code reports passes (Lightning's `train/loss`, `lr-Adam/pg1`, `loss_step`;
 # Hugging Face's `eval_accuracy`; `top1@5`, `val:acc`, `f1+`); what a page or a terminal
@@ -60,7 +59,7 @@ class BadLine(ValueError):
 class MetricLine:
     """One report, as read from a metrics file."""
 
-    kind: str
+    kind: MetricKind
     step: int
     time: float
     rank: int
@@ -91,8 +90,10 @@ def parse(line: bytes, rank: int) -> MetricLine | None:
     at: Any = report.get("time")
     stated_rank: Any = report.get("rank")
     metrics: Any = report.get("metrics")
-    if kind not in KINDS:
-        raise BadLine(f'"kind" must be "training" or "validation", got {kind!r}')
+    try:
+        kind = MetricKind(kind)
+    except ValueError:
+        raise BadLine(f'"kind" must be "training" or "validation", got {kind!r}') from None
     if not _is_int(step) or not -_STEP_LIMIT <= step < _STEP_LIMIT:
         raise BadLine(f'"step" must be a whole number, got {step!r}')
     if not _is_finite(at):
@@ -139,8 +140,8 @@ def template(kind: str, names: tuple[str, ...], rank: int) -> str:
         ValueError: `kind` is not a kind of report, `names` is empty, or a name breaks
             `NAME_RULE` (the message states the rule).
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind not in tuple(MetricKind):
+        raise ValueError(f"kind must be one of {', '.join(MetricKind)}, got {kind!r}")
     if not names:
         raise ValueError("metrics is empty: report at least one metric")
     for name in names:

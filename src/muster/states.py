@@ -1,18 +1,26 @@
-"""The states of experiments, trials and attempts, the reasons of moves, and the legal moves.
+"""The words muster stores, serves and compares: the states of experiments, trials,
+attempts, checkpoints and the rest, the reasons of moves, and the legal moves.
 
 Values are plain strings so the same words appear in the database, the API, the CLI and
 the UI; each word has one spelling, here. The transition tables are the whole state
 machine; `muster.store.transitions` is the one function that applies them. Every value
-muster compares is a member of one of these enums, never a free string.
+muster compares is a member of one of these enums, never a free string; the sets of
+states are the enums' methods (`TrialState.active()`), never spelled elsewhere.
+
+Each enum is a `StrEnum`: a member is the `str` it stands for, and `str()`, f-strings and
+templates give its value ("RUNNING", not "TrialState.RUNNING"), so a member read from a
+column (`muster.store.columns.EnumText`) prints as the word the database holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from enum import Enum
+from enum import Enum, StrEnum
 
 
-class ExperimentState(str, Enum):
+class ExperimentState(StrEnum):
+    """Where an experiment is (`experiments.state`); EXPERIMENT_MOVES has its moves."""
+
     ACTIVE = "ACTIVE"
     PAUSED = "PAUSED"
     COMPLETED = "COMPLETED"
@@ -23,7 +31,9 @@ class ExperimentState(str, Enum):
         return self in _EXPERIMENT_TERMINAL
 
 
-class TrialState(str, Enum):
+class TrialState(StrEnum):
+    """Where a trial is (`trials.state`); TRIAL_MOVES has its moves."""
+
     QUEUED = "QUEUED"
     STARTING = "STARTING"
     RUNNING = "RUNNING"
@@ -65,7 +75,9 @@ class TrialState(str, Enum):
         return _TRIAL_TERMINAL
 
 
-class AttemptState(str, Enum):
+class AttemptState(StrEnum):
+    """Where an attempt is (`attempts.state`); ATTEMPT_MOVES has its moves."""
+
     STARTING = "STARTING"
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"
@@ -81,7 +93,7 @@ class AttemptState(str, Enum):
         return _ATTEMPT_LIVE
 
 
-class Reason(str, Enum):
+class Reason(StrEnum):
     """Why a replica ended: the classification of `muster.launch.exits.classify_exit`."""
 
     OK = "OK"
@@ -104,7 +116,7 @@ class Reason(str, Enum):
         return self in (Reason.INFRA, Reason.LOST, Reason.STALLED)
 
 
-class EventReason(str, Enum):
+class EventReason(StrEnum):
     """Why a move or a decision happened, when it is not how a replica ended (`Reason`):
     the `reason` of events, trials and attempts holds a member of one of the two."""
 
@@ -154,7 +166,7 @@ class EventReason(str, Enum):
     STEP_SCALES_DIFFER = "step scales differ"
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     """What a muster user may do (`muster.services.access` has the whole table): a viewer
     reads everything; a user also submits experiments and acts on its own; an admin acts on
     everything and manages users."""
@@ -164,7 +176,7 @@ class Role(str, Enum):
     VIEWER = "viewer"
 
 
-class StopIntent(str, Enum):
+class StopIntent(StrEnum):
     """Why muster is stopping a trial's processes: a stop it asked for is not a failure.
 
     KILL is `Trial.stop_requested` (it wins over the others and ends the trial); the others
@@ -182,7 +194,7 @@ class StopIntent(str, Enum):
         return _INTENT_REASONS[self]
 
 
-class CheckStatus(str, Enum):
+class CheckStatus(StrEnum):
     """How one verification check of an exit 0 came out (`verification.checks[].status`).
 
     Only PASSED checks that inspect results count toward `verified`; NOT_RUN says why in the
@@ -195,7 +207,15 @@ class CheckStatus(str, Enum):
     NOT_RUN = "not_run"
 
 
-class MetricSource(str, Enum):
+class MetricKind(StrEnum):
+    """What a metric report is (`metrics.kind`, a metrics file's `"kind"`): a training step's
+    or a validation's."""
+
+    TRAINING = "training"
+    VALIDATION = "validation"
+
+
+class MetricSource(StrEnum):
     """Where a stored metric report was read: a metrics file (the harness or an integration
     wrote it) or a rank's log (`verify.metrics_from_log` and the built-in recognisers)."""
 
@@ -203,7 +223,7 @@ class MetricSource(str, Enum):
     LOG = "log"
 
 
-class OomSource(str, Enum):
+class OomSource(StrEnum):
     """Who named a replica's end an out-of-memory kill: its memory cgroup's OOM-kill
     counter, the kernel log's "Killed process" line for one of its processes (no cgroup),
     or muster's RSS watchdog at its `memory_limit`."""
@@ -213,7 +233,7 @@ class OomSource(str, Enum):
     WATCHDOG = "watchdog"
 
 
-class DistributedEnv(str, Enum):
+class DistributedEnv(StrEnum):
     """When a replica gets torchrun's variables (`resources.distributed_env`): `auto` when
     the trial is distributed (several replicas, or a torchrun entrypoint), `always`, `never`.
     One replica without them runs single-process code such as nanoGPT's as written."""
@@ -223,13 +243,93 @@ class DistributedEnv(str, Enum):
     NEVER = "never"
 
 
-class GpuState(str, Enum):
+class GpuState(StrEnum):
     """Who may take a GPU: `free`; `allocated` to a trial (across its attempts);
     `releasing` its memory after the trial let it go."""
 
     FREE = "free"
     ALLOCATED = "allocated"
     RELEASING = "releasing"
+
+
+class CheckpointState(StrEnum):
+    """Where a checkpoint's files are (`checkpoints.state`, `muster.checkpoint_storage`)."""
+
+    LOCAL = "local"  # in the run directory only
+    UPLOADING = "uploading"
+    STORED = "stored"  # in checkpoint storage
+    UPLOAD_FAILED = "upload_failed"  # still local; the upload gave up
+    DELETING = "deleting"  # deletion begun, not yet finished
+    DELETED = "deleted"
+
+    def is_terminal(self) -> bool:
+        return self is CheckpointState.DELETED
+
+
+class EnvironmentState(StrEnum):
+    """Where an experiment's environment build is (`muster.environments.registry`)."""
+
+    READY = "READY"
+    BUILDING = "BUILDING"
+    FAILED = "FAILED"
+    MISSING = "MISSING"  # requested, not built yet
+
+
+class TokenKind(StrEnum):
+    """What a credential is (`tokens.kind`, `muster.services.tokens`)."""
+
+    API = "api"  # `Authorization: Bearer mst_...`
+    SESSION = "session"  # the web UI's cookie, `mss_...`
+
+    @property
+    def prefix(self) -> str:
+        return "mst_" if self is TokenKind.API else "mss_"
+
+
+class ReplicaPhase(StrEnum):
+    """Where a replica's processes are, as its launcher sees them (`ReplicaStatus.phase`)."""
+
+    STARTING = "STARTING"  # shim launched, training process not started yet
+    RUNNING = "RUNNING"  # training process alive
+    EXITED = "EXITED"  # exit record written
+    LOST = "LOST"  # no exit record and no live shim/process with the recorded identity
+
+
+class EvidenceReason(StrEnum):
+    """Why an evidence bundle was asked for (`muster.launch.dumps.request_dump`); the end of
+    its id, so the API's bundle ids say it."""
+
+    STALLED = "stalled"  # before muster kills a replica that made no progress
+    REQUESTED = "requested"  # `muster trial dump`, the trial page's "Dump stacks"
+
+
+class SearchOutcome(StrEnum):
+    """A stored trial as the searcher sees it (`muster.search.history.PastTrial`)."""
+
+    RUNNING = "running"  # not ended (queued, running, restarting, paused)
+    COMPLETE = "complete"  # ended with a value of the metric
+    PRUNED = "pruned"  # stopped early by the searcher
+    FAILED = "failed"  # failed, canceled, suspect, or ended without the metric
+
+
+class Basis(StrEnum):
+    """Why a trial stands for its experiment in an experiment diff (`a_basis`, `b_basis`)."""
+
+    BEST = "best"  # the best SUCCEEDED trial by the searcher's metric
+    LATEST = "latest"  # the highest number: no trial has a value of the metric, or no metric
+
+
+class DiffGroup(StrEnum):
+    """What kind of thing a field of a diff says (`muster.diagnostics.diff`), in the order a
+    reader should look at them."""
+
+    CODE = "code"
+    CONFIG = "config"
+    PACKAGES = "packages"
+    FRAMEWORKS = "frameworks"
+    NUMERICS = "numerics"
+    HARDWARE = "hardware"
+    PLATFORM = "platform"
 
 
 def values(members: Iterable[Enum]) -> list[str]:

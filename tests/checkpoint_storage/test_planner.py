@@ -16,11 +16,11 @@ from muster.checkpoint_storage.planner import (
     DELETION_BEGUN,
     NOT_INTACT,
     CheckpointFacts,
-    CheckpointState,
     Decision,
     Policy,
     plan,
 )
+from muster.states import CheckpointState
 
 S = CheckpointState
 NAN, INF = math.nan, math.inf

@@ -33,12 +33,12 @@ import pytest
 from muster import checkpoint_files
 from muster.checkpoint_files import METADATA_FILE
 from muster.checkpoint_storage.base import Backend, ObjectMissing
-from muster.checkpoint_storage.planner import CheckpointState
 from muster.checkpoint_storage.s3 import S3
 from muster.checkpoint_storage.shared_fs import TMP_PREFIX, SharedFs
 from muster.checkpoint_storage.sweep import sweep_location
 from muster.checkpoint_storage.transfer import fetch_checkpoint, upload_checkpoint
 from muster.errors import StorageError
+from muster.states import CheckpointState
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(300)]
 

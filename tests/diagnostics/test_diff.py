@@ -12,13 +12,13 @@ import pytest
 from muster.diagnostics.diff import (
     GROUPS,
     Difference,
-    Group,
     TrialSnapshots,
     diff_ranks,
     diff_trials,
     result_relevant,
     to_json,
 )
+from muster.states import DiffGroup
 
 MISSING = object()  # as a change's value: remove the field
 
@@ -275,34 +275,34 @@ def test_diff_ranks(ranks: dict[int, dict[str, Any]], expected: list[Any]) -> No
 
 
 @pytest.mark.parametrize(("difference", "text"), [
-    (Difference(Group.FRAMEWORKS, "frameworks.cuda", "11.7.1", "11.7.0", None),
+    (Difference(DiffGroup.FRAMEWORKS, "frameworks.cuda", "11.7.1", "11.7.0", None),
      "cuda: 11.7.1 vs 11.7.0"),
-    (Difference(Group.FRAMEWORKS, "libraries.libcublas", CUBLAS_OLD, CUBLAS_NEW, 1),
+    (Difference(DiffGroup.FRAMEWORKS, "libraries.libcublas", CUBLAS_OLD, CUBLAS_NEW, 1),
      "libcublas: libcublas.so.11.10.1.25 vs libcublas.so.11.10.3.66 (rank 1)"),
-    (Difference(Group.NUMERICS, "variables.NCCL_ALGO", None, "Ring", 0),
+    (Difference(DiffGroup.NUMERICS, "variables.NCCL_ALGO", None, "Ring", 0),
      "NCCL_ALGO: (none) vs Ring (rank 0)"),
-    (Difference(Group.CODE, "code.git.dirty", False, True, None),
+    (Difference(DiffGroup.CODE, "code.git.dirty", False, True, None),
      "code.git.dirty: false vs true"),
-    (Difference(Group.CONFIG, "hparams.optimizer.beta1", 0.9, 0.95, None),
+    (Difference(DiffGroup.CONFIG, "hparams.optimizer.beta1", 0.9, 0.95, None),
      "optimizer.beta1: 0.9 vs 0.95"),
-    (Difference(Group.PACKAGES, "environment.packages.numpy", "1.26.4", None, None),
+    (Difference(DiffGroup.PACKAGES, "environment.packages.numpy", "1.26.4", None, None),
      "numpy: 1.26.4 vs (none)"),
-    (Difference(Group.FRAMEWORKS, "python.version", "3.11.9", "3.12.3", 0),
+    (Difference(DiffGroup.FRAMEWORKS, "python.version", "3.11.9", "3.12.3", 0),
      "python.version: 3.11.9 vs 3.12.3 (rank 0)"),
-    (Difference(Group.HARDWARE, "gpus", [A100, A100], ["NVIDIA H100"], 0),
+    (Difference(DiffGroup.HARDWARE, "gpus", [A100, A100], ["NVIDIA H100"], 0),
      "gpus: [NVIDIA A100-SXM4-80GB, NVIDIA A100-SXM4-80GB] vs [NVIDIA H100] (rank 0)"),
-    (Difference(Group.CONFIG, "ranks", [0, 1], [], None), "ranks: [0, 1] vs []"),
+    (Difference(DiffGroup.CONFIG, "ranks", [0, 1], [], None), "ranks: [0, 1] vs []"),
 ])
 def test_line(difference: Difference, text: str) -> None:
     assert difference.line() == text
 
 
 @pytest.mark.parametrize(("group", "relevant"), [
-    (Group.CODE, True), (Group.CONFIG, True), (Group.PACKAGES, True),
-    (Group.FRAMEWORKS, True), (Group.NUMERICS, True), (Group.HARDWARE, True),
-    (Group.PLATFORM, False),
+    (DiffGroup.CODE, True), (DiffGroup.CONFIG, True), (DiffGroup.PACKAGES, True),
+    (DiffGroup.FRAMEWORKS, True), (DiffGroup.NUMERICS, True), (DiffGroup.HARDWARE, True),
+    (DiffGroup.PLATFORM, False),
 ])
-def test_result_relevant(group: Group, relevant: bool) -> None:
+def test_result_relevant(group: DiffGroup, relevant: bool) -> None:
     assert result_relevant(Difference(group, "x", 1, 2, None)) is relevant
 
 

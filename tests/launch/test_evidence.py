@@ -22,13 +22,13 @@ from muster.launch.evidence import (
     STACKS,
     STACKS_JSON,
     SUMMARY,
-    EvidenceReason,
     Tools,
     collect,
     read_summary,
 )
 from muster.launch.identity import is_alive, read_identity
 from muster.rundir import RunDir, new_bundle_id
+from muster.states import EvidenceReason
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.lifecycle

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from muster.launch import forkserver
-from muster.launch.base import ReplicaPhase, ReplicaSpec
+from muster.launch.base import ReplicaSpec
 from muster.launch.identity import is_alive, read_stat
 from muster.launch.local import LocalLauncher
+from muster.states import ReplicaPhase
 from tests.launch.conftest import Replica, fixture_argv, kill_leftovers
 from tests.waiting import wait_until
 

@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 
 from muster.errors import LaunchError
-from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec
+from muster.launch.base import ProcessIdentity, ReplicaSpec
 from muster.launch.identity import (
     group_members,
     is_alive,
@@ -27,6 +27,7 @@ from muster.launch.identity import (
 )
 from muster.launch.local import LocalLauncher
 from muster.launch.records import spec_to_json
+from muster.states import ReplicaPhase
 from tests.launch.conftest import FIXTURES, Replica, SubmitFn, fixture_argv
 from tests.waiting import wait_until
 

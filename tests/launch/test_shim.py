@@ -22,12 +22,13 @@ from pathlib import Path
 import pytest
 
 from muster.atomic import atomic_write_json
-from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaPhase, ReplicaSpec
+from muster.launch.base import ExitRecord, ProcessIdentity, ReplicaSpec
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
 from muster.launch.records import exit_record_from_json, spec_from_json, spec_to_json
 from muster.launch.shim import LogPump, load_spec, signal_name
 from muster.rundir import RankFiles
+from muster.states import ReplicaPhase
 
 pytestmark = pytest.mark.lifecycle  # starts real processes
 

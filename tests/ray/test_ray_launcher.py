@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(300)]
 DRIVER = """
 import json, sys, time
 from pathlib import Path
-from muster.launch.base import ReplicaPhase, ReplicaSpec
+from muster.launch.base import ReplicaSpec
+from muster.states import ReplicaPhase
 from muster.launch.ray_launcher import RayLauncher
 
 fields = json.loads(sys.argv[1])

@@ -12,8 +12,9 @@ import pytest
 from muster.config import ExperimentConfig, load_config
 from muster.search.adaptive_asha import AdaptiveAsha
 from muster.search.base import Searcher
-from muster.search.history import Outcome, PastTrial
+from muster.search.history import PastTrial
 from muster.search.searchers import searcher_for
+from muster.states import SearchOutcome
 
 SPACE = """\
 hyperparameters:
@@ -37,9 +38,9 @@ def draw(searcher: Searcher, count: int,
     for number in range(count):
         params, attrs = searcher.ask(history, number)
         if outcome is None:
-            history.append(PastTrial(number, Outcome.RUNNING, params, attrs=attrs))
+            history.append(PastTrial(number, SearchOutcome.RUNNING, params, attrs=attrs))
         else:
-            history.append(PastTrial(number, Outcome.COMPLETE, params, outcome(params),
+            history.append(PastTrial(number, SearchOutcome.COMPLETE, params, outcome(params),
                                      {1: outcome(params)}, attrs))
     return [dict(p.params) for p in history]
 
@@ -104,14 +105,14 @@ def test_a_grid_enumerates_its_product_once_whatever_ends_when() -> None:
 def test_ask_refuses_a_history_with_a_gap() -> None:
     searcher = searcher_for(config("{name: random, metric: loss, max_trials: 3}"), seed=1)
     with pytest.raises(ValueError, match=r"trials 0..1 in order before trial 2"):
-        searcher.ask([PastTrial(0, Outcome.RUNNING, {})], 2)
+        searcher.ask([PastTrial(0, SearchOutcome.RUNNING, {})], 2)
 
 
 def asha_history(values: list[float], judged: float, step: int) -> list[PastTrial]:
     """Earlier trials that completed rung 0 (step 1) with `values`; then the judged one."""
-    history = [PastTrial(n, Outcome.COMPLETE, {"x": 0.5}, v, {1: v},
+    history = [PastTrial(n, SearchOutcome.COMPLETE, {"x": 0.5}, v, {1: v},
                          {"completed_rung_0": v}) for n, v in enumerate(values)]
-    history.append(PastTrial(len(values), Outcome.RUNNING, {"x": 0.5},
+    history.append(PastTrial(len(values), SearchOutcome.RUNNING, {"x": 0.5},
                              intermediate={step: judged}))
     return history
 
@@ -133,7 +134,7 @@ def test_asha_keeps_the_best_quarter_at_a_rung_and_stops_the_rest() -> None:
     assert searcher.judge(asha_history(earlier, 9.0, step=3), 7).prune
     # ...but one that passed rung 0 is not judged again before rung 1 (step 4).
     history = asha_history(earlier, 9.0, step=3)
-    history[-1] = PastTrial(7, Outcome.RUNNING, {"x": 0.5}, intermediate={1: 0.55, 3: 9.0},
+    history[-1] = PastTrial(7, SearchOutcome.RUNNING, {"x": 0.5}, intermediate={1: 0.55, 3: 9.0},
                             attrs={"completed_rung_0": 0.55})
     assert not searcher.judge(history, 7).prune
 

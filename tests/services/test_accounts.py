@@ -12,8 +12,7 @@ from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unautho
 from muster.home import Home
 from muster.services import tokens, users
 from muster.services.access import Principal
-from muster.services.tokens import TokenKind
-from muster.states import Role
+from muster.states import Role, TokenKind
 from muster.store import ApiToken, Event, Experiment, Store, User
 from tests.accounts import first_admin
 

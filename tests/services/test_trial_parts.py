@@ -14,7 +14,8 @@ from muster.environments.layout import RECORD
 from muster.errors import Conflict, NotFound
 from muster.home import Home
 from muster.services.experiments import describe_experiment, describe_trial
-from muster.services.snapshots import Basis, TrialParts, diff_experiments, stand_in
+from muster.services.snapshots import TrialParts, diff_experiments, stand_in
+from muster.states import Basis
 from muster.store import Experiment, Store, Trial
 
 KEY = "0123456789abcdef"  # an environment's hash

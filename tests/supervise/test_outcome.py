@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from muster.config import FailurePolicy
-from muster.launch.base import ExitRecord, ReplicaPhase, ReplicaStatus
+from muster.launch.base import ExitRecord, ReplicaStatus
 from muster.launch.exits import Classification
-from muster.states import AttemptState, EventReason, Reason, StopIntent, TrialState
+from muster.states import AttemptState, EventReason, Reason, ReplicaPhase, StopIntent, TrialState
 from muster.supervise.outcome import (
     Move,
     Next,

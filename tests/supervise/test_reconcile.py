@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from muster.atomic import atomic_write_json
-from muster.launch.base import ProcessIdentity, ReplicaPhase
+from muster.launch.base import ProcessIdentity
 from muster.launch.identity import is_alive, read_identity, send_signal
 from muster.rundir import RankFiles
 from muster.services.experiments import kill_experiment
-from muster.states import AttemptState, ExperimentState, TrialState
+from muster.states import AttemptState, ExperimentState, ReplicaPhase, TrialState
 from muster.store import Attempt, Replica, Trial, transition
 from muster.supervise.reconcile import reconcile_attempts
 from tests.processes import live_group

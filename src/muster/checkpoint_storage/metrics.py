@@ -29,8 +29,7 @@ from typing import NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from muster.metrics_lines import VALIDATION
-from muster.states import MetricSource
+from muster.states import MetricKind, MetricSource
 from muster.store import Checkpoint, Metric
 
 __all__ = ["Mark", "ScaleConflict", "attribute_metrics", "checkpoint_metrics",
@@ -71,7 +70,7 @@ def checkpoint_metrics(s: Session, rows: Sequence[Checkpoint], metric: str | Non
     validations: dict[int, list[tuple[Mark, float]]] = defaultdict(list)
     for trial_id, attempt, time, step, values in s.execute(
             select(Metric.trial_id, Metric.attempt, Metric.time, Metric.step, Metric.values)
-            .where(Metric.trial_id.in_(trial_ids), Metric.kind == VALIDATION,
+            .where(Metric.trial_id.in_(trial_ids), Metric.kind == MetricKind.VALIDATION,
                    Metric.rank == 0, Metric.source == MetricSource.HARNESS.value)
             .order_by(Metric.id)):
         value = values.get(metric) if isinstance(values, dict) else None

@@ -27,14 +27,14 @@ import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, fields
-from enum import Enum
+
+from muster.states import CheckpointState
 
 __all__ = [
     "BEING_UPLOADED",
     "DELETION_BEGUN",
     "NOT_INTACT",
     "CheckpointFacts",
-    "CheckpointState",
     "Decision",
     "Policy",
     "plan",
@@ -60,20 +60,6 @@ class Policy:
                 raise ValueError(
                     f"{field.name} must be a whole number >= 0, but got {field.name}={value!r}."
                 )
-
-
-class CheckpointState(str, Enum):
-    """Where a checkpoint's files are; the values are stored in the database."""
-
-    LOCAL = "local"  # in the run directory only
-    UPLOADING = "uploading"
-    STORED = "stored"  # in checkpoint storage
-    UPLOAD_FAILED = "upload_failed"  # still local; the upload gave up
-    DELETING = "deleting"  # deletion begun, not yet finished
-    DELETED = "deleted"
-
-    def is_terminal(self) -> bool:
-        return self is CheckpointState.DELETED
 
 
 @dataclass(frozen=True)

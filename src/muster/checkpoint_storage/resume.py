@@ -17,11 +17,10 @@ from sqlalchemy import ColumnElement, select
 
 from muster import checkpoint_files
 from muster.checkpoint_storage.location import Location, open_backend
-from muster.checkpoint_storage.planner import CheckpointState
 from muster.checkpoint_storage.transfer import CorruptInStorage, fetch_checkpoint
 from muster.errors import StorageError
 from muster.home import Home
-from muster.states import EventReason
+from muster.states import CheckpointState, EventReason
 from muster.store import Checkpoint, Store, Trial, record_event
 from muster.store.actors import STORAGE
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from muster.checkpoint_files import METADATA_FILE
 from muster.checkpoint_storage.base import Backend
-from muster.checkpoint_storage.planner import CheckpointState
+from muster.states import CheckpointState
 
 __all__ = ["SweepReport", "sweep_location"]
 

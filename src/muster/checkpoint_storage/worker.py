@@ -38,12 +38,12 @@ from muster.checkpoint_storage.location import (
     open_backend,
 )
 from muster.checkpoint_storage.metrics import checkpoint_metrics
-from muster.checkpoint_storage.planner import CheckpointFacts, CheckpointState, Decision, plan
+from muster.checkpoint_storage.planner import CheckpointFacts, Decision, plan
 from muster.checkpoint_storage.sweep import SweepReport, sweep_location
 from muster.config.schema import CheckpointStorageConfig
 from muster.errors import MusterError, StorageError
 from muster.home import Home
-from muster.states import EventReason, TrialState
+from muster.states import CheckpointState, EventReason, TrialState
 from muster.store import Checkpoint, Experiment, Store, Trial, record_event
 from muster.store.actors import STORAGE
 from muster.store.configs import experiment_config

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,6 +12,7 @@ from muster.cli import follow as following
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stopped_following
 from muster.errors import Forbidden, InvalidRequest
+from muster.states import MetricKind
 from muster.words import progress_line
 
 app = typer.Typer(help="Describe trials, read their logs and metrics, dump their stacks, "
@@ -20,11 +20,6 @@ app = typer.Typer(help="Describe trials, read their logs and metrics, dump their
                   rich_markup_mode=None, add_completion=False)
 DEFAULT_TAIL = 50
 DONE = {"approve": "approved", "reject": "rejected"}
-
-
-class MetricKind(str, Enum):
-    training = "training"
-    validation = "validation"
 
 
 KindOption = Annotated[MetricKind | None, typer.Option(help="only this kind (default: both)")]

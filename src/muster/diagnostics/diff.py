@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from fnmatch import fnmatchcase
 from typing import Any
+
+from muster.states import DiffGroup
 
 __all__ = [
     "GROUPS",
@@ -35,7 +36,6 @@ __all__ = [
     "VOLATILE",
     "VOLATILE_FIELDS",
     "Difference",
-    "Group",
     "TrialSnapshots",
     "diff_ranks",
     "diff_trials",
@@ -44,19 +44,7 @@ __all__ = [
 ]
 
 
-class Group(str, Enum):
-    """What kind of thing a field says, in the order a reader should look at them."""
-
-    CODE = "code"
-    CONFIG = "config"
-    PACKAGES = "packages"
-    FRAMEWORKS = "frameworks"
-    NUMERICS = "numerics"
-    HARDWARE = "hardware"
-    PLATFORM = "platform"
-
-
-GROUPS: tuple[Group, ...] = tuple(Group)
+GROUPS: tuple[DiffGroup, ...] = tuple(DiffGroup)
 
 # A field is volatile, and never reported, when one of its path's segments is one of these
 # names (a NAME_MAPS key excepted): it changes from run to run without changing what the
@@ -91,50 +79,51 @@ LEFT_OUT: tuple[str, ...] = (
 
 # First match wins. A field no entry names is still shown, in a result-relevant group: an
 # unknown difference is safer called relevant than filed away as platform noise.
-_TRIAL_GROUPS: tuple[tuple[str, Group], ...] = (
-    ("code", Group.CODE),
-    ("environment", Group.PACKAGES),
-    ("config", Group.CONFIG), ("hparams", Group.CONFIG), ("seed", Group.CONFIG),
-    ("data", Group.CONFIG),
+_TRIAL_GROUPS: tuple[tuple[str, DiffGroup], ...] = (
+    ("code", DiffGroup.CODE),
+    ("environment", DiffGroup.PACKAGES),
+    ("config", DiffGroup.CONFIG), ("hparams", DiffGroup.CONFIG), ("seed", DiffGroup.CONFIG),
+    ("data", DiffGroup.CONFIG),
 )
-_TRIAL_DEFAULT = Group.CONFIG
-_RANK_GROUPS: tuple[tuple[str, Group], ...] = (
+_TRIAL_DEFAULT = DiffGroup.CONFIG
+_RANK_GROUPS: tuple[tuple[str, DiffGroup], ...] = (
     # The interpreter's version changes numerics as much as torch's does.
-    ("python.version", Group.FRAMEWORKS), ("python", Group.PLATFORM),
-    ("platform.cpu", Group.HARDWARE), ("platform.machine", Group.HARDWARE),
-    ("platform", Group.PLATFORM),
-    ("frameworks", Group.FRAMEWORKS), ("driver", Group.FRAMEWORKS),
-    ("libraries", Group.FRAMEWORKS),
-    ("packages", Group.PACKAGES),
-    ("numerics", Group.NUMERICS), ("variables", Group.NUMERICS), ("blas", Group.NUMERICS),
-    ("seed", Group.NUMERICS),
-    ("gpus", Group.HARDWARE),
+    ("python.version", DiffGroup.FRAMEWORKS), ("python", DiffGroup.PLATFORM),
+    ("platform.cpu", DiffGroup.HARDWARE), ("platform.machine", DiffGroup.HARDWARE),
+    ("platform", DiffGroup.PLATFORM),
+    ("frameworks", DiffGroup.FRAMEWORKS), ("driver", DiffGroup.FRAMEWORKS),
+    ("libraries", DiffGroup.FRAMEWORKS),
+    ("packages", DiffGroup.PACKAGES),
+    ("numerics", DiffGroup.NUMERICS), ("variables", DiffGroup.NUMERICS),
+    ("blas", DiffGroup.NUMERICS),
+    ("seed", DiffGroup.NUMERICS),
+    ("gpus", DiffGroup.HARDWARE),
 )
-_RANK_DEFAULT = Group.NUMERICS
+_RANK_DEFAULT = DiffGroup.NUMERICS
 # The interpreter's implementation changes numerics as much as its version does.
-_OUTSIDE_GROUPS: tuple[tuple[str, Group], ...] = (
-    ("outside.python", Group.FRAMEWORKS), ("outside.packages", Group.PACKAGES),
+_OUTSIDE_GROUPS: tuple[tuple[str, DiffGroup], ...] = (
+    ("outside.python", DiffGroup.FRAMEWORKS), ("outside.packages", DiffGroup.PACKAGES),
 )
 OUTSIDE = "outside"  # the prefix of every field of the outside part
 
 # Within a group, these fields (fnmatch patterns) come first, in this order; the rest
 # follow alphabetically.
-PRIORITY: Mapping[Group, tuple[str, ...]] = {
-    Group.CODE: ("code.git.commit", "code.git.dirty", "code.git.diff_sha256",
+PRIORITY: Mapping[DiffGroup, tuple[str, ...]] = {
+    DiffGroup.CODE: ("code.git.commit", "code.git.dirty", "code.git.diff_sha256",
                  "code.tree_sha256", "code.files"),
-    Group.CONFIG: ("ranks", "hparams.*", "seed", "data.fingerprint"),
+    DiffGroup.CONFIG: ("ranks", "hparams.*", "seed", "data.fingerprint"),
     # Each package before the environment's key: the key is a hash of them all.
-    Group.PACKAGES: ("environment.packages.torch", "packages.torch", "outside.packages.torch",
+    DiffGroup.PACKAGES: ("environment.packages.torch", "packages.torch", "outside.packages.torch",
                      "environment.packages.*", "packages.*", "outside.packages.*"),
-    Group.FRAMEWORKS: ("frameworks.cuda", "libraries.libcublas", "libraries.libcudnn",
+    DiffGroup.FRAMEWORKS: ("frameworks.cuda", "libraries.libcublas", "libraries.libcudnn",
                        "frameworks.cudnn", "frameworks.nccl", "libraries.libnccl",
                        "frameworks.torch", "driver", "python.version",
                        "outside.python.version", "outside.python.implementation"),
-    Group.NUMERICS: ("variables.CUBLAS_WORKSPACE_CONFIG", "numerics.*",
+    DiffGroup.NUMERICS: ("variables.CUBLAS_WORKSPACE_CONFIG", "numerics.*",
                      "variables.PYTHONHASHSEED", "variables.NVIDIA_TF32_OVERRIDE",
                      "seed.torch_initial", "blas", "blas.threads"),
-    Group.HARDWARE: ("gpus", "platform.cpu", "platform.machine"),
-    Group.PLATFORM: ("platform.system", "platform.release"),
+    DiffGroup.HARDWARE: ("gpus", "platform.cpu", "platform.machine"),
+    DiffGroup.PLATFORM: ("platform.system", "platform.release"),
 }
 
 
@@ -142,7 +131,7 @@ PRIORITY: Mapping[Group, tuple[str, ...]] = {
 class Difference:
     """One field whose value differs; `rank` is None for a trial-level field."""
 
-    group: Group
+    group: DiffGroup
     field: str
     a: Any
     b: Any
@@ -174,7 +163,7 @@ def diff_trials(a: TrialSnapshots, b: TrialSnapshots) -> list[Difference]:
     found = _compare(_trial_fields(a.trial), _trial_fields(b.trial), _TRIAL_GROUPS,
                      _TRIAL_DEFAULT, None)
     if a.ranks.keys() != b.ranks.keys():
-        found.append(Difference(Group.CONFIG, "ranks", sorted(a.ranks), sorted(b.ranks), None))
+        found.append(Difference(DiffGroup.CONFIG, "ranks", sorted(a.ranks), sorted(b.ranks), None))
     for rank in sorted(a.ranks.keys() & b.ranks.keys()):
         found += _compare(_rank_fields(a.ranks[rank]), _rank_fields(b.ranks[rank]),
                           _RANK_GROUPS, _RANK_DEFAULT, rank)
@@ -191,7 +180,7 @@ def _outside_differences(a: TrialSnapshots, b: TrialSnapshots,
     known = {(_short_name(d.field), _key(d.a), _key(d.b)) for d in said}
     return [d for d in _compare(_outside_fields(a.outside, harness),
                                 _outside_fields(b.outside, harness), _OUTSIDE_GROUPS,
-                                Group.PACKAGES, None)
+                                DiffGroup.PACKAGES, None)
             if (_short_name(d.field), _key(d.a), _key(d.b)) not in known]
 
 
@@ -223,19 +212,19 @@ def diff_ranks(ranks: Mapping[int, Mapping[str, Any]]) -> list[Difference]:
 def result_relevant(d: Difference) -> bool:
     """Whether the difference can plausibly change results: all but the platform group (the
     OS and kernel release are shown, last, but rarely change a number)."""
-    return d.group != Group.PLATFORM
+    return d.group != DiffGroup.PLATFORM
 
 
 def to_json(differences: Iterable[Difference]) -> dict[str, list[dict[str, Any]]]:
     """The contract of `muster trial diff A B --json`."""
     return {"differences": [
-        {"group": Group(d.group).value, "field": d.field, "a": d.a, "b": d.b, "rank": d.rank}
+        {"group": DiffGroup(d.group).value, "field": d.field, "a": d.a, "b": d.b, "rank": d.rank}
         for d in differences
     ]}
 
 
 def _compare(a: Mapping[str, Any], b: Mapping[str, Any],
-             groups: tuple[tuple[str, Group], ...], default: Group,
+             groups: tuple[tuple[str, DiffGroup], ...], default: DiffGroup,
              rank: int | None) -> list[Difference]:
     return [Difference(_group_of(path, groups, default), path, a.get(path), b.get(path), rank)
             for path in sorted(a.keys() | b.keys())
@@ -292,7 +281,8 @@ def _volatile(path: str) -> bool:
     return not VOLATILE.isdisjoint(segments)
 
 
-def _group_of(path: str, groups: tuple[tuple[str, Group], ...], default: Group) -> Group:
+def _group_of(path: str, groups: tuple[tuple[str, DiffGroup], ...],
+              default: DiffGroup) -> DiffGroup:
     return next((group for prefix, group in groups if _under(path, prefix)), default)
 
 

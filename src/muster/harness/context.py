@@ -17,13 +17,14 @@ from muster.harness.background import BackgroundThread, Task, run_warning_on_ose
 from muster.harness.checkpoints import Checkpoints, SaveFailures, Saver
 from muster.harness.diagnostics import DiagnosticsLog
 from muster.harness.heartbeat import Heartbeat
-from muster.harness.metrics import TRAINING, VALIDATION, MetricsWriter
+from muster.harness.metrics import MetricsWriter
 from muster.harness.run import Run, read_run
 from muster.harness.samples import Samples
 from muster.harness.stack_signal import StackSignal
 from muster.harness.standby import wait_for_promotion
 from muster.harness.stopping import StopRequest
 from muster.rundir import RunDir
+from muster.states import MetricKind
 
 FLUSH_INTERVAL_S = 1.0
 THREAD_STOP_TIMEOUT_S = 5.0
@@ -118,11 +119,11 @@ class Context:
                 its name breaks `muster.metrics_lines.NAME_RULE` (letters, digits and
                 _ . / : @ + -); the message names the metric.
         """
-        self._metrics.report(TRAINING, step, metrics)
+        self._metrics.report(MetricKind.TRAINING, step, metrics)
 
     def report_validation(self, step: int, metrics: Mapping[str, object]) -> None:
         """Record validation metrics for `step`; as `report_training`."""
-        self._metrics.report(VALIDATION, step, metrics)
+        self._metrics.report(MetricKind.VALIDATION, step, metrics)
 
     def plan(self, *, steps: int | None = None, epochs: int | None = None,
              batches: int | None = None, records: int | None = None) -> None:

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from muster.harness.arguments import check_count
 from muster.harness.heartbeat import Progress
-from muster.metrics_lines import KINDS, TRAINING, VALIDATION, exact_template, json_number
+from muster.metrics_lines import exact_template, json_number
 from muster.metrics_lines import template as line_template
+from muster.states import MetricKind
 
-__all__ = ["TRAINING", "VALIDATION", "MetricsWriter", "to_number"]
+__all__ = ["MetricsWriter", "to_number"]
 TEMPLATE_CACHE_SIZE = 4096
 MAX_UNWRITTEN_CHARS = 128 << 20  # beyond it, a write that keeps failing drops the oldest lines
 TAIL_SCAN_BYTES = 1 << 16
@@ -49,14 +50,14 @@ class MetricsWriter:
         self._rank = rank
         # deque.append and popleft are atomic: the training loop never waits on a lock.
         self._queue: deque[_Report] = deque()
-        self._templates: dict[str, dict[tuple[str, ...], str]] = {kind: {} for kind in KINDS}
+        self._templates: dict[str, dict[tuple[str, ...], str]] = {kind: {} for kind in MetricKind}
         self._unwritten = ""  # lines formatted but not yet written
         self._write_lock = threading.Lock()
         self._fd = _open_for_append(path)
         self._closed = False
         self._last_written: Progress | None = None
 
-    def report(self, kind: str, step: object, metrics: Mapping[str, object]) -> None:
+    def report(self, kind: MetricKind, step: object, metrics: Mapping[str, object]) -> None:
         """Check and queue one report, stamped with the time now (a progress call).
 
         Raises:

@@ -16,7 +16,6 @@ import abc
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Literal
 
@@ -25,7 +24,7 @@ from muster.errors import LaunchError
 from muster.launch.accounts import Account
 from muster.launch.logs import ReplicaLog, log_size, read_range
 from muster.rundir import RankFiles
-from muster.states import OomSource
+from muster.states import OomSource, ReplicaPhase
 
 # How the shim holds a replica to `ReplicaSpec.memory_limit` (see `muster.launch.memory`):
 # "auto" takes a writable cgroup memory controller where there is one, else the watchdog.
@@ -134,13 +133,6 @@ class ExitRecord:
     # Output dropped to hold the log to `log_limit` (its head and latest output are kept).
     log_dropped_bytes: int = 0
     log_limit_bytes: int | None = None
-
-
-class ReplicaPhase(str, Enum):
-    STARTING = "STARTING"  # shim launched, training process not started yet
-    RUNNING = "RUNNING"  # training process alive
-    EXITED = "EXITED"  # exit record written
-    LOST = "LOST"  # no exit record and no live shim/process with the recorded identity
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from muster.atomic import atomic_write_json, open_regular
 from muster.rundir import BUNDLE_ID, EVIDENCE, RankFiles, new_bundle_id
+from muster.states import EvidenceReason
 
 __all__ = ["COLLECT_LIMIT_S", "SUMMARY", "DumpRequests", "request_dump"]
 
@@ -42,7 +43,7 @@ REQUEST_BYTES = 4096
 SUMMARY = "summary.json"  # a rank's part of a bundle is complete once this exists
 
 
-def request_dump(ranks: list[RankFiles], reason: str) -> str:
+def request_dump(ranks: list[RankFiles], reason: EvidenceReason) -> str:
     """Ask the shims of `ranks` for their parts of a new evidence bundle; returns its id."""
     bundle = new_bundle_id(reason)
     request = {"bundle": bundle, "reason": reason, "requested_at": time.time()}

@@ -41,7 +41,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from muster.atomic import atomic_write_bytes, atomic_write_json, json_bytes, open_regular
@@ -61,7 +60,7 @@ from muster.launch.stacks import (
 from muster.rundir import RankFiles
 
 __all__ = [
-    "PROCESSES", "STACKS", "STACKS_JSON", "SUMMARY", "EvidenceReason", "EvidenceSummary", "Tools",
+    "PROCESSES", "STACKS", "STACKS_JSON", "SUMMARY", "EvidenceSummary", "Tools",
     "collect", "main", "read_summary",
 ]
 
@@ -94,13 +93,6 @@ _TRACE_BUFFER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 _TRACE_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-
-
-class EvidenceReason(str, Enum):
-    """Why a bundle was asked for (`muster.launch.dumps.request_dump`); the end of its id."""
-
-    STALLED = "stalled"  # before muster kills a replica that made no progress
-    REQUESTED = "requested"  # `muster trial dump`, the trial page's "Dump stacks"
 
 
 @dataclass(frozen=True)

@@ -24,19 +24,13 @@ from typing import Any
 from muster.atomic import atomic_write_bytes, atomic_write_json, json_bytes, read_json
 from muster.errors import LaunchError
 from muster.launch import forkserver
-from muster.launch.base import (
-    Launcher,
-    LaunchRequest,
-    ProcessIdentity,
-    ReplicaPhase,
-    ReplicaSpec,
-    ReplicaStatus,
-)
+from muster.launch.base import Launcher, LaunchRequest, ProcessIdentity, ReplicaSpec, ReplicaStatus
 from muster.launch.forkserver import ForkServerError
 from muster.launch.identity import group_members, is_alive, read_identity, send_signal
 from muster.launch.logs import FileLog, LogPart
 from muster.launch.records import exit_record_from_json, spec_to_json
 from muster.rundir import CONTROL_FILES, AttemptDir, RankFile, RankFiles
+from muster.states import ReplicaPhase
 
 __all__ = ["LOG_WAIT_S", "SHIM", "LocalLauncher", "archive_control_files", "identity_from",
            "last_alive", "log_caught_up", "modified_at", "spawn_shim", "status_of"]

@@ -48,7 +48,6 @@ from muster.launch.base import (
     NodeInfo,
     Placement,
     ProcessIdentity,
-    ReplicaPhase,
     ReplicaSpec,
     ReplicaStatus,
 )
@@ -70,6 +69,7 @@ from muster.launch.ray_replica import (
 )
 from muster.launch.records import spec_to_json
 from muster.rundir import RankFiles
+from muster.states import ReplicaPhase
 
 __all__ = ["RayLauncher"]
 

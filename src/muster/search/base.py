@@ -32,19 +32,20 @@ from optuna.trial import TrialState as OptunaState
 
 from muster.config.schema import SearcherConfig
 from muster.config.space import Categorical, Double, Int, Log, Searched, SearchSpace
-from muster.search.history import Judgement, Outcome, PastTrial, trial_seed
+from muster.search.history import Judgement, PastTrial, trial_seed
+from muster.states import SearchOutcome
 
-__all__ = ["Judgement", "Outcome", "PastTrial", "Searcher"]
+__all__ = ["Judgement", "PastTrial", "Searcher"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 STUDY_NAME = "muster"  # HyperbandPruner assigns brackets from it and the trial number
 
 
 _OPTUNA_STATE = {
-    Outcome.RUNNING: OptunaState.RUNNING,
-    Outcome.COMPLETE: OptunaState.COMPLETE,
-    Outcome.PRUNED: OptunaState.PRUNED,
-    Outcome.FAILED: OptunaState.FAIL,
+    SearchOutcome.RUNNING: OptunaState.RUNNING,
+    SearchOutcome.COMPLETE: OptunaState.COMPLETE,
+    SearchOutcome.PRUNED: OptunaState.PRUNED,
+    SearchOutcome.FAILED: OptunaState.FAIL,
 }
 
 
@@ -114,7 +115,7 @@ class Searcher:
                 study.add_trial(optuna.trial.create_trial(
                     state=_OPTUNA_STATE[past.outcome], params=known,
                     distributions={k: distributions[k] for k in known},
-                    value=past.value if past.outcome is Outcome.COMPLETE else None,
+                    value=past.value if past.outcome is SearchOutcome.COMPLETE else None,
                     intermediate_values=dict(past.intermediate),
                     system_attrs=dict(past.attrs)))
         return study

@@ -6,27 +6,19 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
-__all__ = ["Judgement", "Outcome", "PastTrial", "trial_seed"]
+from muster.states import SearchOutcome
+
+__all__ = ["Judgement", "PastTrial", "trial_seed"]
 
 _SEED_SPACE = 2**32
-
-
-class Outcome(str, Enum):
-    """A stored trial as the searcher sees it."""
-
-    RUNNING = "running"  # not ended (queued, running, restarting, paused)
-    COMPLETE = "complete"  # ended with a value of the metric
-    PRUNED = "pruned"  # stopped early by the searcher
-    FAILED = "failed"  # failed, canceled, suspect, or ended without the metric
 
 
 @dataclass(frozen=True)
 class PastTrial:
     number: int
-    outcome: Outcome
+    outcome: SearchOutcome
     params: Mapping[str, Any]  # the values the searcher chose, by key path
     value: float | None = None  # the metric it ended with (COMPLETE only)
     intermediate: Mapping[int, float] = field(default_factory=dict)  # step -> metric

@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from muster.errors import Forbidden, Unauthorized
 from muster.services import tokens
-from muster.services.tokens import TokenKind
+from muster.states import TokenKind
 
 if TYPE_CHECKING:
     from muster.services.access import Principal

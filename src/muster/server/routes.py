@@ -53,7 +53,7 @@ from muster.services import (
     snapshots,
 )
 from muster.services.access import Action, Principal, authorize
-from muster.states import ExperimentState, TrialState
+from muster.states import ExperimentState, MetricKind, TrialState
 from muster.store import MAX_BIGINT, MAX_INTEGER, MIN_BIGINT
 
 PREFIX = "/api/v1"
@@ -638,7 +638,7 @@ def get_trial_metrics(
     state: State,
     _: Reader,
     trial_id: TrialId,
-    kind: metrics.MetricKind | None = None,
+    kind: MetricKind | None = None,
     after_step: Annotated[int | None, Query(ge=MIN_BIGINT, le=MAX_BIGINT)] = None,
     limit: Annotated[int, Query(ge=1, le=metrics.MAX_LIMIT)] = metrics.DEFAULT_LIMIT,
     tail: Annotated[int | None, Query(ge=1, le=metrics.MAX_LIMIT)] = None,

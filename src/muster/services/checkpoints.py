@@ -17,13 +17,13 @@ from muster import checkpoint_archive
 from muster.checkpoint_archive import ArchivePlan, CheckpointFolder, Registered
 from muster.checkpoint_files import METADATA_FILE
 from muster.checkpoint_storage.location import Location, open_backend
-from muster.checkpoint_storage.planner import CheckpointState
 from muster.checkpoint_storage.resume import cache_dir
 from muster.checkpoint_storage.transfer import fetch_checkpoint
 from muster.errors import Conflict, NotFound
 from muster.home import Home
 from muster.services.experiments import trial_or_404
 from muster.services.retention import checkpoint_row
+from muster.states import CheckpointState
 from muster.store import Checkpoint, Store, Trial
 
 

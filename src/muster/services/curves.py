@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session
 
 from muster.downsample import MAX_POINTS, Series, stored_points
 from muster.errors import Conflict, InvalidRequest
-from muster.metrics_lines import KINDS, VALIDATION
 from muster.services import views
 from muster.services.experiments import experiment_or_404, trial_or_404
+from muster.states import MetricKind
 from muster.store import Metric, MetricSeries, Store, Trial, series
 from muster.store.configs import experiment_searcher
 from muster.store.series import finite
@@ -34,7 +34,8 @@ MIN_POINTS = 20  # a curve's points at least, however many trials share the budg
 
 
 def experiment_curves(store: Store, experiment_id: int, metric: str | None = None,
-                      kind: str = VALIDATION, points: int | None = None) -> dict[str, Any]:
+                      kind: str = MetricKind.VALIDATION,
+                      points: int | None = None) -> dict[str, Any]:
     """Every trial's curve of one metric (default: the searcher's) against steps, rank 0's
     reports of `kind`: `points` per curve at most (default: `CURVES_BUDGET` shared by the
     trials that have one, `MIN_POINTS` to `MAX_POINTS` each). Each trial says where the
@@ -84,7 +85,7 @@ def trial_series(store: Store, trial_id: int, points: int = MAX_POINTS) -> dict[
         NotFound: no such trial.
         InvalidRequest: `points` outside 4 to `MAX_POINTS`.
     """
-    _check(VALIDATION, points)
+    _check(MetricKind.VALIDATION, points)
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
         rows = []
@@ -107,8 +108,8 @@ def trial_series(store: Store, trial_id: int, points: int = MAX_POINTS) -> dict[
 
 
 def _check(kind: str, points: int | None) -> None:
-    if kind not in KINDS:
-        raise InvalidRequest(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind not in tuple(MetricKind):
+        raise InvalidRequest(f"kind must be one of {', '.join(MetricKind)}, got {kind!r}")
     if points is not None and not 4 <= points <= MAX_POINTS:
         raise InvalidRequest(f"points must be 4 to {MAX_POINTS}, got {points}")
 

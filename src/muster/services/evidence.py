@@ -36,12 +36,12 @@ from muster import job_secrets
 from muster.errors import Conflict, NotFound
 from muster.home import Home
 from muster.launch.dumps import SUMMARY, request_dump
-from muster.launch.evidence import EvidenceReason, EvidenceSummary, read_summary
+from muster.launch.evidence import EvidenceSummary, read_summary
 from muster.launch.logs import masked_stream
 from muster.rundir import AttemptDir, new_bundle_id
 from muster.services.access import Action, Principal
 from muster.services.experiments import authorize_on, trial_or_404
-from muster.states import TrialState
+from muster.states import EvidenceReason, TrialState
 from muster.store import Attempt, Replica, Store, Trial
 
 __all__ = ["DUMP_WAIT_S", "MAX_BUNDLES", "MEDIA_TYPE", "DumpPlan", "DumpsInFlight",
@@ -125,7 +125,7 @@ def start_dump(store: Store, principal: Principal, trial_id: int) -> DumpPlan:
     _check_room(attempt_dir, trial_id, number)
     _next_second(attempt_dir)
     bundle = request_dump([attempt_dir.rank(rank) for rank in ranks],
-                          EvidenceReason.REQUESTED.value)
+                          EvidenceReason.REQUESTED)
     return DumpPlan(trial_id, number, attempt_dir, ranks, bundle)
 
 
@@ -163,7 +163,7 @@ def _check_room(attempt_dir: AttemptDir, trial_id: int, number: int) -> None:
 def _next_second(attempt_dir: AttemptDir) -> None:
     """Wait for a bundle id not taken yet: ids have whole seconds, and a dump that came back
     within the second it started would be asked again under its own id."""
-    while (attempt_dir.evidence / new_bundle_id(EvidenceReason.REQUESTED.value)).exists():
+    while (attempt_dir.evidence / new_bundle_id(EvidenceReason.REQUESTED)).exists():
         time.sleep(1.0 - time.time() % 1.0 + 0.001)
 
 

@@ -5,15 +5,15 @@ They read what `muster.supervise.ingest` stored from the trials' run directories
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import Select, select
 
 from muster.services import views
 from muster.services.experiments import trial_or_404
+from muster.states import MetricKind
 from muster.store import Metric, Store
 
-MetricKind = Literal["training", "validation"]
 DEFAULT_LIMIT = 10_000
 MAX_LIMIT = 100_000
 

@@ -16,11 +16,10 @@ from sqlalchemy.orm import selectinload
 
 from muster.config.schema import SearcherConfig
 from muster.errors import Conflict, InvalidRequest, NotFound
-from muster.metrics_lines import VALIDATION
 from muster.services import progress, views
 from muster.services.experiments import TrialPartOf, experiment_or_404
 from muster.services.validation import best_validation
-from muster.states import TrialState
+from muster.states import MetricKind, TrialState
 from muster.store import Store, Trial, series
 from muster.store.configs import experiment_searcher
 
@@ -132,7 +131,7 @@ def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage
         if query.sort is not None:
             metric, sign = query.sort, -1 if query.descending else 1
             _check_sort_metric(experiment_id, metric, searcher,
-                               series.names(s, [t.id for t in trials], VALIDATION))
+                               series.names(s, [t.id for t in trials], MetricKind.VALIDATION))
 
             def by_metric(t: Trial) -> tuple[bool, float, int, int]:
                 missing, value = views.metric_order(best.get(t.id, {}).get(metric),

@@ -17,7 +17,6 @@ import logging
 import sys
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +33,12 @@ from muster.rundir import AttemptDir
 from muster.services import views
 from muster.services.experiments import experiment_or_404, trial_or_404
 from muster.services.validation import best_validation
-from muster.states import TrialState
+from muster.states import Basis, TrialState
 from muster.store import Experiment, Store, Trial
 from muster.store.configs import experiment_config, experiment_searcher
 from muster.supervise.searching import trial_seed
 
-__all__ = ["Basis", "TrialParts", "diff_experiments", "diff_trials", "stand_in",
+__all__ = ["TrialParts", "diff_experiments", "diff_trials", "stand_in",
            "trial_part", "trial_snapshot"]
 
 log = logging.getLogger(__name__)
@@ -189,13 +188,6 @@ class TrialParts:
             self._packages[slot] = (_packages(self.home, key) if key is not None
                                     else _interpreter_packages(python or sys.executable))
         return self._packages[slot]
-
-
-class Basis(str, Enum):
-    """Why a trial stands for its experiment in an experiment diff."""
-
-    BEST = "best"  # the best SUCCEEDED trial by the searcher's metric
-    LATEST = "latest"  # the highest number: no trial has a value of the metric, or no metric
 
 
 def diff_experiments(store: Store, home: Home, a: int, b: int) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from enum import Enum
 from typing import Any
 
 from sqlalchemy import Select, func, or_, select
@@ -30,12 +29,12 @@ from sqlalchemy.orm import Session
 
 from muster.errors import Conflict, InvalidRequest, NotFound, Unauthorized
 from muster.services.access import Action, Principal, authorize
-from muster.states import EventReason, Role
+from muster.states import EventReason, Role, TokenKind
 from muster.store import ApiToken, Store, User, record_event
 from muster.store.models import now
 from muster.words import count
 
-__all__ = ["MAX_TOKEN_CHARS", "SESSION_SECONDS", "TokenKind", "authenticate",
+__all__ = ["MAX_TOKEN_CHARS", "SESSION_SECONDS", "authenticate",
            "create_api_token", "csrf_token", "end_session", "end_sessions", "hash_secret",
            "issue", "list_sessions", "list_tokens", "log_out", "open_session", "revoke_token",
            "session_view", "token_view"]
@@ -48,15 +47,6 @@ MAX_TOKEN_NAME = 100
 MAX_API_TOKENS = 100  # a user's API tokens that are not revoked
 MAX_SESSIONS = 20  # a user's open web sessions; the oldest ends when one more opens
 MAX_ADDRESS_CHARS = 64  # what a session keeps of its client's address
-
-
-class TokenKind(str, Enum):
-    API = "api"  # `Authorization: Bearer mst_...`
-    SESSION = "session"  # the web UI's cookie, `mss_...`
-
-    @property
-    def prefix(self) -> str:
-        return "mst_" if self is TokenKind.API else "mss_"
 
 
 def hash_secret(secret: str) -> str:

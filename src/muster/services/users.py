@@ -24,7 +24,7 @@ from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unautho
 from muster.services import tokens
 from muster.services.access import Action, Principal, authorize
 from muster.services.passwords import check_strength, hash_password, matches
-from muster.states import EventReason, Role
+from muster.states import EventReason, Role, TokenKind
 from muster.store import ApiToken, Experiment, Store, User, record_event
 from muster.store.actors import SERVER
 from muster.store.models import now
@@ -60,7 +60,7 @@ def bootstrap(store: Store, token_path: Path) -> str:
         if held is not None and _works(s, held):
             return admin.name
         adopt = held if held is not None and _unknown(s, held) else None
-        _, secret = tokens.issue(s, admin, tokens.TokenKind.API, HOME_TOKEN_NAME,
+        _, secret = tokens.issue(s, admin, TokenKind.API, HOME_TOKEN_NAME,
                                  secret=adopt)
         record_event(s, entity="user", entity_id=admin.id, reason=EventReason.TOKEN_CREATED,
                      actor=SERVER, message=f"the home token of {admin.name}, in {token_path}"
@@ -94,7 +94,7 @@ def _first_admin(s: Session) -> None:
 
 def _works(s: Session, secret: str) -> bool:
     row = s.scalar(select(ApiToken).where(ApiToken.secret_hash == tokens.hash_secret(secret)))
-    return (row is not None and row.revoked_at is None and row.kind == tokens.TokenKind.API
+    return (row is not None and row.revoked_at is None and row.kind == TokenKind.API
             and (row.expires_at is None or row.expires_at > now())
             and row.user.active and row.user.role == Role.ADMIN.value)
 
@@ -177,7 +177,7 @@ def create_user(store: Store, principal: Principal, name: str, role: Role, *,
         s.flush()
         record_event(s, entity="user", entity_id=user.id, reason=EventReason.USER_CREATED,
                      actor=principal.name, message=f"{name} created with role {role.value}")
-        row, secret = tokens.issue(s, user, tokens.TokenKind.API, "first token")
+        row, secret = tokens.issue(s, user, TokenKind.API, "first token")
         record_event(s, entity="user", entity_id=user.id, reason=EventReason.TOKEN_CREATED,
                      actor=principal.name, message=f"token {row.id} (first token) of {name}")
         return {**user_view(user), "token": secret, "token_id": row.id}
@@ -385,7 +385,7 @@ def log_in_with_token(store: Store, token: str, address: str | None = None) -> L
     Raises:
         Unauthorized: the token does not work (unknown, revoked, expired, deactivated).
     """
-    user = tokens.authenticate(store, token, tokens.TokenKind.API)
+    user = tokens.authenticate(store, token, TokenKind.API)
     with store.session_scope() as s:
         row, secret = tokens.open_session(s, s.get_one(User, user.user_id),
                                           opened_with=s.get(ApiToken, user.token_id),

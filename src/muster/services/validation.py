@@ -11,8 +11,8 @@ from collections.abc import Collection, Mapping
 
 from sqlalchemy.orm import Session
 
-from muster.metrics_lines import VALIDATION
 from muster.services.views import Goals
+from muster.states import MetricKind
 from muster.store import series
 
 __all__ = ["best_validation", "best_validation_each"]
@@ -33,7 +33,8 @@ def best_validation_each(
     experiment's searcher), e.g. a page of experiments' trials. One query."""
     names = {name for goals in goals_of.values() for name in goals}
     best: dict[int, dict[str, float]] = {}
-    for trial_id, values in series.extremes(s, list(goals_of), VALIDATION, names).items():
+    extremes = series.extremes(s, list(goals_of), MetricKind.VALIDATION, names)
+    for trial_id, values in extremes.items():
         goals = goals_of[trial_id]
         mine = {name: low if goals[name] else high
                 for name, (low, high) in values.items() if name in goals}

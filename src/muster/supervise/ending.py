@@ -19,11 +19,18 @@ from sqlalchemy.orm import Session
 from muster import job_secrets
 from muster.atomic import read_json
 from muster.config import ExperimentConfig
-from muster.launch.base import ReplicaPhase, ReplicaStatus
+from muster.launch.base import ReplicaStatus
 from muster.launch.exits import Classification, ExitObservation, classify_exit, replica_name
 from muster.launch.logs import masked, tail_text
 from muster.rundir import AttemptDir
-from muster.states import AttemptState, EventReason, ExperimentState, Reason, TrialState
+from muster.states import (
+    AttemptState,
+    EventReason,
+    ExperimentState,
+    Reason,
+    ReplicaPhase,
+    TrialState,
+)
 from muster.store import Attempt, Checkpoint, Replica, Trial, record_event, transition
 from muster.store.configs import experiment_config
 from muster.store.models import now

@@ -20,10 +20,17 @@ from sqlalchemy import select
 
 from muster.atomic import atomic_write_json, read_json
 from muster.diagnostics import read_rank_parts
-from muster.launch.base import ReplicaPhase, ReplicaStatus
+from muster.launch.base import ReplicaStatus
 from muster.launch.dumps import SUMMARY, request_dump
 from muster.rundir import AttemptDir
-from muster.states import AttemptState, EventReason, Reason, TrialState
+from muster.states import (
+    AttemptState,
+    EventReason,
+    EvidenceReason,
+    Reason,
+    ReplicaPhase,
+    TrialState,
+)
 from muster.store import Attempt, Event, record_event
 from muster.supervise.context import ACTOR, LiveAttempt, SupervisorContext, current_replicas
 from muster.supervise.ending import Ending, mark_started, note_process, started_message
@@ -197,7 +204,7 @@ class Following:
                               if other.rank != status.rank):
             return  # (the others are looked at only for a stall: no N² stats per pass)
         ranks = [other.rank for other in statuses if other.phase is ReplicaPhase.RUNNING]
-        bundle = request_dump([live.dir.rank(rank) for rank in ranks], "stalled")
+        bundle = request_dump([live.dir.rank(rank) for rank in ranks], EvidenceReason.STALLED)
         marker = {"reason": why, "time": time.time(), "bundle": bundle, "ranks": ranks}
         atomic_write_json(files.stalled, marker)
         with self.ctx.store.session_scope() as s:

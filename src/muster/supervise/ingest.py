@@ -37,6 +37,7 @@ from muster.checkpoint_files import Inspection
 from muster.checkpoint_storage.metrics import Mark
 from muster.errors import NotFound
 from muster.rundir import AttemptDir, RankFile, RunDir
+from muster.states import MetricKind
 from muster.store import Attempt, Checkpoint, IngestCursor, Metric, Store, Trial, series
 from muster.store.models import now
 from muster.supervise.step_scales import warn_if_step_scales_differ
@@ -184,7 +185,7 @@ def _ingest_metrics_file(
             report.metrics_added += len(rows)
             report.validations.extend(Mark(row["attempt"], row["time"], row["step"])
                                       for row in rows if row["rank"] == 0
-                                      and row["kind"] == metrics_lines.VALIDATION)
+                                      and row["kind"] == MetricKind.VALIDATION)
             report.lines_skipped += len(problems)
             warned = _warn_skipped(trial_id, file, problems, warned)
             offset += len(data)

@@ -28,10 +28,10 @@ from muster.errors import ConfigError, GpuError, LaunchError
 from muster.home import Home
 from muster.jobenv import Distributed, JobEnvironment, build_env
 from muster.launch.accounts import Account, RunAs
-from muster.launch.base import ProcessIdentity, ReplicaPhase, ReplicaSpec, ReplicaStatus
+from muster.launch.base import ProcessIdentity, ReplicaSpec, ReplicaStatus
 from muster.launch.torchrun import free_port, wants_distributed_env
 from muster.rundir import AttemptDir, RunDir
-from muster.states import AttemptState, EventReason, Reason, TrialState
+from muster.states import AttemptState, EventReason, Reason, ReplicaPhase, TrialState
 from muster.store import Attempt, Checkpoint, Experiment, Replica, Trial, transition
 from muster.store.configs import experiment_config
 from muster.supervise import outside_snapshot, verification

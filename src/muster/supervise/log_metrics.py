@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from muster.launch.logs import ReplicaLog, drops_of, open_log
-from muster.metrics_lines import TRAINING, VALIDATION, name_problem
+from muster.metrics_lines import name_problem
+from muster.states import MetricKind
 from muster.supervise.log_samples import (
     IN_PROCESS_BYTES,
     MAX_LINE_BYTES,
@@ -93,7 +94,7 @@ _PLAIN_STEP = re.compile(r"(?i)(?<!\w)(?:step|iter|iteration)\s*[:=]?\s*(?P<step
 class LogReport:
     """The metrics one log line holds, of one kind (a line may hold both kinds: two)."""
 
-    kind: str
+    kind: MetricKind
     step: int
     values: dict[str, float]
     line: int  # 1-based, counting "\n"
@@ -311,8 +312,8 @@ def _first_whole(found: re.Match[str], groups: Sequence[str]) -> int | None:
     return None
 
 
-def _kind(name: str) -> str:
-    return VALIDATION if _VALIDATION.match(name) else TRAINING
+def _kind(name: str) -> MetricKind:
+    return MetricKind.VALIDATION if _VALIDATION.match(name) else MetricKind.TRAINING
 
 
 def _spelled(value: float) -> str:
@@ -415,13 +416,14 @@ def _note_progress(result: ScanResult, values: dict[str, float], step: int,
 
 
 def _reports(values: dict[str, float], step: int, piece: _Piece) -> list[LogReport]:
-    by_kind: dict[str, dict[str, float]] = {}
+    by_kind: dict[MetricKind, dict[str, float]] = {}
     for name, value in values.items():
         by_kind.setdefault(_kind(name), {})[name] = value
-    if VALIDATION in by_kind and by_kind.get(TRAINING, {}).keys() <= _WHERE_NAMES:
+    if (MetricKind.VALIDATION in by_kind
+            and by_kind.get(MetricKind.TRAINING, {}).keys() <= _WHERE_NAMES):
         # Hugging Face's {'eval_loss': ..., 'epoch': 1.0}: the epoch says where the
         # validation was, it is no training report of its own.
-        by_kind[VALIDATION].update(by_kind.pop(TRAINING, {}))
+        by_kind[MetricKind.VALIDATION].update(by_kind.pop(MetricKind.TRAINING, {}))
     return [LogReport(kind, step, kind_values, piece.line, piece.offset)
             for kind, kind_values in sorted(by_kind.items())]
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from muster.config import FailurePolicy
-from muster.launch.base import ExitRecord, ReplicaPhase, ReplicaStatus
+from muster.launch.base import ExitRecord, ReplicaStatus
 from muster.launch.exits import Classification
-from muster.states import AttemptState, EventReason, Reason, StopIntent, TrialState
+from muster.states import AttemptState, EventReason, Reason, ReplicaPhase, StopIntent, TrialState
 from muster.supervise.policy import Action, Budget, Budgets, decide
 
 __all__ = ["Move", "Next", "attempt_end", "cause", "decided_by", "end_time", "ended_cleanly",

@@ -12,8 +12,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from muster.launch.base import ReplicaPhase
-from muster.states import EventReason
+from muster.states import EventReason, ReplicaPhase
 from muster.store import Attempt, record_event
 from muster.store.actors import SERVER_START
 from muster.supervise.supervisor import Supervisor

@@ -13,9 +13,10 @@ import logging
 from dataclasses import dataclass
 
 from muster.errors import LaunchError
-from muster.launch.base import ReplicaPhase, ReplicaSpec, ReplicaStatus
+from muster.launch.base import ReplicaSpec, ReplicaStatus
 from muster.launch.exits import replica_name
 from muster.launch.torchrun import free_port
+from muster.states import ReplicaPhase
 from muster.store import Attempt, Replica
 from muster.supervise.context import LiveAttempt, SupervisorContext, current_replicas
 from muster.supervise.ending import (

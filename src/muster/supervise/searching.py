@@ -37,9 +37,17 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
 from muster.config import ExperimentConfig
-from muster.search.history import Outcome, PastTrial
+from muster.search.history import PastTrial
 from muster.search.history import trial_seed as seed_for
-from muster.states import EventReason, ExperimentState, Reason, StopIntent, TrialState
+from muster.states import (
+    EventReason,
+    ExperimentState,
+    MetricKind,
+    Reason,
+    SearchOutcome,
+    StopIntent,
+    TrialState,
+)
 from muster.store import Event, Experiment, Metric, Store, Trial, record_event
 from muster.store.actors import SEARCHER
 from muster.store.configs import experiment_config
@@ -160,7 +168,7 @@ class Searching:
             others = _history(s, [t for t in trials if t.id != trial.id], config)
             for step in new:
                 seen = {k: v for k, v in values.items() if k <= step}
-                me = PastTrial(trial.number, Outcome.RUNNING, state.get("params", {}),
+                me = PastTrial(trial.number, SearchOutcome.RUNNING, state.get("params", {}),
                                intermediate=seen, attrs=state.get("attrs", {}))
                 verdict = searcher.judge(sorted([*others, me], key=lambda p: p.number),
                                          trial.number)
@@ -300,17 +308,17 @@ def _history(s: Session, trials: Sequence[Trial], config: ExperimentConfig) -> l
 def _past(trial: Trial, values: dict[int, float]) -> PastTrial:
     state = trial.search_state or {}
     finite = {step: v for step, v in values.items() if math.isfinite(v)}
-    outcome = Outcome.RUNNING
+    outcome = SearchOutcome.RUNNING
     value = None
     if trial.state == TrialState.SUCCEEDED.value and trial.early_stopped:
-        outcome = Outcome.PRUNED
+        outcome = SearchOutcome.PRUNED
     elif trial.state == TrialState.SUCCEEDED.value and values:
         value = values[max(values)]  # the value it ended with
-        outcome = Outcome.COMPLETE if math.isfinite(value) else Outcome.FAILED
+        outcome = SearchOutcome.COMPLETE if math.isfinite(value) else SearchOutcome.FAILED
     elif trial.state == TrialState.SUCCEEDED.value or trial.state in _FAILED:
-        outcome = Outcome.FAILED  # (a success without the metric teaches the search nothing)
+        outcome = SearchOutcome.FAILED  # (a success without the metric teaches the search nothing)
     return PastTrial(trial.number, outcome, state.get("params", {}),
-                     value if outcome is Outcome.COMPLETE else None, finite,
+                     value if outcome is SearchOutcome.COMPLETE else None, finite,
                      state.get("attrs", {}))
 
 
@@ -321,7 +329,7 @@ def _validation(s: Session, trial_ids: Iterable[int], metric: str) -> dict[int, 
     if not ids:
         return {}
     rows = s.execute(select(Metric.trial_id, Metric.step, Metric.values)
-                     .where(Metric.trial_id.in_(ids), Metric.kind == "validation",
+                     .where(Metric.trial_id.in_(ids), Metric.kind == MetricKind.VALIDATION,
                             Metric.rank == 0)
                      .order_by(Metric.attempt, Metric.id))
     found: dict[int, dict[int, float]] = {}

@@ -18,9 +18,8 @@ from sqlalchemy import select
 from muster.atomic import atomic_write_json
 from muster.errors import LaunchError
 from muster.jobenv import LATEST_CHECKPOINT
-from muster.launch.base import ReplicaPhase
 from muster.rundir import AttemptDir
-from muster.states import AttemptState, EventReason, Reason, TrialState
+from muster.states import AttemptState, EventReason, Reason, ReplicaPhase, TrialState
 from muster.store import Attempt, Trial, record_event, transition
 from muster.store.models import now
 from muster.supervise.context import ACTOR, LiveAttempt, SupervisorContext

@@ -17,8 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from muster.checkpoint_storage.metrics import Mark, step_scale_conflict
-from muster.metrics_lines import VALIDATION
-from muster.states import EventReason, MetricSource
+from muster.states import EventReason, MetricKind, MetricSource
 from muster.store import Checkpoint, Event, Metric, Store, Trial, record_event
 from muster.store.actors import SUPERVISOR
 
@@ -65,7 +64,7 @@ def _warned(s: Session, trial_id: int) -> bool:
 def _validations(s: Session, trial_id: int) -> list[Mark]:
     return [Mark(attempt, time, step) for attempt, time, step in s.execute(
         select(Metric.attempt, Metric.time, Metric.step)
-        .where(Metric.trial_id == trial_id, Metric.kind == VALIDATION, Metric.rank == 0,
+        .where(Metric.trial_id == trial_id, Metric.kind == MetricKind.VALIDATION, Metric.rank == 0,
                Metric.source == MetricSource.HARNESS.value)
         .order_by(Metric.id))]
 

@@ -26,7 +26,7 @@ from muster.launch.log_limit import read_drops
 from muster.metrics_lines import MetricLine
 from muster.rundir import RankFile, RunDir
 from muster.sizes import format_size
-from muster.states import CheckStatus
+from muster.states import CheckStatus, MetricKind
 from muster.supervise.log_errors import Finding, RankScan
 from muster.supervise.log_metrics import LogMetricEvidence
 from muster.supervise.log_samples import LogSamples
@@ -422,9 +422,10 @@ def _progress_in(evidence: Evidence, unit: str, expected: int | None,
     return None
 
 
-def step_kinds(validation_steps: bool) -> tuple[str, str]:
+def step_kinds(validation_steps: bool) -> tuple[MetricKind, MetricKind]:
     """The report kinds whose steps count a plan's steps, the one that counts first."""
-    return ("validation", "training") if validation_steps else ("training", "validation")
+    kinds = (MetricKind.VALIDATION, MetricKind.TRAINING)
+    return kinds if validation_steps else kinds[::-1]
 
 
 def steps_done(highest: int, lowest: int | None) -> int:
