@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from muster.home import Home
 from muster.launch.local import LocalLauncher
+from muster.schedule.local_placement import LocalPlacement
 from muster.services.experiments import create_experiment
 from muster.services.users import bootstrap, principal
 from muster.states import TrialState
@@ -68,7 +69,8 @@ def running(trials: int, harness: bool) -> Iterator[tuple[CountingStore, Supervi
         admin = principal(store, bootstrap(store, home.token_path))
         for _ in range(trials):
             create_experiment(store, home, admin, yaml.safe_dump(config), None)
-        supervisor = Supervisor(store, LocalLauncher(), home, slots=trials, min_free_disk=0)
+        supervisor = Supervisor(store, LocalLauncher(), home, LocalPlacement(store, trials),
+                                min_free_disk=0)
         try:
             for _ in range(600):
                 supervisor.tick()

@@ -62,6 +62,7 @@ from ui_budget import checkpoint_wal, seed_list
 from muster.config import load_config
 from muster.home import Home
 from muster.launch.local import LocalLauncher
+from muster.schedule.local_placement import LocalPlacement
 from muster.services.users import bootstrap, principal
 from muster.states import EventReason, ExperimentState, TrialState
 from muster.store import Attempt, Event, Experiment, Store, Trial
@@ -386,8 +387,8 @@ def steady_state(root: Path, backend: str, url: str, size: Size, measured: Backe
         _timed(measured.seeding_s, "queue",
                lambda: seed_queue(store, home, owner, size.queued + size.running))
         settle_store(store, backend)
-        supervisor = Supervisor(store, LocalLauncher(), home, slots=size.running,
-                                min_free_disk=0)
+        supervisor = Supervisor(store, LocalLauncher(), home,
+                                LocalPlacement(store, size.running), min_free_disk=0)
         measured.ramp_s = ramp_up(supervisor, size)
         print(f"  {backend}: {size.running} running after {measured.ramp_s:.0f} s; timing "
               f"{size.passes} passes", file=sys.stderr, flush=True)

@@ -22,8 +22,9 @@ import pytest
 
 from muster.errors import LaunchError
 from muster.launch.base import LaunchRequest
-from muster.launch.local import LocalLauncher, spawn_shim
+from muster.launch.local import LocalLauncher
 from muster.launch.memory import CgroupMemory, open_cgroup
+from muster.launch.shim_launcher import spawn_shim
 from muster.rundir import RankFiles
 
 MiB = 1 << 20

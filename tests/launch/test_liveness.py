@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from muster.launch.identity import is_alive, send_signal
-from muster.launch.local import LOG_WAIT_S
+from muster.launch.shim_launcher import LOG_WAIT_S
 from muster.states import ReplicaPhase
 from tests.launch.conftest import SubmitFn
 from tests.waiting import wait_until

@@ -11,9 +11,10 @@ from typing import BinaryIO
 import pytest
 
 from muster.launch.base import ProcessIdentity, ReplicaSpec
-from muster.launch.local import SHIM, LocalLauncher
+from muster.launch.local import LocalLauncher
 from muster.launch.logs import LogPart, ReplicaLog, tail_text
 from muster.launch.records import spec_from_json
+from muster.launch.shim_launcher import SHIM
 from muster.rundir import RankFiles
 from muster.services.logs import LogSlice, MergedSlice, read_log
 from muster.store import Store

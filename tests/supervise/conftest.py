@@ -16,14 +16,19 @@ import pytest
 import yaml
 from sqlalchemy import select
 
+from muster.config import ClusterConfig
 from muster.home import Home
+from muster.launch.base import Launcher
 from muster.launch.local import LocalLauncher
+from muster.schedule.backends import open_placement
+from muster.schedule.local_placement import LocalPlacement
 from muster.services.access import Principal
 from muster.services.experiments import create_experiment
 from muster.states import ExperimentState, TrialState
 from muster.store import Attempt, Event, Experiment, Store, Trial
 from muster.supervise.supervisor import Supervisor
 from tests.accounts import first_admin
+from tests.launch.fake_backend import FakeCluster, FakeLauncher, FakePlacement
 from tests.processes import kill_home_processes
 from tests.waiting import wait_until
 
@@ -131,10 +136,21 @@ class Rig:
             trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id))
             return Submitted(experiment_id, trial_id.one())
 
+    def set_slots(self, slots: int) -> None:
+        """Let `slots` replicas without GPUs run at once from the next pass on (the cluster
+        config's `slots`, changed)."""
+        placement = self.supervisor.placement
+        if isinstance(placement, FakePlacement):
+            placement.cluster.resize(slots)
+        else:
+            assert isinstance(placement, LocalPlacement), placement
+            placement.configured_slots = slots
+
     def restarted(self) -> Rig:
         """The same store and home under a NEW supervisor and launcher, as after a restart."""
         supervisor = Supervisor(self.store, LocalLauncher(), self.home,
-                                slots=self.supervisor.slots, min_free_disk=0)
+                                LocalPlacement(self.store, self.supervisor.slots),
+                                min_free_disk=0)
         return Rig(self.store, self.home, supervisor, self.admin)
 
     def trial(self, trial_id: int) -> TrialView:
@@ -218,7 +234,23 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
 
 
 def _rig(store: Store, home: Home) -> Rig:
-    return Rig(store, home, Supervisor(store, LocalLauncher(), home, slots=4, min_free_disk=0),
+    return Rig(store, home, Supervisor(store, LocalLauncher(), home,
+                                      LocalPlacement(store, slots=4), min_free_disk=0),
+               first_admin(store, home))
+
+
+# The launcher backends the lifecycle contract (`test_supervisor.py`) runs on: each one's
+# placement is opened by the backend's name, as the server opens it.
+BACKENDS = ["local", "fake"]
+
+
+def backend_rig(backend: str, store: Store, home: Home) -> Rig:
+    """A supervisor with 4 slots on the launcher backend `backend` ("local", or the
+    test-only "fake" of `tests/launch/fake_backend.py`: two nodes of 2 CPUs)."""
+    launcher: Launcher = (LocalLauncher() if backend == "local"
+                          else FakeLauncher(FakeCluster.of(count=2, cpus=2)))
+    placement = open_placement(launcher, store, ClusterConfig(slots=4, gpus="none"), home)
+    return Rig(store, home, Supervisor(store, launcher, home, placement, min_free_disk=0),
                first_admin(store, home))
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 
 from muster.launch.local import LocalLauncher
 from muster.priority import DEFAULT_PRIORITY
+from muster.schedule.local_placement import LocalPlacement
 from muster.services.experiments import create_experiments
 from muster.states import TrialState, values
 from muster.store import Event, Trial
@@ -48,7 +49,8 @@ os.unlink(os.path.join(where, f"slot-{n}"))
 
 def _rig(rig: Rig, slots: int) -> Rig:
     return Rig(rig.store, rig.home, Supervisor(rig.store, LocalLauncher(), rig.home,
-                                               slots=slots, min_free_disk=0), rig.admin)
+                                               LocalPlacement(rig.store, slots),
+                                               min_free_disk=0), rig.admin)
 
 
 def _create(rig: Rig, entrypoint: list[str]) -> Submitted:

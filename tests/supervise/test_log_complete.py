@@ -21,6 +21,7 @@ from muster.cli import render
 from muster.home import Home
 from muster.launch.local import LocalLauncher
 from muster.rundir import RankFiles
+from muster.schedule.local_placement import LocalPlacement
 from muster.server import api
 from muster.services.experiments import create_experiment, describe_trial
 from muster.states import TrialState
@@ -73,7 +74,8 @@ def rig_on_a_small_disk(store: Store, tmp_path: Path) -> Iterator[Rig]:
         pytest.skip("cannot mount a tmpfs to fill (needs root or CAP_SYS_ADMIN): "
                     f"{done.stderr.strip()}")
     try:
-        supervisor = Supervisor(store, LocalLauncher(), home, slots=4, min_free_disk=0)
+        supervisor = Supervisor(store, LocalLauncher(), home, LocalPlacement(store, slots=4),
+                                min_free_disk=0)
         yield Rig(store, home, supervisor, first_admin(store, home))
     finally:
         kill_home_processes(home.root)
@@ -141,7 +143,8 @@ def test_a_trial_over_its_log_limit_keeps_head_and_tail_and_its_check_warns(
 def test_the_cluster_default_limits_a_trial_that_sets_none(store: Store, home: Home) -> None:
     """The cluster config's log_limit reaches every replica's spec when the experiment sets
     none; an experiment's `off` wins over it."""
-    rig = Rig(store, home, Supervisor(store, LocalLauncher(), home, slots=4, min_free_disk=0,
+    rig = Rig(store, home, Supervisor(store, LocalLauncher(), home,
+                                      LocalPlacement(store, slots=4), min_free_disk=0,
                                       log_limit=2 * MiB), first_admin(store, home))
     limited = submit(rig, fixture_entrypoint("exit0.sh"))
     unlimited = submit(rig, fixture_entrypoint("exit0.sh"), {"log_limit": "off"})

@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from muster.cli import render
 from muster.home import Home
+from muster.schedule.local_placement import LocalPlacement
 from muster.server import api
 from muster.services.experiments import create_experiment, describe_trial
 from muster.sizes import format_size
@@ -115,8 +116,8 @@ def cgroup_rig(store: Store, home: Home, monkeypatch: pytest.MonkeyPatch) -> Ite
     """A supervisor whose replicas' shims run inside a 200 MiB memory cgroup of the test's."""
     monkeypatch.setenv("MUSTER_SHIM_FORKSERVER", "0")  # the fork server runs outside it
     with memory_cgroup(CGROUP_LIMIT, "trial") as cgroup:
-        supervisor = Supervisor(store, LauncherInCgroup(cgroup), home, slots=4,
-                                min_free_disk=0)
+        supervisor = Supervisor(store, LauncherInCgroup(cgroup), home,
+                                LocalPlacement(store, slots=4), min_free_disk=0)
         yield Rig(store, home, supervisor, first_admin(store, home))
         kill_home_processes(home.root)  # before the cgroup goes: it must be empty
 

@@ -163,7 +163,7 @@ def test_a_peer_failing_after_the_primary_succeeded_does_not_fail_the_trial(rig:
 
 
 def test_a_trial_waits_until_all_its_replicas_fit(rig: Rig, tmp_path: Path) -> None:
-    rig.supervisor.slots = 3
+    rig.set_slots(3)
     running = submit(rig, 2, "sleep", "sleep")
     waiting = submit(rig, 2, "exit0", "exit0")
     rig.until_trial(running, TrialState.RUNNING)
@@ -179,7 +179,7 @@ def test_a_trial_waits_until_all_its_replicas_fit(rig: Rig, tmp_path: Path) -> N
 
 
 def test_a_trial_larger_than_the_server_says_so(rig: Rig) -> None:
-    rig.supervisor.slots = 2
+    rig.set_slots(2)
     job = submit(rig, 3, "exit0", "exit0", "exit0")
     rig.supervisor.tick()
     with rig.store.session_scope() as s:

@@ -16,6 +16,7 @@ from muster.config import FakeGpuConfig, GpuReleaseConfig
 from muster.home import Home
 from muster.launch.local import LocalLauncher
 from muster.schedule.inventory import FakeInventory
+from muster.schedule.local_placement import LocalPlacement
 from muster.services.experiments import (
     activate_experiment,
     create_experiment,
@@ -36,9 +37,10 @@ GiB = 1 << 30
 def gpu_rig(store: Store, home: Home, gpus: int = 4, slots: int = 2,
             release: GpuReleaseConfig | None = None, preemption: bool = False) -> Rig:
     specs = [FakeGpuConfig(index=i, name="Fake-A100", memory=40 * GiB) for i in range(gpus)]
-    supervisor = Supervisor(store, LocalLauncher(), home, slots=slots, min_free_disk=0,
-                            gpus=FakeInventory(specs, home.fake_gpus_dir),
-                            gpu_release=release or GpuReleaseConfig(), preemption=preemption)
+    placement = LocalPlacement(store, slots, FakeInventory(specs, home.fake_gpus_dir),
+                               release or GpuReleaseConfig())
+    supervisor = Supervisor(store, LocalLauncher(), home, placement, min_free_disk=0,
+                            preemption=preemption)
     return Rig(store, home, supervisor, first_admin(store, home))
 
 
@@ -202,7 +204,7 @@ def test_a_new_supervisor_neither_loses_nor_double_books_a_gpu(
 
 
 def test_priority_first_then_first_come_first_served(rig: Rig, tmp_path: Path) -> None:
-    rig.supervisor.slots = 1
+    rig.set_slots(1)
     blocker, release = gpu_job(rig, tmp_path, "blocker")
     rig.until_trial(blocker, TrialState.RUNNING)
     jobs = [submit(rig, fixture_entrypoint("exit0.sh"), priority=p) for p in (50, 10, 50, 10)]
@@ -232,7 +234,7 @@ def test_after_a_pass_that_changed_nothing_every_change_to_the_queue_shows_in_th
     """A pass after a quiet one skips admission while the queue, the holdings and the
     capacity are as they were (`supervise/admission.py`): each change must still show in
     the very next pass."""
-    rig.supervisor.slots = 1
+    rig.set_slots(1)
     blocker, release = gpu_job(rig, tmp_path, "blocker")
     rig.until_trial(blocker, TrialState.RUNNING)
     jobs = [submit(rig, fixture_entrypoint("exit0.sh"), priority=50) for _ in range(3)]

@@ -21,6 +21,7 @@ from sqlalchemy import delete, select
 
 from muster.home import Home
 from muster.launch.local import LocalLauncher
+from muster.schedule.local_placement import LocalPlacement
 from muster.services.experiments import create_experiment
 from muster.states import EventReason, ExperimentState, TrialState
 from muster.store import Event, Experiment, Store, Trial
@@ -95,8 +96,9 @@ def searched(shared_store: Store, tmp_path_factory: pytest.TempPathFactory
     """Every case submitted at once and run to its end under one supervisor."""
     home = Home(tmp_path_factory.mktemp("home") / "home").ensure()
     try:
-        rig = Rig(shared_store, home, Supervisor(shared_store, LocalLauncher(), home, slots=4,
-                                                 min_free_disk=0), first_admin(shared_store, home))
+        supervisor = Supervisor(shared_store, LocalLauncher(), home,
+                                LocalPlacement(shared_store, slots=4), min_free_disk=0)
+        rig = Rig(shared_store, home, supervisor, first_admin(shared_store, home))
         ids = {case: create_experiment(rig.store, home, rig.admin, _config(searcher, space),
                                        archive=None)
                for case, searcher, space, _ in CASES}

@@ -14,6 +14,7 @@ import pytest
 
 from muster.home import Home
 from muster.launch.local import LocalLauncher
+from muster.schedule.local_placement import LocalPlacement
 from muster.services.experiments import kill_experiment
 from muster.states import ExperimentState, TrialState
 from muster.store import Attempt, Store
@@ -21,10 +22,21 @@ from muster.supervise.policy import INTERNAL_FAILURE_MESSAGE
 from muster.supervise.supervisor import Supervisor
 from tests.accounts import first_admin
 from tests.processes import live_group
-from tests.supervise.conftest import Rig, TrialView, fixture_entrypoint
+from tests.supervise.conftest import BACKENDS, Rig, TrialView, backend_rig, fixture_entrypoint
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(params=BACKENDS)
+def rig(request: pytest.FixtureRequest, store: Store, home: Home) -> Rig:
+    """The lifecycle contract: every test here runs on each launcher backend."""
+    return backend_rig(request.param, store, home)
+
+
+@pytest.fixture(params=BACKENDS)
+def sqlite_rig(request: pytest.FixtureRequest, sqlite_store: Store, home: Home) -> Rig:
+    return backend_rig(request.param, sqlite_store, home)
 
 
 def _log(view: TrialView, number: int) -> bytes:
@@ -198,6 +210,7 @@ def test_a_launch_that_cannot_happen_is_internal_and_gives_up_after_3_attempts(
     sqlite_store: Store, blocked_home: Home
 ) -> None:
     rig = Rig(sqlite_store, blocked_home, Supervisor(sqlite_store, LocalLauncher(), blocked_home,
+                                                      LocalPlacement(sqlite_store),
                                                       min_free_disk=0),
               first_admin(sqlite_store, blocked_home))
     job = rig.submit(fixture_entrypoint("exit0.sh"))
@@ -223,7 +236,7 @@ def test_a_launch_that_cannot_happen_is_internal_and_gives_up_after_3_attempts(
 
 @pytest.mark.timeout(60)
 def test_one_slot_runs_trials_one_at_a_time(rig: Rig, tmp_path: Path) -> None:
-    rig.supervisor.slots = 1
+    rig.set_slots(1)
     releases = [tmp_path / "release-1", tmp_path / "release-2"]
     jobs = [rig.submit(fixture_entrypoint("wait_for_file.py", str(r))) for r in releases]
     most_at_once = 0
@@ -312,7 +325,7 @@ def test_kill_while_restarting_starts_no_new_attempt(rig: Rig) -> None:
 
 
 def test_kill_while_queued_cancels_at_once(rig: Rig) -> None:
-    rig.supervisor.slots = 0
+    rig.set_slots(0)
     job = rig.submit(fixture_entrypoint("exit0.sh"))
     rig.supervisor.tick()
     kill_experiment(rig.store, rig.admin, job.experiment_id)

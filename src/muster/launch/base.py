@@ -13,11 +13,10 @@ touches the store. The supervisor owns every state change.
 from __future__ import annotations
 
 import abc
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from muster.atomic import atomic_write_json
 from muster.errors import LaunchError
@@ -165,37 +164,16 @@ class LaunchRequest:
 
 
 @dataclass(frozen=True)
-class Bundle:
-    """What one replica asks of the node it is placed on (a Ray placement group's bundle)."""
+class LauncherCapabilities:
+    """What a backend can do beyond the `Launcher` contract, each asked for by name (a
+    backend that sets none is served by the plain passes)."""
 
-    cpus: float = 1.0
-    gpus: int = 0
-    memory: int | None = None  # bytes; None: not reserved
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Whether an attempt's replica set has its place: `ready`, or waiting `reason`."""
-
-    ready: bool
-    reason: str | None = None
-
-
-READY = Placement(True)
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """One machine replicas run on, as `cluster status` shows it."""
-
-    id: str
-    address: str
-    alive: bool
-    cpus: float
-    gpus: float
-    cpus_free: float | None = None
-    gpus_free: float | None = None
-    hostname: str | None = None
+    # Its replicas' files are on this machine's file system and their shims are processes
+    # of this machine: the server may watch them (inotify, pidfds) to wake its passes.
+    watchable_files: bool = False
+    # A trial's next attempt may start ahead and wait (`failure_policy.warm_standby`): the
+    # backend starts replicas that hold no reserved place (not where a place is reserved).
+    supports_standby: bool = False
 
 
 class Launcher(abc.ABC):
@@ -205,8 +183,12 @@ class Launcher(abc.ABC):
     needs is in the attempt directory and in process identities, never in its memory);
     `describe` and the log methods have no side effects; `cancel` is idempotent and returns
     at once. The public methods are templates over the hooks a backend implements:
-    `submit` plans (`plan`, a dry run) then acts (`_act`).
+    `submit` plans (`plan`, a dry run) then acts (`_act`). Where a backend's replicas may
+    go is its placement's (`muster.schedule.placement`), registered by `backend`.
     """
+
+    backend: ClassVar[str]  # its name: the cluster config's `launcher`
+    capabilities: ClassVar[LauncherCapabilities] = LauncherCapabilities()
 
     def submit(self, spec: ReplicaSpec) -> ProcessIdentity:
         """Start the replica; return the identity of the process that owns it (the shim).
@@ -214,42 +196,6 @@ class Launcher(abc.ABC):
         Raises `muster.errors.LaunchError` if nothing could be started.
         """
         return self._act(self.plan(spec))
-
-    # True where replicas run on the nodes of a cluster (Ray): placed by `reserve`, and
-    # without warm standbys (their placement is not reserved).
-    on_cluster = False
-
-    # Placement: where a cluster launcher (Ray) reserves a place for an attempt's whole
-    # replica set before any of it starts. On one machine the scheduler's slots are the
-    # reservation, so these are no-ops there.
-
-    def reserve(self, trial_uuid: str, attempt: int, bundles: list[Bundle]) -> Placement:
-        """Reserve one bundle per replica for attempt `attempt` of the trial, all or
-        nothing; idempotent (asking again reports how the same reservation stands)."""
-        return READY
-
-    def release(self, trial_uuid: str, attempt: int) -> None:  # noqa: B027 - a no-op here
-        """Give back the attempt's reservation (its replicas have ended). Idempotent."""
-
-    def sweep(self, keep: set[tuple[str, int]]) -> list[str]:
-        """Remove reservations and replica owners of attempts not in `keep` (trial uuid,
-        attempt number): what a crash between two steps left. Returns what it removed."""
-        return []
-
-    def exclude_nodes(self, node_ids: set[str]) -> None:  # noqa: B027 - a no-op here
-        """Place no new replica on these nodes (quarantined)."""
-
-    def nodes(self) -> list[NodeInfo] | None:
-        """The cluster's nodes; None: this machine alone (the caller describes it)."""
-        return None
-
-    def slots(self) -> int | None:
-        """Replicas without GPUs the cluster can run at once; None: the configured slots."""
-        return None
-
-    def node_of(self, attempt_dir: Path, rank: int) -> str | None:
-        """The node a launched replica runs on (None: not known yet)."""
-        return socket.gethostname()
 
     def submit_all(self, specs: list[ReplicaSpec]) -> dict[int, ProcessIdentity]:
         """Start a replica set (one attempt's ranks); each rank's owner's identity. Here

@@ -33,11 +33,12 @@ from muster.atomic import atomic_write_bytes, atomic_write_json, json_bytes, rea
 from muster.jobenv import MASTER_ADDR, MASTER_PORT
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import read_identity, send_signal
-from muster.launch.local import SHIM, spawn_shim
+from muster.launch.shim_launcher import SHIM, spawn_shim
 from muster.rundir import RankFiles
 
-__all__ = ["ACTOR_PREFIX", "MASTER_FILE", "actor_name", "free_endpoint", "group_name",
-           "rendezvous", "replica_actor"]
+__all__ = ["ACTOR_PREFIX", "MASTER_FILE", "actor_name", "attempt_of", "free_endpoint",
+           "group_name", "kill_actor", "named_actor", "named_group", "rendezvous",
+           "replica_actor"]
 
 ACTOR_PREFIX = "muster"
 
@@ -50,6 +51,44 @@ def actor_name(trial_uuid: str, attempt: int, rank: int) -> str:
 def group_name(trial_uuid: str, attempt: int) -> str:
     """`muster:<trial uuid>:<attempt>`: the attempt's placement group."""
     return f"{ACTOR_PREFIX}:{trial_uuid}:{attempt}"
+
+
+def attempt_of(name: str) -> tuple[str, int] | None:
+    """(trial uuid, attempt) of one of muster's group or actor names, else None."""
+    parts = name.split(":")
+    if len(parts) not in (3, 4) or parts[0] != ACTOR_PREFIX or not parts[2].isdigit():
+        return None
+    return parts[1], int(parts[2])
+
+
+def named_group(name: str) -> Any | None:
+    """The placement group called `name`; None when there is none (imports Ray)."""
+    from ray.util.placement_group import get_placement_group
+
+    try:
+        return get_placement_group(name)
+    except ValueError:
+        return None
+
+
+def named_actor(name: str, namespace: str) -> Any | None:
+    """The live actor called `name`, or None when there is none (it ended or was killed:
+    Ray forgets a dead detached actor's name). Imports Ray."""
+    import ray
+
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return None
+
+
+def kill_actor(name: str, namespace: str) -> None:
+    """Kill the actor called `name`, if it lives (imports Ray)."""
+    import ray
+
+    handle = named_actor(name, namespace)
+    if handle is not None:
+        ray.kill(handle, no_restart=True)
 
 
 def free_endpoint() -> tuple[str, int]:

@@ -34,7 +34,7 @@ from muster.errors import ConfigError, MusterError, StorageError, TooManyRequest
 from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
-from muster.schedule.inventory import NoGpus, open_inventory
+from muster.schedule.backends import open_placement
 from muster.server import account_routes
 from muster.server.body_limit import BodyLimit
 from muster.server.launchers import open_launcher
@@ -65,21 +65,15 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     launcher, home = open_launcher(cluster, home)
     home.ensure(jobs_enter=run_as is not None)
     store = Store(settings.db_url or home.default_db_url)
-    # On a cluster, Ray places GPUs (bundles), not this machine's inventory.
-    gpus = (NoGpus("GPUs are Ray's to place: its nodes' GPUs are in `nodes`")
-            if launcher.on_cluster else open_inventory(cluster.gpus, home.fake_gpus_dir))
-    log.info("GPU inventory: %s", gpus.note)
+    placement = open_placement(launcher, store, cluster, home, slots=settings.slots)
     supervisor = Supervisor(
-        store=store, launcher=launcher, home=home,
+        store=store, launcher=launcher, home=home, placement=placement,
         min_free_disk=(settings.min_free_disk if settings.min_free_disk is not None
                        else cluster.min_free_disk),
-        gpus=gpus, gpu_release=cluster.gpu_release, preemption=cluster.preemption,
+        preemption=cluster.preemption,
         run_as=run_as, quarantine_after=cluster.node_quarantine.failures,
         base_environment=cluster.base_environment, log_limit=cluster.log_limit,
     )
-    slots = settings.slots if settings.slots is not None else cluster.slots
-    if slots is not None:
-        supervisor.slots = slots
 
     safety_net = _safety_net()
     # MUSTER_WAKEUPS=0: poll every TICK_SECONDS instead (a file system whose changes inotify
@@ -91,8 +85,8 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
         await asyncio.to_thread(store.upgrade)
         admin = await asyncio.to_thread(bootstrap, store, home.token_path)
         log.info("the token in %s is %s's (an admin)", home.token_path, admin)
-        orchestrator = Orchestrator(supervisor, use_wakeups=wakeups and not launcher.on_cluster,
-                                    safety_net=safety_net)
+        orchestrator = Orchestrator(supervisor, safety_net=safety_net, use_wakeups=(
+            wakeups and launcher.capabilities.watchable_files))
         supervisor.envs.runtime.start()  # what the first trial without an environment needs
         if isinstance(launcher, LocalLauncher):
             await asyncio.to_thread(launcher.warm_up)
@@ -114,7 +108,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
             app.state.muster.log_watch.close()
             supervisor.envs.stop_all()  # a build half done is redone by the next server
             store.dispose()
-            gpus.close()
+            placement.close()
 
     app = FastAPI(title="muster", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # see the module's docstring

@@ -45,8 +45,7 @@ def open_launcher(cluster: ClusterConfig, home: Home) -> tuple[Launcher, Home]:
 
     _check_reachable(config.address)  # ray.init retries an address that never answers
     try:
-        launcher = RayLauncher(address=config.address, namespace=config.namespace,
-                               strategy=config.placement_strategy)
+        launcher = RayLauncher(address=config.address, namespace=config.namespace)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(f"Could not connect to the Ray cluster at ray.address "
                           f"{config.address!r}: {exc}") from exc

@@ -22,9 +22,9 @@ from sqlalchemy import func, select
 from muster.environments.runtime_base import BaseSummary
 from muster.environments.runtime_plan import TRAINING_PACKAGES
 from muster.errors import Conflict, GpuError, NotFound
-from muster.launch.base import NodeInfo
 from muster.schedule.disk import disk_shortfall, free_bytes
 from muster.schedule.inventory import Gpu, GpuInventory
+from muster.schedule.placement import NodeInfo
 from muster.services.submission import ClusterCapacity
 from muster.sizes import format_size
 from muster.states import AttemptState, GpuState, TrialState, values
@@ -86,14 +86,15 @@ def submission_capacity(supervisor: Supervisor) -> ClusterCapacity:
     """What a submitted trial's demand is compared with: every slot and GPU there is. A
     Ray cluster may grow (an autoscaler) and its GPUs are Ray's to place: what it cannot
     place waits, then fails as CAPACITY, instead of being refused here."""
-    if supervisor.launcher.on_cluster:
-        return ClusterCapacity(slots=supervisor.slots, gpus={}, can_grow=True)
+    placement = supervisor.placement
+    if placement.may_grow:
+        return ClusterCapacity(slots=placement.slots(), gpus={}, can_grow=True)
     try:
-        gpus = Counter(gpu.type.lower() for gpu in supervisor.gpus.gpus())
+        gpus = Counter(gpu.type.lower() for gpu in placement.inventory.gpus())
     except GpuError as exc:
         log.warning("GPU inventory unreadable at submission: %s", exc)
         gpus = Counter()
-    return ClusterCapacity(slots=supervisor.slots, gpus=dict(gpus))
+    return ClusterCapacity(slots=placement.slots(), gpus=dict(gpus))
 
 
 def read_cluster(supervisor: Supervisor) -> ClusterSnapshot:
@@ -103,7 +104,7 @@ def read_cluster(supervisor: Supervisor) -> ClusterSnapshot:
         counts = dict(s.execute(select(Trial.state, func.count()).group_by(Trial.state)).all())
         rows = {row.index: (row.state, row.trial_id) for row in s.scalars(
             select(GpuDevice).where(GpuDevice.present.is_(True)))}
-    inventory = supervisor.gpus
+    inventory = supervisor.placement.inventory
     gpus = tuple(_gpu_status(inventory, gpu, *rows.get(gpu.index, (GpuState.FREE.value, None)))
                  for gpu in inventory.gpus())
     return ClusterSnapshot(
@@ -196,7 +197,7 @@ def _nodes(supervisor: Supervisor, snapshot: ClusterSnapshot) -> list[dict[str, 
                 .order_by(Attempt.trial_id, Replica.rank)):
             running.setdefault(str(node_id), []).append(
                 {"trial_id": trial_id, "attempt": attempt, "rank": rank})
-    found = supervisor.launcher.nodes()
+    found = supervisor.placement.nodes()
     if found is None:
         here = socket.gethostname()
         found = [NodeInfo(id=here, address=MASTER_ADDR, alive=True,

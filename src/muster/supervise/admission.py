@@ -14,7 +14,7 @@ waiting trial's id, state, priority and kill request that the database builds fr
 the holdings, the capacity and the environments. Equal, `plan` (pure) would decide as it
 did, and the pass would change nothing either: it stops there. Queue reasons need no
 comparing: only the supervisor writes them (here; and the data scan, the GPU pool and a
-cluster's placement, for trials that make a pass not quiet).
+placement that reserves, for trials that make a pass not quiet).
 """
 
 from __future__ import annotations
@@ -169,15 +169,16 @@ class Admission:
     def may_start_new(self, s: Session, trial: Trial, slots: int) -> bool:
         """Whether a trial created in the caller's transaction (not committed yet) may start
         at once, recorded in that same transaction (`Supervisor.admitting_new`): the plain
-        case alone, which `plan` would admit the same way. On this machine (not a cluster),
-        while the disk guard is off: a single-trial experiment without GPUs, data to scan or
-        an environment still to build; no trial waits ahead of it in the queue's order
+        case alone, which `plan` would admit the same way. Where the placement reserves
+        nothing (no wait that `plan` does not foresee), while the disk guard is off: a
+        single-trial experiment without GPUs, data to scan or an environment still to
+        build; no trial waits ahead of it in the queue's order
         (priority, then id: so no preemption has a say, and in a batch each trial sees the
         ones before it admitted or waiting); and its replicas fit in the slots free now.
         Anything else waits for the pass, as every trial did before. The caller holds the
         lock that keeps the pass's admission out meanwhile."""
         experiment = trial.experiment
-        if (self.ctx.launcher.on_cluster or self._disk_warning is not None
+        if (self.ctx.placement.reserves or self._disk_warning is not None
                 or experiment.max_trials != 1):
             return False
         config = experiment_config(experiment)
@@ -210,8 +211,8 @@ class Admission:
         with self.ctx.store.session_scope() as s:
             holders = _holders(s)
             needs = self._needs_of(s, {h.experiment_id for h in holders})
-            cluster = self.ctx.launcher.on_cluster
-            return sum(_holding(h, needs[h.experiment_id], (), cluster).slots for h in holders)
+            by_slot = self.ctx.placement.places_gpus
+            return sum(_holding(h, needs[h.experiment_id], (), by_slot).slots for h in holders)
 
     def disk_low(self, min_free_disk: int) -> bool:
         """The disk guard: below `min_free_disk` nothing new launches. Queued trials show the
@@ -227,9 +228,9 @@ class Admission:
 
     def _unchanged(self, slots: int, preemption: bool) -> bool:
         """Whether `plan` would start from what the last quiet pass saw (see the module's
-        docstring). Never on a cluster, whose placement writes queue reasons."""
+        docstring). Never where the placement reserves: its waits write queue reasons."""
         quiet = self._quiet
-        if quiet is None or self.ctx.launcher.on_cluster:
+        if quiet is None or self.ctx.placement.reserves:
             return False
         if any(self.ctx.envs.state(key).state != "READY" for key in quiet.environments):
             return False
@@ -239,7 +240,7 @@ class Admission:
             if digest != quiet.queue:
                 return False
             holdings = tuple(self._holdings(s, broken))
-            capacity = Capacity(slots, self.ctx.pool.slots(s))
+            capacity = Capacity(slots, self.ctx.placement.pool.slots(s))
         return not broken and quiet == _Seen(digest, holdings, capacity, preemption,
                                              quiet.environments)
 
@@ -248,7 +249,7 @@ class Admission:
         """The queue; a trial whose config cannot be read goes to `broken` instead."""
         with self.ctx.store.session_scope() as s:
             # First: a change after it makes the next pass's digest differ.
-            digest = None if self.ctx.launcher.on_cluster else _queue_digest(s)
+            digest = None if self.ctx.placement.reserves else _queue_digest(s)
             rows = _waiting_trials(s)
             needs = self._needs_of(s, {row.experiment_id for row in rows})
             queued = [row for row in rows if row.state == TrialState.QUEUED]
@@ -257,7 +258,7 @@ class Admission:
                             row.stop_requested) for row in queued)
             demands = self._queued_demands(queued, set(environments.ready), needs, broken)
             holdings = self._holdings(s, broken) if demands else []
-            capacity = Capacity(slots, self.ctx.pool.slots(s) if demands else ())
+            capacity = Capacity(slots, self.ctx.placement.pool.slots(s) if demands else ())
         self._forget_all_but({row.experiment_id for row in rows}
                              | {h.experiment_id for h in holdings})
         wanted = {d.trial_id for d in demands}
@@ -283,7 +284,7 @@ class Admission:
             if found is not None and found.priority == row.priority:
                 return found
             return _demand(row, _resources(needs[row.experiment_id]),
-                           cluster=self.ctx.launcher.on_cluster)
+                           by_slot=self.ctx.placement.places_gpus)
 
         demands = _each([row for row in queued if row.id in ready], demand, broken)
         self._demands = {d.trial_id: d for d in demands}
@@ -291,12 +292,12 @@ class Admission:
 
     def _holdings(self, s: Session, broken: list[tuple[int, Exception]]) -> list[Holding]:
         """What each trial that holds resources holds (by trial id)."""
-        held = self.ctx.pool.held(s)
+        held = self.ctx.placement.pool.held(s)
         holders = _holders(s)
         needs = self._needs_of(s, {h.experiment_id for h in holders})
-        cluster = self.ctx.launcher.on_cluster
+        by_slot = self.ctx.placement.places_gpus
         return _each(holders, lambda h: _holding(h, needs[h.experiment_id],
-                                                 held.get(h.id, ()), cluster), broken)
+                                                 held.get(h.id, ()), by_slot), broken)
 
     def _needs_of(self, s: Session, experiment_ids: Iterable[int]) -> dict[int, _Needs]:
         """Each experiment's needs (and any others known): kept, or read from its config."""
@@ -315,10 +316,10 @@ class Admission:
             self._needs = {i: n for i, n in self._needs.items() if i in experiment_ids}
 
     def _start_overflow(self, demands: list[Demand], slots: int) -> list[Demand]:
-        """On a cluster, start the trials with more replicas than it has CPUs now: it may
-        grow (an autoscaler), so their placement is asked for, and waits, then fails as
-        CAPACITY. Returns the others, for `plan`."""
-        if not self.ctx.launcher.on_cluster:
+        """Where the capacity may grow (a cluster's autoscaler), start the trials with more
+        replicas than it has slots now: their placement is asked for, and waits, then fails
+        as CAPACITY. Returns the others, for `plan`."""
+        if not self.ctx.placement.may_grow:
             return demands
         for demand in [d for d in demands if d.replicas > slots]:
             self.start(demand.trial_id, ())
@@ -352,7 +353,8 @@ class Admission:
                 pause(s, trial, Move(Next.PAUSE, intent.event_reason,
                                      "paused between two attempts"))
                 return False
-            return intent is StopIntent.KILL or self.ctx.pool.released_for_restart(s, trial)
+            pool = self.ctx.placement.pool
+            return intent is StopIntent.KILL or pool.released_for_restart(s, trial)
 
     def _preempt(self, trial_id: int, for_trial_id: int) -> None:
         """Stop a trial to make room for a waiting one of better priority. It goes back to
@@ -447,20 +449,22 @@ def _each(rows: Sequence[Row], read: Callable[[Row], Need],
     return found
 
 
-def _demand(row: _Waiting, resources: _Resources, cluster: bool) -> Demand:
-    # On a cluster, Ray places GPUs (the placement group waits for them): each replica
-    # takes a slot, one of the cluster's CPUs.
-    if cluster:
+def _demand(row: _Waiting, resources: _Resources, by_slot: bool) -> Demand:
+    # Where the placement places GPUs itself (Ray's placement group waits for them), each
+    # replica takes a slot, one of the cluster's CPUs.
+    if by_slot:
         return Demand(row.id, row.experiment_id, row.priority, resources.replicas,
                       max_slots=resources.max_slots)
     return Demand(row.id, row.experiment_id, row.priority, resources.replicas,
                   resources.gpus_per_replica, resources.gpu_type, resources.max_slots)
 
 
-def _holding(holder: _Holder, needs: _Needs, gpus: tuple[int, ...], cluster: bool) -> Holding:
-    """What a running trial holds; on a cluster, a slot per replica (GPUs are Ray's)."""
+def _holding(holder: _Holder, needs: _Needs, gpus: tuple[int, ...], by_slot: bool
+             ) -> Holding:
+    """What a running trial holds; `by_slot` (the placement places GPUs), a slot per
+    replica."""
     resources = _resources(needs)
     intent = Trial.intent_of(holder.stop_requested, holder.stop_intent)
     return Holding(holder.id, holder.experiment_id, holder.priority, resources.replicas, gpus,
                    stopping=intent is not None,
-                   gpus_per_replica=0 if cluster else resources.gpus_per_replica)
+                   gpus_per_replica=0 if by_slot else resources.gpus_per_replica)

@@ -22,8 +22,7 @@ from muster.home import Home
 from muster.launch.accounts import RunAs
 from muster.launch.base import Launcher
 from muster.rundir import AttemptDir
-from muster.schedule.gpu_pool import GpuPool
-from muster.schedule.inventory import GpuInventory
+from muster.schedule.placement import Placement
 from muster.states import AttemptState, StopIntent, TrialState, values
 from muster.store import Attempt, Experiment, Replica, Store, Trial
 from muster.store.actors import SUPERVISOR
@@ -38,15 +37,14 @@ ACTOR = SUPERVISOR
 
 @dataclass(frozen=True)
 class SupervisorContext:
-    """The store, the launcher, the home, the GPUs and the environments every part of the
-    supervisor uses."""
+    """The store, the launcher, the home, the placement (slots, GPUs, nodes) and the
+    environments every part of the supervisor uses."""
 
     store: Store
     launcher: Launcher
     home: Home
     host: str
-    pool: GpuPool
-    inventory: GpuInventory
+    placement: Placement
     envs: Environments
     run_as: RunAs | None = None  # whom jobs run as; None: the server's own user
     # The bad-node circuit breaker: infra failures of this many trials in a row on a node.
@@ -56,9 +54,9 @@ class SupervisorContext:
 
     @property
     def breaker(self) -> int | None:
-        """The circuit breaker's threshold where replicas run on a cluster's nodes; None on
-        one machine (there is no other node to place them on)."""
-        return self.quarantine_after if self.launcher.on_cluster else None
+        """The circuit breaker's threshold where replicas run on several nodes; None on one
+        machine (there is no other node to place them on)."""
+        return self.quarantine_after if self.placement.quarantines_nodes else None
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ class Ending:
             self._move(s, trial, decisive, counts, scans, log_metrics)
             placed = (trial.uuid, attempt.number)
         # After the commit: a server killed in between leaves it to the sweep.
-        self.ctx.launcher.release(*placed)
+        self.ctx.placement.release(*placed)
 
     def _log_counts(self, trial_id: int, statuses: Sequence[ReplicaStatus],
                     config: ExperimentConfig | None) -> LogCounts | None:

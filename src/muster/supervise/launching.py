@@ -158,9 +158,9 @@ class Launching:
         """The facts of attempt `number` of `trial`, read in the caller's transaction."""
         config = experiment_config(trial.experiment)
         run_dir = self.ctx.home.run_dir(trial.uuid)
-        gpus = self.ctx.pool.of_trial(s, trial.id)
+        gpus = self.ctx.placement.pool.of_trial(s, trial.id)
         # With GPUs to schedule, a replica sees exactly its own (none, without any).
-        scheduled = bool(gpus) or bool(self.ctx.inventory.gpus())
+        scheduled = bool(gpus) or bool(self.ctx.placement.inventory.gpus())
         account = job_account(self.ctx.run_as, trial.experiment)
         return AttemptPlan(
             trial_id=trial.id, trial_uuid=trial.uuid, trial_number=trial.number,
@@ -279,8 +279,8 @@ class Launching:
                 shim = shims.get(replica.rank)
                 if shim is not None and replica.shim_pid is None:
                     replica.shim_pid, replica.shim_start_ticks = shim.pid, shim.start_ticks
-                    replica.node = self.ctx.launcher.node_of(Path(attempt.run_dir),
-                                                             replica.rank)
+                    replica.node = self.ctx.placement.node_of(Path(attempt.run_dir),
+                                                              replica.rank)
 
     def new_attempt(self, s: Session, trial: Trial, *, standby: bool = False,
                     port: int | None = None) -> Attempt:
@@ -312,7 +312,7 @@ class Launching:
                 return None
             if gpus and trial.state == TrialState.QUEUED:
                 try:
-                    self.ctx.pool.allocate(s, trial.id, gpus)
+                    self.ctx.placement.pool.allocate(s, trial.id, gpus)
                 except GpuError as exc:  # a stale plan: it waits for the next pass
                     log.warning("%s", exc)
                     return None

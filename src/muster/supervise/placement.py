@@ -1,17 +1,19 @@
-"""Where replicas go on a cluster: each attempt's reservation, the CAPACITY wait, leftovers
-swept, and the bad-node circuit breaker.
+"""Where replicas go, as the store sees it: each attempt's reservation, the CAPACITY wait,
+leftovers swept, and the bad-node circuit breaker.
 
-With one machine every call here is a no-op of the launcher's (`Launcher.reserve` is
-ready at once). With Ray (`launch/ray_launcher.py`) an attempt starts only once its
-placement group is placed, all or nothing: until then its trial stays QUEUED (or
-RESTARTING) with Ray's reason, and after `failure_policy.capacity_timeout` the wait is a
-CAPACITY failure: the group is given up and asked for again, up to `capacity_retries`
-times, then the trial FAILS saying what the cluster lacked.
+What is reserved, and where, is the placement's (`muster.schedule.placement`, chosen once
+at wiring); this module keeps the trials' side of it. A placement that `reserves` nothing
+(this machine: the plan's slots are the reservation) costs no transaction here. With one
+that does (Ray, `schedule/ray_placement.py`) an attempt starts only once its replica set
+is placed, all or nothing: until then its trial stays QUEUED (or RESTARTING) with the
+placement's reason, and after `failure_policy.capacity_timeout` the wait is a CAPACITY
+failure: the reservation is given up and asked for again, up to `capacity_retries` times,
+then the trial FAILS saying what the cluster lacked.
 
-The circuit breaker: a node on which replicas of `node_quarantine.failures` different
-trials in a row ended INFRA, LOST or STALLED is quarantined (no new bundle is placed there)
-until an admin releases it; a replica that ends any other way there, but stopped by muster,
-clears its streak.
+The circuit breaker, where the placement `quarantines_nodes`: a node on which replicas of
+`node_quarantine.failures` different trials in a row ended INFRA, LOST or STALLED is
+quarantined (no new replica is placed there) until an admin releases it; a replica that
+ends any other way there, but stopped by muster, clears its streak.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from muster.launch.base import Bundle
 from muster.launch.exits import Classification
+from muster.schedule.placement import Bundle
 from muster.states import AttemptState, EventReason, Reason, TrialState, values
 from muster.store import Attempt, ClusterNode, Replica, Trial, record_event, transition
 from muster.store.configs import experiment_config
@@ -53,8 +55,8 @@ class Placements:
     def reserve(self, trial_id: int) -> bool:
         """Whether the trial's next attempt has its place now. While it waits, its queue
         reason says why; past the capacity timeout the wait ends as CAPACITY (retried, or
-        the trial fails). On one machine there is nothing to reserve: no transaction."""
-        if not self.ctx.launcher.on_cluster:
+        the trial fails). Without a reservation to wait for: no transaction."""
+        if not self.ctx.placement.reserves:
             return True
         with self.ctx.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
@@ -65,9 +67,8 @@ class Placements:
             bundles = [Bundle(cpus=1.0, gpus=resources.gpus_per_replica,
                               memory=resources.memory_limit)] * resources.replicas
             policy = config.failure_policy
-        # A node quarantined earlier in this pass is out already.
-        self.ctx.launcher.exclude_nodes(quarantined_nodes(self.ctx))
-        placement = self.ctx.launcher.reserve(uuid, number, bundles)
+        self._exclude_quarantined()  # a node quarantined earlier in this pass is out already
+        placement = self.ctx.placement.reserve(uuid, number, bundles)
         if placement.ready:
             self._waits.pop(trial_id, None)
             return True
@@ -83,7 +84,7 @@ class Placements:
                     trial.queue_reason = f"{reason} ({waited:.0f} s of " \
                                          f"{policy.capacity_timeout:g} s)"
             return False
-        self.ctx.launcher.release(uuid, number)  # asked for again on the next pass
+        self.ctx.placement.release(uuid, number)  # asked for again on the next pass
         del self._waits[trial_id]
         self._capacity_failure(trial_id, reason, policy.capacity_timeout,
                                policy.capacity_retries)
@@ -111,17 +112,13 @@ class Placements:
                        message=f"The cluster had no room for the trial's replicas in "
                                f"{failures} waits of {timeout:g} s: {reason}")
 
-    def release(self, trial_uuid: str, attempt: int) -> None:
-        """Give back an ended attempt's reservation."""
-        self.ctx.launcher.release(trial_uuid, attempt)
-
     def sweep(self, force: bool = False) -> None:
         """Every SWEEP_EVERY_S (and at start): remove the reservations and replica owners
-        of attempts that are not live and not about to start; apply the quarantine. On one
-        machine there is nothing to sweep: no query on the pass."""
-        if not self.ctx.launcher.on_cluster:
+        of attempts that are not live and not about to start; apply the quarantine. With
+        nothing reserved and no node to keep out (one machine): no query on the pass."""
+        self._exclude_quarantined()
+        if not self.ctx.placement.reserves:
             return
-        self.ctx.launcher.exclude_nodes(quarantined_nodes(self.ctx))
         if not force and time.monotonic() - self._swept_at < SWEEP_EVERY_S:
             return
         self._swept_at = time.monotonic()
@@ -132,10 +129,15 @@ class Placements:
             for trial in s.scalars(select(Trial).where(Trial.state.in_(
                     [TrialState.QUEUED.value, TrialState.RESTARTING.value]))):
                 keep.add((trial.uuid, len(trial.attempts) + 1))
-        removed = self.ctx.launcher.sweep(keep)
+        removed = self.ctx.placement.sweep(keep)
         if removed:
             log.warning("removed what no live attempt owns on the cluster: %s",
                         ", ".join(removed))
+
+    def _exclude_quarantined(self) -> None:
+        """Keep the quarantined nodes out of new placements (where there are nodes)."""
+        if self.ctx.placement.quarantines_nodes:
+            self.ctx.placement.exclude_nodes(quarantined_nodes(self.ctx))
 
 
 def quarantined_nodes(ctx: SupervisorContext) -> set[str]:

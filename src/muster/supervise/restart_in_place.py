@@ -60,7 +60,7 @@ class RestartInPlace:
         with self.ctx.store.session_scope() as s:
             restarted = current_replicas(s.get_one(Attempt, live.id))[status.rank]
             restarted.shim_pid, restarted.shim_start_ticks = shim.pid, shim.start_ticks
-            restarted.node = self.ctx.launcher.node_of(live.dir.path, status.rank)
+            restarted.node = self.ctx.placement.node_of(live.dir.path, status.rank)
         return self.ctx.launcher.describe(live.dir.path, status.rank)
 
     def _record_restart(

@@ -47,8 +47,8 @@ class Standby:
         """Start the next attempt's replicas while `live` runs, unless the trial has a
         standby, is being stopped, or restarts only single replicas."""
         policy = live.config.failure_policy
-        # Not on a cluster: a standby's placement is not reserved (docs/ray.md).
-        if (not policy.warm_standby or self.ctx.launcher.on_cluster
+        # Not where the backend reserves places: a standby's is not reserved (docs/ray.md).
+        if (not policy.warm_standby or not self.ctx.launcher.capabilities.supports_standby
                 or policy.restart_scope != "trial" or not trial_running
                 or live.trial.intent is not None or live.trial.standby_waiting):
             return

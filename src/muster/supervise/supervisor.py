@@ -21,7 +21,6 @@ reads every live attempt once, in one transaction, and hands it down.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 from collections import deque
@@ -34,15 +33,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from muster.checkpoint_storage.resume import fetch_resume_point
-from muster.config import GpuReleaseConfig
 from muster.config.cluster import DEFAULT_LOG_LIMIT
 from muster.environments.registry import Environments
 from muster.errors import ConfigError, LaunchError
 from muster.home import Home
 from muster.launch.accounts import RunAs
 from muster.launch.base import Launcher
-from muster.schedule.gpu_pool import GpuPool
-from muster.schedule.inventory import GpuInventory, NoGpus
+from muster.schedule.placement import Placement
 from muster.states import AttemptState, values
 from muster.store import Attempt, Store, Trial
 from muster.supervise.admission import Admission
@@ -76,11 +73,10 @@ class Supervisor:
     store: Store
     launcher: Launcher
     home: Home
-    slots: int = os.cpu_count() or 1
+    # Where replicas go: the slots, the GPUs and the nodes (`muster.schedule.placement`).
+    placement: Placement
     host: str = socket.gethostname()
     min_free_disk: int = 5 * 1024**3
-    gpus: GpuInventory = field(default_factory=lambda: NoGpus("no GPUs: none configured"))
-    gpu_release: GpuReleaseConfig = field(default_factory=GpuReleaseConfig)
     preemption: bool = False
     run_as: RunAs | None = None  # whom jobs run as (cluster config `run_as`)
     quarantine_after: int = 3  # cluster config `node_quarantine.failures`
@@ -90,7 +86,6 @@ class Supervisor:
     # Cluster config `log_limit`: what a replica's log keeps when its experiment does not
     # say (None: no limit).
     log_limit: int | None = DEFAULT_LOG_LIMIT
-    _pool: GpuPool = field(init=False)
     _search: Searching = field(init=False)
     _launching: Launching = field(init=False)
     _standby: Standby = field(init=False)
@@ -109,11 +104,10 @@ class Supervisor:
     _unlaunched: set[int] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
-        self._pool = GpuPool(self.store, self.gpus, self.gpu_release)
         self.envs = Environments(self.home.envs_dir, shared=self.run_as is not None,
                                  base_environment=self.base_environment)
-        ctx = SupervisorContext(self.store, self.launcher, self.home, self.host, self._pool,
-                                self.gpus, self.envs, self.run_as, self.quarantine_after,
+        ctx = SupervisorContext(self.store, self.launcher, self.home, self.host,
+                                self.placement, self.envs, self.run_as, self.quarantine_after,
                                 log_limit=self.log_limit)
         self._placements = Placements(ctx)
         ending = Ending(ctx)
@@ -132,9 +126,6 @@ class Supervisor:
         Each trial's and each experiment's step is isolated (`isolation`): one that fails
         unexpectedly ends that trial or experiment, and the pass goes on."""
         self._launch_pending()
-        cluster_slots = self.launcher.slots()  # a cluster's: its nodes' CPUs, now
-        if cluster_slots is not None:
-            self.slots = cluster_slots
         self._placements.sweep()
         broken: list[tuple[int, Exception]] = []
         with self.store.session_scope() as s:
@@ -144,11 +135,11 @@ class Supervisor:
         self._settle(live)
         self._standby.drop_unneeded(live)
         self.envs.reap()
-        self._pool.settle()  # GPUs of trials that ended go back once their memory is free
+        self.placement.pool.settle()  # GPUs of ended trials go back once their memory is free
         self._search.top_up()  # each search's next trials, drawn before admission
         if not self._admission.disk_low(self.min_free_disk):  # nothing launches while low
             with self._admitting:
-                self._admission.admit(self.slots, self.preemption)
+                self._admission.admit(self.placement.slots(), self.preemption)
         self._launching.drop_stale_scans()
         self._closing.close()
 
@@ -177,7 +168,7 @@ class Supervisor:
                 fetch_resume_point(self.store, self.home, trial_id)
             if first.standby and self._standby.promote(trial_id):
                 return
-            if not self._placements.reserve(trial_id):  # a cluster without room yet
+            if not self._placements.reserve(trial_id):  # no room for its replicas yet
                 return
             self._launching.start(trial_id, gpus)
 
@@ -186,18 +177,18 @@ class Supervisor:
         """Admission for the trials a create records, in its own transaction (issue 19: one
         transaction for the create and the admission, and the launch at the very start of
         the next pass instead of after its reads). Yields None (the trials wait for the pass,
-        as before) on a cluster, when trials of `priority` (the best of the trials to be
-        created) or better wait in the queue already, or when the pass admits for longer
-        than `ADMIT_WAIT_S`; else a function to call
-        with each new trial inside the create's transaction, before its commit: a trial
-        `Admission.may_start_new` lets start gets its first attempt recorded there. Once
-        the `with` block ends without an exception (the transaction committed), those
-        attempts are handed to the next pass to launch; the caller wakes it.
+        as before) where the placement reserves, when trials of `priority` (the best of the
+        trials to be created) or better wait in the queue already, or when the pass admits
+        for longer than `ADMIT_WAIT_S`; else a function to call with each new trial inside
+        the create's transaction, before its commit: a trial `Admission.may_start_new`
+        lets start gets its first attempt recorded there. Once the `with` block ends
+        without an exception (the transaction committed), those attempts are handed to the
+        next pass to launch; the caller wakes it.
 
         A server killed between the commit and the launch leaves an attempt recorded and
         never launched, as one killed between a pass's record and its launch does: the
         reconciliation finds no process and the failure policy restarts it."""
-        if (self.launcher.on_cluster or self._admission.queue_waits(priority)
+        if (self.placement.reserves or self._admission.queue_waits(priority)
                 or not self._admitting.acquire(timeout=ADMIT_WAIT_S)):
             yield None
             return
@@ -212,7 +203,7 @@ class Supervisor:
             self._admitting.release()
 
     def _admit_new(self, s: Session, trial: Trial, recorded: list[Recorded]) -> None:
-        if not self._admission.may_start_new(s, trial, self.slots):
+        if not self._admission.may_start_new(s, trial, self.placement.slots()):
             return
         try:
             attempt = self._launching.record(s, trial, ADMITTED_AT_SUBMISSION)
@@ -232,6 +223,11 @@ class Supervisor:
                 finally:
                     self._unlaunched.discard(recorded.attempt_id)
 
+    @property
+    def slots(self) -> int:
+        """Replicas without GPUs that may run at once now: the placement's."""
+        return self.placement.slots()
+
     def slots_in_use(self) -> int:
         """One slot per replica without GPUs of every trial that holds its resources."""
         return self._admission.slots_in_use()
@@ -247,7 +243,7 @@ class Supervisor:
     def waits_on_the_clock(self) -> bool:
         """Whether the last pass left something that only a later look can settle: GPUs
         whose memory is still being released (no event says when it is)."""
-        return self._pool.releasing > 0
+        return self.placement.pool.releasing > 0
 
     def _settle(self, live: list[LiveAttempt]) -> None:
         followed = [attempt for attempt in live
