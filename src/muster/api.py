@@ -25,6 +25,12 @@ from muster.states import (
 
 # Metric values: numbers, or "NaN", "Infinity", "-Infinity" (strict JSON has no other way).
 Number = float | int | str
+# Free JSON by design: what a user's code, config or environment chose (a manifest, a
+# verification's check details, a snapshot's parts), passed through as it was recorded.
+# Every shape muster itself decides is a TypedDict; these are the objects it does not.
+JsonObject = dict[str, Any]
+Hparams = dict[str, Any]  # a trial's hyperparameters, nested as the search space names them
+Config = dict[str, Any]  # an experiment's stored config, normalized (`muster.config`)
 
 
 class Error(TypedDict):

@@ -45,6 +45,7 @@ _PATH_SAFE = "/:@!$&'()*+,;=%~"  # what stays as written in a path (RFC 3986 pch
 
 Connection = http.client.HTTPConnection  # or its HTTPSConnection subclass
 NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})  # no Content-Length: 0
+File = tuple[str, bytes, str]  # a multipart file: its file name, its bytes, its media type
 
 
 class TransportError(Exception):
@@ -94,7 +95,7 @@ NO_BODY = Body({})
 
 
 def encode_body(json: Any = None, data: Mapping[str, Any] | None = None,
-                files: Mapping[str, tuple[str, bytes, str]] | None = None) -> Body:
+                files: Mapping[str, File] | None = None) -> Body:
     """The body of a request, as httpx encodes `json=`, `data=` and `files=`: JSON; a form
     (urlencoded); with files, multipart/form-data. A list in `data` is a repeated field."""
     if json is not None:
@@ -130,8 +131,7 @@ def _form_value(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _multipart(data: Mapping[str, Any], files: Mapping[str, tuple[str, bytes, str]],
-               boundary: str) -> Body:
+def _multipart(data: Mapping[str, Any], files: Mapping[str, File], boundary: str) -> Body:
     pieces: list[bytes | memoryview] = []
     for name, value in _form_pairs(data):
         pieces += [_part_head(boundary, name), value.encode(), b"\r\n"]

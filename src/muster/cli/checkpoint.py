@@ -31,7 +31,7 @@ def list_(
         rows = (c.list_checkpoints(trial_id) if trial_id is not None
                 else c.list_experiment_checkpoints(experiment or 0))
     if as_json:
-        render.print_json([{key: row[key] for key in row} for row in rows])
+        render.print_json(rows)
     else:
         render.console.print(render.checkpoints_table(rows))
 

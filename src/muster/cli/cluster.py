@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -11,6 +11,9 @@ from rich.table import Table
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 from muster.sizes import format_size
+
+if TYPE_CHECKING:
+    from muster import api
 
 app = typer.Typer(help="The server's resources.", no_args_is_help=True,
                   rich_markup_mode=None, add_completion=False)
@@ -59,7 +62,7 @@ def release(node: str = typer.Argument(..., help="the node's id, as `cluster sta
                          markup=False)
 
 
-def _node_line(node: dict[str, Any]) -> str:
+def _node_line(node: api.NodeView) -> str:
     free = ("" if node.get("cpus_free") is None
             else f" ({node['cpus_free']:g} CPUs, {node['gpus_free']:g} GPUs free)")
     line = (f"node {node['id']} ({node['address']}): "
@@ -78,7 +81,7 @@ def _trial_counts(counts: dict[str, int]) -> str:
     return ", ".join(shown) or "none"
 
 
-def gpus_table(gpus: list[dict[str, Any]]) -> Table:
+def gpus_table(gpus: list[api.GpuView]) -> Table:
     table = Table("GPU", "Name", "Type", "Memory used", "State", "Trial")
     for gpu in gpus:
         total = format_size(gpu["memory_total_bytes"])
@@ -90,7 +93,7 @@ def gpus_table(gpus: list[dict[str, Any]]) -> Table:
     return table
 
 
-def filesystems_table(filesystems: list[dict[str, Any]]) -> Table:
+def filesystems_table(filesystems: list[api.FilesystemView]) -> Table:
     table = Table("File system of", "Free", "Total")
     for fs in filesystems:
         table.add_row(escape(", ".join(fs["paths"])), format_size(fs["free_bytes"]),

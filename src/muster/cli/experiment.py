@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -14,8 +14,10 @@ from muster.cli import follow as following
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stopped_following
 from muster.errors import InvalidRequest
+from muster.states import ExperimentState, TrialState
 
 if TYPE_CHECKING:
+    from muster import api
     from muster.client import Client
     from muster.config import ExperimentConfig
 
@@ -117,7 +119,7 @@ def create_batch(
         _exit_as(created, require_verified)
 
 
-def _exit_as(ended: list[dict[str, Any]], require_verified: bool) -> None:
+def _exit_as(ended: list[api.ExperimentDetail], require_verified: bool) -> None:
     """Exit as `--follow`/`--wait` promise (`following.exit_code`); return on 0."""
     code = following.exit_code(ended, require_verified)
     if code == following.NOT_VERIFIED:
@@ -151,8 +153,8 @@ def _secret_values(config: ExperimentConfig, given: list[str]) -> dict[str, str]
     return values
 
 
-def _follow(c: Client, exp: dict[str, Any], home: str | None, url: str | None
-            ) -> dict[str, Any]:
+def _follow(c: Client, exp: api.ExperimentDetail, home: str | None, url: str | None
+            ) -> api.ExperimentDetail:
     """Stream the experiment's logs until it has settled: its one trial's as written, or
     a search's trial by trial."""
     output = following.Output()
@@ -167,11 +169,11 @@ def _write_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
-def _report_created(exp: dict[str, Any], as_json: bool, ended: bool) -> None:
+def _report_created(exp: api.ExperimentDetail, as_json: bool, ended: bool) -> None:
     if as_json:
         render.print_json(exp)
     elif ended:
-        verb = "is" if exp["state"] in ("ACTIVE", "PAUSED") else "ended"
+        verb = "ended" if ExperimentState(exp["state"]).is_terminal() else "is"
         render.err_console.print(f"experiment {exp['id']} {verb} {render.state(exp['state'])}: "
                                  f"{render.verdict_counts(exp).words()}")
         for trial in exp["trials"]:
@@ -179,7 +181,7 @@ def _report_created(exp: dict[str, Any], as_json: bool, ended: bool) -> None:
                                      soft_wrap=True)  # one line, however long
             for line in render.ended_replicas(trial):
                 render.err_console.print(f"  trial {trial['id']} {line}", markup=False)
-            if trial["state"] == "SUSPECT":
+            if trial["state"] == TrialState.SUSPECT:
                 render.err_console.print(
                     f"  trial {trial['id']} is SUSPECT: {trial['message']}\n"
                     f"  settle it with `muster trial review {trial['id']} --approve|--reject "
@@ -402,7 +404,7 @@ def watch(experiment_id: int,
     with client(home, url) as c:
         exp = watching.watch(c, experiment_id)
     counts = render.verdict_counts(exp).words()
-    if exp["state"] == "COMPLETED":
+    if exp["state"] == ExperimentState.COMPLETED:
         render.err_console.print(f"experiment {experiment_id} ended "
                                  f"{render.state('COMPLETED')}: {counts}")
         if require_verified and not following.all_verified(exp):
@@ -410,9 +412,9 @@ def watch(experiment_id: int,
                                      "(--require-verified)", markup=False)
             raise typer.Exit(following.NOT_VERIFIED)
         return
-    held = "" if exp["state"] != "ACTIVE" else (
+    held = "" if exp["state"] != ExperimentState.ACTIVE else (
         ": its SUSPECT trials wait for `muster trial review ID --approve|--reject --note TEXT`")
-    verb = "is" if exp["state"] in ("ACTIVE", "PAUSED") else "ended"
+    verb = "ended" if ExperimentState(exp["state"]).is_terminal() else "is"
     render.err_console.print(f"experiment {experiment_id} {verb} "
                              f"{render.state(exp['state'])}{held}; {counts}")
     raise typer.Exit(following.NOT_SUCCEEDED)

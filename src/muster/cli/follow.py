@@ -16,14 +16,17 @@ import codecs
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from muster.cli import render
 from muster.client import Client, settled
 from muster.errors import NotFound, TooManyRequests
-from muster.states import TrialState
+from muster.states import ExperimentState, Reason, TrialState
+
+if TYPE_CHECKING:
+    from muster import api
 
 __all__ = ["FOLLOW_POLL_S", "NOT_SUCCEEDED", "NOT_VERIFIED", "LineWriter", "all_verified",
            "attempt_marker", "exit_code", "follow_experiment", "follow_trial",
@@ -37,17 +40,19 @@ NOT_SUCCEEDED = 1  # the experiment did not complete, or a trial did not succeed
 NOT_VERIFIED = 3  # with --require-verified: it succeeded, but a trial was not verified
 
 
-def succeeded(exp: Mapping[str, Any]) -> bool:
+def succeeded(exp: api.ExperimentDetail) -> bool:
     """The contract of `--follow` and `--wait`: exit 0 only for this."""
-    return exp["state"] == "COMPLETED" and all(t["state"] == "SUCCEEDED" for t in exp["trials"])
+    return (exp["state"] == ExperimentState.COMPLETED
+            and all(t["state"] == TrialState.SUCCEEDED for t in exp["trials"]))
 
 
-def all_verified(exp: Mapping[str, Any]) -> bool:
+def all_verified(exp: api.ExperimentDetail) -> bool:
     """Every SUCCEEDED trial of the experiment was verified."""
-    return all(render.verified(t) is True for t in exp["trials"] if t["state"] == "SUCCEEDED")
+    return all(render.verified(t) is True for t in exp["trials"]
+               if t["state"] == TrialState.SUCCEEDED)
 
 
-def exit_code(exps: Iterable[Mapping[str, Any]], require_verified: bool) -> int:
+def exit_code(exps: Iterable[api.ExperimentDetail], require_verified: bool) -> int:
     """How `--follow` and `--wait` exit: 0, `NOT_SUCCEEDED` unless every experiment
     COMPLETED with every trial SUCCEEDED, else with `require_verified` `NOT_VERIFIED` if a
     SUCCEEDED trial was not verified."""
@@ -59,17 +64,17 @@ def exit_code(exps: Iterable[Mapping[str, Any]], require_verified: bool) -> int:
     return 0
 
 
-def attempts_of(trial: Mapping[str, Any]) -> list[dict[str, Any]]:
+def attempts_of(trial: api.TrialDetail) -> list[api.AttemptView]:
     """The trial's attempts that ran (a warm standby that was never promoted did not)."""
     return [a for a in trial["attempts"] if not a.get("standby")]
 
 
-def attempt_marker(attempt: Mapping[str, Any], before: Mapping[str, Any] | None) -> str:
+def attempt_marker(attempt: api.AttemptView, before: api.AttemptView | None) -> str:
     """`── attempt 2 (restart after rank 1 ended INFRA: SIGKILL) ──`."""
     why = ""
     if before is not None:
         cause = next((r for r in before["replicas"]
-                      if r["reason"] not in (None, "OK", "STOPPED")), None)
+                      if r["reason"] not in (None, Reason.OK, Reason.STOPPED)), None)
         if cause is not None:
             signal = f": {cause['signal']}" if cause.get("signal") else ""
             why = f" (restart after rank {cause['rank']} ended {cause['reason']}{signal})"
@@ -132,7 +137,7 @@ def _print_attempt(client: Client, trial_id: int, out: Write, *, attempt: int | 
 
 def follow_trial(client: Client, trial_id: int, out: Write, output: Output, *,
                  attempt: int | None = None, rank: int | None = None,
-                 tail: int | None = None) -> dict[str, Any]:
+                 tail: int | None = None) -> api.TrialDescription:
     """The trial's logs as they are written, attempt by attempt with a marker between them,
     until it has settled (only `attempt`'s, when one is named); the trial at the end."""
     trial = client.get_trial(trial_id)
@@ -197,17 +202,16 @@ class LineWriter:
             self("\n")
 
 
-def follow_experiment(client: Client, experiment: Mapping[str, Any], output: Output,
+def follow_experiment(client: Client, experiment: api.ExperimentDetail, output: Output,
                       connect: Callable[[], Client], poll_s: float = FOLLOW_POLL_S
-                      ) -> dict[str, Any]:
+                      ) -> api.ExperimentDetail:
     """Every trial of a search as it starts, its lines prefixed `[trial N] `, and a line as
     each ends, until the experiment has settled; the experiment at the end."""
     lock = threading.Lock()
     followers: dict[int, threading.Thread] = {}
     announced: set[int] = set()
-    exp = dict(experiment)
     while True:
-        exp = client.get_experiment(exp["id"])
+        exp = client.get_experiment(experiment["id"])
         for trial in exp["trials"]:
             if trial["id"] not in followers and attempts_of(trial):
                 followers[trial["id"]] = _start(connect, trial, output, lock)
@@ -224,7 +228,7 @@ def follow_experiment(client: Client, experiment: Mapping[str, Any], output: Out
         time.sleep(poll_s)
 
 
-def _start(connect: Callable[[], Client], trial: Mapping[str, Any], output: Output,
+def _start(connect: Callable[[], Client], trial: api.TrialDetail, output: Output,
            lock: threading.Lock) -> threading.Thread:
     writer = LineWriter(output.logs, lock, f"[trial {trial['number']}] ")
 
@@ -256,7 +260,7 @@ class _Prefixed(Output):
             super().marker(f"{self.writer.prefix}{text}")
 
 
-def _ended_line(trial: Mapping[str, Any], exp: Mapping[str, Any]) -> str:
+def _ended_line(trial: api.TrialDetail, exp: api.ExperimentDetail) -> str:
     """`[trial 2] trial 3 ended SUCCEEDED (val_accuracy 0.986111, stopped early): verified
     (stopped early by the searcher)`: its verdict (`muster.verdicts`) last."""
     metric = (exp.get("search") or {}).get("metric")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -12,6 +12,9 @@ from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 from muster.words import progress_line
+
+if TYPE_CHECKING:
+    from muster import api
 
 app = typer.Typer(help="The queue and what runs; move trials in the queue.",
                   no_args_is_help=True,
@@ -33,7 +36,7 @@ def list_jobs(as_json: JsonOption = False, home: HomeOption = None, url: UrlOpti
         render.console.print(jobs_table(jobs))
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+def jobs_table(jobs: list[api.Job]) -> Table:
     table = Table("Trial", "Experiment", "State", "Priority", "Replicas", "GPUs/replica",
                   "GPUs held", "Progress", "Why it waits")
     for job in jobs:
@@ -62,6 +65,7 @@ def set_priority(
 ) -> None:
     """Move a trial (or every trial of an experiment) in the queue; the next supervisor pass
     reorders the queue."""
+    view: api.ExperimentDetail | api.TrialDescription
     with client(home, url) as c:
         if experiment:
             view = c.set_experiment_priority(target_id, priority)

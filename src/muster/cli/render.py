@@ -1,4 +1,5 @@
-"""Human output: Rich tables and one-line summaries. Machine output is `--json`."""
+"""Human output: Rich tables and one-line summaries of the API's shapes (`muster.api`), read
+by their typed fields. Machine output is `--json`."""
 
 from __future__ import annotations
 
@@ -6,16 +7,19 @@ import datetime as dt
 import json
 from collections.abc import Iterator, Mapping
 from itertools import groupby
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from muster.sizes import format_size
-from muster.states import Reason
-from muster.verdicts import VerdictCounts, check_status, count_verdicts, verdict_of
+from muster.states import MetricSource, Reason, TrialState
+from muster.verdicts import Verdict, VerdictCounts, check_status, count_verdicts, verdict_of
 from muster.words import count
+
+if TYPE_CHECKING:
+    from muster import api
 
 console = Console()
 err_console = Console(stderr=True)
@@ -26,7 +30,7 @@ STATE_STYLE = {
 }
 
 
-def print_json(obj: Any) -> None:
+def print_json(obj: object) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True))
 
 
@@ -43,7 +47,7 @@ def duration(start: float | None, end: float | None) -> str:
     return f"{end - start:.1f}s" if start and end else "-"
 
 
-def experiments_table(rows: list[dict[str, Any]]) -> Table:
+def experiments_table(rows: list[api.ExperimentSummary]) -> Table:
     table = Table("ID", "Name", "Owner", "State", "Trials", "Verdicts", "Created", "Ended")
     for exp in rows:
         trials = ", ".join(exp["trial_states"]) or "-"
@@ -53,7 +57,7 @@ def experiments_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def trials_table(trials: list[dict[str, Any]]) -> Table:
+def trials_table(trials: list[api.TrialDetail]) -> Table:
     table = Table("Trial", "State", "Verdict", "Reason", "Restarts", "Started", "Ended")
     for trial in trials:
         table.add_row(str(trial["id"]), state(trial["state"]), styled_verdict(trial),
@@ -62,31 +66,39 @@ def trials_table(trials: list[dict[str, Any]]) -> Table:
     return table
 
 
-def verdict(trial: Mapping[str, Any]) -> str:
+# A trial as a list shows it, or in full: both carry its verdict.
+Trial: TypeAlias = "api.TrialSummary | api.TrialDetail"
+
+
+def verdict(trial: Trial) -> str:
     """The trial's verdict line as the server words it (`muster.verdicts`); from a server
     that predates it, worded here from what the trial's JSON holds."""
     line = trial.get("verdict")
     if isinstance(line, str):
         return line
-    return verdict_of(trial["state"], trial.get("verification"),
-                      early_stopped=bool(trial.get("early_stopped")),
-                      reason=trial.get("reason"), message=trial.get("message")).line
+    return _worded(trial).line
 
 
-def verified(trial: Mapping[str, Any]) -> bool | None:
+def verified(trial: Trial) -> bool | None:
     """The trial's `verified` (null while it has not ended), as `verdict` words it."""
     if "verdict" in trial:
         value = trial.get("verified")
         return value if isinstance(value, bool) else None
+    return _worded(trial).verified
+
+
+def _worded(trial: Mapping[str, Any]) -> Verdict:
+    """The verdict on a trial from a server that predates `verdict`: its JSON is not
+    `muster.api`'s shape, so it is read as the JSON it is."""
     return verdict_of(trial["state"], trial.get("verification"),
                       early_stopped=bool(trial.get("early_stopped")),
-                      reason=trial.get("reason"), message=trial.get("message")).verified
+                      reason=trial.get("reason"), message=trial.get("message"))
 
 
 VERDICT_STYLE = {"SUCCEEDED": "yellow", "SUSPECT": "yellow", "FAILED": "red"}
 
 
-def styled_verdict(trial: Mapping[str, Any]) -> str:
+def styled_verdict(trial: Trial) -> str:
     """The trial's verdict line as Rich markup (`verdict_markup`)."""
     return verdict_markup(verdict(trial), trial["state"], verified(trial))
 
@@ -98,18 +110,24 @@ def verdict_markup(line: str, trial_state: str, is_verified: bool | None) -> str
     return f"[{style}]{escape(line)}[/]" if style else escape(line)
 
 
-def verdict_counts(exp: Mapping[str, Any]) -> VerdictCounts:
+def verdict_counts(exp: api.ExperimentSummary) -> VerdictCounts:
     """The experiment's trials by verdict, as the server counted them (or, from a server
     that predates the counts, from its trials)."""
     counts = exp.get("verdicts")
     if isinstance(counts, Mapping):
         return VerdictCounts.from_json(counts)
+    return _counted(exp)
+
+
+def _counted(exp: Mapping[str, Any]) -> VerdictCounts:
+    """The verdicts of an experiment from a server that predates `verdicts`, read as the
+    JSON it is: from its trials."""
     trials = exp.get("trials") or []
     return count_verdicts([t["state"] for t in trials],
-                          [verified(t) for t in trials if t["state"] == "SUCCEEDED"])
+                          [verified(t) for t in trials if t["state"] == TrialState.SUCCEEDED])
 
 
-def attempts_table(trial: dict[str, Any]) -> Table:
+def attempts_table(trial: api.TrialDetail) -> Table:
     table = Table("Attempt", "Rank", "State", "Exit", "Signal", "Reason", "Duration",
                   "Peak memory", "Log")
     for attempt in trial["attempts"]:
@@ -125,35 +143,35 @@ def attempts_table(trial: dict[str, Any]) -> Table:
     return table
 
 
-def _log(replica: dict[str, Any]) -> str:
+def _log(replica: api.ReplicaView) -> str:
     """The log's path, and the output it lost (a full disk), if any."""
     lost = replica.get("log_lost_bytes")
     path = escape(replica["log_path"])
     return f"{path} [red]({format_size(lost)} of output lost)[/]" if lost else path
 
 
-def _reason(replica: dict[str, Any]) -> str:
+def _reason(replica: api.ReplicaView) -> str:
     """The replica's reason; an OOM says who saw it ("OOM (cgroup)")."""
     oom = replica.get("oom")
-    if replica["reason"] == Reason.OOM.value and oom:
+    if replica["reason"] == Reason.OOM and oom:
         return f"OOM ({oom['source']})"
     return replica["reason"] or "-"
 
 
-def _peak(replica: dict[str, Any]) -> str:
+def _peak(replica: api.ReplicaView) -> str:
     """The peak memory of the replica's process group (replicas recorded before it: -)."""
     peak = replica.get("peak_rss_bytes")
     return "-" if peak is None else format_size(peak)
 
 
-def ended_replicas(trial: dict[str, Any]) -> list[str]:
+def ended_replicas(trial: api.TrialDetail) -> list[str]:
     """One line per ended replica: how it ended, in words (invariant 7)."""
     return [f"attempt {a['number']}: {r['message']}"
             + (f" (restart {r['incarnation']} in place)" if r.get("incarnation") else "")
             for a in trial["attempts"] for r in a["replicas"] if r["message"]]
 
 
-def stack_lines(trial: dict[str, Any]) -> list[str]:
+def stack_lines(trial: api.TrialDetail) -> list[str]:
     """Where each rank's main thread was in each attempt's latest evidence bundle (a stall's,
     or `muster trial dump`'s): "attempt 2 (evidence/<id>): rank 1 waits in all_reduce at
     train.py:88", each line once."""
@@ -168,20 +186,20 @@ def stack_lines(trial: dict[str, Any]) -> list[str]:
     return lines
 
 
-def metrics_table(reports: list[dict[str, Any]]) -> Table:
+def metrics_table(reports: list[api.MetricReport]) -> Table:
     """Step, kind ("(log)" after it when muster read the report from the rank's log), and
     one column per metric name (in order of first appearance)."""
     names = list(dict.fromkeys(name for r in reports for name in r["metrics"]))
     table = Table("Step", "Kind", *map(escape, names))  # user-chosen names are not markup
     for report in reports:
         values = report["metrics"]
-        kind = report["kind"] + (" (log)" if report.get("source") == "log" else "")
+        kind = report["kind"] + (" (log)" if report.get("source") == MetricSource.LOG else "")
         table.add_row(str(report["step"]), kind,
                       *(number(values[n]) if n in values else "-" for n in names))
     return table
 
 
-def search_lines(search: dict[str, Any]) -> list[str]:
+def search_lines(search: api.SearchProgress) -> list[str]:
     """The search's progress in three lines: how it searches, how far it is, the best so far."""
     direction = "smaller is better" if search["smaller_is_better"] else "larger is better"
     length = (f", {search['max_length']:,} {search.get('max_length_unit') or 'steps'} per trial"
@@ -201,7 +219,7 @@ def search_lines(search: dict[str, Any]) -> list[str]:
             f"  hparams: {hparams_text(best['hparams'])}"]
 
 
-def best_trial_lines(trial: dict[str, Any]) -> list[str]:
+def best_trial_lines(trial: api.TrialDetail) -> list[str]:
     """An experiment's best trial: its value, its hyperparameters, how it ended."""
     values = ", ".join(f"{name} {number(value)}"
                        for name, value in trial["best_validation"].items())
@@ -211,14 +229,14 @@ def best_trial_lines(trial: dict[str, Any]) -> list[str]:
             f"state: {trial['state']}{_stopped_early(trial)}"]
 
 
-def _stopped_early(trial: dict[str, Any]) -> str:
+def _stopped_early(trial: api.TrialDetail) -> str:
     stop = trial.get("early_stop")
     if stop:
         return f", stopped early by the searcher at step {stop['step']} (rung {stop['rung']})"
     return ", stopped early by the searcher" if trial["early_stopped"] else ""
 
 
-def search_trials_table(trials: list[dict[str, Any]], sort: str | None) -> Table:
+def search_trials_table(trials: list[api.TrialSummary], sort: str | None) -> Table:
     """An experiment's trials: number, state, the best value of each metric, hparams."""
     names = list(dict.fromkeys([*([sort] if sort else []),
                                 *(name for t in trials for name in t["best_validation"])]))
@@ -233,7 +251,7 @@ def search_trials_table(trials: list[dict[str, Any]], sort: str | None) -> Table
     return table
 
 
-def hparams_text(hparams: Mapping[str, Any]) -> str:
+def hparams_text(hparams: api.Hparams) -> str:
     """Hyperparameters in one line, nested ones by their dotted path: `lr=0.01, opt.beta=0.9`."""
     return ", ".join(f"{path}={number(value) if isinstance(value, float) else value}"
                      for path, value in _flat(hparams, "")) or "-"
@@ -261,7 +279,7 @@ def size(n_bytes: int) -> str:
     return f"{value:.1f} TiB"
 
 
-def checkpoints_table(rows: list[dict[str, Any]]) -> Table:
+def checkpoints_table(rows: list[api.CheckpointView]) -> Table:
     table = Table("Id", "Trial", "Step", "Size", "State", "Metric", "Validated at", "Storage",
                   "Why")
     for ckpt in rows:
@@ -277,7 +295,7 @@ def checkpoints_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def gc_plan_table(plan: dict[str, Any]) -> Table:
+def gc_plan_table(plan: api.GcPlan) -> Table:
     policy = plan["policy"]
     title = (f"Checkpoint GC of experiment {plan['experiment_id']}: each trial's latest "
              f"{policy['save_trial_latest']} and best {policy['save_trial_best']}, the "
@@ -291,7 +309,7 @@ def gc_plan_table(plan: dict[str, Any]) -> Table:
     return table
 
 
-def manifest_line(manifest: dict[str, Any]) -> str:
+def manifest_line(manifest: api.JsonObject) -> str:
     """The data manifest in one line: files, bytes, classes, fingerprint."""
     classes = manifest.get("classes")
     shown = f", {len(classes)} classes" if classes else ""
@@ -302,18 +320,19 @@ def manifest_line(manifest: dict[str, Any]) -> str:
 CHECK_STYLE = {"passed": "green", "failed": "red", "warning": "yellow", "not_run": "yellow"}
 
 
-def verification_table(trial: Mapping[str, Any]) -> Table:
-    """The checks of the trial's exit 0, each with its status, under its verdict line."""
+def verification_table(trial: api.TrialDetail, verification: api.JsonObject) -> Table:
+    """The checks of the trial's exit 0 (its `verification`), each with its status, under its
+    verdict line."""
     table = Table("Check", "Status", "Detail", title=f"Verification: {styled_verdict(trial)}")
-    for check in trial["verification"]["checks"]:
-        status = check_status(check).value
+    for check in verification["checks"]:
+        status = check_status(check)
         table.add_row(escape(str(check["name"])),
                       f"[{CHECK_STYLE[status]}]{status.replace('_', ' ')}[/]",
                       escape(str(check["detail"])))
     return table
 
 
-def events_table(events: list[dict[str, Any]]) -> Table:
+def events_table(events: list[api.Event]) -> Table:
     table = Table("Time", "Entity", "Move", "Reason", "Actor", "Message", title="Events")
     for event in events:
         move = (f"{event['from_state'] or '-'} → {event['to_state']}"
@@ -326,7 +345,7 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     return table
 
 
-def importance_lines(answer: dict[str, Any]) -> list[str]:
+def importance_lines(answer: api.Importance) -> list[str]:
     """What an experiment's hyperparameter importance is of, and how it was computed."""
     better = "smaller" if answer["smaller_is_better"] else "larger"
     return [f"Experiment {answer['experiment_id']}: hyperparameter importance for "
@@ -335,7 +354,7 @@ def importance_lines(answer: dict[str, Any]) -> list[str]:
             f"({answer['ended_trials']} ended)"]
 
 
-def importance_table(answer: dict[str, Any]) -> Table:
+def importance_table(answer: api.Importance) -> Table:
     """The importances, the largest share first, each with a bar."""
     table = Table("Hyperparameter", "Importance", "")
     bar = 30  # characters for a share of 1
@@ -350,7 +369,7 @@ def importance_table(answer: dict[str, Any]) -> Table:
 SHORT_HASH = 12  # hex digits of a hash shown to a person
 
 
-def snapshot_lines(part: Mapping[str, Any]) -> list[str]:
+def snapshot_lines(part: api.JsonObject) -> list[str]:
     """A snapshot's trial part in a few lines: code, seed, environment, data."""
     code, environment = part["code"], part["environment"]
     git = code.get("git")
@@ -373,7 +392,7 @@ def snapshot_lines(part: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def diff_lines(found: Mapping[str, Any]) -> list[str]:
+def diff_lines(found: api.TrialDiff) -> list[str]:
     """A snapshot diff (`differences` and their `lines`) as `muster trial diff` prints it:
     each group's name, then its lines, most result-relevant first."""
     shown: list[str] = []
@@ -387,7 +406,7 @@ def diff_lines(found: Mapping[str, Any]) -> list[str]:
 BASIS_WORDS = {"best": "its best trial by the searcher's metric", "latest": "its latest trial"}
 
 
-def stand_in_lines(found: Mapping[str, Any], a: int, b: int) -> list[str]:
+def stand_in_lines(found: api.ExperimentDiff, a: int, b: int) -> list[str]:
     """Which trial stood for each experiment of an experiment diff, and why."""
     return [f"experiment {a}: trial {found['a_trial']}, {BASIS_WORDS[found['a_basis']]}",
             f"experiment {b}: trial {found['b_trial']}, {BASIS_WORDS[found['b_basis']]}"]

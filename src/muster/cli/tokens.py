@@ -122,12 +122,20 @@ def logout(
             return
         with Client(url=c.url, token=token, home=c.home) as kept:
             try:
-                kept.revoke_token(kept.whoami()["token_id"])
+                _revoke(kept)
             except MusterError as exc:  # revoked or expired already: forget it all the same
                 render.err_console.print(f"the kept token was not revoked: {exc}",
                                          markup=False)
         c.credentials.forget(c.url)
     render.console.print(f"logged out of {c.url}", markup=False)
+
+
+def _revoke(kept: Client) -> None:
+    """Revoke the token `kept` calls with."""
+    token_id = kept.whoami()["token_id"]
+    if token_id is None:  # only a web session has none, and a client sends a token
+        raise MusterError(f"{kept.url} did not say which token it was sent")
+    kept.revoke_token(token_id)
 
 
 def _ask(prompt: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,8 +12,11 @@ from muster.cli import follow as following
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stopped_following
 from muster.errors import Forbidden, InvalidRequest
-from muster.states import MetricKind
+from muster.states import MetricKind, TrialState
 from muster.words import progress_line
+
+if TYPE_CHECKING:
+    from muster import api
 
 app = typer.Typer(help="Describe trials, read their logs and metrics, dump their stacks, "
                   "review them.", no_args_is_help=True,
@@ -60,8 +63,8 @@ def describe(
     render.console.print(f"verdict: {render.styled_verdict(trial)}", soft_wrap=True)
     if trial["message"]:
         render.console.print(trial["message"], markup=False)
-    if trial.get("progress"):
-        render.console.print(f"progress: {progress_line(trial['progress'])}", markup=False)
+    if progress := trial.get("progress"):
+        render.console.print(f"progress: {progress_line(progress)}", markup=False)
     render.console.print(render.attempts_table(trial))
     for line in render.ended_replicas(trial):
         render.console.print(f"  {line}", markup=False)
@@ -70,18 +73,18 @@ def describe(
                              "downloads the bundles):", markup=False)
         for line in stacks:
             render.console.print(f"  {line}", markup=False, soft_wrap=True)
-    if trial.get("manifest"):
-        render.console.print(render.manifest_line(trial["manifest"]), markup=False)
-    if trial.get("verification"):
-        render.console.print(render.verification_table(trial))
+    if manifest := trial.get("manifest"):
+        render.console.print(render.manifest_line(manifest), markup=False)
+    if verification := trial.get("verification"):
+        render.console.print(render.verification_table(trial, verification))
     if trial.get("queue_reason"):
-        waiting = "queued" if trial["state"] == "QUEUED" else "waiting"
+        waiting = "queued" if trial["state"] == TrialState.QUEUED else "waiting"
         render.console.print(f"{waiting}: {trial['queue_reason']}", markup=False)
     _environment(trial, home, url)
-    if trial.get("snapshot"):
+    if snapshot := trial.get("snapshot"):
         render.console.print(f"snapshot (`muster trial diff {trial['id']} OTHER` compares "
                              "two):", markup=False)
-        for line in render.snapshot_lines(trial["snapshot"]):
+        for line in render.snapshot_lines(snapshot):
             render.console.print(line, markup=False)
     render.console.print(render.events_table(trial.get("events", [])))
 
@@ -89,7 +92,7 @@ def describe(
 _BUILD_LOG_LINES = 15
 
 
-def _environment(trial: dict[str, Any], home: str | None, url: str | None) -> None:
+def _environment(trial: api.TrialDescription, home: str | None, url: str | None) -> None:
     """Which environment the trial runs in; while it is built, or when its build failed
     the trial, the end of the build's log."""
     env = trial.get("environment") or {}
@@ -102,7 +105,7 @@ def _environment(trial: dict[str, Any], home: str | None, url: str | None) -> No
     frozen = env.get("freeze")
     render.console.print(f"environment: {key}" + (f" ({len(frozen)} packages frozen)"
                                                    if frozen else ""), markup=False)
-    building = trial["state"] == "QUEUED" and "building environment" in (
+    building = trial["state"] == TrialState.QUEUED and "building environment" in (
         trial.get("queue_reason") or "")
     if not building and key not in (trial.get("message") or ""):
         return
@@ -180,7 +183,7 @@ def logs(
         with stopped_following(f"trial {trial_id}", trial["experiment_id"]):
             trial = following.follow_trial(c, trial_id, _write, output, attempt=attempt,
                                            rank=rank, tail=tail)
-    if trial["state"] != "SUCCEEDED":
+    if trial["state"] != TrialState.SUCCEEDED:
         render.err_console.print(f"trial {trial_id} is {trial['state']}: "
                                  f"{render.styled_verdict(trial)}", soft_wrap=True)
         raise typer.Exit(following.NOT_SUCCEEDED)
@@ -195,7 +198,7 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
-def _check_rank(trial: dict[str, Any], rank: int | None) -> None:
+def _check_rank(trial: api.TrialDescription, rank: int | None) -> None:
     """Refuse a rank the trial does not have, naming the ones it has."""
     ranks = sorted({r["rank"] for a in trial["attempts"] for r in a["replicas"]})
     if rank is not None and ranks and rank not in ranks:

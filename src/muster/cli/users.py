@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -12,6 +12,9 @@ from rich.table import Table
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 from muster.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from muster import api
 
 app = typer.Typer(help="Users and their roles (admin, user, viewer).", no_args_is_help=True,
                   rich_markup_mode=None, add_completion=False)
@@ -109,7 +112,7 @@ def activate(name: str, as_json: JsonOption = False, home: HomeOption = None,
     _report(user, as_json, "activated")
 
 
-def _report(user: dict[str, Any], as_json: bool, verb: str) -> None:
+def _report(user: api.UserView, as_json: bool, verb: str) -> None:
     if as_json:
         render.print_json(user)
         return

@@ -1,6 +1,6 @@
 """`muster experiment watch`: an experiment's search, live, until the experiment ends.
 
-Plan, then act: `progress` reads the experiment's JSON (`GET /experiments/{id}`) into a
+Plan, then act: `progress` reads the experiment (`api.ExperimentDetail`) into a
 `Progress`, and `summary_line` and `progress_view` show it; `watch` polls and draws. On a
 terminal the view is a Rich Live display; otherwise one line is printed each time the
 summary changes, so a log or a CI job gets a readable history instead of redraws.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -24,6 +24,9 @@ from muster.client import Client
 from muster.states import ExperimentState, TrialState
 from muster.verdicts import VerdictCounts
 from muster.words import progress_done, progress_line, progress_percent
+
+if TYPE_CHECKING:
+    from muster import api
 
 __all__ = ["POLL_S", "LinePrinter", "Progress", "poll", "progress", "progress_view", "summary_line",
            "watch"]
@@ -41,7 +44,7 @@ class TrialRow:
     best: float | str | None  # its best value of the searcher's metric
     verified: bool | None  # its verdict (`muster.verdicts`): null while it has not ended
     verdict: str
-    progress: Mapping[str, Any] | None = None  # while RUNNING (`muster.services.progress`)
+    progress: api.TrialProgress | None = None  # while RUNNING (`muster.services.progress`)
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class Best:
     trial_id: int
     number: int
     value: float | str
-    hparams: Mapping[str, Any]
+    hparams: api.Hparams
     early_stopped: bool
 
 
@@ -74,7 +77,7 @@ class Progress:
     recent: tuple[TrialRow, ...]
     elapsed_s: float | None
     # (trial id, its progress) of each RUNNING trial that reported progress, by number.
-    running_progress: tuple[tuple[int, Mapping[str, Any]], ...] = ()
+    running_progress: tuple[tuple[int, api.TrialProgress], ...] = ()
 
     def finished(self) -> bool:
         """The experiment has ended, or nothing will run again until a person reviews its
@@ -85,8 +88,8 @@ class Progress:
                 and self.queued == 0)
 
 
-def progress(exp: Mapping[str, Any], now: float | None = None) -> Progress:
-    """The experiment's progress from its JSON (`Client.get_experiment`)."""
+def progress(exp: api.ExperimentDetail, now: float | None = None) -> Progress:
+    """The experiment's progress (as `Client.get_experiment` gives it)."""
     search = exp["search"]
     metric = search.get("metric")
     trials = sorted(exp["trials"], key=lambda t: (t["number"], t["id"]))
@@ -101,13 +104,13 @@ def progress(exp: Mapping[str, Any], now: float | None = None) -> Progress:
         ended=search["ended"], running=search["running"], queued=search["queued"],
         remaining=search["remaining"],
         early_stopped=sum(t["early_stopped"] for t in trials),
-        suspect=sum(t["state"] == TrialState.SUSPECT.value for t in trials),
+        suspect=sum(t["state"] == TrialState.SUSPECT for t in trials),
         verdicts=render.verdict_counts(exp),
         best=None if best is None else Best(best["trial_id"], best["number"], best["value"],
                                              best["hparams"], best["early_stopped"]),
         recent=rows, elapsed_s=_elapsed(exp, now),
-        running_progress=tuple((t["id"], t["progress"]) for t in trials
-                               if t.get("progress") is not None),
+        running_progress=tuple((t["id"], reported) for t in trials
+                               if (reported := t.get("progress")) is not None),
     )
 
 
@@ -179,7 +182,7 @@ def _trials_table(p: Progress) -> Table:
 
 
 def watch(client: Client, experiment_id: int, console: Console | None = None,
-          poll_s: float = POLL_S) -> dict[str, Any]:
+          poll_s: float = POLL_S) -> api.ExperimentDetail:
     """Show the experiment's progress until it has ended (see `Progress.finished`), live on
     a terminal, else one line per change; return the experiment as last fetched."""
     console = console or render.console
@@ -190,8 +193,8 @@ def watch(client: Client, experiment_id: int, console: Console | None = None,
         return poll(fetch, lambda p: live.update(progress_view(p), refresh=True), poll_s)
 
 
-def poll(fetch: Callable[[], dict[str, Any]], show: Callable[[Progress], None],
-         poll_s: float) -> dict[str, Any]:
+def poll(fetch: Callable[[], api.ExperimentDetail], show: Callable[[Progress], None],
+         poll_s: float) -> api.ExperimentDetail:
     """Fetch and show every `poll_s` seconds until the experiment has ended; return it."""
     while True:
         exp = fetch()
@@ -215,7 +218,7 @@ class LinePrinter:
             self.shown = line
 
 
-def _elapsed(exp: Mapping[str, Any], now: float | None) -> float | None:
+def _elapsed(exp: api.ExperimentDetail, now: float | None) -> float | None:
     """Seconds since the experiment was created (to its end, once it has ended)."""
     created = exp.get("created_at")
     if not isinstance(created, int | float):
