@@ -57,6 +57,11 @@ class TrialState(StrEnum):
         its slots and GPUs: STARTING, RUNNING, RESTARTING."""
         return self in _TRIAL_ACTIVE
 
+    def is_waiting(self) -> bool:
+        """True while the trial waits for a launch: QUEUED, or RESTARTING between attempts
+        (the scheduler's queue holds both)."""
+        return self in _TRIAL_WAITING
+
     def is_unfinished(self) -> bool:
         """True while the trial may still run: active, QUEUED or PAUSED (a search counts
         these against `max_concurrent_trials`)."""
@@ -65,6 +70,10 @@ class TrialState(StrEnum):
     @classmethod
     def active(cls) -> frozenset[TrialState]:
         return _TRIAL_ACTIVE
+
+    @classmethod
+    def waiting(cls) -> frozenset[TrialState]:
+        return _TRIAL_WAITING
 
     @classmethod
     def unfinished(cls) -> frozenset[TrialState]:
@@ -265,6 +274,25 @@ class CheckpointState(StrEnum):
     def is_terminal(self) -> bool:
         return self is CheckpointState.DELETED
 
+    def is_stored(self) -> bool:
+        """True while its files are in checkpoint storage: STORED, or DELETING until the
+        deletion ends."""
+        return self in _CHECKPOINT_STORED
+
+    def is_gone(self) -> bool:
+        """True once its deletion has begun (DELETING) or ended (DELETED): it is never
+        resumed from or downloaded again."""
+        return self in _CHECKPOINT_GONE
+
+    def keeps_storage(self) -> bool:
+        """True while the store wants its objects in storage: UPLOADING (being written) or
+        STORED; a sweep leaves them alone, however old."""
+        return self in _CHECKPOINT_KEPT
+
+    @classmethod
+    def gone(cls) -> frozenset[CheckpointState]:
+        return _CHECKPOINT_GONE
+
 
 class EnvironmentState(StrEnum):
     """Where an experiment's environment build is (`muster.environments.registry`)."""
@@ -348,11 +376,15 @@ _EXPERIMENT_TERMINAL = frozenset(
 )
 _TRIAL_TERMINAL = frozenset({TrialState.SUCCEEDED, TrialState.FAILED, TrialState.CANCELED})
 _TRIAL_ACTIVE = frozenset({TrialState.STARTING, TrialState.RUNNING, TrialState.RESTARTING})
+_TRIAL_WAITING = frozenset({TrialState.QUEUED, TrialState.RESTARTING})
 _TRIAL_UNFINISHED = _TRIAL_ACTIVE | {TrialState.QUEUED, TrialState.PAUSED}
 _ATTEMPT_TERMINAL = frozenset(
     {AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELED}
 )
 _ATTEMPT_LIVE = frozenset({AttemptState.STARTING, AttemptState.RUNNING})
+_CHECKPOINT_STORED = frozenset({CheckpointState.STORED, CheckpointState.DELETING})
+_CHECKPOINT_GONE = frozenset({CheckpointState.DELETING, CheckpointState.DELETED})
+_CHECKPOINT_KEPT = frozenset({CheckpointState.UPLOADING, CheckpointState.STORED})
 
 E, T, A = ExperimentState, TrialState, AttemptState
 

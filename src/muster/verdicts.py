@@ -57,13 +57,13 @@ def verdict_of(state: str, verification: Mapping[str, Any] | None, *,
         return Verdict(False, _bounded(_failed_line(verification, reason, message)))
     if trial_state is TrialState.CANCELED:
         return Verdict(False, "canceled")
-    return Verdict(None, trial_state.value.lower())
+    return Verdict(None, trial_state.lower())
 
 
 def _succeeded(verification: Mapping[str, Any] | None, early_stopped: bool,
                reason: str | None) -> Verdict:
     early = f" ({STOPPED_EARLY})" if early_stopped else ""
-    if reason == EventReason.REVIEW_APPROVED.value:
+    if reason == EventReason.REVIEW_APPROVED:
         why = _failed_checks(verification) or "no verification recorded"
         return Verdict(False, _bounded(f"approved by review, not verified: {why}"))
     if verification is None:
@@ -84,7 +84,7 @@ def _succeeded(verification: Mapping[str, Any] | None, early_stopped: bool,
 
 def _failed_line(verification: Mapping[str, Any] | None, reason: str | None,
                  message: str | None) -> str:
-    if reason == EventReason.REVIEW_REJECTED.value:
+    if reason == EventReason.REVIEW_REJECTED:
         why = _failed_checks(verification) or _one_line(message or "")
         return f"failed: rejected by review: {why}" if why else "failed: rejected by review"
     shown = _one_line(message or reason or "")
@@ -118,15 +118,13 @@ def check_status(check: Mapping[str, Any]) -> CheckStatus:
     """A check's status as stored, or for a check stored before checks had one: passed,
     unless its detail starts with "warning:" (a warning); not passed: failed."""
     stored = check.get("status")
-    if isinstance(stored, str) and stored in _STATUSES:
+    if isinstance(stored, str) and stored in tuple(CheckStatus):
         return CheckStatus(stored)
     if not check.get("passed"):
         return CheckStatus.FAILED
     detail = str(check.get("detail") or "").lstrip().lower()
     return CheckStatus.WARNING if detail.startswith(WARNING_PREFIX) else CheckStatus.PASSED
 
-
-_STATUSES = frozenset(status.value for status in CheckStatus)
 
 
 @dataclass(frozen=True)
@@ -166,7 +164,7 @@ def count_verdicts(states: Sequence[str], succeeded_verified: Iterable[bool | No
     flags = list(succeeded_verified)
     verified = sum(flag is True for flag in flags)
     return VerdictCounts(verified=verified, not_verified=len(flags) - verified,
-                         suspect=sum(state == TrialState.SUSPECT.value for state in states))
+                         suspect=sum(state == TrialState.SUSPECT for state in states))
 
 
 def _one_line(text: str) -> str:

@@ -71,7 +71,7 @@ def checkpoint_metrics(s: Session, rows: Sequence[Checkpoint], metric: str | Non
     for trial_id, attempt, time, step, values in s.execute(
             select(Metric.trial_id, Metric.attempt, Metric.time, Metric.step, Metric.values)
             .where(Metric.trial_id.in_(trial_ids), Metric.kind == MetricKind.VALIDATION,
-                   Metric.rank == 0, Metric.source == MetricSource.HARNESS.value)
+                   Metric.rank == 0, Metric.source == MetricSource.HARNESS)
             .order_by(Metric.id)):
         value = values.get(metric) if isinstance(values, dict) else None
         if isinstance(value, int | float) and not isinstance(value, bool):

@@ -59,7 +59,7 @@ def fetch_resume_point(store: Store, home: Home, trial_id: int) -> Path | None:
     for uuid, name, _, storage, state, local in sorted(rows, key=lambda r: r[2], reverse=True):
         if local.is_dir() or (cache / name).is_dir():
             return None
-        if state != CheckpointState.STORED.value or storage is None:
+        if state is not CheckpointState.STORED or storage is None:
             continue
         location = Location.from_json(storage)
         try:
@@ -78,8 +78,7 @@ def fetch_resume_point(store: Store, home: Home, trial_id: int) -> Path | None:
 def resumable(trial_id: int) -> tuple[ColumnElement[bool], ...]:
     """The conditions on the checkpoints a new attempt of the trial may resume from."""
     return (Checkpoint.trial_id == trial_id, Checkpoint.intact.is_(True),
-            Checkpoint.state.not_in([CheckpointState.DELETED.value,
-                                     CheckpointState.DELETING.value]))
+            Checkpoint.state.not_in(CheckpointState.gone()))
 
 
 def _skipped(store: Store, trial_id: int, experiment_id: int, name: str, url: str,

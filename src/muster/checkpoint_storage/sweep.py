@@ -37,8 +37,8 @@ class SweepReport:
         return self
 
 
-def sweep_location(backend: Backend, states: Mapping[str, str], busy: Collection[str],
-                   older_than: float, at: float) -> SweepReport:
+def sweep_location(backend: Backend, states: Mapping[str, CheckpointState],
+                   busy: Collection[str], older_than: float, at: float) -> SweepReport:
     """Sweep one storage. `states` maps each checkpoint uuid the store knows to its state."""
     report = SweepReport()
     for child in list(backend.children()):
@@ -55,15 +55,15 @@ def sweep_location(backend: Backend, states: Mapping[str, str], busy: Collection
     return report
 
 
-def _sweep_prefix(backend: Backend, uuid: str, state: str | None, older_than: float,
-                  at: float, report: SweepReport) -> None:
+def _sweep_prefix(backend: Backend, uuid: str, state: CheckpointState | None,
+                  older_than: float, at: float, report: SweepReport) -> None:
     objects = list(backend.list(f"{uuid}/"))
     if not objects:
         return
-    deleted = state == CheckpointState.DELETED.value
+    deleted = state is CheckpointState.DELETED
     complete = any(o.key == f"{uuid}/{METADATA_FILE}" for o in objects)
     abandoned = not complete and all(at - o.modified_at >= older_than for o in objects)
-    referenced = state in (CheckpointState.UPLOADING.value, CheckpointState.STORED.value)
+    referenced = state is not None and state.keeps_storage()
     if deleted or (abandoned and not referenced):
         keys = sorted(o.key for o in objects)
         keys.sort(key=lambda k: k != f"{uuid}/{METADATA_FILE}")  # metadata.json first

@@ -43,7 +43,7 @@ from muster.checkpoint_storage.sweep import SweepReport, sweep_location
 from muster.config.schema import CheckpointStorageConfig
 from muster.errors import MusterError, StorageError
 from muster.home import Home
-from muster.states import CheckpointState, EventReason, TrialState
+from muster.states import CheckpointState, EventReason
 from muster.store import Checkpoint, Experiment, Store, Trial, record_event
 from muster.store.actors import STORAGE
 from muster.store.configs import experiment_config
@@ -94,7 +94,7 @@ class PlannedCheckpoint:
     trial_id: int
     name: str
     step: int
-    state: str
+    state: CheckpointState
     keep: bool
     reasons: tuple[str, ...]
 
@@ -185,8 +185,8 @@ class StorageWorker:
         is collected (deletions decided and not done are finished)."""
         with self.store.session_scope() as s:
             for row in s.scalars(select(Checkpoint).where(
-                    Checkpoint.state == CheckpointState.UPLOADING.value)):
-                row.state = CheckpointState.LOCAL.value
+                    Checkpoint.state == CheckpointState.UPLOADING)):
+                row.state = CheckpointState.LOCAL
         self._gc_everything = True
 
     def run_once(self) -> bool:
@@ -216,15 +216,15 @@ class StorageWorker:
                 .join(Experiment, Experiment.id == Trial.experiment_id)
                 .where(Checkpoint.intact.is_(True),
                        Experiment.delete_requested_at.is_(None),
-                       (Checkpoint.state == CheckpointState.LOCAL.value)
-                       | ((Checkpoint.state == CheckpointState.UPLOAD_FAILED.value)
+                       (Checkpoint.state == CheckpointState.LOCAL)
+                       | ((Checkpoint.state == CheckpointState.UPLOAD_FAILED)
                           & (Checkpoint.next_try_at <= at)))
                 .order_by(Checkpoint.id).limit(limit)).all()
             claimed = []
             for row, experiment in rows:
                 location = (Location.from_json(row.storage) if row.storage else
                             self._location_of(experiment))
-                row.state, row.storage = CheckpointState.UPLOADING.value, location.to_json()
+                row.state, row.storage = CheckpointState.UPLOADING, location.to_json()
                 claimed.append((row.id, location, row.path, row.uuid, row.trial_id))
             return claimed
 
@@ -249,10 +249,10 @@ class StorageWorker:
     def _stored(self, checkpoint_id: int) -> None:
         with self.store.session_scope() as s:
             row = s.get_one(Checkpoint, checkpoint_id)
-            if row.state != CheckpointState.UPLOADING.value:
+            if row.state is not CheckpointState.UPLOADING:
                 return  # decided otherwise meanwhile (deleted with its experiment)
             row.state, row.stored_at, row.error, row.next_try_at = (
-                CheckpointState.STORED.value, now(), None, None)
+                CheckpointState.STORED, now(), None, None)
             experiment_id = s.get_one(Trial, row.trial_id).experiment_id
         self.request_gc(experiment_id)
 
@@ -262,7 +262,7 @@ class StorageWorker:
             row = s.get_one(Checkpoint, checkpoint_id)
             row.upload_tries += 1
             delay = retry_delay(row.upload_tries)
-            row.state, row.error = CheckpointState.UPLOAD_FAILED.value, str(exc)
+            row.state, row.error = CheckpointState.UPLOAD_FAILED, str(exc)
             row.next_try_at = now() + delay if retry else None
             then = (f"tried again in {delay:.0f} s" if retry
                     else "not tried again: the local copy is no longer what was registered")
@@ -292,7 +292,7 @@ class StorageWorker:
             with self.store.session_scope() as s:
                 ids.update(s.scalars(select(Trial.experiment_id).join(
                     Checkpoint, Checkpoint.trial_id == Trial.id).where(
-                    Checkpoint.state != CheckpointState.DELETED.value).distinct()))
+                    Checkpoint.state != CheckpointState.DELETED).distinct()))
         while True:
             try:
                 ids.add(self._gc.get_nowait())
@@ -321,7 +321,7 @@ class StorageWorker:
                 Trial.experiment_id == experiment_id))}
             metrics = checkpoint_metrics(s, rows, config.searcher.metric)
             facts = [_facts(row, metrics.get(row.id)) for row in rows]
-            may_run = {t.id for t in trials.values() if not TrialState(t.state).is_terminal()}
+            may_run = {t.id for t in trials.values() if not t.state.is_terminal()}
             decisions = plan(facts, may_run, policy, config.searcher.smaller_is_better)
             by_id = {row.id: row for row in rows}
             return [_planned(by_id[d.checkpoint_id], d) for d in decisions]
@@ -348,7 +348,7 @@ class StorageWorker:
                         continue  # it moved since the plan was made: the next plan decides
                     reason = "; ".join(p.reasons) if p.keep else p.reasons[0]
                     if not p.keep:
-                        row.state = CheckpointState.DELETING.value
+                        row.state = CheckpointState.DELETING
                         doomed.append(p.id)
                     if row.gc_reason != reason:
                         row.gc_reason = reason
@@ -390,7 +390,7 @@ class StorageWorker:
         with self.store.session_scope() as s:
             for row in s.scalars(select(Checkpoint).where(
                     Checkpoint.id.in_([d.id for d in done]))):
-                row.state, row.deleted_at = CheckpointState.DELETED.value, at
+                row.state, row.deleted_at = CheckpointState.DELETED, at
             for d in done:
                 where = (f"from {Location.from_json(d.storage).url(d.uuid)} and "
                          if d.storage else "from ")
@@ -404,7 +404,7 @@ class StorageWorker:
         """Copies fetched back for a restart are not needed once the trial ended."""
         with self.store.session_scope() as s:
             ended = [t.uuid for t in s.scalars(select(Trial).where(
-                Trial.experiment_id == experiment_id)) if TrialState(t.state).is_terminal()]
+                Trial.experiment_id == experiment_id)) if t.state.is_terminal()]
         for trial_uuid in ended:
             shutil.rmtree(self.home.checkpoint_cache_dir / trial_uuid, ignore_errors=True)
 
@@ -423,8 +423,8 @@ class StorageWorker:
         context and rows. False (to be tried again) while storage refuses a deletion."""
         with self.store.session_scope() as s:
             for row in _live_checkpoints(s, experiment_id):
-                if row.state != CheckpointState.DELETING.value:
-                    row.state, row.gc_reason = (CheckpointState.DELETING.value,
+                if row.state is not CheckpointState.DELETING:
+                    row.state, row.gc_reason = (CheckpointState.DELETING,
                                                 "its experiment was deleted")
             doomed = [r.id for r in _live_checkpoints(s, experiment_id)]
         self._delete_checkpoints(doomed)
@@ -482,7 +482,7 @@ def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 def _live_checkpoints(s: Session, experiment_id: int) -> list[Checkpoint]:
     return list(s.scalars(select(Checkpoint).join(Trial, Trial.id == Checkpoint.trial_id)
                           .where(Trial.experiment_id == experiment_id,
-                                 Checkpoint.state != CheckpointState.DELETED.value)
+                                 Checkpoint.state != CheckpointState.DELETED)
                           .order_by(Checkpoint.id)))
 
 
@@ -490,7 +490,7 @@ def _facts(row: Checkpoint, metric: tuple[float, int] | None) -> CheckpointFacts
     return CheckpointFacts(
         id=row.id, trial_id=row.trial_id,
         order=(row.step, row.created_at or 0.0, row.name), intact=row.intact,
-        state=CheckpointState(row.state), metric=metric[0] if metric else None,
+        state=row.state, metric=metric[0] if metric else None,
         metric_step=metric[1] if metric else None)
 
 

@@ -65,6 +65,7 @@ from muster.environments.ownership import (
 )
 from muster.environments.request import BuildRequest
 from muster.launch.accounts import Account
+from muster.states import Reason
 
 __all__ = ["BUILD_TIMEOUT_S", "EXIT_BUSY", "LOG_BYTES", "classify_failure", "main",
            "uv_binary"]
@@ -86,7 +87,7 @@ LOG_BYTES = 64 << 20
 
 
 class BuildFailed(Exception):
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
         self.reason, self.message = reason, message
 
@@ -100,15 +101,15 @@ def uv_binary() -> str:
     except (ImportError, FileNotFoundError):
         on_path = shutil.which("uv")
         if on_path is None:
-            raise BuildFailed("INTERNAL", "uv is not installed; muster needs it to build "
+            raise BuildFailed(Reason.INTERNAL, "uv is not installed; muster needs it to build "
                                           "environments (pip install uv)") from None
         return on_path
 
 
-def classify_failure(output: str) -> str:
+def classify_failure(output: str) -> Reason:
     """INFRA when the output says the package index could not be reached, else
     PERMANENT_ERROR: a resolver's "no solution" or a failed build repeats on a retry."""
-    return "INFRA" if _NETWORK.search(output) else "PERMANENT_ERROR"
+    return Reason.INFRA if _NETWORK.search(output) else Reason.PERMANENT_ERROR
 
 
 def uv_message(output: str) -> str:
@@ -156,13 +157,13 @@ class _Builder:
         self.say("$ " + " ".join(argv))
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
-            raise BuildFailed("INFRA", f"the build took longer than {BUILD_TIMEOUT_S:g} s")
+            raise BuildFailed(Reason.INFRA, f"the build took longer than {BUILD_TIMEOUT_S:g} s")
         try:
             child = subprocess.Popen(list(argv), cwd=cwd, env=env or self.uv_env(),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, **as_account(self.account))
         except OSError as exc:
-            raise BuildFailed("PERMANENT_ERROR", f"{what}: {argv[0]!r} cannot be run: "
+            raise BuildFailed(Reason.PERMANENT_ERROR, f"{what}: {argv[0]!r} cannot be run: "
                                                  f"{exc.strerror or exc}") from exc
         stdout = child.stdout
         assert stdout is not None
@@ -185,7 +186,7 @@ class _Builder:
         output = "".join(chunks)
         if code != 0:
             if time.monotonic() >= self.deadline:
-                raise BuildFailed("INFRA", f"{what} took longer than the build's "
+                raise BuildFailed(Reason.INFRA, f"{what} took longer than the build's "
                                            f"{BUILD_TIMEOUT_S:g} s")
             said = (f":\n{uv_message(output)}" if quoted
                     else "; what it printed is in the build log")
@@ -369,11 +370,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "at": time.time()}
         except OwnershipError as exc:
             log.write(f"\nFAILED (PERMANENT_ERROR): {exc}\n")
-            result = {"state": "failed", "reason": "PERMANENT_ERROR", "message": str(exc),
+            result = {"state": "failed", "reason": Reason.PERMANENT_ERROR, "message": str(exc),
                       "at": time.time()}
         except (OSError, ValueError, KeyError) as exc:
             log.write(f"\nFAILED (INTERNAL): {type(exc).__name__}: {exc}\n")
-            result = {"state": "failed", "reason": "INTERNAL",
+            result = {"state": "failed", "reason": Reason.INTERNAL,
                       "message": f"the build failed unexpectedly: {type(exc).__name__}: {exc}",
                       "at": time.time()}
         atomic_write_json(home.result(key), result, 0o600)

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO
 
 from muster.atomic import atomic_write_json, read_json
 from muster.config import ExperimentConfig
@@ -37,21 +37,19 @@ from muster.environments.request import BuildRequest
 from muster.environments.runtime_base import RuntimeBase, RuntimeBaseError
 from muster.errors import LaunchError, NotFound
 from muster.launch.accounts import Account
+from muster.states import EnvironmentState, Reason
 
 __all__ = ["EnvState", "EnvSummary", "Environments", "PruneResult", "TrialEnvironment",
            "keep_request"]
 
 log = logging.getLogger(__name__)
 
-State = Literal["READY", "BUILDING", "FAILED", "MISSING"]
-
-
 @dataclass(frozen=True)
 class EnvState:
-    state: State
+    state: EnvironmentState
     stage: str | None = None  # BUILDING: what it does now
     seconds: float | None = None  # BUILDING: how long it has run
-    reason: str | None = None  # FAILED: PERMANENT_ERROR, INFRA or INTERNAL
+    reason: Reason | None = None  # FAILED: PERMANENT_ERROR, INFRA or INTERNAL
     message: str | None = None  # FAILED: the resolver's (or the command's) own words
 
 
@@ -64,7 +62,7 @@ class EnvSummary:
     inherit: bool
     packages: list[str]
     setup: list[list[str]]
-    state: State
+    state: EnvironmentState
     size_bytes: int | None
     built_at: float | None
     last_used: float | None
@@ -168,15 +166,16 @@ class Environments:
             self._ended(key, build)
             build = None
         if self.layout.built(key) is not None:
-            return EnvState("READY")
+            return EnvState(EnvironmentState.READY)
         if build is not None:
             stage = _read_text(self.layout.stage(key)) or "starting"
-            return EnvState("BUILDING", stage=stage, seconds=time.monotonic() - build.started)
+            return EnvState(EnvironmentState.BUILDING, stage=stage,
+                            seconds=time.monotonic() - build.started)
         found = read_json(self.layout.result(key))
         if found is not None and found.get("state") == "failed":
-            return EnvState("FAILED", reason=str(found.get("reason", "INTERNAL")),
+            return EnvState(EnvironmentState.FAILED, reason=_failure_reason(found.get("reason")),
                             message=str(found.get("message", "")))
-        return EnvState("MISSING")
+        return EnvState(EnvironmentState.MISSING)
 
     def reap(self) -> None:
         """Read the builds that have ended (each pass: none is left a zombie)."""
@@ -194,7 +193,7 @@ class Environments:
         with self._lock:
             if not self.layout.request(key).is_file():
                 atomic_write_json(self.layout.result(key), {
-                    "state": "failed", "reason": "INTERNAL", "at": time.time(),
+                    "state": "failed", "reason": Reason.INTERNAL, "at": time.time(),
                     "message": "what to build was not kept (requests/ was removed); submit "
                                "the experiment again"}, 0o600)
                 return self.state(key)
@@ -207,7 +206,7 @@ class Environments:
                 umask=0o022 if self.shared else -1)
             self._running[key] = _Build(child, err, time.monotonic())
         log.info("building environment %s (pid %d)", key, child.pid)
-        return EnvState("BUILDING", stage="starting", seconds=0.0)
+        return EnvState(EnvironmentState.BUILDING, stage="starting", seconds=0.0)
 
     def forget_failure(self, key: str) -> None:
         """Drop a failed result, so that the next look builds it again (an INFRA failure
@@ -249,7 +248,7 @@ class Environments:
                    if code < 0 else f"the environment build failed unexpectedly (exit {code})")
             tail = err.strip().splitlines()[-1:] or []
             atomic_write_json(self.layout.result(key), {
-                "state": "failed", "reason": "INFRA" if code < 0 else "INTERNAL",
+                "state": "failed", "reason": Reason.INFRA if code < 0 else Reason.INTERNAL,
                 "message": why + (f": {tail[0][:500]}" if tail else ""),
                 "at": time.time()}, 0o600)
             log.error("environment %s: %s\n%s", key, why, err[-4000:])
@@ -419,7 +418,7 @@ class Environments:
             if key in in_use:
                 kept.append(key)
                 continue
-            if summary.state == "READY":
+            if summary.state is EnvironmentState.READY:
                 used = summary.last_used or summary.built_at or 0.0
                 if used > cutoff:
                     continue
@@ -428,7 +427,7 @@ class Environments:
                 if built is not None:
                     shutil.rmtree(built, ignore_errors=True)
                 freed += summary.size_bytes or 0
-            elif summary.state == "BUILDING":
+            elif summary.state is EnvironmentState.BUILDING:
                 continue
             for path in (self.layout.request(key), self.layout.result(key),
                          self.layout.log(key), self.layout.stage(key)):
@@ -461,6 +460,15 @@ def _kill_group(child: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already
         os.killpg(child.pid, signal.SIGKILL)
     child.wait()
+
+
+def _failure_reason(word: object) -> Reason:
+    """The reason a failed build's result names; a word muster does not know (or none) is
+    muster's own failure."""
+    try:
+        return Reason(str(word))
+    except ValueError:
+        return Reason.INTERNAL
 
 
 def _read_text(path: Path) -> str | None:

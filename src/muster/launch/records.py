@@ -117,7 +117,7 @@ def exit_record_to_json(record: ExitRecord) -> ExitRecordJson:
     # asdict gives every field under its own name: the TypedDict's keys, by the table test.
     data = cast(ExitRecordJson, dataclasses.asdict(record))
     if record.oom is not None:
-        data["oom"] = OomKillJson(source=record.oom.source.value,
+        data["oom"] = OomKillJson(source=record.oom.source,
                                   limit_bytes=record.oom.limit_bytes,
                                   machine_bytes=record.oom.machine_bytes)
     return data
@@ -140,7 +140,7 @@ def _oom_kill(data: ExitRecordJson) -> OomKill | None:
         return OomKill(OomSource(value["source"]), _optional_int(value.get("limit_bytes")),
                        _optional_int(machine))
     if value is True:
-        watchdog = data.get("memory_enforcement") == OomSource.WATCHDOG.value
+        watchdog = data.get("memory_enforcement") == OomSource.WATCHDOG
         return OomKill(OomSource.WATCHDOG if watchdog else OomSource.CGROUP,
                        _optional_int(data.get("memory_limit_bytes")))
     return None

@@ -740,7 +740,7 @@ class Shim:
             peak = "unknown" if memory.peak_bytes is None else format_size(memory.peak_bytes)
             limit = "none" if memory.limit_bytes is None else format_size(memory.limit_bytes)
             log.warning("the replica ran out of memory (limit %s, peak %s, seen by %s)",
-                        limit, peak, memory.oom.value)
+                        limit, peak, memory.oom)
         return child, ended_at, memory
 
     def _named_by_kernel_log(self, memory: MemoryReport | None,

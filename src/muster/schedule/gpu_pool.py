@@ -27,7 +27,7 @@ from muster.errors import GpuError
 from muster.schedule.inventory import GpuInventory
 from muster.schedule.plan import GpuSlot
 from muster.sizes import format_size
-from muster.states import EventReason, GpuState, TrialState
+from muster.states import EventReason, GpuState
 from muster.store import GpuDevice, Store, Trial, record_event
 from muster.store.actors import SUPERVISOR
 from muster.store.models import now
@@ -35,8 +35,6 @@ from muster.store.models import now
 log = logging.getLogger(__name__)
 
 ACTOR = SUPERVISOR
-FREE, ALLOCATED, RELEASING = (GpuState.FREE.value, GpuState.ALLOCATED.value,
-                              GpuState.RELEASING.value)
 
 
 @dataclass
@@ -63,7 +61,8 @@ class GpuPool:
                 row = rows.get(index)
                 if row is None:
                     s.add(GpuDevice(index=index, name=gpu.name, type=gpu.type,
-                                    memory_total=gpu.memory_total, state=FREE, since=now(),
+                                    memory_total=gpu.memory_total, state=GpuState.FREE,
+                                    since=now(),
                                     present=True))
                 else:
                     row.name, row.type, row.memory_total = gpu.name, gpu.type, gpu.memory_total
@@ -72,7 +71,7 @@ class GpuPool:
             for index, row in rows.items():
                 if index not in gpus:
                     row.present = False
-                    if row.state == FREE:
+                    if row.state is GpuState.FREE:
                         s.delete(row)
                     else:
                         kept += 1
@@ -83,7 +82,7 @@ class GpuPool:
     def slots(self, s: Session) -> tuple[GpuSlot, ...]:
         if self._idle:
             return ()
-        return tuple(GpuSlot(row.index, row.type, GpuState(row.state))
+        return tuple(GpuSlot(row.index, row.type, row.state)
                      for row in s.scalars(select(GpuDevice).where(GpuDevice.present.is_(True))
                                           .order_by(GpuDevice.index)))
 
@@ -92,7 +91,7 @@ class GpuPool:
         if self._idle:
             return {}
         held: dict[int, list[int]] = defaultdict(list)
-        for row in s.scalars(select(GpuDevice).where(GpuDevice.state == ALLOCATED)
+        for row in s.scalars(select(GpuDevice).where(GpuDevice.state == GpuState.ALLOCATED)
                              .order_by(GpuDevice.index)):
             if row.trial_id is not None:
                 held[row.trial_id].append(row.index)
@@ -104,7 +103,7 @@ class GpuPool:
             return {}
         by_rank: dict[int, list[int]] = defaultdict(list)
         for row in s.scalars(select(GpuDevice).where(GpuDevice.trial_id == trial_id,
-                                                     GpuDevice.state == ALLOCATED)
+                                                     GpuDevice.state == GpuState.ALLOCATED)
                              .order_by(GpuDevice.index)):
             by_rank[row.rank or 0].append(row.index)
         return {rank: tuple(indices) for rank, indices in by_rank.items()}
@@ -120,21 +119,22 @@ class GpuPool:
         wanted = {index: rank for rank, indices in enumerate(per_rank) for index in indices}
         rows = {row.index: row for row in s.scalars(
             select(GpuDevice).where(GpuDevice.index.in_(wanted)).with_for_update())}
-        busy = [index for index in wanted if index not in rows or rows[index].state != FREE
-                or not rows[index].present]
+        busy = [index for index in wanted if index not in rows
+                or rows[index].state is not GpuState.FREE or not rows[index].present]
         if busy:
             raise GpuError(f"GPU {', '.join(map(str, sorted(busy)))} is not free; trial "
                            f"{trial_id} was not started on it")
         for index, rank in wanted.items():
             row = rows[index]
-            row.state, row.trial_id, row.rank, row.since = ALLOCATED, trial_id, rank, now()
+            row.state, row.trial_id, row.rank = GpuState.ALLOCATED, trial_id, rank
+            row.since = now()
 
     def released_for_restart(self, s: Session, trial: Trial) -> bool:
         """Whether the trial's next attempt may start on the GPUs it keeps: once each has at
         most `max_used_fraction` of its memory in use, or `timeout` after the last attempt
         ended (then with a warning event). Until then the trial says what it waits for."""
         rows = list(s.scalars(select(GpuDevice).where(GpuDevice.trial_id == trial.id,
-                                                      GpuDevice.state == ALLOCATED)
+                                                      GpuDevice.state == GpuState.ALLOCATED)
                               .order_by(GpuDevice.index)))
         busy = [(row, used) for row in rows
                 if (used := self._used(row)) is None
@@ -175,17 +175,18 @@ class GpuPool:
             return
         with self.store.session_scope() as s:
             self._take_back(s)
-            rows = list(s.scalars(select(GpuDevice).where(GpuDevice.state == RELEASING)))
+            rows = list(s.scalars(select(GpuDevice).where(
+                GpuDevice.state == GpuState.RELEASING)))
             self.releasing = sum(not self._maybe_free(s, row) for row in rows)
             if not self.inventory.gpus():
                 self._idle = s.scalars(select(GpuDevice.index).limit(1)).first() is None
 
     def _take_back(self, s: Session) -> None:
-        rows = s.scalars(select(GpuDevice).where(GpuDevice.state == ALLOCATED))
+        rows = s.scalars(select(GpuDevice).where(GpuDevice.state == GpuState.ALLOCATED))
         for row in rows:
             trial = s.get(Trial, row.trial_id) if row.trial_id is not None else None
-            if trial is None or not TrialState(trial.state).is_active():
-                row.state, row.since = RELEASING, now()
+            if trial is None or not trial.state.is_active():
+                row.state, row.since = GpuState.RELEASING, now()
 
     def _maybe_free(self, s: Session, row: GpuDevice) -> bool:
         """Free the GPU if its memory was released or its timeout passed; True if freed."""
@@ -215,7 +216,7 @@ class GpuPool:
         if not row.present:
             s.delete(row)
             return
-        row.state, row.trial_id, row.rank, row.since = FREE, None, None, now()
+        row.state, row.trial_id, row.rank, row.since = GpuState.FREE, None, None, now()
 
 
 def _in_use(row: GpuDevice, used: int | None, still: bool = False) -> str:

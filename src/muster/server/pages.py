@@ -58,7 +58,7 @@ from muster.services import (
 )
 from muster.services.access import Action, Principal, authorize
 from muster.sizes import format_size
-from muster.states import ExperimentState, Role, TrialState
+from muster.states import CheckStatus, ExperimentState, Role, TrialState
 from muster.store import MAX_INTEGER
 from muster.verdicts import check_status
 from muster.words import count, progress_line
@@ -112,13 +112,14 @@ def _verdict_class(verified: bool | None, state: str) -> str:
         return "pending"
     if verified:
         return "verified"
-    return {TrialState.SUCCEEDED.value: "not-verified", TrialState.SUSPECT.value: "suspect"
-            }.get(state, "failed")
+    classes: dict[str, str] = {TrialState.SUCCEEDED: "not-verified",
+                               TrialState.SUSPECT: "suspect"}
+    return classes.get(state, "failed")
 
 
 def _check_status(check: Any) -> str:
     """A verification check's status, also for one stored before checks had one."""
-    return check_status(check).value if isinstance(check, Mapping) else "failed"
+    return check_status(check) if isinstance(check, Mapping) else CheckStatus.FAILED
 
 
 templates.env.filters.update(when=_when, duration=_duration, number=_number, flat=_flat,
@@ -326,8 +327,8 @@ class ListQuery:
 
 
 def _list_query(
-    state: Annotated[str | None, Query(pattern="^(|" + "|".join(
-        s.value for s in ExperimentState) + ")$")] = None,
+    state: Annotated[str | None, Query(pattern="^(|" + "|".join(ExperimentState) + ")$")
+                     ] = None,
     owner: Annotated[str | None, Query(max_length=32)] = None,
     label: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
     name: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
@@ -368,9 +369,9 @@ def _list_context(request: Request, query: ListQuery) -> dict[str, Any]:
     except MusterError as exc:  # an owner that is no user: an empty page that says so
         page = listing.Page([], 0, 0, PAGE_ROWS)
         return {"page": page, "query": query, "columns": COLUMNS, "problem": str(exc),
-                "states": [s.value for s in ExperimentState]}
+                "states": list(ExperimentState)}
     return {"page": page, "query": query, "columns": COLUMNS,
-            "states": [s.value for s in ExperimentState]}
+            "states": list(ExperimentState)}
 
 
 # -- an experiment, a trial --------------------------------------------------------------
@@ -429,8 +430,7 @@ def _trials_query(
     state: Annotated[list[str] | None, Query(max_length=len(TrialState))] = None,
     offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
 ) -> TrialsQuery:
-    known = {s.value for s in TrialState}
-    states = tuple(s for s in (state or []) if s in known)
+    states = tuple(TrialState(s) for s in (state or []) if s in set(TrialState))
     return TrialsQuery(sort or None, order_by or None, order, states, offset)
 
 
@@ -482,7 +482,7 @@ def _trials_context(store: Any, exp: dict[str, Any], query: TrialsQuery) -> dict
         names.update(dict.fromkeys(hp))
     return {"trial_rows": rows, "hparam_names": [n for n in names if n], "trials_total":
             page.total, "tq": query, "trial_rows_per_page": TRIAL_ROWS, "table_problem": problem,
-            "trial_states": [s.value for s in TrialState]}
+            "trial_states": list(TrialState)}
 
 
 def _space_names(space: Any, prefix: str = "") -> list[str]:

@@ -92,7 +92,7 @@ def cluster_metrics(snapshot: ClusterSnapshot) -> list[Metric]:
                [Sample(n, (("state", state),)) for state, n in snapshot.trial_counts.items()]),
         Metric("muster_trials_ended_total", "counter",
                "Trials that have ended, by final state (rows are never deleted).",
-               tuple(Sample(snapshot.trial_counts[state.value], (("state", state.value),))
+               tuple(Sample(snapshot.trial_counts[state], (("state", state),))
                      for state in TrialState if state.is_terminal())),
     ]
 

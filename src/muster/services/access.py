@@ -122,12 +122,12 @@ def authorize(principal: Principal, action: Action, *, owner: str | None = None,
 
 
 def _role_refusal(principal: Principal, rule: Rule) -> str:
-    allowed = " or ".join(sorted(role.value for role in rule.roles))
+    allowed = " or ".join(sorted(rule.roles))
     why = _ROLE_WORDS[principal.role]
     hint = ("; an admin can give you the user role (muster user edit "
             f"{principal.name} --role user)" if principal.role is Role.VIEWER
             and Role.USER in rule.roles else "")
-    return (f"{principal.role.value} {principal.name} cannot {rule.verb}: it takes the "
+    return (f"{principal.role} {principal.name} cannot {rule.verb}: it takes the "
             f"{allowed} role" + (f" ({why})" if why else "") + hint)
 
 
@@ -136,6 +136,6 @@ def check_priority_floor(principal: Principal, priority: int, floor: int,
     """Raise Forbidden when a non-admin asks for a priority better (lower) than `floor`."""
     if priority < floor and not principal.is_admin:
         raise Forbidden(
-            f"{where} {priority} is reserved for admins: {principal.role.value}s may use "
+            f"{where} {priority} is reserved for admins: {principal.role}s may use "
             f"{floor} to 99 (the cluster config's priority_floor is {floor}; lower runs "
             "first)")

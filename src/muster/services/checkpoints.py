@@ -91,11 +91,11 @@ def open_any_download(store: Store, home: Home, checkpoint: str) -> CheckpointDo
         if not row.intact:
             raise Conflict(f"{what} is not intact ({row.problem}); only an intact checkpoint "
                            "can be downloaded")
-        if row.state in (CheckpointState.DELETING.value, CheckpointState.DELETED.value):
+        if row.state.is_gone():
             raise Conflict(f"{what} was deleted ({row.gc_reason})")
         path, name, trial_id, uuid = Path(row.path), row.name, row.trial_id, row.uuid
         registered = Registered(row.file_count, row.size_bytes)
-        storage = row.storage if row.state == CheckpointState.STORED.value else None
+        storage = row.storage if row.state is CheckpointState.STORED else None
         cached = cache_dir(home, trial.uuid) / name
     try:
         return _opened(path, trial_id, name, registered)

@@ -27,7 +27,7 @@ from muster.schedule.inventory import Gpu, GpuInventory
 from muster.schedule.placement import NodeInfo
 from muster.services.submission import ClusterCapacity
 from muster.sizes import format_size
-from muster.states import AttemptState, GpuState, TrialState, values
+from muster.states import AttemptState, EnvironmentState, GpuState, TrialState, values
 from muster.store import Attempt, ClusterNode, GpuDevice, Replica, Store, Trial
 from muster.supervise.launching import MASTER_ADDR
 from muster.supervise.placement import release_node
@@ -79,7 +79,7 @@ class ClusterSnapshot:
 
     @property
     def queue_length(self) -> int:
-        return self.trial_counts[TrialState.QUEUED.value]
+        return self.trial_counts[TrialState.QUEUED]
 
 
 def submission_capacity(supervisor: Supervisor) -> ClusterCapacity:
@@ -110,7 +110,7 @@ def read_cluster(supervisor: Supervisor) -> ClusterSnapshot:
     return ClusterSnapshot(
         slots=supervisor.slots,
         slots_used=supervisor.slots_in_use(),
-        trial_counts={state.value: counts.get(state.value, 0) for state in TrialState},
+        trial_counts={state: counts.get(state, 0) for state in TrialState},
         gpus=gpus,
         gpu_note=inventory.note,
         gpu_source=inventory.source,
@@ -161,7 +161,7 @@ def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
         "slots_in_use": snapshot.slots_used,
         "queued": snapshot.queue_length,
         "queue_length": snapshot.queue_length,
-        "suspect": snapshot.trial_counts[TrialState.SUSPECT.value],
+        "suspect": snapshot.trial_counts[TrialState.SUSPECT],
         "trial_counts": snapshot.trial_counts,
         "gpus": [_gpu_view(gpu) for gpu in snapshot.gpus],
         "gpu_note": snapshot.gpu_note,
@@ -250,7 +250,7 @@ def runtime_base_view(base: BaseSummary) -> dict[str, Any]:
 
 
 def _environments_disk(supervisor: Supervisor) -> dict[str, int]:
-    built = [s for s in supervisor.envs.summaries() if s.state == "READY"]
+    built = [s for s in supervisor.envs.summaries() if s.state is EnvironmentState.READY]
     return {"count": len(built), "bytes": sum(s.size_bytes or 0 for s in built)}
 
 

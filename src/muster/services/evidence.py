@@ -130,9 +130,9 @@ def start_dump(store: Store, principal: Principal, trial_id: int) -> DumpPlan:
 
 
 def _running_attempt(s: Session, trial: Trial) -> Attempt:
-    if trial.state != TrialState.RUNNING.value:
+    if trial.state is not TrialState.RUNNING:
         kept = (f"; `muster trial evidence {trial.id}` downloads the bundles it has"
-                if TrialState(trial.state).is_terminal() else "")
+                if trial.state.is_terminal() else "")
         raise Conflict(f"trial {trial.id} is {trial.state}; only a RUNNING trial's processes "
                        f"can be dumped{kept}")
     attempts = [a for a in trial.attempts if not a.standby]

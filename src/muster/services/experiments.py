@@ -48,7 +48,7 @@ REVIEW_DECISIONS = {
     "reject": (TrialState.FAILED, EventReason.REVIEW_REJECTED),
 }
 # The supervisor's events an experiment shows as warnings.
-WARNING_REASONS = (EventReason.METRIC_MISSING.value, EventReason.SEARCH_STOPPED.value)
+WARNING_REASONS = (EventReason.METRIC_MISSING, EventReason.SEARCH_STOPPED)
 # The files and directories a create's snapshots may hold together (configs x context).
 MAX_ENTRIES_PER_CREATE = 200_000
 # What a describe shows as a trial's `snapshot`: the trial part of its reproducibility
@@ -114,7 +114,7 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
                              where="resources.priority")
         refused = allowance_problems(config, owner, allowed or Allowances(), home.root)
         if refused:
-            raise Forbidden("\n".join([f"{source}: {owner.role.value} {owner.name} may not "
+            raise Forbidden("\n".join([f"{source}: {owner.role} {owner.name} may not "
                                        "make the server act on:", *refused]))
         problems = (job_secrets.check_submitted(config, secrets or {})
                     + job_secrets.check_server(config, os.environ, home.root))
@@ -276,7 +276,7 @@ def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared
     exp = Experiment(
         uuid=prepared.uuid, name=config.name, description=config.description,
         labels=list(config.labels), config=config.to_json_dict(), config_yaml=prepared.text,
-        context_dir=str(prepared.context), state=ExperimentState.ACTIVE.value,
+        context_dir=str(prepared.context), state=ExperimentState.ACTIVE,
         priority=config.resources.priority, max_trials=config.trial_count(),
         environment_key=prepared.environment, owner_id=owner.user_id,
     )
@@ -289,7 +289,7 @@ def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared
                     if searcher != "single" else ""), experiment_id=exp.id)
     if searcher == "single":
         trial = Trial(uuid=str(uuid.uuid4()), experiment=exp,
-                      state=TrialState.QUEUED.value, priority=exp.priority,
+                      state=TrialState.QUEUED, priority=exp.priority,
                       hparams=config.space().hparams({}))
         s.add(trial)
         s.flush()
@@ -331,7 +331,7 @@ def experiment_overview(store: Store, experiment_id: int) -> dict[str, Any]:
     trials shows those a page at a time, `search.trial_page`)."""
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
-        succeeded = [t.id for t in exp.trials if t.state == TrialState.SUCCEEDED.value]
+        succeeded = [t.id for t in exp.trials if t.state is TrialState.SUCCEEDED]
         goals = views.searcher_goals(experiment_searcher(exp))
         view = views.experiment_overview(exp, best_validation(s, succeeded, goals),
                                          progress.of_running(s, exp.trials))
@@ -387,7 +387,7 @@ def kill_experiment(store: Store, principal: Principal, experiment_id: int) -> d
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
         authorize_on(principal, Action.KILL, exp)
-        if ExperimentState(exp.state).is_terminal():
+        if exp.state.is_terminal():
             raise Conflict(f"experiment {experiment_id} is already {exp.state}; nothing to kill")
         if not exp.stop_requested:
             exp.stop_requested = True
@@ -413,20 +413,20 @@ def pause_experiment(store: Store, principal: Principal, experiment_id: int
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
         authorize_on(principal, Action.PAUSE, exp)
-        if exp.state == ExperimentState.PAUSED.value:
+        if exp.state is ExperimentState.PAUSED:
             return experiment_view(s, exp)
-        if exp.state != ExperimentState.ACTIVE.value or exp.stop_requested:
+        if exp.state is not ExperimentState.ACTIVE or exp.stop_requested:
             raise Conflict(f"experiment {experiment_id} is {_state_words(exp)}; only an "
                            "ACTIVE experiment can be paused")
         transition(s, exp, ExperimentState.PAUSED, reason=EventReason.PAUSED,
                    actor=principal.name,
                    message="pausing every trial; `muster experiment activate` resumes them")
         for trial in exp.trials:
-            if trial.state == TrialState.QUEUED.value:
+            if trial.state is TrialState.QUEUED:
                 transition(s, trial, TrialState.PAUSED, reason=EventReason.PAUSED,
                            actor=principal.name, message="paused before it started")
-            elif TrialState(trial.state).is_active() and not trial.stop_requested:
-                trial.stop_intent = trial.stop_intent or StopIntent.PAUSE.value
+            elif trial.state.is_active() and not trial.stop_requested:
+                trial.stop_intent = trial.stop_intent or StopIntent.PAUSE
         return experiment_view(s, exp)
 
 
@@ -443,15 +443,15 @@ def activate_experiment(store: Store, principal: Principal, experiment_id: int
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
         authorize_on(principal, Action.ACTIVATE, exp)
-        if exp.state == ExperimentState.ACTIVE.value and not exp.stop_requested:
+        if exp.state is ExperimentState.ACTIVE and not exp.stop_requested:
             return experiment_view(s, exp)
-        if exp.state != ExperimentState.PAUSED.value or exp.stop_requested:
+        if exp.state is not ExperimentState.PAUSED or exp.stop_requested:
             raise Conflict(f"experiment {experiment_id} is {_state_words(exp)}; only a "
                            "PAUSED experiment can be activated")
         transition(s, exp, ExperimentState.ACTIVE, reason=EventReason.ACTIVATED,
                    actor=principal.name, message="requeuing its paused trials")
         for trial in exp.trials:
-            if trial.state == TrialState.PAUSED.value:
+            if trial.state is TrialState.PAUSED:
                 transition(s, trial, TrialState.QUEUED, reason=EventReason.ACTIVATED,
                            actor=principal.name,
                            message="back in the queue; it resumes from its latest checkpoint")
@@ -484,7 +484,7 @@ def review_trial(
         trial = trial_or_404(s, trial_id)
         authorize_on(reviewer, Action.REVIEW, trial.experiment, f"trial {trial_id}")
         s.refresh(trial, with_for_update=True)  # a second review waits, then sees the first
-        if trial.state != TrialState.SUSPECT.value:
+        if trial.state is not TrialState.SUSPECT:
             raise Conflict(f"trial {trial_id} is {trial.state}; only a SUSPECT trial (one that "
                            "exited 0 but failed a verification) can be reviewed")
         transition(s, trial, to_state, reason=reason, actor=reviewer.name, message=note)
@@ -509,7 +509,7 @@ def _review_move(decision: str) -> tuple[TrialState, EventReason]:
 
 
 def _stop_trial(s: Session, trial: Trial, actor: str) -> None:
-    if TrialState(trial.state).is_terminal():
+    if trial.state.is_terminal():
         return
     trial.stop_requested = True
     if trial.state in (TrialState.QUEUED, TrialState.PAUSED):

@@ -147,7 +147,7 @@ def _ended_and_succeeded(s: Session, experiment_id: int) -> tuple[int, int]:
         Trial.experiment_id == experiment_id, Trial.state.in_(views.ENDED_STATES))
         .group_by(Trial.state)).all()
     counts = {state: int(n) for state, n in rows}
-    return sum(counts.values()), counts.get(TrialState.SUCCEEDED.value, 0)
+    return sum(counts.values()), counts.get(TrialState.SUCCEEDED, 0)
 
 
 def _searched_distributions(experiment_id: int, exp: Experiment, config: ExperimentConfig
@@ -169,7 +169,7 @@ def _samples(s: Session, experiment_id: int, searcher: SearcherConfig, metric: s
     """The SUCCEEDED trials (stopped early or not) of the first MAX_TRIALS by number that
     have a finite value of the metric and a chosen value of every hyperparameter named."""
     rows = s.execute(select(Trial.id, Trial.search_state).where(
-        Trial.experiment_id == experiment_id, Trial.state == TrialState.SUCCEEDED.value)
+        Trial.experiment_id == experiment_id, Trial.state == TrialState.SUCCEEDED)
         .order_by(Trial.number, Trial.id).limit(MAX_TRIALS)).all()
     best = best_validation(s, [trial_id for trial_id, _ in rows],
                            views.searcher_goals(searcher))

@@ -25,30 +25,29 @@ from muster.services.experiments import (
     experiment_view,
     trial_or_404,
 )
-from muster.states import EventReason, ExperimentState, GpuState, TrialState
+from muster.states import EventReason, GpuState, TrialState, values
 from muster.store import Experiment, GpuDevice, Store, Trial, record_event
 from muster.store.configs import experiment_resources
 
-__all__ = ["JOB_STATES", "check_priority", "job_order", "list_jobs",
+__all__ = ["check_priority", "job_order", "list_jobs",
            "set_experiment_priority", "set_trial_priority"]
 
 T = TrialState
 # Listed in three groups: what holds resources, then the queue, then paused trials.
 _GROUP = {T.STARTING: 0, T.RUNNING: 0, T.RESTARTING: 0, T.QUEUED: 1, T.PAUSED: 2}
-JOB_STATES = tuple(state.value for state in _GROUP)
 
 
-def job_order(state: str, priority: int, trial_id: int) -> tuple[int, int, int]:
+def job_order(state: TrialState, priority: int, trial_id: int) -> tuple[int, int, int]:
     """Where a job is listed: trials holding resources, then the queue in the scheduler's
     order, then paused trials; within each group by priority (lower first), then id."""
-    return _GROUP[TrialState(state)], priority, trial_id
+    return _GROUP[state], priority, trial_id
 
 
 def list_jobs(store: Store) -> list[dict[str, Any]]:
     """Every job, in `job_order`, with what it needs, the GPUs it holds and, RUNNING, its
     `progress` (the running trials are as many as the slots: each is measured cheaply)."""
     with store.session_scope() as s:
-        trials = s.scalars(select(Trial).where(Trial.state.in_(JOB_STATES))
+        trials = s.scalars(select(Trial).where(Trial.state.in_(values(TrialState.unfinished())))
                            .options(selectinload(Trial.experiment)
                                     .selectinload(Experiment.owner))).all()
         held = _held_gpus(s)
@@ -67,7 +66,7 @@ def list_jobs(store: Store) -> list[dict[str, Any]]:
 def _held_gpus(s: Session) -> dict[int, list[int]]:
     held: dict[int, list[int]] = defaultdict(list)
     for index, trial_id in s.execute(select(GpuDevice.index, GpuDevice.trial_id).where(
-            GpuDevice.state == GpuState.ALLOCATED.value).order_by(GpuDevice.index)):
+            GpuDevice.state == GpuState.ALLOCATED).order_by(GpuDevice.index)):
         if trial_id is not None:
             held[trial_id].append(index)
     return held
@@ -115,7 +114,7 @@ def set_trial_priority(store: Store, principal: Principal, trial_id: int, priori
         authorize_on(principal, Action.SET_PRIORITY, trial.experiment, f"trial {trial_id}")
         check_priority_floor(principal, priority, floor)
         s.refresh(trial, with_for_update=True)
-        if TrialState(trial.state).is_settled():
+        if trial.state.is_settled():
             raise Conflict(f"trial {trial_id} is {trial.state}: it will not run again, so its "
                            "priority no longer matters")
         _change_priority(s, trial, priority, principal.name)
@@ -140,7 +139,7 @@ def set_experiment_priority(store: Store, principal: Principal, experiment_id: i
         authorize_on(principal, Action.SET_PRIORITY, exp)
         check_priority_floor(principal, priority, floor)
         s.refresh(exp, with_for_update=True)
-        if ExperimentState(exp.state).is_terminal():
+        if exp.state.is_terminal():
             raise Conflict(f"experiment {experiment_id} is {exp.state}: its trials will not "
                            "run again, so its priority no longer matters")
         if exp.priority != priority:
@@ -150,7 +149,7 @@ def set_experiment_priority(store: Store, principal: Principal, experiment_id: i
                          experiment_id=exp.id)
             exp.priority = priority
         for trial in exp.trials:
-            if not TrialState(trial.state).is_settled():
+            if not trial.state.is_settled():
                 _change_priority(s, trial, priority, principal.name)
         return experiment_view(s, exp)
 

@@ -63,7 +63,7 @@ class ExperimentFilter:
             [Experiment.archived.is_(False)] if not self.archived else [])
         found.append(Experiment.delete_requested_at.is_(None))
         if self.state is not None:
-            found.append(Experiment.state == self.state.value)
+            found.append(Experiment.state == self.state)
         if self.owner is not None:
             owner_id = s.scalar(select(User.id).where(User.name == self.owner))
             if owner_id is None:
@@ -136,7 +136,7 @@ def summaries(s: Session, experiments: Sequence[Experiment],
         states[experiment_id].append(state)
     succeeded: dict[int, list[Trial]] = defaultdict(list)
     for trial in s.scalars(select(Trial).options(*_UNLISTED).where(
-            Trial.experiment_id.in_(ids), Trial.state == TrialState.SUCCEEDED.value)):
+            Trial.experiment_id.in_(ids), Trial.state == TrialState.SUCCEEDED)):
         succeeded[trial.experiment_id].append(trial)
     best = best_validation_each(s, {
         trial.id: goals for exp in experiments
@@ -157,7 +157,7 @@ def _running_progress(s: Session, ids: Sequence[int]) -> dict[int, list[dict[str
     """The progress of the RUNNING trials of the page's experiments, by experiment id:
     `views.running_progress` rows."""
     trials = list(s.scalars(select(Trial).options(selectinload(Trial.attempts)).where(
-        Trial.experiment_id.in_(ids), Trial.state == TrialState.RUNNING.value)))
+        Trial.experiment_id.in_(ids), Trial.state == TrialState.RUNNING)))
     measured = progress.of_running(s, trials)
     by_experiment: dict[int, list[Trial]] = defaultdict(list)
     for trial in trials:

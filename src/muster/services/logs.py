@@ -38,7 +38,6 @@ from muster.launch.logs import (
 )
 from muster.services.experiments import trial_or_404
 from muster.services.merged_logs import LogCursor, merged_page, tail_cursor
-from muster.states import AttemptState, TrialState
 from muster.store import Attempt, Replica, Store
 
 MAX_LIMIT = 16 * 1024**2
@@ -110,7 +109,7 @@ def locate(store: Store, launcher: Launcher, trial_id: int,
     """Where the trial's logs are; with `home`, read with its secrets masked."""
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
-        ended = TrialState(trial.state).is_settled()
+        ended = trial.state.is_settled()
         declared = (trial.experiment.config.get("environment") or {}).get("secrets") or {}
         masks = () if home is None or not declared else tuple(job_secrets.masked_values(
             declared, home, trial.experiment.uuid))
@@ -126,7 +125,7 @@ def locate(store: Store, launcher: Launcher, trial_id: int,
     return TrialLogs(attempts={
         a.number: AttemptLogs(a.number, Path(a.run_dir),
                               _ranks(launcher, Path(a.run_dir), recorded[a.id]),
-                              ended or AttemptState(a.state).is_terminal(), launcher, masks)
+                              ended or a.state.is_terminal(), launcher, masks)
         for a in attempts
     }, ended=ended)
 

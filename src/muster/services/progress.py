@@ -102,7 +102,7 @@ def of_running(s: Session, trials: Iterable[Trial]) -> dict[int, dict[str, Any]]
     reported some progress); the other trials are not measured."""
     found = {}
     for trial in trials:
-        if trial.state != TrialState.RUNNING.value:
+        if trial.state is not TrialState.RUNNING:
             continue
         view = progress_of(s, trial)
         if view is not None:

@@ -19,7 +19,7 @@ from muster.errors import Conflict, NotFound
 from muster.services import views
 from muster.services.access import Action, Principal, authorize
 from muster.services.experiments import experiment_or_404, trial_or_404
-from muster.states import EventReason, ExperimentState
+from muster.states import EventReason
 from muster.store import Checkpoint, Store, Trial, record_event
 from muster.store.configs import experiment_config
 from muster.store.models import now
@@ -105,7 +105,7 @@ def delete_experiment(store: Store, worker: StorageWorker | None, who: Principal
         experiment = experiment_or_404(s, experiment_id)
         authorize(who, Action.DELETE, owner=experiment.owner_name,
                   subject=f"experiment {experiment_id}")
-        if not ExperimentState(experiment.state).is_terminal():
+        if not experiment.state.is_terminal():
             raise Conflict(f"experiment {experiment_id} is {experiment.state}; only an ended "
                            f"experiment can be deleted: `muster experiment kill "
                            f"{experiment_id}` first")

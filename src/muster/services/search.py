@@ -19,7 +19,7 @@ from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.services import progress, views
 from muster.services.experiments import TrialPartOf, experiment_or_404
 from muster.services.validation import best_validation
-from muster.states import MetricKind, TrialState
+from muster.states import MetricKind, TrialState, values
 from muster.store import Store, Trial, series
 from muster.store.configs import experiment_searcher
 
@@ -47,7 +47,7 @@ def best_trial(store: Store, experiment_id: int, part_of: TrialPartOf | None = N
                            "config's `searcher.metric` next time")
         succeeded = s.scalars(select(Trial).where(
             Trial.experiment_id == experiment_id,
-            Trial.state == TrialState.SUCCEEDED.value)).all()
+            Trial.state == TrialState.SUCCEEDED)).all()
         best = best_validation(s, [t.id for t in succeeded],
                                      views.searcher_goals(searcher))
         winner = views.best_trial_of(succeeded, best, searcher)
@@ -123,8 +123,7 @@ def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage
         select_trials = select(Trial).where(Trial.experiment_id == experiment_id).options(
             selectinload(Trial.attempts)).order_by(Trial.number, Trial.id)
         if query.states:
-            select_trials = select_trials.where(Trial.state.in_(
-                sorted(state.value for state in query.states)))
+            select_trials = select_trials.where(Trial.state.in_(values(query.states)))
         trials = list(s.scalars(select_trials).all())
         goals = sort_goals(searcher, query.sort)
         best = best_validation(s, [t.id for t in trials], goals)

@@ -207,7 +207,7 @@ def _stand_in(store: Store, experiment_id: int) -> tuple[int, Basis]:
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
         searcher = experiment_searcher(exp)
-        succeeded = [t.id for t in exp.trials if t.state == TrialState.SUCCEEDED.value]
+        succeeded = [t.id for t in exp.trials if t.state is TrialState.SUCCEEDED]
         chosen = stand_in(exp.trials, best_validation(s, succeeded,
                                                       views.searcher_goals(searcher)), searcher)
         if chosen is None:

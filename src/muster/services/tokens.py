@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from muster.errors import Conflict, InvalidRequest, NotFound, Unauthorized
 from muster.services.access import Action, Principal, authorize
-from muster.states import EventReason, Role, TokenKind
+from muster.states import EventReason, TokenKind
 from muster.store import ApiToken, Store, User, record_event
 from muster.store.models import now
 from muster.words import count
@@ -65,7 +65,7 @@ def issue(s: Session, user: User, kind: TokenKind, name: str, *,
     """A new token of `user` in the caller's transaction: (its row, the secret to show once).
     `secret` adopts an existing one (the home token of a muster from before users)."""
     secret = secret or kind.prefix + secrets.token_urlsafe(32)
-    row = ApiToken(id=secrets.token_hex(8), user=user, kind=kind.value, name=name,
+    row = ApiToken(id=secrets.token_hex(8), user=user, kind=kind, name=name,
                    secret_hash=hash_secret(secret), expires_at=expires_at)
     s.add(row)
     s.flush()
@@ -87,7 +87,7 @@ def authenticate(store: Store, secret: str, kind: TokenKind) -> Principal:
         if found is None:
             raise Unauthorized(_unknown(kind))
         row, user = found
-        if row.revoked_at is not None or row.kind != kind.value:
+        if row.revoked_at is not None or row.kind is not kind:
             raise Unauthorized(_unknown(kind))
         at = now()
         if row.expires_at is not None and row.expires_at <= at:
@@ -100,7 +100,7 @@ def authenticate(store: Store, secret: str, kind: TokenKind) -> Principal:
             _check_opener(s, row, at)
         if row.last_used_at is None or at - row.last_used_at >= LAST_USED_EVERY_S:
             row.last_used_at = user.last_seen_at = at
-        return Principal(user_id=user.id, name=user.name, role=Role(user.role),
+        return Principal(user_id=user.id, name=user.name, role=user.role,
                          token_id=row.id, via_session=kind is TokenKind.SESSION)
 
 
@@ -150,7 +150,7 @@ def create_api_token(store: Store, principal: Principal, name: str,
     with store.session_scope() as s:
         user = _owner(s, principal, for_user)
         held = s.scalar(select(func.count()).select_from(ApiToken).where(
-            ApiToken.user_id == user.id, ApiToken.kind == TokenKind.API.value,
+            ApiToken.user_id == user.id, ApiToken.kind == TokenKind.API,
             ApiToken.revoked_at.is_(None)))
         if held is not None and held >= MAX_API_TOKENS:
             raise Conflict(f"{user.name} holds {held} API tokens, the most there may be; "
@@ -190,7 +190,7 @@ def list_tokens(store: Store, principal: Principal, for_user: str | None = None
     with store.session_scope() as s:
         user = _owner(s, principal, for_user)
         rows = s.scalars(select(ApiToken).where(
-            ApiToken.user_id == user.id, ApiToken.kind == TokenKind.API.value,
+            ApiToken.user_id == user.id, ApiToken.kind == TokenKind.API,
             ApiToken.revoked_at.is_(None)).order_by(ApiToken.created_at, ApiToken.id))
         return [token_view(row) for row in rows]
 
@@ -204,7 +204,7 @@ def revoke_token(store: Store, principal: Principal, token_id: str) -> dict[str,
     """
     with store.session_scope() as s:
         row = s.get(ApiToken, token_id)
-        if row is None or row.kind != TokenKind.API.value or (
+        if row is None or row.kind is not TokenKind.API or (
                 row.user_id != principal.user_id and not principal.is_admin):
             raise NotFound(f"token {token_id} is not one of yours; `muster token list` shows "
                            "your tokens")
@@ -230,7 +230,7 @@ def open_session(s: Session, user: User, opened_with: ApiToken | None = None,
     cannot grow the table without bound."""
     at = now()
     sessions = list(s.scalars(select(ApiToken).where(
-        ApiToken.user_id == user.id, ApiToken.kind == TokenKind.SESSION.value)
+        ApiToken.user_id == user.id, ApiToken.kind == TokenKind.SESSION)
         .order_by(ApiToken.created_at)))
     open_ones = []
     for row in sessions:
@@ -271,7 +271,7 @@ def end_sessions(s: Session, user_id: int, *, opened_with: str | None = None,
 def _open_sessions(user_id: int) -> Select[ApiToken]:
     at = now()
     return select(ApiToken).where(
-        ApiToken.user_id == user_id, ApiToken.kind == TokenKind.SESSION.value,
+        ApiToken.user_id == user_id, ApiToken.kind == TokenKind.SESSION,
         ApiToken.revoked_at.is_(None),
         or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > at))
 
@@ -301,7 +301,7 @@ def end_session(store: Store, principal: Principal, session_id: str) -> dict[str
     """
     with store.session_scope() as s:
         row = s.get(ApiToken, session_id)
-        if row is None or row.kind != TokenKind.SESSION.value:
+        if row is None or row.kind is not TokenKind.SESSION:
             raise NotFound(f"web session {session_id} does not exist; `muster session list` "
                            "shows your sessions")
         if row.user_id != principal.user_id:

@@ -52,7 +52,7 @@ def bootstrap(store: Store, token_path: Path) -> str:
     held = _read_token_file(token_path)
     with store.session_scope() as s:
         _first_admin(s)
-        admin = s.scalar(select(User).where(User.role == Role.ADMIN.value,
+        admin = s.scalar(select(User).where(User.role == Role.ADMIN,
                                             User.active.is_(True)).order_by(User.id))
         if admin is None:
             raise Conflict("the database has users but no active admin; activate one with "
@@ -81,7 +81,7 @@ def _read_token_file(path: Path) -> str | None:
 def _first_admin(s: Session) -> None:
     if s.scalar(select(User.id).limit(1)) is not None:
         return
-    admin = User(name=FIRST_ADMIN, display_name="muster admin", role=Role.ADMIN.value)
+    admin = User(name=FIRST_ADMIN, display_name="muster admin", role=Role.ADMIN)
     s.add(admin)
     s.flush()
     adopted = s.execute(update(Experiment).where(Experiment.owner_id.is_(None))
@@ -94,9 +94,9 @@ def _first_admin(s: Session) -> None:
 
 def _works(s: Session, secret: str) -> bool:
     row = s.scalar(select(ApiToken).where(ApiToken.secret_hash == tokens.hash_secret(secret)))
-    return (row is not None and row.revoked_at is None and row.kind == TokenKind.API
+    return (row is not None and row.revoked_at is None and row.kind is TokenKind.API
             and (row.expires_at is None or row.expires_at > now())
-            and row.user.active and row.user.role == Role.ADMIN.value)
+            and row.user.active and row.user.role is Role.ADMIN)
 
 
 def _unknown(s: Session, secret: str) -> bool:
@@ -113,7 +113,7 @@ def principal(store: Store, name: str) -> Principal:
     """
     with store.session_scope() as s:
         user = user_or_404(s, name)
-        return Principal(user_id=user.id, name=user.name, role=Role(user.role))
+        return Principal(user_id=user.id, name=user.name, role=user.role)
 
 
 def user_view(user: User) -> dict[str, Any]:
@@ -171,12 +171,12 @@ def create_user(store: Store, principal: Principal, name: str, role: Role, *,
     password_hash = hash_password(password) if password is not None else None
     with store.session_scope() as s:
         _check_free(s, name)
-        user = User(name=name, display_name=display_name, role=role.value,
+        user = User(name=name, display_name=display_name, role=role,
                     password_hash=password_hash, unix_user=unix_user)
         s.add(user)
         s.flush()
         record_event(s, entity="user", entity_id=user.id, reason=EventReason.USER_CREATED,
-                     actor=principal.name, message=f"{name} created with role {role.value}")
+                     actor=principal.name, message=f"{name} created with role {role}")
         row, secret = tokens.issue(s, user, TokenKind.API, "first token")
         record_event(s, entity="user", entity_id=user.id, reason=EventReason.TOKEN_CREATED,
                      actor=principal.name, message=f"token {row.id} (first token) of {name}")
@@ -268,11 +268,11 @@ def _apply(s: Session, user: User, change: UserChange, display_name: str | None,
     if display_name is not None and display_name != user.display_name:
         user.display_name = display_name
         words.append(f"display name {display_name!r}")
-    if change.role is not None and change.role.value != user.role:
-        if user.role == Role.ADMIN.value:
+    if change.role is not None and change.role is not user.role:
+        if user.role is Role.ADMIN:
             _keep_an_admin(s, user, "lose the admin role")
-        words.append(f"role {user.role} → {change.role.value}")
-        user.role = change.role.value
+        words.append(f"role {user.role} → {change.role}")
+        user.role = change.role
     if change.unix_user is not None and unix_user != user.unix_user:
         user.unix_user = unix_user
         words.append(f"Unix account {unix_user or '(its name)'}")
@@ -294,7 +294,7 @@ def _check_current_password(store: Store, principal: Principal, current: str | N
 
 
 def _keep_an_admin(s: Session, user: User, losing: str) -> None:
-    others = s.scalar(select(User.id).where(User.role == Role.ADMIN.value,
+    others = s.scalar(select(User.id).where(User.role == Role.ADMIN,
                                             User.active.is_(True), User.id != user.id).limit(1))
     if others is None:
         raise Conflict(f"{user.name} is the only active admin and cannot {losing}; make "
@@ -316,7 +316,7 @@ def deactivate_user(store: Store, principal: Principal, name: str) -> dict[str, 
     with store.session_scope() as s:
         user = user_or_404(s, name)
         if user.active:
-            if user.role == Role.ADMIN.value:
+            if user.role is Role.ADMIN:
                 _keep_an_admin(s, user, "be deactivated")
             user.active, user.updated_at = False, now()
             ended = tokens.end_sessions(s, user.id)
@@ -374,7 +374,7 @@ def log_in(store: Store, name: str, password: str, address: str | None = None) -
         record_event(s, entity="user", entity_id=user.id, reason=EventReason.LOGGED_IN,
                      actor=user.name, message=f"web session {row.id} opened"
                      + (f" from {row.address}" if row.address else ""))
-        return Login(Principal(user_id=user.id, name=user.name, role=Role(user.role),
+        return Login(Principal(user_id=user.id, name=user.name, role=user.role,
                                token_id=row.id, via_session=True), secret, expires_at)
 
 

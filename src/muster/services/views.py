@@ -22,10 +22,9 @@ from muster.verdicts import Verdict, count_verdicts, verdict_of
 T = TrialState
 # How the search block counts trials. SUSPECT counts as ended: it waits for a person, and
 # the searcher does not wait for it.
-ENDED_STATES = frozenset({T.SUCCEEDED.value, T.FAILED.value, T.CANCELED.value,
-                          T.SUSPECT.value})
-RUNNING_STATES = frozenset({T.STARTING.value, T.RUNNING.value, T.RESTARTING.value})
-QUEUED_STATES = frozenset({T.QUEUED.value, T.PAUSED.value})
+ENDED_STATES = frozenset({T.SUCCEEDED, T.FAILED, T.CANCELED, T.SUSPECT})
+RUNNING_STATES = T.active()
+QUEUED_STATES = frozenset({T.QUEUED, T.PAUSED})
 del T
 
 # Metric name → smaller_is_better: which validation metrics to take the best of, and how.
@@ -43,7 +42,7 @@ def experiment_summary(exp: Experiment, *, states: Sequence[str] | None = None,
     if states is None:
         states = [t.state for t in exp.trials]
     if succeeded is None:
-        succeeded = [t for t in exp.trials if t.state == TrialState.SUCCEEDED.value]
+        succeeded = [t for t in exp.trials if t.state is TrialState.SUCCEEDED]
     counts = count_verdicts(states, (trial_verdict(t).verified for t in succeeded))
     return {
         "id": exp.id,

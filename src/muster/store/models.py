@@ -25,7 +25,21 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from muster.states import GpuState, MetricSource, StopIntent
+from muster.states import (
+    AttemptState,
+    CheckpointState,
+    ExperimentState,
+    GpuState,
+    MetricKind,
+    MetricSource,
+    OomSource,
+    Reason,
+    Role,
+    StopIntent,
+    TokenKind,
+    TrialState,
+)
+from muster.store.columns import EnumText
 
 # The range of an INTEGER column in every supported database (32 bits in PostgreSQL): ids,
 # attempt numbers and ranks. A number the API takes for one of them is bounded by it, so a
@@ -129,7 +143,7 @@ class User(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(32), unique=True)
     display_name: Mapped[str] = mapped_column(String(200), default="")
-    role: Mapped[str] = mapped_column(String(16))
+    role: Mapped[Role] = mapped_column(EnumText(Role, 16))
     active: Mapped[bool] = mapped_column(default=True)
     # An argon2id hash (the web UI's login); None: this user signs in with tokens only.
     password_hash: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -152,7 +166,7 @@ class ApiToken(Base):
 
     id: Mapped[str] = mapped_column(String(16), primary_key=True)  # public, random hex
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
-    kind: Mapped[str] = mapped_column(String(16))  # a `muster.services.tokens.TokenKind`
+    kind: Mapped[TokenKind] = mapped_column(EnumText(TokenKind, 16))
     name: Mapped[str] = mapped_column(String(100), default="")
     secret_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256, hex
     created_at: Mapped[float] = mapped_column(Float, default=now)
@@ -186,7 +200,7 @@ class Experiment(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JSON)  # normalized, validated config
     config_yaml: Mapped[str] = mapped_column(Text)  # what the user submitted, verbatim
     context_dir: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(20))
+    state: Mapped[ExperimentState] = mapped_column(EnumText(ExperimentState, 20))
     stop_requested: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[float] = mapped_column(Float, default=now)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
@@ -235,7 +249,7 @@ class Trial(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     uuid: Mapped[str] = mapped_column(String(36), unique=True, default=new_uuid)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"))
-    state: Mapped[str] = mapped_column(String(20))
+    state: Mapped[TrialState] = mapped_column(EnumText(TrialState, 20))
     hparams: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     stop_requested: Mapped[bool] = mapped_column(default=False)
     # Budgets consumed so far (see muster.supervise.policy).
@@ -262,7 +276,8 @@ class Trial(Base):
     # Set while muster stops the trial to pause it, to make room for a trial of better
     # priority, or because the searcher gave up on it (a `StopIntent` other than KILL, which
     # is `stop_requested`): its end is then not a failure and uses no budget.
-    stop_intent: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    stop_intent: Mapped[StopIntent | None] = mapped_column(EnumText(StopIntent, 16),
+                                                           nullable=True)
     # Its place in the experiment's search, from 0: what seeds its draw (`muster.search`).
     number: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The searcher's notes on the trial (Optuna's system attributes: the rungs it reached,
@@ -287,11 +302,9 @@ class Trial(Base):
         return Trial.intent_of(self.stop_requested, self.stop_intent)
 
     @staticmethod
-    def intent_of(stop_requested: bool, stop_intent: str | None) -> StopIntent | None:
+    def intent_of(stop_requested: bool, stop_intent: StopIntent | None) -> StopIntent | None:
         """`intent` from the two columns, for a reader that selected them alone."""
-        if stop_requested:
-            return StopIntent.KILL
-        return StopIntent(stop_intent) if stop_intent is not None else None
+        return StopIntent.KILL if stop_requested else stop_intent
 
 
 class Attempt(Base):
@@ -301,7 +314,7 @@ class Attempt(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), index=True)
     number: Mapped[int] = mapped_column(Integer)  # from 1
-    state: Mapped[str] = mapped_column(String(20), index=True)
+    state: Mapped[AttemptState] = mapped_column(EnumText(AttemptState, 20), index=True)
     run_dir: Mapped[str] = mapped_column(Text)
     master_port: Mapped[int | None] = mapped_column(Integer, nullable=True)  # MASTER_PORT
     # a warm standby: launched ahead, waiting in init(), not active until promoted
@@ -343,14 +356,14 @@ class Replica(Base):
     start_ticks: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     signal: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    reason: Mapped[Reason | None] = mapped_column(EnumText(Reason, 32), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     log_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
     max_rss_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # The peak resident memory of the whole process group (cgroup peak, or sampled).
     peak_rss_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    # Who named the end an OOM kill ("cgroup", "kmsg", "watchdog"); None: not an OOM kill.
-    oom_source: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Who named the end an OOM kill; None: not an OOM kill.
+    oom_source: Mapped[OomSource | None] = mapped_column(EnumText(OomSource, 16), nullable=True)
     oom_limit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # Output the shim could not write to the log (disk full, EIO); None: not known.
     log_lost_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -375,7 +388,7 @@ class GpuDevice(Base):
     name: Mapped[str] = mapped_column(String(200))
     type: Mapped[str] = mapped_column(String(64))
     memory_total: Mapped[int] = mapped_column(BigInteger)
-    state: Mapped[str] = mapped_column(String(16), default=GpuState.FREE.value)  # a GpuState
+    state: Mapped[GpuState] = mapped_column(EnumText(GpuState, 16), default=GpuState.FREE)
     trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"), nullable=True,
                                                  index=True)
     rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -431,13 +444,14 @@ class Metric(Base):
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(16))  # training | validation
+    kind: Mapped[MetricKind] = mapped_column(EnumText(MetricKind, 16))
     step: Mapped[int] = mapped_column(BigInteger)
     time: Mapped[float] = mapped_column(Float)
     values: Mapped[dict[str, Any]] = mapped_column(NonFiniteJSON)
-    # A `MetricSource`: "harness" (a metrics file) or "log" (read from the rank's log).
-    source: Mapped[str] = mapped_column(String(8), default=MetricSource.HARNESS.value,
-                                        server_default=MetricSource.HARNESS.value)
+    # "harness" (a metrics file) or "log" (read from the rank's log).
+    source: Mapped[MetricSource] = mapped_column(EnumText(MetricSource, 8),
+                                                 default=MetricSource.HARNESS,
+                                                 server_default=MetricSource.HARNESS.value)
 
 
 class MetricSeries(Base):
@@ -451,7 +465,7 @@ class MetricSeries(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
-    kind: Mapped[str] = mapped_column(String(16))  # training | validation
+    kind: Mapped[MetricKind] = mapped_column(EnumText(MetricKind, 16))
     name: Mapped[str] = mapped_column(String(SERIES_NAME_LENGTH))
     reports: Mapped[int] = mapped_column(BigInteger, default=0)  # NaN and ±inf included
     lowest: Mapped[float | None] = mapped_column(Float, nullable=True)  # finite values only
@@ -485,7 +499,7 @@ class IngestCursor(Base):
 
 class Checkpoint(Base):
     """A checkpoint directory of a trial, as found and verified when it was registered, and
-    where it is in storage (`muster.checkpoint_storage`): `state` is a `CheckpointState`."""
+    where it is in storage (`muster.checkpoint_storage`, its `state`)."""
 
     __tablename__ = "checkpoints"
     __table_args__ = (UniqueConstraint("trial_id", "name"),)
@@ -512,8 +526,9 @@ class Checkpoint(Base):
     intact: Mapped[bool] = mapped_column()
     problem: Mapped[str | None] = mapped_column(Text, nullable=True)
     registered_at: Mapped[float] = mapped_column(Float, default=now)
-    state: Mapped[str] = mapped_column(String(16), default="local", server_default="local",
-                                       index=True)
+    state: Mapped[CheckpointState] = mapped_column(
+        EnumText(CheckpointState, 16), default=CheckpointState.LOCAL,
+        server_default=CheckpointState.LOCAL.value, index=True)
     # The storage it goes to (`checkpoint_storage.location.Location.to_json`, no secrets): fixed
     # when its upload begins, so a changed default never sends a deletion elsewhere.
     storage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -20,6 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from muster.downsample import Series
+from muster.states import MetricKind
 from muster.store.models import SERIES_NAME_LENGTH, Metric, MetricSeries, Trial
 
 __all__ = ["MAX_SERIES", "extremes", "finite", "keepable", "names", "record"]
@@ -34,7 +35,7 @@ def record(s: Session, trial_id: int, rows: Iterable[Mapping[str, Any]]) -> None
     Series rows are made if absent and then locked in one order (kind, name), so two
     ingestions of one trial's files wait for each other instead of losing an update.
     """
-    by_kind: dict[str, dict[str, list[tuple[int, Any]]]] = {}
+    by_kind: dict[MetricKind, dict[str, list[tuple[int, Any]]]] = {}
     for row in rows:
         if row["rank"] != 0:
             continue
@@ -83,7 +84,8 @@ def keepable(name: str) -> bool:
     return True
 
 
-def _locked(s: Session, trial_id: int, wanted: set[tuple[str, str]]) -> list[MetricSeries]:
+def _locked(s: Session, trial_id: int, wanted: set[tuple[MetricKind, str]]
+            ) -> list[MetricSeries]:
     rows = s.scalars(select(MetricSeries).where(
         MetricSeries.trial_id == trial_id, MetricSeries.name.in_({n for _, n in wanted}))
         .order_by(MetricSeries.kind, MetricSeries.name).with_for_update()).all()

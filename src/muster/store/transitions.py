@@ -56,7 +56,7 @@ class _Machine:
         try:
             return self.states(value)
         except ValueError:
-            names = ", ".join(s.value for s in self.states)
+            names = ", ".join(self.states)
             raise IllegalTransition(
                 f"{self.name} {entity_id}: {value!r} is not a {self.name} state (one of {names})"
             ) from None
@@ -110,8 +110,8 @@ def transition(
             entity_id=obj.id,
             experiment_id=experiment_id,
             trial_id=trial_id,
-            from_state=current.value,
-            to_state=target.value,
+            from_state=current,
+            to_state=target,
             reason=word,
             actor=actor,
             message=message,
@@ -150,7 +150,7 @@ def record_event(
 
 def _word(reason: Why | str) -> str:
     """The stored word of `reason` (tests of this module pass plain words)."""
-    return reason.value if isinstance(reason, Reason | EventReason) else reason
+    return str(reason)
 
 
 def _check_widths(reason: str, actor: str) -> None:
@@ -208,26 +208,26 @@ def _check_move(
     machine: _Machine, entity_id: int, current: State, target: State, actor: str,
     reason: Why | str,
 ) -> None:
-    where = f"{machine.name} {entity_id} is {current.value}"
+    where = f"{machine.name} {entity_id} is {current}"
     if current.is_terminal():
-        raise IllegalTransition(f"{where} (terminal); it cannot move to {target.value}")
+        raise IllegalTransition(f"{where} (terminal); it cannot move to {target}")
     allowed = machine.moves[current]
     if target not in allowed:
-        options = ", ".join(sorted(s.value for s in allowed))
+        options = ", ".join(sorted(allowed))
         raise IllegalTransition(
-            f"{where}; it cannot move to {target.value} (it can move to {options})"
+            f"{where}; it cannot move to {target} (it can move to {options})"
         )
     if (current, target) in REVIEW_ONLY_MOVES and (reason not in REVIEW_REASONS
                                                    or is_system(actor)):
         raise IllegalTransition(
-            f"{where}; only a person's review can move it to {target.value}, and this move "
+            f"{where}; only a person's review can move it to {target}, and this move "
             f"({_word(reason)!r} by {actor!r}) is not one"
         )
 
 
 def _stamp(obj: Entity, target: State, at: float, reason: str, message: str | None) -> None:
     """Write the new state and its times and explanation onto the row."""
-    obj.state = target.value
+    obj.state = target
     obj.updated_at = at
     if _ends_run(target) and obj.ended_at is None:
         obj.ended_at = at
@@ -237,7 +237,7 @@ def _stamp(obj: Entity, target: State, at: float, reason: str, message: str | No
     obj.reason = reason
     if isinstance(obj, Trial) and (_ends_run(target) or target is TrialState.PAUSED):
         obj.queue_reason = None  # a settled or paused trial waits for nothing
-    if target.value == "RUNNING" and obj.started_at is None:
+    if (target is TrialState.RUNNING or target is AttemptState.RUNNING) and obj.started_at is None:
         obj.started_at = at
 
 

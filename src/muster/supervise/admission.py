@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from muster.priority import MAX_PRIORITY
 from muster.schedule.disk import disk_shortfall
 from muster.schedule.plan import Capacity, Demand, Holding, plan
-from muster.states import EventReason, StopIntent, TrialState, values
+from muster.states import EnvironmentState, EventReason, StopIntent, TrialState, values
 from muster.store import Experiment, Trial, record_event
 from muster.store.configs import experiment_config, experiment_resources
 from muster.supervise.context import ACTOR, SupervisorContext
@@ -52,7 +52,6 @@ class _TrialRow(Protocol):
 
 Row = TypeVar("Row", bound=_TrialRow)
 Need = TypeVar("Need", Demand, Holding)
-_WAITING = values([TrialState.QUEUED, TrialState.RESTARTING])
 _READ_AT_ONCE = 1000  # experiments per query, when their needs are read
 
 
@@ -74,7 +73,7 @@ class _Holder(NamedTuple):
     experiment_id: int
     priority: int
     stop_requested: bool
-    stop_intent: str | None
+    stop_intent: StopIntent | None
 
 
 class _Resources(NamedTuple):
@@ -232,7 +231,8 @@ class Admission:
         quiet = self._quiet
         if quiet is None or self.ctx.placement.reserves:
             return False
-        if any(self.ctx.envs.state(key).state != "READY" for key in quiet.environments):
+        if any(self.ctx.envs.state(key).state is not EnvironmentState.READY
+               for key in quiet.environments):
             return False
         broken: list[tuple[int, Exception]] = []
         with self.ctx.store.session_scope() as s:
@@ -335,7 +335,7 @@ class Admission:
                 trials = cast(Table, Trial.__table__)
                 s.connection().execute(
                     update(trials).where(trials.c.id == bindparam("waiting_id"),
-                                         trials.c.state == TrialState.QUEUED.value)
+                                         trials.c.state == TrialState.QUEUED)
                     .values(queue_reason=bindparam("waiting_reason")), changed)
         return bool(changed)
 
@@ -362,9 +362,9 @@ class Admission:
         The next pass stops its replicas (SIGTERM, `stop_grace`, so it can checkpoint)."""
         with self.ctx.store.session_scope() as s:
             trial, waiting = s.get_one(Trial, trial_id), s.get_one(Trial, for_trial_id)
-            if not TrialState(trial.state).is_active() or trial.intent is not None:
+            if not trial.state.is_active() or trial.intent is not None:
                 return
-            trial.stop_intent = StopIntent.PREEMPT.value
+            trial.stop_intent = StopIntent.PREEMPT
             record_decision(s, trial, EventReason.PREEMPTED,
                             f"preempted by trial {waiting.id} (priority {waiting.priority}, "
                             f"better than this trial's {trial.priority}); it goes back to the "
@@ -389,9 +389,9 @@ def _queue_digest(s: Session) -> str | None:
     empty queue. (A number per row: joining each column's text cost ten times as much.)"""
     packed = (((sql_cast(Trial.id, BigInteger) * (MAX_PRIORITY + 1) + Trial.priority) * 2
                + sql_cast(Trial.stop_requested, Integer)) * 2
-              + case((Trial.state == TrialState.RESTARTING.value, 1), else_=0))
+              + case((Trial.state == TrialState.RESTARTING, 1), else_=0))
     return s.scalar(select(func.aggregate_strings(sql_cast(packed, String), ","))
-                    .where(Trial.state.in_(_WAITING)))
+                    .where(Trial.state.in_(values(TrialState.waiting()))))
 
 
 def _waiting_ahead(s: Session, priority: int, trial_id: int | None) -> bool:
@@ -400,7 +400,8 @@ def _waiting_ahead(s: Session, priority: int, trial_id: int | None) -> bool:
     highest id), so every waiting trial of `priority` or better."""
     before = Trial.priority <= priority if trial_id is None else (
         (Trial.priority < priority) | ((Trial.priority == priority) & (Trial.id < trial_id)))
-    return s.scalar(select(Trial.id).where(Trial.state.in_(_WAITING), before).limit(1)) is not None
+    waiting = Trial.state.in_(values(TrialState.waiting()))
+    return s.scalar(select(Trial.id).where(waiting, before).limit(1)) is not None
 
 
 def _waiting_trials(s: Session) -> list[_Waiting]:
@@ -408,7 +409,7 @@ def _waiting_trials(s: Session) -> list[_Waiting]:
     return [_Waiting._make(row) for row in s.execute(
         select(Trial.id, Trial.experiment_id, Trial.state, Trial.priority,
                Trial.stop_requested, Trial.queue_reason)
-        .where(Trial.state.in_(_WAITING)).order_by(Trial.priority, Trial.id))]
+        .where(Trial.state.in_(values(TrialState.waiting()))).order_by(Trial.priority, Trial.id))]
 
 
 def _holders(s: Session) -> list[_Holder]:

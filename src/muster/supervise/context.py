@@ -141,7 +141,7 @@ def read_live_attempts(s: Session, ids: Iterable[int] | None = None,
             if isinstance(config, Exception):
                 raise config
             live.append(LiveAttempt(
-                id=attempt.id, number=attempt.number, state=AttemptState(attempt.state),
+                id=attempt.id, number=attempt.number, state=attempt.state,
                 standby=attempt.standby, dir=AttemptDir(Path(attempt.run_dir)), trial=trial,
                 config=config, replicas=replicas[attempt.id], known=known[attempt.trial_id]))
         except Exception as exc:
@@ -165,7 +165,7 @@ def _trials(s: Session, trial_ids: set[int], standby_waiting: set[int]
                          .where(Trial.id.in_(trial_ids))):
         facts = TrialFacts(
             id=row.id, uuid=row.uuid, experiment_id=row.experiment_id,
-            state=TrialState(row.state), intent=Trial.intent_of(row.stop_requested,
+            state=row.state, intent=Trial.intent_of(row.stop_requested,
                                                                 row.stop_intent),
             queue_reason=row.queue_reason, attempts=counts.get(row.id, 0),
             standby_waiting=row.id in standby_waiting)

@@ -201,7 +201,7 @@ class Ending:
               counts: LogCounts | None, scans: LogScans | None = None,
               log_metrics: LogMetricEvidence | None = None) -> None:
         policy = experiment_config(trial.experiment).failure_policy
-        move = next_move(TrialState(trial.state), trial.intent, verdict, _budgets(trial),
+        move = next_move(trial.state, trial.intent, verdict, _budgets(trial),
                          policy)
         if move.clear_intent:
             trial.stop_intent = None
@@ -271,7 +271,7 @@ def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classif
     """Every ended replica explains itself (invariant 7)."""
     replica.exit_code = verdict.exit_code
     replica.signal = verdict.signal
-    replica.reason = verdict.reason.value
+    replica.reason = verdict.reason
     replica.message = verdict.message
     replica.log_tail = log_tail
     if verdict.reason is Reason.STALLED:
@@ -283,7 +283,7 @@ def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classif
         replica.log_lost_bytes = status.exit.log_lost_bytes
         replica.peak_rss_bytes = status.exit.peak_rss_bytes
         oom = status.exit.oom
-        replica.oom_source = oom.source.value if oom is not None else None
+        replica.oom_source = oom.source if oom is not None else None
         replica.oom_limit_bytes = oom.limit_bytes if oom is not None else None
         replica.started_at = status.exit.started_at
         replica.ended_at = status.exit.ended_at
@@ -327,7 +327,7 @@ def pause(s: Session, trial: Trial, move: Move) -> None:
                message=move.message)
     if trial.experiment.state == ExperimentState.ACTIVE:
         transition(s, trial, TrialState.QUEUED, reason=EventReason.REQUEUED, actor=ACTOR,
-                   message=f"back in the queue after it was {move.reason.value}; it resumes "
+                   message=f"back in the queue after it was {move.reason}; it resumes "
                            "from its latest checkpoint")
 
 
@@ -401,6 +401,6 @@ def _budgets(trial: Trial) -> Budgets:
         trial_retries=trial.trial_retries,
         internal_retries=trial.internal_retries,
         user_error_retries=trial.user_error_retries,
-        oom_retries=sum(a.reason == Reason.OOM.value for a in ran[:-1]),
+        oom_retries=sum(a.reason == Reason.OOM for a in ran[:-1]),
     )
 

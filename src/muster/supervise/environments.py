@@ -20,7 +20,7 @@ from typing import NamedTuple
 from sqlalchemy.orm import Session
 
 from muster.environments.registry import EnvState
-from muster.states import EventReason, Reason, TrialState
+from muster.states import EnvironmentState, EventReason, Reason, TrialState
 from muster.store import Trial, transition
 from muster.store.configs import experiment_config
 from muster.supervise.context import ACTOR, SupervisorContext
@@ -71,12 +71,12 @@ class EnvironmentGate:
             state = states.get(key)
             if state is None:
                 state = self.ctx.envs.state(key)
-                if state.state == "MISSING":
+                if state.state is EnvironmentState.MISSING:
                     state = self.ctx.envs.start(key)
                 states[key] = state
-            if state.state == "READY":
+            if state.state is EnvironmentState.READY:
                 found.ready.append(trial.id)
-            elif state.state == "FAILED":
+            elif state.state is EnvironmentState.FAILED:
                 found.failed.append(_Failed(trial.id, key, state))
             else:
                 found.waiting[trial.id] = waiting_reason(key, state)
@@ -90,9 +90,9 @@ class EnvironmentGate:
         with self.ctx.store.session_scope() as s:
             for item in failed:
                 trial = s.get_one(Trial, item.trial_id)
-                if trial.state == TrialState.QUEUED:
+                if trial.state is TrialState.QUEUED:
                     _apply(s, trial, item)
-        for key in {i.key for i in failed if i.state.reason in ("INFRA", "INTERNAL")}:
+        for key in {i.key for i in failed if i.state.reason in (Reason.INFRA, Reason.INTERNAL)}:
             self.ctx.envs.forget_failure(key)
 
 
@@ -103,7 +103,7 @@ def waiting_reason(key: str, state: EnvState) -> str:
 
 def _apply(s: Session, trial: Trial, item: _Failed) -> None:
     # The build says PERMANENT_ERROR, INFRA or INTERNAL; anything else is muster's fault.
-    reason = next((r for r in Reason if r.value == item.state.reason), Reason.INTERNAL)
+    reason = item.state.reason or Reason.INTERNAL
     what = (f"its environment {item.key} could not be built: {item.state.message} "
             f"(the whole log: `muster env logs {item.key}`)")
     policy = experiment_config(trial.experiment).failure_policy
@@ -114,7 +114,7 @@ def _apply(s: Session, trial: Trial, item: _Failed) -> None:
         used = getattr(trial, budget) + 1
         setattr(trial, budget, used)
         record_decision(s, trial, EventReason.ENVIRONMENT,
-                        f"{reason.value} failure; {what}; building it again (retry {used} of "
+                        f"{reason} failure; {what}; building it again (retry {used} of "
                         f"{limit})")
         return
     transition(s, trial, TrialState.STARTING, reason=EventReason.LAUNCHING, actor=ACTOR)

@@ -40,7 +40,7 @@ class Closing:
         # (A search killed before its first draw has no trial at all.)
         gave_up = select(Event.id).where(
             Event.experiment_id == Experiment.id,
-            Event.reason == EventReason.SEARCH_STOPPED.value).exists()
+            Event.reason == EventReason.SEARCH_STOPPED).exists()
         has_trials = (((created > 0) & (created >= Experiment.max_trials))
                       | Experiment.stop_requested.is_(True) | gave_up)
         # The ended states as literals, not parameters: PostgreSQL's generic plan for a
@@ -57,14 +57,14 @@ class Closing:
             # queue that is nearly none, and the counts and the events are read for those
             # alone (in one query, a database counted every experiment's trials).
             done = s.scalars(select(Experiment.id).where(
-                (Experiment.state == ExperimentState.ACTIVE.value)
-                | ((Experiment.state == ExperimentState.PAUSED.value)
+                (Experiment.state == ExperimentState.ACTIVE)
+                | ((Experiment.state == ExperimentState.PAUSED)
                    & Experiment.stop_requested.is_(True)),
                 ~unfinished)).all()
             ending = s.scalars(select(Experiment).options(selectinload(Experiment.trials))
                                .where(Experiment.id.in_(done), has_trials)) if done else ()
             for experiment in ending:
-                states = [TrialState(t.state) for t in experiment.trials]
+                states = [t.state for t in experiment.trials]
                 if not all(st.is_terminal() for st in states):
                     continue
                 drawn_none = stopped_drawing(s, experiment.id) if not states else None

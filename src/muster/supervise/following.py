@@ -281,7 +281,7 @@ class Following:
         with self.ctx.store.session_scope() as s:
             said = s.scalar(select(Event.id).where(  # before a restart of muster
                 Event.entity == "attempt", Event.entity_id == live.id,
-                Event.reason == EventReason.RANKS_DIFFER.value).limit(1))
+                Event.reason == EventReason.RANKS_DIFFER).limit(1))
             if said is None:
                 record_event(s, entity="attempt", entity_id=live.id,
                              reason=EventReason.RANKS_DIFFER, actor=ACTOR,

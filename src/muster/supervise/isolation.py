@@ -86,7 +86,7 @@ class Isolation:
             for trial in experiment.trials:
                 end_trial_now(s, self.ctx.launcher, trial,
                               f"its experiment ended ERROR: {message}")
-            state = ExperimentState(experiment.state)
+            state = experiment.state
             if not state.is_terminal():
                 transition(s, experiment, ExperimentState.ERROR,
                            reason=EventReason.INTERNAL_ERROR, actor=ACTOR, message=message)
@@ -97,11 +97,11 @@ def end_trial_now(s: Session, launcher: Launcher, trial: Trial, message: str) ->
     stop (the launcher stops them, recorded first) and the attempts end FAILED; the trial
     ends FAILED (CANCELED if it was paused), reason INTERNAL. A SUSPECT trial waits for its
     review, as ever; an ended one stays as it is."""
-    state = TrialState(trial.state)
+    state = trial.state
     if state.is_terminal() or state is TrialState.SUSPECT:
         return
     for attempt in trial.attempts:
-        if AttemptState(attempt.state) not in AttemptState.live():
+        if attempt.state not in AttemptState.live():
             continue
         for rank in sorted({r.rank for r in attempt.replicas}):
             try:

@@ -222,7 +222,7 @@ class Launching:
             return
         with self.ctx.store.session_scope() as s:
             waiting = set(s.scalars(select(Trial.id).where(
-                Trial.id.in_(scanning), Trial.state == TrialState.QUEUED.value,
+                Trial.id.in_(scanning), Trial.state == TrialState.QUEUED,
                 Trial.stop_requested.is_(False))))
         self.scans.forget_all_but(waiting)
 
@@ -289,7 +289,7 @@ class Launching:
         number = len(trial.attempts) + 1
         world_size = experiment_config(trial.experiment).resources.replicas
         attempt_dir = self.ctx.home.run_dir(trial.uuid).attempt(number)
-        attempt = Attempt(trial=trial, number=number, state=AttemptState.STARTING.value,
+        attempt = Attempt(trial=trial, number=number, state=AttemptState.STARTING,
                           run_dir=str(attempt_dir.path), standby=standby,
                           master_port=free_port() if port is None else port)
         s.add_all([attempt, *(Replica(attempt=attempt, rank=rank, host=self.ctx.host,
@@ -304,7 +304,7 @@ class Launching:
         when the trial no longer waits (or was killed, or its GPU plan is stale)."""
         with self.ctx.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
-            if trial.state not in (TrialState.QUEUED, TrialState.RESTARTING):
+            if not trial.state.is_waiting():
                 return None
             if trial.stop_requested:
                 transition(s, trial, TrialState.CANCELED, reason=EventReason.KILLED,

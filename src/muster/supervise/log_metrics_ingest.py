@@ -152,7 +152,7 @@ def _rows(trial_id: int, attempt: int, rank: int, reports: list[LogReport],
           times: list[float]) -> list[dict[str, Any]]:
     return [{"trial_id": trial_id, "attempt": attempt, "rank": rank, "kind": r.kind,
              "step": r.step, "time": at, "values": r.values,
-             "source": MetricSource.LOG.value} for r, at in zip(reports, times, strict=True)]
+             "source": MetricSource.LOG} for r, at in zip(reports, times, strict=True)]
 
 
 def _arrival_times(replica_log: ReplicaLog, reports: list[LogReport]) -> list[float]:

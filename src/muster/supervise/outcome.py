@@ -134,7 +134,7 @@ def next_move(state: TrialState, intent: StopIntent | None, verdict: Classificat
     """
     why, message = verdict.reason, verdict.message
     if state.is_settled():
-        return Move(Next.NOTE, why, f"an attempt ended after the trial was {state.value}: "
+        return Move(Next.NOTE, why, f"an attempt ended after the trial was {state}: "
                                     f"{message}")
     decision = decide(why, used, policy)
     if intent is StopIntent.KILL and decision.action is not Action.SUCCEED:
@@ -155,7 +155,7 @@ def next_move(state: TrialState, intent: StopIntent | None, verdict: Classificat
         shown = f"{decision.message}: {message}" if why is Reason.INTERNAL else message
         return Move(Next.FAIL, why, shown, decision=decision.message)
     if decision.charge is None:
-        raise ValueError(f"the failure policy chose {decision.action.value} for {why.value} "
+        raise ValueError(f"the failure policy chose {decision.action.value} for {why} "
                          "without naming a budget; this is a bug in muster")
     # The decision event says what happens next; the move says what ended.
     return Move(Next.RETRY, why, message, decision=decision.message, charge=decision.charge)

@@ -94,7 +94,7 @@ class Placements:
                           retries: int) -> None:
         with self.ctx.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
-            if trial.state not in (TrialState.QUEUED, TrialState.RESTARTING):
+            if not trial.state.is_waiting():
                 return
             failures = trial.capacity_waits + 1
             trial.capacity_waits = failures
@@ -127,7 +127,7 @@ class Placements:
                 select(Trial.uuid, Attempt.number).join(Attempt.trial)
                 .where(Attempt.state.in_(values(AttemptState.live()))))}
             for trial in s.scalars(select(Trial).where(Trial.state.in_(
-                    [TrialState.QUEUED.value, TrialState.RESTARTING.value]))):
+                    values(TrialState.waiting())))):
                 keep.add((trial.uuid, len(trial.attempts) + 1))
         removed = self.ctx.placement.sweep(keep)
         if removed:
@@ -175,7 +175,7 @@ def note_node_end(s: Session, replica: Replica, verdict: Classification,
         return
     node.quarantined_at = now()
     node.quarantine_reason = (f"replicas of {len(streak)} different trials in a row ended "
-                              f"{reason.value} or another infra failure there (trials "
+                              f"{reason} or another infra failure there (trials "
                               f"{', '.join(map(str, streak))})")
     message = (f"node {node.id} quarantined: {node.quarantine_reason}; no new replica is "
                f"placed there until `muster cluster node release {node.id}`")

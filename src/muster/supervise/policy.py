@@ -73,7 +73,7 @@ def decide(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decision:
         return _oom(used, policy)
     if reason is Reason.TRANSIENT:
         return _trial_retry(reason, used, policy) or _give_up(
-            f"{reason.value} failure; giving up after {count(policy.trial_retries, 'retry')}"
+            f"{reason} failure; giving up after {count(policy.trial_retries, 'retry')}"
         )
     if reason is Reason.INFRA or reason is Reason.LOST or reason is Reason.STALLED:
         return _infra(reason, used, policy)
@@ -120,10 +120,10 @@ def _infra(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decision:
     if used.replica_restarts < limit:
         what = "the replica" if policy.restart_scope == "replica" else "the trial's replicas"
         number = used.replica_restarts + 1
-        message = f"{reason.value} failure; restarting {what} (restart {number} of {limit})"
+        message = f"{reason} failure; restarting {what} (restart {number} of {limit})"
         return Decision(Action.RETRY, "replica_restarts", message)
     return _trial_retry(reason, used, policy) or _give_up(
-        f"{reason.value} failure; giving up after {count(limit, 'replica restart')} "
+        f"{reason} failure; giving up after {count(limit, 'replica restart')} "
         f"and {count(policy.trial_retries, 'trial retry')}"
     )
 
@@ -144,7 +144,7 @@ def _trial_retry(reason: Reason, used: Budgets, policy: FailurePolicy) -> Decisi
     if used.trial_retries >= limit:
         return None
     attempt = used.trial_retries + 1
-    message = f"{reason.value} failure; retrying the trial (retry {attempt} of {limit})"
+    message = f"{reason} failure; retrying the trial (retry {attempt} of {limit})"
     return Decision(Action.RETRY, "trial_retries", message)
 
 

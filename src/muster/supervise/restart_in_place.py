@@ -81,7 +81,7 @@ class RestartInPlace:
             number = replica.incarnation + 1
             trial.replica_restarts += 1
             record_decision(s, trial, verdict.reason,
-                            f"{verdict.reason.value} failure of the replica "
+                            f"{verdict.reason} failure of the replica "
                             f"{replica_name(status.rank)}; restarting it in place (restart "
                             f"{number} of {policy.replica_restarts} in attempt "
                             f"{attempt.number})")

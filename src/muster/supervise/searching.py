@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 
 ACTOR = SEARCHER
 GIVE_UP_AFTER = 3  # at least this many first trials failing alike stop a search
-_FAILED = {TrialState.FAILED, TrialState.CANCELED, TrialState.SUSPECT}
 _SHOWN_PARAMS = 6  # values named in a new trial's event
 
 
@@ -99,7 +98,7 @@ class Searching:
         with self.store.session_scope() as s:
             rows = s.execute(
                 select(Experiment.id).outerjoin(Trial, Trial.experiment_id == Experiment.id)
-                .where(Experiment.state == ExperimentState.ACTIVE.value,
+                .where(Experiment.state == ExperimentState.ACTIVE,
                        Experiment.stop_requested.is_(False),
                        (Experiment.max_trials > 1) | no_trial)
                 .group_by(Experiment.id, Experiment.max_trials)
@@ -118,7 +117,7 @@ class Searching:
                     return
                 trials = list(s.scalars(select(Trial).where(
                     Trial.experiment_id == experiment_id).order_by(Trial.number)))
-                unfinished = sum(TrialState(t.state).is_unfinished() for t in trials)
+                unfinished = sum(t.state.is_unfinished() for t in trials)
                 if (len(trials) >= experiment.max_trials
                         or unfinished >= config.searcher.max_concurrent_trials
                         or _gave_up(s, experiment, trials, config)):
@@ -129,7 +128,7 @@ class Searching:
                 warn_if_metric_missing(s, experiment, trials, config, history)
                 params, attrs = searcher.ask(history, number)
                 trial = Trial(experiment=experiment, number=number,
-                              state=TrialState.QUEUED.value, priority=experiment.priority,
+                              state=TrialState.QUEUED, priority=experiment.priority,
                               hparams=searcher.space.hparams(params),
                               search_state={"params": params, "attrs": attrs})
                 s.add(trial)
@@ -148,7 +147,7 @@ class Searching:
         """
         with self.store.session_scope() as s:
             trial = s.get_one(Trial, trial_id)
-            if trial.state != TrialState.RUNNING.value or trial.intent is not None:
+            if trial.state is not TrialState.RUNNING or trial.intent is not None:
                 return False
             experiment = trial.experiment
             config = experiment_config(experiment)
@@ -176,7 +175,7 @@ class Searching:
                 if verdict.prune:
                     state["early_stop"] = {"rung": verdict.rung, "step": step,
                                            "value": values[step]}
-                    trial.stop_intent = StopIntent.EARLY_STOP.value
+                    trial.stop_intent = StopIntent.EARLY_STOP
                     record_event(s, entity="trial", entity_id=trial.id,
                                  reason=EventReason.EARLY_STOP,
                                  actor=ACTOR, experiment_id=experiment.id, trial_id=trial.id,
@@ -229,7 +228,7 @@ def streak_of_permanent_errors(trials: Sequence[Trial], config: ExperimentConfig
     needed = max(GIVE_UP_AFTER, config.searcher.max_concurrent_trials)
     if any(t.state == TrialState.SUCCEEDED for t in trials):
         return None
-    ended = sorted((t for t in trials if TrialState(t.state).is_terminal()),
+    ended = sorted((t for t in trials if t.state.is_terminal()),
                    key=lambda t: (t.ended_at if t.ended_at is not None else float("inf"),
                                   t.number))
     first = ended[:needed]
@@ -242,7 +241,7 @@ def streak_of_permanent_errors(trials: Sequence[Trial], config: ExperimentConfig
 def stopped_drawing(s: Session, experiment_id: int) -> str | None:
     """Why the search stopped drawing trials (its `search stopped` event), if it did."""
     return s.scalars(select(Event.message).where(
-        Event.experiment_id == experiment_id, Event.reason == EventReason.SEARCH_STOPPED.value)
+        Event.experiment_id == experiment_id, Event.reason == EventReason.SEARCH_STOPPED)
         .limit(1)).first()
 
 
@@ -256,9 +255,9 @@ def warn_if_metric_missing(s: Session, experiment: Experiment, trials: Sequence[
         return
     if s.scalars(select(Event.id).where(
             Event.experiment_id == experiment.id,
-            Event.reason == EventReason.METRIC_MISSING.value).limit(1)).first() is not None:
+            Event.reason == EventReason.METRIC_MISSING).limit(1)).first() is not None:
         return
-    ended = sum(TrialState(t.state).is_terminal() for t in trials)
+    ended = sum(t.state.is_terminal() for t in trials)
     record_event(s, entity="experiment", entity_id=experiment.id,
                  reason=EventReason.METRIC_MISSING, actor=ACTOR, experiment_id=experiment.id,
                  message=f"none of the {count(ended, 'ended trial')} reported the searcher's "
@@ -310,12 +309,12 @@ def _past(trial: Trial, values: dict[int, float]) -> PastTrial:
     finite = {step: v for step, v in values.items() if math.isfinite(v)}
     outcome = SearchOutcome.RUNNING
     value = None
-    if trial.state == TrialState.SUCCEEDED.value and trial.early_stopped:
+    if trial.state is TrialState.SUCCEEDED and trial.early_stopped:
         outcome = SearchOutcome.PRUNED
-    elif trial.state == TrialState.SUCCEEDED.value and values:
+    elif trial.state is TrialState.SUCCEEDED and values:
         value = values[max(values)]  # the value it ended with
         outcome = SearchOutcome.COMPLETE if math.isfinite(value) else SearchOutcome.FAILED
-    elif trial.state == TrialState.SUCCEEDED.value or trial.state in _FAILED:
+    elif trial.state.is_settled():
         outcome = SearchOutcome.FAILED  # (a success without the metric teaches the search nothing)
     return PastTrial(trial.number, outcome, state.get("params", {}),
                      value if outcome is SearchOutcome.COMPLETE else None, finite,

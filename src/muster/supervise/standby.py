@@ -118,8 +118,8 @@ class Standby:
             return
         with self.ctx.store.session_scope() as s:
             unneeded = [a.id for a in s.scalars(select(Attempt).where(
-                Attempt.standby.is_(True), Attempt.state == AttemptState.STARTING.value))
-                if a.trial.intent is not None or TrialState(a.trial.state).is_settled()]
+                Attempt.standby.is_(True), Attempt.state == AttemptState.STARTING))
+                if a.trial.intent is not None or a.trial.state.is_settled()]
         for standby_id in unneeded:
             self.drop(standby_id, "the warm standby was not needed")
 
@@ -129,7 +129,7 @@ class Standby:
             attempt_dir = AttemptDir(Path(standby.run_dir))
             ranks = sorted({replica.rank for replica in standby.replicas})
             for replica in standby.replicas:
-                replica.reason, replica.message = Reason.STOPPED.value, message
+                replica.reason, replica.message = Reason.STOPPED, message
                 replica.ended_at = now()
             transition(s, standby, AttemptState.CANCELED, reason=EventReason.STANDBY,
                        actor=ACTOR, message=message)

@@ -58,14 +58,14 @@ def warn_if_step_scales_differ(store: Store, trial_id: int, new_validations: Seq
 def _warned(s: Session, trial_id: int) -> bool:
     return s.scalar(select(Event.id).where(
         Event.trial_id == trial_id,
-        Event.reason == EventReason.STEP_SCALES_DIFFER.value).limit(1)) is not None
+        Event.reason == EventReason.STEP_SCALES_DIFFER).limit(1)) is not None
 
 
 def _validations(s: Session, trial_id: int) -> list[Mark]:
     return [Mark(attempt, time, step) for attempt, time, step in s.execute(
         select(Metric.attempt, Metric.time, Metric.step)
         .where(Metric.trial_id == trial_id, Metric.kind == MetricKind.VALIDATION, Metric.rank == 0,
-               Metric.source == MetricSource.HARNESS.value)
+               Metric.source == MetricSource.HARNESS)
         .order_by(Metric.id))]
 
 

@@ -218,10 +218,6 @@ class Evidence:
     log_losses: tuple[LogLoss, ...] | None = None
 
 
-PASSED, FAILED, WARNING, NOT_RUN = (CheckStatus.PASSED.value, CheckStatus.FAILED.value,
-                                    CheckStatus.WARNING.value, CheckStatus.NOT_RUN.value)
-
-
 @dataclass(frozen=True)
 class Check:
     """One check's finding: `status` is passed, failed, warning (it found something, and
@@ -231,23 +227,21 @@ class Check:
     name: str
     passed: bool
     detail: str
-    status: str = ""  # derived from `passed` when not given
+    status: CheckStatus | None = None  # derived from `passed` when not given
 
     def __post_init__(self) -> None:
-        if not self.status:
-            object.__setattr__(self, "status", PASSED if self.passed else FAILED)
-        if (self.status == FAILED) == self.passed or self.status not in (
-                PASSED, FAILED, WARNING, NOT_RUN):
-            raise ValueError(f"check {self.name}: status {self.status!r} with passed="
-                             f"{self.passed}")
+        status = self.status or (CheckStatus.PASSED if self.passed else CheckStatus.FAILED)
+        if status not in tuple(CheckStatus) or (status == CheckStatus.FAILED) == self.passed:
+            raise ValueError(f"check {self.name}: status {status!r} with passed={self.passed}")
+        object.__setattr__(self, "status", CheckStatus(status))
 
     @classmethod
     def warning(cls, name: str, detail: str) -> Check:
-        return cls(name, True, f"warning: {detail}", WARNING)
+        return cls(name, True, f"warning: {detail}", CheckStatus.WARNING)
 
     @classmethod
     def not_run(cls, name: str, why: str) -> Check:
-        return cls(name, True, f"not run: {why}", NOT_RUN)
+        return cls(name, True, f"not run: {why}", CheckStatus.NOT_RUN)
 
 
 # The checks that look at what the run produced. An exit 0 is *verified* only when every
@@ -267,7 +261,7 @@ class Verdict:
     def verified(self) -> bool:
         """No check failed, the run reached its planned end, and a check of its results
         passed."""
-        passed = {c.name for c in self.checks if c.status == PASSED}
+        passed = {c.name for c in self.checks if c.status is CheckStatus.PASSED}
         return self.passed and "completed" in passed and bool(passed & RESULT_CHECKS)
 
     def why_not_verified(self) -> str:
@@ -276,12 +270,13 @@ class Verdict:
         if self.verified or not self.passed:
             return ""
         reasons = [f"{c.name}: {_without_not_run(c.detail)}" for c in self.checks
-                   if c.name == "completed" and c.status != PASSED]
-        if not any(c.status == PASSED and c.name in RESULT_CHECKS for c in self.checks):
+                   if c.name == "completed" and c.status is not CheckStatus.PASSED]
+        if not any(c.status is CheckStatus.PASSED and c.name in RESULT_CHECKS
+                   for c in self.checks):
             reasons.append("no check inspected its results (a checkpoint, outputs, samples "
                            "or required metrics)")
         reasons += [f"{c.name}: {_without_not_run(c.detail)}" for c in self.checks
-                    if c.status == NOT_RUN and c.name != "completed"
+                    if c.status is CheckStatus.NOT_RUN and c.name != "completed"
                     and c.name in RESULT_CHECKS]
         return "; ".join(reasons)
 
