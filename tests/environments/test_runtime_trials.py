@@ -18,7 +18,7 @@ from muster.environments.interpreters import own
 from muster.errors import ConfigError
 from muster.home import Home
 from muster.server.app import create_app
-from muster.server.state import ServerSettings
+from muster.server.settings import ServerSettings
 from tests.server.experiments import only_trial, submit, wait_ended, write_context
 from tests.servers import RunningServer, serving, shared_server
 

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from muster.launch.local import LocalLauncher
 from muster.priority import DEFAULT_PRIORITY
 from muster.schedule.local_placement import LocalPlacement
-from muster.services.experiments import create_experiments
+from muster.services.experiments import NewExperiments, PlainSubmission, create_experiments
 from muster.states import TrialState, values
 from muster.store import Event, Trial
 from muster.supervise.supervisor import ADMITTED_AT_SUBMISSION, Supervisor
@@ -55,8 +55,8 @@ def _rig(rig: Rig, slots: int) -> Rig:
 
 def _create(rig: Rig, entrypoint: list[str]) -> Submitted:
     (experiment_id,) = create_experiments(
-        rig.store, rig.home, rig.admin, [experiment_yaml(entrypoint)], archive=None,
-        admitting=rig.supervisor.admitting_new)
+        PlainSubmission(rig.store, rig.home, admit=rig.supervisor.admitting_new), rig.admin,
+        NewExperiments([experiment_yaml(entrypoint)]))
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id))
         return Submitted(experiment_id, trial_id.one())
@@ -119,8 +119,9 @@ def test_a_batch_admits_in_the_queues_order_up_to_the_free_slots(rig: Rig) -> No
     configs = [yaml.safe_dump({"name": "batch", "entrypoint": [sys.executable, "-c", "pass"],
                                "resources": {"priority": priority}})
                for priority in (50, 50, 10)]
-    created = create_experiments(two.store, two.home, two.admin, configs, archive=None,
-                                 admitting=two.supervisor.admitting_new)
+    created = create_experiments(
+        PlainSubmission(two.store, two.home, admit=two.supervisor.admitting_new), two.admin,
+        NewExperiments(configs))
     with two.store.session_scope() as s:
         states = [s.scalars(select(Trial.state).where(Trial.experiment_id == e)).one()
                   for e in created]
@@ -141,8 +142,8 @@ def test_a_pass_between_the_creates_commit_and_its_launch_leaves_the_attempt_alo
     with supervisor.admitting_new(DEFAULT_PRIORITY) as admit:
         assert admit is not None
         (experiment_id,) = create_experiments(
-            rig.store, rig.home, rig.admin, [experiment_yaml([sys.executable, "-c", "pass"])],
-            archive=None)
+            PlainSubmission(rig.store, rig.home), rig.admin,
+            NewExperiments([experiment_yaml([sys.executable, "-c", "pass"])]))
         with rig.store.session_scope() as s:
             trial = s.scalars(select(Trial).where(Trial.experiment_id == experiment_id)).one()
             trial_id = trial.id

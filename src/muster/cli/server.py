@@ -26,7 +26,7 @@ from muster.launch.base import ProcessIdentity
 from muster.launch.identity import is_alive, own_identity, read_identity
 
 if TYPE_CHECKING:
-    from muster.server.state import ServerSettings
+    from muster.server.settings import ServerSettings
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -51,7 +51,7 @@ def up(
 ) -> None:
     """Start the muster server (and its supervisor) on this machine."""
     from muster.jobenv import JOB_UMASK
-    from muster.server.state import ServerSettings
+    from muster.server.settings import ServerSettings
 
     # The server's files (database, logs, run files) are its user's alone; jobs get the
     # user's own umask back (the shim restores it).

@@ -1,4 +1,4 @@
-"""The FastAPI application: wiring of store, supervisor, routes and error handling.
+"""The FastAPI application: the platform (`platform.py`), routes and error handling.
 
 The API's reference is `/openapi.json` (no token needed), and there is no `/docs` or
 `/redoc` page. FastAPI's pages load Swagger UI and ReDoc from a CDN, so on the offline
@@ -27,27 +27,21 @@ from starlette.exceptions import HTTPException
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from muster import __version__, ui
-from muster.checkpoint_storage.worker import StorageWorker
-from muster.environments.interpreters import InterpreterError
-from muster.environments.runtime_base import check_base_environment
 from muster.errors import ConfigError, MusterError, StorageError, TooManyRequests
 from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
-from muster.schedule.backends import open_placement
 from muster.server import account_routes
 from muster.server.body_limit import BodyLimit
-from muster.server.launchers import open_launcher
 from muster.server.orchestrator import TICK_SECONDS, Orchestrator
 from muster.server.pages import error_page, pages
+from muster.server.platform import open_platform
 from muster.server.routes import PREFIX, public, router, scrape
 from muster.server.security_headers import HEADERS, SecurityHeaders
-from muster.server.state import ServerSettings, ServerState
+from muster.server.settings import ServerSettings
+from muster.server.state import ServerState
 from muster.server.wakeups import SAFETY_NET_SECONDS
-from muster.services.allowances import Allowances
 from muster.services.users import bootstrap
-from muster.store import Store
-from muster.supervise.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -58,60 +52,38 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     Raises:
         ConfigError: the cluster config is invalid, or its `run_as` cannot be met here.
     """
-    settings = settings or ServerSettings()
-    cluster = settings.cluster(home)
-    run_as = settings.run_as(cluster)
-    _check_base_environment(cluster.base_environment, run_as is not None)
-    launcher, home = open_launcher(cluster, home)
-    home.ensure(jobs_enter=run_as is not None)
-    store = Store(settings.db_url or home.default_db_url)
-    placement = open_placement(launcher, store, cluster, home, slots=settings.slots)
-    supervisor = Supervisor(
-        store=store, launcher=launcher, home=home, placement=placement,
-        min_free_disk=(settings.min_free_disk if settings.min_free_disk is not None
-                       else cluster.min_free_disk),
-        preemption=cluster.preemption,
-        run_as=run_as, quarantine_after=cluster.node_quarantine.failures,
-        base_environment=cluster.base_environment, log_limit=cluster.log_limit,
-    )
-
-    safety_net = _safety_net()
+    platform = open_platform(home, settings or ServerSettings())
     # MUSTER_WAKEUPS=0: poll every TICK_SECONDS instead (a file system whose changes inotify
     # does not see, such as another machine's writes to NFS; a comparison).
     wakeups = os.environ.get("MUSTER_WAKEUPS", "1") != "0"
+    state = ServerState(platform, Orchestrator(
+        platform.supervisor, safety_net=_safety_net(),
+        use_wakeups=wakeups and platform.launcher.capabilities.watchable_files))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store, home = platform.store, platform.home
         await asyncio.to_thread(store.upgrade)
         admin = await asyncio.to_thread(bootstrap, store, home.token_path)
         log.info("the token in %s is %s's (an admin)", home.token_path, admin)
-        orchestrator = Orchestrator(supervisor, safety_net=safety_net, use_wakeups=(
-            wakeups and launcher.capabilities.watchable_files))
-        supervisor.envs.runtime.start()  # what the first trial without an environment needs
-        if isinstance(launcher, LocalLauncher):
-            await asyncio.to_thread(launcher.warm_up)
-            _wake_on_replica_exit(orchestrator, launcher)
-        storage = StorageWorker(store, home, cluster.checkpoint_storage)
-        app.state.muster = ServerState(home, store, orchestrator, launcher,
-                                       priority_floor=cluster.priority_floor, run_as=run_as,
-                                       storage=storage, allowances=Allowances.of(cluster),
-                                       build_logs_open=cluster.build_logs == "everyone")
-        storage.start()
-        task = asyncio.create_task(orchestrator.run(), name="muster-orchestrator")
+        platform.start()
+        if isinstance(platform.launcher, LocalLauncher):
+            await asyncio.to_thread(platform.launcher.warm_up)
+            _wake_on_replica_exit(state.orchestrator, platform.launcher)
+        task = asyncio.create_task(state.orchestrator.run(), name="muster-orchestrator")
         try:
             yield
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            await asyncio.to_thread(storage.stop)
-            app.state.muster.log_watch.close()
-            supervisor.envs.stop_all()  # a build half done is redone by the next server
-            store.dispose()
-            placement.close()
+            state.log_watch.close()
+            await asyncio.to_thread(platform.close)
 
     app = FastAPI(title="muster", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # see the module's docstring
+    app.state.muster = state
+    cluster = platform.settings
     app.add_middleware(BodyLimit, exempt=(("POST", f"{PREFIX}/experiments"),))
     if cluster.trusted_proxies:
         # The client's address (login limits) and scheme (Secure cookies) come from
@@ -128,22 +100,6 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.mount("/static", StaticFiles(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app
-
-
-def _check_base_environment(path: str | None, run_as: bool) -> None:
-    """The cluster config's `base_environment`, checked before anything starts.
-
-    Raises:
-        ConfigError: it is not an interpreter (or venv) muster can use.
-    """
-    if path is None:
-        return
-    try:
-        check_base_environment(path, run_as=run_as)
-    except InterpreterError as exc:
-        raise ConfigError(f"base_environment in the cluster config cannot be used: {exc}; "
-                          "name a Python 3 interpreter or a venv, or remove it (trials then "
-                          "run on the runtime base muster computes)") from exc
 
 
 def trusted_proxies(entries: list[str]) -> list[str]:

@@ -600,11 +600,10 @@ def cluster_page(request: Request, who: Visitor) -> Response:
         return _to_login(request)
     state = _state(request)
     return _render(request, "cluster.html", who, nav="cluster",
-                   cluster=cluster.cluster_status(state.orchestrator.supervisor),
+                   cluster=cluster.cluster_status(state.platform),
                    jobs=jobs.list_jobs(state.store),
-                   envs=environments.list_environments(state.store,
-                                                       state.orchestrator.supervisor.envs,
-                                                       who, state.build_logs_open))
+                   envs=environments.list_environments(state.store, state.platform.envs, who,
+                                                       state.platform.build_logs_open))
 
 
 def _can_act(who: Principal, owner: str | None) -> bool:

@@ -193,13 +193,9 @@ async def create_experiment(state: State, request: Request,
     with (_UNPACKING.holding(owner.name),
           tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp):
         form = await upload_form.read_upload_form(request, Path(tmp))
-        create = functools.partial(
-            experiments.create_experiments, state.store, state.home, owner, form.configs,
-            form.archive, capacity=cluster.submission_capacity(state.orchestrator.supervisor),
-            secrets=form.secrets, priority_floor=state.priority_floor, run_as=state.run_as,
-            context_from=form.context_from, git=form.git,
-            admitting=state.orchestrator.supervisor.admitting_new, allowed=state.allowances,
-            runtime=state.orchestrator.supervisor.envs.runtime)
+        new = experiments.NewExperiments(form.configs, form.archive, form.secrets,
+                                         form.context_from, form.git)
+        create = functools.partial(experiments.create_experiments, state.platform, owner, new)
         if form.archive is None and form.context_from is None:
             exp_ids = await asyncio.to_thread(create)
         else:
@@ -220,7 +216,7 @@ _UNPACKING = FairQueue(workers=2, per_user=8, total=32, name="muster-unpack")
 @router.get("/cluster", response_model=api.ClusterStatus)
 def get_cluster(state: State, _: Reader) -> dict[str, Any]:
     """Slots, queue and disk of this installation (`muster cluster status`)."""
-    return cluster.cluster_status(state.orchestrator.supervisor)
+    return cluster.cluster_status(state.platform)
 
 
 @router.post("/cluster/nodes/{node_id}/release", response_model=api.NodeReleaseView,
@@ -238,8 +234,8 @@ def list_environments(state: State, who: Reader) -> list[dict[str, Any]]:
     """Every environment muster was asked to build: its state, packages, size, last use and
     the trials that need it or ran in it (`muster env list`); why a build failed only to
     those who may read its log."""
-    return environments.list_environments(state.store, state.orchestrator.supervisor.envs,
-                                          who, state.build_logs_open)
+    return environments.list_environments(state.store, state.platform.envs, who,
+                                          state.platform.build_logs_open)
 
 
 _BUILD_LOG: dict[int | str, dict[str, Any]] = {200: {
@@ -256,8 +252,8 @@ def environment_log(state: State, who: Reader,
     """The build log of the environment whose hash starts with `prefix` (`muster env logs`),
     for admins and the owners of experiments that need it (or every reader, with the
     cluster config's `build_logs: everyone`); the `X-Environment` header names it in full."""
-    key, data = environments.environment_log(state.store, state.orchestrator.supervisor.envs,
-                                             prefix, who, offset, state.build_logs_open)
+    key, data = environments.environment_log(state.store, state.platform.envs, prefix, who,
+                                             offset, state.platform.build_logs_open)
     return Response(data, media_type="text/plain; charset=utf-8",
                     headers={"X-Environment": key})
 
@@ -273,8 +269,7 @@ def prune_environments(state: State, body: api.PruneRequest,
         older_than = parse_duration(body.older_than)
     except ValueError as exc:
         raise InvalidRequest(f"older_than: {exc}") from exc
-    return environments.prune_environments(state.store, state.orchestrator.supervisor.envs,
-                                           older_than)
+    return environments.prune_environments(state.store, state.platform.envs, older_than)
 
 
 _PROMETHEUS_TEXT: dict[int | str, dict[str, Any]] = {200: {
@@ -285,7 +280,7 @@ _PROMETHEUS_TEXT: dict[int | str, dict[str, Any]] = {200: {
 @router.get("/metrics", response_class=Response, responses=_PROMETHEUS_TEXT)
 def get_prometheus_metrics(state: State, _: Reader) -> Response:
     """The cluster's gauges and counters in Prometheus's text format (version 0.0.4)."""
-    snapshot = cluster.read_cluster(state.orchestrator.supervisor)
+    snapshot = cluster.read_cluster(state.platform)
     return Response(prometheus.render(prometheus.cluster_metrics(snapshot)),
                     media_type=prometheus.CONTENT_TYPE)
 
@@ -311,7 +306,7 @@ async def set_trial_priority(state: State, trial_id: TrialId, body: api.Priority
     """Move a trial in the queue; 409 once it has ended. Takes effect on the next pass. A
     user moves its own trials, and not above the cluster's `priority_floor`."""
     view = await asyncio.to_thread(jobs.set_trial_priority, state.store, who, trial_id,
-                                   body.priority, state.priority_floor)
+                                   body.priority, state.platform.priority_floor)
     state.orchestrator.wake.set()
     return view
 
@@ -325,7 +320,8 @@ async def set_experiment_priority(
     """Set the priority of every trial of the experiment that has not ended, and of those
     it makes from now on; 409 once it has ended."""
     view = await asyncio.to_thread(jobs.set_experiment_priority, state.store, who,
-                                   experiment_id, body.priority, state.priority_floor)
+                                   experiment_id, body.priority,
+                                   state.platform.priority_floor)
     state.orchestrator.wake.set()
     return view
 
@@ -537,7 +533,7 @@ async def get_trial_logs(
         ticket = state.follows.take(who.name)
         with contextlib.ExitStack() as on_error:
             on_error.callback(ticket.release)
-            stream = await logs.follow_log(state.store, state.launcher, trial_id,
+            stream = await logs.follow_log(state.store, state.platform.launcher, trial_id,
                                            attempt=attempt, rank=rank, offset=offset,
                                            tail=tail, one_attempt=one_attempt,
                                            home=state.home,
@@ -547,8 +543,8 @@ async def get_trial_logs(
                             recheck=functools.partial(authenticate, request, state.store,
                                                       csrf=False))
     piece = await asyncio.to_thread(
-        logs.read_log, state.store, state.launcher, trial_id, attempt=attempt, rank=rank,
-        offset=offset, limit=limit, tail=tail, cursor=cursor, home=state.home,
+        logs.read_log, state.store, state.platform.launcher, trial_id, attempt=attempt,
+        rank=rank, offset=offset, limit=limit, tail=tail, cursor=cursor, home=state.home,
     )
     return Response(piece.data, media_type="application/octet-stream",
                     headers=_log_headers(piece, rank_named=rank is not None))
@@ -588,8 +584,8 @@ async def download_trial_log(
 ) -> Response:
     """One replica's whole log as a file, `trial-<id>-attempt-<a>-rank-<r>.log`: every byte
     it held when the request came (Content-Length), however large; 404 before it exists."""
-    raw = await asyncio.to_thread(logs.open_raw_log, state.store, state.launcher, trial_id,
-                                  attempt=attempt, rank=rank, home=state.home)
+    raw = await asyncio.to_thread(logs.open_raw_log, state.store, state.platform.launcher,
+                                  trial_id, attempt=attempt, rank=rank, home=state.home)
     return Download(raw.chunks(), size=raw.size, filename=raw.filename,
                     media_type="application/octet-stream", close=raw.close,
                     headers={"X-Muster-Attempt": str(raw.attempt)})
@@ -773,7 +769,7 @@ async def collect_checkpoints(state: State, experiment_id: ExperimentId,
     the counts given become its policy and the plan is applied (by the storage worker, at
     once). Applying takes the owner or an admin; a dry run, anyone who reads."""
     counts = body.model_dump(exclude_none=True, exclude={"dry_run"})
-    return await asyncio.to_thread(retention.collect, state.store, state.storage, who,
+    return await asyncio.to_thread(retention.collect, state.store, state.platform.storage, who,
                                    experiment_id, counts, body.dry_run)
 
 
@@ -785,8 +781,8 @@ async def delete_experiment(state: State, experiment_id: ExperimentId,
     """Delete an ended experiment: its checkpoints (in storage and on disk), run
     directories, logs and records, by the storage worker; 409 while it runs. The records
     go last: until then it is hidden from lists and its checkpoints are `deleting`."""
-    return await asyncio.to_thread(retention.delete_experiment, state.store, state.storage,
-                                   who, experiment_id)
+    return await asyncio.to_thread(retention.delete_experiment, state.store,
+                                   state.platform.storage, who, experiment_id)
 
 
 @router.post("/experiments/{experiment_id}/archive", response_model=api.Archived,

@@ -15,25 +15,51 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import func, select
 
+from muster.environments.registry import Environments
 from muster.environments.runtime_base import BaseSummary
 from muster.environments.runtime_plan import TRAINING_PACKAGES
 from muster.errors import Conflict, GpuError, NotFound
+from muster.home import Home
 from muster.schedule.disk import disk_shortfall, free_bytes
 from muster.schedule.inventory import Gpu, GpuInventory
-from muster.schedule.placement import NodeInfo
+from muster.schedule.placement import NodeInfo, Placement
 from muster.services.submission import ClusterCapacity
 from muster.sizes import format_size
 from muster.states import AttemptState, EnvironmentState, GpuState, TrialState, values
 from muster.store import Attempt, ClusterNode, GpuDevice, Replica, Store, Trial
 from muster.supervise.launching import MASTER_ADDR
 from muster.supervise.placement import release_node
-from muster.supervise.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+
+class ClusterView(Protocol):
+    """What the cluster's status reads of the server (`muster.server.platform.Platform`)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def home(self) -> Home: ...
+
+    @property
+    def placement(self) -> Placement:
+        """The slots, the GPU inventory, the nodes."""
+
+    @property
+    def envs(self) -> Environments:
+        """The built environments, and the runtime base."""
+
+    @property
+    def min_free_disk(self) -> int:
+        """The disk guard: nothing launches with less free in the runs directory."""
+
+    def slots_in_use(self) -> int:
+        """One slot per replica without GPUs of every trial that holds its resources."""
 
 
 @dataclass(frozen=True)
@@ -82,11 +108,11 @@ class ClusterSnapshot:
         return self.trial_counts[TrialState.QUEUED]
 
 
-def submission_capacity(supervisor: Supervisor) -> ClusterCapacity:
+def submission_capacity(view: ClusterView) -> ClusterCapacity:
     """What a submitted trial's demand is compared with: every slot and GPU there is. A
     Ray cluster may grow (an autoscaler) and its GPUs are Ray's to place: what it cannot
     place waits, then fails as CAPACITY, instead of being refused here."""
-    placement = supervisor.placement
+    placement = view.placement
     if placement.may_grow:
         return ClusterCapacity(slots=placement.slots(), gpus={}, can_grow=True)
     try:
@@ -97,19 +123,19 @@ def submission_capacity(supervisor: Supervisor) -> ClusterCapacity:
     return ClusterCapacity(slots=placement.slots(), gpus=dict(gpus))
 
 
-def read_cluster(supervisor: Supervisor) -> ClusterSnapshot:
+def read_cluster(view: ClusterView) -> ClusterSnapshot:
     """The installation as it is now; GPU memory is read from the inventory, live."""
-    home = supervisor.home
-    with supervisor.store.session_scope() as s:
+    home = view.home
+    with view.store.session_scope() as s:
         counts = dict(s.execute(select(Trial.state, func.count()).group_by(Trial.state)).all())
         rows = {row.index: (row.state, row.trial_id) for row in s.scalars(
             select(GpuDevice).where(GpuDevice.present.is_(True)))}
-    inventory = supervisor.placement.inventory
+    inventory = view.placement.inventory
     gpus = tuple(_gpu_status(inventory, gpu, *rows.get(gpu.index, (GpuState.FREE.value, None)))
                  for gpu in inventory.gpus())
     return ClusterSnapshot(
-        slots=supervisor.slots,
-        slots_used=supervisor.slots_in_use(),
+        slots=view.placement.slots(),
+        slots_used=view.slots_in_use(),
         trial_counts={state: counts.get(state, 0) for state in TrialState},
         gpus=gpus,
         gpu_note=inventory.note,
@@ -149,13 +175,13 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
+def cluster_status(view: ClusterView) -> dict[str, Any]:
     """Slots (one per replica without GPUs), GPUs, the queue, trials by state, and free
     disk per file system and against `min_free_disk`."""
-    snapshot = read_cluster(supervisor)
-    runs_dir = supervisor.home.runs_dir
+    snapshot = read_cluster(view)
+    runs_dir = view.home.runs_dir
     free = free_bytes(runs_dir)
-    shortfall = disk_shortfall(runs_dir, supervisor.min_free_disk)
+    shortfall = disk_shortfall(runs_dir, view.min_free_disk)
     return {
         "slots": snapshot.slots,
         "slots_in_use": snapshot.slots_used,
@@ -170,22 +196,22 @@ def cluster_status(supervisor: Supervisor) -> dict[str, Any]:
                          "total_bytes": fs.total_bytes} for fs in snapshot.filesystems],
         "runs_dir": str(runs_dir),
         "free_disk_bytes": free,
-        "min_free_disk_bytes": supervisor.min_free_disk,
+        "min_free_disk_bytes": view.min_free_disk,
         "disk_ok": shortfall is None,
         "disk_message": shortfall or (f"{format_size(free)} free, at least "
-                                      f"{format_size(supervisor.min_free_disk)} required"),
-        "environments": _environments_disk(supervisor),
-        "runtime_base": runtime_base_view(supervisor.envs.runtime.summary()),
-        "nodes": _nodes(supervisor, snapshot),
+                                      f"{format_size(view.min_free_disk)} required"),
+        "environments": _environments_disk(view),
+        "runtime_base": runtime_base_view(view.envs.runtime.summary()),
+        "nodes": _nodes(view, snapshot),
     }
 
 
-def _nodes(supervisor: Supervisor, snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
+def _nodes(view: ClusterView, snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
     """The machines trials run on, `{id, address, alive, cpus, gpus, ...}`: a cluster's
     nodes as its launcher lists them (with the circuit breaker's verdict), or, with the
     local launcher, this one (its host name, and the address its ranks meet at); each with
     the replicas of live attempts that run there."""
-    with supervisor.store.session_scope() as s:
+    with view.store.session_scope() as s:
         quarantined = {node.id: node.quarantine_reason for node in s.scalars(
             select(ClusterNode).where(ClusterNode.quarantined_at.is_not(None)))}
         running: dict[str, list[dict[str, int]]] = {}
@@ -197,7 +223,7 @@ def _nodes(supervisor: Supervisor, snapshot: ClusterSnapshot) -> list[dict[str, 
                 .order_by(Attempt.trial_id, Replica.rank)):
             running.setdefault(str(node_id), []).append(
                 {"trial_id": trial_id, "attempt": attempt, "rank": rank})
-    found = supervisor.placement.nodes()
+    found = view.placement.nodes()
     if found is None:
         here = socket.gethostname()
         found = [NodeInfo(id=here, address=MASTER_ADDR, alive=True,
@@ -249,8 +275,8 @@ def runtime_base_view(base: BaseSummary) -> dict[str, Any]:
             "error": base.error, "message": message}
 
 
-def _environments_disk(supervisor: Supervisor) -> dict[str, int]:
-    built = [s for s in supervisor.envs.summaries() if s.state is EnvironmentState.READY]
+def _environments_disk(view: ClusterView) -> dict[str, int]:
+    built = [s for s in view.envs.summaries() if s.state is EnvironmentState.READY]
     return {"count": len(built), "bytes": sum(s.size_bytes or 0 for s in built)}
 
 

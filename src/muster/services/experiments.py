@@ -8,9 +8,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -39,9 +39,6 @@ from muster.store import Event, Experiment, Store, Trial, User, record_event, tr
 from muster.store.configs import experiment_searcher
 from muster.words import count
 
-if TYPE_CHECKING:
-    from muster.supervise.supervisor import AdmitNew
-
 # A review's decision: the state it moves a SUSPECT trial to, and the event's reason.
 REVIEW_DECISIONS = {
     "approve": (TrialState.SUCCEEDED, EventReason.REVIEW_APPROVED),
@@ -57,73 +54,138 @@ MAX_ENTRIES_PER_CREATE = 200_000
 TrialPartOf = Callable[[Trial], dict[str, Any]]
 
 
+# Records, in a create's transaction, the first attempt of a trial created in it when it
+# may start at once (what `Submission.admitting` yields: the supervisor's `admitting_new`).
+AdmitNew = Callable[[Session, Trial], None]
+
+
+class Submission(Protocol):
+    """What a create needs of the server (`muster.server.platform.Platform`), or of a store
+    and a home alone (`PlainSubmission`)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def home(self) -> Home: ...
+
+    @property
+    def allowances(self) -> Allowances:
+        """What a non-admin's config may make the server act on (`services.allowances`)."""
+
+    @property
+    def priority_floor(self) -> int:
+        """The best priority a non-admin may give."""
+
+    @property
+    def run_as(self) -> RunAs | None:
+        """Whom jobs run as; None: the server's user."""
+
+    @property
+    def runtime(self) -> RuntimeBase:
+        """What an environment that inherits (without `environment.python`) is based on:
+        the server's base of trials (it knows the cluster config's `base_environment`)."""
+
+    def capacity(self) -> ClusterCapacity | None:
+        """What a trial's demand is compared with (`services.submission`); None: nothing."""
+
+    def admitting(self, priority: int) -> ContextManager[AdmitNew | None]:
+        """Admission at submission for trials of `priority` at best: yields a function to
+        call with each new trial in the create's transaction, or None (they wait for the
+        pass); the caller wakes the passes after the create."""
+
+
+@dataclass(frozen=True)
+class NewExperiments:
+    """What a create is asked for: one experiment per config (a batch: several, sharing one
+    context), from an uploaded context (`archive`), another experiment's snapshot
+    (`context_from`: run again, its git state too) or none; the values of the configs'
+    `submit` secrets; the uploaded context's git state (`muster.git_state`)."""
+
+    configs: Sequence[str]
+    archive: Path | None = None
+    secrets: Mapping[str, str] | None = None
+    context_from: int | None = None
+    git: GitState | None = None
+
+
+@dataclass(frozen=True)
+class PlainSubmission:
+    """A submission to a store and a home alone (tests, benchmarks): no capacity to check,
+    the default allow-lists, no `run_as`, the runtime base computed for the home, and no
+    admission at submission unless `admit` (a supervisor's `admitting_new`)."""
+
+    store: Store
+    home: Home
+    admit: Callable[[int], ContextManager[AdmitNew | None]] | None = None
+    allowances: Allowances = field(default_factory=Allowances)
+    priority_floor: int = MIN_PRIORITY
+    run_as: RunAs | None = None
+
+    @property
+    def runtime(self) -> RuntimeBase:
+        return RuntimeBase(EnvHome(self.home.envs_dir), shared=self.run_as is not None)
+
+    def capacity(self) -> None:
+        return None
+
+    def admitting(self, priority: int) -> ContextManager[AdmitNew | None]:
+        return nullcontext() if self.admit is None else self.admit(priority)
+
+
 def create_experiment(store: Store, home: Home, owner: Principal, config_text: str,
-                      archive: Path | None, capacity: ClusterCapacity | None = None,
-                      secrets: Mapping[str, str] | None = None,
-                      priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None,
+                      archive: Path | None = None, *, secrets: Mapping[str, str] | None = None,
                       context_from: int | None = None, git: GitState | None = None) -> int:
-    """Validate the config and the submitted `secrets` (`environment.secrets`), snapshot
-    the context, check what can be checked now (`muster.services.submission`, against
-    `capacity` when given), keep the secrets (0600, never in the database), record the
-    experiment, owned by `owner`, and its trial. A non-admin may ask for no priority better
-    than `priority_floor`; under `run_as: owner` the owner's Unix account must exist.
-    `context_from` (run again) reuses that experiment's snapshot instead of an upload, and
-    its git state; `git` is the uploaded context's (`muster.git_state`), kept beside it.
+    """`create_experiments` of one config, submitted to `store` and `home` alone
+    (`PlainSubmission`); returns the experiment's id."""
+    new = NewExperiments([config_text], archive, secrets, context_from, git)
+    return create_experiments(PlainSubmission(store, home), owner, new)[0]
+
+
+def create_experiments(submission: Submission, owner: Principal, new: NewExperiments
+                       ) -> list[int]:
+    """Validate the configs and the submitted secrets (`environment.secrets`), snapshot
+    the context, check what can be checked now (`muster.services.submission`, against the
+    submission's capacity), keep the secrets (0600, never in the database), and record the
+    experiments, owned by `owner`, with their trials. Every config is validated before
+    anything is written, the context is unpacked once (the others get hard-linked copies
+    of it: a snapshot is never written to), and every experiment and trial is recorded in
+    one transaction: all of them or none. Returns their ids, in the order of the configs.
+    A trial that may start at once (`Submission.admitting`, given the best priority of the
+    configs) gets its first attempt recorded in that transaction too. A non-admin may ask
+    for no priority better than the submission's `priority_floor`, nor make the server act
+    on what its `allowances` do not list; under `run_as: owner` the owner's Unix account
+    must exist.
 
     Raises:
         NotFound: `context_from` names no experiment.
-        Forbidden: `owner` may not submit, or asks for a priority reserved for admins.
-        ConfigError: (422) the config is invalid, or its jobs have no account to run as.
-    """
-    return create_experiments(store, home, owner, [config_text], archive, capacity, secrets,
-                              priority_floor, run_as, context_from, git)[0]
-
-
-def create_experiments(store: Store, home: Home, owner: Principal, config_texts: Sequence[str],
-                       archive: Path | None, capacity: ClusterCapacity | None = None,
-                       secrets: Mapping[str, str] | None = None,
-                       priority_floor: int = MIN_PRIORITY, run_as: RunAs | None = None,
-                       context_from: int | None = None, git: GitState | None = None,
-                       admitting: Callable[[int], ContextManager[AdmitNew | None]] | None = None,
-                       allowed: Allowances | None = None,
-                       runtime: RuntimeBase | None = None) -> list[int]:
-    """`create_experiment` for several configs sharing one context (a batch): every config
-    is validated before anything is written, the context is unpacked once (the others get
-    hard-linked copies of it: a snapshot is never written to), and every experiment and
-    trial is recorded in one transaction: all of them or none. Returns their ids, in the
-    order of the configs. With `admitting` (the server's `Supervisor.admitting_new`, given
-    the best priority of the configs), a trial that may start at once gets its first
-    attempt recorded in that transaction too. What a config makes the server act on must
-    be in `allowed` (the cluster config's allow-lists, `muster.services.allowances`) unless
-    `owner` is an admin. An environment to build that inherits, without
-    `environment.python`, is based on `runtime`: the server's base of trials (it knows the
-    cluster config's `base_environment`); by default the base computed for `home`.
-
-    Raises:
-        as `create_experiment`; a config's problem names it (`config 3 of 10`).
-        Forbidden: a config names a secret source, a storage place, an interpreter or a
-            data path outside what `allowed` lets `owner` name, one line per key.
+        Forbidden: `owner` may not submit, asks for a priority reserved for admins, or a
+            config names a secret source, a storage place, an interpreter or a data path
+            outside what the allow-lists let `owner` name, one line per key.
+        ConfigError: (422) a config is invalid (its problem names it: `config 3 of 10`),
+            or its jobs have no account to run as.
     """
     authorize(owner, Action.SUBMIT)
     configs = []
-    for number, text in enumerate(config_texts, 1):
-        source = ("the uploaded config" if len(config_texts) == 1
-                  else f"the uploaded config {number} of {len(config_texts)}")
+    home, allowed = submission.home, submission.allowances
+    for number, text in enumerate(new.configs, 1):
+        source = ("the uploaded config" if len(new.configs) == 1
+                  else f"the uploaded config {number} of {len(new.configs)}")
         config = load_config(text, source=source)
-        check_priority_floor(owner, config.resources.priority, priority_floor,
+        check_priority_floor(owner, config.resources.priority, submission.priority_floor,
                              where="resources.priority")
-        refused = allowance_problems(config, owner, allowed or Allowances(), home.root)
+        refused = allowance_problems(config, owner, allowed, home.root)
         if refused:
             raise Forbidden("\n".join([f"{source}: {owner.role} {owner.name} may not "
                                        "make the server act on:", *refused]))
-        problems = (job_secrets.check_submitted(config, secrets or {})
+        problems = (job_secrets.check_submitted(config, new.secrets or {})
                     + job_secrets.check_server(config, os.environ, home.root))
         if problems:
             raise config_error(source, problems)
         configs.append((source, text, config))
-    account = _check_account(store, run_as, owner) if run_as is not None else None
-    if runtime is None:
-        runtime = RuntimeBase(EnvHome(home.envs_dir), shared=run_as is not None)
+    run_as = submission.run_as
+    account = _check_account(submission.store, run_as, owner) if run_as is not None else None
+    capacity, runtime = submission.capacity(), submission.runtime
     made: list[_Prepared] = []
     try:
         for source, text, config in configs:
@@ -135,24 +197,23 @@ def create_experiments(store: Store, home: Home, owner: Principal, config_texts:
                 shutil.copytree(made[0].context, context, symlinks=True,
                                 copy_function=_link_or_copy)
                 git_state.copy(home, made[0].uuid, exp_uuid)
-            elif archive is not None:
-                extract_context(archive, context)
-            elif context_from is not None:
-                source_uuid = _copy_snapshot(store, context_from, context, owner)
+            elif new.archive is not None:
+                extract_context(new.archive, context)
+            elif new.context_from is not None:
+                source_uuid = _copy_snapshot(submission.store, new.context_from, context, owner)
                 git_state.copy(home, source_uuid, exp_uuid)
             else:
                 context.mkdir(parents=True)
-            if git is not None and made[0].context is context:
-                git_state.save(home, exp_uuid, git)
+            if new.git is not None and made[0].context is context:
+                git_state.save(home, exp_uuid, new.git)
             if made[0].context is context and len(configs) > 1:
                 _check_copies(len(configs), context)
             check_submission(config, context, capacity, source)
             made[-1].environment = _keep_environment(home, config, context, source, owner,
-                                                     account, allowed or Allowances(),
-                                                     runtime)
-            if secrets:
-                job_secrets.save_submitted(home, exp_uuid, secrets)
-        return _insert_experiments(store, owner, made, admitting)
+                                                     account, allowed, runtime)
+            if new.secrets:
+                job_secrets.save_submitted(home, exp_uuid, new.secrets)
+        return _insert_experiments(submission.store, owner, made, submission.admitting)
     except BaseException:
         for prepared in made:
             shutil.rmtree(prepared.context.parent, ignore_errors=True)
@@ -253,15 +314,14 @@ def _keep_environment(home: Home, config: ExperimentConfig, context: Path, sourc
 
 
 def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared],
-                        admitting: Callable[[int], ContextManager[AdmitNew | None]] | None
+                        admitting: Callable[[int], ContextManager[AdmitNew | None]]
                         ) -> list[int]:
     """The experiments, each with its trial unless a searcher draws its trials (the
-    orchestrator does, from its next pass on), in one transaction; with `admitting`, the
-    trials that may start at once are admitted in it too."""
+    orchestrator does, from its next pass on), in one transaction; the trials that may
+    start at once (`admitting`) are admitted in it too."""
     # The admission's lock is held until the transaction has committed (the inner `with`).
     best = min(prepared.config.resources.priority for prepared in made)
-    with (admitting(best) if admitting is not None else nullcontext() as admit,
-          store.session_scope() as s):
+    with admitting(best) as admit, store.session_scope() as s:
         inserted = [_insert_experiment(s, owner, prepared) for prepared in made]
         if admit is not None:  # in the queue's order, as the pass would
             trials = [trial for _, trial in inserted if trial is not None]

@@ -26,7 +26,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 from sqlalchemy import select
@@ -86,6 +86,9 @@ class Supervisor:
     # Cluster config `log_limit`: what a replica's log keeps when its experiment does not
     # say (None: no limit).
     log_limit: int | None = DEFAULT_LOG_LIMIT
+    # The home's environments, where the server's platform made them (None: made here, of
+    # `run_as` and `base_environment`); `envs` from then on.
+    environments: InitVar[Environments | None] = None
     _search: Searching = field(init=False)
     _launching: Launching = field(init=False)
     _standby: Standby = field(init=False)
@@ -103,9 +106,10 @@ class Supervisor:
     _pending: deque[Recorded] = field(default_factory=deque, init=False)
     _unlaunched: set[int] = field(default_factory=set, init=False)
 
-    def __post_init__(self) -> None:
-        self.envs = Environments(self.home.envs_dir, shared=self.run_as is not None,
-                                 base_environment=self.base_environment)
+    def __post_init__(self, environments: Environments | None) -> None:
+        self.envs = environments if environments is not None else Environments(
+            self.home.envs_dir, shared=self.run_as is not None,
+            base_environment=self.base_environment)
         ctx = SupervisorContext(self.store, self.launcher, self.home, self.host,
                                 self.placement, self.envs, self.run_as, self.quarantine_after,
                                 log_limit=self.log_limit)

@@ -1,0 +1,139 @@
+"""The platform: what one muster server is made of, made once, by `open_platform`.
+
+`create_app` makes it and `ServerState` holds it. Routes hand it to the services whole, or
+as the narrow protocol a service declares (`muster.services.cluster.ClusterView`,
+`muster.services.experiments.Submission`); none of them reaches into the supervisor, whose
+passes the orchestrator alone runs.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager as ContextManager
+from dataclasses import dataclass
+
+from muster.checkpoint_storage.worker import StorageWorker
+from muster.config import ClusterConfig
+from muster.environments.interpreters import InterpreterError
+from muster.environments.registry import Environments
+from muster.environments.runtime_base import RuntimeBase, check_base_environment
+from muster.errors import ConfigError
+from muster.home import Home
+from muster.launch.accounts import RunAs
+from muster.launch.base import Launcher
+from muster.schedule.backends import open_placement
+from muster.schedule.placement import Placement
+from muster.server.launchers import open_launcher
+from muster.server.settings import ServerSettings
+from muster.services.allowances import Allowances
+from muster.services.cluster import submission_capacity
+from muster.services.experiments import AdmitNew
+from muster.services.submission import ClusterCapacity
+from muster.store import Store
+from muster.supervise.supervisor import Supervisor
+
+__all__ = ["Platform", "open_platform"]
+
+
+@dataclass
+class Platform:
+    """The parts of one server, each made once; what the routes and services reach."""
+
+    home: Home
+    settings: ClusterConfig  # the cluster config in force
+    store: Store
+    launcher: Launcher  # runs the replicas, and serves their logs
+    # Where replicas go: the slots, the GPU pool over the inventory, the nodes.
+    placement: Placement
+    envs: Environments  # environments built for experiments, and the runtime base
+    storage: StorageWorker  # checkpoint uploads, GC and deletions, in its own thread
+    supervisor: Supervisor  # its passes: the orchestrator's alone
+    run_as: RunAs | None  # whom jobs run as (cluster config); None: the server's user
+    min_free_disk: int  # the disk guard: nothing launches with less free in the runs
+    # What a non-admin's config may make the server act on (cluster config's allow-lists).
+    allowances: Allowances
+
+    @property
+    def priority_floor(self) -> int:
+        """The best priority a non-admin may give (cluster config)."""
+        return self.settings.priority_floor
+
+    @property
+    def build_logs_open(self) -> bool:
+        """Every reader reads environment build logs, not only their owners and admins
+        (cluster config `build_logs: everyone`)."""
+        return self.settings.build_logs == "everyone"
+
+    @property
+    def runtime(self) -> RuntimeBase:
+        """The base of trials without an environment, and of environments that inherit."""
+        return self.envs.runtime
+
+    def slots_in_use(self) -> int:
+        """One slot per replica without GPUs of every trial that holds its resources."""
+        return self.supervisor.slots_in_use()
+
+    def capacity(self) -> ClusterCapacity:
+        """What a submitted trial's demand is compared with."""
+        return submission_capacity(self)
+
+    def admitting(self, priority: int) -> ContextManager[AdmitNew | None]:
+        """Admission at submission: `Supervisor.admitting_new`."""
+        return self.supervisor.admitting_new(priority)
+
+    def start(self) -> None:
+        """Start what works beside the passes: the runtime base's build (what the first
+        trial without an environment needs) and the checkpoint storage worker."""
+        self.envs.runtime.start()
+        self.storage.start()
+
+    def close(self) -> None:
+        """Stop it all; trials run on, for the next server to reattach."""
+        self.storage.stop()
+        self.envs.stop_all()  # a build half done is redone by the next server
+        self.store.dispose()
+        self.placement.close()
+
+
+def open_platform(home: Home, settings: ServerSettings) -> Platform:
+    """The platform `settings` and the cluster config they name describe, for `home`.
+
+    Raises:
+        ConfigError: the cluster config is invalid, or its `run_as` cannot be met here.
+    """
+    cluster = settings.cluster(home)
+    run_as = settings.run_as(cluster)
+    _check_base_environment(cluster.base_environment, run_as is not None)
+    launcher, home = open_launcher(cluster, home)
+    home.ensure(jobs_enter=run_as is not None)
+    store = Store(settings.db_url or home.default_db_url)
+    placement = open_placement(launcher, store, cluster, home, slots=settings.slots)
+    envs = Environments(home.envs_dir, shared=run_as is not None,
+                        base_environment=cluster.base_environment)
+    min_free_disk = (settings.min_free_disk if settings.min_free_disk is not None
+                     else cluster.min_free_disk)
+    supervisor = Supervisor(
+        store=store, launcher=launcher, home=home, placement=placement,
+        min_free_disk=min_free_disk, preemption=cluster.preemption, run_as=run_as,
+        quarantine_after=cluster.node_quarantine.failures, log_limit=cluster.log_limit,
+        environments=envs)
+    return Platform(
+        home=home, settings=cluster, store=store, launcher=launcher, placement=placement,
+        envs=envs, storage=StorageWorker(store, home, cluster.checkpoint_storage),
+        supervisor=supervisor, run_as=run_as, min_free_disk=min_free_disk,
+        allowances=Allowances.of(cluster))
+
+
+def _check_base_environment(path: str | None, run_as: bool) -> None:
+    """The cluster config's `base_environment`, checked before anything starts.
+
+    Raises:
+        ConfigError: it is not an interpreter (or venv) muster can use.
+    """
+    if path is None:
+        return
+    try:
+        check_base_environment(path, run_as=run_as)
+    except InterpreterError as exc:
+        raise ConfigError(f"base_environment in the cluster config cannot be used: {exc}; "
+                          "name a Python 3 interpreter or a venv, or remove it (trials then "
+                          "run on the runtime base muster computes)") from exc
