@@ -30,7 +30,7 @@ from report import Outcome, Table, Target
 
 from muster.home import Home
 from muster.services import tokens, users
-from muster.services.tokens import TokenKind
+from muster.states import TokenKind
 from muster.store import Store
 
 PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"

@@ -59,15 +59,13 @@ from muster import checkpoint_files
 from muster.atomic import json_bytes
 from muster.checkpoint_files import METADATA_FILE, NAME_PREFIX
 from muster.checkpoint_storage.location import Location
-from muster.checkpoint_storage.planner import CheckpointState
 from muster.checkpoint_storage.s3 import S3
 from muster.checkpoint_storage.transfer import upload_checkpoint
 from muster.checkpoint_storage.worker import PlannedCheckpoint, StorageWorker
 from muster.config import load_config
 from muster.config.units import parse_size
 from muster.home import Home
-from muster.metrics_lines import VALIDATION
-from muster.states import EventReason, ExperimentState, TrialState
+from muster.states import CheckpointState, EventReason, ExperimentState, MetricKind, TrialState
 from muster.store import Checkpoint, Event, Experiment, Metric, Store, Trial
 
 NAME = "checkpoint_storage"
@@ -372,11 +370,11 @@ def seed_gc(store: Store, home: Home, storage: Path, size: Size) -> int:
     with store.session_scope() as s:
         experiment = Experiment(name="checkpoint-gc", config=load_config(text).to_json_dict(),
                                 config_yaml=text, context_dir="/nonexistent",
-                                state=ExperimentState.COMPLETED.value, max_trials=size.trials,
+                                state=ExperimentState.COMPLETED, max_trials=size.trials,
                                 ended_at=SEEDED_AT + 10_000)
         s.add(experiment)
         s.flush()
-        trials = [Trial(experiment_id=experiment.id, number=n, state=TrialState.SUCCEEDED.value,
+        trials = [Trial(experiment_id=experiment.id, number=n, state=TrialState.SUCCEEDED,
                         started_at=SEEDED_AT, ended_at=SEEDED_AT + 10_000)
                   for n in range(size.trials)]
         s.add_all(trials)
@@ -404,7 +402,7 @@ def _stored_checkpoint(home: Home, storage: Path, location: dict[str, Any], tria
         (folder / METADATA_FILE).write_bytes(document)
     return {"trial_id": trial.id, "uuid": key, "name": name, "path": str(local), "step": step,
             "attempt": 1, "rank": 0, "created_at": SEEDED_AT + step, "size_bytes": len(PAYLOAD),
-            "file_count": 1, "intact": True, "state": CheckpointState.STORED.value,
+            "file_count": 1, "intact": True, "state": CheckpointState.STORED,
             "storage": location, "stored_at": SEEDED_AT + step + 1}
 
 
@@ -412,8 +410,8 @@ def _validations(trial_id: int, steps: range, rng: random.Random) -> list[dict[s
     """Rank 0's val_loss at each step: a falling curve with noise, so that the best one is
     often not the latest."""
     floor, pace = rng.uniform(0.1, 0.5), rng.uniform(5, 50)
-    return [{"trial_id": trial_id, "attempt": 1, "rank": 0, "kind": VALIDATION, "step": step,
-             "time": SEEDED_AT + step,
+    return [{"trial_id": trial_id, "attempt": 1, "rank": 0, "kind": MetricKind.VALIDATION,
+             "step": step, "time": SEEDED_AT + step,
              "values": {"val_loss": floor + 2.0 ** (-step / pace) + rng.gauss(0.0, 0.02)}}
             for step in steps]
 
@@ -459,11 +457,11 @@ def check_collected(store: Store, home: Home, storage: Path, experiment_id: int,
         states = Counter(s.scalars(select(Checkpoint.state)))
         events = s.scalar(select(func.count()).select_from(Event).where(
             Event.experiment_id == experiment_id,
-            Event.reason == EventReason.CHECKPOINT_DELETED.value))
+            Event.reason == EventReason.CHECKPOINT_DELETED))
         left = set(s.scalars(select(Checkpoint.uuid).where(
-            Checkpoint.state != CheckpointState.DELETED.value)))
-    expect(states == {CheckpointState.DELETED.value: deleted,
-                      CheckpointState.STORED.value: len(kept)}, f"rows end as {dict(states)}")
+            Checkpoint.state != CheckpointState.DELETED)))
+    expect(states == {CheckpointState.DELETED: deleted,
+                      CheckpointState.STORED: len(kept)}, f"rows end as {dict(states)}")
     expect(events == deleted, f"{events} deletion events for {deleted} deletions")
     expect({p.name for p in storage.iterdir()} == left, "storage holds other checkpoints")
     local = sum(len(checkpoint_files.published(home.run_dir(d.name).checkpoints))

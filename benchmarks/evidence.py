@@ -23,8 +23,9 @@ from pathlib import Path
 from measure import expect, interleave, median, ms
 from report import Outcome, Table, Target
 
-from muster.launch.evidence import EvidenceReason, Tools, read_summary
+from muster.launch.evidence import Tools, read_summary
 from muster.rundir import AttemptDir, RunDir, new_bundle_id
+from muster.states import EvidenceReason
 
 TARGET_S = 2.0
 RANK_SCRIPT = """\
@@ -71,10 +72,10 @@ def stuck_ranks(root: Path) -> Iterator[tuple[AttemptDir, list[int]]]:
 
 def _bundle(attempt: AttemptDir, pgids: list[int]) -> Callable[[], float]:
     def arm() -> float:
-        bundle = new_bundle_id(EvidenceReason.REQUESTED.value)
+        bundle = new_bundle_id(EvidenceReason.REQUESTED)
         while attempt.evidence_of(bundle, 0).exists():  # one a second: wait for the next id
             time.sleep(0.05)
-            bundle = new_bundle_id(EvidenceReason.REQUESTED.value)
+            bundle = new_bundle_id(EvidenceReason.REQUESTED)
         started = time.perf_counter()
         collectors = [subprocess.Popen(
             [sys.executable, "-m", "muster.launch.evidence", "--out",
