@@ -537,9 +537,9 @@ class Client:
                           json=body)
 
     def wait_experiment(self, experiment_id: int, poll: float = 0.5) -> api.ExperimentDetail:
-        """Block until the experiment has ended, or every trial is settled (ended, or SUSPECT
+        """Block until the experiment has ended, or every trial is at rest (ended, or SUSPECT
         and waiting for a review, which keeps the experiment ACTIVE); return it."""
-        while not settled(exp := self.get_experiment(experiment_id)):
+        while not at_rest(exp := self.get_experiment(experiment_id)):
             time.sleep(poll)
         return exp
 
@@ -635,13 +635,13 @@ class _As(Generic[Shape]):
     CLI command that calls the server."""
 
 
-def settled(exp: api.ExperimentDetail) -> bool:
+def at_rest(exp: api.ExperimentDetail) -> bool:
     """Ended, or held open only by SUSPECT trials waiting for a review. (When every trial
     has ended, the experiment's own end follows within a supervisor pass: wait for it.)"""
     if ExperimentState(exp["state"]).is_terminal():
         return True
     states = [TrialState(t["state"]) for t in exp.get("trials", [])]
-    return (all(state.is_settled() for state in states)
+    return (all(state.is_at_rest() for state in states)
             and any(state is TrialState.SUSPECT for state in states))
 
 

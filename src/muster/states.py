@@ -47,7 +47,7 @@ class TrialState(StrEnum):
     def is_terminal(self) -> bool:
         return self in _TRIAL_TERMINAL
 
-    def is_settled(self) -> bool:
+    def is_at_rest(self) -> bool:
         """True once no process will run for the trial again unless a person acts: the
         terminal states and SUSPECT (which waits for a review)."""
         return self in _TRIAL_TERMINAL or self is TrialState.SUSPECT

@@ -91,7 +91,7 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dic
             with store.session_scope() as s:
                 trials[name] = s.scalars(select(Trial.id).where(
                     Trial.experiment_id == experiment_id)).one()
-        rig.tick_until(lambda: all(TrialState(rig.trial(t).state).is_settled()
+        rig.tick_until(lambda: all(TrialState(rig.trial(t).state).is_at_rest()
                                    for t in trials.values()),
                        what="every injected-bug trial to settle", timeout=SUITE_TIMEOUT,
                        interval=TICK_SECONDS)

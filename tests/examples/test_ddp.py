@@ -84,7 +84,7 @@ def submit(rig: Rig, config: dict[str, Any], context: Path) -> Submitted:
 
 def run_to_end(rig: Rig, job: Submitted) -> TrialView:
     view = rig.tick_until(
-        lambda: TrialState((t := rig.trial(job.trial_id)).state).is_settled() and t,
+        lambda: TrialState((t := rig.trial(job.trial_id)).state).is_at_rest() and t,
         what=f"trial {job.trial_id} to settle", timeout=RUN_TIMEOUT)
     assert isinstance(view, TrialView)
     return view

@@ -63,7 +63,7 @@ def _create(rig: Rig, entrypoint: list[str]) -> Submitted:
 
 
 def _settled(rig: Rig, trial_id: int) -> bool:
-    return TrialState(rig.trial(trial_id).state).is_settled()
+    return TrialState(rig.trial(trial_id).state).is_at_rest()
 
 
 def _script(tmp_path: Path, name: str, text: str) -> str:
@@ -213,7 +213,7 @@ def test_concurrent_creates_and_passes_never_run_more_trials_than_slots(
                                       .where(Trial.state.in_(holding))) or 0)
             states = list(s.scalars(select(Trial.state)))
         return (not any(t.is_alive() for t in creators) and len(states) == 60
-                and all(TrialState(st).is_settled() for st in states))
+                and all(TrialState(st).is_at_rest() for st in states))
 
     try:
         wait_until(lambda: all_ended() or errors, timeout=240, interval=0.005,

@@ -111,14 +111,14 @@ def test_an_error_following_one_attempt_stops_that_trial_only(
                         .where(Replica.attempt.has(trial_id=sleeper.trial_id))).one()
     identity = read_identity(pid) if pid is not None else None
     assert identity is not None and is_alive(identity)
-    settle = Following.settle
+    reconcile = Following.reconcile
 
     def faulty(self: Following, live: Any) -> None:
         if live.trial.id == sleeper.trial_id:
             raise RuntimeError("injected fault")
-        settle(self, live)
+        reconcile(self, live)
 
-    monkeypatch.setattr(Following, "settle", faulty)
+    monkeypatch.setattr(Following, "reconcile", faulty)
     good = _submit(rig, {})
     assert rig.run_to_end(good).state == "SUCCEEDED"
     ended = rig.trial(sleeper.trial_id)

@@ -87,7 +87,7 @@ def train(*args: str) -> list[str]:
 def settle(rig: Rig, job: Submitted, timeout: float = 60.0) -> TrialView:
     """Tick until the trial is settled (terminal, or SUSPECT waiting for a review)."""
     view = rig.tick_until(
-        lambda: TrialState((t := rig.trial(job.trial_id)).state).is_settled() and t,
+        lambda: TrialState((t := rig.trial(job.trial_id)).state).is_at_rest() and t,
         what=f"trial {job.trial_id} to settle", timeout=timeout,
     )
     assert isinstance(view, TrialView)

@@ -49,7 +49,7 @@ def run(rig: Rig, config: dict[str, Any], files: dict[str, str] | None = None,
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id)).one()
     if while_running is not None:
         rig.tick_until(lambda: while_running(trial_id), what="the run to reach its fault")
-    rig.tick_until(lambda: TrialState(rig.trial(trial_id).state).is_settled(),
+    rig.tick_until(lambda: TrialState(rig.trial(trial_id).state).is_at_rest(),
                    what="the trial to settle", timeout=90)
     return describe_trial(rig.store, trial_id)
 

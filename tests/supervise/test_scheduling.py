@@ -355,7 +355,7 @@ def test_200_random_submissions_never_double_book_and_all_run(
         assert len(held) == 4
         with rig.store.session_scope() as s:
             states = list(s.scalars(select(Trial.state)))
-        return all(TrialState(st).is_settled() for st in states)
+        return all(TrialState(st).is_at_rest() for st in states)
 
     rig.tick_until(all_ended, what="all 200 trials to end", timeout=540)
     with rig.store.session_scope() as s:

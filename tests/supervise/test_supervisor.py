@@ -307,12 +307,12 @@ def test_kill_while_restarting_starts_no_new_attempt(rig: Rig) -> None:
     rig.supervisor.tick()  # admits the trial: attempt 1 starts
     assert [a.number for a in rig.trial(job.trial_id).attempts] == [1]
 
-    def settled_only() -> bool:  # settle without launching, to catch it between attempts
+    def reconciled_only() -> bool:  # reconcile without launching, to catch it between attempts
         for attempt_id in rig.supervisor.active_attempt_ids():
-            rig.supervisor.settle_attempt(attempt_id)
+            rig.supervisor.reconcile_attempt(attempt_id)
         return rig.trial(job.trial_id).state == "RESTARTING"
 
-    wait_until(settled_only, timeout=30, what="the trial to be RESTARTING")
+    wait_until(reconciled_only, timeout=30, what="the trial to be RESTARTING")
     kill_experiment(rig.store, rig.admin, job.experiment_id)
     trial = rig.run_to_end(job)
 

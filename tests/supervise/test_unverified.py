@@ -44,7 +44,7 @@ def run_experiment(rig: Rig, tmp_path: Path, name: str, files: dict[str, str],
     experiment_id = create_experiment(rig.store, rig.home, rig.admin, yaml.safe_dump(full), archive)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id)).one()
-    rig.tick_until(lambda: TrialState(rig.trial(trial_id).state).is_settled(),
+    rig.tick_until(lambda: TrialState(rig.trial(trial_id).state).is_at_rest(),
                    what=f"the trial of {name} to end")
     return describe_trial(rig.store, trial_id)
 

@@ -155,7 +155,7 @@ def _secret_values(config: ExperimentConfig, given: list[str]) -> dict[str, str]
 
 def _follow(c: Client, exp: api.ExperimentDetail, home: str | None, url: str | None
             ) -> api.ExperimentDetail:
-    """Stream the experiment's logs until it has settled: its one trial's as written, or
+    """Stream the experiment's logs until it is at rest: its one trial's as written, or
     a search's trial by trial."""
     output = following.Output()
     if (exp.get("search") or {}).get("searcher", "single") == "single" and exp["trials"]:
@@ -184,7 +184,7 @@ def _report_created(exp: api.ExperimentDetail, as_json: bool, ended: bool) -> No
             if trial["state"] == TrialState.SUSPECT:
                 render.err_console.print(
                     f"  trial {trial['id']} is SUSPECT: {trial['message']}\n"
-                    f"  settle it with `muster trial review {trial['id']} --approve|--reject "
+                    f"  resolve it with `muster trial review {trial['id']} --approve|--reject "
                     "--note TEXT`", markup=False)
 
 

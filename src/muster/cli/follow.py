@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 from muster.cli import render
-from muster.client import Client, settled
+from muster.client import Client, at_rest
 from muster.errors import NotFound, TooManyRequests
 from muster.states import ExperimentState, Reason, TrialState
 
@@ -139,7 +139,7 @@ def follow_trial(client: Client, trial_id: int, out: Write, output: Output, *,
                  attempt: int | None = None, rank: int | None = None,
                  tail: int | None = None) -> api.TrialDescription:
     """The trial's logs as they are written, attempt by attempt with a marker between them,
-    until it has settled (only `attempt`'s, when one is named); the trial at the end."""
+    until it is at rest (only `attempt`'s, when one is named); the trial at the end."""
     trial = client.get_trial(trial_id)
     ran = attempts_of(trial)
     number = attempt or (ran[-1]["number"] if tail is not None and ran else 1)
@@ -155,7 +155,7 @@ def follow_trial(client: Client, trial_id: int, out: Write, output: Output, *,
         if later:
             output.marker(attempt_marker(later[0], done))
             number = later[0]["number"]
-        elif TrialState(trial["state"]).is_settled():
+        elif TrialState(trial["state"]).is_at_rest():
             return trial
         elif done is not None:
             number += 1  # it waits for its next attempt (a restart, or a resume)
@@ -206,7 +206,7 @@ def follow_experiment(client: Client, experiment: api.ExperimentDetail, output: 
                       connect: Callable[[], Client], poll_s: float = FOLLOW_POLL_S
                       ) -> api.ExperimentDetail:
     """Every trial of a search as it starts, its lines prefixed `[trial N] `, and a line as
-    each ends, until the experiment has settled; the experiment at the end."""
+    each ends, until the experiment is at rest; the experiment at the end."""
     lock = threading.Lock()
     followers: dict[int, threading.Thread] = {}
     announced: set[int] = set()
@@ -218,11 +218,11 @@ def follow_experiment(client: Client, experiment: api.ExperimentDetail, output: 
         for trial in exp["trials"]:
             thread = followers.get(trial["id"])
             if (thread is not None and not thread.is_alive() and trial["id"] not in announced
-                    and TrialState(trial["state"]).is_settled()):
+                    and TrialState(trial["state"]).is_at_rest()):
                 announced.add(trial["id"])
                 with lock:
                     output.marker(_ended_line(trial, exp))
-        if settled(exp) and all(not t.is_alive() for t in followers.values()) and all(
+        if at_rest(exp) and all(not t.is_alive() for t in followers.values()) and all(
                 t["id"] in announced or not attempts_of(t) for t in exp["trials"]):
             return exp
         time.sleep(poll_s)

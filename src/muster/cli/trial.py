@@ -285,7 +285,7 @@ def review(
     reject: Annotated[bool, typer.Option("--reject", help="the trial FAILED")] = False,
     as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
-    """Settle a SUSPECT trial (exit 0, a verification failed): --approve or --reject it.
+    """Resolve a SUSPECT trial (exit 0, a verification failed): --approve or --reject it.
     The review is recorded as yours (the muster user of your token)."""
     if approve == reject:
         raise typer.BadParameter("give exactly one of --approve and --reject")

@@ -282,7 +282,7 @@ class DropWorker:
     whether or not its bytes are gone.
 
     The thread starts with the first step, so never before the shim has spawned its child
-    (`preexec_fn` is unsafe with another thread alive); `settle` waits for it and ends it,
+    (`preexec_fn` is unsafe with another thread alive); `finish` waits for it and ends it,
     after which `carry_out` runs a last step on the caller's thread.
     """
 
@@ -311,7 +311,7 @@ class DropWorker:
             return "the thread that punches it ended (see the shim log)"
         return None
 
-    def settle(self, timeout: float) -> bool:
+    def finish(self, timeout: float) -> bool:
         """Carry out the step handed last, then end the thread; False if that takes longer
         than `timeout` (the thread then goes on, and keeps its descriptor)."""
         if self._thread.ident is None:
@@ -323,7 +323,7 @@ class DropWorker:
         return not self._thread.is_alive()
 
     def close(self) -> None:
-        """Close the worker's descriptor of the log (after `settle`); idempotent."""
+        """Close the worker's descriptor of the log (after `finish`); idempotent."""
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
@@ -344,7 +344,7 @@ class DropWorker:
             self.carry_out(step)
 
     def _next(self) -> DropStep | None:
-        """The step to carry out next; None once `settle` asked to stop and none is left."""
+        """The step to carry out next; None once `finish` asked to stop and none is left."""
         with self._cond:
             while self._pending is None and not self._closing:
                 self._cond.wait()
@@ -497,13 +497,13 @@ class LogCap:
                 line = line.removeprefix(b"\n")
             tail = line + kept
         if self.hole_start is not None:
-            self._settle()
+            self._finish_drops()
         return tail
 
-    def _settle(self) -> None:
+    def _finish_drops(self) -> None:
         """Wait (bounded) for the worker's last step, then carry out the final one here."""
         worker = self._worker or self._new_worker()
-        if not worker.settle(FINISH_WAIT_S):
+        if not worker.finish(FINISH_WAIT_S):
             log.error("the log's dropped range is still being recorded after %.0f s (a disk "
                       "in trouble?): its record stays as that step leaves it", FINISH_WAIT_S)
             return

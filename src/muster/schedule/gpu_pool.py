@@ -44,10 +44,10 @@ class GpuPool:
     release: GpuReleaseConfig
     _synced: bool = field(default=False, init=False)
     # No GPU in the inventory and no row left in the table: nothing can ever be allocated,
-    # so `settle` has nothing to do and the table need not be read (GPUs are added to it
+    # so `reclaim` has nothing to do and the table need not be read (GPUs are added to it
     # only by the sync).
     _idle: bool = field(default=False, init=False)
-    # GPUs whose memory the last `settle` still waited on: only the clock (the next look at
+    # GPUs whose memory the last `reclaim` still waited on: only the clock (the next look at
     # their memory) frees them, so the passes poll often while there are any.
     releasing: int = field(default=0, init=False)
 
@@ -165,7 +165,7 @@ class GpuPool:
             log.warning("cannot read the memory of GPU %s: %s", row.index, exc)
             return None
 
-    def settle(self) -> None:
+    def reclaim(self) -> None:
         """Take back the GPUs of trials that no longer hold resources, and free the ones
         whose memory has been released (or whose timeout has passed). The first call brings
         the table in step with the inventory (once the server's migrations have run)."""

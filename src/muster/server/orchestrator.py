@@ -153,7 +153,7 @@ class Orchestrator:
             log.error(message, count, wait, error)
 
     async def _reconcile(self) -> None:
-        """Settle every unfinished attempt before any new work starts; a failure (e.g. the
+        """Reconcile every unfinished attempt before any new work starts; a failure (e.g. the
         database is down) is retried, never skipped, so no attempt is launched twice."""
         while True:
             try:

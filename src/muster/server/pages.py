@@ -521,7 +521,7 @@ def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
     return _render(request, "trial.html", who, nav="experiments", trial=trial, exp=exp,
                    can_act=_can_act(who, exp["owner"]), ranks=ranks,
                    checkpoints=retention.trial_checkpoints(store, trial["id"]),
-                   settled=TrialState(trial["state"]).is_settled())
+                   at_rest=TrialState(trial["state"]).is_at_rest())
 
 
 @pages.get("/ui/trials/{trial_id}/progress", response_class=HTMLResponse)
@@ -531,7 +531,7 @@ def trial_progress_fragment(request: Request, who: Visitor, trial_id: int) -> Re
         return Response(status_code=401)
     trial = experiments.trial_progress(_state(request).store, _bounded(trial_id, "trial"))
     return _render(request, "_trial_progress.html", who, trial=trial,
-                   settled=TrialState(trial["state"]).is_settled())
+                   at_rest=TrialState(trial["state"]).is_at_rest())
 
 
 @pages.get("/trials/{trial_id}/diff", response_class=HTMLResponse)

@@ -114,7 +114,7 @@ def set_trial_priority(store: Store, principal: Principal, trial_id: int, priori
         authorize_on(principal, Action.SET_PRIORITY, trial.experiment, f"trial {trial_id}")
         check_priority_floor(principal, priority, floor)
         s.refresh(trial, with_for_update=True)
-        if trial.state.is_settled():
+        if trial.state.is_at_rest():
             raise Conflict(f"trial {trial_id} is {trial.state}: it will not run again, so its "
                            "priority no longer matters")
         _change_priority(s, trial, priority, principal.name)
@@ -149,7 +149,7 @@ def set_experiment_priority(store: Store, principal: Principal, experiment_id: i
                          experiment_id=exp.id)
             exp.priority = priority
         for trial in exp.trials:
-            if not trial.state.is_settled():
+            if not trial.state.is_at_rest():
                 _change_priority(s, trial, priority, principal.name)
         return experiment_view(s, exp)
 

@@ -109,7 +109,7 @@ def locate(store: Store, launcher: Launcher, trial_id: int,
     """Where the trial's logs are; with `home`, read with its secrets masked."""
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
-        ended = trial.state.is_settled()
+        ended = trial.state.is_at_rest()
         declared = (trial.experiment.config.get("environment") or {}).get("secrets") or {}
         masks = () if home is None or not declared else tuple(job_secrets.masked_values(
             declared, home, trial.experiment.uuid))

@@ -236,7 +236,7 @@ def _stamp(obj: Entity, target: State, at: float, reason: str, message: str | No
         return
     obj.reason = reason
     if isinstance(obj, Trial) and (_ends_run(target) or target is TrialState.PAUSED):
-        obj.queue_reason = None  # a settled or paused trial waits for nothing
+        obj.queue_reason = None  # a trial at rest or paused waits for nothing
     if (target is TrialState.RUNNING or target is AttemptState.RUNNING) and obj.started_at is None:
         obj.started_at = at
 

@@ -116,7 +116,7 @@ class _Queue:
     seen: _Seen
 
     @property
-    def settled(self) -> bool:
+    def steady(self) -> bool:
         """Nothing restarts, and no queued trial waits for its environment."""
         return not (self.restarting or self.environments.waiting
                     or self.environments.failed)
@@ -162,7 +162,7 @@ class Admission:
         for victim, beneficiary in (decided.preempt.items() if decided else ()):
             self._preempt(victim, beneficiary)
         if (decided is not None and not (decided.admit or decided.preempt or written or broken)
-                and queue.settled and len(demands) == len(queue.demands)):
+                and queue.steady and len(demands) == len(queue.demands)):
             self._quiet = queue.seen  # a pass that changed nothing
 
     def may_start_new(self, s: Session, trial: Trial, slots: int) -> bool:

@@ -1,7 +1,7 @@
 """What every part of the supervisor works with, and the attempts a pass follows, read once.
 
 A pass reads every live attempt in one transaction (`read_live_attempts`) into plain,
-frozen `LiveAttempt`s and hands each down to the parts that settle it; a part opens a
+frozen `LiveAttempt`s and hands each down to the parts that reconcile it; a part opens a
 session only to write what it decided.
 """
 
@@ -113,7 +113,7 @@ def current_replicas(attempt: Attempt) -> dict[int, Replica]:
 def read_live_attempts(s: Session, ids: Iterable[int] | None = None,
                        on_broken: Callable[[int, Exception], None] | None = None
                        ) -> list[LiveAttempt]:
-    """Every live attempt (or those of `ids`), by id, with what settling them needs: the
+    """Every live attempt (or those of `ids`), by id, with what reconciling them needs: the
     columns it needs, in a few queries whatever their number (no ORM objects, and no
     experiment's config unless it is not kept already).
 

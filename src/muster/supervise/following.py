@@ -83,7 +83,7 @@ class Following:
         self._compared.intersection_update(ids)
         self._log_scanned = {k: v for k, v in self._log_scanned.items() if k in ids}
 
-    def settle(self, live: LiveAttempt) -> None:
+    def reconcile(self, live: LiveAttempt) -> None:
         """Record whatever has happened to the attempt's replicas.
 
         The replicas of an attempt start and end together: once one end decides the attempt

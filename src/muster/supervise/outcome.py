@@ -101,7 +101,7 @@ def attempt_end(reason: Reason) -> AttemptState:
 class Next(str, Enum):
     """What the trial does once an attempt has ended."""
 
-    NOTE = "note"  # it was settled already (reviewed while a process ran): record, move nothing
+    NOTE = "note"  # it was at rest already (reviewed while a process ran): record, move nothing
     CANCEL = "cancel"  # CANCELED: muster stopped it on request
     VERIFY = "verify"  # exit 0: verification makes it SUCCEEDED or SUSPECT
     FAIL = "fail"
@@ -128,12 +128,12 @@ def next_move(state: TrialState, intent: StopIntent | None, verdict: Classificat
     """The move that follows an attempt that ended with `verdict`.
 
     Args:
-        state: the trial's state now (a review may have settled it while a process ran).
+        state: the trial's state now (a review may have resolved it while a process ran).
         intent: why muster was stopping it, if it was (`Trial.intent`: a kill wins).
         used: the budgets the trial has used so far.
     """
     why, message = verdict.reason, verdict.message
-    if state.is_settled():
+    if state.is_at_rest():
         return Move(Next.NOTE, why, f"an attempt ended after the trial was {state}: "
                                     f"{message}")
     decision = decide(why, used, policy)

@@ -1,4 +1,4 @@
-"""Reconciliation on server start: settle every non-terminal attempt before new work starts.
+"""Reconciliation on server start: reconcile every non-terminal attempt before new work starts.
 
 For each replica of each live attempt in the store: an exit record on disk → finalise it; a shim or
 training process alive with the recorded (pid, start time) → reattach (keep following it);
@@ -28,11 +28,11 @@ _VERB = {
 
 
 def reconcile_attempts(supervisor: Supervisor) -> Counter[ReplicaPhase]:
-    """Settle every live attempt once; returns how many replicas were found in each phase."""
+    """Reconcile every live attempt once; returns how many replicas were found in each phase."""
     found: Counter[ReplicaPhase] = Counter()
     for attempt_id in supervisor.active_attempt_ids():
         found.update(_note_phases(supervisor, attempt_id))
-        supervisor.settle_attempt(attempt_id)
+        supervisor.reconcile_attempt(attempt_id)
     if found:
         log.info("reconciled replicas: %s", {p.value: n for p, n in found.items()})
     return found

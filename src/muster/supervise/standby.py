@@ -3,7 +3,7 @@
 Once an attempt is RUNNING, the next one is launched with `attempts.standby` true: not
 active, holding no slot, hidden from the logs. Its replicas wait in
 `muster.harness.init()` for their go files (`RankFiles.standby_go`). A retry promotes it
-(`promote`: the go files name the latest checkpoint); a trial that settles or is being
+(`promote`: the go files name the latest checkpoint); a trial that comes to rest or is being
 stopped drops it (CANCELED, reason `standby`, processes cancelled with no grace).
 """
 
@@ -40,7 +40,7 @@ class Standby:
     ctx: SupervisorContext
     launching: Launching
     # A standby started during this pass is not in the pass's `live` list, and its trial
-    # may settle in the same pass (a quick attempt checks in and ends between two passes).
+    # may come to rest in the same pass (a quick attempt checks in and ends between two passes).
     _started: bool = False
 
     def ensure(self, live: LiveAttempt, trial_running: bool) -> None:
@@ -111,15 +111,15 @@ class Standby:
         return True
 
     def drop_unneeded(self, live: list[LiveAttempt]) -> None:
-        """Stop the standbys of trials that have settled or are being stopped (read again
-        only when a standby waits: this pass may have settled its trial)."""
+        """Stop the standbys of trials at rest or being stopped (read again
+        only when a standby waits: this pass may have brought its trial to rest)."""
         started, self._started = self._started, False
         if not started and not any(attempt.standby for attempt in live):
             return
         with self.ctx.store.session_scope() as s:
             unneeded = [a.id for a in s.scalars(select(Attempt).where(
                 Attempt.standby.is_(True), Attempt.state == AttemptState.STARTING))
-                if a.trial.intent is not None or a.trial.state.is_settled()]
+                if a.trial.intent is not None or a.trial.state.is_at_rest()]
         for standby_id in unneeded:
             self.drop(standby_id, "the warm standby was not needed")
 

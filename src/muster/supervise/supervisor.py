@@ -102,7 +102,7 @@ class Supervisor:
     # Admission's decisions, the pass's and a create's (`admitting_new`), one at a time.
     _admitting: threading.Lock = field(default_factory=threading.Lock, init=False)
     # Attempts a create recorded and committed, for the next pass to launch first; their
-    # ids from before the commit, so that no pass settles them before they are launched.
+    # ids from before the commit, so that no pass reconciles them before they are launched.
     _pending: deque[Recorded] = field(default_factory=deque, init=False)
     _unlaunched: set[int] = field(default_factory=set, init=False)
 
@@ -125,7 +125,7 @@ class Supervisor:
         self._closing = Closing(self.store, self._isolation)
 
     def tick(self) -> None:
-        """One pass: settle live attempts, start what may start, close finished experiments.
+        """One pass: reconcile live attempts, start what may start, close finished experiments.
 
         Each trial's and each experiment's step is isolated (`isolation`): one that fails
         unexpectedly ends that trial or experiment, and the pass goes on."""
@@ -136,10 +136,10 @@ class Supervisor:
             live = read_live_attempts(s, on_broken=lambda *found: broken.append(found))
         for trial_id, exc in broken:
             self._isolation.trial_failed(trial_id, "reading its running attempt", exc)
-        self._settle(live)
+        self._reconcile(live)
         self._standby.drop_unneeded(live)
         self.envs.reap()
-        self.placement.pool.settle()  # GPUs of ended trials go back once their memory is free
+        self.placement.pool.reclaim()  # GPUs of ended trials go back once their memory is free
         self._search.top_up()  # each search's next trials, drawn before admission
         if not self._admission.disk_low(self.min_free_disk):  # nothing launches while low
             with self._admitting:
@@ -154,12 +154,12 @@ class Supervisor:
                 Attempt.state.in_(values(AttemptState.live())), Attempt.standby.is_(False))
                 .order_by(Attempt.id)))
 
-    def settle_attempt(self, attempt_id: int) -> None:
+    def reconcile_attempt(self, attempt_id: int) -> None:
         """Look at one live attempt's replicas and record whatever has happened to them."""
         with self.store.session_scope() as s:
             live = read_live_attempts(s, [attempt_id])
         for attempt in live:
-            self._following.settle(attempt)
+            self._following.reconcile(attempt)
 
     def start_attempt(self, trial_id: int, gpus: GpuPlan = ()) -> None:
         """Start the trial's next attempt: its data scanned first (once), its warm standby
@@ -245,15 +245,15 @@ class Supervisor:
         return self.envs.pids() + self._launching.scans.pids()
 
     def waits_on_the_clock(self) -> bool:
-        """Whether the last pass left something that only a later look can settle: GPUs
+        """Whether the last pass left something that only a later look can resolve: GPUs
         whose memory is still being released (no event says when it is)."""
         return self.placement.pool.releasing > 0
 
-    def _settle(self, live: list[LiveAttempt]) -> None:
+    def _reconcile(self, live: list[LiveAttempt]) -> None:
         followed = [attempt for attempt in live
                     if not attempt.standby and attempt.id not in self._unlaunched]
         self._followed_dirs = {attempt.id: attempt.dir.path for attempt in followed}
         for attempt in followed:
             with self._isolation.trial(attempt.trial.id, f"following attempt {attempt.number}"):
-                self._following.settle(attempt)
+                self._following.reconcile(attempt)
         self._following.forget_all_but(followed)

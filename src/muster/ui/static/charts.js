@@ -255,7 +255,7 @@
     }
     const failed = (error) => { box.textContent = "Metrics: " + error.message; };
     await draw().catch(failed);
-    if (box.dataset.settled !== "true") {
+    if (box.dataset.atRest !== "true") {
       setInterval(() => { if (!document.hidden) { draw().catch(failed); } }, REFRESH_MS);
     }
   }

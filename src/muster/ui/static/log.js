@@ -146,10 +146,10 @@
     setDownload();
     const selected = Number(attemptSelect.value);
     const latest = attemptSelect.options.length ? Number(attemptSelect.options[attemptSelect.options.length - 1].value) : 0;
-    if (pre.dataset.settled === "true" || selected !== latest || !selected) {
+    if (pre.dataset.atRest === "true" || selected !== latest || !selected) {
       await readTail();
       status.textContent = selected ? "attempt " + selected : "no attempt yet";
-      if (!selected && pre.dataset.settled !== "true") { setTimeout(() => location.reload(), 2000); }
+      if (!selected && pre.dataset.atRest !== "true") { setTimeout(() => location.reload(), 2000); }
       return;
     }
     // A running trial: its last lines, then its bytes as they come, in one stream.

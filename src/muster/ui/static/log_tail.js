@@ -1,4 +1,4 @@
-// A settled trial's log tail, asked for as soon as its <pre> is parsed, while the page's other
+// The log tail of a trial at rest, asked for as soon as its <pre> is parsed, while the page's other
 // scripts still load; log.js takes the answer over (readTail). Loaded right after the <pre>
 // (trial.html), which names the attempt in `data-tail-attempt`.
 "use strict";
