@@ -15,11 +15,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from muster.atomic import atomic_write_json
 
-__all__ = ["Credentials", "credentials_path"]
+__all__ = ["Credentials", "KeptToken", "credentials_path"]
+
+
+class KeptToken(TypedDict):
+    """One server's entry in the file."""
+
+    token: str
+    user: str
 
 
 def credentials_path() -> Path:
@@ -33,7 +40,9 @@ class Credentials:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or credentials_path()
 
-    def _servers(self) -> dict[str, Any]:
+    def _servers(self) -> dict[str, object]:
+        """The entries by URL, as read: each is checked where it is used, and one that is
+        not a `KeptToken` is kept as it is when the file is written again."""
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
@@ -56,7 +65,7 @@ class Credentials:
 
     def keep(self, url: str, token: str, user: str) -> None:
         servers = self._servers()
-        servers[url.rstrip("/")] = {"token": token, "user": user}
+        servers[url.rstrip("/")] = KeptToken(token=token, user=user)
         self._write(servers)
 
     def forget(self, url: str) -> bool:
@@ -67,6 +76,6 @@ class Credentials:
         self._write(servers)
         return True
 
-    def _write(self, servers: dict[str, Any]) -> None:
+    def _write(self, servers: dict[str, object]) -> None:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic_write_json(self.path, {"servers": servers}, mode=0o600)

@@ -23,9 +23,10 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import Any, TypedDict
 
-__all__ = ["MAX_BUCKETS", "MAX_POINTS", "Bucket", "Series", "points_of", "stored_points"]
+__all__ = ["MAX_BUCKETS", "MAX_POINTS", "Bucket", "Series", "SeriesJson", "points_of",
+           "stored_points"]
 
 MAX_BUCKETS = 250  # kept per series
 MAX_POINTS = 4 * MAX_BUCKETS  # what `Series.points` gives at most: 1,000
@@ -68,7 +69,9 @@ class Bucket:
                 self.last[0]: self.last}
         return [seen[step] for step in sorted(seen)]
 
-    def to_json(self) -> list[Any]:
+    def to_json(self) -> list[int | float]:
+        """`[n, first step, first value, low step, low value, high step, high value, last
+        step, last value]`."""
         return [self.n, *self.first, *self.low, *self.high, *self.last]
 
     @classmethod
@@ -76,6 +79,13 @@ class Bucket:
         n, *flat = row
         pairs = [(int(flat[i]), float(flat[i + 1])) for i in range(0, 8, 2)]
         return cls(int(n), *pairs)
+
+
+class SeriesJson(TypedDict):
+    """A `Series` as the store keeps it (`MetricSeries.curve`)."""
+
+    width: int
+    buckets: list[list[int | float]]  # each `Bucket.to_json()`
 
 
 @dataclass
@@ -141,8 +151,8 @@ class Series:
     def count(self) -> int:
         return sum(b.n for b in self.buckets)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"width": self.width, "buckets": [b.to_json() for b in self.buckets]}
+    def to_json(self) -> SeriesJson:
+        return SeriesJson(width=self.width, buckets=[b.to_json() for b in self.buckets])
 
     @classmethod
     def from_json(cls, data: Any) -> Series:

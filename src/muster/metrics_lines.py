@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,8 +123,8 @@ def name_problem(name: str, what: str = "metric") -> str | None:
     return f"a {what} name must be {NAME_RULE}; got {shown}"
 
 
-def _check_names(metrics: dict[str, Any]) -> None:
-    for name in metrics:
+def _check_names(names: Iterable[str]) -> None:
+    for name in names:
         problem = name_problem(name)
         if problem is not None:
             raise BadLine(f'"metrics": {problem}')

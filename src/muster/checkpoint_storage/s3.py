@@ -14,8 +14,9 @@ from __future__ import annotations
 import builtins  # inside the class, `list` names the Backend method
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from muster.checkpoint_storage.base import Backend, ObjectMissing, OpenUpload, StoredObject
 from muster.checkpoint_storage.shared_fs import (
@@ -41,6 +42,38 @@ _HINTS = {
     "InvalidAccessKeyId": "check the credentials",
     "SignatureDoesNotMatch": "check the credentials",
 }
+
+
+# The parts of S3's answers read here, as boto3 hands them out (dicts; boto3 ships no types).
+class _Object(TypedDict):
+    Key: str
+    Size: int
+    LastModified: datetime
+
+
+class _Prefix(TypedDict):
+    Prefix: str
+
+
+class _Upload(TypedDict):
+    Key: str
+    UploadId: str
+    Initiated: datetime
+
+
+class _Page(TypedDict, total=False):
+    """A page of `list_objects_v2` (Contents, CommonPrefixes) or `list_multipart_uploads`
+    (Uploads); a key is absent when it would be empty."""
+
+    Contents: list[_Object]
+    CommonPrefixes: list[_Prefix]
+    Uploads: list[_Upload]
+
+
+class _Head(TypedDict):
+    """What `head_object` says of an object (the part read here)."""
+
+    ContentLength: int
 
 
 class _KeyTaken(StorageError):
@@ -167,8 +200,8 @@ class S3(Backend):
     def _relative(self, name: str) -> str:
         return name.removeprefix(self._full(""))
 
-    def _pages(self, operation: str, **kwargs: str) -> Iterator[dict[str, Any]]:
-        pages: Iterator[dict[str, Any]] = self._client.get_paginator(operation).paginate(
+    def _pages(self, operation: str, **kwargs: str) -> Iterator[_Page]:
+        pages: Iterator[_Page] = self._client.get_paginator(operation).paginate(
             Bucket=self._bucket, **kwargs)
         return pages
 
@@ -197,7 +230,7 @@ class S3(Backend):
         self._check_stored(key, head, reader)
         return reader.sha256.hexdigest()
 
-    def _check_stored(self, key: str, head: dict[str, Any], reader: HashingReader) -> None:
+    def _check_stored(self, key: str, head: _Head, reader: HashingReader) -> None:
         """Delete the object and raise unless S3 holds as many bytes as were sent."""
         if head["ContentLength"] == reader.size:
             return

@@ -13,7 +13,8 @@ import importlib
 import sys
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import Any, cast
 
 import typer
 from typer.core import TyperGroup
@@ -150,7 +151,7 @@ def main() -> None:
     # httpx imports its own command line (click, rich.progress, pygments: ~60 ms) whenever
     # those are installed; muster's never runs it. A None module makes that import fail,
     # and httpx falls back as it does without its `cli` extra. Only in this process.
-    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+    sys.modules.setdefault("httpx._main", cast(ModuleType, None))  # None: "not importable"
     try:
         app(prog_name="muster")  # also under `python -m muster`: usage and completion
     except MusterError as exc:

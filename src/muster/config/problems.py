@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -28,6 +28,9 @@ __all__ = [
 ]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+# pydantic's `ErrorDetails["ctx"]`: its keys depend on the error's type (`min_length`,
+# `expected`, `error`...), free as pydantic gives them.
+ErrorContext = dict[str, Any]
 
 _EXPECTED = {
     "string_type": "a string",
@@ -53,7 +56,7 @@ _BOUNDS = {
 
 def validate_config_data(
     model: type[ModelT], data: object, source: str, what: str = "experiment config",
-    context: dict[str, Any] | None = None,
+    context: Mapping[str, bool] | None = None,
 ) -> ModelT:
     """Validate plain data (parsed YAML or stored JSON) into `model`.
 
@@ -176,40 +179,40 @@ def _problem(error: ErrorDetails) -> str:
     return f"invalid value {show_value(value)}"
 
 
-def _missing(ctx: dict[str, Any], value: object) -> str:
+def _missing(ctx: ErrorContext, value: object) -> str:
     return "required key is missing"
 
 
-def _value_error(ctx: dict[str, Any], value: object) -> str:
+def _value_error(ctx: ErrorContext, value: object) -> str:
     return str(ctx["error"])  # our own validators' messages, already written for people
 
 
-def _literal(ctx: dict[str, Any], value: object) -> str:
+def _literal(ctx: ErrorContext, value: object) -> str:
     return f"must be {ctx['expected']}, got {show_value(value)}"
 
 
-def _too_short(ctx: dict[str, Any], value: object) -> str:
+def _too_short(ctx: ErrorContext, value: object) -> str:
     if ctx["min_length"] == 1:
         return "must not be empty"
     return f"must have at least {ctx['min_length']} items"
 
 
-def _string_too_short(ctx: dict[str, Any], value: object) -> str:
+def _string_too_short(ctx: ErrorContext, value: object) -> str:
     if ctx["min_length"] == 1:
         return "must not be empty"
     return f"must be at least {ctx['min_length']} characters long"
 
 
-def _string_too_long(ctx: dict[str, Any], value: object) -> str:
+def _string_too_long(ctx: ErrorContext, value: object) -> str:
     length = len(value) if isinstance(value, str) else "more"
     return f"must be at most {ctx['max_length']} characters long, got {length}"
 
 
-def _too_long(ctx: dict[str, Any], value: object) -> str:
+def _too_long(ctx: ErrorContext, value: object) -> str:
     return f"must have at most {ctx['max_length']} items"
 
 
-_DESCRIBERS: dict[str, Callable[[dict[str, Any], object], str]] = {
+_DESCRIBERS: dict[str, Callable[[ErrorContext, object], str]] = {
     "missing": _missing,
     "value_error": _value_error,
     "assertion_error": _value_error,

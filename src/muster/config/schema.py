@@ -29,6 +29,7 @@ from pydantic import (
 from muster.config import space
 from muster.config.problems import KeyedProblems, show_value, validate_config_data
 from muster.config.secrets import source_of
+from muster.config.space import WrittenSpace
 from muster.config.units import parse_duration, parse_size
 from muster.jobenv import MUSTER_PREFIX
 from muster.metrics_lines import name_problem
@@ -842,7 +843,7 @@ class ExperimentConfig(_Section):
     data: DataConfig | None = None
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     # Mappings, `{type: ...}` ranges and constants; `muster.config.space` says what each is.
-    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    hyperparameters: WrittenSpace = Field(default_factory=dict)
     searcher: SearcherConfig = Field(default_factory=SearcherConfig)
     reproducibility: ReproducibilityConfig = Field(default_factory=ReproducibilityConfig)
     checkpoint_storage: CheckpointStorageConfig = Field(default_factory=CheckpointStorageConfig)
@@ -881,7 +882,7 @@ class ExperimentConfig(_Section):
 
     @field_validator("hyperparameters")
     @classmethod
-    def _space(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+    def _space(cls, value: WrittenSpace, info: ValidationInfo) -> WrittenSpace:
         names = list(space.parse(value).params)  # raises SpaceProblems, each with its key path
         if _submitted(info):
             problems = [(name, problem) for name in names

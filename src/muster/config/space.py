@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from muster.config.yaml_numbers import number_written_as_string
+from muster.rundir import Hparams
 
 __all__ = [
     "Categorical",
@@ -27,11 +28,15 @@ __all__ = [
     "Param",
     "SearchSpace",
     "SpaceProblems",
+    "WrittenSpace",
     "parse",
 ]
 
 # What a categorical value, or a sampled one, may be: Optuna's CategoricalChoiceType.
 Scalar = None | bool | int | float | str
+# The config's `hyperparameters` as written: nested mappings of ranges (`{type: ...}`) and
+# constants (any YAML value), named by the user; `parse` reads it.
+WrittenSpace = dict[str, Any]
 MAX_INT_GRID = 1000  # an int range without `count` in a grid: every value, up to this many
 _TYPES = ("const", "int", "double", "log", "categorical")
 
@@ -163,9 +168,9 @@ class SearchSpace:
         """How many points the grid holds, counted without building it."""
         return math.prod(p.points() for p in self.searched().values())
 
-    def hparams(self, chosen: Mapping[str, Any]) -> dict[str, Any]:
+    def hparams(self, chosen: Mapping[str, Any]) -> Hparams:
         """The nested hparams a trial sees: the constants plus the chosen values."""
-        nested: dict[str, Any] = {}
+        nested: Hparams = {}
         for name, param in self.params.items():
             value = param.val if isinstance(param, Const) else chosen[name]
             *parents, leaf = name.split(".")

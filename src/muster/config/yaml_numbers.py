@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal
+from typing import Protocol, cast
 
 import yaml
 from yaml.resolver import Resolver
@@ -23,7 +24,16 @@ __all__ = ["number_written_as_string", "yaml_spelling"]
 # number (Python's float() also takes "nan", "inf" and "1_0", which nobody means here).
 _DECIMAL = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _NUMBER_TAGS = frozenset({"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"})
-_RESOLVER = Resolver()
+
+
+class _Resolver(Protocol):
+    def resolve(self, kind: type[yaml.Node], value: str, implicit: tuple[bool, bool]) -> str:
+        ...
+
+
+# types-PyYAML leaves `Resolver.resolve` unannotated; this is its signature (PyYAML's
+# resolver.py): the tag a scalar node of that text would get.
+_RESOLVER = cast(_Resolver, Resolver())
 
 
 def number_written_as_string(value: object, whole: bool = False) -> str | None:
@@ -65,6 +75,4 @@ def yaml_spelling(text: str, whole: bool = False) -> str:
 
 
 def _reads_as_number(text: str) -> bool:
-    tag: str = _RESOLVER.resolve(  # type: ignore[no-untyped-call]
-        yaml.ScalarNode, text, (True, False))
-    return tag in _NUMBER_TAGS
+    return _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) in _NUMBER_TAGS

@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Any
+from typing import Any, cast
 
 from muster.words import count, rank_list
 
@@ -56,15 +56,20 @@ class Bounds:
                    ratio=config.ratio_bound, imbalance=config.imbalance_bound)
 
 
+# A record as read: a JSON object, checked only for the keys that place it (its kind's
+# number, a pass's indices and count); every other value is checked where it is judged.
+Line = dict[str, object]
+
+
 @dataclass
 class RankRecords:
     """What one rank recorded, by kind."""
 
-    samplers: dict[int, dict[str, Any]] = field(default_factory=dict)
-    passes: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    samplers: dict[int, Line] = field(default_factory=dict)
+    passes: dict[tuple[int, int], Line] = field(default_factory=dict)
     params: list[str] | None = None
     replicated: bool = False
-    updates: dict[int, dict[str, Any]] = field(default_factory=dict)
+    updates: dict[int, Line] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,15 @@ def parse_records(lines: Iterable[Mapping[str, Any]]) -> RankRecords:
     return records
 
 
-def _sampler(line: Mapping[str, Any]) -> dict[str, Any]:
+def _indices(record: Line) -> list[Any]:
+    return cast(list[Any], record["indices"])  # a list: `parse_records` keeps no other pass
+
+
+def _drawn(record: Line) -> int:
+    return cast(int, record["count"])  # an int: `parse_records` keeps no other pass
+
+
+def _sampler(line: Mapping[str, Any]) -> Line:
     """A sampler record with its seeds as ints or None and its data set as plain text, so
     a judgement compares and hashes them safely whatever the file held."""
     dataset = line.get("dataset")
@@ -192,7 +205,7 @@ def _worst_overlap(ranks: Mapping[int, RankRecords], key: tuple[int, int]
     for a, b in combinations(having, 2):
         if _dataset(ranks[a], key[0]) != _dataset(ranks[b], key[0]):
             continue  # each rank reads its own data: their indices are not comparable
-        share = _shared(ranks[a].passes[key]["indices"], ranks[b].passes[key]["indices"])
+        share = _shared(_indices(ranks[a].passes[key]), _indices(ranks[b].passes[key]))
         if share is not None and (worst is None or share > worst[0]):
             worst = (share, (a, b))
     return worst
@@ -402,7 +415,7 @@ def _sample_balance(ranks: Mapping[int, RankRecords], bound: float) -> Finding |
     if not keys:
         return None
     for key in keys:
-        counts = {rank: records.passes[key]["count"] for rank, records in ranks.items()}
+        counts = {rank: _drawn(records.passes[key]) for rank, records in ranks.items()}
         low_rank = min(counts, key=lambda r: counts[r])
         high_rank = max(counts, key=lambda r: counts[r])
         low, high = counts[low_rank], counts[high_rank]
@@ -427,7 +440,7 @@ def _epoch_order(ranks: Mapping[int, RankRecords]) -> Finding | None:
         for (number, index), record in sorted(records.passes.items()):
             described = records.samplers.get(number, {})
             previous = records.passes.get((number, index - 1))
-            if not described.get("random") or previous is None or len(record["indices"]) < 2:
+            if not described.get("random") or previous is None or len(_indices(record)) < 2:
                 continue
             compared += 1
             if previous.get("complete") and previous["indices"] == record["indices"]:

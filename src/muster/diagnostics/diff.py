@@ -45,6 +45,9 @@ __all__ = [
 
 
 GROUPS: tuple[DiffGroup, ...] = tuple(DiffGroup)
+# A part flattened: dotted path → leaf value, whatever JSON the part held there (the paths
+# are the snapshot's, and a package or a variable is a path of its own).
+Fields = dict[str, Any]
 
 # A field is volatile, and never reported, when one of its path's segments is one of these
 # names (a NAME_MAPS key excepted): it changes from run to run without changing what the
@@ -184,7 +187,7 @@ def _outside_differences(a: TrialSnapshots, b: TrialSnapshots,
             if (_short_name(d.field), _key(d.a), _key(d.b)) not in known]
 
 
-def _outside_fields(part: Mapping[str, Any], harness: bool) -> dict[str, Any]:
+def _outside_fields(part: Mapping[str, Any], harness: bool) -> Fields:
     kept = {"packages": part.get("packages")} | ({} if harness else {"python": part.get("python")})
     return _flatten(kept, OUTSIDE)
 
@@ -231,34 +234,34 @@ def _compare(a: Mapping[str, Any], b: Mapping[str, Any],
             if not _volatile(path) and a.get(path) != b.get(path)]
 
 
-def _trial_fields(part: Mapping[str, Any]) -> dict[str, Any]:
+def _trial_fields(part: Mapping[str, Any]) -> Fields:
     return {path: value for path, value in _flatten(part, "").items()
             if not any(_under(path, out) for out in LEFT_OUT)}
 
 
-def _rank_fields(part: Mapping[str, Any]) -> dict[str, Any]:
+def _rank_fields(part: Mapping[str, Any]) -> Fields:
     rest = {key: value for key, value in part.items() if key not in ("gpus", "blas")}
     return _flatten(rest, "") | _gpu_fields(part.get("gpus")) | _blas_fields(part.get("blas"))
 
 
-def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+def _flatten(value: Any, prefix: str) -> Fields:
     """Dotted paths to leaves; null leaves and empty mappings are left out (null means
     unknown, the same as missing)."""
     if not isinstance(value, Mapping):
         return {} if value is None else {prefix: value}
-    fields: dict[str, Any] = {}
+    fields: Fields = {}
     for key, item in value.items():
         fields |= _flatten(item, f"{prefix}.{key}" if prefix else str(key))
     return fields
 
 
-def _gpu_fields(gpus: Any) -> dict[str, Any]:
+def _gpu_fields(gpus: Any) -> Fields:
     if gpus is None:
         return {}
     return {"gpus": sorted(str(gpu.get("name")) for gpu in gpus)}
 
 
-def _blas_fields(blas: Any) -> dict[str, Any]:
+def _blas_fields(blas: Any) -> Fields:
     if blas is None:
         return {}
     return {"blas": sorted(_words(entry, "version") for entry in blas),

@@ -22,11 +22,13 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NotRequired, TypedDict, cast
 
 from muster.environments.isolation import as_account, probe_environ
 from muster.launch.accounts import Account
 
-__all__ = ["MIN_VERSION", "Interpreter", "InterpreterError", "inspect", "own"]
+__all__ = ["MIN_VERSION", "Interpreter", "InterpreterError", "InterpreterJson", "inspect",
+           "own"]
 
 MIN_VERSION = (3, 10)  # what muster.harness runs on
 QUERY_TIMEOUT_S = 20.0
@@ -69,6 +71,21 @@ class InterpreterError(Exception):
     """The path is not a Python interpreter muster can use; the message says why."""
 
 
+class InterpreterJson(TypedDict):
+    """An interpreter as JSON: what `_QUERY`'s `facts()` answers, and (with its path) what a
+    build request holds."""
+
+    path: NotRequired[str]  # in a build request; the query's answer has none
+    implementation: NotRequired[str]  # in the query's answer: "cpython" is required
+    executable: str
+    version: str
+    version_info: list[int]  # [major, minor]
+    prefix: str
+    sites: list[str]
+    packages: list[list[str]]  # [normalized name, version], sorted
+    bundled_pip: str | None
+
+
 @dataclass(frozen=True)
 class Interpreter:
     """A Python interpreter, as it answered about itself."""
@@ -98,22 +115,24 @@ class Interpreter:
         text = "\n".join(f"{name}=={version}" for name, version in self.packages)
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def to_json(self) -> dict[str, object]:
-        return {"path": self.path, "executable": self.executable, "version": self.version,
-                "version_info": list(self.version_info), "prefix": self.prefix,
-                "sites": list(self.sites), "packages": [list(p) for p in self.packages],
-                "bundled_pip": self.bundled_pip}
+    def to_json(self) -> InterpreterJson:
+        return InterpreterJson(path=self.path, executable=self.executable,
+                               version=self.version, version_info=list(self.version_info),
+                               prefix=self.prefix, sites=list(self.sites),
+                               packages=[list(p) for p in self.packages],
+                               bundled_pip=self.bundled_pip)
 
     @classmethod
-    def from_json(cls, data: dict[str, object], path: str) -> Interpreter:
+    def from_json(cls, data: InterpreterJson, path: str) -> Interpreter:
+        """Read as an interpreter printed it: each field converted, so a stray type fails
+        here (ValueError, TypeError, KeyError) rather than later."""
         info = data["version_info"]
-        assert isinstance(info, list)
+        bundled = data.get("bundled_pip")
         return cls(path=path, executable=str(data["executable"]), version=str(data["version"]),
                    version_info=(int(info[0]), int(info[1])), prefix=str(data["prefix"]),
-                   sites=tuple(str(s) for s in data["sites"]),  # type: ignore[attr-defined]
-                   packages=tuple((str(n), str(v)) for n, v in data["packages"]),  # type: ignore[attr-defined]
-                   bundled_pip=None if data.get("bundled_pip") is None
-                   else str(data["bundled_pip"]))
+                   sites=tuple(str(s) for s in data["sites"]),
+                   packages=tuple((str(n), str(v)) for n, v in data["packages"]),
+                   bundled_pip=None if bundled is None else str(bundled))
 
 
 _cache: dict[tuple[str, int | None], tuple[tuple[int, ...], Interpreter]] = {}
@@ -170,16 +189,15 @@ def _ask(path: str, account: Account | None) -> Interpreter:
     return found
 
 
-def _in_process() -> dict[str, object]:
+def _in_process() -> InterpreterJson:
     namespace: dict[str, object] = {}
     exec(compile(_QUERY, "<muster interpreter query>", "exec"), namespace)
     facts = namespace["facts"]
     assert callable(facts)
-    answer: dict[str, object] = facts()
-    return answer
+    return cast(InterpreterJson, facts())  # `_QUERY`'s answer, read by `from_json`
 
 
-def _subprocess(path: str, account: Account | None) -> dict[str, object]:
+def _subprocess(path: str, account: Account | None) -> InterpreterJson:
     target = Path(path)
     if not target.exists():
         raise InterpreterError(f"{path} does not exist on the server")
@@ -201,7 +219,7 @@ def _subprocess(path: str, account: Account | None) -> dict[str, object]:
         raise InterpreterError(f"{path} is not a Python interpreter muster can use (asked "
                                f"to run Python code, it exited {done.returncode}{said})")
     try:
-        answer: dict[str, object] = json.loads(done.stdout)
+        answer: InterpreterJson = json.loads(done.stdout)  # read by `from_json`
     except ValueError as exc:
         raise InterpreterError(f"{path} did not answer as a Python interpreter does") from exc
     return answer

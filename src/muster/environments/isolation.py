@@ -17,12 +17,12 @@ import os
 import pwd
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from muster.launch.accounts import Account, job_identity
 
-__all__ = ["PASSED_TO_UV", "SYSTEM_PATH", "as_account", "build_environ", "identity",
-           "probe_environ", "uv_cache"]
+__all__ = ["PASSED_TO_UV", "SYSTEM_PATH", "RunAsArguments", "as_account", "build_environ",
+           "identity", "probe_environ", "uv_cache"]
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LANG = "C.UTF-8"
@@ -92,10 +92,19 @@ def uv_cache(envs_root: Path, account: Account | None, server: Mapping[str, str]
     return cache
 
 
-def as_account(account: Account | None) -> dict[str, Any]:
+class RunAsArguments(TypedDict, total=False):
+    """`subprocess.Popen`'s arguments that set the child's account (none: inherited)."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
+
+
+def as_account(account: Account | None) -> RunAsArguments:
     """`subprocess.Popen` arguments that run the child as `account` (none: as this
     process's user). A build's commands stay in the build's process group, which the
     server stops when the build ends: what they left running goes with it."""
     if account is None:
-        return {}
-    return {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
+        return RunAsArguments()
+    return RunAsArguments(user=account.uid, group=account.gid,
+                          extra_groups=list(account.groups))

@@ -31,15 +31,23 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import NotRequired, TypedDict
 
 from muster.config import ExperimentConfig
-from muster.environments.interpreters import Interpreter, InterpreterError, inspect, own
+from muster.environments.interpreters import (
+    Interpreter,
+    InterpreterError,
+    InterpreterJson,
+    inspect,
+    own,
+)
 from muster.environments.layout import HASH_CHARS
 from muster.environments.runtime_base import RuntimeBase, RuntimeBaseError
-from muster.launch.accounts import Account, account_from_json
+from muster.launch.accounts import Account, AccountJson, account_from_json
 
-__all__ = ["CONSTRAINT", "LAYOUT_VERSION", "MAX_REQUIREMENT_LINES", "BuildRequest", "RequestError",
-           "base_interpreter", "build_request", "read_requirements"]
+__all__ = ["CONSTRAINT", "LAYOUT_VERSION", "MAX_REQUIREMENT_LINES", "BuildRequest",
+           "BuildRequestJson", "RequestError", "base_interpreter", "build_request",
+           "read_requirements"]
 
 LAYOUT_VERSION = 1  # bumped when a build's layout changes: every hash changes with it
 MAX_REQUIREMENTS_BYTES = 1 << 20
@@ -53,6 +61,21 @@ CONSTRAINT = "-c "  # a line read from a constraints file: the build passes it a
 
 class RequestError(Exception):
     """One problem with the environment block, already worded with its key path."""
+
+
+class BuildRequestJson(TypedDict):
+    """A `BuildRequest` as its file holds it (`requests/<hash>.json`)."""
+
+    key: str  # written for people; the reader computes it again
+    base: InterpreterJson
+    inherit: bool
+    requirements: list[str]
+    setup: list[list[str]]
+    # Absent from a request written before each existed:
+    context: NotRequired[str | None]
+    files: NotRequired[dict[str, str]]
+    account: NotRequired[AccountJson | None]
+    based_on: NotRequired[str | None]
 
 
 @dataclass(frozen=True)
@@ -98,27 +121,27 @@ class BuildRequest:
                        if x.startswith(CONSTRAINT)]
         return [x for x in self.requirements if not x.startswith(CONSTRAINT)], constraints
 
-    def to_json(self) -> dict[str, object]:
-        return {"key": self.key, "base": self.base.to_json(), "inherit": self.inherit,
-                "requirements": list(self.requirements),
-                "setup": [list(argv) for argv in self.setup], "context": self.context,
-                "files": self.files,
-                "account": None if self.account is None else self.account.to_json(),
-                "based_on": self.based_on}
+    def to_json(self) -> BuildRequestJson:
+        return BuildRequestJson(
+            key=self.key, base=self.base.to_json(), inherit=self.inherit,
+            requirements=list(self.requirements), setup=[list(argv) for argv in self.setup],
+            context=self.context, files=self.files,
+            account=None if self.account is None else self.account.to_json(),
+            based_on=self.based_on)
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> BuildRequest:
+    def from_json(cls, data: BuildRequestJson) -> BuildRequest:
+        """Read back, each field converted."""
         base = data["base"]
-        assert isinstance(base, dict)
+        context, based_on = data.get("context"), data.get("based_on")
         return cls(base=Interpreter.from_json(base, str(base["path"])),
                    inherit=bool(data["inherit"]),
-                   requirements=tuple(str(x) for x in data["requirements"]),  # type: ignore[attr-defined]
-                   setup=tuple(tuple(str(w) for w in argv)
-                               for argv in data["setup"]),  # type: ignore[attr-defined]
-                   context=None if data.get("context") is None else str(data["context"]),
-                   files={str(k): str(v) for k, v in data.get("files", {}).items()},  # type: ignore[attr-defined]
+                   requirements=tuple(str(x) for x in data["requirements"]),
+                   setup=tuple(tuple(str(w) for w in argv) for argv in data["setup"]),
+                   context=None if context is None else str(context),
+                   files={str(k): str(v) for k, v in data.get("files", {}).items()},
                    account=account_from_json(data.get("account")),
-                   based_on=None if data.get("based_on") is None else str(data["based_on"]))
+                   based_on=None if based_on is None else str(based_on))
 
 
 def base_interpreter(config: ExperimentConfig, account: Account | None = None) -> Interpreter:

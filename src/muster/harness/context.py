@@ -23,7 +23,7 @@ from muster.harness.samples import Samples
 from muster.harness.stack_signal import StackSignal
 from muster.harness.standby import wait_for_promotion
 from muster.harness.stopping import StopRequest
-from muster.rundir import RunDir
+from muster.rundir import Hparams, RunDir
 from muster.states import MetricKind
 
 FLUSH_INTERVAL_S = 1.0
@@ -72,7 +72,7 @@ class Context:
         self._metrics.flush()
 
     @property
-    def hparams(self) -> dict[str, Any]:
+    def hparams(self) -> Hparams:
         """The trial's hyperparameters (MUSTER_HPARAMS; in a local run, `init(hparams=...)`)."""
         return self._env.hparams
 
@@ -234,7 +234,7 @@ def init(
             _active = None
 
 
-def _checked_hparams(hparams: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _checked_hparams(hparams: Mapping[str, Any] | None) -> Hparams | None:
     if hparams is None:
         return None
     if not isinstance(hparams, Mapping):

@@ -19,11 +19,55 @@ import warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
-__all__ = ["MAX_FILE_BYTES", "DiagnosticsLog"]
+__all__ = ["MAX_FILE_BYTES", "DiagnosticsLog", "ParamsRecord", "PassRecord", "Record",
+           "SamplerRecord", "UpdateRecord"]
 
 MAX_FILE_BYTES = 32 << 20
+
+
+# The records, one per line (`muster.diagnostics.bias` describes what each says).
+class DatasetRecord(TypedDict):
+    type: str
+    size: int | None  # None: an IterableDataset without a length
+
+
+class SamplerRecord(TypedDict):
+    kind: Literal["sampler"]
+    sampler: int  # the watched loader's number in this process
+    type: str
+    random: bool
+    partitioned: bool
+    replacement: bool | None
+    generator_seed: int | None
+    torch_initial: int
+    dataset: DatasetRecord
+
+
+# "pass" is a keyword: the functional form.
+PassRecord = TypedDict("PassRecord", {
+    "kind": Literal["pass"], "sampler": int, "pass": int, "epoch": int | None, "count": int,
+    "complete": bool,
+    "indices": list[Any],  # the first ones drawn: the dataset's own index values
+})
+
+
+class ParamsRecord(TypedDict):
+    kind: Literal["params"]
+    names: list[str]
+    replicated: bool
+
+
+class UpdateRecord(TypedDict):
+    kind: Literal["update"]
+    update: int  # the optimizer step
+    grad_norm: float | None
+    grad_finite: bool | None
+    hash: list[int]  # one per parameter
+
+
+Record = SamplerRecord | PassRecord | ParamsRecord | UpdateRecord
 
 
 class DiagnosticsLog:
@@ -41,7 +85,7 @@ class DiagnosticsLog:
     def enabled(self) -> bool:
         return self.interval is not None
 
-    def record(self, document: Mapping[str, Any]) -> None:
+    def record(self, document: Record) -> None:
         """Queue one record (a JSON object; non-finite floats are written as null)."""
         if self.interval is None or self._full:
             return

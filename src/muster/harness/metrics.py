@@ -163,11 +163,11 @@ def _format(reports: list[_Report]) -> str:
     return "".join(chunks)
 
 
-def _all_finite(numbers: tuple[str | float | int, ...]) -> bool:
+def _all_finite(numbers: tuple[float | int, ...]) -> bool:
     """False when a number is NaN or ±inf (or when their sum overflows: a rare false alarm
     that only costs the slower, exact formatting)."""
     try:
-        total = sum(numbers)  # type: ignore[arg-type]  # every item after the template is a number
+        total = sum(numbers)
     except OverflowError:  # an int too large for a float
         return False
     return bool(total - total == 0)
@@ -185,8 +185,8 @@ def _exact_arguments(arguments: tuple[float | int, ...]) -> tuple[object, ...]:
 def _numbers(names: tuple[str, ...], values: Iterable[object]) -> list[float | int]:
     numbers: list[float | int] = []
     for name, value in zip(names, values, strict=True):
-        value_type = type(value)
-        numbers.append(value if value_type is float or value_type is int  # type: ignore[arg-type]
+        # The usual case first: a float or an int (never a bool) is taken as it is.
+        numbers.append(value if type(value) is float or type(value) is int
                        else to_number(name, value))
     return numbers
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from muster.jobenv import HPARAMS, PLATFORM_IDENTITY, RUN_DIR, JobEnvironment
-from muster.rundir import LOCAL_RUN_DIR
+from muster.rundir import LOCAL_RUN_DIR, Hparams
 
 HEARTBEAT_INTERVAL_S = 10.0
 HEARTBEAT_TIMEOUT_FRACTION = 1 / 3
@@ -23,7 +23,7 @@ class Run(NamedTuple):
     attempt: int
     rank: int
     world_size: int
-    hparams: dict[str, Any]
+    hparams: Hparams
     latest_checkpoint: Path | None
     heartbeat_timeout: float | None
     max_length: int | None  # the searcher's max_length (MUSTER_MAX_LENGTH)
@@ -67,7 +67,7 @@ def read_run(
                diagnostics_interval=job.diagnostics_interval)
 
 
-def _read_hparams(path: Path | None) -> dict[str, Any]:
+def _read_hparams(path: Path | None) -> Hparams:
     if path is None:
         return {}
     try:

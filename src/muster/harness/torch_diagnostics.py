@@ -26,7 +26,7 @@ import itertools
 import operator
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -41,9 +41,17 @@ from torch.utils.data import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from torch.utils.hooks import RemovableHandle
 
 from muster.harness.context import Context
-from muster.harness.diagnostics import DiagnosticsLog
+from muster.harness.diagnostics import (
+    DatasetRecord,
+    DiagnosticsLog,
+    ParamsRecord,
+    PassRecord,
+    SamplerRecord,
+    UpdateRecord,
+)
 
 __all__ = ["KEPT_INDICES", "MAX_PARAMETERS", "attach_loader", "attach_model"]
 
@@ -80,8 +88,8 @@ def attach_loader(ctx: Context, loader: DataLoader[Any]) -> None:
     number = next(_sampler_ids)
     root, to_root = _root_dataset(loader.dataset)
     streamed = isinstance(loader.dataset, IterableDataset)
-    log.record({**_describe(number, sampler), "dataset": {
-        "type": type(root).__name__, "size": None if streamed else _size(root)}})
+    log.record(_describe(number, sampler, DatasetRecord(
+        type=type(root).__name__, size=None if streamed else _size(root))))
     # An IterableDataset yields its own samples (its sampler's None says nothing), and a
     # custom batch sampler's indices cannot be reached: their seeds are recorded, not passes.
     wrapped: _RecordingSampler | None = None
@@ -139,7 +147,7 @@ def _size(dataset: Any) -> int | None:
         return None
 
 
-def _describe(number: int, sampler: object) -> dict[str, Any]:
+def _describe(number: int, sampler: object, dataset: DatasetRecord) -> SamplerRecord:
     partitioned = isinstance(sampler, DistributedSampler) or (
         isinstance(getattr(sampler, "num_replicas", None), int)
         and isinstance(getattr(sampler, "rank", None), int))
@@ -147,14 +155,15 @@ def _describe(number: int, sampler: object) -> dict[str, Any]:
     seed = getattr(sampler, "seed", None) if partitioned else None
     if isinstance(generator, torch.Generator):
         seed = int(generator.initial_seed())
-    return {
-        "kind": "sampler", "sampler": number, "type": type(sampler).__name__,
-        "random": isinstance(sampler, _RANDOM) or bool(getattr(sampler, "shuffle", False)),
-        "partitioned": partitioned,
-        "replacement": getattr(sampler, "replacement", None),
-        "generator_seed": seed if isinstance(seed, int) else None,
-        "torch_initial": int(torch.initial_seed()),
-    }
+    return SamplerRecord(
+        kind="sampler", sampler=number, type=type(sampler).__name__,
+        random=isinstance(sampler, _RANDOM) or bool(getattr(sampler, "shuffle", False)),
+        partitioned=partitioned,
+        replacement=getattr(sampler, "replacement", None),
+        generator_seed=seed if isinstance(seed, int) else None,
+        torch_initial=int(torch.initial_seed()),
+        dataset=dataset,
+    )
 
 
 class _RecordingSampler(Sampler[Any]):
@@ -192,10 +201,10 @@ class _RecordingSampler(Sampler[Any]):
             complete = True
         finally:
             sent = len(head) - operator.length_hint(unsent) + next(counter)
-            self.log.record({"kind": "pass", "sampler": self._number, "pass": number,
-                             "epoch": epoch if isinstance(epoch, int) else None,
-                             "count": sent, "complete": complete,
-                             "indices": self._kept_indices(head)})
+            self.log.record(PassRecord({
+                "kind": "pass", "sampler": self._number, "pass": number,
+                "epoch": epoch if isinstance(epoch, int) else None,
+                "count": sent, "complete": complete, "indices": self._kept_indices(head)}))
 
     def _kept_indices(self, head: list[Any]) -> list[Any]:
         if self._to_root is None and set(map(type, head)) <= {int}:
@@ -235,8 +244,9 @@ class _ModelWatch:
         # DDP keeps its replicas equal: their hashes are compared.
         self._replicated = isinstance(model, nn.parallel.DistributedDataParallel)
         self._norms: dict[int, list[torch.Tensor]] = {}  # by parameter
-        self._handles: list[Any] = []  # the optimizer's hook
-        self._gradient_hooks: list[Any] = []  # only while a step is sampled: none between
+        self._handles: list[RemovableHandle] = []  # the optimizer's hook
+        # Only while a step is sampled: none between.
+        self._gradient_hooks: list[RemovableHandle] = []
         self.follow(optimizer, log, interval)
 
     def follow(self, optimizer: Any, log: DiagnosticsLog, interval: int) -> None:
@@ -251,13 +261,14 @@ class _ModelWatch:
         self._steps, self._norms = 0, {}
         self._handles = [optimizer.register_step_post_hook(self._after_step)]
         self._sample_next(True)
-        log.record({"kind": "params", "names": self._names, "replicated": self._replicated})
+        log.record(ParamsRecord(kind="params", names=self._names,
+                                replicated=self._replicated))
 
     def _sample_next(self, sampling: bool) -> None:
         """Hook the parameters' gradients for the next step, or unhook them."""
         if sampling and not self._gradient_hooks:
             self._gradient_hooks = [
-                parameter.register_hook(  # type: ignore[no-untyped-call]
+                _hookable(parameter).register_hook(
                     functools.partial(self._on_gradient, index, parameter))
                 for index, parameter in enumerate(self._parameters)]
         elif not sampling:
@@ -294,12 +305,22 @@ class _ModelWatch:
             self._norms = {}
             hashes = torch.stack([_bits_sum(p) for p in self._parameters]).tolist()
         value = None if norm is None else float(norm.item())
-        self._log.record({
-            "kind": "update", "update": step, "grad_norm": value,
-            "grad_finite": None if value is None else bool(value == value
-                                                           and abs(value) != float("inf")),
-            "hash": hashes,
-        })
+        self._log.record(UpdateRecord(
+            kind="update", update=step, grad_norm=value,
+            grad_finite=None if value is None else bool(value == value
+                                                        and abs(value) != float("inf")),
+            hash=hashes,
+        ))
+
+
+class _Hookable(Protocol):
+    def register_hook(self, hook: Callable[[torch.Tensor], torch.Tensor | None]
+                      ) -> RemovableHandle: ...
+
+
+def _hookable(parameter: torch.Tensor) -> _Hookable:
+    # torch leaves Tensor.register_hook unannotated; this is its documented signature.
+    return cast(_Hookable, parameter)
 
 
 def _inner(model: nn.Module) -> nn.Module:

@@ -24,10 +24,13 @@ import re
 from collections.abc import Iterator, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 from muster.atomic import open_regular
 from muster.launch.log_limit import LogDrops, read_drops
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 __all__ = ["BLOCK_BYTES", "MAX_OFFSET", "NO_DROPS", "FileLog", "LogPart", "MaskedLog",
            "ReplicaLog", "blocks_backward", "drops_of", "log_size", "masked", "masked_stream",
@@ -144,7 +147,7 @@ class MaskedLog(ReplicaLog):
         stream = self.inner.open(part)
         if stream is None or part is not LogPart.LOG or not self.values:
             return stream
-        return _MaskedStream(stream, self.values)  # type: ignore[return-value]
+        return _as_binary(_MaskedStream(stream, self.values))
 
     def size(self, part: LogPart = LogPart.LOG) -> int:
         return self.inner.size(part)
@@ -162,7 +165,13 @@ def masked_stream(stream: BinaryIO, values: Sequence[bytes]) -> BinaryIO:
     """`stream` read as `MaskedLog` reads a log: each of `values` shown as `*`s of the
     same length (for other files muster serves that a job wrote, e.g. its evidence)."""
     kept = sorted({v for v in values if v}, key=len, reverse=True)
-    return _MaskedStream(stream, kept) if kept else stream  # type: ignore[return-value]
+    return _as_binary(_MaskedStream(stream, kept)) if kept else stream
+
+
+def _as_binary(stream: io.RawIOBase) -> BinaryIO:
+    # A raw stream is a binary file in all but name: typeshed's BinaryIO is a nominal
+    # class that io's streams are not declared to be.
+    return cast(BinaryIO, stream)
 
 
 class _OverStream(io.RawIOBase):
@@ -198,14 +207,15 @@ class _MaskedStream(_OverStream):
         self.margin = max(map(len, values)) - 1
         self.pattern = re.compile(b"|".join(re.escape(v) for v in values))
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        want = len(buffer)
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
+        want = len(view)
         start = max(0, self.position - self.margin)
         self.raw.seek(start)
         data = self.raw.read(self.position - start + want + self.margin)
         shown = self.pattern.sub(lambda m: b"*" * len(m.group()), data)
         piece = shown[self.position - start:self.position - start + want]
-        buffer[:len(piece)] = piece
+        view[:len(piece)] = piece
         self.position += len(piece)
         self.raw.seek(self.position)
         return len(piece)
@@ -221,7 +231,7 @@ def open_log(log: ReplicaLog) -> BinaryIO | None:
     cut or made again; no punched byte is ever shown.
     """
     stream = log.open(LogPart.LOG)
-    return None if stream is None else _KeptStream(stream, log)  # type: ignore[return-value]
+    return None if stream is None else _as_binary(_KeptStream(stream, log))
 
 
 class _KeptStream(_OverStream):
@@ -233,7 +243,7 @@ class _KeptStream(_OverStream):
     def fileno(self) -> int:
         return self.raw.fileno()
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: WriteableBuffer) -> int:
         view = memoryview(buffer).cast("B")
         while True:
             start = self.drops.skip(self.position)

@@ -27,10 +27,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from muster.atomic import atomic_write_bytes, atomic_write_json, json_bytes, read_json
 from muster.jobenv import MASTER_ADDR, MASTER_PORT
+from muster.launch import ray_calls
 from muster.launch.base import ProcessIdentity
 from muster.launch.identity import read_identity, send_signal
 from muster.launch.shim_launcher import SHIM, spawn_shim
@@ -94,12 +95,10 @@ def kill_actor(name: str, namespace: str) -> None:
 def free_endpoint() -> tuple[str, int]:
     """This node's IP and a TCP port free on it now: rank 0's rendezvous (run as a Ray task
     in rank 0's bundle)."""
-    import ray
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         port = int(sock.getsockname()[1])
-    return ray.util.get_node_ip_address(), port  # type: ignore[no-untyped-call]
+    return ray_calls.node_ip(), port
 
 
 MASTER_FILE = "master.json"  # rank 0's rendezvous, in the attempt directory
@@ -131,6 +130,15 @@ def rendezvous(spec_path: Path, rank: int, timeout: float = RENDEZVOUS_TIMEOUT_S
     atomic_write_bytes(spec_path, json_bytes(spec), mode=0o600)  # it holds the job's secrets
 
 
+class Placed(TypedDict):
+    """Where a replica's actor runs, as its `where()` answers."""
+
+    node_id: str  # Ray's
+    ip: str
+    hostname: str
+    shim: tuple[int, int] | None  # (pid, start ticks); None: it vanished at once
+
+
 class ReplicaOwner:
     """What the actor does on its node (plain Python; `replica_actor` makes it an actor)."""
 
@@ -143,14 +151,13 @@ class ReplicaOwner:
         identity = read_identity(self._shim.pid)
         self._identity = None if identity is None else (identity.pid, identity.start_ticks)
 
-    def where(self) -> dict[str, Any]:
+    def where(self) -> Placed:
         """The node this replica runs on: Ray's node id, its IP, the host name."""
         import ray
 
         context = ray.get_runtime_context()
-        ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        return {"node_id": context.get_node_id(), "ip": ip,
-                "hostname": socket.gethostname(), "shim": self._identity}
+        return Placed(node_id=context.get_node_id(), ip=ray_calls.node_ip(),
+                      hostname=socket.gethostname(), shim=self._identity)
 
     def poll(self) -> int | None:
         """The shim's exit status once it ended (and reaped), else None."""
@@ -160,10 +167,8 @@ class ReplicaOwner:
         """Wait for the shim to end, then end the actor: its name and bundle are freed, and
         nothing of the replica is left on the node. Called once, right after the start (the
         actor is threaded: `where`, `poll` and `stop` still answer meanwhile)."""
-        import ray
-
         self._shim.wait()
-        ray.actor.exit_actor()  # type: ignore[no-untyped-call]
+        ray_calls.exit_actor()
 
     def stop(self) -> bool:
         """SIGTERM to the shim, which runs the grace and the SIGKILL; False when it ended."""

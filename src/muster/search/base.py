@@ -31,8 +31,8 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState as OptunaState
 
 from muster.config.schema import SearcherConfig
-from muster.config.space import Categorical, Double, Int, Log, Searched, SearchSpace
-from muster.search.history import Judgement, PastTrial, trial_seed
+from muster.config.space import Categorical, Double, Int, Log, Scalar, Searched, SearchSpace
+from muster.search.history import Attrs, Judgement, PastTrial, trial_seed
 from muster.states import SearchOutcome
 
 __all__ = ["Judgement", "PastTrial", "Searcher"]
@@ -73,8 +73,8 @@ class Searcher:
 
     # -- what the supervisor calls -----------------------------------------------------
 
-    def ask(self, history: Sequence[PastTrial], number: int) -> tuple[dict[str, Any],
-                                                                      dict[str, Any]]:
+    def ask(self, history: Sequence[PastTrial], number: int) -> tuple[dict[str, Scalar],
+                                                                      Attrs]:
         """The values of trial `number` (the next one: `history` holds 0..number-1), and
         the attributes the sampler noted on it."""
         numbers = [past.number for past in history]
@@ -133,7 +133,7 @@ def _distribution(param: Searched) -> BaseDistribution:
     raise TypeError(f"no distribution for {param!r}")
 
 
-def _plain(attrs: Mapping[str, Any]) -> dict[str, Any]:
+def _plain(attrs: Mapping[str, Any]) -> Attrs:
     """Attributes as JSON keeps them (GridSampler notes its grid as tuples)."""
     def plain(value: Any) -> Any:
         if isinstance(value, tuple | list):

@@ -10,7 +10,11 @@ from typing import Any
 
 from muster.states import SearchOutcome
 
-__all__ = ["Judgement", "PastTrial", "trial_seed"]
+__all__ = ["Attrs", "Judgement", "PastTrial", "trial_seed"]
+
+# What Optuna's sampler and pruner noted on a trial (its system attributes: a grid's id,
+# Hyperband's bracket...): free JSON, theirs, kept and handed back to them unread.
+Attrs = dict[str, Any]
 
 _SEED_SPACE = 2**32
 
@@ -28,7 +32,7 @@ class PastTrial:
 @dataclass(frozen=True)
 class Judgement:
     prune: bool
-    attrs: dict[str, Any]  # the trial's system attributes after the pruner looked at it
+    attrs: Attrs  # the trial's system attributes after the pruner looked at it
     rung: int  # the rungs the trial has passed (where it stopped, if pruned)
 
 

@@ -13,6 +13,7 @@ import socket
 from muster.config import ClusterConfig, RayConfig
 from muster.errors import ConfigError
 from muster.home import Home
+from muster.launch import ray_calls
 from muster.launch.base import Launcher
 from muster.launch.local import LocalLauncher
 
@@ -86,11 +87,9 @@ def _check_reachable(address: str) -> None:
 def _write_probe(path: str, token: str) -> str:
     """Run on a node: write `token` to `path` (on the shared storage); returns the node's
     IP, or raises what the node saw."""
-    import ray
-
     with open(path, "w", encoding="ascii") as probe:
         probe.write(token)
-    return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+    return ray_calls.node_ip()
 
 
 def probe_storage(config: RayConfig) -> None:
@@ -108,8 +107,7 @@ def probe_storage(config: RayConfig) -> None:
     probes.mkdir(mode=0o700)
     try:
         token = secrets.token_hex(16)
-        nodes = [node for node in ray_module.nodes()  # type: ignore[no-untyped-call]
-                 if node.get("Alive")]
+        nodes = [node for node in ray_calls.nodes() if node.get("Alive")]
         task = ray_module.remote(num_cpus=0)(_write_probe)
         pending = {}
         for node in nodes:

@@ -14,9 +14,9 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
 from muster.atomic import atomic_write_bytes
@@ -84,8 +84,9 @@ def _first_admin(s: Session) -> None:
     admin = User(name=FIRST_ADMIN, display_name="muster admin", role=Role.ADMIN)
     s.add(admin)
     s.flush()
-    adopted = s.execute(update(Experiment).where(Experiment.owner_id.is_(None))
-                        .values(owner_id=admin.id)).rowcount  # type: ignore[attr-defined]
+    adopted = cast(CursorResult[Any], s.execute(  # an UPDATE's result: it has a rowcount
+        update(Experiment).where(Experiment.owner_id.is_(None)).values(owner_id=admin.id)
+    )).rowcount
     record_event(s, entity="user", entity_id=admin.id, reason=EventReason.USER_CREATED,
                  actor=SERVER, message=f"{admin.name} created with role admin, the first user"
                  + (f"; owner of the {adopted} experiments made before users" if adopted

@@ -25,6 +25,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from muster.downsample import SeriesJson
+from muster.rundir import Hparams
 from muster.states import (
     AttemptState,
     CheckpointState,
@@ -250,7 +252,7 @@ class Trial(Base):
     uuid: Mapped[str] = mapped_column(String(36), unique=True, default=new_uuid)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"))
     state: Mapped[TrialState] = mapped_column(EnumText(TrialState, 20))
-    hparams: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    hparams: Mapped[Hparams] = mapped_column(JSON, default=dict)
     stop_requested: Mapped[bool] = mapped_column(default=False)
     # Budgets consumed so far (see muster.supervise.policy).
     replica_restarts: Mapped[int] = mapped_column(Integer, default=0)
@@ -327,7 +329,8 @@ class Attempt(Base):
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # `verify.outputs` as the attempt launched: {path: [inode, size, mtime_ns, ctime_ns] |
     # None}; verification counts only files this attempt created or changed
-    outputs_before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    outputs_before: Mapped[dict[str, list[int] | None] | None] = mapped_column(JSON,
+                                                                             nullable=True)
 
     trial: Mapped[Trial] = relationship(back_populates="attempts")
     replicas: Mapped[list[Replica]] = relationship(
@@ -447,7 +450,7 @@ class Metric(Base):
     kind: Mapped[MetricKind] = mapped_column(EnumText(MetricKind, 16))
     step: Mapped[int] = mapped_column(BigInteger)
     time: Mapped[float] = mapped_column(Float)
-    values: Mapped[dict[str, Any]] = mapped_column(NonFiniteJSON)
+    values: Mapped[dict[str, int | float]] = mapped_column(NonFiniteJSON)  # name → value
     # "harness" (a metrics file) or "log" (read from the rank's log).
     source: Mapped[MetricSource] = mapped_column(EnumText(MetricSource, 8),
                                                  default=MetricSource.HARNESS,
@@ -471,7 +474,7 @@ class MetricSeries(Base):
     lowest: Mapped[float | None] = mapped_column(Float, nullable=True)  # finite values only
     highest: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    curve: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    curve: Mapped[SeriesJson] = mapped_column(JSON, default=dict)
 
 
 class IngestCursor(Base):

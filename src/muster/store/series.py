@@ -12,23 +12,36 @@ a value is never missing, only slower.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from collections.abc import Collection, Iterable
+from typing import Any, NotRequired, TypedDict
 
 from sqlalchemy import Insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from muster.downsample import Series
-from muster.states import MetricKind
+from muster.states import MetricKind, MetricSource
 from muster.store.models import SERIES_NAME_LENGTH, Metric, MetricSeries, Trial
 
-__all__ = ["MAX_SERIES", "extremes", "finite", "keepable", "names", "record"]
+__all__ = ["MAX_SERIES", "MetricRow", "extremes", "finite", "keepable", "names", "record"]
 
 MAX_SERIES = 1000  # metrics of one kind kept per trial
 
 
-def record(s: Session, trial_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
+class MetricRow(TypedDict):
+    """A `metrics` row as ingestion inserts it (Core executemany: no ORM objects)."""
+
+    trial_id: int
+    attempt: int
+    rank: int
+    kind: MetricKind
+    step: int
+    time: float
+    values: dict[str, int | float]  # metric name → value (NaN and ±inf included)
+    source: NotRequired[MetricSource]  # absent: the column's default, HARNESS
+
+
+def record(s: Session, trial_id: int, rows: Iterable[MetricRow]) -> None:
     """Fold the rank-0 reports among `rows` (`metrics` rows: kind, step, values, rank) into
     the trial's series, in `s`'s transaction.
 
@@ -63,8 +76,7 @@ def record(s: Session, trial_id: int, rows: Iterable[Mapping[str, Any]]) -> None
             continue
         room[kind] -= 1
         kept.add((kind, name))
-        s.execute(_insert_if_absent(s, {"trial_id": trial_id, "kind": kind, "name": name,
-                                         "reports": 0, "curve": {}}))
+        s.execute(_insert_if_absent(s, trial_id, kind, name))
     for series in _locked(s, trial_id, kept):
         _fold(series, reports[(series.kind, series.name)])
     if partial:
@@ -124,9 +136,11 @@ def finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _insert_if_absent(s: Session, values: dict[str, Any]) -> Insert:
+def _insert_if_absent(s: Session, trial_id: int, kind: str, name: str) -> Insert:
+    """An empty series row of the metric, unless there is one."""
     dialect = postgresql if s.get_bind().dialect.name == "postgresql" else sqlite
-    statement: Insert = dialect.insert(MetricSeries).values(**values).on_conflict_do_nothing()
+    statement: Insert = dialect.insert(MetricSeries).values(
+        trial_id=trial_id, kind=kind, name=name, reports=0, curve={}).on_conflict_do_nothing()
     return statement
 
 
@@ -176,7 +190,7 @@ def names(s: Session, trial_ids: Collection[int], kind: str) -> set[str]:
 
 
 def _reports(s: Session, trial_ids: Collection[int], kind: str
-             ) -> Iterable[tuple[int, dict[str, Any]]]:
+             ) -> Iterable[tuple[int, dict[str, int | float]]]:
     if not trial_ids:
         return []
     rows = s.execute(select(Metric.trial_id, Metric.values).where(

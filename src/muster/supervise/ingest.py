@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, TypedDict, cast
 
 from sqlalchemy import CursorResult, Insert, Table, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -40,6 +40,7 @@ from muster.rundir import AttemptDir, RankFile, RunDir
 from muster.states import MetricKind
 from muster.store import Attempt, Checkpoint, IngestCursor, Metric, Store, Trial, series
 from muster.store.models import now
+from muster.store.series import MetricRow
 from muster.supervise.step_scales import warn_if_step_scales_differ
 
 log = logging.getLogger(__name__)
@@ -207,9 +208,9 @@ def _read_complete_lines(stream: IO[bytes], available: int) -> bytes:
 
 def _parse_lines(
     data: bytes, file: MetricsFile, trial_id: int, offset: int
-) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+) -> tuple[list[MetricRow], list[tuple[int, str]]]:
     """The rows of the complete lines in `data`, and (byte offset, why) per skipped line."""
-    rows: list[dict[str, Any]] = []
+    rows: list[MetricRow] = []
     problems: list[tuple[int, str]] = []
     for line in data.split(b"\n")[:-1]:
         try:
@@ -223,7 +224,7 @@ def _parse_lines(
     return rows, problems
 
 
-def _metric_row(line: bytes, file: MetricsFile, trial_id: int) -> dict[str, Any] | None:
+def _metric_row(line: bytes, file: MetricsFile, trial_id: int) -> MetricRow | None:
     """The `metrics` row of one complete report line; None for a blank line.
 
     Raises:
@@ -232,14 +233,14 @@ def _metric_row(line: bytes, file: MetricsFile, trial_id: int) -> dict[str, Any]
     report = metrics_lines.parse(line, file.rank)
     if report is None:
         return None
-    return {"trial_id": trial_id, "attempt": file.attempt, "rank": report.rank,
-            "kind": report.kind, "step": report.step, "time": report.time,
-            "values": report.metrics}
+    return MetricRow(trial_id=trial_id, attempt=file.attempt, rank=report.rank,
+                     kind=report.kind, step=report.step, time=report.time,
+                     values=report.metrics)
 
 
 def _commit_batch(
     store: Store, trial_id: int, file: MetricsFile, start: int, end: int,
-    rows: list[dict[str, Any]],
+    rows: list[MetricRow],
 ) -> bool:
     """Insert `rows` and move the file's cursor from `start` to `end`, in one transaction.
 
@@ -280,7 +281,7 @@ def _warn_skipped(
 
 
 def insert_if_absent(s: Session, model: type[IngestCursor | Checkpoint],
-                      values: dict[str, Any]) -> Insert:
+                      values: Mapping[str, object]) -> Insert:
     """INSERT ... ON CONFLICT DO NOTHING: a row another writer inserted first is kept."""
     dialect = postgresql if s.get_bind().dialect.name == "postgresql" else sqlite
     statement: Insert = dialect.insert(model).values(**values).on_conflict_do_nothing()
@@ -323,15 +324,31 @@ def _check_if_still_there(path: Path, trial_id: int) -> Inspection | None:
     return found if path.is_dir() else None
 
 
-def _checkpoint_row(trial_id: int, found: Inspection) -> dict[str, Any]:
-    return {
-        "trial_id": trial_id, "name": found.name, "path": str(found.path),
-        "step": found.step, "attempt": found.recorded_int("attempt"),
-        "rank": found.recorded_int("rank"), "created_at": found.saved_at,
-        "size_bytes": found.size_bytes, "file_count": len(found.file_sizes),
-        "metadata": found.user_metadata, "intact": found.intact,
-        "problem": found.problem, "registered_at": now(),
-    }
+class CheckpointRow(TypedDict):
+    """A `checkpoints` row as registration inserts it (the columns it sets)."""
+
+    trial_id: int
+    name: str
+    path: str
+    step: int
+    attempt: int | None
+    rank: int | None
+    created_at: float | None
+    size_bytes: int
+    file_count: int
+    metadata: object  # what the training code passed to save(metadata=...), as read
+    intact: bool
+    problem: str | None
+    registered_at: float
+
+
+def _checkpoint_row(trial_id: int, found: Inspection) -> CheckpointRow:
+    return CheckpointRow(
+        trial_id=trial_id, name=found.name, path=str(found.path), step=found.step,
+        attempt=found.recorded_int("attempt"), rank=found.recorded_int("rank"),
+        created_at=found.saved_at, size_bytes=found.size_bytes,
+        file_count=len(found.file_sizes), metadata=found.user_metadata,
+        intact=found.intact, problem=found.problem, registered_at=now())
 
 
 def _note_registered(trial_id: int, found: Inspection, report: IngestReport) -> None:

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -30,7 +29,7 @@ from muster.jobenv import Distributed, JobEnvironment, build_env
 from muster.launch.accounts import Account, RunAs
 from muster.launch.base import ProcessIdentity, ReplicaSpec, ReplicaStatus
 from muster.launch.torchrun import free_port, wants_distributed_env
-from muster.rundir import AttemptDir, RunDir
+from muster.rundir import AttemptDir, Hparams, RunDir
 from muster.states import AttemptState, EventReason, Reason, ReplicaPhase, TrialState
 from muster.store import Attempt, Checkpoint, Experiment, Replica, Trial, transition
 from muster.store.configs import experiment_config
@@ -369,7 +368,7 @@ class Recorded:
     attempt_id: int
     trial_id: int
     specs: list[ReplicaSpec]  # by rank
-    hparams: dict[str, Any]
+    hparams: Hparams
     context: Context
     environment: TrialEnvironment | None
 
@@ -380,7 +379,7 @@ def context_of(trial: Trial) -> Context:
     return Context(snapshot, snapshot / Path(data.path).expanduser() if data else None)
 
 
-def prepare_attempt_dir(attempt_dir: AttemptDir, hparams: dict[str, Any],
+def prepare_attempt_dir(attempt_dir: AttemptDir, hparams: Hparams,
                         account: Account | None = None) -> None:
     """Create the attempt directory and its hparams file, after the attempt is recorded;
     under `run_as`, give the directory to the job's `account` (`supervise/ownership.py`).

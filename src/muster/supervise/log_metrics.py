@@ -43,7 +43,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, NotRequired, TypedDict
 
 from muster.launch.logs import ReplicaLog, drops_of, open_log
 from muster.metrics_lines import name_problem
@@ -150,6 +150,21 @@ class ScanSpec:
                    data["keep_reports"])
 
 
+class ScanResultJson(TypedDict):
+    """A `ScanResult` as a scan's child process prints it (its `problem` stays behind)."""
+
+    end: list[int]  # [offset, lines, reports]
+    reports: list[list[Any]]  # [kind, step, values, line, offset] each
+    names: list[str]
+    values: int
+    non_finite: list[list[Any]]  # [name, value, step, line, offset] each
+    non_finite_count: int
+    unusable: int
+    highest: NotRequired[dict[str, int]]
+    lowest: NotRequired[dict[str, int]]
+    last_offset: NotRequired[int | None]
+
+
 @dataclass
 class ScanResult:
     """What a scan recognised, and where it stopped."""
@@ -168,13 +183,14 @@ class ScanResult:
     lowest: dict[str, int] = field(default_factory=dict)
     last_offset: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"end": [self.end.offset, self.end.lines, self.end.reports],
-                "reports": [[r.kind, r.step, r.values, r.line, r.offset] for r in self.reports],
-                "names": sorted(self.names), "values": self.values,
-                "non_finite": self.non_finite, "non_finite_count": self.non_finite_count,
-                "unusable": self.unusable, "highest": self.highest, "lowest": self.lowest,
-                "last_offset": self.last_offset}
+    def to_json(self) -> ScanResultJson:
+        return ScanResultJson(
+            end=[self.end.offset, self.end.lines, self.end.reports],
+            reports=[[r.kind, r.step, r.values, r.line, r.offset] for r in self.reports],
+            names=sorted(self.names), values=self.values,
+            non_finite=[list(v) for v in self.non_finite],
+            non_finite_count=self.non_finite_count, unusable=self.unusable,
+            highest=self.highest, lowest=self.lowest, last_offset=self.last_offset)
 
     def followed_by(self, later: ScanResult) -> ScanResult:
         """This result and `later`'s (a scan from where this one stopped) as one."""
@@ -191,7 +207,7 @@ class ScanResult:
             later.last_offset if later.last_offset is not None else self.last_offset)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ScanResult:
+    def from_json(cls, data: ScanResultJson) -> ScanResult:
         return cls(Position(*data["end"]), [LogReport(*r) for r in data["reports"]],
                    set(data["names"]), data["values"],
                    [tuple(v) for v in data["non_finite"]],

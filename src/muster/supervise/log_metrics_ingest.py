@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import Table, insert, select
 
@@ -30,6 +30,7 @@ from muster.rundir import AttemptDir, RankFile
 from muster.states import MetricSource
 from muster.store import IngestCursor, Metric, Store, series
 from muster.store.models import now
+from muster.store.series import MetricRow
 from muster.supervise.ingest import insert_if_absent
 from muster.supervise.log_metrics import (
     LogReport,
@@ -149,10 +150,10 @@ def _commit(store: Store, trial_id: int, attempt: int, replica_log: ReplicaLog,
 
 
 def _rows(trial_id: int, attempt: int, rank: int, reports: list[LogReport],
-          times: list[float]) -> list[dict[str, Any]]:
-    return [{"trial_id": trial_id, "attempt": attempt, "rank": rank, "kind": r.kind,
-             "step": r.step, "time": at, "values": r.values,
-             "source": MetricSource.LOG} for r, at in zip(reports, times, strict=True)]
+          times: list[float]) -> list[MetricRow]:
+    return [MetricRow(trial_id=trial_id, attempt=attempt, rank=rank, kind=r.kind, step=r.step,
+                      time=at, values=r.values, source=MetricSource.LOG)
+            for r, at in zip(reports, times, strict=True)]
 
 
 def _arrival_times(replica_log: ReplicaLog, reports: list[LogReport]) -> list[float]:

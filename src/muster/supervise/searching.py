@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
 from muster.config import ExperimentConfig
+from muster.config.space import Scalar
 from muster.search.history import PastTrial
 from muster.search.history import trial_seed as seed_for
 from muster.states import (
@@ -339,7 +340,7 @@ def _validation(s: Session, trial_ids: Iterable[int], metric: str) -> dict[int, 
     return found
 
 
-def _shown(params: dict[str, Any]) -> str:
+def _shown(params: Mapping[str, Scalar]) -> str:
     shown = [f"{k}={_short(v)}" for k, v in list(params.items())[:_SHOWN_PARAMS]]
     more = len(params) - _SHOWN_PARAMS
     return ", ".join(shown) + (f" and {more} more" if more > 0 else "") or "(constants only)"
