@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypedDict
 
-__all__ = ["RayNode", "exit_actor", "node_ip", "nodes"]
+__all__ = ["RayNode", "available_per_node", "exit_actor", "node_ip", "nodes"]
 
 
 class RayNode(TypedDict, total=False):
@@ -38,6 +38,14 @@ def nodes() -> list[RayNode]:
 
     listed: Callable[[], list[RayNode]] = ray.nodes
     return listed()
+
+
+def available_per_node() -> dict[str, dict[str, float]]:
+    """What each live node has free now, by node id (not in a public API in Ray 2.60)."""
+    from ray._private import state
+
+    available: Callable[[], dict[str, dict[str, float]]] = state.available_resources_per_node
+    return available()
 
 
 def exit_actor() -> None:

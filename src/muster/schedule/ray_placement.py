@@ -20,6 +20,7 @@ from typing import Any
 
 from muster.atomic import read_json
 from muster.config import GpuReleaseConfig
+from muster.launch import ray_calls
 from muster.launch.ray_replica import attempt_of, group_name, kill_actor, named_group
 from muster.rundir import RankFiles
 from muster.schedule.gpu_pool import GpuPool
@@ -119,11 +120,9 @@ class RayPlacement(Placement):
     def nodes(self) -> list[NodeInfo]:
         """Ray's nodes (the dead ones too, as Ray still lists them), with their totals and,
         for live ones, what is free now."""
-        from ray._private import state  # available per node: not in a public API in 2.60
-
-        free: dict[str, dict[str, float]] = state.available_resources_per_node()  # type: ignore[no-untyped-call]
+        free = ray_calls.available_per_node()
         found = []
-        for node in self._ray.nodes():  # type: ignore[no-untyped-call]
+        for node in ray_calls.nodes():
             total = node.get("Resources") or {}
             node_id, alive = str(node["NodeID"]), bool(node.get("Alive"))
             left = free.get(node_id) if alive else None
