@@ -153,7 +153,7 @@ def _check_sweep(storage: Storage, previous: dict[str, dict[str, int]],
           "open uploads")
     assert orphans and open_before, "no kill landed after a first file, or inside one"
 
-    states = {uuid: CheckpointState.STORED.value for uuid in referenced}
+    states = {uuid: CheckpointState.STORED for uuid in referenced}
     report = sweep_location(storage.backend, states, busy=set(), older_than=0, at=time.time())
 
     assert storage.open_uploads() == []

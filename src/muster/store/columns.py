@@ -10,10 +10,11 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, TypeVar
 
-from sqlalchemy import Dialect, String
+from sqlalchemy import Dialect, String, event
+from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["EnumText"]
+__all__ = ["EnumText", "coerce_words_on_set"]
 
 E = TypeVar("E", bound=Enum)
 
@@ -42,8 +43,34 @@ class EnumText(TypeDecorator[E]):
     def process_result_value(self, value: Any, dialect: Dialect) -> E | None:
         return None if value is None else self._member(value)
 
+    def member(self, word: Any) -> E | None:
+        """`word` (a member, or one of the enum's words) as the member; None stays None."""
+        return None if word is None else self._member(word)
+
     def _member(self, word: Any) -> E:
         try:
             return self._members[word]
         except (KeyError, TypeError):
             return self.enum(word)  # raises ValueError, with the enum's own message
+
+
+def coerce_words_on_set(base: type[DeclarativeBase]) -> None:
+    """Make every `EnumText` attribute of `base`'s models hold a member as soon as it is
+    set (`Trial(state="QUEUED")`, `row.state = "RUNNING"`), not only once read back: code
+    asks the member (`trial.state.is_terminal()`) of rows it has just made too.
+
+    Raises (when a word is set):
+        ValueError: the word is not one of the column's enum.
+    """
+    for mapper in base.registry.mappers:
+        for prop in mapper.column_attrs:
+            column_type = prop.columns[0].type
+            if isinstance(column_type, EnumText):
+                event.listen(getattr(mapper.class_, prop.key), "set",
+                             _coercer(column_type), retval=True)
+
+
+def _coercer(column_type: EnumText[Any]) -> Any:
+    def coerce(target: object, value: Any, old: object, initiator: object) -> Any:
+        return column_type.member(value)
+    return coerce

@@ -41,7 +41,7 @@ from muster.states import (
     TokenKind,
     TrialState,
 )
-from muster.store.columns import EnumText
+from muster.store.columns import EnumText, coerce_words_on_set
 
 # The range of an INTEGER column in every supported database (32 bits in PostgreSQL): ids,
 # attempt numbers and ranks. A number the API takes for one of them is bounded by it, so a
@@ -542,3 +542,6 @@ class Checkpoint(Base):
     # Why the last GC kept it, or why it is being deleted (the planner's reasons).
     gc_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+coerce_words_on_set(Base)  # a state set as a word reads back as its member at once
