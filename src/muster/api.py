@@ -6,7 +6,7 @@ imports stay fast and free of pydantic; `muster.server.api` derives the pydantic
 each shape for the door (response validation, `/openapi.json`). A shape here is exactly a
 JSON object on the wire: every key is always present (null where the comment says so), and
 field names are a fixed contract (docs "JSON contract"): extend, never rename. Free JSON
-(hyperparameters, metrics, config blobs, snapshots) stays `dict[str, Any]`.
+(hyperparameters, metrics, config blobs, snapshots) is `JsonObject`, `Hparams` or `Config`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ from typing import Any, Literal, TypedDict
 
 from muster.states import (
     AttemptState,
+    Basis,
+    CheckpointState,
+    DiffGroup,
+    EnvironmentState,
     ExperimentState,
     GpuState,
+    MetricKind,
     MetricSource,
     OomSource,
     Role,
@@ -187,13 +192,13 @@ class TrialDetail(TypedDict):
     reason: str | None
     message: str | None
     restarts: int
-    hparams: dict[str, Any]
+    hparams: Hparams
     created_at: float
     started_at: float | None
     ended_at: float | None
     attempts: list[AttemptView]
-    manifest: dict[str, Any] | None
-    verification: dict[str, Any] | None
+    manifest: JsonObject | None
+    verification: JsonObject | None
     # True only when its exit 0 was verified; null while it has not ended.
     verified: bool | None
     verdict: str  # one line, as the CLI and the UI print it (`muster.verdicts`)
@@ -208,7 +213,7 @@ class TrialDetail(TypedDict):
     # The trial part of its reproducibility snapshot (`muster.diagnostics`: code, config,
     # hparams, seed, environment, data) in the reads (`GET /trials/{id}`,
     # `/experiments/{id}`, `/experiments/{id}/best`); null in the answers to actions.
-    snapshot: dict[str, Any] | None
+    snapshot: JsonObject | None
     progress: TrialProgress | None  # while RUNNING, once it reported progress
 
 
@@ -224,7 +229,7 @@ class TrialSummary(TypedDict):
     id: int
     number: int
     state: TrialState
-    hparams: dict[str, Any]
+    hparams: Hparams
     early_stopped: bool
     best_validation: dict[str, float]
     restarts: int
@@ -242,7 +247,7 @@ class CurveView(TypedDict):
     trial_id: int
     number: int
     state: TrialState
-    hparams: dict[str, Any]
+    hparams: Hparams
     early_stop: EarlyStop | None  # where the searcher stopped it
     reports: int  # finite values the curve stands for
     steps: list[int]
@@ -298,7 +303,7 @@ class Importance(TypedDict):
 class BestSoFar(TypedDict):
     trial_id: int
     number: int
-    hparams: dict[str, Any]
+    hparams: Hparams
     metric: str
     value: float
     early_stopped: bool
@@ -358,7 +363,7 @@ class ExperimentSummary(TypedDict):
 
 
 class ExperimentDetail(ExperimentSummary):
-    config: dict[str, Any]
+    config: Config
     config_yaml: str  # the config as it was submitted (secrets are never in it)
     trials: list[TrialDetail]
     search: SearchProgress
@@ -366,7 +371,7 @@ class ExperimentDetail(ExperimentSummary):
 
 
 class MetricReport(TypedDict):
-    kind: Literal["training", "validation"]
+    kind: MetricKind
     step: int
     time: float
     attempt: int
@@ -384,7 +389,7 @@ class CheckpointView(TypedDict):
     name: str
     path: str  # in the trial's run directory (gone once `deleted`)
     step: int
-    state: Literal["local", "uploading", "stored", "upload_failed", "deleting", "deleted"]
+    state: CheckpointState
     size: int  # bytes, every file
     storage_url: str | None  # where it is stored (`stored` and `deleting` only)
     # The searcher's metric of the last validation rank 0 reported in its attempt before it
@@ -410,14 +415,13 @@ class TrialSnapshot(TypedDict):
     outside part of its latest attempt that has one (what the server saw from outside the
     process at its launch: the interpreter, the layer's packages, the code's tree hash)."""
 
-    trial: dict[str, Any]
-    ranks: dict[str, dict[str, Any]]
-    outside: dict[str, Any] | None
+    trial: JsonObject
+    ranks: dict[str, JsonObject]
+    outside: JsonObject | None
 
 
 class SnapshotDifference(TypedDict):
-    group: Literal["code", "config", "packages", "frameworks", "numerics", "hardware",
-                   "platform"]
+    group: DiffGroup
     field: str
     a: Any
     b: Any
@@ -452,9 +456,9 @@ class ExperimentDiff(TrialDiff):
     (`best`), else its latest (`latest`)."""
 
     a_trial: int
-    a_basis: Literal["best", "latest"]
+    a_basis: Basis
     b_trial: int
-    b_basis: Literal["best", "latest"]
+    b_basis: Basis
 
 
 class GcPolicy(TypedDict):
@@ -468,7 +472,7 @@ class GcDecision(TypedDict):
     trial_id: int
     name: str
     step: int
-    state: str
+    state: CheckpointState
     keep: bool
     reasons: list[str]
 
@@ -581,7 +585,7 @@ class EnvironmentView(TypedDict):
     inherit: bool
     packages: list[str]
     setup: list[list[str]]
-    state: str  # READY, BUILDING, FAILED, MISSING (requested, not built yet)
+    state: EnvironmentState  # MISSING: requested, not built yet
     size_bytes: int | None
     built_at: float | None
     last_used: float | None

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi import Path as InPath
 from fastapi.responses import Response
 
+from muster import api as shapes
 from muster.config.units import parse_duration
 from muster.errors import InvalidRequest, Unauthorized
 from muster.server import api
@@ -43,7 +44,7 @@ UserQuery = Annotated[str | None, Query(min_length=1, max_length=32, description
 @public.post("/login", response_model=api.LoginView,
              responses=_errors(400, 401, 413, 422, 429))
 async def log_in(state: State, request: Request, response: Response, body: api.LoginRequest
-                 ) -> dict[str, Any]:
+                 ) -> shapes.LoginView:
     """Check a user's password (`name`, `password`), or an API token of theirs (`token`),
     and open a web session: the `muster_session` cookie (HttpOnly, SameSite=Strict; Secure
     over TLS) and its CSRF token, which every unsafe request of the session sends as
@@ -52,9 +53,9 @@ async def log_in(state: State, request: Request, response: Response, body: api.L
     login = await open_session(state, client_address(request), body.name, body.password,
                                body.token)
     set_session_cookie(response, request, login.secret)
-    view = await asyncio.to_thread(users.whoami, state.store, login.principal)
-    return {**view, "csrf_token": tokens.csrf_token(login.secret),
-            "expires_at": login.expires_at}
+    view = await asyncio.to_thread(users.whoami, state.store, login.principal,
+                                   tokens.csrf_token(login.secret))
+    return shapes.LoginView(**view, expires_at=login.expires_at)
 
 
 def client_address(request: Request) -> str:
@@ -106,22 +107,21 @@ def log_out(state: State, request: Request, who: Account) -> Response:
 
 
 @router.get("/whoami", response_model=api.Whoami)
-def whoami(state: State, request: Request, who: Reader) -> dict[str, Any]:
+def whoami(state: State, request: Request, who: Reader) -> shapes.Whoami:
     """The caller: name, role, the credential it came with, and a web session's CSRF token."""
     cookie = request.cookies.get(SESSION_COOKIE) if who.via_session else None
-    return {**users.whoami(state.store, who),
-            "csrf_token": tokens.csrf_token(cookie) if cookie else None}
+    return users.whoami(state.store, who, tokens.csrf_token(cookie) if cookie else None)
 
 
 @router.get("/users", response_model=api.many(api.UserView))
-def list_users(state: State, _: Reader) -> list[dict[str, Any]]:
+def list_users(state: State, _: Reader) -> list[shapes.UserView]:
     """Every user, oldest first (deactivated ones too)."""
     return users.list_users(state.store)
 
 
 @router.post("/users", status_code=201, response_model=api.NewUser,
              responses=_errors(400, 409))
-def create_user(state: State, body: api.UserCreateRequest, who: Admin) -> dict[str, Any]:
+def create_user(state: State, body: api.UserCreateRequest, who: Admin) -> shapes.NewUser:
     """A new user (admins only) and their first API token, shown this once."""
     return users.create_user(state.store, who, body.name, Role(body.role),
                              display_name=body.display_name, password=body.password,
@@ -129,13 +129,13 @@ def create_user(state: State, body: api.UserCreateRequest, who: Admin) -> dict[s
 
 
 @router.get("/users/{name}", response_model=api.UserView, responses=_errors(404))
-def get_user(state: State, _: Reader, name: NamePath) -> dict[str, Any]:
+def get_user(state: State, _: Reader, name: NamePath) -> shapes.UserView:
     return users.get_user(state.store, name)
 
 
 @router.patch("/users/{name}", response_model=api.UserView, responses=_errors(400, 404, 409))
 def edit_user(state: State, name: NamePath, body: api.UserEditRequest, who: Account
-              ) -> dict[str, Any]:
+              ) -> shapes.UserView:
     """Change your own display name or password (with your current one), or, as an admin,
     anything of anyone: role, Unix account, password. The last active admin keeps the role."""
     change = users.UserChange(
@@ -150,7 +150,7 @@ def edit_user(state: State, name: NamePath, body: api.UserEditRequest, who: Acco
 
 @router.post("/users/{name}/deactivate", response_model=api.UserView,
              responses=_errors(404, 409))
-def deactivate_user(state: State, name: NamePath, who: Admin) -> dict[str, Any]:
+def deactivate_user(state: State, name: NamePath, who: Admin) -> shapes.UserView:
     """Deactivate a user: their sessions end and their tokens stop working with the next
     request, and their log follows end; their experiments keep running and stay visible."""
     view = users.deactivate_user(state.store, who, name)
@@ -159,14 +159,14 @@ def deactivate_user(state: State, name: NamePath, who: Admin) -> dict[str, Any]:
 
 
 @router.post("/users/{name}/activate", response_model=api.UserView, responses=_errors(404))
-def activate_user(state: State, name: NamePath, who: Admin) -> dict[str, Any]:
+def activate_user(state: State, name: NamePath, who: Admin) -> shapes.UserView:
     return users.activate_user(state.store, who, name)
 
 
 @router.get("/tokens", response_model=api.many(api.TokenView), responses=_errors(404))
 def list_tokens(state: State, who: Account,
                 user: Annotated[str | None, Query(min_length=1, max_length=32, description=(
-                    "an admin lists this user's tokens"))] = None) -> list[dict[str, Any]]:
+                    "an admin lists this user's tokens"))] = None) -> list[shapes.TokenView]:
     """Your API tokens that are not revoked (an admin: `user`'s), oldest first; never the
     tokens themselves."""
     return tokens.list_tokens(state.store, who, user)
@@ -174,7 +174,7 @@ def list_tokens(state: State, who: Account,
 
 @router.post("/tokens", status_code=201, response_model=api.NewToken,
              responses=_errors(400, 404, 409))
-def create_token(state: State, body: api.TokenCreateRequest, who: Account) -> dict[str, Any]:
+def create_token(state: State, body: api.TokenCreateRequest, who: Account) -> shapes.NewToken:
     """A new API token for you (an admin: for `user`), shown this once; `expires` a
     duration (30d), none for never."""
     try:
@@ -185,7 +185,7 @@ def create_token(state: State, body: api.TokenCreateRequest, who: Account) -> di
 
 
 @router.delete("/tokens/{token_id}", response_model=api.TokenView, responses=_errors(404))
-def revoke_token(state: State, token_id: TokenIdPath, who: Account) -> dict[str, Any]:
+def revoke_token(state: State, token_id: TokenIdPath, who: Account) -> shapes.TokenView:
     """Revoke one of your API tokens (an admin: anyone's); it stops working at once, and so
     do the web sessions it opened and the log follows of either."""
     view = tokens.revoke_token(state.store, who, token_id)
@@ -194,7 +194,7 @@ def revoke_token(state: State, token_id: TokenIdPath, who: Account) -> dict[str,
 
 
 @router.get("/sessions", response_model=api.many(api.SessionView), responses=_errors(404))
-def list_sessions(state: State, who: Account, user: UserQuery = None) -> list[dict[str, Any]]:
+def list_sessions(state: State, who: Account, user: UserQuery = None) -> list[shapes.SessionView]:
     """Your open web sessions (an admin: `user`'s), oldest first: where each was opened
     from, with which API token (none: a password), and which one is this request's."""
     return tokens.list_sessions(state.store, who, user)
@@ -202,7 +202,7 @@ def list_sessions(state: State, who: Account, user: UserQuery = None) -> list[di
 
 @router.delete("/sessions/{session_id}", response_model=api.SessionView,
                responses=_errors(404))
-def end_session(state: State, session_id: SessionIdPath, who: Account) -> dict[str, Any]:
+def end_session(state: State, session_id: SessionIdPath, who: Account) -> shapes.SessionView:
     """End one of your web sessions (an admin: anyone's); its cookie stops working at once,
     and so do its log follows."""
     view = tokens.end_session(state.store, who, session_id)
@@ -220,7 +220,7 @@ def list_events(
     after_id: Annotated[int | None, Query(ge=0, le=MAX_INTEGER)] = None,
     limit: Annotated[int, Query(ge=1, le=audit.MAX_LIMIT)] = audit.DEFAULT_LIMIT,
     tail: Annotated[int | None, Query(ge=1, le=audit.MAX_LIMIT)] = None,
-) -> list[dict[str, Any]]:
+) -> list[shapes.AuditEvent]:
     """The audit trail, oldest first: who did what (`actor`: a user, or `system:...`),
     of an experiment, a trial or an actor; `limit` events after `after_id`, or the last
     `tail`."""

@@ -57,9 +57,10 @@ from muster.services import (
     tokens,
 )
 from muster.services.access import Action, Principal, authorize
+from muster.services.views import ExperimentOverview
 from muster.sizes import format_size
 from muster.states import CheckStatus, ExperimentState, Role, TrialState
-from muster.store import MAX_INTEGER
+from muster.store import MAX_INTEGER, Store
 from muster.verdicts import check_status
 from muster.words import count, progress_line
 
@@ -73,6 +74,8 @@ templates = Jinja2Templates(directory=ui.TEMPLATES)
 
 
 NONE = "\N{EN DASH}"  # what a table cell without a value shows
+# A template's variables by name: whatever the template reads (rows, queries, helpers).
+TemplateContext = dict[str, Any]
 
 
 def _when(ts: float | None) -> str:
@@ -361,7 +364,7 @@ def experiments_fragment(request: Request, who: Visitor, query: Listed) -> Respo
     return _render(request, "_experiments_table.html", who, **_list_context(request, query))
 
 
-def _list_context(request: Request, query: ListQuery) -> dict[str, Any]:
+def _list_context(request: Request, query: ListQuery) -> TemplateContext:
     try:
         page = listing.list_page(_state(request).store, query.where(), sort=query.sort,
                                  descending=query.order == "desc", offset=query.offset,
@@ -467,7 +470,8 @@ def experiment_fragment(request: Request, who: Visitor, experiment_id: int,
                    can_act=_can_act(who, exp["owner"]), **_trials_context(store, exp, query))
 
 
-def _trials_context(store: Any, exp: dict[str, Any], query: TrialsQuery) -> dict[str, Any]:
+def _trials_context(store: Store, exp: ExperimentOverview, query: TrialsQuery
+                    ) -> TemplateContext:
     """The trials table's page (each trial with its hyperparameters flattened), the
     hyperparameters' names (from the config's space, then any a trial has), and a problem
     with the query, if any (the table is then empty and says why)."""
@@ -521,7 +525,7 @@ def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
     return _render(request, "trial.html", who, nav="experiments", trial=trial, exp=exp,
                    can_act=_can_act(who, exp["owner"]), ranks=ranks,
                    checkpoints=retention.trial_checkpoints(store, trial["id"]),
-                   at_rest=TrialState(trial["state"]).is_at_rest())
+                   at_rest=trial["state"].is_at_rest())
 
 
 @pages.get("/ui/trials/{trial_id}/progress", response_class=HTMLResponse)
@@ -531,7 +535,7 @@ def trial_progress_fragment(request: Request, who: Visitor, trial_id: int) -> Re
         return Response(status_code=401)
     trial = experiments.trial_progress(_state(request).store, _bounded(trial_id, "trial"))
     return _render(request, "_trial_progress.html", who, trial=trial,
-                   at_rest=TrialState(trial["state"]).is_at_rest())
+                   at_rest=trial["state"].is_at_rest())
 
 
 @pages.get("/trials/{trial_id}/diff", response_class=HTMLResponse)

@@ -17,7 +17,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi import Path as InPath
@@ -25,6 +25,7 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from muster import __version__, checkpoint_archive
+from muster import api as shapes
 from muster.config.units import parse_duration
 from muster.downsample import MAX_POINTS
 from muster.errors import InvalidRequest, MusterError
@@ -63,7 +64,12 @@ BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
                     "$MUSTER_HOME/secrets/token")
 
 
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+# A route's `responses` beyond its model: OpenAPI response objects by status (free JSON
+# that FastAPI merges into /openapi.json).
+Responses = dict[int | str, shapes.JsonObject]
+
+
+def _errors(*statuses: int) -> Responses:
     """The `responses` of a route that can answer with these error statuses."""
     return {status: {"model": api.Error, "description": _ERROR_MEANINGS[status],
                      **_ERROR_HEADERS.get(status, {})}
@@ -87,7 +93,7 @@ _ERROR_MEANINGS = {
     502: "checkpoint storage (a shared directory, an S3 bucket) failed or refused; the "
          "message names its URL",
 }
-_ERROR_HEADERS: dict[int, dict[str, Any]] = {429: {"headers": {"Retry-After": {
+_ERROR_HEADERS: dict[int, shapes.JsonObject] = {429: {"headers": {"Retry-After": {
     "description": "seconds to wait before trying again", "schema": {"type": "integer"}}}}}
 # What any protected route may answer (403: a role's refusal, or a session without its
 # CSRF token; 413: a body over 64 KiB).
@@ -133,7 +139,7 @@ TrialId = Annotated[int, InPath(ge=1, le=MAX_INTEGER, description="a trial's id"
 
 
 @public.get("/health", response_model=api.Health)
-def health(state: State, request: Request) -> dict[str, Any]:
+def health(state: State, request: Request) -> shapes.Health:
     """Liveness, and how the supervisor is doing: 200 while the server serves, with
     `degraded` true while its passes fail (the last error and its time are kept). The
     error's text (it may name paths and hosts) only to a caller with a credential."""
@@ -179,7 +185,7 @@ def _known_caller(request: Request, state: ServerState) -> bool:
              openapi_extra={"requestBody": upload_form.REQUEST_BODY})
 async def create_experiment(state: State, request: Request,
                             owner: Annotated[Principal, Depends(allow(Action.SUBMIT))]
-                            ) -> dict[str, Any] | list[dict[str, Any]]:
+                            ) -> shapes.ExperimentDetail | list[shapes.ExperimentDetail]:
     """Validate the config, snapshot the context, record the experiment (and its trial),
     owned by the caller. With the `config` field repeated (a batch, at most
     `upload_form.MAX_BATCH`), every config shares the one context and the answer is the
@@ -214,7 +220,7 @@ _UNPACKING = FairQueue(workers=2, per_user=8, total=32, name="muster-unpack")
 
 
 @router.get("/cluster", response_model=api.ClusterStatus)
-def get_cluster(state: State, _: Reader) -> dict[str, Any]:
+def get_cluster(state: State, _: Reader) -> shapes.ClusterStatus:
     """Slots, queue and disk of this installation (`muster cluster status`)."""
     return cluster.cluster_status(state.platform)
 
@@ -223,14 +229,14 @@ def get_cluster(state: State, _: Reader) -> dict[str, Any]:
              responses=_errors(404, 409))
 def release_node(state: State, node_id: Annotated[str, InPath(min_length=1, max_length=128)],
                  who: Annotated[Principal, Depends(allow(Action.MANAGE_NODES))]
-                 ) -> dict[str, Any]:
+                 ) -> shapes.NodeReleaseView:
     """Return a node the bad-node circuit breaker quarantined to the pool (`muster cluster
     node release NODE`): new replicas may be placed there again."""
     return cluster.release_quarantined(state.store, node_id, who.name)
 
 
 @router.get("/environments", response_model=api.many(api.EnvironmentView))
-def list_environments(state: State, who: Reader) -> list[dict[str, Any]]:
+def list_environments(state: State, who: Reader) -> list[shapes.EnvironmentView]:
     """Every environment muster was asked to build: its state, packages, size, last use and
     the trials that need it or ran in it (`muster env list`); why a build failed only to
     those who may read its log."""
@@ -238,7 +244,7 @@ def list_environments(state: State, who: Reader) -> list[dict[str, Any]]:
                                           state.platform.build_logs_open)
 
 
-_BUILD_LOG: dict[int | str, dict[str, Any]] = {200: {
+_BUILD_LOG: Responses = {200: {
     "description": "the build's log, bytes from `offset` (at most 1 MiB)",
     "content": {"text/plain": {"schema": {"type": "string"}}}}}
 
@@ -262,7 +268,7 @@ def environment_log(state: State, who: Reader,
              responses=_errors(400, 422))
 def prune_environments(state: State, body: api.PruneRequest,
                        _: Annotated[Principal, Depends(allow(Action.PRUNE_ENVIRONMENTS))]
-                       ) -> dict[str, Any]:
+                       ) -> shapes.PruneResultView:
     """Remove built environments unused for `older_than` (and the leftovers of failed or
     killed builds); never one a trial that has not ended needs (`muster env prune`)."""
     try:
@@ -272,7 +278,7 @@ def prune_environments(state: State, body: api.PruneRequest,
     return environments.prune_environments(state.store, state.platform.envs, older_than)
 
 
-_PROMETHEUS_TEXT: dict[int | str, dict[str, Any]] = {200: {
+_PROMETHEUS_TEXT: Responses = {200: {
     "description": "Prometheus's text format, version 0.0.4",
     "content": {prometheus.CONTENT_TYPE: {"schema": {"type": "string"}}}}}
 
@@ -292,7 +298,7 @@ scrape.add_api_route("/metrics", get_prometheus_metrics, methods=["GET"],
 
 
 @router.get("/jobs", response_model=api.many(api.Job))
-def list_jobs(state: State, _: Reader) -> list[dict[str, Any]]:
+def list_jobs(state: State, _: Reader) -> list[shapes.Job]:
     """Trials that run or wait: those holding resources, then the queue in its order (priority,
     then id), then paused ones; each with its resources, GPUs held and `queue_reason`."""
     return jobs.list_jobs(state.store)
@@ -302,7 +308,7 @@ def list_jobs(state: State, _: Reader) -> list[dict[str, Any]]:
              responses=_errors(400, 404, 409))
 async def set_trial_priority(state: State, trial_id: TrialId, body: api.PriorityRequest,
                              who: Annotated[Principal, Depends(allow(Action.SET_PRIORITY))]
-                             ) -> dict[str, Any]:
+                             ) -> shapes.TrialDescription:
     """Move a trial in the queue; 409 once it has ended. Takes effect on the next pass. A
     user moves its own trials, and not above the cluster's `priority_floor`."""
     view = await asyncio.to_thread(jobs.set_trial_priority, state.store, who, trial_id,
@@ -316,7 +322,7 @@ async def set_trial_priority(state: State, trial_id: TrialId, body: api.Priority
 async def set_experiment_priority(
     state: State, experiment_id: ExperimentId, body: api.PriorityRequest,
     who: Annotated[Principal, Depends(allow(Action.SET_PRIORITY))],
-) -> dict[str, Any]:
+) -> shapes.ExperimentDetail:
     """Set the priority of every trial of the experiment that has not ended, and of those
     it makes from now on; 409 once it has ended."""
     view = await asyncio.to_thread(jobs.set_experiment_priority, state.store, who,
@@ -326,7 +332,7 @@ async def set_experiment_priority(
     return view
 
 
-_TOTAL_COUNT: dict[int | str, dict[str, Any]] = {200: {"headers": {"X-Total-Count": {
+_TOTAL_COUNT: Responses = {200: {"headers": {"X-Total-Count": {
     "description": "how many experiments the filter matches in all (for paging)",
     "schema": {"type": "integer"}}}}}
 
@@ -349,7 +355,7 @@ def list_experiments(
     order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
     offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
     limit: Annotated[int | None, Query(ge=1, le=listing.MAX_PAGE)] = None,
-) -> list[dict[str, Any]]:
+) -> list[shapes.ExperimentSummary]:
     """Experiments, oldest first by default (every one without `limit`): filtered by
     `owner` (or `mine`), `state`, `label`, `name`; sorted by `sort` and `order`; a page of
     `limit` from `offset`, with the count of all matches in `X-Total-Count`. Each has its
@@ -364,7 +370,7 @@ def list_experiments(
 
 @router.get("/experiments/{experiment_id}", response_model=api.ExperimentDetail,
             responses=_errors(404))
-def get_experiment(state: State, _: Reader, experiment_id: ExperimentId) -> dict[str, Any]:
+def get_experiment(state: State, _: Reader, experiment_id: ExperimentId) -> shapes.ExperimentDetail:
     """The experiment, its trials (attempts, replicas, how each ended, the trial part of
     each one's snapshot) and its search."""
     return experiments.describe_experiment(state.store, experiment_id,
@@ -373,7 +379,7 @@ def get_experiment(state: State, _: Reader, experiment_id: ExperimentId) -> dict
 
 @router.get("/experiments/{experiment_id}/best", response_model=api.TrialDetail,
             responses=_errors(404, 409))
-def get_best_trial(state: State, _: Reader, experiment_id: ExperimentId) -> dict[str, Any]:
+def get_best_trial(state: State, _: Reader, experiment_id: ExperimentId) -> shapes.TrialDetail:
     """The SUCCEEDED trial with the best value of the searcher's metric (early-stopped trials
     count; ties: lowest number), with its `best_validation`. 404 while there is none yet; 409
     when the searcher names no metric."""
@@ -382,7 +388,7 @@ def get_best_trial(state: State, _: Reader, experiment_id: ExperimentId) -> dict
 
 @router.get("/experiments/{experiment_id}/importance", response_model=api.Importance,
             responses=_errors(404, 409))
-def get_importance(state: State, _: Reader, experiment_id: ExperimentId) -> dict[str, Any]:
+def get_importance(state: State, _: Reader, experiment_id: ExperimentId) -> shapes.Importance:
     """Each varied hyperparameter's share of the importance for the searcher's metric
     (Optuna's PedAnovaImportanceEvaluator over the SUCCEEDED trials with a value), the
     largest first; recomputed when another trial ends. 409 without a searcher metric, a
@@ -410,7 +416,7 @@ def list_experiment_trials(
         "states (repeat it)")] = None,
     offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
     limit: Annotated[int | None, Query(ge=1, le=search.MAX_TRIAL_PAGE)] = None,
-) -> list[dict[str, Any]]:
+) -> list[shapes.TrialSummary]:
     """The experiment's trials `{id, number, state, hparams, early_stopped, early_stop,
     best_validation, restarts, started_at, ended_at, verified}`, by number, by `sort` or by
     `order_by`, filtered by `state`, a page of `limit` from `offset` (every one without),
@@ -435,7 +441,7 @@ def get_experiment_curves(
     points: Annotated[int | None, Query(
         ge=4, le=MAX_POINTS, description="per curve at most (default: a budget of "
         f"{curves.CURVES_BUDGET:,} points shared by the curves)")] = None,
-) -> dict[str, Any]:
+) -> shapes.ExperimentCurves:
     """Every trial's learning curve of one metric (rank 0's reports), downsampled on the
     server (min/max buckets), with where the searcher stopped each trial."""
     return curves.experiment_curves(state.store, experiment_id, metric, kind, points)
@@ -445,7 +451,7 @@ def get_experiment_curves(
              responses=_errors(404, 409))
 async def kill_experiment(state: State, experiment_id: ExperimentId,
                         who: Annotated[Principal, Depends(allow(Action.KILL))]
-                        ) -> dict[str, Any]:
+                        ) -> shapes.ExperimentDetail:
     """Stop every trial (SIGTERM, grace, SIGKILL); 409 once the experiment has ended."""
     view = await asyncio.to_thread(experiments.kill_experiment, state.store, who,
                                    experiment_id)
@@ -457,7 +463,7 @@ async def kill_experiment(state: State, experiment_id: ExperimentId,
              responses=_errors(404, 409))
 async def pause_experiment(state: State, experiment_id: ExperimentId,
                         who: Annotated[Principal, Depends(allow(Action.PAUSE))]
-                        ) -> dict[str, Any]:
+                        ) -> shapes.ExperimentDetail:
     """Pause an ACTIVE experiment: its trials checkpoint and free their slots and GPUs."""
     view = await asyncio.to_thread(experiments.pause_experiment, state.store, who,
                                    experiment_id)
@@ -469,7 +475,7 @@ async def pause_experiment(state: State, experiment_id: ExperimentId,
              responses=_errors(404, 409))
 async def activate_experiment(state: State, experiment_id: ExperimentId,
                         who: Annotated[Principal, Depends(allow(Action.ACTIVATE))]
-                        ) -> dict[str, Any]:
+                        ) -> shapes.ExperimentDetail:
     """Resume a PAUSED experiment: its trials resume from their latest checkpoints."""
     view = await asyncio.to_thread(experiments.activate_experiment, state.store, who,
                                    experiment_id)
@@ -478,13 +484,13 @@ async def activate_experiment(state: State, experiment_id: ExperimentId,
 
 
 @router.get("/trials/{trial_id}", response_model=api.TrialDescription, responses=_errors(404))
-def get_trial(state: State, _: Reader, trial_id: TrialId) -> dict[str, Any]:
+def get_trial(state: State, _: Reader, trial_id: TrialId) -> shapes.TrialDescription:
     """The trial, its attempts and replicas, its `best_validation`, its events and the
     trial part of its snapshot."""
     return experiments.describe_trial(state.store, trial_id, snapshots.TrialParts(state.home))
 
 
-_LOG_BYTES: dict[int | str, dict[str, Any]] = {200: {
+_LOG_BYTES: Responses = {200: {
     "description": "log bytes as written; the cursor is in the X-Muster-* headers",
     "content": {"application/octet-stream": {"schema": {"type": "string",
                                                         "format": "binary"}}},
@@ -560,7 +566,7 @@ def _log_headers(piece: logs.LogSlice | logs.MergedSlice, rank_named: bool) -> d
     return headers
 
 
-def _file_response(media_type: str, description: str) -> dict[int | str, dict[str, Any]]:
+def _file_response(media_type: str, description: str) -> Responses:
     """The 200 of a route that answers with a file to save (`server/downloads.py`)."""
     return {200: {"description": description,
                   "content": {media_type: {"schema": {"type": "string", "format": "binary"}}},
@@ -595,7 +601,7 @@ async def download_trial_log(
              responses=_errors(404, 409))
 async def dump_trial_stacks(state: State, trial_id: TrialId,
                             who: Annotated[Principal, Depends(allow(Action.DUMP))]
-                            ) -> dict[str, Any]:
+                            ) -> shapes.DumpResult:
     """Save an evidence bundle of the RUNNING trial's current attempt now: every thread's
     stack of every Python process of each running replica, its processes, the end of its
     log (what muster saves before it stops a stalled replica). Answers once every rank's
@@ -638,7 +644,7 @@ def get_trial_metrics(
     after_step: Annotated[int | None, Query(ge=MIN_BIGINT, le=MAX_BIGINT)] = None,
     limit: Annotated[int, Query(ge=1, le=metrics.MAX_LIMIT)] = metrics.DEFAULT_LIMIT,
     tail: Annotated[int | None, Query(ge=1, le=metrics.MAX_LIMIT)] = None,
-) -> list[dict[str, Any]]:
+) -> list[shapes.MetricReport]:
     """Reports `{kind, step, time, attempt, rank, metrics}` by step. A page never ends inside
     a step: pass its last step as `after_step` for the next. `tail=N`: the last N reports.
     Non-finite values are the JSON strings "NaN", "Infinity" and "-Infinity"."""
@@ -652,7 +658,7 @@ def get_trial_series(
     state: State, _: Reader, trial_id: TrialId,
     points: Annotated[int, Query(ge=4, le=MAX_POINTS, description="per curve at most")
                       ] = MAX_POINTS,
-) -> dict[str, Any]:
+) -> shapes.TrialSeries:
     """Every metric the trial reported (rank 0, training and validation) as a curve
     downsampled on the server (min/max buckets), with its report count and its lowest and
     highest finite value."""
@@ -662,7 +668,7 @@ def get_trial_series(
 @router.get("/trials/{trial_id}/checkpoints", response_model=api.many(api.CheckpointView),
             responses=_errors(404))
 def get_trial_checkpoints(state: State, _: Reader, trial_id: TrialId
-                          ) -> list[dict[str, Any]]:
+                          ) -> list[shapes.CheckpointView]:
     """Registered checkpoints by step, each with `intact` and, if not, the `problem`."""
     return retention.trial_checkpoints(state.store, trial_id)
 
@@ -688,7 +694,7 @@ async def download_trial_checkpoint(state: State, _: Reader, trial_id: TrialId,
 
 @router.get("/trials/{trial_id}/snapshot", response_model=api.TrialSnapshot,
             responses=_errors(404))
-def get_trial_snapshot(state: State, _: Reader, trial_id: TrialId) -> dict[str, Any]:
+def get_trial_snapshot(state: State, _: Reader, trial_id: TrialId) -> shapes.TrialSnapshot:
     """What the trial was made of: its code's tree hash, config, hyperparameters, seed,
     environment and data fingerprint, what each rank of its latest attempt loaded
     (written by the harness: libraries, frameworks, numerics switches and variables), and
@@ -701,7 +707,7 @@ def get_trial_snapshot(state: State, _: Reader, trial_id: TrialId) -> dict[str, 
 @router.get("/trials/{trial_id}/diff/{other_id}", response_model=api.TrialDiff,
             responses=_errors(404))
 def diff_trials(state: State, _: Reader, trial_id: TrialId,
-                other_id: Annotated[int, InPath(ge=1, le=MAX_INTEGER)]) -> dict[str, Any]:
+                other_id: Annotated[int, InPath(ge=1, le=MAX_INTEGER)]) -> shapes.TrialDiff:
     """What differs between two trials' snapshots, grouped (code, config, packages,
     frameworks, numerics, hardware, platform) and most result-relevant first; volatile
     fields (hostnames, paths, GPU uuids) are left out."""
@@ -710,7 +716,7 @@ def diff_trials(state: State, _: Reader, trial_id: TrialId,
 
 @router.get("/trials/{trial_id}/diagnostics", response_model=api.TrialDiagnostics,
             responses=_errors(404))
-def get_trial_diagnostics(state: State, _: Reader, trial_id: TrialId) -> dict[str, Any]:
+def get_trial_diagnostics(state: State, _: Reader, trial_id: TrialId) -> shapes.TrialDiagnostics:
     """The coded-bias diagnostics of the trial's latest attempt, judged now from what its
     ranks recorded (`muster.harness.torch`): each check's finding, and the series behind
     them (the spread of the ranks' gradient norms per sampled update, the sampler overlap
@@ -721,7 +727,8 @@ def get_trial_diagnostics(state: State, _: Reader, trial_id: TrialId) -> dict[st
 @router.get("/experiments/{experiment_id}/diff/{other_id}", response_model=api.ExperimentDiff,
             responses=_errors(404, 409))
 def diff_experiments(state: State, _: Reader, experiment_id: ExperimentId,
-                     other_id: Annotated[int, InPath(ge=1, le=MAX_INTEGER)]) -> dict[str, Any]:
+                     other_id: Annotated[int, InPath(ge=1, le=MAX_INTEGER)]
+                     ) -> shapes.ExperimentDiff:
     """What differs between two experiments, as two trials' diff: each experiment's best
     trial by the searcher's metric, else its latest (`a_trial`, `b_trial` and why,
     `a_basis`, `b_basis`). 409 for an experiment without a trial yet."""
@@ -734,7 +741,7 @@ CheckpointRef = Annotated[str, InPath(min_length=1, max_length=36, pattern=r"^[0
 
 @router.get("/checkpoints/{checkpoint}", response_model=api.CheckpointView,
             responses=_errors(404))
-def get_checkpoint(state: State, _: Reader, checkpoint: CheckpointRef) -> dict[str, Any]:
+def get_checkpoint(state: State, _: Reader, checkpoint: CheckpointRef) -> shapes.CheckpointView:
     """One checkpoint by id or uuid."""
     return retention.checkpoint_view(state.store, checkpoint)
 
@@ -756,7 +763,7 @@ async def download_checkpoint(state: State, _: Reader, checkpoint: CheckpointRef
 @router.get("/experiments/{experiment_id}/checkpoints",
             response_model=api.many(api.CheckpointView), responses=_errors(404))
 def get_experiment_checkpoints(state: State, _: Reader, experiment_id: ExperimentId
-                               ) -> list[dict[str, Any]]:
+                               ) -> list[shapes.CheckpointView]:
     """Every checkpoint of the experiment's trials (deleted ones too), by trial and step."""
     return retention.experiment_checkpoints(state.store, experiment_id)
 
@@ -764,7 +771,7 @@ def get_experiment_checkpoints(state: State, _: Reader, experiment_id: Experimen
 @router.post("/experiments/{experiment_id}/checkpoints/gc", response_model=api.GcPlan,
              responses=_errors(400, 403, 404))
 async def collect_checkpoints(state: State, experiment_id: ExperimentId,
-                              body: api.GcRequest, who: Reader) -> dict[str, Any]:
+                              body: api.GcRequest, who: Reader) -> shapes.GcPlan:
     """The experiment's checkpoint GC plan, with a reason per checkpoint; unless `dry_run`,
     the counts given become its policy and the plan is applied (by the storage worker, at
     once). Applying takes the owner or an admin; a dry run, anyone who reads."""
@@ -777,7 +784,7 @@ async def collect_checkpoints(state: State, experiment_id: ExperimentId,
                status_code=202, responses=_errors(403, 404, 409))
 async def delete_experiment(state: State, experiment_id: ExperimentId,
                             who: Annotated[Principal, Depends(allow(Action.DELETE))]
-                            ) -> dict[str, Any]:
+                            ) -> shapes.DeleteAccepted:
     """Delete an ended experiment: its checkpoints (in storage and on disk), run
     directories, logs and records, by the storage worker; 409 while it runs. The records
     go last: until then it is hidden from lists and its checkpoints are `deleting`."""
@@ -789,7 +796,7 @@ async def delete_experiment(state: State, experiment_id: ExperimentId,
              responses=_errors(403, 404))
 async def archive_experiment(state: State, experiment_id: ExperimentId,
                              who: Annotated[Principal, Depends(allow(Action.ARCHIVE))]
-                             ) -> dict[str, Any]:
+                             ) -> shapes.Archived:
     """Hide the experiment from the default lists (`archived=true` shows it); kept whole."""
     return await asyncio.to_thread(retention.set_archived, state.store, who, experiment_id,
                                    True)
@@ -799,7 +806,7 @@ async def archive_experiment(state: State, experiment_id: ExperimentId,
              responses=_errors(403, 404))
 async def unarchive_experiment(state: State, experiment_id: ExperimentId,
                                who: Annotated[Principal, Depends(allow(Action.ARCHIVE))]
-                               ) -> dict[str, Any]:
+                               ) -> shapes.Archived:
     """Show an archived experiment in the default lists again."""
     return await asyncio.to_thread(retention.set_archived, state.store, who, experiment_id,
                                    False)
@@ -809,7 +816,7 @@ async def unarchive_experiment(state: State, experiment_id: ExperimentId,
              responses=_errors(400, 404, 409))
 async def review_trial(state: State, trial_id: TrialId, review: api.ReviewRequest,
                        who: Annotated[Principal, Depends(allow(Action.REVIEW))]
-                       ) -> dict[str, Any]:
+                       ) -> shapes.TrialDescription:
     """Approve (→ SUCCEEDED) or reject (→ FAILED) a SUSPECT trial; 409 for any other state.
     The review is recorded as the caller's (a user reviews its own trials)."""
     view = await asyncio.to_thread(experiments.review_trial, state.store, who, trial_id,

@@ -6,10 +6,9 @@ answer to "who killed experiment 12" and "what did alice do today".
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import Select, select
 
+from muster import api
 from muster.errors import NotFound
 from muster.store import Event, Experiment, Store, Trial
 
@@ -22,7 +21,7 @@ MAX_LIMIT = 1000
 def list_events(store: Store, *, experiment_id: int | None = None,
                 trial_id: int | None = None, actor: str | None = None,
                 after_id: int | None = None, limit: int = DEFAULT_LIMIT,
-                tail: int | None = None) -> list[dict[str, Any]]:
+                tail: int | None = None) -> list[api.AuditEvent]:
     """Events oldest first: the first `limit` after `after_id`, or the last `tail`.
 
     Raises:
@@ -56,7 +55,7 @@ def _check_exists(found: object, what: str) -> None:
         raise NotFound(f"{what} does not exist")
 
 
-def event_entry(event: Event) -> dict[str, Any]:
+def event_entry(event: Event) -> api.AuditEvent:
     """An event as the audit trail shows it (`kind` is its reason)."""
     return {
         "id": event.id,

@@ -15,10 +15,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from sqlalchemy import func, select
 
+from muster import api
 from muster.environments.registry import Environments
 from muster.environments.runtime_base import BaseSummary
 from muster.environments.runtime_plan import TRAINING_PACKAGES
@@ -72,7 +73,7 @@ class GpuStatus:
     memory_total: int
     memory_used: int | None  # None: unreadable, and `memory_error` says why
     memory_error: str | None
-    state: str  # free | allocated | releasing
+    state: GpuState
     trial_id: int | None  # the trial it is allocated to (or still releasing from)
 
     @property
@@ -131,7 +132,7 @@ def read_cluster(view: ClusterView) -> ClusterSnapshot:
         rows = {row.index: (row.state, row.trial_id) for row in s.scalars(
             select(GpuDevice).where(GpuDevice.present.is_(True)))}
     inventory = view.placement.inventory
-    gpus = tuple(_gpu_status(inventory, gpu, *rows.get(gpu.index, (GpuState.FREE.value, None)))
+    gpus = tuple(_gpu_status(inventory, gpu, *rows.get(gpu.index, (GpuState.FREE, None)))
                  for gpu in inventory.gpus())
     return ClusterSnapshot(
         slots=view.placement.slots(),
@@ -144,7 +145,7 @@ def read_cluster(view: ClusterView) -> ClusterSnapshot:
     )
 
 
-def _gpu_status(inventory: GpuInventory, gpu: Gpu, state: str, trial_id: int | None
+def _gpu_status(inventory: GpuInventory, gpu: Gpu, state: GpuState, trial_id: int | None
                 ) -> GpuStatus:
     used: int | None = None
     error: str | None = None
@@ -175,7 +176,7 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def cluster_status(view: ClusterView) -> dict[str, Any]:
+def cluster_status(view: ClusterView) -> api.ClusterStatus:
     """Slots (one per replica without GPUs), GPUs, the queue, trials by state, and free
     disk per file system and against `min_free_disk`."""
     snapshot = read_cluster(view)
@@ -192,8 +193,7 @@ def cluster_status(view: ClusterView) -> dict[str, Any]:
         "gpus": [_gpu_view(gpu) for gpu in snapshot.gpus],
         "gpu_note": snapshot.gpu_note,
         "gpu_source": snapshot.gpu_source,
-        "filesystems": [{"paths": [str(p) for p in fs.paths], "free_bytes": fs.free_bytes,
-                         "total_bytes": fs.total_bytes} for fs in snapshot.filesystems],
+        "filesystems": [_filesystem_view(fs) for fs in snapshot.filesystems],
         "runs_dir": str(runs_dir),
         "free_disk_bytes": free,
         "min_free_disk_bytes": view.min_free_disk,
@@ -206,7 +206,7 @@ def cluster_status(view: ClusterView) -> dict[str, Any]:
     }
 
 
-def _nodes(view: ClusterView, snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
+def _nodes(view: ClusterView, snapshot: ClusterSnapshot) -> list[api.NodeView]:
     """The machines trials run on, `{id, address, alive, cpus, gpus, ...}`: a cluster's
     nodes as its launcher lists them (with the circuit breaker's verdict), or, with the
     local launcher, this one (its host name, and the address its ranks meet at); each with
@@ -214,7 +214,7 @@ def _nodes(view: ClusterView, snapshot: ClusterSnapshot) -> list[dict[str, Any]]
     with view.store.session_scope() as s:
         quarantined = {node.id: node.quarantine_reason for node in s.scalars(
             select(ClusterNode).where(ClusterNode.quarantined_at.is_not(None)))}
-        running: dict[str, list[dict[str, int]]] = {}
+        running: dict[str, list[api.NodeReplicaView]] = {}
         for node_id, trial_id, attempt, rank in s.execute(
                 select(Replica.node, Attempt.trial_id, Attempt.number, Replica.rank)
                 .join(Replica.attempt)
@@ -239,7 +239,7 @@ def _nodes(view: ClusterView, snapshot: ClusterSnapshot) -> list[dict[str, Any]]
              "replicas": running.get(node.id, [])} for node in found]
 
 
-def release_quarantined(store: Store, node_id: str, who: str) -> dict[str, Any]:
+def release_quarantined(store: Store, node_id: str, who: str) -> api.NodeReleaseView:
     """Return a quarantined node to the pool; 404 for a node muster never recorded, 409 for
     one that is not quarantined."""
     with store.session_scope() as s:
@@ -255,7 +255,7 @@ def release_quarantined(store: Store, node_id: str, who: str) -> dict[str, Any]:
 _SHOWN_PACKAGES = 3
 
 
-def runtime_base_view(base: BaseSummary) -> dict[str, Any]:
+def runtime_base_view(base: BaseSummary) -> api.RuntimeBaseView:
     """What trials without an environment block import: its packages (training packages
     first, in `TRAINING_PACKAGES`' order) and one line that says it, or why it cannot be
     used."""
@@ -275,12 +275,17 @@ def runtime_base_view(base: BaseSummary) -> dict[str, Any]:
             "error": base.error, "message": message}
 
 
-def _environments_disk(view: ClusterView) -> dict[str, int]:
+def _environments_disk(view: ClusterView) -> api.EnvironmentsDisk:
     built = [s for s in view.envs.summaries() if s.state is EnvironmentState.READY]
     return {"count": len(built), "bytes": sum(s.size_bytes or 0 for s in built)}
 
 
-def _gpu_view(gpu: GpuStatus) -> dict[str, Any]:
+def _filesystem_view(fs: Filesystem) -> api.FilesystemView:
+    return {"paths": [str(p) for p in fs.paths], "free_bytes": fs.free_bytes,
+            "total_bytes": fs.total_bytes}
+
+
+def _gpu_view(gpu: GpuStatus) -> api.GpuView:
     return {
         "index": gpu.index,
         "name": gpu.name,

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from muster import api
 from muster.downsample import MAX_POINTS, Series, stored_points
 from muster.errors import Conflict, InvalidRequest
 from muster.services import views
@@ -35,7 +36,7 @@ MIN_POINTS = 20  # a curve's points at least, however many trials share the budg
 
 def experiment_curves(store: Store, experiment_id: int, metric: str | None = None,
                       kind: str = MetricKind.VALIDATION,
-                      points: int | None = None) -> dict[str, Any]:
+                      points: int | None = None) -> api.ExperimentCurves:
     """Every trial's curve of one metric (default: the searcher's) against steps, rank 0's
     reports of `kind`: `points` per curve at most (default: `CURVES_BUDGET` shared by the
     trials that have one, `MIN_POINTS` to `MAX_POINTS` each). Each trial says where the
@@ -60,7 +61,7 @@ def experiment_curves(store: Store, experiment_id: int, metric: str | None = Non
         curves = {trial_id: curve for trial_id, curve in _curves(s, trials, kind, metric).items()
                   if curve.get("buckets")}
         each = points or min(MAX_POINTS, max(MIN_POINTS, CURVES_BUDGET // max(1, len(curves))))
-        rows = []
+        rows: list[api.CurveView] = []
         for trial in trials:
             curve = curves.get(trial.id)
             if curve is None:
@@ -76,7 +77,7 @@ def experiment_curves(store: Store, experiment_id: int, metric: str | None = Non
                 "points_per_trial": each, "trials": rows}
 
 
-def trial_series(store: Store, trial_id: int, points: int = MAX_POINTS) -> dict[str, Any]:
+def trial_series(store: Store, trial_id: int, points: int = MAX_POINTS) -> api.TrialSeries:
     """Every metric the trial's rank-0 reports hold, of both kinds, as curves of at most
     `points` points, with how many reports named it and its lowest and highest finite
     value.
@@ -88,7 +89,7 @@ def trial_series(store: Store, trial_id: int, points: int = MAX_POINTS) -> dict[
     _check(MetricKind.VALIDATION, points)
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
-        rows = []
+        rows: list[api.SeriesView] = []
         if trial.series_partial:
             for (kind, name), curve in sorted(_from_reports(s, [trial.id], None).items()):
                 steps, values = curve.points(points)

@@ -5,8 +5,8 @@ the series behind them, from the harness's files of the trial's latest attempt (
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from muster import api
 from muster.diagnostics import bias, read_rank_records
 from muster.services.experiments import trial_or_404
 from muster.store import Store
@@ -15,7 +15,7 @@ from muster.store.configs import experiment_config
 __all__ = ["trial_diagnostics"]
 
 
-def trial_diagnostics(store: Store, trial_id: int) -> dict[str, Any]:
+def trial_diagnostics(store: Store, trial_id: int) -> api.TrialDiagnostics:
     """`{attempt, ranks, findings: [{check, found, detail, mode}], series}` of the trial's
     latest attempt that ran (a warm standby's is skipped); `attempt` null and the rest
     empty before one ran. `series` holds `grad_norm_spread` ([update, std/mean]) and

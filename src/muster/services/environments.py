@@ -9,13 +9,12 @@ the list shows others an environment's state, not why its build failed.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
-from typing import Any
 
 from sqlalchemy import or_, select
 
-from muster.environments.registry import Environments
+from muster import api
+from muster.environments.registry import Environments, EnvSummary
 from muster.errors import Forbidden, InvalidRequest
 from muster.launch.logs import MAX_OFFSET
 from muster.services.access import Principal
@@ -28,19 +27,23 @@ LOG_CHUNK_BYTES = 1 << 20
 
 
 def list_environments(store: Store, envs: Environments, who: Principal,
-                      logs_open: bool = False) -> list[dict[str, Any]]:
+                      logs_open: bool = False) -> list[api.EnvironmentView]:
     """Every environment, with the trials that use it (those of experiments that need it
     and those that ran in it); why a build failed only where `who` may read its log."""
     trials = _trials_by_key(store)
     readable = None if logs_open or who.is_admin else _owned_keys(store, who)
-    found = []
-    for summary in envs.summaries():
-        row = dataclasses.asdict(summary)
-        row["trials"] = sorted(trials.get(summary.hash, set()))
-        if readable is not None and summary.hash not in readable:
-            row["message"] = None
-        found.append(row)
-    return found
+    return [_environment_view(summary, sorted(trials.get(summary.hash, set())),
+                              why_failed=readable is None or summary.hash in readable)
+            for summary in envs.summaries()]
+
+
+def _environment_view(summary: EnvSummary, trials: list[int], *, why_failed: bool
+                      ) -> api.EnvironmentView:
+    return {"hash": summary.hash, "python": summary.python, "inherit": summary.inherit,
+            "packages": list(summary.packages), "setup": [list(s) for s in summary.setup],
+            "state": summary.state, "size_bytes": summary.size_bytes,
+            "built_at": summary.built_at, "last_used": summary.last_used,
+            "message": summary.message if why_failed else None, "trials": trials}
 
 
 def environment_log(store: Store, envs: Environments, prefix: str, who: Principal,
@@ -67,7 +70,8 @@ def environment_log(store: Store, envs: Environments, prefix: str, who: Principa
         return key, b""
 
 
-def prune_environments(store: Store, envs: Environments, older_than_s: float) -> dict[str, Any]:
+def prune_environments(store: Store, envs: Environments, older_than_s: float
+                       ) -> api.PruneResultView:
     """Remove what no trial that has not ended needs, unused for `older_than_s`."""
     with store.session_scope() as s:
         live = values([t for t in TrialState if not t.is_terminal()])
@@ -79,7 +83,9 @@ def prune_environments(store: Store, envs: Environments, older_than_s: float) ->
             Experiment.state.in_(values([e for e in ExperimentState
                                          if not e.is_terminal()])))).all()
     in_use: set[str] = {k for row in rows for k in row if k} | {k for k in waiting if k}
-    return dataclasses.asdict(envs.prune(older_than_s, in_use))
+    pruned = envs.prune(older_than_s, in_use)
+    return {"removed": list(pruned.removed), "kept_in_use": list(pruned.kept_in_use),
+            "freed_bytes": pruned.freed_bytes}
 
 
 def _owned_keys(store: Store, who: Principal) -> set[str]:

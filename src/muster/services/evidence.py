@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from muster import job_secrets
+from muster import api, job_secrets
 from muster.errors import Conflict, NotFound
 from muster.home import Home
 from muster.launch.dumps import SUMMARY, request_dump
@@ -174,7 +174,7 @@ async def wait_for_dump(plan: DumpPlan, timeout: float = DUMP_WAIT_S) -> None:
         await asyncio.sleep(DUMP_POLL_S)
 
 
-def finish_dump(store: Store, plan: DumpPlan) -> dict[str, Any]:
+def finish_dump(store: Store, plan: DumpPlan) -> api.DumpResult:
     """What each rank's part says (`api.DumpResult`); each complete one is recorded on its
     replica as its latest bundle."""
     parts = {rank: read_summary(plan.part(rank)) for rank in plan.ranks}
@@ -191,7 +191,7 @@ def finish_dump(store: Store, plan: DumpPlan) -> dict[str, Any]:
             "ranks": [_rank_result(rank, parts[rank]) for rank in plan.ranks]}
 
 
-def _rank_result(rank: int, summary: EvidenceSummary | None) -> dict[str, Any]:
+def _rank_result(rank: int, summary: EvidenceSummary | None) -> api.DumpRankView:
     if summary is None:
         return {"rank": rank, "complete": False, "tool": None, "errors": [],
                 "line": f"rank {rank}: no evidence within {DUMP_WAIT_S:.0f} s (its shim may be "

@@ -10,12 +10,12 @@ from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from muster import git_state, job_secrets
+from muster import api, git_state, job_secrets
 from muster.config import ExperimentConfig, load_config
 from muster.config.problems import config_error
 from muster.environments.layout import EnvHome
@@ -51,7 +51,24 @@ MAX_ENTRIES_PER_CREATE = 200_000
 # What a describe shows as a trial's `snapshot`: the trial part of its reproducibility
 # snapshot (`snapshots.TrialParts`, handed in by the caller: that module reads trials
 # through this one, and only reads, not actions, pay for reading the home).
-TrialPartOf = Callable[[Trial], dict[str, Any]]
+TrialPartOf = Callable[[Trial], api.JsonObject]
+
+
+class ExperimentHeader(TypedDict):
+    """What a trial's page says of its experiment (`experiment_header`)."""
+
+    id: int
+    name: str
+    state: ExperimentState
+    owner: str | None
+
+
+class TrialProgressPoll(TypedDict):
+    """What a trial's page polls while the trial runs (`trial_progress`)."""
+
+    id: int
+    state: TrialState
+    progress: api.TrialProgress | None
 
 
 # Records, in a create's transaction, the first attempt of a trial created in it when it
@@ -360,7 +377,8 @@ def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared
     return exp.id, None
 
 
-def list_experiments(store: Store, owner: str | None = None) -> list[dict[str, Any]]:
+def list_experiments(store: Store, owner: str | None = None
+                     ) -> list[api.ExperimentSummary]:
     """Every experiment (of `owner`, when named), oldest first (`listing.list_page` pages,
     sorts and filters).
 
@@ -371,21 +389,22 @@ def list_experiments(store: Store, owner: str | None = None) -> list[dict[str, A
 
 
 def describe_experiment(store: Store, experiment_id: int,
-                        part_of: TrialPartOf | None = None) -> dict[str, Any]:
+                        part_of: TrialPartOf | None = None) -> api.ExperimentDetail:
     """The experiment with every trial (`experiment_view`), each with its `snapshot` from
     `part_of` (null without it)."""
     with store.session_scope() as s:
         return experiment_view(s, experiment_or_404(s, experiment_id), part_of)
 
 
-def describe_experiments(store: Store, experiment_ids: Sequence[int]) -> list[dict[str, Any]]:
+def describe_experiments(store: Store, experiment_ids: Sequence[int]
+                         ) -> list[api.ExperimentDetail]:
     """`describe_experiment` of each, in one transaction (a batch create's answer)."""
     with store.session_scope() as s:
         return [experiment_view(s, experiment_or_404(s, experiment_id), None)
                 for experiment_id in experiment_ids]
 
 
-def experiment_overview(store: Store, experiment_id: int) -> dict[str, Any]:
+def experiment_overview(store: Store, experiment_id: int) -> views.ExperimentOverview:
     """`describe_experiment` without `trials`: its summary, config, search progress and
     warnings, read without any trial's attempts (a page of a search of thousands of
     trials shows those a page at a time, `search.trial_page`)."""
@@ -393,13 +412,12 @@ def experiment_overview(store: Store, experiment_id: int) -> dict[str, Any]:
         exp = experiment_or_404(s, experiment_id)
         succeeded = [t.id for t in exp.trials if t.state is TrialState.SUCCEEDED]
         goals = views.searcher_goals(experiment_searcher(exp))
-        view = views.experiment_overview(exp, best_validation(s, succeeded, goals),
+        return views.experiment_overview(exp, best_validation(s, succeeded, goals),
+                                         _warnings(s, exp.id),
                                          progress.of_running(s, exp.trials))
-        view["warnings"] = _warnings(s, exp.id)
-        return view
 
 
-def experiment_header(store: Store, experiment_id: int) -> dict[str, Any]:
+def experiment_header(store: Store, experiment_id: int) -> ExperimentHeader:
     """What a trial's page says of its experiment: `{id, name, state, owner}`, without
     reading its trials."""
     with store.session_scope() as s:
@@ -408,22 +426,22 @@ def experiment_header(store: Store, experiment_id: int) -> dict[str, Any]:
 
 
 def describe_trial(store: Store, trial_id: int,
-                   part_of: TrialPartOf | None = None) -> dict[str, Any]:
+                   part_of: TrialPartOf | None = None) -> api.TrialDescription:
     """The trial, its attempts, `best_validation` and events, its `snapshot` from
     `part_of` (null without it), and its `progress` while RUNNING."""
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
-        view = views.trial_detail(trial, None if part_of is None else part_of(trial),
-                                  progress.of_running(s, [trial]).get(trial.id))
         goals = views.searcher_goals(experiment_searcher(trial.experiment))
-        view["best_validation"] = best_validation(s, [trial.id], goals).get(trial.id, {})
+        view = views.trial_detail(trial, best_validation(s, [trial.id], goals).get(trial.id, {}),
+                                  None if part_of is None else part_of(trial),
+                                  progress.of_running(s, [trial]).get(trial.id))
         events = s.scalars(select(Event).where(Event.trial_id == trial_id).order_by(Event.id))
         numbers = {a.id: a.number for a in trial.attempts}
-        view["events"] = [views.event_view(e, numbers) for e in events]
-        return view
+        return api.TrialDescription(**view, events=[views.event_view(e, numbers)
+                                                    for e in events])
 
 
-def trial_progress(store: Store, trial_id: int) -> dict[str, Any]:
+def trial_progress(store: Store, trial_id: int) -> TrialProgressPoll:
     """`{id, state, progress}` of a trial: what its page polls while it runs, without its
     attempts' details or events.
 
@@ -436,7 +454,8 @@ def trial_progress(store: Store, trial_id: int) -> dict[str, Any]:
                 "progress": progress.of_running(s, [trial]).get(trial.id)}
 
 
-def kill_experiment(store: Store, principal: Principal, experiment_id: int) -> dict[str, Any]:
+def kill_experiment(store: Store, principal: Principal, experiment_id: int
+                    ) -> api.ExperimentDetail:
     """Ask every trial to stop. Queued trials end at once; running ones through the
     supervisor (SIGTERM, grace, SIGKILL). Killing twice is harmless.
 
@@ -460,7 +479,7 @@ def kill_experiment(store: Store, principal: Principal, experiment_id: int) -> d
 
 
 def pause_experiment(store: Store, principal: Principal, experiment_id: int
-                     ) -> dict[str, Any]:
+                     ) -> api.ExperimentDetail:
     """Pause an ACTIVE experiment: queued trials become PAUSED at once; running ones are
     stopped by the supervisor (SIGTERM and `stop_grace`, so the harness's `should_stop()`
     lets them checkpoint), their resources freed, and they end PAUSED. Pausing a paused
@@ -491,7 +510,7 @@ def pause_experiment(store: Store, principal: Principal, experiment_id: int
 
 
 def activate_experiment(store: Store, principal: Principal, experiment_id: int
-                        ) -> dict[str, Any]:
+                        ) -> api.ExperimentDetail:
     """Resume a PAUSED experiment: its PAUSED trials go back to the queue and resume from
     their latest checkpoints; trials still being paused are requeued as soon as they have
     stopped. Activating an active experiment is harmless.
@@ -525,7 +544,7 @@ def _state_words(exp: Experiment) -> str:
 
 def review_trial(
     store: Store, reviewer: Principal, trial_id: int, decision: str, note: str
-) -> dict[str, Any]:
+) -> api.TrialDescription:
     """A person's verdict on a SUSPECT trial: "approve" → SUCCEEDED, "reject" → FAILED.
 
     The only way out of SUSPECT (invariant 3); the event records the authenticated reviewer
@@ -578,17 +597,16 @@ def _stop_trial(s: Session, trial: Trial, actor: str) -> None:
 
 
 def experiment_view(s: Session, exp: Experiment, part_of: TrialPartOf | None = None
-                    ) -> dict[str, Any]:
+                    ) -> api.ExperimentDetail:
     """`views.experiment_detail`, with its trials' `best_validation` read from the store,
     their snapshots from `part_of` (at most `schema.MAX_TRIALS`: a search's bound), and
     the warnings the supervisor recorded (`warnings`: a metric no trial reports, a search
     that stopped drawing)."""
     goals = views.searcher_goals(experiment_searcher(exp))
     parts = {} if part_of is None else {t.id: part_of(t) for t in exp.trials}
-    view = views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals),
-                                   parts, progress.of_running(s, exp.trials))
-    view["warnings"] = _warnings(s, exp.id)
-    return view
+    return views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals),
+                                   _warnings(s, exp.id), parts,
+                                   progress.of_running(s, exp.trials))
 
 
 def _warnings(s: Session, experiment_id: int) -> list[str]:

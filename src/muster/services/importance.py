@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from muster import api
 from muster.config import ExperimentConfig
 from muster.config.schema import SearcherConfig
 from muster.errors import Conflict
@@ -71,7 +72,7 @@ class Ranking:
     message: str | None  # what to keep in mind when reading it
 
 
-def experiment_importance(store: Store, experiment_id: int) -> dict[str, Any]:
+def experiment_importance(store: Store, experiment_id: int) -> api.Importance:
     """The importance of each hyperparameter the search varied for the searcher's metric:
     `{experiment_id, evaluator, metric, smaller_is_better, ended_trials, trials_used,
     importances: [{name, importance}], message}`, the largest share first (ties by name).
@@ -92,12 +93,12 @@ def experiment_importance(store: Store, experiment_id: int) -> dict[str, Any]:
         key = (exp.uuid, metric, ended, succeeded)
         ranking = _ANSWERS.get(key)
         if ranking is not None:
-            return _view(experiment_id, config.searcher, ended, ranking)
+            return _view(experiment_id, metric, config.searcher, ended, ranking)
         distributions = _searched_distributions(experiment_id, exp, config)
         samples = _samples(s, experiment_id, config.searcher, metric, list(distributions))
     ranking = rank_importance(experiment_id, samples, distributions, config.searcher)
     _ANSWERS.put(key, ranking)
-    return _view(experiment_id, config.searcher, ended, ranking)
+    return _view(experiment_id, metric, config.searcher, ended, ranking)
 
 
 def rank_importance(
@@ -220,9 +221,9 @@ def _rough(trials: int) -> str | None:
             "until more trials end")
 
 
-def _view(experiment_id: int, searcher: SearcherConfig, ended: int,
-          ranking: Ranking) -> dict[str, Any]:
-    return {"experiment_id": experiment_id, "evaluator": EVALUATOR, "metric": searcher.metric,
+def _view(experiment_id: int, metric: str, searcher: SearcherConfig, ended: int,
+          ranking: Ranking) -> api.Importance:
+    return {"experiment_id": experiment_id, "evaluator": EVALUATOR, "metric": metric,
             "smaller_is_better": searcher.smaller_is_better, "ended_trials": ended,
             "trials_used": ranking.trials_used,
             "importances": [{"name": name, "importance": share}

@@ -8,11 +8,11 @@ positions, and with preemption on, who may be stopped for whom).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
+from muster import api
 from muster.config.schema import ResourcesConfig
 from muster.errors import Conflict, InvalidRequest
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
@@ -43,7 +43,7 @@ def job_order(state: TrialState, priority: int, trial_id: int) -> tuple[int, int
     return _GROUP[state], priority, trial_id
 
 
-def list_jobs(store: Store) -> list[dict[str, Any]]:
+def list_jobs(store: Store) -> list[api.Job]:
     """Every job, in `job_order`, with what it needs, the GPUs it holds and, RUNNING, its
     `progress` (the running trials are as many as the slots: each is measured cheaply)."""
     with store.session_scope() as s:
@@ -73,7 +73,7 @@ def _held_gpus(s: Session) -> dict[int, list[int]]:
 
 
 def _job_view(trial: Trial, resources: ResourcesConfig, gpus: list[int],
-              measured: dict[str, Any] | None) -> dict[str, Any]:
+              measured: api.TrialProgress | None) -> api.Job:
     return {
         "trial_id": trial.id,
         "experiment_id": trial.experiment_id,
@@ -98,7 +98,7 @@ def check_priority(priority: int) -> None:
 
 
 def set_trial_priority(store: Store, principal: Principal, trial_id: int, priority: int,
-                       floor: int = MIN_PRIORITY) -> dict[str, Any]:
+                       floor: int = MIN_PRIORITY) -> api.TrialDescription:
     """Give one trial a new priority; returns the trial as `describe_trial`. A non-admin
     may give no priority better than `floor`.
 
@@ -122,7 +122,7 @@ def set_trial_priority(store: Store, principal: Principal, trial_id: int, priori
 
 
 def set_experiment_priority(store: Store, principal: Principal, experiment_id: int,
-                            priority: int, floor: int = MIN_PRIORITY) -> dict[str, Any]:
+                            priority: int, floor: int = MIN_PRIORITY) -> api.ExperimentDetail:
     """Give an experiment's trials that have not ended, and the trials it makes from now
     on, a new priority; returns the experiment as `describe_experiment`. A non-admin may
     give no priority better than `floor`.

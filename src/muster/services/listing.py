@@ -12,11 +12,11 @@ import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import ColumnElement, String, cast, func, select
 from sqlalchemy.orm import Session, defer, joinedload, selectinload
 
+from muster import api
 from muster.config.schema import SearcherConfig
 from muster.errors import InvalidRequest, NotFound
 from muster.services import progress, views
@@ -82,7 +82,7 @@ class ExperimentFilter:
 
 @dataclass(frozen=True)
 class Page:
-    rows: list[dict[str, Any]]
+    rows: list[api.ExperimentSummary]
     total: int  # how many experiments the filter matches in all
     offset: int
     limit: int | None
@@ -124,13 +124,13 @@ def list_page(store: Store, where: ExperimentFilter | None = None, *, sort: str 
 
 
 def summaries(s: Session, experiments: Sequence[Experiment],
-              searchers: Mapping[int, SearcherConfig]) -> list[dict[str, Any]]:
+              searchers: Mapping[int, SearcherConfig]) -> list[api.ExperimentSummary]:
     """The summaries of `experiments` (with their searchers, by id), their trials read in
     bulk, not one by one."""
     ids = [e.id for e in experiments]
     if not ids:
         return []
-    states: dict[int, list[str]] = defaultdict(list)
+    states: dict[int, list[TrialState]] = defaultdict(list)
     for experiment_id, state in s.execute(select(Trial.experiment_id, Trial.state).where(
             Trial.experiment_id.in_(ids)).order_by(Trial.id)):
         states[experiment_id].append(state)
@@ -153,7 +153,8 @@ def summaries(s: Session, experiments: Sequence[Experiment],
     return rows
 
 
-def _running_progress(s: Session, ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
+def _running_progress(s: Session, ids: Sequence[int]
+                      ) -> dict[int, list[api.RunningTrialProgress]]:
     """The progress of the RUNNING trials of the page's experiments, by experiment id:
     `views.running_progress` rows."""
     trials = list(s.scalars(select(Trial).options(selectinload(Trial.attempts)).where(

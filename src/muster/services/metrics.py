@@ -5,10 +5,9 @@ They read what `muster.supervise.ingest` stored from the trials' run directories
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import Select, select
 
+from muster import api
 from muster.services import views
 from muster.services.experiments import trial_or_404
 from muster.states import MetricKind
@@ -21,7 +20,7 @@ MAX_LIMIT = 100_000
 def list_metrics(
     store: Store, trial_id: int, *, kind: MetricKind | None = None,
     after_step: int | None = None, limit: int = DEFAULT_LIMIT, tail: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[api.MetricReport]:
     """The trial's reports with a step above `after_step`, by step (then in stored order).
 
     A page holds `limit` reports, plus the rest of its last step's, so that asking again

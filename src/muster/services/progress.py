@@ -22,11 +22,11 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from muster import api
 from muster.atomic import read_json
 from muster.rundir import AttemptDir, RankFile, RankFiles, RunDir
 from muster.states import TrialState
@@ -62,28 +62,25 @@ class Measured:
     unit: str = "steps"
 
 
-def estimate(planned: Planned | None, measured: Measured | None) -> dict[str, Any] | None:
+def estimate(planned: Planned | None, measured: Measured | None) -> api.TrialProgress | None:
     """The `progress` view: how much is done of how much is planned, the rate over the
     points, and the seconds left at that rate after the latest point (`as_of`). No plan:
     `planned`, `fraction` and `eta_seconds` are null; fewer than two points that moved:
     `rate_per_s` and `eta_seconds` are."""
     if measured is None:
         return None
-    done = _shown(measured.done)
     rate = rate_of(measured.points)
-    view: dict[str, Any] = {
-        "done": done, "planned": None, "unit": measured.unit, "fraction": None,
-        "rate_per_s": rate, "eta_seconds": None, "planned_by": None,
-        "measured_by": measured.measured_by,
-        "as_of": measured.points[-1].time if measured.points else None,
-    }
+    view = api.TrialProgress(
+        done=_shown(measured.done), planned=None, unit=measured.unit, fraction=None,
+        rate_per_s=rate, eta_seconds=None, planned_by=None, measured_by=measured.measured_by,
+        as_of=measured.points[-1].time if measured.points else None)
     if planned is None or not _same_unit(planned, measured):
         return view
     left = max(0.0, planned.length - measured.done)
-    view.update(planned=planned.length, unit=planned.unit, planned_by=planned.source,
-                fraction=round(min(1.0, measured.done / planned.length), 4),
-                eta_seconds=None if rate is None else round(left / rate, 1))
-    return view
+    return {**view, "planned": planned.length, "unit": planned.unit,
+            "planned_by": planned.source,
+            "fraction": round(min(1.0, measured.done / planned.length), 4),
+            "eta_seconds": None if rate is None else round(left / rate, 1)}
 
 
 def rate_of(points: Sequence[Point]) -> float | None:
@@ -97,7 +94,7 @@ def rate_of(points: Sequence[Point]) -> float | None:
     return (last.done - first.done) / (last.time - first.time)
 
 
-def of_running(s: Session, trials: Iterable[Trial]) -> dict[int, dict[str, Any]]:
+def of_running(s: Session, trials: Iterable[Trial]) -> dict[int, api.TrialProgress]:
     """The `progress` view of each RUNNING trial among `trials`, by id (only those that
     reported some progress); the other trials are not measured."""
     found = {}
@@ -110,7 +107,7 @@ def of_running(s: Session, trials: Iterable[Trial]) -> dict[int, dict[str, Any]]
     return found
 
 
-def progress_of(s: Session, trial: Trial) -> dict[str, Any] | None:
+def progress_of(s: Session, trial: Trial) -> api.TrialProgress | None:
     """One RUNNING trial's `progress` view (`estimate`), or None before it reported any."""
     attempts = [a for a in trial.attempts if not a.standby]
     if not attempts:

@@ -7,14 +7,14 @@ deleting, in its own thread, from what these record.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from muster import api
 from muster.checkpoint_storage.location import effective_policy
 from muster.checkpoint_storage.metrics import checkpoint_metrics
-from muster.checkpoint_storage.worker import StorageWorker
+from muster.checkpoint_storage.worker import PlannedCheckpoint, StorageWorker
 from muster.errors import Conflict, NotFound
 from muster.services import views
 from muster.services.access import Action, Principal, authorize
@@ -27,10 +27,9 @@ from muster.store.models import now
 __all__ = ["checkpoint_row", "checkpoint_view", "collect", "delete_experiment",
            "experiment_checkpoints", "set_archived", "trial_checkpoints"]
 
-GC_COUNTS = ("save_trial_latest", "save_trial_best", "save_experiment_best")
 
 
-def trial_checkpoints(store: Store, trial_id: int) -> list[dict[str, Any]]:
+def trial_checkpoints(store: Store, trial_id: int) -> list[api.CheckpointView]:
     """The trial's checkpoints by step, deleted ones included (with why)."""
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
@@ -39,7 +38,7 @@ def trial_checkpoints(store: Store, trial_id: int) -> list[dict[str, Any]]:
         return _views(s, rows, experiment_config(trial.experiment).searcher.metric)
 
 
-def experiment_checkpoints(store: Store, experiment_id: int) -> list[dict[str, Any]]:
+def experiment_checkpoints(store: Store, experiment_id: int) -> list[api.CheckpointView]:
     """Every checkpoint of the experiment's trials, by trial and step."""
     with store.session_scope() as s:
         experiment = experiment_or_404(s, experiment_id)
@@ -49,7 +48,7 @@ def experiment_checkpoints(store: Store, experiment_id: int) -> list[dict[str, A
         return _views(s, rows, experiment_config(experiment).searcher.metric)
 
 
-def checkpoint_view(store: Store, checkpoint: str) -> dict[str, Any]:
+def checkpoint_view(store: Store, checkpoint: str) -> api.CheckpointView:
     """One checkpoint by id or uuid (`checkpoint_row`)."""
     with store.session_scope() as s:
         row = checkpoint_row(s, checkpoint)
@@ -57,13 +56,14 @@ def checkpoint_view(store: Store, checkpoint: str) -> dict[str, Any]:
         return _views(s, [row], experiment_config(experiment).searcher.metric)[0]
 
 
-def _views(s: Session, rows: Sequence[Checkpoint], metric: str | None) -> list[dict[str, Any]]:
+def _views(s: Session, rows: Sequence[Checkpoint], metric: str | None
+           ) -> list[api.CheckpointView]:
     values = checkpoint_metrics(s, rows, metric)
     return [views.checkpoint_view(row, *values.get(row.id, (None, None))) for row in rows]
 
 
 def collect(store: Store, worker: StorageWorker, who: Principal, experiment_id: int,
-            counts: dict[str, int], dry_run: bool) -> dict[str, Any]:
+            counts: dict[str, int], dry_run: bool) -> api.GcPlan:
     """The experiment's GC plan (`counts` change its policy first, unless a dry run), each
     checkpoint with keep or delete and why; applied by the worker unless a dry run."""
     with store.session_scope() as s:
@@ -87,14 +87,20 @@ def collect(store: Store, worker: StorageWorker, who: Principal, experiment_id: 
     if not dry_run:
         worker.request_gc(experiment_id)
     return {"experiment_id": experiment_id, "dry_run": dry_run,
-            "policy": {name: getattr(policy, name) for name in GC_COUNTS},
-            "checkpoints": [{"id": p.id, "trial_id": p.trial_id, "name": p.name,
-                             "step": p.step, "state": p.state, "keep": p.keep,
-                             "reasons": list(p.reasons)} for p in planned]}
+            "policy": {"save_trial_latest": policy.save_trial_latest,
+                       "save_trial_best": policy.save_trial_best,
+                       "save_experiment_best": policy.save_experiment_best},
+            "checkpoints": [_decision(p) for p in planned]}
+
+
+def _decision(planned: PlannedCheckpoint) -> api.GcDecision:
+    return {"id": planned.id, "trial_id": planned.trial_id, "name": planned.name,
+            "step": planned.step, "state": planned.state,
+            "keep": planned.keep, "reasons": list(planned.reasons)}
 
 
 def delete_experiment(store: Store, worker: StorageWorker | None, who: Principal,
-                      experiment_id: int) -> dict[str, Any]:
+                      experiment_id: int) -> api.DeleteAccepted:
     """Mark an ended experiment for deletion; the worker removes its checkpoints (storage
     and local), run directories, logs and context, then its records.
 
@@ -125,7 +131,7 @@ def delete_experiment(store: Store, worker: StorageWorker | None, who: Principal
 
 
 def set_archived(store: Store, who: Principal, experiment_id: int,
-                 archived: bool) -> dict[str, Any]:
+                 archived: bool) -> api.Archived:
     """Hide an experiment from the default lists (or show it again); nothing is removed."""
     with store.session_scope() as s:
         experiment = experiment_or_404(s, experiment_id)

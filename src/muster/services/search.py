@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
+from muster import api
 from muster.config.schema import SearcherConfig
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.services import progress, views
@@ -28,7 +29,7 @@ __all__ = ["ORDERS", "TrialPage", "TrialQuery", "best_trial", "list_trials", "so
 
 
 def best_trial(store: Store, experiment_id: int, part_of: TrialPartOf | None = None
-               ) -> dict[str, Any]:
+               ) -> api.TrialDetail:
     """The SUCCEEDED trial (stopped early or not) with the best value of the searcher's
     metric, as `trial_detail` (its `snapshot` from `part_of`) plus its `best_validation`;
     ties go to the lowest number.
@@ -56,10 +57,11 @@ def best_trial(store: Store, experiment_id: int, part_of: TrialPartOf | None = N
                            f"{searcher.metric!r} yet; `muster trial list {experiment_id}` "
                            "shows how its trials are doing")
         snapshot = None if part_of is None else part_of(winner)
-        return {**views.trial_detail(winner, snapshot), "best_validation": best[winner.id]}
+        return views.trial_detail(winner, best[winner.id], snapshot)
 
 
-def list_trials(store: Store, experiment_id: int, sort: str | None = None) -> list[dict[str, Any]]:
+def list_trials(store: Store, experiment_id: int, sort: str | None = None
+                ) -> list[api.TrialSummary]:
     """The experiment's trials as `trial_summary` rows: by number, or with `sort` by that
     validation metric (the searcher's in its direction, any other smallest first; trials
     without a value last, ties by number). `best_validation` holds the searcher's metric and
@@ -95,7 +97,7 @@ MAX_TRIAL_PAGE = 1000
 
 @dataclass(frozen=True)
 class TrialPage:
-    rows: list[dict[str, Any]]
+    rows: list[api.TrialSummary]
     total: int  # how many trials the filter matches in all
 
 
@@ -145,8 +147,7 @@ def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage
         end = None if query.limit is None else query.offset + query.limit
         shown = trials[query.offset:end]
         measured = progress.of_running(s, shown)  # the page's RUNNING trials alone
-        rows = [{**views.trial_summary(t, best.get(t.id, {}), measured.get(t.id)),
-                 "early_stop": views.early_stop(t)} for t in shown]
+        rows = [views.trial_summary(t, best.get(t.id, {}), measured.get(t.id)) for t in shown]
         return TrialPage(rows, len(trials))
 
 

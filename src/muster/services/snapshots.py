@@ -18,9 +18,8 @@ import sys
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from muster import git_state
+from muster import api, git_state
 from muster.config.schema import ExperimentConfig, SearcherConfig
 from muster.diagnostics import diff, read_outside_part, read_rank_parts
 from muster.diagnostics.code_tree import tree_of
@@ -43,11 +42,11 @@ __all__ = ["TrialParts", "diff_experiments", "diff_trials", "stand_in",
 
 log = logging.getLogger(__name__)
 
-_TREES: OrderedDict[str, dict[str, Any]] = OrderedDict()  # experiment uuid -> its code part
+_TREES: OrderedDict[str, api.JsonObject] = OrderedDict()  # experiment uuid -> its code part
 _TREES_KEPT = 256
 
 
-def trial_snapshot(store: Store, home: Home, trial_id: int) -> dict[str, Any]:
+def trial_snapshot(store: Store, home: Home, trial_id: int) -> api.TrialSnapshot:
     """`{"trial": the trial part, "ranks": {rank: the rank part}, "outside": the outside
     part or null}` (`muster.diagnostics`).
 
@@ -66,26 +65,33 @@ def trial_snapshot(store: Store, home: Home, trial_id: int) -> dict[str, Any]:
             "outside": outside}
 
 
-def diff_trials(store: Store, home: Home, a: int, b: int) -> dict[str, Any]:
-    """What differs between trials `a` and `b` (`diff.to_json`), most relevant first."""
+def diff_trials(store: Store, home: Home, a: int, b: int) -> api.TrialDiff:
+    """What differs between trials `a` and `b` (`diff.diff_trials`), most relevant first,
+    each difference with its line."""
     first, second = trial_snapshot(store, home, a), trial_snapshot(store, home, b)
     differences = diff.diff_trials(_snapshots(first), _snapshots(second))
-    return {**diff.to_json(differences), "lines": [d.line() for d in differences]}
+    return {"differences": [_difference_view(d) for d in differences],
+            "lines": [d.line() for d in differences]}
 
 
-def _snapshots(snapshot: Mapping[str, Any]) -> diff.TrialSnapshots:
+def _difference_view(difference: diff.Difference) -> api.SnapshotDifference:
+    return {"group": difference.group, "field": difference.field, "a": difference.a,
+            "b": difference.b, "rank": difference.rank}
+
+
+def _snapshots(snapshot: api.TrialSnapshot) -> diff.TrialSnapshots:
     return diff.TrialSnapshots(snapshot["trial"],
                                {int(r): v for r, v in snapshot["ranks"].items()},
                                snapshot["outside"])
 
 
-def trial_part(home: Home, trial: Trial) -> dict[str, Any]:
+def trial_part(home: Home, trial: Trial) -> api.JsonObject:
     """The trial part of the snapshot (see `muster.diagnostics`), read through the trial's
     relationships in the caller's transaction (`TrialParts` for many trials)."""
     return TrialParts(home)(trial)
 
 
-def _code(home: Home, experiment_uuid: str) -> dict[str, Any]:
+def _code(home: Home, experiment_uuid: str) -> api.JsonObject:
     """The context snapshot's tree hash (relative paths and file hashes, sorted) and its git
     state, read once per experiment: both are kept before the experiment is recorded
     (`experiments.create_experiment`) and never change."""
@@ -145,10 +151,10 @@ class TrialParts:
     def __init__(self, home: Home) -> None:
         self.home = home
         # experiment uuid -> its config (None: no longer valid) and the config as shown
-        self._configs: dict[str, tuple[ExperimentConfig | None, dict[str, Any]]] = {}
+        self._configs: dict[str, tuple[ExperimentConfig | None, api.Config]] = {}
         self._packages: dict[str, dict[str, str] | None] = {}  # environment key -> packages
 
-    def __call__(self, trial: Trial) -> dict[str, Any]:
+    def __call__(self, trial: Trial) -> api.JsonObject:
         experiment: Experiment = trial.experiment
         config, shown = self._config(experiment)
         key = experiment.environment_key
@@ -163,7 +169,7 @@ class TrialParts:
             "data": {"fingerprint": manifest.get("fingerprint")},
         }
 
-    def _config(self, experiment: Experiment) -> tuple[ExperimentConfig | None, dict[str, Any]]:
+    def _config(self, experiment: Experiment) -> tuple[ExperimentConfig | None, api.Config]:
         """The experiment's config and its dump; a stored config that no longer validates
         (the schema changed since it was submitted) is shown as stored, its seed unknown:
         a describe answers whatever its experiments hold."""
@@ -190,7 +196,7 @@ class TrialParts:
         return self._packages[slot]
 
 
-def diff_experiments(store: Store, home: Home, a: int, b: int) -> dict[str, Any]:
+def diff_experiments(store: Store, home: Home, a: int, b: int) -> api.ExperimentDiff:
     """What differs between experiments `a` and `b`: `diff_trials` of the trials that stand
     for them (`stand_in`), `{a_trial, a_basis, b_trial, b_basis, differences, lines}`.
 
@@ -199,8 +205,8 @@ def diff_experiments(store: Store, home: Home, a: int, b: int) -> dict[str, Any]
         Conflict: one has no trial yet.
     """
     (first, first_basis), (second, second_basis) = _stand_in(store, a), _stand_in(store, b)
-    return {"a_trial": first, "a_basis": first_basis.value, "b_trial": second,
-            "b_basis": second_basis.value, **diff_trials(store, home, first, second)}
+    return api.ExperimentDiff(a_trial=first, a_basis=first_basis, b_trial=second,
+                              b_basis=second_basis, **diff_trials(store, home, first, second))
 
 
 def _stand_in(store: Store, experiment_id: int) -> tuple[int, Basis]:

@@ -22,11 +22,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from typing import Any
 
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
+from muster import api
 from muster.errors import Conflict, InvalidRequest, NotFound, Unauthorized
 from muster.services.access import Action, Principal, authorize
 from muster.states import EventReason, TokenKind
@@ -134,7 +134,7 @@ def _unknown(kind: TokenKind) -> str:
 
 
 def create_api_token(store: Store, principal: Principal, name: str,
-                     expires_in: float | None, for_user: str | None = None) -> dict[str, Any]:
+                     expires_in: float | None, for_user: str | None = None) -> api.NewToken:
     """A new API token for the caller (or, for an admin, for `for_user`): `{id, name, token,
     user, created_at, expires_at, last_used_at}`, the token shown this once.
 
@@ -160,7 +160,7 @@ def create_api_token(store: Store, principal: Principal, name: str,
         record_event(s, entity="user", entity_id=user.id, reason=EventReason.TOKEN_CREATED,
                      actor=principal.name, message=f"token {row.id} ({name}) of {user.name}"
                      + (f", expiring in {expires_in / 86_400:g} days" if expires_in else ""))
-        return {**token_view(row), "token": secret}
+        return api.NewToken(**token_view(row), token=secret)
 
 
 def _token_name(name: str) -> str:
@@ -184,7 +184,7 @@ def _owner(s: Session, principal: Principal, for_user: str | None) -> User:
 
 
 def list_tokens(store: Store, principal: Principal, for_user: str | None = None
-                ) -> list[dict[str, Any]]:
+                ) -> list[api.TokenView]:
     """The API tokens of the caller (or of `for_user`, for an admin) that are not revoked,
     oldest first: `{id, name, user, created_at, expires_at, last_used_at, expired}`."""
     with store.session_scope() as s:
@@ -195,7 +195,7 @@ def list_tokens(store: Store, principal: Principal, for_user: str | None = None
         return [token_view(row) for row in rows]
 
 
-def revoke_token(store: Store, principal: Principal, token_id: str) -> dict[str, Any]:
+def revoke_token(store: Store, principal: Principal, token_id: str) -> api.TokenView:
     """Revoke an API token: the caller's own, or (an admin) anyone's. It stops working at
     once. Revoking a revoked token is harmless.
 
@@ -277,7 +277,7 @@ def _open_sessions(user_id: int) -> Select[ApiToken]:
 
 
 def list_sessions(store: Store, principal: Principal, for_user: str | None = None
-                  ) -> list[dict[str, Any]]:
+                  ) -> list[api.SessionView]:
     """The open web sessions of the caller (or of `for_user`, for an admin), oldest first:
     `session_view`s.
 
@@ -291,7 +291,7 @@ def list_sessions(store: Store, principal: Principal, for_user: str | None = Non
         return [session_view(s, row, principal) for row in rows]
 
 
-def end_session(store: Store, principal: Principal, session_id: str) -> dict[str, Any]:
+def end_session(store: Store, principal: Principal, session_id: str) -> api.SessionView:
     """End a web session: the caller's own, or (an admin) anyone's. Its cookie stops
     working at once; ending an ended session is harmless.
 
@@ -324,7 +324,7 @@ def log_out(store: Store, principal: Principal) -> None:
             row.revoked_at = now()
 
 
-def session_view(s: Session, row: ApiToken, principal: Principal) -> dict[str, Any]:
+def session_view(s: Session, row: ApiToken, principal: Principal) -> api.SessionView:
     """A web session as its list shows it: `{id, user, created_at, expires_at, last_used_at,
     address, opened_with, opened_with_name, current, ended}`."""
     token = s.get(ApiToken, row.opened_with) if row.opened_with is not None else None
@@ -343,7 +343,7 @@ def session_view(s: Session, row: ApiToken, principal: Principal) -> dict[str, A
     }
 
 
-def token_view(row: ApiToken) -> dict[str, Any]:
+def token_view(row: ApiToken) -> api.TokenView:
     return {
         "id": row.id,
         "name": row.name,

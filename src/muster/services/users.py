@@ -19,6 +19,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
+from muster import api
 from muster.atomic import atomic_write_bytes
 from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
 from muster.services import tokens
@@ -117,7 +118,7 @@ def principal(store: Store, name: str) -> Principal:
         return Principal(user_id=user.id, name=user.name, role=user.role)
 
 
-def user_view(user: User) -> dict[str, Any]:
+def user_view(user: User) -> api.UserView:
     return {
         "name": user.name,
         "display_name": user.display_name,
@@ -156,7 +157,7 @@ def _check_unix_user(name: str | None) -> str | None:
 
 def create_user(store: Store, principal: Principal, name: str, role: Role, *,
                 display_name: str = "", password: str | None = None,
-                unix_user: str | None = None) -> dict[str, Any]:
+                unix_user: str | None = None) -> api.NewUser:
     """A new user and their first API token: the user's view plus `token` (shown once).
 
     Raises:
@@ -181,7 +182,7 @@ def create_user(store: Store, principal: Principal, name: str, role: Role, *,
         row, secret = tokens.issue(s, user, TokenKind.API, "first token")
         record_event(s, entity="user", entity_id=user.id, reason=EventReason.TOKEN_CREATED,
                      actor=principal.name, message=f"token {row.id} (first token) of {name}")
-        return {**user_view(user), "token": secret, "token_id": row.id}
+        return api.NewUser(**user_view(user), token=secret, token_id=row.id)
 
 
 def _check_free(where: Store | Session, name: str) -> None:
@@ -193,12 +194,12 @@ def _check_free(where: Store | Session, name: str) -> None:
         raise Conflict(f"user {name} exists already; `muster user list` shows the users")
 
 
-def list_users(store: Store) -> list[dict[str, Any]]:
+def list_users(store: Store) -> list[api.UserView]:
     with store.session_scope() as s:
         return [user_view(u) for u in s.scalars(select(User).order_by(User.id))]
 
 
-def get_user(store: Store, name: str) -> dict[str, Any]:
+def get_user(store: Store, name: str) -> api.UserView:
     with store.session_scope() as s:
         return user_view(user_or_404(s, name))
 
@@ -225,7 +226,7 @@ class UserChange:
 
 
 def edit_user(store: Store, principal: Principal, name: str, change: UserChange
-              ) -> dict[str, Any]:
+              ) -> api.UserView:
     """Change a user: one's own display name and password (with the current one, if set),
     or, for an admin, anything of anyone.
 
@@ -302,7 +303,7 @@ def _keep_an_admin(s: Session, user: User, losing: str) -> None:
                        "another admin first (muster user edit NAME --role admin)")
 
 
-def deactivate_user(store: Store, principal: Principal, name: str) -> dict[str, Any]:
+def deactivate_user(store: Store, principal: Principal, name: str) -> api.UserView:
     """Deactivate a user: their web sessions end and their API tokens stop working with
     the next request; their experiments keep running and stay visible. Harmless when already
     inactive.
@@ -329,7 +330,7 @@ def deactivate_user(store: Store, principal: Principal, name: str) -> dict[str, 
         return user_view(user)
 
 
-def activate_user(store: Store, principal: Principal, name: str) -> dict[str, Any]:
+def activate_user(store: Store, principal: Principal, name: str) -> api.UserView:
     """Let a deactivated user in again (their tokens that were not revoked work again)."""
     authorize(principal, Action.MANAGE_USERS)
     with store.session_scope() as s:
@@ -400,9 +401,10 @@ def log_in_with_token(store: Store, token: str, address: str | None = None) -> L
                      row.expires_at or 0.0)
 
 
-def whoami(store: Store, principal: Principal) -> dict[str, Any]:
-    """The caller's own account, and the credential it came with."""
+def whoami(store: Store, principal: Principal, csrf_token: str | None) -> api.Whoami:
+    """The caller's own account, the credential it came with, and its web session's
+    `csrf_token` (None with an API token; `tokens.csrf_token` makes it from the cookie)."""
     with store.session_scope() as s:
         view = user_view(s.get_one(User, principal.user_id))
-    return {**view, "token_id": principal.token_id,
-            "via": "session" if principal.via_session else "token"}
+    return api.Whoami(**view, via="session" if principal.via_session else "token",
+                      token_id=principal.token_id, csrf_token=csrf_token)

@@ -1,40 +1,52 @@
-"""Plain-dict views of stored records: the JSON the API returns and the CLI prints.
+"""The views of stored records: the shapes of `muster.api` the API returns and the CLI prints.
 
 Pure mapping: a view reads the rows it is given (and what the service computed for them,
-such as `best_validation`), never the database. `muster.server.api` has the model of each
-view; field names are a fixed contract (see README "JSON contract"): extend, never rename.
+such as `best_validation`), never the database. Each view is built as its `muster.api`
+shape, so mypy checks every key; field names are a fixed contract (see README "JSON
+contract"): extend, never rename.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
+from muster import api
 from muster.checkpoint_storage.location import Location
 from muster.config.schema import SearcherConfig
-from muster.states import TrialState
+from muster.states import CheckpointState, TrialState
 from muster.store import Attempt, Checkpoint, Event, Experiment, Metric, Replica, Trial
 from muster.store.configs import experiment_searcher
 from muster.store.models import encode_non_finite
-from muster.verdicts import Verdict, count_verdicts, verdict_of
+from muster.verdicts import Verdict, VerdictCounts, count_verdicts, verdict_of
 
-T = TrialState
 # How the search block counts trials. SUSPECT counts as ended: it waits for a person, and
 # the searcher does not wait for it.
-ENDED_STATES = frozenset({T.SUCCEEDED, T.FAILED, T.CANCELED, T.SUSPECT})
-RUNNING_STATES = T.active()
-QUEUED_STATES = frozenset({T.QUEUED, T.PAUSED})
-del T
+ENDED_STATES = frozenset(state for state in TrialState if state.is_at_rest())
+RUNNING_STATES = TrialState.active()
+QUEUED_STATES = TrialState.unfinished() - TrialState.active()
 
 # Metric name → smaller_is_better: which validation metrics to take the best of, and how.
 Goals = Mapping[str, bool]
+# Trial id → its best value of each validation metric of the goals.
+BestValues = Mapping[int, Mapping[str, float]]
 
 
-def experiment_summary(exp: Experiment, *, states: Sequence[str] | None = None,
+class ExperimentOverview(api.ExperimentSummary):
+    """`api.ExperimentDetail` without its trials: what an experiment's page shows above its
+    trials table (`muster.services.experiments.experiment_overview`)."""
+
+    config: api.Config
+    config_yaml: str  # as submitted: what "run again" starts from
+    search: api.SearchProgress
+    warnings: list[str]
+
+
+def experiment_summary(exp: Experiment, *, states: Sequence[TrialState] | None = None,
                        succeeded: Sequence[Trial] | None = None,
-                       best: Mapping[str, Any] | None = None,
-                       running: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+                       best: api.BestSoFar | None = None,
+                       running: Sequence[api.RunningTrialProgress] = ()
+                       ) -> api.ExperimentSummary:
     """The experiment as lists show it. `states` (its trials' states) and `succeeded` (its
     SUCCEEDED trials) are taken from `exp.trials` when not given (a list reads them in
     bulk); `best` is the search's best trial so far (`best_view`), if any; `running`, its
@@ -61,21 +73,26 @@ def experiment_summary(exp: Experiment, *, states: Sequence[str] | None = None,
         "progress": progress_view(exp.max_trials, states),
         "awaiting_review": counts.suspect,
         "unverified": counts.not_verified,
-        "verdicts": counts.to_json(),
-        "best": None if best is None else dict(best),
-        "trial_progress": [dict(row) for row in running],
+        "verdicts": verdict_counts(counts),
+        "best": best,
+        "trial_progress": list(running),
     }
 
 
-def running_progress(trials: Iterable[Trial], progress: Mapping[int, Mapping[str, Any]]
-                     ) -> list[dict[str, Any]]:
+def verdict_counts(counts: VerdictCounts) -> api.VerdictCounts:
+    return {"verified": counts.verified, "not_verified": counts.not_verified,
+            "suspect": counts.suspect}
+
+
+def running_progress(trials: Iterable[Trial], progress: Mapping[int, api.TrialProgress]
+                     ) -> list[api.RunningTrialProgress]:
     """`{trial_id, number, progress}` of each of `trials` that has a `progress` view (by
     trial id: `muster.services.progress.of_running`), by number."""
-    return [{"trial_id": t.id, "number": t.number, "progress": dict(progress[t.id])}
+    return [{"trial_id": t.id, "number": t.number, "progress": progress[t.id]}
             for t in sorted(trials, key=lambda t: (t.number, t.id)) if t.id in progress]
 
 
-def progress_view(max_trials: int, states: Sequence[str]) -> dict[str, int]:
+def progress_view(max_trials: int, states: Sequence[TrialState]) -> api.Progress:
     """Its trials by stage, of `total` (all it will make: 1, a grid's size, max_trials)."""
     counts = Counter(states)
     return {"ended": sum(counts[s] for s in ENDED_STATES),
@@ -84,39 +101,37 @@ def progress_view(max_trials: int, states: Sequence[str]) -> dict[str, int]:
             "total": max(max_trials, len(states))}
 
 
-def experiment_detail(exp: Experiment, best: Mapping[int, Mapping[str, float]],
-                      snapshots: Mapping[int, Mapping[str, Any]] | None = None,
-                      progress: Mapping[int, Mapping[str, Any]] | None = None
-                      ) -> dict[str, Any]:
+def experiment_detail(exp: Experiment, best: BestValues, warnings: Sequence[str],
+                      snapshots: Mapping[int, api.JsonObject] | None = None,
+                      progress: Mapping[int, api.TrialProgress] | None = None
+                      ) -> api.ExperimentDetail:
     """The experiment, every trial with its `best_validation` (`best`, by trial id), its
     snapshot's trial part (`snapshots`, by trial id; null where not given) and its
-    `progress` (by trial id: the RUNNING ones), and the search's progress."""
-    view = experiment_overview(exp, best, progress)
+    `progress` (by trial id: the RUNNING ones), the search's progress and the `warnings`
+    the supervisor recorded."""
+    overview = experiment_overview(exp, best, warnings, progress)
     parts, measured = snapshots or {}, progress or {}
-    view["trials"] = [{**trial_detail(t, parts.get(t.id), measured.get(t.id)),
-                       "best_validation": dict(best.get(t.id, {}))} for t in exp.trials]
-    return view
+    trials = [trial_detail(t, best.get(t.id, {}), parts.get(t.id), measured.get(t.id))
+              for t in exp.trials]
+    return api.ExperimentDetail(**overview, trials=trials)
 
 
-def experiment_overview(exp: Experiment, best: Mapping[int, Mapping[str, float]],
-                        progress: Mapping[int, Mapping[str, Any]] | None = None
-                        ) -> dict[str, Any]:
+def experiment_overview(exp: Experiment, best: BestValues, warnings: Sequence[str],
+                        progress: Mapping[int, api.TrialProgress] | None = None
+                        ) -> ExperimentOverview:
     """`experiment_detail` without its trials: the summary (with its RUNNING trials'
-    `progress`, by trial id), the config and the search's progress (what a page shows
-    above its trials table, read without each trial's attempts)."""
+    `progress`, by trial id), the config, the search's progress and the `warnings` (what a
+    page shows above its trials table, read without each trial's attempts)."""
     searcher = experiment_searcher(exp)
     search = search_view(exp, searcher, best)
-    view = experiment_summary(exp, best=search["best"],
-                              running=running_progress(exp.trials, progress or {}))
-    view["config"] = exp.config
-    view["config_yaml"] = exp.config_yaml  # as submitted: what "run again" starts from
-    view["search"] = search
-    return view
+    summary = experiment_summary(exp, best=search["best"],
+                                 running=running_progress(exp.trials, progress or {}))
+    return ExperimentOverview(**summary, config=exp.config, config_yaml=exp.config_yaml,
+                              search=search, warnings=list(warnings))
 
 
-def search_view(
-    exp: Experiment, searcher: SearcherConfig, best: Mapping[int, Mapping[str, float]]
-) -> dict[str, Any]:
+def search_view(exp: Experiment, searcher: SearcherConfig, best: BestValues
+                ) -> api.SearchProgress:
     """How far the search has come: trials by stage, how many are still to be made, and
     the best trial so far (`best`: the trials' `best_validation`)."""
     states = Counter(t.state for t in exp.trials)
@@ -136,9 +151,8 @@ def search_view(
     }
 
 
-def best_view(
-    trials: Iterable[Trial], best: Mapping[int, Mapping[str, float]], searcher: SearcherConfig
-) -> dict[str, Any] | None:
+def best_view(trials: Iterable[Trial], best: BestValues, searcher: SearcherConfig
+              ) -> api.BestSoFar | None:
     metric, winner = searcher.metric, best_trial_of(trials, best, searcher)
     if metric is None or winner is None:
         return None
@@ -147,11 +161,14 @@ def best_view(
             "early_stopped": winner.early_stopped}
 
 
-def trial_detail(trial: Trial, snapshot: Mapping[str, Any] | None = None,
-                 progress: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The trial as `trial describe` shows it; `snapshot` is the trial part of its
-    reproducibility snapshot (`muster.services.snapshots`), null where the caller read none;
-    `progress`, how far it has come while RUNNING (`muster.services.progress`)."""
+def trial_detail(trial: Trial, best: Mapping[str, float],
+                 snapshot: api.JsonObject | None = None,
+                 progress: api.TrialProgress | None = None) -> api.TrialDetail:
+    """The trial as `trial describe` shows it; `best` is its `best_validation`; `snapshot`
+    the trial part of its reproducibility snapshot (`muster.services.snapshots`), null where
+    the caller read none; `progress`, how far it has come while RUNNING
+    (`muster.services.progress`)."""
+    verdict = trial_verdict(trial)
     return {
         "id": trial.id,
         "uuid": trial.uuid,
@@ -167,27 +184,33 @@ def trial_detail(trial: Trial, snapshot: Mapping[str, Any] | None = None,
         "attempts": [attempt_detail(a) for a in trial.attempts],
         "manifest": encode_non_finite(trial.manifest),
         "verification": encode_non_finite(trial.verification),
-        **verdict_fields(trial),
+        "verified": verdict.verified,
+        "verdict": verdict.line,
         "early_stopped": trial.early_stopped,
         "queue_reason": trial.queue_reason,
         "priority": trial.priority,
         "number": trial.number,  # its place in the search, from 0
         "early_stop": early_stop(trial),
-        "environment": {
-            "hash": trial.environment_key or trial.experiment.environment_key,
-            "python": (trial.experiment.config.get("environment") or {}).get("python"),
-            "freeze": None if trial.environment_freeze is None
-            else trial.environment_freeze.splitlines(),
-        },
-        "snapshot": None if snapshot is None else dict(snapshot),
-        "progress": None if progress is None else dict(progress),
+        "best_validation": dict(best),
+        "environment": environment_view(trial),
+        "snapshot": snapshot,
+        "progress": progress,
     }
 
 
+def environment_view(trial: Trial) -> api.TrialEnvironmentView:
+    """The trial's built environment (its own, else its experiment's) and what it held."""
+    freeze = trial.environment_freeze
+    return {"hash": trial.environment_key or trial.experiment.environment_key,
+            "python": (trial.experiment.config.get("environment") or {}).get("python"),
+            "freeze": None if freeze is None else freeze.splitlines()}
+
+
 def trial_summary(trial: Trial, best: Mapping[str, float],
-                  progress: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  progress: api.TrialProgress | None = None) -> api.TrialSummary:
     """One row of an experiment's trial list (`best`: its `best_validation`; `progress`:
     how far it has come while RUNNING)."""
+    verdict = trial_verdict(trial)
     return {
         "id": trial.id,
         "number": trial.number,
@@ -198,8 +221,10 @@ def trial_summary(trial: Trial, best: Mapping[str, float],
         "restarts": restarts(trial),
         "started_at": trial.started_at,
         "ended_at": trial.ended_at,
-        **verdict_fields(trial),
-        "progress": None if progress is None else dict(progress),
+        "verified": verdict.verified,
+        "verdict": verdict.line,
+        "early_stop": early_stop(trial),
+        "progress": progress,
     }
 
 
@@ -210,23 +235,20 @@ def trial_verdict(trial: Trial) -> Verdict:
                       reason=trial.reason, message=trial.message)
 
 
-def verdict_fields(trial: Trial) -> dict[str, Any]:
-    """`verified` (null while the trial has not ended) and `verdict`, its one line."""
-    verdict = trial_verdict(trial)
-    return {"verified": verdict.verified, "verdict": verdict.line}
-
-
 def restarts(trial: Trial) -> int:
     return max(0, sum(not a.standby for a in trial.attempts) - 1)
 
 
-def early_stop(trial: Trial) -> Any:
+def early_stop(trial: Trial) -> api.EarlyStop | None:
     """Where the searcher stopped the trial (`{rung, step, value}`), or None."""
     stop = (trial.search_state or {}).get("early_stop")
-    return encode_non_finite(stop)
+    if stop is None:
+        return None
+    return {"rung": stop["rung"], "step": stop["step"],
+            "value": encode_non_finite(stop["value"])}
 
 
-def attempt_detail(attempt: Attempt) -> dict[str, Any]:
+def attempt_detail(attempt: Attempt) -> api.AttemptView:
     return {
         "number": attempt.number,
         "state": attempt.state,
@@ -241,7 +263,7 @@ def attempt_detail(attempt: Attempt) -> dict[str, Any]:
     }
 
 
-def replica_detail(replica: Replica) -> dict[str, Any]:
+def replica_detail(replica: Replica) -> api.ReplicaView:
     return {
         "rank": replica.rank,
         "incarnation": replica.incarnation,  # 0, or n after n restarts in place
@@ -271,7 +293,7 @@ def replica_detail(replica: Replica) -> dict[str, Any]:
     }
 
 
-def event_view(event: Event, attempt_numbers: dict[int, int] | None = None) -> dict[str, Any]:
+def event_view(event: Event, attempt_numbers: Mapping[int, int] | None = None) -> api.Event:
     """One event; an attempt's event also names the attempt by its number in the trial
     (`attempt`), the number the attempts table and `--attempt` use, not its row id."""
     attempt = (attempt_numbers or {}).get(event.entity_id) if event.entity == "attempt" else None
@@ -288,7 +310,7 @@ def event_view(event: Event, attempt_numbers: dict[int, int] | None = None) -> d
     }
 
 
-def metric_view(metric: Metric) -> dict[str, Any]:
+def metric_view(metric: Metric) -> api.MetricReport:
     """One report; NaN and ±Infinity are the strings "NaN", "Infinity", "-Infinity"."""
     return {
         "kind": metric.kind,
@@ -302,13 +324,13 @@ def metric_view(metric: Metric) -> dict[str, Any]:
 
 
 def checkpoint_view(checkpoint: Checkpoint, metric: float | None = None,
-                    metric_step: int | None = None) -> dict[str, Any]:
+                    metric_step: int | None = None) -> api.CheckpointView:
     """A checkpoint as listed: where it is (`state`, `storage_url`), its searcher metric and
     the step of the validation that metric is from (`checkpoint_storage.metrics`), and why the
     last GC kept it (`kept_because`)."""
     storage = checkpoint.storage
     url = Location.from_json(storage).url(checkpoint.uuid) if storage else None
-    stored = checkpoint.state in ("stored", "deleting")
+    state = checkpoint.state
     return {
         "id": checkpoint.id,
         "uuid": checkpoint.uuid,
@@ -316,14 +338,13 @@ def checkpoint_view(checkpoint: Checkpoint, metric: float | None = None,
         "name": checkpoint.name,
         "path": checkpoint.path,
         "step": checkpoint.step,
-        "state": checkpoint.state,
+        "state": state,
         "size": checkpoint.size_bytes,
-        "storage_url": url if stored else None,
+        "storage_url": url if state.is_stored() else None,
         "metric": encode_non_finite(metric),
         "metric_step": metric_step,
-        "kept_because": checkpoint.gc_reason if checkpoint.state != "deleting" else None,
-        "deleted_because": (checkpoint.gc_reason
-                            if checkpoint.state in ("deleting", "deleted") else None),
+        "kept_because": checkpoint.gc_reason if state is not CheckpointState.DELETING else None,
+        "deleted_because": checkpoint.gc_reason if state.is_gone() else None,
         "error": checkpoint.error,
         "stored_at": checkpoint.stored_at,
         "attempt": checkpoint.attempt,
@@ -352,16 +373,15 @@ def metric_order(value: float | None, smaller_is_better: bool) -> tuple[bool, fl
     return False, value if smaller_is_better else -value
 
 
-def best_trial_of(
-    trials: Iterable[Trial], best: Mapping[int, Mapping[str, float]], searcher: SearcherConfig
-) -> Trial | None:
+def best_trial_of(trials: Iterable[Trial], best: BestValues, searcher: SearcherConfig
+                  ) -> Trial | None:
     """The SUCCEEDED trial (stopped early or not) with the best value of the searcher's
     metric; ties go to the lowest number. None without a metric or such a trial."""
     metric = searcher.metric
     if metric is None:
         return None
     candidates = [t for t in trials
-                  if t.state == TrialState.SUCCEEDED.value and metric in best.get(t.id, {})]
+                  if t.state == TrialState.SUCCEEDED and metric in best.get(t.id, {})]
     if not candidates:
         return None
     return min(candidates, key=lambda t: (
