@@ -20,11 +20,12 @@ Pure: no I/O; whoever shows a diff reads the snapshots and hands them in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
+from muster import api
 from muster.states import DiffGroup
 
 __all__ = [
@@ -40,7 +41,6 @@ __all__ = [
     "diff_ranks",
     "diff_trials",
     "result_relevant",
-    "to_json",
 ]
 
 
@@ -148,6 +148,11 @@ class Difference:
             where = " (seen from outside)"
         return f"{_short_name(self.field)}: {_shown(self.a)} vs {_shown(self.b)}{where}"
 
+    def view(self) -> api.SnapshotDifference:
+        """The difference as `muster trial diff A B --json` lists it."""
+        return {"group": self.group, "field": self.field, "a": self.a, "b": self.b,
+                "rank": self.rank}
+
 
 @dataclass(frozen=True)
 class TrialSnapshots:
@@ -216,14 +221,6 @@ def result_relevant(d: Difference) -> bool:
     """Whether the difference can plausibly change results: all but the platform group (the
     OS and kernel release are shown, last, but rarely change a number)."""
     return d.group != DiffGroup.PLATFORM
-
-
-def to_json(differences: Iterable[Difference]) -> dict[str, list[dict[str, Any]]]:
-    """The contract of `muster trial diff A B --json`."""
-    return {"differences": [
-        {"group": DiffGroup(d.group).value, "field": d.field, "a": d.a, "b": d.b, "rank": d.rank}
-        for d in differences
-    ]}
 
 
 def _compare(a: Mapping[str, Any], b: Mapping[str, Any],

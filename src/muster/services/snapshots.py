@@ -70,13 +70,8 @@ def diff_trials(store: Store, home: Home, a: int, b: int) -> api.TrialDiff:
     each difference with its line."""
     first, second = trial_snapshot(store, home, a), trial_snapshot(store, home, b)
     differences = diff.diff_trials(_snapshots(first), _snapshots(second))
-    return {"differences": [_difference_view(d) for d in differences],
+    return {"differences": [d.view() for d in differences],
             "lines": [d.line() for d in differences]}
-
-
-def _difference_view(difference: diff.Difference) -> api.SnapshotDifference:
-    return {"group": difference.group, "field": difference.field, "a": difference.a,
-            "b": difference.b, "rank": difference.rank}
 
 
 def _snapshots(snapshot: api.TrialSnapshot) -> diff.TrialSnapshots:
