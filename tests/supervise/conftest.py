@@ -149,7 +149,7 @@ class Rig:
     def restarted(self) -> Rig:
         """The same store and home under a NEW supervisor and launcher, as after a restart."""
         supervisor = Supervisor(self.store, LocalLauncher(), self.home,
-                                LocalPlacement(self.store, self.supervisor.slots),
+                                LocalPlacement(self.store, self.supervisor.placement.slots()),
                                 min_free_disk=0)
         return Rig(self.store, self.home, supervisor, self.admin)
 

@@ -187,14 +187,17 @@ def test_concurrent_creates_and_passes_never_run_more_trials_than_slots(
 
     def creates(seed: int) -> None:
         """One after another, as a user's loop submits: the next once the last has ended,
-        so that the queue is often empty and the three race for the two slots."""
+        so that the queue is often empty and the three race for the two slots. The pause
+        between is long beside a trial's life (~0.25 s: a Python start, its 50 ms, a pass)
+        so that a create often finds a slot free: with no pause, two of the three hold both
+        slots nearly always and a create is admitted ~1 time in 8, too near the bound."""
         pace = random.Random(seed)
         try:
             for _ in range(20):
                 trial_id = _create(two, entry).trial_id
                 wait_until(partial(_settled, two, trial_id), timeout=120, interval=0.01,
                            what=f"trial {trial_id} to end")
-                time.sleep(pace.uniform(0, 0.05))
+                time.sleep(pace.uniform(0.05, 0.25))
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 

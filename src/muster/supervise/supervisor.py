@@ -227,11 +227,6 @@ class Supervisor:
                 finally:
                     self._unlaunched.discard(recorded.attempt_id)
 
-    @property
-    def slots(self) -> int:
-        """Replicas without GPUs that may run at once now: the placement's."""
-        return self.placement.slots()
-
     def slots_in_use(self) -> int:
         """One slot per replica without GPUs of every trial that holds its resources."""
         return self._admission.slots_in_use()
