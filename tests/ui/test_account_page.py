@@ -1,13 +1,17 @@
-"""The account page in Chromium against a real server: your web sessions and API tokens,
-each with a button that ends it (a form with the session's CSRF token, no script)."""
+"""The account and users pages in Chromium against a real server: your password, web
+sessions and API tokens, and an admin's users, each changed with a plain form (the
+session's CSRF token, no script)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
+from muster.client import Client
+from muster.home import Home
 from tests.ui.conftest import PASSWORD, Team
 
 pytestmark = pytest.mark.lifecycle  # a real server, a real browser
@@ -36,7 +40,8 @@ def test_the_account_page_ends_another_session_and_revokes_a_token(
     expect(mine).to_have_count(1)
     other = page.locator("tbody tr", has=page.get_by_role("button", name="End", exact=True))
     other.first.get_by_role("button", name="End", exact=True).click()
-    expect(page).to_have_url(team.server.url + "/account")
+    expect(page).to_have_url(team.server.url + "/account?done=session")
+    expect(page.get_by_role("status")).to_have_text("The session ended.")
     elsewhere.reload()
     expect(elsewhere.get_by_label("Token")).to_be_visible()  # logged out: the login form
     row = page.locator("tr", has_text=made["id"])
@@ -45,3 +50,133 @@ def test_the_account_page_ends_another_session_and_revokes_a_token(
     expect(page.locator(".who .user")).to_contain_text("alice")  # still logged in
     elsewhere.close()
     page.close()
+
+
+def _account(page_of: Any, name: str) -> Any:
+    page = page_of(name)
+    page.locator(".who .user").click()
+    expect(page.get_by_role("heading", name="Password")).to_be_visible()
+    return page
+
+
+def test_a_password_changes_on_the_account_page_and_only_with_the_current_one(
+    page_of: Any, team: Team
+) -> None:
+    """A wrong current password changes nothing (403, said on the page); the right one
+    changes it: the old password stops logging in, the new one works, this session goes
+    on."""
+    with team.client("admin") as admin:
+        admin.create_user("paula", "user", password=PASSWORD)
+    page = _account(page_of, "paula")
+    form = page.locator("#password-form")
+    form.get_by_label("Current password").fill("not the password at all")
+    form.get_by_label("New password", exact=True).fill("a brand new password")
+    form.get_by_label("Repeat the new password").fill("a brand new password")
+    form.get_by_role("button", name="Change password").click()
+    expect(page.get_by_role("alert")).to_contain_text("current password")
+    assert _logs_in(team, "paula", PASSWORD)
+
+    form.get_by_label("Current password").fill(PASSWORD)
+    form.get_by_label("New password", exact=True).fill("a brand new password")
+    form.get_by_label("Repeat the new password").fill("a different new password")
+    form.get_by_role("button", name="Change password").click()
+    expect(page.get_by_role("alert")).to_contain_text("differ")
+    assert _logs_in(team, "paula", PASSWORD)
+
+    form.get_by_label("Current password").fill(PASSWORD)
+    form.get_by_label("New password", exact=True).fill("a brand new password")
+    form.get_by_label("Repeat the new password").fill("a brand new password")
+    form.get_by_role("button", name="Change password").click()
+    expect(page.get_by_role("status")).to_contain_text("Your password changed")
+    assert not _logs_in(team, "paula", PASSWORD)
+    assert _logs_in(team, "paula", "a brand new password")
+    page.reload()
+    expect(page.locator(".who .user")).to_contain_text("paula")  # this session goes on
+
+
+def _logs_in(team: Team, name: str, password: str) -> bool:
+    response = httpx.post(f"{team.server.url}/api/v1/login",
+                          json={"name": name, "password": password}, timeout=30)
+    assert response.status_code in (200, 401), response.text
+    return response.status_code == 200
+
+
+def test_a_token_made_on_the_account_page_is_shown_once_and_works(
+    page_of: Any, team: Team
+) -> None:
+    page = _account(page_of, "alice")
+    form = page.locator("#token-form")
+    form.get_by_label("Name").fill("from the page")
+    form.get_by_label("Expires after").fill("soon")
+    form.get_by_role("button", name="Create token").click()
+    expect(page.get_by_role("alert")).to_contain_text("expires")
+    expect(form.get_by_label("Name")).to_have_value("from the page")  # kept for the retry
+
+    form.get_by_label("Expires after").fill("30d")
+    with page.expect_response(lambda r: r.url.endswith("/account/tokens")) as answered:
+        form.get_by_role("button", name="Create token").click()
+    assert answered.value.status == 201
+    assert answered.value.headers["cache-control"] == "no-store"
+    secret = page.locator("#new-token").text_content()
+    assert secret
+    with Client(url=team.server.url, token=secret.strip(), home=Home(team.server.home)) as made:
+        assert made.whoami()["name"] == "alice"
+    page.goto(team.server.url + "/account")
+    expect(page.locator("#new-token")).to_have_count(0)  # shown that once
+    row = page.locator("tr", has_text="from the page")
+    expect(row).to_have_count(1)
+    row.get_by_role("button", name="Revoke").click()
+    expect(page.get_by_role("status")).to_contain_text("revoked")
+    response = httpx.get(f"{team.server.url}/api/v1/whoami", timeout=30,
+                         headers={"Authorization": f"Bearer {secret.strip()}"})
+    assert response.status_code == 401
+
+
+def test_an_admin_makes_a_user_sets_its_role_and_deactivates_it(
+    page_of: Any, team: Team
+) -> None:
+    page = page_of("admin")
+    page.get_by_role("link", name="Users").click()
+    expect(page.get_by_role("heading", name="Users", exact=True)).to_be_visible()
+    form = page.locator("#new-user")
+    form.get_by_label("User name").fill("ursula")
+    form.get_by_label("Role").select_option("viewer")
+    form.get_by_role("button", name="Create user").click()
+    secret = (page.locator("#new-token").text_content() or "").strip()
+    assert secret
+    with Client(url=team.server.url, token=secret, home=Home(team.server.home)) as ursula:
+        assert ursula.whoami()["role"] == "viewer"
+
+    form.get_by_label("User name").fill("ursula")
+    form.get_by_role("button", name="Create user").click()
+    expect(page.get_by_role("alert")).to_contain_text("ursula")  # taken: said, not a 500
+
+    row = page.locator("tr[data-user=ursula]")
+    row.get_by_label("role of ursula").select_option("user")
+    row.get_by_role("button", name="Set role").click()
+    expect(page.get_by_role("status")).to_contain_text("role changed")
+    with team.client("admin") as admin:
+        assert admin.get_user("ursula")["role"] == "user"
+    page.locator("tr[data-user=ursula]").get_by_role("button", name="Deactivate").click()
+    expect(page.get_by_role("status")).to_contain_text("deactivated")
+    response = httpx.get(f"{team.server.url}/api/v1/whoami", timeout=30,
+                         headers={"Authorization": f"Bearer {secret}"})
+    assert response.status_code == 401
+    page.locator("tr[data-user=ursula]").get_by_role("button", name="Activate").click()
+    expect(page.get_by_role("status")).to_contain_text("log in again")
+
+
+def test_a_user_reads_the_users_but_cannot_change_them(page_of: Any, team: Team) -> None:
+    page = page_of("alice")
+    expect(page.get_by_role("link", name="Users")).to_have_count(0)
+    page.goto(team.server.url + "/users")
+    expect(page.locator("tr[data-user=vera]")).to_have_count(1)
+    expect(page.get_by_role("button", name="Deactivate")).to_have_count(0)
+    expect(page.locator("#new-user")).to_have_count(0)
+    # The form posted anyway (a crafted request with the session's CSRF token): refused.
+    csrf = page.evaluate("JSON.parse(document.body.getAttribute('hx-headers'))['X-CSRF-Token']")
+    answer = page.request.post(team.server.url + "/users/vera/deactivate",
+                               form={"csrf_token": csrf}, max_redirects=0)
+    assert answer.status == 403
+    with team.client("admin") as admin:
+        assert admin.get_user("vera")["active"] is True

@@ -32,6 +32,7 @@ from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
 from muster.server import account_routes
+from muster.server.account_pages import account_pages
 from muster.server.body_limit import BodyLimit
 from muster.server.orchestrator import TICK_SECONDS, Orchestrator
 from muster.server.pages import error_page, pages
@@ -97,6 +98,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(account_routes.router)
     app.include_router(scrape)
     app.include_router(pages)
+    app.include_router(account_pages)
     app.mount("/static", StaticFiles(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app

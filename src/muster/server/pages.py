@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 import hmac
 import math
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Annotated, Any
@@ -30,8 +29,6 @@ from fastapi.templating import Jinja2Templates
 from muster import __version__, ui
 from muster.errors import InvalidRequest, MusterError, NotFound, TooManyRequests, Unauthorized
 from muster.server.account_routes import (
-    SessionIdPath,
-    TokenIdPath,
     client_address,
     open_session,
 )
@@ -64,7 +61,8 @@ from muster.store import MAX_INTEGER, Store
 from muster.verdicts import check_status
 from muster.words import count, progress_line
 
-__all__ = ["PAGE_ROWS", "error_page", "pages"]
+__all__ = ["PAGE_ROWS", "Visitor", "check_form_csrf", "error_page", "pages", "render",
+           "server_state", "to_login"]
 
 PAGE_ROWS = 50  # experiments per page of the list
 LOGIN_CHECK = "muster_login"  # the login form's double-submit cookie
@@ -130,7 +128,7 @@ templates.env.filters.update(when=_when, duration=_duration, number=_number, fla
                              check_status=_check_status, progress_line=progress_line)
 
 
-def _state(request: Request) -> ServerState:
+def server_state(request: Request) -> ServerState:
     state: ServerState = request.app.state.muster
     return state
 
@@ -139,7 +137,7 @@ def _visitor(request: Request) -> Principal | None:
     """Who the browser is logged in as (a session cookie; a bearer token works too, for
     scripts such as `make screenshots`); None for nobody."""
     try:
-        return authenticate(request, _state(request).store, csrf=False)
+        return authenticate(request, server_state(request).store, csrf=False)
     except Unauthorized:
         return None
 
@@ -147,7 +145,7 @@ def _visitor(request: Request) -> Principal | None:
 Visitor = Annotated[Principal | None, Depends(_visitor)]
 
 
-def _render(request: Request, template: str, who: Principal | None, status: int = 200,
+def render(request: Request, template: str, who: Principal | None, status: int = 200,
             **context: Any) -> HTMLResponse:
     cookie = request.cookies.get(SESSION_COOKIE)
     csrf = tokens.csrf_token(cookie) if who is not None and who.via_session and cookie else ""
@@ -157,14 +155,14 @@ def _render(request: Request, template: str, who: Principal | None, status: int 
         "assets_missing": ui.assets_missing(), **context})
 
 
-def _to_login(request: Request) -> RedirectResponse:
+def to_login(request: Request) -> RedirectResponse:
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
 
 
 def error_page(request: Request, status: int, message: str) -> HTMLResponse:
     """A page's error as a page (the API's errors stay JSON)."""
-    return _render(request, "error.html", _visitor_or_none(request), status=status,
+    return render(request, "error.html", _visitor_or_none(request), status=status,
                    status_code=status, message=message)
 
 
@@ -189,7 +187,7 @@ def _login_form(request: Request, next: str, problem: str = "", name: str = "",
     """The login form, with a fresh value for its double-submit check (a cross-site form
     cannot read the cookie to copy it into the field)."""
     check = secrets.token_urlsafe(16)
-    response = _render(request, "login.html", None, status=status, login_check=check,
+    response = render(request, "login.html", None, status=status, login_check=check,
                        next=_local(next), problem=problem, name=name)
     response.set_cookie(LOGIN_CHECK, check, max_age=3600, path="/login", httponly=True,
                         samesite="strict", secure=request.url.scheme == "https")
@@ -208,7 +206,7 @@ async def log_in(request: Request) -> Response:
         return _login_form(request, fields["next"], "The login form expired; log in again.",
                            fields["name"], status=403)
     try:
-        login = await open_session(_state(request), client_address(request),
+        login = await open_session(server_state(request), client_address(request),
                                    fields["name"] or None,
                                    fields["password"] or None, fields["token"].strip() or None)
     except (Unauthorized, InvalidRequest, TooManyRequests) as exc:
@@ -227,59 +225,17 @@ async def log_out(request: Request, who: Visitor) -> Response:
     cookie = request.cookies.get(SESSION_COOKIE)
     if who is not None and who.via_session and cookie:
         form = await request.form()
-        _check_form_csrf(request, cookie, str(form.get("csrf_token") or ""))
-        await asyncio.to_thread(tokens.log_out, _state(request).store, who)
-        _state(request).follows.recheck(who.name)
+        check_form_csrf(request, cookie, str(form.get("csrf_token") or ""))
+        await asyncio.to_thread(tokens.log_out, server_state(request).store, who)
+        server_state(request).follows.recheck(who.name)
     clear_session_cookie(response, request)
     return response
 
 
-def _check_form_csrf(request: Request, cookie: str, given: str) -> None:
+def check_form_csrf(request: Request, cookie: str, given: str) -> None:
     """A plain form's CSRF check: its hidden field, as htmx's header would be."""
     if not hmac.compare_digest(given.encode(), tokens.csrf_token(cookie).encode()):
         check_csrf(request, cookie)  # no header either: refused with the API's sentence
-
-
-# -- your account: web sessions and API tokens -------------------------------------------
-
-@pages.get("/account", response_class=HTMLResponse)
-def account_page(request: Request, who: Visitor) -> Response:
-    """Your open web sessions and API tokens (`GET /api/v1/sessions` and `/tokens`), each
-    with a button that ends it (a form with the session's CSRF token)."""
-    if who is None:
-        return _to_login(request)
-    store = _state(request).store
-    return _render(request, "account.html", who, nav="account",
-                   sessions=tokens.list_sessions(store, who),
-                   api_tokens=tokens.list_tokens(store, who))
-
-
-@pages.post("/account/sessions/{session_id}/end")
-async def end_session(request: Request, who: Visitor, session_id: SessionIdPath) -> Response:
-    """The "End" button of a session (`DELETE /api/v1/sessions/{id}`)."""
-    return await _account_action(request, who, functools.partial(
-        tokens.end_session, _state(request).store, session_id=session_id))
-
-
-@pages.post("/account/tokens/{token_id}/revoke")
-async def revoke_token(request: Request, who: Visitor, token_id: TokenIdPath) -> Response:
-    """The "Revoke" button of an API token (`DELETE /api/v1/tokens/{id}`)."""
-    return await _account_action(request, who, functools.partial(
-        tokens.revoke_token, _state(request).store, token_id=token_id))
-
-
-async def _account_action(request: Request, who: Principal | None,
-                          act: Callable[..., object]) -> Response:
-    """A button of the account page: its CSRF check, the action, and back to the page."""
-    if who is None:
-        return _to_login(request)
-    cookie = request.cookies.get(SESSION_COOKIE)
-    if who.via_session and cookie:
-        form = await request.form()
-        _check_form_csrf(request, cookie, str(form.get("csrf_token") or ""))
-    await asyncio.to_thread(act, principal=who)
-    _state(request).follows.recheck(who.name)
-    return RedirectResponse("/account", status_code=303)
 
 
 def _local(target: str) -> str:
@@ -352,7 +308,7 @@ def experiments_page(request: Request, who: Visitor, query: Listed) -> Response:
     the login form for a visitor without a session."""
     if who is None:
         return _login_form(request, "/")
-    return _render(request, "experiments.html", who, nav="experiments",
+    return render(request, "experiments.html", who, nav="experiments",
                    **_list_context(request, query))
 
 
@@ -361,12 +317,12 @@ def experiments_fragment(request: Request, who: Visitor, query: Listed) -> Respo
     """The list's table, polled by the page every few seconds for live states."""
     if who is None:
         return Response(status_code=401)
-    return _render(request, "_experiments_table.html", who, **_list_context(request, query))
+    return render(request, "_experiments_table.html", who, **_list_context(request, query))
 
 
 def _list_context(request: Request, query: ListQuery) -> TemplateContext:
     try:
-        page = listing.list_page(_state(request).store, query.where(), sort=query.sort,
+        page = listing.list_page(server_state(request).store, query.where(), sort=query.sort,
                                  descending=query.order == "desc", offset=query.offset,
                                  limit=PAGE_ROWS)
     except MusterError as exc:  # an owner that is no user: an empty page that says so
@@ -447,11 +403,11 @@ def experiment_page(request: Request, who: Visitor, experiment_id: int,
     a page of `/trials`); its charts are drawn by the page from `/curves`, `/trials` and
     `/importance`."""
     if who is None:
-        return _to_login(request)
-    store = _state(request).store
+        return to_login(request)
+    store = server_state(request).store
     exp = experiments.experiment_overview(store, _bounded(experiment_id, "experiment"))
     events = audit.list_events(store, experiment_id=exp["id"], tail=200)
-    return _render(request, "experiment.html", who, nav="experiments", exp=exp,
+    return render(request, "experiment.html", who, nav="experiments", exp=exp,
                    events=events, can_act=_can_act(who, exp["owner"]),
                    config_yaml=yaml.safe_dump(exp["config"], sort_keys=False),
                    hparam_types=_hparam_types(exp["config"].get("hyperparameters") or {}),
@@ -464,9 +420,9 @@ def experiment_fragment(request: Request, who: Visitor, experiment_id: int,
     """The experiment's state, search progress and page of trials, polled by its page."""
     if who is None:
         return Response(status_code=401)
-    store = _state(request).store
+    store = server_state(request).store
     exp = experiments.experiment_overview(store, _bounded(experiment_id, "experiment"))
-    return _render(request, "_experiment_live.html", who, exp=exp,
+    return render(request, "_experiment_live.html", who, exp=exp,
                    can_act=_can_act(who, exp["owner"]), **_trials_context(store, exp, query))
 
 
@@ -515,14 +471,14 @@ def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
     """A trial (`GET /api/v1/trials/{id}`); its log is read by the page from
     `GET /api/v1/trials/{id}/logs` (tail, then follow)."""
     if who is None:
-        return _to_login(request)
-    state = _state(request)
+        return to_login(request)
+    state = server_state(request)
     store = state.store
     trial = experiments.describe_trial(store, _bounded(trial_id, "trial"),
                                        snapshots.TrialParts(state.home))
     exp = experiments.experiment_header(store, trial["experiment_id"])
     ranks = sorted({r["rank"] for a in trial["attempts"] for r in a["replicas"]})
-    return _render(request, "trial.html", who, nav="experiments", trial=trial, exp=exp,
+    return render(request, "trial.html", who, nav="experiments", trial=trial, exp=exp,
                    can_act=_can_act(who, exp["owner"]), ranks=ranks,
                    checkpoints=retention.trial_checkpoints(store, trial["id"]),
                    at_rest=trial["state"].is_at_rest())
@@ -533,8 +489,8 @@ def trial_progress_fragment(request: Request, who: Visitor, trial_id: int) -> Re
     """The trial page's progress line, polled every few seconds while the trial runs."""
     if who is None:
         return Response(status_code=401)
-    trial = experiments.trial_progress(_state(request).store, _bounded(trial_id, "trial"))
-    return _render(request, "_trial_progress.html", who, trial=trial,
+    trial = experiments.trial_progress(server_state(request).store, _bounded(trial_id, "trial"))
+    return render(request, "_trial_progress.html", who, trial=trial,
                    at_rest=trial["state"].is_at_rest())
 
 
@@ -544,14 +500,14 @@ def trial_diff_page(request: Request, who: Visitor, trial_id: int,
     """What differs between two trials' snapshots (`GET /api/v1/trials/{id}/diff/{other}`),
     by group, most result-relevant first: the trial page's "compare with" form."""
     if who is None:
-        return _to_login(request)
-    state = _state(request)
+        return to_login(request)
+    state = server_state(request)
     a, b = _bounded(trial_id, "trial"), _bounded(_other_trial(other), "trial")
     found = snapshots.diff_trials(state.store, state.home, a, b)
     pairs = zip(found["differences"], found["lines"], strict=True)
     groups = [(group, [line for _, line in rows])
               for group, rows in groupby(pairs, key=lambda pair: pair[0]["group"])]
-    return _render(request, "trial_diff.html", who, nav="experiments", a=a, b=b,
+    return render(request, "trial_diff.html", who, nav="experiments", a=a, b=b,
                    groups=groups)
 
 
@@ -568,9 +524,9 @@ def _other_trial(text: str) -> int:
 def new_page(request: Request, who: Visitor) -> Response:
     """Start a run: a config and a context (`POST /api/v1/experiments`, sent by the page)."""
     if who is None:
-        return _to_login(request)
+        return to_login(request)
     authorize(who, Action.SUBMIT)
-    return _render(request, "new.html", who, nav="new", source=None, config_text=NEW_CONFIG)
+    return render(request, "new.html", who, nav="new", source=None, config_text=NEW_CONFIG)
 
 
 @pages.get("/experiments/{experiment_id}/again", response_class=HTMLResponse)
@@ -578,11 +534,11 @@ def again_page(request: Request, who: Visitor, experiment_id: int) -> Response:
     """Run again: the experiment's config as submitted, to edit, and its context snapshot
     (`context_from`)."""
     if who is None:
-        return _to_login(request)
+        return to_login(request)
     authorize(who, Action.SUBMIT)
-    exp = experiments.describe_experiment(_state(request).store,
+    exp = experiments.describe_experiment(server_state(request).store,
                                           _bounded(experiment_id, "experiment"))
-    return _render(request, "new.html", who, nav="new", source=exp,
+    return render(request, "new.html", who, nav="new", source=exp,
                    config_text=exp["config_yaml"])
 
 
@@ -601,9 +557,9 @@ def cluster_page(request: Request, who: Visitor) -> Response:
     and `/environments`); its part
     `#cluster` is polled by the page."""
     if who is None:
-        return _to_login(request)
-    state = _state(request)
-    return _render(request, "cluster.html", who, nav="cluster",
+        return to_login(request)
+    state = server_state(request)
+    return render(request, "cluster.html", who, nav="cluster",
                    cluster=cluster.cluster_status(state.platform),
                    jobs=jobs.list_jobs(state.store),
                    envs=environments.list_environments(state.store, state.platform.envs, who,

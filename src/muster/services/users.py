@@ -290,9 +290,12 @@ def _check_current_password(store: Store, principal: Principal, current: str | N
         stored = s.get_one(User, principal.user_id).password_hash
     if stored is None:
         return
-    if current is None or not matches(current, stored):
+    if not current:
         raise Forbidden("to change your password, give your current one too "
                         "(current_password); an admin can set it for you")
+    if not matches(current, stored):
+        raise Forbidden("current_password is not your current password; give the one you "
+                        "log in with (an admin can set a new one for you)")
 
 
 def _keep_an_admin(s: Session, user: User, losing: str) -> None:
