@@ -709,10 +709,12 @@ class _CreateForm:
         return _CreateForm(data, files or None)
 
     def request(self, *config_texts: str) -> _FormFields:
-        """The `data` and `files` of a request creating one experiment per config."""
+        """The `data`, `files` and headers of a request creating one experiment per config:
+        a fresh `Idempotency-Key` each, so the request, sent again, creates nothing more."""
         configs: str | list[str] = (config_texts[0] if len(config_texts) == 1
                                     else list(config_texts))
-        return {"data": {"config": configs, **self.data}, "files": self.files}
+        return {"data": {"config": configs, **self.data}, "files": self.files,
+                "headers": {"Idempotency-Key": os.urandom(16).hex()}}
 
 
 class _Sent(TypedDict, total=False):
@@ -752,6 +754,7 @@ def pack_context(directory: Path, max_bytes: int = MAX_CONTEXT_BYTES) -> bytes:
     if not directory.is_dir():
         raise errors.InvalidRequest(f"context directory {directory} does not exist")
     buffer = io.BytesIO()
+    headers: dict[str, str]
     members = _Members(directory)
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
         tar.add(directory, arcname=".", filter=members.admit)

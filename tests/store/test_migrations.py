@@ -296,3 +296,30 @@ def test_0015_keeps_open_sessions_as_password_logins_and_downgrades(db_url: str)
         assert "opened_with" not in columns and "address" not in columns
     finally:
         store.dispose()
+
+
+def test_0019_adds_idempotency_keys_to_an_existing_store_and_downgrades(db_url: str) -> None:
+    """A store in use gains the empty table of keys, unique per (user, key); a downgrade
+    drops it and leaves the users alone."""
+    store = Store(db_url)
+    try:
+        _migrate(store, db_url, "0018")
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql(
+                "INSERT INTO users (id, name, display_name, role, active, created_at, "
+                "updated_at) VALUES (1, 'ann', '', 'user', true, 0, 0)")
+        store.upgrade()
+        insert = ("INSERT INTO idempotency_keys (user_id, key, request_sha256, "
+                  "experiment_ids, created_at) VALUES (1, 'k', 'h', '[1]', 0)")
+        with store.engine.begin() as connection:
+            assert connection.exec_driver_sql(
+                "SELECT count(*) FROM idempotency_keys").scalar_one() == 0
+            connection.exec_driver_sql(insert)
+        with pytest.raises(IntegrityError), store.engine.begin() as connection:
+            connection.exec_driver_sql(insert)
+        _migrate(store, db_url, "0018", down=True)
+        assert "idempotency_keys" not in inspect(store.engine).get_table_names()
+        with store.engine.begin() as connection:
+            assert connection.exec_driver_sql("SELECT name FROM users").scalar_one() == "ann"
+    finally:
+        store.dispose()

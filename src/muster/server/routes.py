@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi import Path as InPath
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -44,6 +44,7 @@ from muster.services import (
     environments,
     evidence,
     experiments,
+    idempotency,
     importance,
     jobs,
     listing,
@@ -180,11 +181,22 @@ def _known_caller(request: Request, state: ServerState) -> bool:
 
 
 @router.post("/experiments", status_code=201,
+_IDEMPOTENCY_KEY = Header(
+    alias=idempotency.HEADER, pattern=idempotency.KEY_PATTERN,
+    description=f"any 1 to {idempotency.MAX_KEY_LENGTH} characters of [A-Za-z0-9._:-] (a "
+                "UUID), new for each submission: a create sent again with the same key (a "
+                "retry, a double click) creates nothing and is answered, 201 and "
+                f"`{idempotency.REPLAYED_HEADER}: true`, with the experiments the first "
+                f"made; for {idempotency.KEEP_S / 3600:.0f} h, per user. The same key with "
+                "another request is a 409")
+
+
              response_model=api.one_or_many(api.ExperimentDetail),
-             responses=_errors(400, 413, 429),
+             responses=_errors(400, 409, 413, 429),
              openapi_extra={"requestBody": upload_form.REQUEST_BODY})
-async def create_experiment(state: State, request: Request,
-                            owner: Annotated[Principal, Depends(allow(Action.SUBMIT))]
+async def create_experiment(state: State, request: Request, response: Response,
+                            owner: Annotated[Principal, Depends(allow(Action.SUBMIT))],
+                            key: Annotated[str | None, _IDEMPOTENCY_KEY] = None
                             ) -> shapes.ExperimentDetail | list[shapes.ExperimentDetail]:
     """Validate the config, snapshot the context, record the experiment (and its trial),
     owned by the caller. With the `config` field repeated (a batch, at most
@@ -195,17 +207,23 @@ async def create_experiment(state: State, request: Request,
     by `upload_form`, after the token check and within its limits, not declared as Form
     parameters: FastAPI reads those before any dependency runs. A create with a context
     (an upload, or `context_from`) waits its turn in the fair queue `_UNPACKING`; each user
-    holds at most `_UNPACKING.per_user` creates of any kind at once (429 past it)."""
+    holds at most `_UNPACKING.per_user` creates of any kind at once (429 past it). With an
+    `Idempotency-Key`, a create sent again is answered with the first's experiments
+    (`services.idempotency`)."""
     with (_UNPACKING.holding(owner.name),
           tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp):
         form = await upload_form.read_upload_form(request, Path(tmp))
         new = experiments.NewExperiments(form.configs, form.archive, form.secrets,
-                                         form.context_from, form.git)
-        create = functools.partial(experiments.create_experiments, state.platform, owner, new)
+        claim = None if key is None else idempotency.Claim(owner.user_id, key, form.digest())
+                                         form.context_from, form.git, claim)
+        create = functools.partial(experiments.create_once, state.platform, owner, new)
         if form.archive is None and form.context_from is None:
-            exp_ids = await asyncio.to_thread(create)
+            created = await asyncio.to_thread(create)
         else:
-            exp_ids = await _UNPACKING.run(owner.name, create)
+            created = await _UNPACKING.run(owner.name, create)
+    exp_ids = created.ids
+    if created.replayed:
+        response.headers[idempotency.REPLAYED_HEADER] = "true"
     state.orchestrator.wake.set()
     if len(form.configs) == 1:
         return await asyncio.to_thread(experiments.describe_experiment, state.store, exp_ids[0])

@@ -16,6 +16,7 @@ MAX_URLENCODED_BYTES in all).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -31,6 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 from muster import git_state
 from muster.errors import InvalidRequest, PayloadTooLarge
 from muster.git_state import GitState
+from muster.services import idempotency
 from muster.services.uploads import MAX_UPLOAD_BYTES
 
 if TYPE_CHECKING:
@@ -109,6 +111,12 @@ class UploadForm:
     secrets: dict[str, str] | None = None  # the `submit` secrets' values, if sent
     context_from: int | None = None  # run again: that experiment's context snapshot
     git: GitState | None = None  # the context's git state, if sent
+    context_sha256: str | None = None  # the uploaded context's, hex (the request's digest)
+
+    def digest(self) -> str:
+        """The sha256 of what the form asks (`idempotency.request_digest`)."""
+        return idempotency.request_digest(self.configs, self.context_sha256,
+                                          self.context_from, self.git, list(self.secrets or {}))
 
 
 async def read_upload_form(request: Request, folder: Path) -> UploadForm:
@@ -176,10 +184,10 @@ async def _read_urlencoded(request: Request) -> UploadForm:
     return _assemble(configs, kept, None)
 
 
-def _assemble(configs: list[bytes], fields: Mapping[str, bytes], archive: Path | None
-              ) -> UploadForm:
+def _assemble(configs: list[bytes], fields: Mapping[str, bytes], archive: Path | None,
+              context_sha256: str | None = None) -> UploadForm:
     """The form from its configs, the other fields kept in memory (by name) and the
-    context, if any."""
+    context (and its sha256), if any."""
     for name, value in fields.items():
         limit, too_large = _KEPT[name]
         if len(value) > limit:
@@ -202,7 +210,8 @@ def _assemble(configs: list[bytes], fields: Mapping[str, bytes], archive: Path |
     secrets, source, git = fields.get(SECRETS), fields.get(CONTEXT_FROM), fields.get(GIT)
     return UploadForm(tuple(texts), archive, None if secrets is None else _secrets(secrets),
                       None if source is None else _context_from(source),
-                      None if git is None else git_state.parse_field(git))
+                      None if git is None else git_state.parse_field(git),
+                      None if archive is None else context_sha256)
 
 
 def _twice(name: str) -> InvalidRequest:
@@ -305,6 +314,7 @@ class _Form:
         self.config_bytes = 0
         self.context: BinaryIO | None = None
         self.context_bytes = 0
+        self.context_hash = hashlib.sha256()
         self.part: str | None = None  # the field being read, if it is one we keep
         self.header_name, self.header_value = bytearray(), bytearray()
         self.disposition = b""
@@ -321,7 +331,8 @@ class _Form:
             raise InvalidRequest(f"the form ends before its closing boundary; {_HOW}")
         return _assemble([bytes(config) for config in self.configs],
                          {name: bytes(value) for name, value in self.fields.items()},
-                         self.archive if self.context is not None else None)
+                         self.archive if self.context is not None else None,
+                         self.context_hash.hexdigest())
 
     def close(self) -> None:
         if self.context is not None:
@@ -364,6 +375,7 @@ class _Form:
                 raise PayloadTooLarge(f"the context upload is larger than "
                                       f"{MAX_UPLOAD_BYTES // _MiB} MiB; {_KEEP_OUT}")
             self.context.write(data[start:end])
+            self.context_hash.update(data[start:end])
         elif self.part == CONFIG:
             config = self.configs[-1]
             config += data[start:end]

@@ -28,7 +28,7 @@ from muster.git_state import GitState
 from muster.home import Home
 from muster.launch.accounts import Account, RunAs
 from muster.priority import MIN_PRIORITY
-from muster.services import listing, progress, views
+from muster.services import idempotency, listing, progress, views
 from muster.services.access import Action, Principal, authorize, check_priority_floor
 from muster.services.allowances import Allowances, allowance_problems
 from muster.services.submission import ClusterCapacity, check_submission
@@ -117,13 +117,15 @@ class NewExperiments:
     """What a create is asked for: one experiment per config (a batch: several, sharing one
     context), from an uploaded context (`archive`), another experiment's snapshot
     (`context_from`: run again, its git state too) or none; the values of the configs'
-    `submit` secrets; the uploaded context's git state (`muster.git_state`)."""
+    `submit` secrets; the uploaded context's git state (`muster.git_state`); the request's
+    idempotency key (`muster.services.idempotency`), recorded with the experiments."""
 
     configs: Sequence[str]
     archive: Path | None = None
     secrets: Mapping[str, str] | None = None
     context_from: int | None = None
     git: GitState | None = None
+    claim: idempotency.Claim | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,36 @@ def create_experiment(store: Store, home: Home, owner: Principal, config_text: s
     return create_experiments(PlainSubmission(store, home), owner, new)[0]
 
 
+@dataclass(frozen=True)
+class Created:
+    """What a create answers with: its experiments' ids, in the order of the configs, and
+    whether an earlier create with the same idempotency key made them (`replayed`)."""
+
+    ids: list[int]
+    replayed: bool = False
+
+
+def create_once(submission: Submission, owner: Principal, new: NewExperiments) -> Created:
+    """`create_experiments`, unless `new.claim`'s key was used already: then the experiments
+    that create made, also when it wins a race with this one (`idempotency.KeyTaken`).
+
+    Raises:
+        Conflict: the key was used for another request, or the create that holds it has
+            not committed yet (retry with the same key).
+    """
+    claim = new.claim
+    known = None if claim is None else idempotency.answer_for(submission.store, claim)
+    if known is not None:
+        return Created(known, replayed=True)
+    try:
+        return Created(create_experiments(submission, owner, new))
+    except idempotency.KeyTaken:
+        known = None if claim is None else idempotency.answer_for(submission.store, claim)
+        if known is None:
+            raise
+        return Created(known, replayed=True)
+
+
 def create_experiments(submission: Submission, owner: Principal, new: NewExperiments
                        ) -> list[int]:
     """Validate the configs and the submitted secrets (`environment.secrets`), snapshot
@@ -172,9 +204,11 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
     configs) gets its first attempt recorded in that transaction too. A non-admin may ask
     for no priority better than the submission's `priority_floor`, nor make the server act
     on what its `allowances` do not list; under `run_as: owner` the owner's Unix account
-    must exist.
+    must exist. With a `claim`, its key is recorded in that transaction too.
 
     Raises:
+        KeyTaken: (`muster.services.idempotency`) a create with the claim's key was
+            recorded first: nothing was created; its experiments are the answer.
         NotFound: `context_from` names no experiment.
         Forbidden: `owner` may not submit, asks for a priority reserved for admins, or a
             config names a secret source, a storage place, an interpreter or a data path
@@ -230,7 +264,8 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
                                                      account, allowed, runtime)
             if new.secrets:
                 job_secrets.save_submitted(home, exp_uuid, new.secrets)
-        return _insert_experiments(submission.store, owner, made, submission.admitting)
+        return _insert_experiments(submission.store, owner, made, submission.admitting,
+                                   new.claim)
     except BaseException:
         for prepared in made:
             shutil.rmtree(prepared.context.parent, ignore_errors=True)
@@ -331,20 +366,25 @@ def _keep_environment(home: Home, config: ExperimentConfig, context: Path, sourc
 
 
 def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared],
-                        admitting: Callable[[int], ContextManager[AdmitNew | None]]
-                        ) -> list[int]:
+                        admitting: Callable[[int], ContextManager[AdmitNew | None]],
+                        claim: idempotency.Claim | None) -> list[int]:
     """The experiments, each with its trial unless a searcher draws its trials (the
     orchestrator does, from its next pass on), in one transaction; the trials that may
-    start at once (`admitting`) are admitted in it too."""
+    start at once (`admitting`) are admitted in it too, and the `claim`'s key recorded
+    (first: a create that lost the race to it stops before inserting anything)."""
     # The admission's lock is held until the transaction has committed (the inner `with`).
     best = min(prepared.config.resources.priority for prepared in made)
     with admitting(best) as admit, store.session_scope() as s:
+        key = None if claim is None else idempotency.record(s, claim)
         inserted = [_insert_experiment(s, owner, prepared) for prepared in made]
         if admit is not None:  # in the queue's order, as the pass would
             trials = [trial for _, trial in inserted if trial is not None]
             for trial in sorted(trials, key=lambda t: (t.priority, t.id)):
                 admit(s, trial)
-        return [experiment_id for experiment_id, _ in inserted]
+        ids = [experiment_id for experiment_id, _ in inserted]
+        if key is not None:
+            key.experiment_ids = ids
+        return ids
 
 
 def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared

@@ -544,4 +544,21 @@ class Checkpoint(Base):
     deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+
+class IdempotencyKey(Base):
+    """A create's `Idempotency-Key` (`muster.services.idempotency`): recorded in the
+    transaction that records the experiments it created, so a second POST with the same key
+    is answered with them instead of creating more. Pruned after `KEEP_S` (24 h)."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("user_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    key: Mapped[str] = mapped_column(String(128))
+    # The sha256 of what was asked (configs, context, git state, secrets' names), hex.
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    experiment_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    created_at: Mapped[float] = mapped_column(Float, default=now, index=True)
+
 coerce_words_on_set(Base)  # a state set as a word reads back as its member at once

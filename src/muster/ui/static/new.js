@@ -1,7 +1,9 @@
 // "New experiment" and "Run again": the config and a context (an archive, a folder packed
-// here as a .tar.gz, or an earlier experiment's snapshot) posted to POST /api/v1/experiments,
-// as `muster experiment create` does. The server validates; its problems are listed here,
-// one per key path.
+// here as a .tar.gz by pack_worker.js, or an earlier experiment's snapshot) posted to
+// POST /api/v1/experiments, as `muster experiment create` does. The server validates; its
+// problems are listed here, one per key path. The page sends one Idempotency-Key per load,
+// and Submit stays disabled until the answer: a double click creates one experiment. The
+// upload shows its progress, and Cancel aborts it while it is under way (nothing is made).
 "use strict";
 
 (function () {
@@ -9,67 +11,45 @@
   if (!form) { return; }
   const status = document.getElementById("submit-status");
   const problems = document.getElementById("config-problems");
+  const submit = form.querySelector("button[type=submit]");
+  const cancel = document.getElementById("cancel-upload");
   const EXCLUDED = new Set([".git", "__pycache__", ".venv", "muster-run", ".mypy_cache"]);
   const MAX_FILES = 10000;
   const MAX_BYTES = 256 * 1024 * 1024;
+  const MiB = 1024 * 1024;
+  // One key for this form: a retry of this submission (after an error, or a click again)
+  // is answered with the experiment already made, never a second one.
+  const key = Array.from(crypto.getRandomValues(new Uint8Array(16)),
+    (byte) => byte.toString(16).padStart(2, "0")).join("");
+  let upload = null;  // the XMLHttpRequest under way, if any
 
-  function octal(value, width) {
-    return value.toString(8).padStart(width - 1, "0") + "\0";
-  }
-
-  function header(name, size, mode, mtime) {
-    const block = new Uint8Array(512);
-    const put = (text, at, width) => {
-      const bytes = new TextEncoder().encode(text);
-      if (bytes.length > width) { throw new Error("a name too long for a tar header: " + text); }
-      block.set(bytes, at);
-    };
-    let prefix = "";
-    let rest = name;
-    if (new TextEncoder().encode(name).length > 100) {
-      const cut = name.lastIndexOf("/", 155);
-      if (cut < 1) { throw new Error("a path too long to pack: " + name); }
-      prefix = name.slice(0, cut);
-      rest = name.slice(cut + 1);
-    }
-    put(rest, 0, 100);
-    put(octal(mode, 8), 100, 8);
-    put(octal(0, 8), 108, 8);
-    put(octal(0, 8), 116, 8);
-    put(octal(size, 12), 124, 12);
-    put(octal(mtime, 12), 136, 12);
-    put("        ", 148, 8);
-    put("0", 156, 1);
-    put("ustar\u000000", 257, 8);
-    put(prefix, 345, 155);
-    let sum = 0;
-    for (const byte of block) { sum += byte; }
-    put(octal(sum, 7) + " ", 148, 8);
-    return block;
-  }
-
-  // The chosen folder as a tar.gz of its contents (the folder's own name dropped), without
-  // what the CLI leaves out too.
-  async function pack(files) {
-    const kept = Array.from(files).filter((file) => {
+  // The chosen folder's files (the folder's own name dropped), without what the CLI
+  // leaves out too, packed as a tar.gz by the worker.
+  function pack(files) {
+    const entries = [];
+    for (const file of files) {
       const parts = file.webkitRelativePath.split("/").slice(1);
-      return parts.length && !parts.some((part) => EXCLUDED.has(part));
-    });
-    if (kept.length > MAX_FILES) { throw new Error("the folder holds more than " + MAX_FILES + " files; keep data sets out of it"); }
-    const total = kept.reduce((sum, file) => sum + file.size, 0);
-    if (total > MAX_BYTES) { throw new Error("the folder holds more than 256 MiB; keep data sets out of it and read them by path"); }
-    const parts = [];
-    for (const file of kept) {
-      const name = file.webkitRelativePath.split("/").slice(1).join("/");
-      const mode = /\.(sh|bash)$/.test(name) ? 0o755 : 0o644;
-      parts.push(header(name, file.size, mode, Math.floor(file.lastModified / 1000)));
-      parts.push(new Uint8Array(await file.arrayBuffer()));
-      const pad = (512 - (file.size % 512)) % 512;
-      if (pad) { parts.push(new Uint8Array(pad)); }
+      if (parts.length && !parts.some((part) => EXCLUDED.has(part))) {
+        entries.push({path: parts.join("/"), file: file});
+      }
     }
-    parts.push(new Uint8Array(1024));
-    const tar = new Blob(parts);
-    return await new Response(tar.stream().pipeThrough(new CompressionStream("gzip"))).blob();
+    if (entries.length > MAX_FILES) { throw new Error("the folder holds more than " + MAX_FILES + " files; keep data sets out of it"); }
+    const total = entries.reduce((sum, entry) => sum + entry.file.size, 0);
+    if (total > MAX_BYTES) { throw new Error("the folder holds more than 256 MiB; keep data sets out of it and read them by path"); }
+    return new Promise((resolve, reject) => {
+      const worker = new Worker("/static/pack_worker.js");
+      worker.onmessage = (event) => {
+        const said = event.data;
+        if (said.packed !== undefined) {
+          status.textContent = "packing the folder: " + said.packed + " of " + said.of + " files…";
+          return;
+        }
+        worker.terminate();
+        if (said.error !== undefined) { reject(new Error(said.error)); } else { resolve(said.archive); }
+      };
+      worker.onerror = (event) => { worker.terminate(); reject(new Error("packing failed: " + event.message)); };
+      worker.postMessage({entries: entries});
+    });
   }
 
   function show(message) {
@@ -83,8 +63,48 @@
     problems.hidden = !lines.length;
   }
 
+  function mib(bytes) {
+    return (bytes / MiB).toFixed(bytes < 10 * MiB ? 2 : 1);
+  }
+
+  // The form posted with its key; resolves to the answer {status, body}, or rejects when
+  // the upload is canceled or the connection fails.
+  function post(body) {
+    return new Promise((resolve, reject) => {
+      const request = new XMLHttpRequest();
+      request.open("POST", "/api/v1/experiments");
+      const headers = {...csrfHeaders(), "Idempotency-Key": key};
+      for (const [name, value] of Object.entries(headers)) { request.setRequestHeader(name, value); }
+      request.responseType = "json";
+      request.upload.onprogress = (event) => {
+        if (event.lengthComputable) {
+          status.textContent = "uploading " + mib(event.loaded) + " of " + mib(event.total) + " MiB…";
+        }
+      };
+      request.upload.onload = () => { cancel.hidden = true; status.textContent = "creating…"; };
+      request.onload = () => resolve({status: request.status, body: request.response || {}});
+      request.onabort = () => reject(new Error("the upload was canceled; nothing was created"));
+      request.onerror = () => reject(new Error("the server could not be reached; submit again (the same submission is never made twice)"));
+      upload = request;
+      cancel.hidden = false;
+      request.send(body);
+    });
+  }
+
+  function finish(message) {
+    upload = null;
+    cancel.hidden = true;
+    submit.disabled = false;
+    status.textContent = "";
+    show(message);
+  }
+
+  cancel.addEventListener("click", () => { if (upload) { upload.abort(); } });
+
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    if (submit.disabled) { return; }
+    submit.disabled = true;
     show("");
     const body = new FormData();
     body.append("config", form.elements.config.value);
@@ -99,15 +119,11 @@
         body.append("context", await pack(form.elements.folder.files), "context.tar.gz");
       }
       status.textContent = "submitting…";
-      const response = await fetch("/api/v1/experiments", {
-        method: "POST", body: body, credentials: "same-origin", headers: csrfHeaders(),
-      });
-      const answer = await response.json();
-      if (!response.ok) { status.textContent = ""; show(answer.message || String(response.status)); return; }
-      location.href = "/experiments/" + answer.id;
+      const answer = await post(body);
+      if (answer.status >= 400) { finish(answer.body.message || String(answer.status)); return; }
+      location.href = "/experiments/" + answer.body.id;
     } catch (error) {
-      status.textContent = "";
-      show(error.message);
+      finish(error.message);
     }
   });
 })();
