@@ -732,6 +732,7 @@ class _FormFields(TypedDict):
 
     data: dict[str, str | list[str]]
     files: dict[str, File] | None
+    headers: dict[str, str]
 
 
 def _batches(texts: list[str]) -> Iterator[list[str]]:
@@ -754,7 +755,6 @@ def pack_context(directory: Path, max_bytes: int = MAX_CONTEXT_BYTES) -> bytes:
     if not directory.is_dir():
         raise errors.InvalidRequest(f"context directory {directory} does not exist")
     buffer = io.BytesIO()
-    headers: dict[str, str]
     members = _Members(directory)
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
         tar.add(directory, arcname=".", filter=members.admit)

@@ -180,7 +180,6 @@ def _known_caller(request: Request, state: ServerState) -> bool:
     return True
 
 
-@router.post("/experiments", status_code=201,
 _IDEMPOTENCY_KEY = Header(
     alias=idempotency.HEADER, pattern=idempotency.KEY_PATTERN,
     description=f"any 1 to {idempotency.MAX_KEY_LENGTH} characters of [A-Za-z0-9._:-] (a "
@@ -191,6 +190,7 @@ _IDEMPOTENCY_KEY = Header(
                 "another request is a 409")
 
 
+@router.post("/experiments", status_code=201,
              response_model=api.one_or_many(api.ExperimentDetail),
              responses=_errors(400, 409, 413, 429),
              openapi_extra={"requestBody": upload_form.REQUEST_BODY})
@@ -213,8 +213,8 @@ async def create_experiment(state: State, request: Request, response: Response,
     with (_UNPACKING.holding(owner.name),
           tempfile.TemporaryDirectory(prefix="muster-upload-") as tmp):
         form = await upload_form.read_upload_form(request, Path(tmp))
-        new = experiments.NewExperiments(form.configs, form.archive, form.secrets,
         claim = None if key is None else idempotency.Claim(owner.user_id, key, form.digest())
+        new = experiments.NewExperiments(form.configs, form.archive, form.secrets,
                                          form.context_from, form.git, claim)
         create = functools.partial(experiments.create_once, state.platform, owner, new)
         if form.archive is None and form.context_from is None:
