@@ -217,12 +217,17 @@ def list_events(
     trial_id: Annotated[int | None, Query(ge=1, le=MAX_INTEGER)] = None,
     user: Annotated[str | None, Query(min_length=1, max_length=64, description=(
         "only what this actor did: a user's name, or system:supervisor, ..."))] = None,
+    kind: Annotated[str | None, Query(min_length=1, max_length=64, description=(
+        "only events of this kind (their `kind`: created, killed, OOM, ...)"))] = None,
     after_id: Annotated[int | None, Query(ge=0, le=MAX_INTEGER)] = None,
+    before_id: Annotated[int | None, Query(ge=1, le=MAX_INTEGER, description=(
+        "with `tail`: the last `tail` events before this one (the page before)"))] = None,
     limit: Annotated[int, Query(ge=1, le=audit.MAX_LIMIT)] = audit.DEFAULT_LIMIT,
     tail: Annotated[int | None, Query(ge=1, le=audit.MAX_LIMIT)] = None,
 ) -> list[shapes.AuditEvent]:
     """The audit trail, oldest first: who did what (`actor`: a user, or `system:...`),
-    of an experiment, a trial or an actor; `limit` events after `after_id`, or the last
-    `tail`."""
+    of an experiment, a trial, an actor or a kind; `limit` events after `after_id`, or the
+    last `tail` (before `before_id`)."""
     return audit.list_events(state.store, experiment_id=experiment_id, trial_id=trial_id,
-                             actor=user, after_id=after_id, limit=limit, tail=tail)
+                             actor=user, kind=kind, after_id=after_id, before_id=before_id,
+                             limit=limit, tail=tail)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import yaml
 from fastapi import APIRouter, Depends, Query, Request
@@ -395,21 +395,56 @@ def _trials_query(
 
 TrialsShown = Annotated[TrialsQuery, Depends(_trials_query)]
 
+EVENT_ROWS = 25  # events a page of an experiment's events shows
+
+
+@dataclass(frozen=True)
+class EventsQuery:
+    """The experiment page's events in its query string (`ev_*`, beside the trials
+    table's): a kind, an actor, and which page (the events before `before`)."""
+
+    kind: str | None = None
+    actor: str | None = None
+    before: int | None = None
+
+    @property
+    def shown(self) -> bool:
+        """True when the query asks for more than the newest page of every event: the
+        events section is then open."""
+        return bool(self.kind or self.actor or self.before)
+
+    def params(self, **changes: Any) -> str:
+        query = replace(self, **changes)
+        return urlencode([(key, value) for key, value in (
+            ("ev_kind", query.kind), ("ev_actor", query.actor), ("ev_before", query.before))
+            if value])
+
+
+def _events_query(
+    ev_kind: Annotated[str | None, Query(max_length=64)] = None,
+    ev_actor: Annotated[str | None, Query(max_length=64)] = None,
+    ev_before: Annotated[int | None, Query(ge=1, le=MAX_INTEGER)] = None,
+) -> EventsQuery:
+    return EventsQuery(ev_kind or None, ev_actor or None, ev_before)
+
+
+EventsShown = Annotated[EventsQuery, Depends(_events_query)]
+
 
 @pages.get("/experiments/{experiment_id}", response_class=HTMLResponse)
 def experiment_page(request: Request, who: Visitor, experiment_id: int,
-                    query: TrialsShown) -> Response:
-    """An experiment (`GET /api/v1/experiments/{id}` without its trials, its `/events`, and
-    a page of `/trials`); its charts are drawn by the page from `/curves`, `/trials` and
-    `/importance`."""
+                    query: TrialsShown, events: EventsShown) -> Response:
+    """An experiment (`GET /api/v1/experiments/{id}` without its trials, a page of its
+    `/events`, and a page of `/trials`); its charts are drawn by the page from `/curves`,
+    `/trials` and `/importance`."""
     if who is None:
         return to_login(request)
     store = server_state(request).store
     exp = experiments.experiment_overview(store, _bounded(experiment_id, "experiment"))
-    events = audit.list_events(store, experiment_id=exp["id"], tail=200)
     return render(request, "experiment.html", who, nav="experiments", exp=exp,
-                   events=events, can_act=_can_act(who, exp["owner"]),
-                   config_yaml=yaml.safe_dump(exp["config"], sort_keys=False),
+                   can_act=_can_act(who, exp["owner"]),
+                   config_defaults=yaml.safe_dump(exp["config"], sort_keys=False),
+                   **_events_context(store, exp["id"], exp["state"], events),
                    hparam_types=_hparam_types(exp["config"].get("hyperparameters") or {}),
                    **_trials_context(store, exp, query))
 
@@ -424,6 +459,49 @@ def experiment_fragment(request: Request, who: Visitor, experiment_id: int,
     exp = experiments.experiment_overview(store, _bounded(experiment_id, "experiment"))
     return render(request, "_experiment_live.html", who, exp=exp,
                    can_act=_can_act(who, exp["owner"]), **_trials_context(store, exp, query))
+
+
+@pages.get("/ui/experiments/{experiment_id}/events", response_class=HTMLResponse)
+def experiment_events_fragment(request: Request, who: Visitor, experiment_id: int,
+                               query: EventsShown) -> Response:
+    """A page of the experiment's events (`GET /api/v1/events?experiment_id=`, by kind
+    and actor), newest first: what its filters and pager fetch, and its page polls while
+    the experiment runs. The page's address follows (`HX-Replace-Url`), so a reload or a
+    shared link shows the same events."""
+    if who is None:
+        return Response(status_code=401)
+    store = server_state(request).store
+    header = experiments.experiment_header(store, _bounded(experiment_id, "experiment"))
+    response = render(request, "_experiment_events.html", who,
+                      **_events_context(store, header["id"], header["state"], query))
+    response.headers["HX-Replace-Url"] = _page_address(
+        request, f"/experiments/{header['id']}", query)
+    return response
+
+
+def _events_context(store: Store, experiment_id: int, state: ExperimentState,
+                    query: EventsQuery) -> TemplateContext:
+    """A page of an experiment's events, newest first, with what its filters offer and
+    where the next (older) page starts, if there is one."""
+    page = audit.list_events(store, experiment_id=experiment_id, kind=query.kind,
+                             actor=query.actor, before_id=query.before, tail=EVENT_ROWS + 1)
+    shown = page[-EVENT_ROWS:][::-1]
+    return {"events": shown, "eq": query, "event_facets": audit.event_facets(store, experiment_id),
+            "events_older": shown[-1]["id"] if len(page) > EVENT_ROWS else None,
+            "events_live": not state.is_terminal() and query.before is None,
+            "events_experiment": experiment_id}
+
+
+def _page_address(request: Request, path: str, query: EventsQuery) -> str:
+    """The page's address with `query`'s `ev_*` words in place of those it had: the
+    browser's current address (htmx's `HX-Current-URL`) when it is `path`, else `path`."""
+    current = urlsplit(request.headers.get("HX-Current-URL", ""))
+    kept = [(key, value) for key, value in parse_qsl(current.query)[:64]
+            if not key.startswith("ev_")] if current.path == path else []
+    words = urlencode(kept)
+    ours = query.params()
+    joined = "&".join(part for part in (words, ours) if part)
+    return f"{path}?{joined}" if joined else path
 
 
 def _trials_context(store: Store, exp: ExperimentOverview, query: TrialsQuery
