@@ -23,6 +23,7 @@ import first_log
 import harness_overhead
 import ingest
 import log_limit
+import log_search
 import manifest_scan
 import pass_sessions
 import queue_throughput
@@ -54,6 +55,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "throughput": throughput.run,
     "log_limit": log_limit.run,
     "tail": tail.run,
+    "log_search": log_search.run,
     "harness_overhead": harness_overhead.run,
     "manifest_scan": manifest_scan.run,
     "pass_sessions": pass_sessions.run,

@@ -21,6 +21,8 @@ from muster.states import (
     EnvironmentState,
     ExperimentState,
     GpuState,
+    LogSearchDirection,
+    LogSearchStop,
     MetricKind,
     MetricSource,
     OomSource,
@@ -493,6 +495,36 @@ class DeleteAccepted(TypedDict):
 class Archived(TypedDict):
     experiment_id: int
     archived: bool
+
+
+class LogMatch(TypedDict):
+    """One match of a log search: where it is in the rank's log (the byte offsets that
+    `GET /trials/{id}/logs?rank=R&offset=N` reads) and its line, decoded for display."""
+
+    offset: int  # the match's first byte in the log
+    end: int  # the byte after its last (= offset for an empty match, as `^` makes)
+    line_offset: int  # where its line starts
+    before: str  # the line before the match, decoded (invalid bytes as U+FFFD)
+    text: str  # what matched, decoded
+    after: str  # the line after the match, without its newline, decoded
+    cut: bool  # the line passes 4 KiB: before, text and after keep what fits around the match
+
+
+class LogSearchResult(TypedDict):
+    """One page of a search of one rank's log (`GET /trials/{id}/logs/search`). Not
+    `complete`: pass `next_from` back as `from`, with the same direction, to go on."""
+
+    attempt: int  # 0: the trial has not started an attempt (nothing to search)
+    rank: int
+    ranks: list[int]  # the attempt's ranks: search each with rank=R
+    direction: LogSearchDirection
+    matches: list[LogMatch]  # nearest first: by offset forward, by falling offset backward
+    complete: bool  # the scan reached the log's end (forward) or start (backward)
+    stopped: LogSearchStop  # end; or limit, time, bytes: go on from next_from
+    next_from: int  # where to go on: forward, matches at or after it; backward, before it
+    scanned_from: int  # the bytes this page looked at: [scanned_from, scanned_to)
+    scanned_to: int
+    size: int  # the log's size when the search began; bytes written later are not searched
 
 
 class Job(TypedDict):

@@ -365,6 +365,28 @@ class Client:
             next_cursor=response.headers.get("X-Muster-Next-Cursor"),
         )
 
+    def search_logs(
+        self, trial_id: int, pattern: str, *, regex: bool = False, ignore_case: bool = False,
+        attempt: int | None = None, rank: int | None = None, start: int | None = None,
+        backward: bool = False, limit: int | None = None, max_bytes: int | None = None,
+    ) -> api.LogSearchResult:
+        """One page of a search of one rank's log (default: the latest attempt's first
+        rank) for `pattern` (text, or with `regex` an RE2 expression), from byte `start`
+        forward (or `backward`). Not `complete`: call again with `start=next_from`.
+
+        Raises:
+            ConfigError: a 422: `regex` and the pattern is not valid RE2 syntax (the
+                message says where), or a parameter is out of range.
+        """
+        params = _params(pattern=pattern, regex="true" if regex else None,
+                         ignore_case="true" if ignore_case else None, attempt=attempt,
+                         rank=rank, limit=limit, max_bytes=max_bytes,
+                         direction="backward" if backward else None)
+        if start is not None:
+            params["from"] = start
+        return self._call("GET", f"/trials/{trial_id}/logs/search", _As["api.LogSearchResult"],
+                          params=params)
+
     def follow_logs(
         self, trial_id: int, *, attempt: int | None = None, rank: int | None = None,
         tail: int | None = None, one_attempt: bool = False,

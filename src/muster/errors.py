@@ -28,6 +28,13 @@ class PayloadTooLarge(InvalidRequest):
     http_status = 413
 
 
+class InvalidPattern(InvalidRequest):
+    """A search pattern that is not a valid expression; the message names the error, its
+    position and the fix."""
+
+    http_status = 422
+
+
 class NotFound(MusterError):
     http_status = 404
 

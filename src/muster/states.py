@@ -340,6 +340,22 @@ class SearchOutcome(StrEnum):
     FAILED = "failed"  # failed, canceled, suspect, or ended without the metric
 
 
+class LogSearchDirection(StrEnum):
+    """Which way a log search scans from its `from` offset (`muster.services.log_search`)."""
+
+    FORWARD = "forward"  # matches at or after it, first one first
+    BACKWARD = "backward"  # matches before it, nearest one first
+
+
+class LogSearchStop(StrEnum):
+    """Why a log search stopped; only END means it is complete."""
+
+    END = "end"  # it reached the end (forward) or the start (backward) of the log
+    LIMIT = "limit"  # it found as many matches as were asked for
+    TIME = "time"  # it ran out of its time (`SEARCH_SECONDS`)
+    BYTES = "bytes"  # it scanned as many bytes as were allowed (`max_bytes`)
+
+
 class Basis(StrEnum):
     """Why a trial stands for its experiment in an experiment diff (`a_basis`, `b_basis`)."""
 

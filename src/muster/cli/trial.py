@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from muster.cli import follow as following
-from muster.cli import render
+from muster.cli import log_grep, render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stopped_following
-from muster.errors import Forbidden, InvalidRequest
+from muster.errors import Forbidden, InvalidRequest, MusterError
 from muster.states import MetricKind, TrialState
 from muster.words import progress_line
 
@@ -23,6 +23,7 @@ app = typer.Typer(help="Describe trials, read their logs and metrics, dump their
                   rich_markup_mode=None, add_completion=False)
 DEFAULT_TAIL = 50
 DONE = {"approve": "approved", "reject": "rejected"}
+GREP_NO_MATCH, GREP_ERROR = 1, 2  # `logs --grep`'s exit statuses, as grep's
 
 
 KindOption = Annotated[MetricKind | None, typer.Option(help="only this kind (default: both)")]
@@ -163,6 +164,19 @@ def logs(
         min=0, help="only this replica's log, as written (default: every rank, merged in "
         "time order, each line prefixed '\\[rank r] '; a single-replica trial's log as is)",
     )] = None,
+    grep: Annotated[str | None, typer.Option(
+        metavar="PATTERN", help="print only the lines that hold PATTERN, searched on the "
+        "server over the whole log (each attempt, each rank); exit 1 when none does")] = None,
+    regex: Annotated[bool, typer.Option(
+        "--regex/--fixed", help="with --grep: PATTERN is an RE2 regular expression "
+        "(default: --fixed, the text as it is)")] = False,
+    ignore_case: Annotated[bool, typer.Option(
+        "--ignore-case", "-i", help="with --grep: upper and lower case match alike")] = False,
+    max_count: Annotated[int | None, typer.Option(
+        "--max-count", "-m", min=1, help="with --grep: stop after N lines")] = None,
+    byte_offset: Annotated[bool, typer.Option(
+        "--byte-offset", "-b", help="with --grep: print each line's byte offset in its "
+        "rank's log before it")] = False,
     home: HomeOption = None, url: UrlOption = None,
 ) -> None:
     r"""Write the trial's log to stdout (decoded as UTF-8 with replacement), nothing else.
@@ -171,7 +185,15 @@ def logs(
     started (on stderr when stdout is not a terminal); --attempt N shows one attempt. Without
     --rank, the ranks of a multi-replica trial are merged in time order, whole lines each
     prefixed '\[rank r] '; --rank R shows one rank's log exactly as it was written.
+
+    --grep PATTERN prints only the matching lines (a line longer than 4 KiB cut around its
+    match), each attempt's and rank's prefixed 'attempt N rank R:' when there are several;
+    exit 0 when a line matched, 1 when none did, 2 on an error, as grep's.
     """
+    if grep is not None:
+        _grep(trial_id, log_grep.GrepRequest(grep, regex, ignore_case, attempt, rank,
+                                             max_count, byte_offset),
+              follow or tail is not None, home, url)
     output = following.Output()
     with client(home, url) as c:
         trial = c.get_trial(trial_id)
@@ -191,6 +213,21 @@ def logs(
         render.err_console.print(f"trial {trial_id}: {render.styled_verdict(trial)} "
                                  "(--require-verified)", soft_wrap=True)
         raise typer.Exit(following.NOT_VERIFIED)
+
+
+def _grep(trial_id: int, request: log_grep.GrepRequest, reads_live: bool,
+          home: str | None, url: str | None) -> NoReturn:
+    """`logs --grep`: print the matching lines; exit as grep does (0, 1, 2 on an error)."""
+    try:
+        if reads_live:
+            raise InvalidRequest("--grep searches the whole log as it is: leave out --follow "
+                                 "and --tail (use --max-count N to print fewer lines)")
+        with client(home, url) as c:
+            printed = log_grep.grep_trial_logs(c, trial_id, request, _write)
+    except MusterError as exc:
+        render.err_console.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(GREP_ERROR) from None
+    raise typer.Exit(0 if printed else GREP_NO_MATCH)
 
 
 def _write(text: str) -> None:

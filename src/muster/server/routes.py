@@ -48,6 +48,7 @@ from muster.services import (
     importance,
     jobs,
     listing,
+    log_search,
     logs,
     metrics,
     retention,
@@ -55,7 +56,7 @@ from muster.services import (
     snapshots,
 )
 from muster.services.access import Action, Principal, authorize
-from muster.states import ExperimentState, MetricKind, TrialState
+from muster.states import ExperimentState, LogSearchDirection, MetricKind, TrialState
 from muster.store import MAX_BIGINT, MAX_INTEGER, MIN_BIGINT
 
 PREFIX = "/api/v1"
@@ -582,6 +583,46 @@ def _log_headers(piece: logs.LogSlice | logs.MergedSlice, rank_named: bool) -> d
     if not rank_named:
         headers["X-Muster-Next-Cursor"] = str(piece.next_cursor)
     return headers
+
+
+@router.get("/trials/{trial_id}/logs/search", response_model=api.LogSearchResult,
+            responses=_errors(400, 404))
+async def search_trial_log(
+    state: State,
+    _: Reader,
+    trial_id: TrialId,
+    pattern: Annotated[str, Query(min_length=1, max_length=log_search.MAX_PATTERN_CHARS,
+                                  description="the text, or with regex=true an RE2 "
+                                  "expression, to find in each line")],
+    regex: bool = False,
+    ignore_case: bool = False,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_INTEGER,
+                                         description="default: the latest")] = None,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_INTEGER,
+                                      description="default: the attempt's first")] = None,
+    start: Annotated[int | None, Query(
+        alias="from", ge=0, le=MAX_OFFSET,
+        description="a byte offset of the log: forward, matches at or after it (default "
+        "0); backward, matches before it (default: the end)")] = None,
+    direction: LogSearchDirection = LogSearchDirection.FORWARD,
+    limit: Annotated[int, Query(ge=1, le=log_search.MAX_MATCHES)] = log_search.DEFAULT_MATCHES,
+    max_bytes: Annotated[int | None, Query(
+        ge=1, le=MAX_OFFSET, description="scan at most about this many bytes (whole lines; "
+        "default: as many as SEARCH_SECONDS allows)")] = None,
+) -> shapes.LogSearchResult:
+    """Search one rank's whole log (secrets masked) for a text or an RE2 expression, line
+    by line, from `from` forward or backward: at most `limit` matches, about
+    `SEARCH_SECONDS` (2 s) of scanning. Matches are byte offsets of the log (`GET
+    .../logs?rank=R&offset=N` reads them) with their line; when not `complete`, pass
+    `next_from` back as `from` to go on. An invalid expression is a 422 that names where."""
+    def search() -> shapes.LogSearchResult:  # compiling a pattern is work too
+        plan = log_search.SearchPlan(
+            log_search.compile_pattern(pattern, regex=regex, ignore_case=ignore_case),
+            start=start, direction=direction, limit=limit, max_bytes=max_bytes)
+        return log_search.search_log(state.store, state.platform.launcher, trial_id, plan,
+                                     attempt=attempt, rank=rank, home=state.home)
+
+    return await asyncio.to_thread(search)
 
 
 def _file_response(media_type: str, description: str) -> Responses:

@@ -233,6 +233,21 @@ def open_raw_log(
     return RawLog(stream, size - drops_of(stream).dropped_within(size), trial_id, number, rank)
 
 
+def attempt_logs(
+    store: Store, launcher: Launcher, trial_id: int, attempt: int | None = None,
+    home: Home | None = None,
+) -> AttemptLogs | None:
+    """Where one attempt's logs are (default: the latest attempt's), read with the trial's
+    secrets masked when `home` is given; None before the trial's first attempt.
+
+    Raises:
+        NotFound: no such trial or attempt.
+    """
+    logs = locate(store, launcher, trial_id, home)
+    number = _pick_attempt(logs, trial_id, attempt)
+    return logs.attempts[number] if number else None
+
+
 def _pick_attempt(
     logs: TrialLogs, trial_id: int, attempt: int | None, *, upcoming: bool = False
 ) -> int:
