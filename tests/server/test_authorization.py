@@ -101,6 +101,7 @@ TABLE: list[tuple[str, str, str, dict[str, Any] | None, frozenset[str]]] = [
     ("trials", "GET", "/experiments/{running}/trials", None, EVERYONE),
     ("trial", "GET", "/trials/{trial}", None, EVERYONE),
     ("logs", "GET", "/trials/{trial}/logs", None, EVERYONE),
+    ("log search", "GET", "/trials/{trial}/logs/search?pattern=x", None, EVERYONE),
     ("metrics", "GET", "/trials/{suspect}/metrics", None, EVERYONE),
     ("checkpoints", "GET", "/trials/{suspect}/checkpoints", None, EVERYONE),
     ("jobs", "GET", "/jobs", None, EVERYONE),

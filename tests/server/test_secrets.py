@@ -80,6 +80,11 @@ def test_a_submitted_secret_reaches_the_job_and_nothing_else(
     run_dir = Path(trial["attempts"][0]["run_dir"])
     on_disk = (run_dir / "rank-0.log").read_text()
     assert len(on_disk) == len(logs) and SECRET in on_disk  # stored byte-exact, shown masked
+    # A search of the log sees what a read sees: the secret masked, never found.
+    with server.client() as client:
+        assert client.search_logs(trial["id"], SECRET)["matches"] == []
+        (shown,) = client.search_logs(trial["id"], "token is")["matches"]
+        assert shown["after"] == " " + "*" * len(SECRET)
     # Not in the API, the CLI's JSON, or the database.
     described = _cli(server, "experiment", "describe", str(exp["id"]), "--json").stdout
     assert SECRET not in described and '"API_TOKEN": "submit"' in described
