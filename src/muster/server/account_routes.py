@@ -8,7 +8,7 @@ import asyncio
 import functools
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi import Path as InPath
 from fastapi.responses import Response
 
@@ -16,7 +16,15 @@ from muster import api as shapes
 from muster.config.units import parse_duration
 from muster.errors import InvalidRequest, Unauthorized
 from muster.server import api
-from muster.server.auth import SESSION_COOKIE, clear_session_cookie, set_session_cookie
+from muster.server.auth import (
+    SESSION_COOKIE,
+    authenticate,
+    clear_session_cookie,
+    set_session_cookie,
+)
+from muster.server.event_feed import StreamScope
+from muster.server.event_feed import stream_events as event_stream
+from muster.server.follows import FollowStream
 from muster.server.routes import COMMON, PREFIX, Reader, State, _errors, allow, authenticated
 from muster.server.state import ServerState
 from muster.services import audit, tokens, users
@@ -231,3 +239,43 @@ def list_events(
     return audit.list_events(state.store, experiment_id=experiment_id, trial_id=trial_id,
                              actor=user, kind=kind, after_id=after_id, before_id=before_id,
                              limit=limit, tail=tail)
+
+
+@router.get("/events/stream", response_class=Response, responses={
+    **_errors(404, 429), 200: {"content": {"text/event-stream": {}}, "description": (
+        "server-sent events: `ready`, then each event as `muster` (its id as the "
+        "message's id), `reset` when too far behind")}})
+async def stream_events(
+    state: State, request: Request, who: Reader,
+    experiment_id: Annotated[int | None, Query(ge=1, le=MAX_INTEGER)] = None,
+    trial_id: Annotated[int | None, Query(ge=1, le=MAX_INTEGER)] = None,
+    after_id: Annotated[int | None, Query(ge=0, le=MAX_INTEGER, description=(
+        "resume after this event (a reconnecting EventSource's Last-Event-ID wins)"))] = None,
+    last_event_id: Annotated[str | None, Header(max_length=20, include_in_schema=False)] = None,
+) -> Response:
+    """The events of an experiment, a trial or (neither) the whole server as they are
+    recorded (`muster.server.event_feed`): what keeps the web UI's pages live. Counts as
+    one of the caller's follows, and ends when its credential stops working."""
+    scope = StreamScope(experiment_id, trial_id)
+    await asyncio.to_thread(audit.list_events, state.store, experiment_id=experiment_id,
+                            trial_id=trial_id, limit=1)  # a 404 now, not in the stream
+    point = _event_id(last_event_id) if last_event_id else after_id
+    ticket = state.follows.take(who.name)
+    return FollowStream(
+        event_stream(state.store, state.feed, scope, point), ticket,
+        recheck_s=state.follows.recheck_s,
+        recheck=functools.partial(authenticate, request, state.store, csrf=False),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _event_id(text: str) -> int:
+    """A `Last-Event-ID` header: an event id.
+
+    Raises:
+        InvalidRequest: it is not one.
+    """
+    if not text.isdigit() or int(text) > MAX_INTEGER:
+        raise InvalidRequest(f"Last-Event-ID must be an event id (a whole number), got "
+                             f"{text!r}; leave it out to start from the newest event")
+    return int(text)

@@ -79,6 +79,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             state.log_watch.close()
+            await state.feed.close()
             await asyncio.to_thread(platform.close)
 
     app = FastAPI(title="muster", version=__version__, lifespan=lifespan,

@@ -22,7 +22,7 @@ import asyncio
 import os
 import threading
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 
 import anyio
 import anyio.to_thread
@@ -102,8 +102,9 @@ class FollowLimit:
         with self._lock:
             if self._open[key] >= self.limit:
                 raise TooManyRequests(
-                    f"{self.limit} log streams already open for {key}, the most one user may "
-                    "hold at once; close one (Ctrl-C a `muster trial logs -f`) and retry",
+                    f"{self.limit} streams (log follows and live pages) already open for "
+                    f"{key}, the most one user may hold at once; close one (a browser tab, "
+                    "or Ctrl-C a `muster trial logs -f`) and retry",
                     retry_after=RETRY_AFTER_SECONDS,
                 )
             self._open[key] += 1
@@ -138,8 +139,10 @@ class FollowStream(StreamingResponse):
     then the response ends there."""
 
     def __init__(self, stream: AsyncGenerator[bytes, None], ticket: FollowTicket,
-                 recheck: Callable[[], object], recheck_s: float) -> None:
-        super().__init__(stream, media_type="application/octet-stream")
+                 recheck: Callable[[], object], recheck_s: float,
+                 media_type: str = "application/octet-stream",
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(stream, media_type=media_type, headers=headers)
         self._stream, self._ticket = stream, ticket
         self._recheck, self._recheck_s = recheck, recheck_s
         self._started = self._finished = self._refused = False

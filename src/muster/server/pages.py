@@ -308,7 +308,7 @@ def experiments_page(request: Request, who: Visitor, query: Listed) -> Response:
     the login form for a visitor without a session."""
     if who is None:
         return _login_form(request, "/")
-    return render(request, "experiments.html", who, nav="experiments",
+    return render(request, "experiments.html", who, nav="experiments", stream="",
                    **_list_context(request, query))
 
 
@@ -442,7 +442,7 @@ def experiment_page(request: Request, who: Visitor, experiment_id: int,
     store = server_state(request).store
     exp = experiments.experiment_overview(store, _bounded(experiment_id, "experiment"))
     return render(request, "experiment.html", who, nav="experiments", exp=exp,
-                   can_act=_can_act(who, exp["owner"]),
+                   stream=f"experiment_id={exp['id']}", can_act=_can_act(who, exp["owner"]),
                    config_defaults=yaml.safe_dump(exp["config"], sort_keys=False),
                    **_events_context(store, exp["id"], exp["state"], events),
                    hparam_types=_hparam_types(exp["config"].get("hyperparameters") or {}),
@@ -550,16 +550,33 @@ def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
     `GET /api/v1/trials/{id}/logs` (tail, then follow)."""
     if who is None:
         return to_login(request)
+    context = _trial_context(request, who, trial_id)
+    return render(request, "trial.html", who, nav="experiments",
+                  stream=f"trial_id={context['trial']['id']}", **context)
+
+
+def _trial_context(request: Request, who: Principal, trial_id: int, snapshot: bool = True
+                   ) -> TemplateContext:
+    """What the trial page shows; its snapshot (files read) only when `snapshot`."""
     state = server_state(request)
     store = state.store
     trial = experiments.describe_trial(store, _bounded(trial_id, "trial"),
-                                       snapshots.TrialParts(state.home))
+                                       snapshots.TrialParts(state.home) if snapshot else None)
     exp = experiments.experiment_header(store, trial["experiment_id"])
     ranks = sorted({r["rank"] for a in trial["attempts"] for r in a["replicas"]})
-    return render(request, "trial.html", who, nav="experiments", trial=trial, exp=exp,
-                   can_act=_can_act(who, exp["owner"]), ranks=ranks,
-                   checkpoints=retention.trial_checkpoints(store, trial["id"]),
-                   at_rest=trial["state"].is_at_rest())
+    return {"trial": trial, "exp": exp, "can_act": _can_act(who, exp["owner"]),
+            "ranks": ranks, "checkpoints": retention.trial_checkpoints(store, trial["id"]),
+            "at_rest": trial["state"].is_at_rest()}
+
+
+@pages.get("/ui/trials/{trial_id}/state", response_class=HTMLResponse)
+def trial_state_fragment(request: Request, who: Visitor, trial_id: int) -> Response:
+    """The trial page's live parts (its state, verdict, verification and review; its
+    attempts and checkpoints out of band), fetched again on each of its events."""
+    if who is None:
+        return Response(status_code=401)
+    return render(request, "_trial_live.html", who,
+                  **_trial_context(request, who, trial_id, snapshot=False))
 
 
 @pages.get("/ui/trials/{trial_id}/progress", response_class=HTMLResponse)
@@ -637,7 +654,7 @@ def cluster_page(request: Request, who: Visitor) -> Response:
     if who is None:
         return to_login(request)
     state = server_state(request)
-    return render(request, "cluster.html", who, nav="cluster",
+    return render(request, "cluster.html", who, nav="cluster", stream="",
                    cluster=cluster.cluster_status(state.platform),
                    jobs=jobs.list_jobs(state.store),
                    envs=environments.list_environments(state.store, state.platform.envs, who,

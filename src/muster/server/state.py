@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from muster.home import Home
+from muster.server.event_feed import EventFeed
 from muster.server.follows import FollowLimit
 from muster.server.log_watch import LogWatch
 from muster.server.login_limit import LoginLimiter
@@ -25,6 +26,10 @@ class ServerState:
     log_watch: LogWatch = field(default_factory=LogWatch)  # wakes them when a log is written
     logins: LoginLimiter = field(default_factory=LoginLimiter)  # failed logins
     dumps: DumpsInFlight = field(default_factory=DumpsInFlight)  # one per trial at a time
+    feed: EventFeed = field(init=False)  # the newest event id, for the event streams
+
+    def __post_init__(self) -> None:
+        self.feed = EventFeed(self.platform.store)
 
     @property
     def store(self) -> Store:

@@ -16,7 +16,7 @@ from muster.errors import NotFound
 from muster.store import Event, Experiment, Store, Trial
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "EventFacets", "event_entry", "event_facets",
-           "list_events"]
+           "last_event_id", "list_events"]
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -53,6 +53,12 @@ def list_events(store: Store, *, experiment_id: int | None = None,
                       f"experiment {experiment_id}")
         _check_exists(s.get(Trial, trial_id) if trial_id else True, f"trial {trial_id}")
         return [event_entry(e) for e in s.scalars(_page(query, limit, tail))]
+
+
+def last_event_id(store: Store) -> int:
+    """The id of the newest event (0: none yet)."""
+    with store.session_scope() as s:
+        return s.scalar(select(func.max(Event.id))) or 0
 
 
 @dataclass(frozen=True)
