@@ -4,6 +4,7 @@ and the trials table sorted, filtered and paged on the server."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -71,17 +72,30 @@ def test_one_curve_per_trial_and_the_best_trial(page_of: Any, team: Team,
 
 def test_the_trials_table_sorts_and_filters_on_the_server(
         page_of: Any, team: Team, finished_search: dict[str, Any]) -> None:
+    """Sorting, filtering and paging fetch the table alone: the page is not reloaded, its
+    charts are not fetched again, and the address carries the table's words beside the
+    events' (a reload shows the same)."""
     page = page_of("vera")
-    page.goto(f"{team.server.url}/experiments/{finished_search['id']}")
+    page.goto(f"{team.server.url}/experiments/{finished_search['id']}?ev_kind=created")
+    expect(page.locator("#curves")).to_have_attribute("data-drawn", "true")
+    page.evaluate("window.__notReloaded = true")
+    fetched: list[str] = []
+    page.on("request", lambda request: fetched.append(request.url))
     page.get_by_role("link", name="best val_loss").click()
     first = page.locator("table.trials tbody tr").first
     expect(first).to_contain_text(f"trial {finished_search['best']['id']}")
-    assert "sort=val_loss" in page.url
+    expect(page).to_have_url(re.compile(r"ev_kind=created&sort=val_loss"))
     page.get_by_role("link", name="lr").click()
     lrs = [t["hparams"]["lr"] for t in finished_search["trials"]]
     expect(page.locator("table.trials tbody tr").first).to_contain_text(f"{min(lrs):.4g}")
     page.get_by_label("FAILED").check()
     page.get_by_role("button", name="Filter").click()
+    expect(page.locator("table.trials tbody")).to_contain_text("No trial in these states.")
+    expect(page).to_have_url(re.compile(r"state=FAILED"))
+    assert page.evaluate("window.__notReloaded === true"), "the page was reloaded"
+    assert not [url for url in fetched if "/curves" in url or "/importance" in url], fetched
+    page.reload()  # the address holds the table's state
+    expect(page.get_by_label("FAILED")).to_be_checked()
     expect(page.locator("table.trials tbody")).to_contain_text("No trial in these states.")
 
 

@@ -15,7 +15,7 @@ import hmac
 import math
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Annotated, Any
@@ -457,8 +457,11 @@ def experiment_fragment(request: Request, who: Visitor, experiment_id: int,
         return Response(status_code=401)
     store = server_state(request).store
     exp = experiments.experiment_overview(store, _bounded(experiment_id, "experiment"))
-    return render(request, "_experiment_live.html", who, exp=exp,
-                   can_act=_can_act(who, exp["owner"]), **_trials_context(store, exp, query))
+    response = render(request, "_experiment_live.html", who, exp=exp,
+                      can_act=_can_act(who, exp["owner"]), **_trials_context(store, exp, query))
+    response.headers["HX-Replace-Url"] = _page_address(
+        request, f"/experiments/{exp['id']}", query.params(), owns=_not_events_word)
+    return response
 
 
 @pages.get("/ui/experiments/{experiment_id}/events", response_class=HTMLResponse)
@@ -475,7 +478,7 @@ def experiment_events_fragment(request: Request, who: Visitor, experiment_id: in
     response = render(request, "_experiment_events.html", who,
                       **_events_context(store, header["id"], header["state"], query))
     response.headers["HX-Replace-Url"] = _page_address(
-        request, f"/experiments/{header['id']}", query)
+        request, f"/experiments/{header['id']}", query.params(), owns=_events_word)
     return response
 
 
@@ -492,16 +495,24 @@ def _events_context(store: Store, experiment_id: int, state: ExperimentState,
             "events_experiment": experiment_id}
 
 
-def _page_address(request: Request, path: str, query: EventsQuery) -> str:
-    """The page's address with `query`'s `ev_*` words in place of those it had: the
-    browser's current address (htmx's `HX-Current-URL`) when it is `path`, else `path`."""
+def _page_address(request: Request, path: str, words: str, owns: Callable[[str], bool]
+                  ) -> str:
+    """The page's address with `words` in place of the query words a fragment `owns`: the
+    others kept from the browser's current address (htmx's `HX-Current-URL`) when it is
+    `path`'s, so the table's sort and the events' filter live side by side in one address."""
     current = urlsplit(request.headers.get("HX-Current-URL", ""))
     kept = [(key, value) for key, value in parse_qsl(current.query)[:64]
-            if not key.startswith("ev_")] if current.path == path else []
-    words = urlencode(kept)
-    ours = query.params()
-    joined = "&".join(part for part in (words, ours) if part)
+            if not owns(key)] if current.path == path else []
+    joined = "&".join(part for part in (urlencode(kept), words) if part)
     return f"{path}?{joined}" if joined else path
+
+
+def _events_word(key: str) -> bool:
+    return key.startswith("ev_")
+
+
+def _not_events_word(key: str) -> bool:
+    return not key.startswith("ev_")
 
 
 def _trials_context(store: Store, exp: ExperimentOverview, query: TrialsQuery
