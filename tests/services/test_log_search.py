@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from muster.errors import InvalidPattern, InvalidRequest, NotFound
 from muster.launch.local import LocalLauncher
@@ -48,7 +51,7 @@ def training_log(lines: int) -> bytes:
 def obvious(data: bytes, pattern: str, flags: int = 0) -> list[int]:
     """The offsets of the matches of `pattern` in each line of `data`, by Python's `re`."""
     compiled, found, at = re.compile(pattern.encode(), flags), [], 0
-    lines = data.split(b"\n")
+    lines = data.split(b"\n") if data else []
     for line in lines[:-1] if data.endswith(b"\n") else lines:  # no line after the last \n
         seen = set()
         for match in compiled.finditer(line):
@@ -242,3 +245,51 @@ def test_the_service_picks_attempt_and_rank_as_the_log_routes_do(
         search_log(store, LAUNCHER, trial_id, plan, attempt=3)
     with pytest.raises(NotFound):
         search_log(store, LAUNCHER, trial_id + 1000, plan)
+
+
+def test_a_line_longer_than_a_chunk_is_searched_in_pieces(tmp_path: Path) -> None:
+    """A 5 MiB line (a progress bar redrawn with \\r for hours) costs what its pieces do:
+    each needle in it is found both ways, as are the lines around it."""
+    mib = 1024**2
+    line = bytearray(b"\r" * (5 * mib))
+    needles = [mib // 2, 5 * mib // 2, 9 * mib // 2]
+    for at in needles:
+        line[at:at + 6] = b"NEEDLE"
+    log = tmp_path / "rank-0.log"
+    log.write_bytes(b"NEEDLE before\n" + bytes(line) + b"\nNEEDLE after\n")
+    expected = [0, *(14 + at for at in needles), 14 + 5 * mib + 1]
+    assert offsets(search(log, "NEEDLE")) == expected
+    assert offsets(search(log, "NEEDLE", direction=BACKWARD)) == expected[::-1]
+    paged, pages = every_page(log, "NEEDLE", FORWARD, max_bytes=1)
+    assert paged == expected and pages >= 5
+
+
+LINES = st.lists(st.sampled_from([b"step 1 loss nan", b"", b"nan nan", b"step 22 ok",
+                                  b"\xffnan\xfe", b"x" * 300 + b" loss nan"]), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lines=LINES, pattern=st.sampled_from([("nan", False), ("^step", True),
+                                             ("nan$", True), ("^$", True)]),
+       limit=st.integers(1, 5), max_bytes=st.integers(1, 400), cut=st.integers(0, 2000))
+def test_any_paging_from_anywhere_gives_the_obvious_matches(
+    lines: list[bytes], pattern: tuple[str, bool], limit: int, max_bytes: int, cut: int
+) -> None:
+    data = b"\n".join(lines) + (b"\n" if lines else b"")
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "rank-0.log"
+        log.write_bytes(data)
+        text, regex = pattern
+        expected = obvious(data, text, re.MULTILINE)
+        start = min(cut, len(data))
+        for direction, wanted in ((FORWARD, [m for m in expected if m >= start]),
+                                  (BACKWARD, [m for m in expected[::-1] if m < start])):
+            found, at = [], start
+            for _ in range(len(data) + 2):
+                page = search(log, text, regex=regex, direction=direction, start=at,
+                              limit=limit, max_bytes=max_bytes)
+                found += offsets(page)
+                if page["complete"]:
+                    break
+                at = page["next_from"]
+            assert page["complete"] and found == wanted, (direction, start)

@@ -354,25 +354,32 @@ def _text(data: bytes) -> str:
 
 
 def _line_start(stream: BinaryIO, offset: int) -> int:
-    """Where the line that holds byte `offset` starts (looking back at most
-    MAX_LINE_BYTES; the bytes after a dropped range start a line)."""
-    floor = max(0, offset - MAX_LINE_BYTES, drops_of(stream).floor(offset))
+    """Where the line that holds byte `offset` starts, when it starts less than
+    MAX_LINE_BYTES before it; else `offset` (a piece of a longer line starts there, so a
+    search that goes on from a piece's end goes on). The bytes after a dropped range start
+    a line."""
+    floor = max(0, offset - MAX_LINE_BYTES + 1)
+    starts = [0] if floor == 0 else []
+    if (after_drop := drops_of(stream).floor(offset)) >= floor:
+        starts.append(after_drop)
     for low, block in blocks_backward(stream, offset):
         newline = block.rfind(b"\n")
-        if newline != -1:
-            return max(floor, low + newline + 1)
+        if newline != -1 and low + newline + 1 >= floor:
+            starts.append(low + newline + 1)
+            break
         if low <= floor:
             break
-    return floor
+    return max(starts, default=offset)
 
 
 def _line_end(stream: BinaryIO, size: int, offset: int) -> int:
-    """Where the line that holds the byte before `offset` ends (0 for offset 0): after its
-    newline, at the log's end, where a dropped range starts, or MAX_LINE_BYTES on."""
+    """Where the line that holds the byte before `offset` ends (0 for offset 0), when it
+    ends less than MAX_LINE_BYTES after it: after its newline, at the log's end, or where a
+    dropped range starts; else `offset` (a piece of a longer line ends there)."""
     if offset == 0:
         return 0
     at = offset - 1
-    limit = min(size, at + MAX_LINE_BYTES)
+    limit = min(size, at + MAX_LINE_BYTES - 1)
     while at < limit:
         want = min(64 * 1024, limit - at)
         data = pread(stream, want, at)
@@ -383,4 +390,4 @@ def _line_end(stream: BinaryIO, size: int, offset: int) -> int:
         at += len(data)
         if len(data) < want:
             return at  # a dropped range starts here
-    return limit
+    return size if limit == size else offset
