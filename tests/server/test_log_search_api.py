@@ -130,6 +130,8 @@ def test_grep_prints_matching_lines_and_exits_as_grep(
     assert bad.returncode == 2 and "missing )" in bad.stderr
     live = cli(server, "trial", "logs", str(trial_id), "--grep", "nan", "--follow")
     assert live.returncode == 2 and "leave out --follow" in live.stderr
+    missing = cli(server, "trial", "logs", "987654", "--grep", "nan")
+    assert missing.returncode == 2 and "987654" in missing.stderr, missing.stderr
 
 
 @pytest.mark.timeout(120)
