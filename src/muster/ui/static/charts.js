@@ -118,8 +118,21 @@
   // -- one plot: uPlot for the axes, scales and zoom; the items drawn by `render` --
   const zooms = new Map();  // a plot's key → its x zoom, kept across the running page's redraws
 
+  // The page's colours now, light or dark (muster.css, static/theme.js): the text's for the
+  // axes, a faint one for the grid, and the best trial's (black on light, white on dark).
+  function ink() {
+    const text = getComputedStyle(document.body).color;
+    const rgb = (text.match(/\d+/g) || ["0", "0", "0"]).slice(0, 3).map(Number);
+    const darkPage = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 128;
+    const faint = "rgba(" + rgb.join(",") + ",0.12)";
+    return {text: text, faint: faint, best: darkPage ? "#f0f6fc" : "#000000"};
+  }
+
   function plot(holder, spec) {
     const zoom = zooms.get(spec.key);  // read first: the new chart's own first scale resets it
+    const colours = ink();
+    STYLE.best.color = DOT.best.fill = colours.best;
+    const axis = {stroke: colours.text, grid: {stroke: colours.faint}, ticks: {stroke: colours.faint}};
     const u = new uPlot({
       mode: 2,
       width: spec.width,
@@ -128,7 +141,7 @@
       cursor: {drag: {x: true, y: false, setScale: true}, points: {show: false}},
       scales: {x: {time: false, distr: spec.log ? 3 : 1, log: 10, range: () => spec.xRange},
                y: {range: () => spec.yRange}},
-      axes: [spec.xAxis, {label: spec.yLabel, size: 56}],
+      axes: [Object.assign({}, axis, spec.xAxis), Object.assign({}, axis, {label: spec.yLabel, size: 56})],
       series: [{}, {paths: () => null, points: {show: false}}],
       hooks: {
         draw: [(self) => render(self, holder, spec)],
@@ -442,7 +455,7 @@
     });
     const swatch = document.createElement("span");
     swatch.className = "swatch";
-    swatch.style.background = t.trial_id === view.best ? "#000000" : colorOf(t.trial_id);
+    swatch.style.background = t.trial_id === view.best ? ink().best : colorOf(t.trial_id);
     label.append(check, swatch, document.createTextNode("#" + t.number + (t.trial_id === view.best ? " (best)" : "")));
     const link = document.createElement("a");
     link.href = "/trials/" + t.trial_id;
@@ -609,6 +622,7 @@
       if (importance) { await drawImportance(importance, experiment); }
     }
     await draw();
+    document.addEventListener("muster:theme", () => { draw(); });  // the new colours
     if (section.dataset.ended !== "true") {
       const timer = setInterval(async () => {
         if (document.hidden) { return; }
@@ -653,6 +667,7 @@
     }
     const failed = (error) => { box.textContent = "Metrics: " + error.message; };
     await draw().catch(failed);
+    document.addEventListener("muster:theme", () => { draw().catch(failed); });
     if (box.dataset.atRest !== "true") {
       setInterval(() => { if (!document.hidden) { draw().catch(failed); } }, REFRESH_MS);
     }
