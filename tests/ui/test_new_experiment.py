@@ -4,6 +4,7 @@ problems listed by key path, and "Run again" with the earlier snapshot."""
 from __future__ import annotations
 
 import re
+import tarfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,30 @@ def test_a_viewer_has_no_new_experiment(page_of: Any, team: Team) -> None:
     page.goto(team.server.url + "/new")
     expect(page.locator("main .banner.error")).to_contain_text(
         "viewer vera cannot submit experiments")
+
+
+def test_a_submit_after_the_session_ended_says_so_and_keeps_the_config(
+    page_of: Any, team: Team, tmp_path: Path
+) -> None:
+    """Not the API's "send Authorization: Bearer": the page says the session ended, links a
+    login beside it, and keeps what was typed."""
+    archive = tmp_path / "project.tar.gz"
+    with tarfile.open(archive, "w:gz") as packed:
+        packed.add(project(tmp_path / "p", "never run"), arcname=".")
+    page = page_of("alice")
+    config = CONFIG.format(name="after-the-session")
+    submit_page(page, team, config)
+    page.get_by_label("Context: a .tar.gz or .zip").set_input_files(archive)
+    with team.client("admin") as admin:
+        before = len(admin.list_experiments())
+        for session in admin.list_sessions(user="alice"):
+            admin.end_session(session["id"])
+    page.get_by_role("button", name="Submit").click()
+    problems = page.locator("#config-problems")
+    expect(problems).to_contain_text("Your session has ended, so nothing was submitted")
+    link = problems.get_by_role("link", name="log in again in a new tab")
+    expect(link).to_have_attribute("target", "_blank")
+    expect(page.get_by_label("Config (YAML)")).to_have_value(config)
+    expect(page.get_by_role("button", name="Submit")).to_be_enabled()
+    with team.client("admin") as admin:
+        assert len(admin.list_experiments()) == before

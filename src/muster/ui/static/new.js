@@ -99,6 +99,22 @@
     show(message);
   }
 
+  // A 401: the session ended (expired, logged out elsewhere). Said in words, with a login that
+  // opens beside this page, so the config typed here is kept for the retry.
+  function sessionEnded() {
+    finish("");
+    const item = document.createElement("li");
+    const link = document.createElement("a");
+    link.href = "/login?next=%2Faccount";
+    link.target = "_blank";
+    link.rel = "noopener";
+    link.textContent = "log in again in a new tab";
+    item.append("Your session has ended, so nothing was submitted: ", link,
+                ", then submit again (what you typed here is kept).");
+    problems.replaceChildren(item);
+    problems.hidden = false;
+  }
+
   cancel.addEventListener("click", () => { if (upload) { upload.abort(); } });
 
   form.addEventListener("submit", async (event) => {
@@ -120,6 +136,7 @@
       }
       status.textContent = "submitting…";
       const answer = await post(body);
+      if (answer.status === 401) { sessionEnded(); return; }
       if (answer.status >= 400) { finish(answer.body.message || String(answer.status)); return; }
       location.href = "/experiments/" + answer.body.id;
     } catch (error) {
