@@ -99,6 +99,7 @@ TABLE: list[tuple[str, str, str, dict[str, Any] | None, frozenset[str]]] = [
     ("list experiments", "GET", "/experiments", None, EVERYONE),
     ("describe", "GET", "/experiments/{running}", None, EVERYONE),
     ("trials", "GET", "/experiments/{running}/trials", None, EVERYONE),
+    ("trials csv", "GET", "/experiments/{running}/trials.csv", None, EVERYONE),
     ("trial", "GET", "/trials/{trial}", None, EVERYONE),
     ("logs", "GET", "/trials/{trial}/logs", None, EVERYONE),
     ("log search", "GET", "/trials/{trial}/logs/search?pattern=x", None, EVERYONE),

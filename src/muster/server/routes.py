@@ -32,7 +32,7 @@ from muster.errors import InvalidRequest, MusterError
 from muster.launch.logs import MAX_OFFSET
 from muster.server import api, prometheus, upload_form
 from muster.server.auth import authenticate, presented_token
-from muster.server.downloads import Download
+from muster.server.downloads import Download, attachment
 from muster.server.follows import MAX_FOLLOWS_PER_TOKEN, FollowStream
 from muster.server.state import ServerState
 from muster.server.unpack_queue import FairQueue
@@ -54,6 +54,7 @@ from muster.services import (
     retention,
     search,
     snapshots,
+    trials_export,
 )
 from muster.services.access import Action, Principal, authorize
 from muster.states import ExperimentState, LogSearchDirection, MetricKind, TrialState
@@ -415,13 +416,7 @@ def get_importance(state: State, _: Reader, experiment_id: ExperimentId) -> shap
     return importance.experiment_importance(state.store, experiment_id)
 
 
-@router.get("/experiments/{experiment_id}/trials", response_model=api.many(api.TrialSummary),
-            responses=_errors(400, 404))
-def list_experiment_trials(
-    state: State,
-    _: Reader,
-    response: Response,
-    experiment_id: ExperimentId,
+def _trial_query(
     sort: Annotated[str | None, Query(
         min_length=1, max_length=200, description="a validation metric: the searcher's best "
         "first, any other smallest first; trials without a value last")] = None,
@@ -433,19 +428,49 @@ def list_experiment_trials(
     trial_state: Annotated[list[TrialState] | None, Query(
         alias="state", max_length=len(TrialState), description="only trials in these "
         "states (repeat it)")] = None,
+    where: Annotated[list[Annotated[str, Query(max_length=300)]] | None, Query(
+        max_length=search.MAX_RANGES, description="only trials inside this range (repeat "
+        "it): hparam:NAME:LOW:HIGH or metric:NAME:LOW:HIGH (its best value), an end may "
+        "be empty")] = None,
     offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
     limit: Annotated[int | None, Query(ge=1, le=search.MAX_TRIAL_PAGE)] = None,
-) -> list[shapes.TrialSummary]:
+) -> search.TrialQuery:
+    return search.TrialQuery(sort=sort, order_by=order_by, descending=order == "desc",
+                             states=frozenset(trial_state or ()), offset=offset, limit=limit,
+                             ranges=tuple(search.ValueRange.parse(w) for w in where or ()))
+
+
+TrialsAsked = Annotated[search.TrialQuery, Depends(_trial_query)]
+
+
+@router.get("/experiments/{experiment_id}/trials", response_model=api.many(api.TrialSummary),
+            responses=_errors(400, 404))
+def list_experiment_trials(state: State, _: Reader, response: Response,
+                           experiment_id: ExperimentId, query: TrialsAsked
+                           ) -> list[shapes.TrialSummary]:
     """The experiment's trials `{id, number, state, hparams, early_stopped, early_stop,
     best_validation, restarts, started_at, ended_at, verified}`, by number, by `sort` or by
-    `order_by`, filtered by `state`, a page of `limit` from `offset` (every one without),
-    with the count of all matches in `X-Total-Count`; 400 for a metric no trial
-    reported."""
-    query = search.TrialQuery(sort=sort, order_by=order_by, descending=order == "desc",
-                              states=frozenset(trial_state or ()), offset=offset, limit=limit)
+    `order_by`, filtered by `state` and `where`, a page of `limit` from `offset` (every one
+    without), with the count of all matches in `X-Total-Count`; 400 for a metric no trial
+    reported or a malformed range."""
     page = search.trial_page(state.store, experiment_id, query)
     response.headers["X-Total-Count"] = str(page.total)
     return page.rows
+
+
+@router.get("/experiments/{experiment_id}/trials.csv", response_class=Response,
+            responses={200: {"description": "the trials table as CSV (RFC 4180)",
+                             "content": {"text/csv": {"schema": {"type": "string"}}}},
+                       **_errors(400, 404)})
+def export_experiment_trials(state: State, _: Reader, experiment_id: ExperimentId,
+                             query: TrialsAsked) -> Response:
+    """Every trial the query matches (as `/trials`; offset and limit ignored) as CSV, a file
+    `experiment-<id>-trials.csv`: number, trial, state, verdict, restarts, started_at,
+    ended_at, then `hparam:NAME` for each hyperparameter and `metric:NAME` for each
+    validation metric (its best value)."""
+    text = trials_export.trials_csv(state.store, experiment_id, query)
+    return Response(text, media_type="text/csv; charset=utf-8", headers={
+        "Content-Disposition": attachment(f"experiment-{experiment_id}-trials.csv")})
 
 
 @router.get("/experiments/{experiment_id}/curves", response_model=api.ExperimentCurves,

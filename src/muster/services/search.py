@@ -7,6 +7,7 @@ is the best of its rank-0 validation reports (NaN and ±inf are no value); see
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +25,8 @@ from muster.states import MetricKind, TrialState, values
 from muster.store import Store, Trial, series
 from muster.store.configs import experiment_searcher
 
-__all__ = ["ORDERS", "TrialPage", "TrialQuery", "best_trial", "list_trials", "sort_goals",
-           "trial_page"]
+__all__ = ["MAX_RANGES", "ORDERS", "TrialPage", "TrialQuery", "ValueRange", "best_trial",
+           "list_trials", "sort_goals", "trial_page"]
 
 
 def best_trial(store: Store, experiment_id: int, part_of: TrialPartOf | None = None
@@ -74,13 +75,79 @@ def list_trials(store: Store, experiment_id: int, sort: str | None = None
     return trial_page(store, experiment_id, TrialQuery(sort=sort)).rows
 
 
+HPARAM_ORDER = "hparam:"
+METRIC_FIELD = "metric:"
+MAX_RANGES = 16  # ranges one query filters by
+
+
+@dataclass(frozen=True)
+class ValueRange:
+    """Trials whose value of `field` lies in [low, high], an end open when None.
+
+    `field` is `hparam:NAME` (a hyperparameter by dotted name; a trial whose value is no
+    number is out) or `metric:NAME` (a validation metric's best value as the table shows it:
+    the searcher's in its direction, any other its smallest; a trial without one is out).
+    In a query string it is one word, `FIELD:LOW:HIGH` (`metric:val_loss::0.5`)."""
+
+    field: str
+    low: float | None = None
+    high: float | None = None
+
+    @classmethod
+    def parse(cls, word: str) -> ValueRange:
+        """The range a `FIELD:LOW:HIGH` word names.
+
+        Raises:
+            InvalidRequest: not that shape, an unknown field kind, or an end no number.
+        """
+        field, _, ends = word.rpartition(":")
+        field, _, low = field.rpartition(":")
+        if not field.startswith((HPARAM_ORDER, METRIC_FIELD)) or field in (
+                HPARAM_ORDER, METRIC_FIELD):
+            raise InvalidRequest(f"a range must look like hparam:NAME:LOW:HIGH or "
+                                 f"metric:NAME:LOW:HIGH (an end may be empty), got {word!r}")
+        return cls(field, _end(low, word), _end(ends, word))
+
+    def word(self) -> str:
+        return f"{self.field}:{_word(self.low)}:{_word(self.high)}"
+
+    @property
+    def metric(self) -> str | None:
+        """The validation metric it bounds, if it bounds one."""
+        return self.field[len(METRIC_FIELD):] if self.field.startswith(METRIC_FIELD) else None
+
+    def holds(self, value: Any) -> bool:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return False
+        return (self.low is None or value >= self.low) and (
+            self.high is None or value <= self.high)
+
+
+def _end(text: str, word: str) -> float | None:
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise InvalidRequest(f"a range's ends must be finite numbers or empty, got {text!r} "
+                             f"in {word!r}")
+    return value
+
+
+def _word(end: float | None) -> str:
+    return "" if end is None else repr(end)
+
+
 @dataclass(frozen=True)
 class TrialQuery:
     """Which of an experiment's trials a table shows, in what order, a page at a time.
 
     `sort` is a validation metric (`list_trials`); `order_by` one of `ORDERS`, or
     `hparam:NAME` for a hyperparameter by its dotted name (numbers before text before none);
-    `descending` flips either (default: a metric's best first, else ascending)."""
+    `descending` flips either (default: a metric's best first, else ascending); `ranges`
+    keeps the trials inside every one of them."""
 
     sort: str | None = None
     order_by: str | None = None
@@ -88,10 +155,10 @@ class TrialQuery:
     states: frozenset[TrialState] = frozenset()
     offset: int = 0
     limit: int | None = None
+    ranges: tuple[ValueRange, ...] = ()
 
 
 ORDERS = ("number", "state", "restarts", "started", "ended")
-HPARAM_ORDER = "hparam:"
 MAX_TRIAL_PAGE = 1000
 
 
@@ -103,22 +170,16 @@ class TrialPage:
 
 def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage:
     """A page of the experiment's trials (`trial_summary` rows, with `early_stop`): those in
-    `query.states` (any when empty), in `query`'s order (ties: number), `limit` from
-    `offset`, and how many match in all.
+    `query.states` (any when empty) and inside its `ranges`, in `query`'s order (ties:
+    number), `limit` from `offset`, and how many match in all.
 
     Raises:
         NotFound: no such experiment.
-        InvalidRequest: both `sort` and `order_by`; an unknown `order_by`; a `sort` metric
-            no trial reported; a `limit` over `MAX_TRIAL_PAGE`.
+        InvalidRequest: both `sort` and `order_by`; an unknown `order_by`; a `sort` or range
+            metric no trial reported; over `MAX_RANGES` ranges; a `limit` over
+            `MAX_TRIAL_PAGE`.
     """
-    if query.sort is not None and query.order_by is not None:
-        raise InvalidRequest("give sort (a validation metric) or order_by, not both")
-    if query.order_by is not None and query.order_by not in ORDERS and not (
-            query.order_by.startswith(HPARAM_ORDER) and len(query.order_by) > len(HPARAM_ORDER)):
-        raise InvalidRequest(f"order_by must be one of {', '.join(ORDERS)} or hparam:NAME "
-                             f"(a hyperparameter's dotted name), got {query.order_by!r}")
-    if query.limit is not None and not 1 <= query.limit <= MAX_TRIAL_PAGE:
-        raise InvalidRequest(f"limit must be 1 to {MAX_TRIAL_PAGE}, got {query.limit}")
+    _check_query(query)
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
         searcher = experiment_searcher(exp)
@@ -128,27 +189,61 @@ def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage
             select_trials = select_trials.where(Trial.state.in_(values(query.states)))
         trials = list(s.scalars(select_trials).all())
         goals = sort_goals(searcher, query.sort)
+        ranged = [r.metric for r in query.ranges if r.metric is not None]
+        goals |= {name: True for name in ranged if name not in goals}
         best = best_validation(s, [t.id for t in trials], goals)
-        if query.sort is not None:
-            metric, sign = query.sort, -1 if query.descending else 1
-            _check_sort_metric(experiment_id, metric, searcher,
-                               series.names(s, [t.id for t in trials], MetricKind.VALIDATION))
-
-            def by_metric(t: Trial) -> tuple[bool, float, int, int]:
-                missing, value = views.metric_order(best.get(t.id, {}).get(metric),
-                                                    goals[metric])
-                return missing, sign * value, t.number, t.id  # no value: last either way
-
-            trials.sort(key=by_metric)
-        elif query.order_by is not None:
-            trials.sort(key=_order_key(query.order_by), reverse=query.descending)
-        elif query.descending:
-            trials.reverse()
+        if query.sort is not None or ranged:
+            reported = series.names(s, [t.id for t in trials], MetricKind.VALIDATION)
+            for metric, use in [(query.sort, "sort"), *((name, "filter") for name in ranged)]:
+                if metric is not None:
+                    _check_sort_metric(experiment_id, metric, searcher, reported, use)
+        trials = [t for t in trials if _in_ranges(t, best.get(t.id, {}), query.ranges)]
+        _order(trials, query, best, goals)
         end = None if query.limit is None else query.offset + query.limit
         shown = trials[query.offset:end]
         measured = progress.of_running(s, shown)  # the page's RUNNING trials alone
         rows = [views.trial_summary(t, best.get(t.id, {}), measured.get(t.id)) for t in shown]
         return TrialPage(rows, len(trials))
+
+
+def _check_query(query: TrialQuery) -> None:
+    if query.sort is not None and query.order_by is not None:
+        raise InvalidRequest("give sort (a validation metric) or order_by, not both")
+    if query.order_by is not None and query.order_by not in ORDERS and not (
+            query.order_by.startswith(HPARAM_ORDER) and len(query.order_by) > len(HPARAM_ORDER)):
+        raise InvalidRequest(f"order_by must be one of {', '.join(ORDERS)} or hparam:NAME "
+                             f"(a hyperparameter's dotted name), got {query.order_by!r}")
+    if query.limit is not None and not 1 <= query.limit <= MAX_TRIAL_PAGE:
+        raise InvalidRequest(f"limit must be 1 to {MAX_TRIAL_PAGE}, got {query.limit}")
+    if len(query.ranges) > MAX_RANGES:
+        raise InvalidRequest(f"filter by at most {MAX_RANGES} ranges, got "
+                             f"{len(query.ranges)}")
+
+
+def _in_ranges(trial: Trial, best: dict[str, float], ranges: tuple[ValueRange, ...]) -> bool:
+    for bound in ranges:
+        value = (best.get(bound.metric) if bound.metric is not None
+                 else _dig(trial.hparams, bound.field[len(HPARAM_ORDER):].split(".")))
+        if not bound.holds(value):
+            return False
+    return True
+
+
+def _order(trials: list[Trial], query: TrialQuery, best: dict[int, dict[str, float]],
+           goals: dict[str, bool]) -> None:
+    """Sorts `trials` in place in `query`'s order."""
+    if query.sort is not None:
+        metric, sign = query.sort, -1 if query.descending else 1
+
+        def by_metric(t: Trial) -> tuple[bool, float, int, int]:
+            missing, value = views.metric_order(best.get(t.id, {}).get(metric), goals[metric])
+            return missing, sign * value, t.number, t.id  # no value: last either way
+
+        trials.sort(key=by_metric)
+    elif query.order_by is not None:
+        trials.sort(key=_order_key(query.order_by), reverse=query.descending)
+    elif query.descending:
+        trials.reverse()
 
 
 def _order_key(order_by: str) -> Callable[[Trial], tuple[Any, ...]]:
@@ -193,10 +288,12 @@ def sort_goals(searcher: SearcherConfig, sort: str | None) -> dict[str, bool]:
 
 
 def _check_sort_metric(
-    experiment_id: int, sort: str, searcher: SearcherConfig, reported: set[str]
+    experiment_id: int, sort: str, searcher: SearcherConfig, reported: set[str],
+    use: str = "sort",
 ) -> None:
     known = set(views.searcher_goals(searcher)) | reported
     if sort not in known:
         shown = ", ".join(sorted(known)) or "none reported yet"
         raise InvalidRequest(f"no trial of experiment {experiment_id} reported a validation "
-                             f"metric {sort!r}; sort by one of its validation metrics: {shown}")
+                             f"metric {sort!r}; {use} by one of its validation metrics: "
+                             f"{shown}")
