@@ -218,6 +218,10 @@ def test_a_bad_pattern_is_refused_naming_where() -> None:
     with pytest.raises(InvalidPattern, match=r"position 1 \('\(\?='\)"):
         compile_pattern("a(?=b)", regex=True, ignore_case=False)
     compile_pattern("(loss", regex=False, ignore_case=False)  # as text it is fine
+    with pytest.raises(InvalidPattern, match="missing \\)"):  # deeper than `re` parses
+        compile_pattern("(" * 499 + ")" * 498, regex=True, ignore_case=False)
+    with pytest.raises(InvalidRequest, match=r"character 3 .* lone surrogate"):
+        compile_pattern("abc\udc80", regex=False, ignore_case=False)
     with pytest.raises(InvalidRequest, match="1 to 1000 characters"):
         compile_pattern("x" * (MAX_PATTERN_CHARS + 1), regex=False, ignore_case=False)
     with pytest.raises(InvalidRequest, match="limit must be between 1 and 1000"):

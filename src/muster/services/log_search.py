@@ -41,7 +41,7 @@ from muster.states import LogSearchDirection, LogSearchStop
 from muster.store import Store
 
 __all__ = ["CHUNK_BYTES", "DEFAULT_MATCHES", "MAX_MATCHES", "MAX_PATTERN_CHARS",
-           "SEARCH_SECONDS", "SHOWN_BYTES", "Pattern", "SearchPlan", "compile_pattern",
+           "SEARCH_SECONDS", "SHOWN_BYTES", "LogScan", "Pattern", "SearchPlan", "compile_pattern",
            "search_log", "search_stream"]
 
 MAX_PATTERN_CHARS = 1000
@@ -72,12 +72,18 @@ def compile_pattern(pattern: str, *, regex: bool, ignore_case: bool) -> Pattern:
     literal text; UTF-8, multi-line (`^`, `$` at each line), never matching a newline.
 
     Raises:
-        InvalidRequest: the pattern is empty or longer than MAX_PATTERN_CHARS.
+        InvalidRequest: the pattern is empty, longer than MAX_PATTERN_CHARS, or not text
+            (a lone surrogate).
         InvalidPattern: `regex` and the pattern is not valid RE2 syntax.
     """
     if not 0 < len(pattern) <= MAX_PATTERN_CHARS:
         raise InvalidRequest(f"a search pattern has 1 to {MAX_PATTERN_CHARS} characters, "
                              f"got {len(pattern)}")
+    try:
+        text = ((_MULTI_LINE if regex else "") + pattern).encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"a search pattern is text: character {exc.start} of "
+                             f"{pattern!r} is not (a lone surrogate)") from None
     options = re2.Options()
     options.never_nl = True
     options.literal = not regex
@@ -85,8 +91,7 @@ def compile_pattern(pattern: str, *, regex: bool, ignore_case: bool) -> Pattern:
     options.log_errors = False
     options.max_mem = _REGEX_MEMORY
     try:
-        return cast(Pattern, re2.compile(((_MULTI_LINE if regex else "") + pattern).encode(),
-                                         options))
+        return cast(Pattern, re2.compile(text, options))
     except re2.error as exc:
         raise InvalidPattern(_pattern_error(pattern, exc)) from exc
 
@@ -116,6 +121,8 @@ def _python_position(pattern: str) -> int | None:
         re.compile(pattern)
     except re.error as exc:
         return exc.pos
+    except RecursionError:  # groups nested deeper than `re`'s parser goes: RE2 says why
+        return None
     return None
 
 
@@ -170,11 +177,11 @@ def _rank(where: AttemptLogs, trial_id: int, rank: int | None) -> int:
 
 
 def _empty(plan: SearchPlan, attempt: int, rank: int, ranks: list[int]) -> api.LogSearchResult:
-    return _Scan(0, 0, 0).result(plan.direction, attempt, rank, ranks)
+    return LogScan(0, 0, 0).result(plan.direction, attempt, rank, ranks)
 
 
 @dataclass
-class _Scan:
+class LogScan:
     """A scan's progress: the bytes looked at so far, what it found, why it stopped."""
 
     size: int
@@ -197,7 +204,7 @@ class _Scan:
 
 
 def search_stream(stream: BinaryIO, plan: SearchPlan,
-                  clock: Callable[[], float] = time.monotonic) -> _Scan:
+                  clock: Callable[[], float] = time.monotonic) -> LogScan:
     """Search a log opened with `open_log`, as `plan` says (the service's pure core: no
     store, no launcher)."""
     size = stream.seek(0, os.SEEK_END)
@@ -210,9 +217,9 @@ def search_stream(stream: BinaryIO, plan: SearchPlan,
 
 
 def _forward(stream: BinaryIO, size: int, start: int, plan: SearchPlan,
-             late: Callable[[], bool]) -> _Scan:
+             late: Callable[[], bool]) -> LogScan:
     pos = _line_start(stream, start)
-    scan = _Scan(size, pos, pos)
+    scan = LogScan(size, pos, pos)
     while pos < size:
         if (stop := _budget_stop(scan, plan, late)) is not None:
             scan.stopped = stop
@@ -235,9 +242,9 @@ def _forward(stream: BinaryIO, size: int, start: int, plan: SearchPlan,
 
 
 def _backward(stream: BinaryIO, size: int, start: int, plan: SearchPlan,
-              late: Callable[[], bool]) -> _Scan:
+              late: Callable[[], bool]) -> LogScan:
     end = _line_end(stream, size, start)
-    scan = _Scan(size, end, end)
+    scan = LogScan(size, end, end)
     window = _FIRST_BACKWARD_BYTES  # grows: the nearest matches are found without
     while end > 0:  # splitting a whole chunk of dense matches
         if (stop := _budget_stop(scan, plan, late)) is not None:
@@ -265,7 +272,7 @@ def _backward(stream: BinaryIO, size: int, start: int, plan: SearchPlan,
     return scan
 
 
-def _budget_stop(scan: _Scan, plan: SearchPlan, late: Callable[[], bool]
+def _budget_stop(scan: LogScan, plan: SearchPlan, late: Callable[[], bool]
                  ) -> LogSearchStop | None:
     """Why the scan stops before its next window, if it does; the first window is always
     searched, so every request makes progress."""
@@ -276,14 +283,14 @@ def _budget_stop(scan: _Scan, plan: SearchPlan, late: Callable[[], bool]
     return LogSearchStop.TIME if late() else None
 
 
-def _room(scan: _Scan, plan: SearchPlan) -> int:
+def _room(scan: LogScan, plan: SearchPlan) -> int:
     """How many more bytes the scan may look at (at least 1: a window holds one line)."""
     if plan.max_bytes is None:
         return CHUNK_BYTES
     return max(1, plan.max_bytes - (scan.high - scan.low))
 
 
-def _take(scan: _Scan, found: list[api.LogMatch], limit: int) -> bool:
+def _take(scan: LogScan, found: list[api.LogMatch], limit: int) -> bool:
     """Add what a window found, up to `limit` in all; whether the limit was reached."""
     scan.matches.extend(found[:limit - len(scan.matches)])
     if len(scan.matches) < limit:
