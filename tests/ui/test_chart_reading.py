@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -228,7 +230,7 @@ def test_drag_zooms_and_reset_or_double_click_undoes_it(page_of: Any, team: Team
         span = whole[1] - whole[0]
         assert math.isclose(low, whole[0] + 0.25 * span, rel_tol=0.02)
         assert math.isclose(high, whole[0] + 0.5 * span, rel_tol=0.02)
-        assert page.url.endswith(f"/experiments/{seeded}")  # a drag is not a click
+        assert urlsplit(page.url).path == f"/experiments/{seeded}"  # a drag is not a click
         if undo == "button":
             page.locator("#curves").get_by_role("button", name="Reset zoom").click()
         else:
@@ -296,3 +298,40 @@ def test_a_trial_page_plots_its_series_with_hover(page_of: Any, team: Team,
         f"step {between['step']} · val_loss")
     page.mouse.move(between["left"], between["top"] - 40)  # off the line: no tip
     expect(page.locator("#metric-charts .chart-tip")).to_be_hidden()
+
+
+def test_the_charts_keep_their_zoom_search_and_selection_in_the_address(
+        page_of: Any, team: Team, seeded: int) -> None:
+    """A reload (or the link, shared) shows the same picture: the zoom, the legend's search
+    and the selected trials are words of the address, beside the table's."""
+    page = opened(page_of, team, seeded)
+    trials = api(team, f"/experiments/{seeded}/trials?state=SUCCEEDED&limit=1000")
+    whole = x_scale(page)
+    page.locator("#curves").scroll_into_view_if_needed()
+    box = page.locator("#curves .u-over").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.25, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.5, y, steps=5)
+    page.mouse.up()
+    page.wait_for_function(
+        "w => document.querySelector('#curves').chart.scales.x.min > w", arg=whole[0])
+    zoomed = x_scale(page)
+    page.get_by_label("Find trials").fill("k=3")
+    chosen = next(t["id"] for t in trials if t["hparams"]["k"] == 3)
+    page.locator(f'ul.legend-list li[data-trial="{chosen}"] input').check()
+    expect(page).to_have_url(re.compile(r"zoom\.curves="))
+    expect(page).to_have_url(re.compile(rf"sel={chosen}"))
+    expect(page).to_have_url(re.compile(r"find=k%3D3"))
+    page.get_by_role("link", name="State").click()  # the table's sort keeps the charts' words
+    expect(page).to_have_url(re.compile(r"order_by=state"))
+    expect(page).to_have_url(re.compile(rf"sel={chosen}"))
+
+    page.reload()
+    expect(page.locator("#curves[data-drawn]")).to_have_attribute("data-curves", str(TRIALS))
+    page.wait_for_function(
+        "w => document.querySelector('#curves').chart.scales.x.min > w", arg=whole[0])
+    assert x_scale(page) == pytest.approx(zoomed)
+    expect(page.get_by_label("Find trials")).to_have_value("k=3")
+    expect(page.locator(f'ul.legend-list li[data-trial="{chosen}"] input')).to_be_checked()
+    assert chosen in highlighted(page, "#curves")

@@ -460,7 +460,7 @@ def experiment_fragment(request: Request, who: Visitor, experiment_id: int,
     response = render(request, "_experiment_live.html", who, exp=exp,
                       can_act=_can_act(who, exp["owner"]), **_trials_context(store, exp, query))
     response.headers["HX-Replace-Url"] = _page_address(
-        request, f"/experiments/{exp['id']}", query.params(), owns=_not_events_word)
+        request, f"/experiments/{exp['id']}", query.params(), owns=_table_word)
     return response
 
 
@@ -511,8 +511,10 @@ def _events_word(key: str) -> bool:
     return key.startswith("ev_")
 
 
-def _not_events_word(key: str) -> bool:
-    return not key.startswith("ev_")
+def _table_word(key: str) -> bool:
+    """A word of the trials table's (sort, filters, page): none of the events' (`ev_*`) or
+    the charts' (`find`, `sel`, `zoom.*`, static/charts.js)."""
+    return not (key.startswith(("ev_", "zoom.")) or key in ("find", "sel"))
 
 
 def _trials_context(store: Store, exp: ExperimentOverview, query: TrialsQuery

@@ -170,6 +170,37 @@
   function remember(u, spec) {
     const min = u.scales.x.min, max = u.scales.x.max;
     if (min === spec.xRange[0] && max === spec.xRange[1]) { zooms.delete(spec.key); } else { zooms.set(spec.key, {min, max}); }
+    saveState();
+  }
+
+  // The charts' state in the page's address, so a reload or a shared link shows the same
+  // picture: the legend's search (`find`), the selected trials (`sel`), each zoomed chart's
+  // x range (`zoom.KEY=min,max`). The address's other words (the table's, the events') stay.
+  const MAX_SELECTED = 200;
+  function saveState() {
+    const params = new URLSearchParams(location.search);
+    for (const key of Array.from(params.keys())) {
+      if (key.startsWith("zoom.") || key === "find" || key === "sel") { params.delete(key); }
+    }
+    if (view.query.length) { params.set("find", view.query.join(" ")); }
+    if (view.selected.size) { params.set("sel", Array.from(view.selected).join(",")); }
+    for (const [key, zoom] of zooms) { params.set("zoom." + key, zoom.min + "," + zoom.max); }
+    const query = params.toString();
+    history.replaceState(history.state, "", location.pathname + (query ? "?" + query : "") + location.hash);
+  }
+
+  function loadState() {
+    const params = new URLSearchParams(location.search);
+    view.query = (params.get("find") || "").toLowerCase().split(/\s+/).filter(Boolean).slice(0, 20);
+    for (const word of (params.get("sel") || "").split(",").slice(0, MAX_SELECTED)) {
+      const id = Number(word);
+      if (Number.isInteger(id) && id > 0) { view.selected.add(id); }
+    }
+    for (const [key, value] of params) {
+      if (!key.startsWith("zoom.")) { continue; }
+      const [min, max] = value.split(",").map(Number);
+      if (Number.isFinite(min) && Number.isFinite(max) && min < max) { zooms.set(key.slice(5), {min, max}); }
+    }
   }
 
   function render(u, holder, spec) {
@@ -419,10 +450,12 @@
     search.type = "search";
     search.placeholder = "#12, trial 345, lr=0.01 …";
     search.setAttribute("aria-label", "Find trials");
+    search.value = view.query.join(" ");  // from the address (`loadState`)
     search.addEventListener("input", () => {
       view.query = search.value.toLowerCase().split(/\s+/).filter(Boolean);
       filterLegend(box);
       redrawAll();
+      saveState();
     });
     const count = document.createElement("span");
     count.className = "legend-count";
@@ -433,6 +466,7 @@
       view.selected.clear();
       for (const check of box.querySelectorAll("input[type=checkbox]")) { check.checked = false; }
       redrawAll();
+      saveState();
     });
     bar.append(search, count, clear);
     const list = document.createElement("ul");
@@ -452,6 +486,7 @@
     check.addEventListener("change", () => {
       if (check.checked) { view.selected.add(t.trial_id); } else { view.selected.delete(t.trial_id); }
       redrawAll();
+      saveState();
     });
     const swatch = document.createElement("span");
     swatch.className = "swatch";
@@ -673,6 +708,7 @@
     }
   }
 
+  loadState();
   const section = document.getElementById("charts");
   if (section && section.dataset.experiment) { experimentCharts(section); }
   const metrics = document.getElementById("metric-charts");
