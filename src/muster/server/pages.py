@@ -354,6 +354,7 @@ class TrialsQuery:
     order: str = "asc"
     state: tuple[str, ...] = ()
     offset: int = 0
+    where: tuple[str, ...] = ()  # search.ValueRange words
 
     def params(self, **changes: Any) -> str:
         query = replace(self, **changes)
@@ -361,7 +362,13 @@ class TrialsQuery:
                                          ("order", query.order if query.order == "desc"
                                           else None), ("offset", query.offset or None)]
         values += [("state", state) for state in query.state]
+        values += [("where", word) for word in query.where]
         return urlencode([(k, v) for k, v in values if v])
+
+    def ranges(self) -> list[tuple[str, str]]:
+        """Each range the table is filtered by, as words to show and the query without it."""
+        return [(_range_label(word), self.params(where=tuple(w for w in self.where if w != word),
+                                                 offset=0)) for word in self.where]
 
     def sorted_by(self, *, sort: str | None = None, order_by: str | None = None) -> str:
         """The query that sorts by this column: ascending first, flipped when it already is
@@ -379,7 +386,22 @@ class TrialsQuery:
         return search.TrialQuery(sort=self.sort, order_by=self.order_by,
                                  descending=self.order == "desc",
                                  states=frozenset(TrialState(s) for s in self.state),
-                                 offset=self.offset, limit=TRIAL_ROWS)
+                                 offset=self.offset, limit=TRIAL_ROWS, ranges=tuple(
+                                     search.ValueRange.parse(w) for w in self.where))
+
+
+def _range_label(word: str) -> str:
+    """A range word as the table's filter shows it: `lr 0.001 to 0.01`, `val_loss ≤ 0.3`."""
+    try:
+        bound = search.ValueRange.parse(word)
+    except InvalidRequest:
+        return word
+    name = bound.field.partition(":")[2]
+    if bound.low is not None and bound.high is not None:
+        return f"{name} {_number(bound.low)} to {_number(bound.high)}"
+    if bound.low is not None:
+        return f"{name} \N{GREATER-THAN OR EQUAL TO} {_number(bound.low)}"
+    return f"{name} \N{LESS-THAN OR EQUAL TO} {_number(bound.high)}"
 
 
 def _trials_query(
@@ -388,9 +410,20 @@ def _trials_query(
     order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
     state: Annotated[list[str] | None, Query(max_length=len(TrialState))] = None,
     offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    where: Annotated[list[Annotated[str, Query(max_length=300)]] | None, Query(
+        max_length=search.MAX_RANGES)] = None,
+    where_on: Annotated[str, Query(max_length=210)] = "",
+    where_min: Annotated[str, Query(max_length=40, pattern="^[^:]*$")] = "",
+    where_max: Annotated[str, Query(max_length=40, pattern="^[^:]*$")] = "",
 ) -> TrialsQuery:
+    """The table's words; the filter form's new range (`where_on`, `where_min`,
+    `where_max`) joins the others as one more `where` word."""
     states = tuple(TrialState(s) for s in (state or []) if s in set(TrialState))
-    return TrialsQuery(sort or None, order_by or None, order, states, offset)
+    words = list(where or [])
+    if where_on and (where_min.strip() or where_max.strip()):
+        words.append(f"{where_on}:{where_min.strip()}:{where_max.strip()}")
+    return TrialsQuery(sort or None, order_by or None, order, states, offset,
+                       tuple(dict.fromkeys(words)))
 
 
 TrialsShown = Annotated[TrialsQuery, Depends(_trials_query)]
