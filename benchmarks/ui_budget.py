@@ -16,7 +16,12 @@ whenever the benchmark lets it. Measured, medians of interleaved repetitions:
 - the trial page of the 1 GB log: from navigation until the log's last line is on it;
   `GET /api/v1/trials/{id}/logs?tail=500` next to `tail -n 500` of the same file;
 - a running trial's new line: from the moment the process wrote it (the time is in the
-  line) until it is on the trial page.
+  line) until it is on the trial page;
+- the 1 GB log's first line: from the scrollbar dragged to the top until the line is shown;
+- a chatty trial (1,000,000 lines at 50,000 a second) followed on its page: every
+  main-thread task of 50 ms or more (the Long Tasks API), the gaps between animation frames
+  (a frame's gap bounds the longest task in it: its p99 is the p99 of the longest task a
+  frame), and from its last line written until it is on the page.
 
 A browser time is taken in the page, in the animation frame after a `MutationObserver`
 saw the element (or text): the frame that paints it. Without /usr/bin/chromium or the
@@ -29,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -60,6 +66,10 @@ INTERACTIVE_TARGET_MS = 1000.0
 HTML_TARGET_KB = 300.0
 TAIL_TARGET_MS = 200.0
 LIVE_TARGET_MS = 500.0
+FIRST_LINE_TARGET_MS = 1000.0  # the first line of the 1 GB log, once scrolled to the top
+FRAME_P99_TARGET_MS = 50.0  # following a chatty trial: the longest task of 99% of frames
+LONG_TASK_MAX_MS = 200.0  # and the longest task of all
+CHATTY_RATE = 50_000  # lines a second
 
 CHROMIUM = Path("/usr/bin/chromium")
 # As tests/ui/conftest.py: Chromium as root, headless, quiet on a closed network.
@@ -107,6 +117,61 @@ for n in range(count):
     time.sleep(0.2 + 0.037 * (n % 3))
     print(f"tick {n} {time.time():.6f}", flush=True)
 """
+
+# The chatty trial: "chatty ready", then once the go file is there `count` lines at `rate` a
+# second (in batches of a hundredth of a second), then "chatty done <unix time>".
+CHATTY = """\
+import pathlib, sys, time
+go, count, rate = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+print("chatty ready", flush=True)
+while not go.exists():
+    time.sleep(0.01)
+started, batch = time.monotonic(), max(1, rate // 100)
+for first in range(0, count, batch):
+    sys.stdout.write("".join(f"chatty line {n:07d} {'y' * 40}\\n"
+                             for n in range(first, min(count, first + batch))))
+    sys.stdout.flush()
+    ahead = (first + batch) / rate - (time.monotonic() - started)
+    if ahead > 0:
+        time.sleep(ahead)
+print(f"chatty done {time.time():.6f}", flush=True)
+"""
+
+# Records, once `recording` is set: every main-thread task of 50 ms or more (the Long Tasks
+# API), the gaps between animation frames, and the wall-clock time of the frame that first
+# shows "chatty done" in #log.
+TASKS_JS = """
+(() => {
+  const seen = window.__uiBudgetTasks = {recording: false, long: [], frames: [], done: null};
+  new PerformanceObserver((list) => {
+    if (seen.recording) { seen.long.push(...list.getEntries().map((e) => e.duration)); }
+  }).observe({type: "longtask"});
+  let last = null;
+  const frame = (now) => {
+    if (last !== null && seen.recording) { seen.frames.push(now - last); }
+    last = now;
+    const log = document.getElementById("log");
+    if (seen.recording && seen.done === null && log && log.textContent.includes("chatty done")) {
+      seen.done = (performance.timeOrigin + now) / 1000;
+    }
+    requestAnimationFrame(frame);
+  };
+  requestAnimationFrame(frame);
+})();
+"""
+
+# ms from the log's scrollbar dragged to the top until its first row holds `text`.
+FIRST_LINE_JS = """async (text) => {
+  const log = document.getElementById("log");
+  const started = performance.now();
+  log.scrollTop = 0;
+  while (performance.now() - started < 30000) {
+    await new Promise((done) => requestAnimationFrame(done));
+    const row = log.querySelector(".log-row[data-offset]");
+    if (row && row.textContent === text) { return performance.now() - started; }
+  }
+  return null;
+}"""
 
 # Records, per name, when `selector` (holding `text`, if given) is first in the page, in ms
 # since navigation: `dom`, the mutation that put it there, and `painted`, the animation
@@ -171,12 +236,13 @@ class Size:
     repetitions: int  # of each HTTP request
     visits: int  # of each page in the browser
     ticks: int  # new log lines timed
+    chatty_lines: int  # printed by the chatty trial while its page follows it
 
 
 FULL = Size(experiments=1000, more_experiments=10_000, trials=1000, points=2000, log_mb=1000,
-            repetitions=15, visits=7, ticks=20)
+            repetitions=15, visits=7, ticks=20, chatty_lines=1_000_000)
 QUICK = Size(experiments=1000, more_experiments=None, trials=200, points=200, log_mb=100,
-             repetitions=5, visits=3, ticks=8)
+             repetitions=5, visits=3, ticks=8, chatty_lines=100_000)
 
 
 # -- seeding the store -------------------------------------------------------------------------
@@ -482,6 +548,59 @@ def live_lines(browser: Any, client: Client, token: str, url: str, root: Path, c
     return [latencies[str(n)] for n in range(count)]
 
 
+def first_lines(browser: Any, token: str, url: str, first: str, last: str, count: int
+                ) -> list[float]:
+    """ms from the scrollbar at the top to the log's first line shown, per visit, each on
+    a page that opened at the log's end (`last` shown)."""
+    times = []
+    for _ in range(count):
+        with _page(browser, token, "") as page:
+            page.goto(url)
+            page.locator("#log").filter(has_text=last).wait_for()
+            took = page.evaluate(FIRST_LINE_JS, first)
+            expect(took is not None, f"the log's first line never showed on {url}")
+            times.append(float(took))
+    return times
+
+
+@dataclass(frozen=True)
+class Followed:
+    """A chatty trial followed on its page, from the go file to its last line shown."""
+
+    lines: int
+    long_tasks_ms: list[float]
+    frames_ms: list[float]
+    catch_up_s: float  # from its last line written to the frame that shows it
+
+
+def follow_chatty(browser: Any, client: Client, token: str, url: str, root: Path, count: int
+                  ) -> Followed:
+    """Follows a trial printing `count` lines at CHATTY_RATE a second on its page."""
+    context = root / "chatty"
+    context.mkdir()
+    (context / "chatty.py").write_text(CHATTY)
+    go = root / "chatty-go"
+    exp = client.create_experiment(f"name: ui-budget-chatty\nentrypoint: python chatty.py "
+                                   f"{go} {count} {CHATTY_RATE}\n", context)
+    trial_id = int(exp["trials"][0]["id"])
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while b"chatty ready" not in client.read_logs(trial_id).data:
+        expect(time.monotonic() < deadline, f"trial {trial_id} printed nothing")
+        time.sleep(0.05)
+    with _page(browser, token, TASKS_JS) as page:
+        page.goto(f"{url}/trials/{trial_id}")
+        page.locator("#log").filter(has_text="chatty ready").wait_for()
+        page.evaluate("window.__uiBudgetTasks.recording = true")
+        go.touch()
+        page.wait_for_function("() => window.__uiBudgetTasks.done !== null",
+                               timeout=WAIT_MS + count // 10)
+        seen = page.evaluate("window.__uiBudgetTasks")
+    written = re.search(rb"chatty done (\d+\.\d+)", client.read_logs(trial_id, tail=1).data)
+    expect(written is not None, f"trial {trial_id} never printed its last line")
+    assert written is not None
+    return Followed(count, seen["long"], seen["frames"], seen["done"] - float(written[1]))
+
+
 # -- the run -----------------------------------------------------------------------------------
 
 @dataclass
@@ -495,6 +614,8 @@ class Measured:
     experiment_page: dict[str, list[Sample]] | None = None  # by arrival
     log_page: dict[str, list[Sample]] | None = None
     live_s: list[float] | None = None
+    first_line_ms: list[float] | None = None
+    chatty: Followed | None = None
 
 
 @dataclass(frozen=True)
@@ -596,6 +717,10 @@ def _in_browser(measured: Measured, client: Client, token: str, url: str, root: 
                                    {"last line": Mark("#log", last_line)}, size.visits,
                                    via=f"{url}/")
         measured.live_s = live_lines(browser, client, token, url, root, size.ticks)
+        measured.first_line_ms = first_lines(
+            browser, token, f"{url}/trials/{seeded.log_trial}",
+            f"{0:08d} {0:05d} {'z' * 84}", last_line, size.visits)
+        measured.chatty = follow_chatty(browser, client, token, url, root, size.chatty_lines)
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -639,7 +764,9 @@ def _outcome(size: Size, m: Measured) -> Outcome:
     data = {"seeding_s": m.seeding_s, "lists_s": {str(k): v for k, v in m.lists.items()},
             "html_bytes": m.html_bytes, "experiment_http_s": m.experiment_http,
             "log_http_s": m.log_http, "experiment_page_ms": m.experiment_page,
-            "log_page_ms": m.log_page, "live_s": m.live_s}
+            "log_page_ms": m.log_page, "live_s": m.live_s,
+            "first_line_ms": m.first_line_ms,
+            "chatty": None if m.chatty is None else m.chatty.__dict__}
     return Outcome("ui_budget", tables, targets, notes, data)
 
 
@@ -667,8 +794,28 @@ def _log_table(size: Size, m: Measured) -> Table:
         rows.append([f"Chromium: a running trial's line, print → on the page "
                      f"(median of {len(m.live_s)} lines; max {ms(max(m.live_s)):.0f})",
                      _ms(m.live_s), ""])
+    if m.first_line_ms is not None:
+        rows.append(["Chromium: the scrollbar to the top → the log's first line",
+                     f"{median(m.first_line_ms):.0f}", ""])
+    if m.chatty is not None:
+        rows += _chatty_rows(m.chatty)
     return Table(f"(u) a trial's log of {size.log_mb:,} MB, and a live one (median ms)",
                  COLUMNS, rows)
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
+
+
+def _chatty_rows(chatty: Followed) -> list[list[str]]:
+    tasks = chatty.long_tasks_ms
+    return [[f"Chromium: following {chatty.lines:,} lines at {CHATTY_RATE:,}/s: frame gap, "
+             f"p99 (max {max(chatty.frames_ms, default=0):.0f})",
+             f"{_percentile(chatty.frames_ms, 0.99):.0f}", ""],
+            [f"  tasks of 50 ms or more (Long Tasks API): {len(tasks)}, the longest",
+             f"{max(tasks, default=0):.0f}", ""],
+            ["  its last line written → on the page", f"{ms(chatty.catch_up_s):.0f}", ""]]
 
 
 def _browser_rows(page: dict[str, list[Sample]] | None) -> list[list[str]]:
@@ -713,7 +860,25 @@ def _page_targets(size: Size, m: Measured) -> list[Target]:
         targets.append(Target(f"(u) a new log line on the trial page ≤ {LIVE_TARGET_MS:.0f} "
                               "ms after the process wrote it", f"{value:.0f} ms",
                               value <= LIVE_TARGET_MS))
+    if m.first_line_ms is not None:
+        value = median(m.first_line_ms)
+        targets.append(Target(f"(u) the first line of a {size.log_mb:,} MB log reached by "
+                              f"scrolling to the top ≤ {FIRST_LINE_TARGET_MS:.0f} ms",
+                              f"{value:.0f} ms", value <= FIRST_LINE_TARGET_MS))
+    if m.chatty is not None:
+        targets += _chatty_targets(m.chatty)
     return targets
+
+
+def _chatty_targets(chatty: Followed) -> list[Target]:
+    p99 = _percentile(chatty.frames_ms, 0.99)
+    longest = max(chatty.long_tasks_ms, default=0.0)
+    return [Target(f"(u) following {chatty.lines:,} lines at {CHATTY_RATE:,}/s: the longest "
+                   f"main-thread task of 99% of frames ≤ {FRAME_P99_TARGET_MS:.0f} ms",
+                   f"{p99:.0f} ms", p99 <= FRAME_P99_TARGET_MS),
+            Target(f"(u) following {chatty.lines:,} lines: no main-thread task over "
+                   f"{LONG_TASK_MAX_MS:.0f} ms (Long Tasks API)", f"{longest:.0f} ms",
+                   longest <= LONG_TASK_MAX_MS)]
 
 
 def main() -> int:

@@ -514,8 +514,13 @@
     if (store.load) {
       const query = params({pattern: wanted.pattern, from: wanted.nextFrom, limit: MATCHES_PAGE});
       if (wanted.regex) { query.set("regex", "true"); }
-      const response = await fetch("/api/v1/trials/" + trial + "/logs/search?" + query.toString(),
-                                   {credentials: "same-origin"});
+      const url = "/api/v1/trials/" + trial + "/logs/search?" + query.toString();
+      let response = await fetch(url, {credentials: "same-origin"});
+      // The server scans a few logs at once; one more waits its turn (429, Retry-After).
+      for (let tries = 0; response.status === 429 && tries < 30 && search === wanted; tries += 1) {
+        await new Promise((done) => setTimeout(done, 1000));
+        response = await fetch(url, {credentials: "same-origin"});
+      }
       const answer = await response.json();
       if (!response.ok) { throw new Error(answer.message || String(response.status)); }
       wanted.matches.push(...answer.matches);
