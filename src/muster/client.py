@@ -377,6 +377,7 @@ class Client:
         Raises:
             ConfigError: a 422: `regex` and the pattern is not valid RE2 syntax (the
                 message says where), or a parameter is out of range.
+            TooManyRequests: the server is running as many searches as it may at once.
         """
         params = _params(pattern=pattern, regex="true" if regex else None,
                          ignore_case="true" if ignore_case else None, attempt=attempt,

@@ -8,6 +8,7 @@ independent, obvious search to hold the chunked one to.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tempfile
@@ -17,13 +18,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from muster.errors import InvalidPattern, InvalidRequest, NotFound
+from muster.errors import InvalidPattern, InvalidRequest, NotFound, TooManyRequests
 from muster.launch.local import LocalLauncher
 from muster.launch.log_limit import LogDrops
 from muster.launch.logs import FileLog, open_log
 from muster.services.log_search import (
     CHUNK_BYTES,
     MAX_PATTERN_CHARS,
+    MAX_SCANS,
+    SCANS,
     SHOWN_BYTES,
     SearchPlan,
     compile_pattern,
@@ -297,3 +300,23 @@ def test_any_paging_from_anywhere_gives_the_obvious_matches(
                     break
                 at = page["next_from"]
             assert page["complete"] and found == wanted, (direction, start)
+
+
+def test_searches_past_the_most_at_once_are_refused_until_one_ends(
+    store: Store, tmp_path: Path
+) -> None:
+    trial_id = add_trial_with_ranks(store, [tmp_path / "a1"], 1)
+    RankFiles(tmp_path / "a1", 0).append((1.0, b"loss nan\n"))
+    plan = SearchPlan(compile_pattern("nan", regex=False, ignore_case=False))
+    with contextlib.ExitStack() as scanning:
+        for _ in range(MAX_SCANS):
+            scanning.enter_context(SCANS.held())
+        with pytest.raises(TooManyRequests, match="4 log searches are already scanning"
+                           ) as refused:
+            search_log(store, LAUNCHER, trial_id, plan)
+        assert refused.value.retry_after == 1
+    assert len(search_log(store, LAUNCHER, trial_id, plan)["matches"]) == 1
+    with pytest.raises(NotFound):  # a refused search gave its slot back
+        search_log(store, LAUNCHER, trial_id, plan, rank=7)
+    for _ in range(MAX_SCANS):
+        assert search_log(store, LAUNCHER, trial_id, plan)["complete"]

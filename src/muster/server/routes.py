@@ -611,7 +611,7 @@ def _log_headers(piece: logs.LogSlice | logs.MergedSlice, rank_named: bool) -> d
 
 
 @router.get("/trials/{trial_id}/logs/search", response_model=api.LogSearchResult,
-            responses=_errors(400, 404))
+            responses=_errors(400, 404, 429))
 async def search_trial_log(
     state: State,
     _: Reader,
@@ -639,7 +639,8 @@ async def search_trial_log(
     by line, from `from` forward or backward: at most `limit` matches, about
     `SEARCH_SECONDS` (2 s) of scanning. Matches are byte offsets of the log (`GET
     .../logs?rank=R&offset=N` reads them) with their line; when not `complete`, pass
-    `next_from` back as `from` to go on. An invalid expression is a 422 that names where."""
+    `next_from` back as `from` to go on. An invalid expression is a 422 that names where;
+    past `MAX_SCANS` (4) searches scanning at once, a 429 (Retry-After)."""
     def search() -> shapes.LogSearchResult:  # compiling a pattern is work too
         plan = log_search.SearchPlan(
             log_search.compile_pattern(pattern, regex=regex, ignore_case=ignore_case),

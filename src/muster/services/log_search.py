@@ -20,9 +20,11 @@ offsets of its own, so the answer lists the attempt's `ranks` to search each.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from typing import BinaryIO, Protocol, cast
 import re2
 
 from muster import api
-from muster.errors import InvalidPattern, InvalidRequest, NotFound
+from muster.errors import InvalidPattern, InvalidRequest, NotFound, TooManyRequests
 from muster.home import Home
 from muster.launch.base import Launcher
 from muster.launch.log_lines import MAX_LINE_BYTES
@@ -40,14 +42,16 @@ from muster.services.logs import AttemptLogs, attempt_logs
 from muster.states import LogSearchDirection, LogSearchStop
 from muster.store import Store
 
-__all__ = ["CHUNK_BYTES", "DEFAULT_MATCHES", "MAX_MATCHES", "MAX_PATTERN_CHARS",
-           "SEARCH_SECONDS", "SHOWN_BYTES", "LogScan", "Pattern", "SearchPlan", "compile_pattern",
-           "search_log", "search_stream"]
+__all__ = ["CHUNK_BYTES", "DEFAULT_MATCHES", "MAX_MATCHES", "MAX_PATTERN_CHARS", "MAX_SCANS",
+           "SCANS", "SEARCH_SECONDS", "SHOWN_BYTES", "LogScan", "Pattern", "ScanSlots",
+           "SearchPlan", "compile_pattern", "search_log", "search_stream"]
 
 MAX_PATTERN_CHARS = 1000
 MAX_MATCHES = 1000
 DEFAULT_MATCHES = 100
 SEARCH_SECONDS = 2.0  # of scanning per request; the answer says where to go on
+MAX_SCANS = 4  # searches scanning at once, server-wide (`ScanSlots`)
+RETRY_AFTER_S = 1
 CHUNK_BYTES = 4 * 1024**2  # read and searched at once (at least MAX_LINE_BYTES)
 SHOWN_BYTES = 4096  # of a match's line in the answer, around the match
 _FIRST_BACKWARD_BYTES = 64 * 1024
@@ -145,6 +149,35 @@ class SearchPlan:
             raise InvalidRequest(f"max_bytes must be at least 1, got {self.max_bytes}")
 
 
+class ScanSlots:
+    """How many searches may scan at once: each holds a worker thread (of the pool every
+    blocking route shares) for up to SEARCH_SECONDS, so a flood of them is refused, not
+    queued."""
+
+    def __init__(self, most: int = MAX_SCANS) -> None:
+        self.most = most
+        self._free = threading.BoundedSemaphore(most)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """One slot while the block runs.
+
+        Raises:
+            TooManyRequests: every slot is held.
+        """
+        if not self._free.acquire(blocking=False):
+            raise TooManyRequests(f"{self.most} log searches are already scanning on this "
+                                  f"server, the most at once; retry after {RETRY_AFTER_S} s",
+                                  retry_after=RETRY_AFTER_S)
+        try:
+            yield
+        finally:
+            self._free.release()
+
+
+SCANS = ScanSlots()
+
+
 def search_log(
     store: Store, launcher: Launcher, trial_id: int, plan: SearchPlan, *,
     attempt: int | None = None, rank: int | None = None, home: Home | None = None,
@@ -154,16 +187,18 @@ def search_log(
 
     Raises:
         NotFound: no such trial, attempt or rank.
+        TooManyRequests: MAX_SCANS searches are scanning already (`SCANS`).
     """
     where = attempt_logs(store, launcher, trial_id, attempt, home)
     if where is None:
         return _empty(plan, 0, rank or 0, [])
     one = _rank(where, trial_id, rank)
-    stream = open_log(where.source(one))
-    if stream is None:
-        return _empty(plan, where.number, one, list(where.ranks))
-    with stream:
-        scan = search_stream(stream, plan)
+    with SCANS.held():
+        stream = open_log(where.source(one))
+        if stream is None:
+            return _empty(plan, where.number, one, list(where.ranks))
+        with stream:
+            scan = search_stream(stream, plan)
     return scan.result(plan.direction, where.number, one, list(where.ranks))
 
 
