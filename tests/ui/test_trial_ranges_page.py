@@ -31,7 +31,7 @@ def searched(team: Team) -> dict[str, Any]:
 
 
 def _numbers(page: Any) -> list[str]:
-    cells = page.locator("table.trials tbody tr td.num:first-of-type")
+    cells = page.locator("table.trials tbody tr td:nth-child(2)")
     return [text.strip() for text in cells.all_inner_texts()]
 
 

@@ -34,6 +34,7 @@ from muster.launch.local import LocalLauncher
 from muster.server import account_routes
 from muster.server.account_pages import account_pages
 from muster.server.body_limit import BodyLimit
+from muster.server.compare_pages import compare_pages
 from muster.server.orchestrator import TICK_SECONDS, Orchestrator
 from muster.server.pages import error_page, pages
 from muster.server.platform import open_platform
@@ -100,6 +101,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(scrape)
     app.include_router(pages)
     app.include_router(account_pages)
+    app.include_router(compare_pages)
     app.mount("/static", StaticFiles(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app

@@ -545,9 +545,10 @@ def _events_word(key: str) -> bool:
 
 
 def _table_word(key: str) -> bool:
-    """A word of the trials table's (sort, filters, page): none of the events' (`ev_*`) or
-    the charts' (`find`, `sel`, `zoom.*`, static/charts.js)."""
-    return not (key.startswith(("ev_", "zoom.")) or key in ("find", "sel"))
+    """A word of the trials table's (sort, filters, page): none of the events' (`ev_*`),
+    the charts' (`find`, `sel`, `zoom.*`, static/charts.js) or the trials picked to compare
+    (`compare`, static/compare.js)."""
+    return not (key.startswith(("ev_", "zoom.")) or key in ("find", "sel", "compare"))
 
 
 def _trials_context(store: Store, exp: ExperimentOverview, query: TrialsQuery
