@@ -13,7 +13,10 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from muster.config import load_config
+from muster.store import Trial
 from tests.server.experiments import only_trial
+from tests.server.rank_logs import RankFiles, add_trial_with_ranks
 from tests.ui.conftest import Team
 
 pytestmark = pytest.mark.lifecycle  # a real server, real trials, a real browser
@@ -50,6 +53,9 @@ WALK_JS = """async () => {
   }
   return seen;
 }"""
+
+
+TWO_RANKS = "name: two-ranks\nentrypoint: python train.py\nresources: {replicas: 2}\n"
 
 
 def numbered(i: int) -> str:
@@ -168,3 +174,62 @@ def test_a_followed_log_loses_and_doubles_no_line(page_of: Any, team: Team,
     seen = dict(page.evaluate(WALK_JS))
     texts = [seen[offset] for offset in sorted(seen)]
     assert texts == ["ready"] + [numbered(i) for i in range(count)]
+
+
+def test_a_restart_is_followed_under_a_marker_line(page_of: Any, team: Team,
+                                                   tmp_path: Path) -> None:
+    """Attempt 1 crashes (SIGSEGV: a transient failure, restarted) while the page follows
+    it; the page goes on to attempt 2 under a line that says why attempt 1 ended."""
+    context = tmp_path / "crash"
+    context.mkdir()
+    gate = tmp_path / "crash-now"
+    (context / "crash.py").write_text(
+        "import os, signal, time\nattempt = os.environ['MUSTER_ATTEMPT']\n"
+        "print(f'attempt {attempt} starts', flush=True)\n"
+        f"while attempt == '1' and not os.path.exists({str(gate)!r}):\n    time.sleep(0.05)\n"
+        "if attempt == '1':\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "print(f'attempt {attempt} done', flush=True)\n")
+    with team.client("alice") as alice:
+        exp = alice.create_experiment("name: crash-once\nentrypoint: python crash.py\n",
+                                      context)
+    page = page_of("vera")
+    page.goto(f"{team.server.url}/trials/{only_trial(exp)['id']}")
+    log = page.locator("#log")
+    expect(log).to_contain_text("attempt 1 starts")
+    gate.touch()
+    expect(log.locator(".log-row.marker")).to_contain_text(
+        "── attempt 2 (after attempt 1 ended", timeout=60_000)
+    expect(log).to_contain_text("attempt 2 done")
+    expect(page.get_by_label("Attempt")).to_have_value("2")
+    page.get_by_label("Attempt").select_option("1")  # the first attempt is one select away
+    expect(log).to_contain_text("attempt 1 starts")
+    expect(log).not_to_contain_text("attempt 2")
+
+
+def test_two_ranks_merged_and_each_alone(page_of: Any, team: Team, tmp_path: Path) -> None:
+    """Every rank merged (no byte offsets: its tail, searched where it is held), and one
+    rank picked: its own bytes, scrolled to its first line."""
+    run_dir = tmp_path / "attempt-1"
+    with team.server.store() as store:
+        trial_id = add_trial_with_ranks(store, [run_dir], 2)
+        with store.session_scope() as s:  # a config the page can show
+            s.get_one(Trial, trial_id).experiment.config = load_config(TWO_RANKS).to_json_dict()
+    for rank in (0, 1):
+        RankFiles(run_dir, rank).append(*((1000.0 + i + rank / 2,
+                                           f"rank{rank} step {i:05d}\n".encode())
+                                          for i in range(3000)))
+    page = page_of("vera")
+    page.goto(f"{team.server.url}/trials/{trial_id}")
+    log = page.locator("#log")
+    expect(log.locator(".log-row").last).to_have_text("[rank 1] rank1 step 02999")
+    page.get_by_label("Find").fill("step 02900")
+    expect(page.locator("#log-found")).to_have_text("match 1 of 2")
+    expect(log.locator("mark")).to_have_text("step 02900")
+    page.get_by_role("button", name="next").click()
+    expect(page.locator("#log-found")).to_have_text("match 2 of 2")
+    expect(log.locator("mark")).to_have_count(1)
+    page.get_by_label("Rank").select_option("1")
+    expect(log.locator(".log-row").last).to_have_text("rank1 step 02999")
+    expect(page.locator("#log-download")).to_have_text("download rank 1 (raw)")
+    page.evaluate("document.getElementById('log').scrollTop = 0")
+    expect(log.locator(".log-row").first).to_have_text("rank1 step 00000")

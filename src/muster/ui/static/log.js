@@ -536,8 +536,11 @@
     const text = oneByteEach.decode(bytes);
     const needle = oneByteEach.decode(new TextEncoder().encode(wanted.pattern));
     const expression = wanted.regex ? new RegExp(needle, "gm") : null;
-    let at = 0;
-    while (wanted.matches.length < MATCHES_PAGE * 10) {
+    let at = Math.max(0, wanted.nextFrom - store.first);
+    const stop = wanted.matches.length + MATCHES_PAGE;
+    wanted.complete = true;
+    while (at <= text.length) {
+      if (wanted.matches.length >= stop) { wanted.complete = false; break; }
       let start, end;
       if (expression) {
         expression.lastIndex = at;
@@ -550,11 +553,11 @@
         if (start === -1) { break; }
         end = start + needle.length;
       }
-      const lineStart = text.lastIndexOf("\n", start - 1) + 1;
+      const lineStart = start ? text.lastIndexOf("\n", start - 1) + 1 : 0;
       wanted.matches.push({offset: store.first + start, end: store.first + end, line_offset: store.first + lineStart});
       at = end > start ? end : start + 1;
     }
-    wanted.complete = true;
+    wanted.nextFrom = store.first + at;
   }
 
   function showMatch() {
