@@ -72,3 +72,32 @@ def test_ids_are_read_in_order_once(text: str, ids: list[int]) -> None:
 def test_bad_ids_say_how_to_ask(text: str, problem: str) -> None:
     with pytest.raises(InvalidRequest, match=problem):
         comparison.parse_ids(text, "trials")
+
+
+def test_experiments_side_by_side_through_the_trials_that_stand_for_them(
+        shared_store: Store) -> None:
+    with shared_store.session_scope() as s:
+        first = add_experiment(s, search_config())
+        second = add_experiment(s, search_config(metric="val_acc", smaller_is_better=False,
+                                                 max_trials=3), max_trials=3)
+        empty = add_experiment(s, search_config())
+        add_trial(s, first, 0, validation=losses(0.3))
+        best = add_trial(s, first, 1, validation=losses(0.2))
+        add_trial(s, second, 0, validation=[{"val_acc": 0.1}])
+        latest = add_trial(s, second, 1, "RUNNING", validation=[{"val_acc": 0.9}])
+        ids = [first.id, second.id, empty.id]
+    found = comparison.compare_experiments(shared_store, ids)
+    assert [(e.id, e.metric, e.trials, e.stand_in, e.basis) for e in found.experiments] == [
+        (ids[0], "val_loss", 2, best.id, "best"),
+        (ids[1], "val_acc", 2, found.experiments[1].stand_in, "best"),
+        (ids[2], "val_loss", 0, None, None)]
+    assert found.experiments[1].stand_in != latest.id  # RUNNING: not a best
+    assert found.experiments[0].config_diff == []
+    diff = found.experiments[1].config_diff
+    assert diff[:2] == [f"--- experiment {ids[0]}", f"+++ experiment {ids[1]}"]
+    assert "-  metric: val_loss" in diff and "+  metric: val_acc" in diff
+    assert "+  max_trials: 3" in diff
+    assert found.trials is not None
+    assert [t.id for t in found.trials.trials] == [best.id, found.experiments[1].stand_in]
+    with pytest.raises(NotFound, match="experiment 999999 does not exist"):
+        comparison.compare_experiments(shared_store, [ids[0], 999_999])

@@ -75,6 +75,8 @@ def test_picked_trials_stay_in_the_address_and_open_the_compare_page(
     ("trials=1;2", 400, "ids separated by commas"),
     ("trials=", 400, "compare 1 to 20 trials, got 0"),
     ("trials=999999", 404, "no trial 999999"),
+    ("trials=1&experiments=1", 400, "not both at once"),
+    ("experiments=999999", 404, "experiment 999999 does not exist"),
 ])
 def test_a_bad_compare_address_is_a_page_that_says_why(
         page_of: Any, team: Team, query: str, status: int, says: str) -> None:
@@ -82,3 +84,28 @@ def test_a_bad_compare_address_is_a_page_that_says_why(
     answer = page.goto(f"{team.server.url}/compare?{query}")
     assert answer is not None and answer.status == status
     expect(page.locator("main")).to_contain_text(says)
+
+
+def test_two_experiments_compare_by_config_best_trial_and_curve(
+        page_of: Any, team: Team, searched: dict[str, Any]) -> None:
+    with team.server.store() as store, store.session_scope() as s:
+        other = add_experiment(s, search_config(max_trials=2), state="COMPLETED", max_trials=2)
+        best = add_trial(s, other, 0, validation=losses(0.9, 0.05))
+        other_id, other_best = other.id, best.id
+    page = page_of("vera")
+    page.goto(f"{team.server.url}/experiments/{searched['id']}")
+    page.get_by_label("experiments to compare").fill(f"{searched['id']},{other_id}")
+    page.get_by_role("button", name="Compare", exact=True).click()
+    page.wait_for_url(re.compile(r"/compare\?experiments="))
+    stand_ins = page.locator('#compare-experiments tr[data-row="stand-in"] td')
+    expect(stand_ins).to_have_text([f"trial {searched['trials'][0]}, its best",
+                                    f"trial {other_best}, its best"])
+    diff = page.locator(f'#config-diffs [data-diff="{other_id}"]')
+    expect(diff).to_contain_text("-  max_trials: 4")
+    expect(diff).to_contain_text("+  max_trials: 2")
+    expect(page.locator('tr[data-row="best val_loss"] td')).to_have_text(["0.1", "0.05"])
+    curves = page.locator("#compare-curves[data-drawn]")
+    expect(curves).to_have_attribute("data-drawn", "validation:val_loss")
+    expect(curves).to_have_attribute("data-curves", "2")
+    expect(page.locator("#compare-note")).to_have_text(
+        "2 of 2 trials reported validation val_loss.")

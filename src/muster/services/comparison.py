@@ -1,28 +1,37 @@
-"""Trials side by side: what the compare page shows of a few trials, from any experiments.
+"""Trials, or experiments, side by side: what the compare page shows.
 
-Each trial's hyperparameters by dotted name, the best value of its experiment's searcher
-metric, and the last value of every metric its rank 0 reported (both kinds), as rows with a
-cell per trial and whether the cells differ. The curves themselves are read by the page
-from the public API (`GET /trials/{id}/series`).
+Trials (from any experiments): each one's hyperparameters by dotted name, the best value of
+its experiment's searcher metric, and the last value of every metric its rank 0 reported
+(both kinds), as rows with a cell per trial and whether the cells differ. The curves
+themselves are read by the page from the public API (`GET /trials/{id}/series`).
+
+Experiments: each one's search (its metric, how far it came) and the trial that stands for
+it (`snapshots.stand_in`: its best by the searcher's metric, else its latest), its config's
+differences from the first experiment's (a unified diff of the configs with every default
+filled in), and those trials compared as above.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from sqlalchemy import select
 
 from muster.errors import InvalidRequest, NotFound
 from muster.services import curves, views
+from muster.services.experiments import experiment_or_404
+from muster.services.snapshots import stand_in
 from muster.services.trials_export import flat_hparams
-from muster.services.validation import best_validation_each
-from muster.states import TrialState
+from muster.services.validation import best_validation, best_validation_each
+from muster.states import Basis, ExperimentState, TrialState
 from muster.store import Store, Trial
 from muster.store.configs import experiment_searcher
 
-__all__ = ["MAX_COMPARED", "ComparedTrial", "Row", "TrialComparison", "compare_trials",
-           "parse_ids"]
+__all__ = ["MAX_COMPARED", "ComparedExperiment", "ComparedTrial", "ExperimentComparison", "Row",
+           "TrialComparison", "compare_experiments", "compare_trials", "parse_ids"]
 
 MAX_COMPARED = 20  # trials (or experiments) one comparison shows
 
@@ -108,3 +117,56 @@ def compare_trials(store: Store, trial_ids: list[int]) -> TrialComparison:
     names = dict.fromkeys(name for hp in flat for name in hp)
     return TrialComparison(compared, [Row(n, tuple(hp.get(n) for hp in flat)) for n in names],
                            rows, series)
+
+
+@dataclass(frozen=True)
+class ComparedExperiment:
+    id: int
+    name: str
+    state: ExperimentState
+    metric: str | None
+    smaller_is_better: bool
+    trials: int  # made so far
+    max_trials: int
+    stand_in: int | None  # the trial that stands for it; None before its first
+    basis: Basis | None
+    config_diff: list[str]  # its config against the first experiment's; [] for the first
+
+
+@dataclass(frozen=True)
+class ExperimentComparison:
+    experiments: list[ComparedExperiment]
+    trials: TrialComparison | None  # the stand-in trials; None when none has a trial
+
+
+def compare_experiments(store: Store, experiment_ids: list[int]) -> ExperimentComparison:
+    """The experiments (at most `MAX_COMPARED`) side by side, in the order given.
+
+    Raises:
+        NotFound: an experiment that does not exist.
+        InvalidRequest: more than `MAX_COMPARED` experiments.
+    """
+    if len(experiment_ids) > MAX_COMPARED:
+        raise InvalidRequest(f"compare at most {MAX_COMPARED} experiments, got "
+                             f"{len(experiment_ids)}")
+    found: list[ComparedExperiment] = []
+    first: list[str] = []
+    with store.session_scope() as s:
+        for experiment_id in experiment_ids:
+            exp = experiment_or_404(s, experiment_id)
+            searcher = experiment_searcher(exp)
+            succeeded = [t.id for t in exp.trials if t.state is TrialState.SUCCEEDED]
+            chosen = stand_in(exp.trials, best_validation(s, succeeded,
+                                                          views.searcher_goals(searcher)),
+                              searcher)
+            lines = yaml.safe_dump(exp.config, sort_keys=True).splitlines()
+            diff = [] if not found else list(difflib.unified_diff(
+                first, lines, f"experiment {experiment_ids[0]}", f"experiment {exp.id}",
+                n=1, lineterm=""))
+            first = first or lines
+            found.append(ComparedExperiment(
+                exp.id, exp.name, exp.state, searcher.metric, searcher.smaller_is_better,
+                len(exp.trials), exp.max_trials, None if chosen is None else chosen[0].id,
+                None if chosen is None else chosen[1], diff))
+    trial_ids = list(dict.fromkeys(e.stand_in for e in found if e.stand_in is not None))
+    return ExperimentComparison(found, compare_trials(store, trial_ids) if trial_ids else None)
