@@ -84,8 +84,10 @@ def assert_too_many(response: httpx.Response) -> None:
     assert response.headers["Retry-After"] == str(RETRY_AFTER_SECONDS)
     body = response.json()
     assert body["error"] == "TooManyRequests"
-    assert f"{MAX_FOLLOWS_PER_TOKEN} log streams already open" in body["message"]
-    assert "close one (Ctrl-C a `muster trial logs -f`) and retry" in body["message"]
+    assert f"{MAX_FOLLOWS_PER_TOKEN} streams (log follows and live pages) already open" in \
+        body["message"]
+    assert "close one (a browser tab, or Ctrl-C a `muster trial logs -f`) and retry" in \
+        body["message"]
 
 
 def test_the_follow_past_the_limit_is_a_429_before_any_stream(
@@ -157,8 +159,9 @@ def test_the_cli_says_so_in_one_line(
         done = on(server, "trial", "logs", "-f", str(trial_id))
     stderr = assert_clean_failure(done)
     assert stderr.splitlines() == [
-        f"error: {MAX_FOLLOWS_PER_TOKEN} log streams already open for admin, the most one "
-        "user may hold at once; close one (Ctrl-C a `muster trial logs -f`) and retry"]
+        f"error: {MAX_FOLLOWS_PER_TOKEN} streams (log follows and live pages) already open for "
+        "admin, the most one user may hold at once; close one (a browser tab, or Ctrl-C a "
+        "`muster trial logs -f`) and retry"]
 
 
 def test_the_limit_is_each_user_s_whatever_token_they_use(

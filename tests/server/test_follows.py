@@ -12,7 +12,8 @@ def test_each_key_has_its_own_places_and_a_release_counts_once() -> None:
     limit = FollowLimit(limit=2)
     first, _ = limit.take("a"), limit.take("a")
     other = limit.take("b")  # another token is not refused for "a"'s follows
-    with pytest.raises(TooManyRequests, match="2 log streams already open") as refused:
+    refusal = r"2 streams \(log follows and live pages\) already open"
+    with pytest.raises(TooManyRequests, match=refusal) as refused:
         limit.take("a")
     assert refused.value.retry_after == RETRY_AFTER_SECONDS
     first.release()

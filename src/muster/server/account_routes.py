@@ -242,7 +242,9 @@ def list_events(
 
 
 @router.get("/events/stream", response_class=Response, responses={
-    **_errors(404, 429), 200: {"content": {"text/event-stream": {}}, "description": (
+    **_errors(404, 429), 200: {"content": {"text/event-stream": {"schema": {
+        "type": "string", "description": "`event:`, `id:` and `data:` lines (JSON data)"}}},
+        "description": (
         "server-sent events: `ready`, then each event as `muster` (its id as the "
         "message's id), `reset` when too far behind")}})
 async def stream_events(
