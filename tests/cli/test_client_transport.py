@@ -431,9 +431,13 @@ def test_a_wrong_token_is_named_in_the_error(server: RunningServer) -> None:
         wrong.list_experiments()
 
 
-def test_one_client_serves_several_threads(client: Client) -> None:
+def test_one_client_serves_several_threads(client: Client, tmp_path: Path) -> None:
     # Each answer is whole and the same list (an earlier test's experiments may still be
     # running: their states and verdict counts change meanwhile, their ids and names not).
+    # One experiment of its own, so the list is not empty whichever tests ran before.
+    (tmp_path / "run.py").write_text("pass\n")
+    client.create_experiment("name: threads\nentrypoint: python run.py\n", tmp_path)
+
     def listed() -> list[tuple[Any, Any]]:
         return [(exp["id"], exp["name"]) for exp in client.list_experiments()]
 
