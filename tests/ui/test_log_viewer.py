@@ -125,17 +125,19 @@ def test_find_searches_the_whole_log_and_steps_through_the_matches(
     page.goto(f"{team.server.url}/trials/{trial_id}")
     log = page.locator("#log")
     expect(log).to_contain_text(numbered(count - 1))
-    page.get_by_label("Find").fill("line 0001500")
+    page.get_by_label("Find").fill("line 0001500")  # none below the view: searched back
     expect(page.locator("#log-found")).to_have_text("match 1 of 1")
     expect(log.locator("mark")).to_have_text("line 0001500")
     expect(log.locator("mark")).to_be_in_viewport()
     page.get_by_label("regex").check()
     page.get_by_label("Find").fill("line 0(0015|1999)00")
-    expect(page.locator("#log-found")).to_have_text(re.compile(r"match \d of 2"))
+    # From the view's top down: the matches above it are not known yet ("+").
+    expect(page.locator("#log-found")).to_have_text("match 1 of 2+")
     expect(log.locator("mark")).to_have_count(1)
     page.get_by_label("Find").press("Enter")
     page.get_by_label("Find").press("Enter")
-    expect(page.locator("#log-found")).to_have_text("match 1 of 2")  # past the last: the first
+    expect(page.locator("#log-found")).to_have_text("match 1 of 2")  # past the last: the
+    # first, searched from the log's start, so every match is known
     expect(log.locator("mark")).to_have_text("line 0001500")
     page.get_by_label("Find").press("Shift+Enter")
     expect(page.locator("#log-found")).to_have_text("match 2 of 2")
@@ -222,12 +224,14 @@ def test_two_ranks_merged_and_each_alone(page_of: Any, team: Team, tmp_path: Pat
     page.goto(f"{team.server.url}/trials/{trial_id}")
     log = page.locator("#log")
     expect(log.locator(".log-row").last).to_have_text("[rank 1] rank1 step 02999")
-    page.get_by_label("Find").fill("step 02900")
-    expect(page.locator("#log-found")).to_have_text("match 1 of 2")
-    expect(log.locator("mark")).to_have_text("step 02900")
-    page.get_by_role("button", name="next").click()
+    page.get_by_label("Find").fill("step 02900")  # none below the view: the nearest above
     expect(page.locator("#log-found")).to_have_text("match 2 of 2")
-    expect(log.locator("mark")).to_have_count(1)
+    expect(log.locator(".log-row", has=page.locator("mark"))).to_have_text(
+        "[rank 1] rank1 step 02900")
+    page.get_by_role("button", name="next").click()  # past the last: the first
+    expect(page.locator("#log-found")).to_have_text("match 1 of 2")
+    expect(log.locator(".log-row", has=page.locator("mark"))).to_have_text(
+        "[rank 0] rank0 step 02900")
     page.get_by_label("Rank").select_option("1")
     expect(log.locator(".log-row").last).to_have_text("rank1 step 02999")
     expect(page.locator("#log-download")).to_have_text("download rank 1 (raw)")

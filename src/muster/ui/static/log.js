@@ -503,32 +503,62 @@
   }
 
   // -- find --------------------------------------------------------------------------------
+  //
+  // The matches known are those in the bytes scanned, [low, high), in order; a search starts
+  // at the view's top and grows that range a page at a time as next and previous go past
+  // either end (the server pages forward or backward from a byte offset), so a common word
+  // in a 1 GB log costs a page, not a scan of everything before the view. "match i of n" is
+  // of the matches known; "n+" while the range is not the whole log.
 
   function clearSearch() {
     search = null;
     foundText.textContent = "";
   }
 
-  // One more page of matches: from the server for one rank's log, else in what is held.
-  async function moreMatches(wanted) {
-    if (store.load) {
-      const query = params({pattern: wanted.pattern, from: wanted.nextFrom, limit: MATCHES_PAGE});
-      if (wanted.regex) { query.set("regex", "true"); }
-      const url = "/api/v1/trials/" + trial + "/logs/search?" + query.toString();
-      let response = await fetch(url, {credentials: "same-origin"});
-      // The server scans a few logs at once; one more waits its turn (429, Retry-After).
-      for (let tries = 0; response.status === 429 && tries < 30 && search === wanted; tries += 1) {
-        await new Promise((done) => setTimeout(done, 1000));
-        response = await fetch(url, {credentials: "same-origin"});
-      }
-      const answer = await response.json();
-      if (!response.ok) { throw new Error(answer.message || String(response.status)); }
-      wanted.matches.push(...answer.matches);
-      wanted.complete = answer.complete;
-      wanted.nextFrom = answer.next_from;
-      return;
+  async function askServer(wanted, extra) {
+    const query = params(Object.assign({pattern: wanted.pattern, limit: MATCHES_PAGE}, extra));
+    if (wanted.regex) { query.set("regex", "true"); }
+    const url = "/api/v1/trials/" + trial + "/logs/search?" + query.toString();
+    let response = await fetch(url, {credentials: "same-origin"});
+    // The server scans a few logs at once; one more waits its turn (429, Retry-After).
+    for (let tries = 0; response.status === 429 && tries < 30 && search === wanted; tries += 1) {
+      await new Promise((done) => setTimeout(done, 1000));
+      response = await fetch(url, {credentials: "same-origin"});
     }
-    heldMatches(wanted);
+    const answer = await response.json();
+    if (!response.ok) { throw new Error(answer.message || String(response.status)); }
+    return answer;
+  }
+
+  // One more page after `high`: from the server for one rank's log, else in what is held.
+  async function pageForward(wanted) {
+    if (!store.load) { heldMatches(wanted); return; }
+    const answer = await askServer(wanted, {from: wanted.high});
+    if (search !== wanted) { return; }
+    wanted.matches.push(...answer.matches);
+    wanted.high = answer.next_from;
+    wanted.highDone = answer.complete;
+  }
+
+  // One more page before `low` (null: the log's end), nearest first from the server.
+  async function pageBackward(wanted) {
+    const extra = {direction: "backward"};
+    if (wanted.low !== null) { extra.from = wanted.low; }
+    const answer = await askServer(wanted, extra);
+    if (search !== wanted) { return; }
+    wanted.matches.unshift(...answer.matches.reverse());
+    wanted.index += answer.matches.length;
+    wanted.low = answer.next_from;
+    wanted.lowDone = answer.complete;
+  }
+
+  // Pages one way until a match more is known, or that end of the log is reached.
+  async function grow(wanted, forward) {
+    const known = wanted.matches.length;
+    while (search === wanted && wanted.matches.length === known &&
+           !(forward ? wanted.highDone : wanted.lowDone)) {
+      await (forward ? pageForward(wanted) : pageBackward(wanted));
+    }
   }
 
   function heldMatches(wanted) {
@@ -536,11 +566,11 @@
     const text = oneByteEach.decode(bytes);
     const needle = oneByteEach.decode(new TextEncoder().encode(wanted.pattern));
     const expression = wanted.regex ? new RegExp(needle, "gm") : null;
-    let at = Math.max(0, wanted.nextFrom - store.first);
+    let at = Math.max(0, wanted.high - store.first);
     const stop = wanted.matches.length + MATCHES_PAGE;
-    wanted.complete = true;
+    wanted.highDone = true;
     while (at <= text.length) {
-      if (wanted.matches.length >= stop) { wanted.complete = false; break; }
+      if (wanted.matches.length >= stop) { wanted.highDone = false; break; }
       let start, end;
       if (expression) {
         expression.lastIndex = at;
@@ -557,52 +587,78 @@
       wanted.matches.push({offset: store.first + start, end: store.first + end, line_offset: store.first + lineStart});
       at = end > start ? end : start + 1;
     }
-    wanted.nextFrom = store.first + at;
+    wanted.high = store.first + at;
   }
 
   function showMatch() {
     if (!search) { return; }
     const total = search.matches.length;
-    if (!total) { foundText.textContent = search.complete ? "no match" : "searching…"; return; }
-    foundText.textContent = "match " + (search.index + 1) + " of " + total + (search.complete ? "" : "+");
+    if (!total) { foundText.textContent = "no match"; return; }
+    const whole = search.lowDone && search.highDone;
+    foundText.textContent = "match " + (search.index + 1) + " of " + total + (whole ? "" : "+");
     const match = search.matches[search.index];
     Object.assign(scroll, {stick: false, move: 0, carry: 0, jump: null, centre: match.line_offset});
     draw();
   }
 
+  // A search from `from` (null: backward from the log's end); the matches known are reset.
+  function restart(wanted, from) {
+    Object.assign(wanted, {matches: [], index: 0, low: from, high: from === null ? 0 : from,
+                           lowDone: from === 0, highDone: from === null});
+  }
+
   async function startSearch() {
     const pattern = find.value;
     if (!pattern) { clearSearch(); draw(); return; }
-    const wanted = {pattern: pattern, regex: regexBox.checked, matches: [], complete: false, nextFrom: 0, index: -1};
+    const wanted = {pattern: pattern, regex: regexBox.checked};
+    const top = store.load ? scroll.anchor : store.first;  // what is held is searched whole
+    restart(wanted, top);
+    wanted.lowDone = wanted.lowDone || !store.load;
     search = wanted;
     foundText.textContent = "searching…";
-    const top = scroll.anchor;
     try {
-      do {
-        await moreMatches(wanted);
-      } while (search === wanted && !wanted.complete && !wanted.matches.some((m) => m.offset >= top));
+      await grow(wanted, true);
+      if (!store.load) { while (search === wanted && !wanted.highDone) { await pageForward(wanted); } }
+      if (search === wanted && !wanted.matches.length) { await grow(wanted, false); }  // only before
     } catch (error) {
       if (search === wanted) { foundText.textContent = "find: " + error.message; }
       return;
     }
     if (search !== wanted) { return; }
-    const after = wanted.matches.findIndex((m) => m.offset >= top);
-    wanted.index = wanted.matches.length ? Math.max(0, after) : -1;
+    const after = wanted.matches.findIndex((m) => m.offset >= scroll.anchor);
+    wanted.index = after === -1 ? wanted.matches.length - 1 : after;
     showMatch();
   }
 
   async function step(by) {
     const wanted = search;
     if (!wanted || !wanted.matches.length) { return; }
-    let index = wanted.index + by;
-    if (index >= wanted.matches.length && !wanted.complete) {
-      try { await moreMatches(wanted); } catch (error) { foundText.textContent = "find: " + error.message; return; }
+    const forward = by > 0;
+    try {
+      if (forward ? wanted.index === wanted.matches.length - 1 : wanted.index === 0) {
+        await grow(wanted, forward);
+        if (search !== wanted) { return; }
+        if (forward ? wanted.index === wanted.matches.length - 1 : wanted.index === 0) {
+          await wrap(wanted, forward);  // past the log's end: its first match (or its last)
+          showMatch();
+          return;
+        }
+      }
+    } catch (error) {
+      if (search === wanted) { foundText.textContent = "find: " + error.message; }
+      return;
+    }
+    wanted.index += forward ? 1 : -1;
+    showMatch();
+  }
+
+  async function wrap(wanted, forward) {
+    if (!(forward ? wanted.lowDone : wanted.highDone)) {
+      restart(wanted, forward ? 0 : null);
+      await grow(wanted, forward);
       if (search !== wanted) { return; }
     }
-    if (index >= wanted.matches.length) { index = wanted.complete ? 0 : wanted.matches.length - 1; }
-    if (index < 0) { index = wanted.complete ? wanted.matches.length - 1 : 0; }
-    wanted.index = index;
-    showMatch();
+    wanted.index = forward ? 0 : wanted.matches.length - 1;
   }
 
   let typing = null;
