@@ -16,7 +16,9 @@
 // (GET .../logs/search), steps through the matches (Enter, Shift+Enter, the buttons) and
 // scrolls each into view, marked; the merged view searches what it holds. Lines are text
 // (textContent), never markup. The download link saves one rank's whole log of the
-// selected attempt, as written (GET /api/v1/trials/{id}/logs/download).
+// selected attempt, as written (GET /api/v1/trials/{id}/logs/download). What is drawn is
+// said on the box: data-anchor, the first line's offset; data-busy, while bytes load; each
+// row's data-offset (tests wait on them).
 "use strict";
 
 (function () {
