@@ -29,7 +29,8 @@ NUMBERED = ("import sys, time\ncount, pause = int(sys.argv[1]), float(sys.argv[2
             "        sys.stdout.flush(); time.sleep(pause)\n")
 
 # Walks the log from its first line to its last, a screen less a line at a time as the
-# wheel does, and answers every row it saw: [offset, text].
+# wheel does (a wheel event, then the scroll it makes), and answers every row it saw:
+# [offset, text].
 WALK_JS = """async () => {
   const log = document.getElementById("log");
   const settled = (before) => new Promise((done) => {
@@ -48,6 +49,7 @@ WALK_JS = """async () => {
     if (log.scrollTop >= log.scrollHeight - log.clientHeight - 1) { break; }
     const step = Math.floor(log.clientHeight / 18) - 1;
     before = log.dataset.anchor;
+    log.dispatchEvent(new WheelEvent("wheel", {deltaY: step * 18}));
     log.scrollTop += step * 18;
     await settled(before);
   }

@@ -368,6 +368,13 @@
     scroll.expected = view.scrollTop;
   }
 
+  // The wheel, a key or a touch moves the view line by line; any other scroll (the
+  // scrollbar dragged, Home, End) goes to the byte its place on the bar stands for.
+  let lineIntent = -Infinity;
+  for (const kind of ["wheel", "keydown", "touchmove"]) {
+    view.addEventListener(kind, () => { lineIntent = performance.now(); }, {passive: true});
+  }
+
   view.addEventListener("scroll", () => {
     const top = view.scrollTop;
     const delta = top - scroll.expected;
@@ -377,12 +384,12 @@
     const atTop = top <= 0;
     const atBottom = top >= range - 1;
     scroll.stick = false;
-    if (Math.abs(delta) > 2 * view.clientHeight) {  // the scrollbar dragged: to that byte
+    if (performance.now() - lineIntent > 500 || Math.abs(delta) > 2 * view.clientHeight) {
       Object.assign(scroll, {move: 0, carry: 0, centre: null, jump: null});
       if (atTop) { scroll.anchor = store.first; } else if (atBottom) { scroll.stick = true; } else {
         scroll.jump = store.first + Math.floor((store.size - store.first) * top / Math.max(1, range));
       }
-    } else {  // the wheel or a key: line by line, a few lines at least at an edge
+    } else {  // a few lines at least at an edge, where the bar cannot move
       scroll.carry += delta;
       let rows = Math.trunc(scroll.carry / rowHeight);
       scroll.carry -= rows * rowHeight;
