@@ -77,3 +77,29 @@ def test_a_range_nothing_meets_says_so(page_of: Any, team: Team,
     page.goto(f"{team.server.url}/experiments/{searched['id']}?where=metric:loss:0:1")
     expect(page.locator("#live .banner.warn")).to_contain_text(
         "filter by one of its validation metrics: val_loss")
+
+
+def test_columns_hide_and_show_again_with_the_address(
+        page_of: Any, team: Team, searched: dict[str, Any]) -> None:
+    page = page_of("vera")
+    page.goto(f"{team.server.url}/experiments/{searched['id']}")
+    heads = page.locator("table.trials thead th")
+    expect(heads).to_contain_text(["lr", "model.hidden", "best val_loss"])
+    page.locator('a.hide-column[data-column="hparam:model.hidden"]').click()
+    page.locator('a.hide-column[data-column="metric:val_loss"]').click()
+    expect(page).to_have_url(re.compile(r"hide=hparam%3Amodel\.hidden&hide=metric%3Aval_loss"))
+    expect(heads.filter(has_text="model.hidden")).to_have_count(0)
+    expect(heads.filter(has_text="val_loss")).to_have_count(0)
+    first = page.locator("table.trials tbody tr").first.locator("td")
+    expect(first).to_have_count(heads.count())  # each row lost the same cells
+    page.get_by_label("to", exact=True).fill("0.0025")  # a filter keeps the hidden columns
+    page.get_by_label("range of").select_option("hparam:lr")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("table.trials tbody tr")).to_have_count(2)
+    expect(heads.filter(has_text="model.hidden")).to_have_count(0)
+    page.reload()
+    expect(heads.filter(has_text="val_loss")).to_have_count(0)
+    page.get_by_label("show the column val_loss").click()
+    expect(heads.filter(has_text="best val_loss")).to_have_count(1)
+    expect(page).to_have_url(re.compile(r"hide=hparam%3Amodel\.hidden"))
+    expect(page).not_to_have_url(re.compile(r"metric%3Aval_loss"))

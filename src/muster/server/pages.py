@@ -342,6 +342,7 @@ def _bounded(value: int, what: str) -> int:
 
 
 TRIAL_ROWS = 50  # trials per page of an experiment's table
+MAX_HIDDEN = 64  # columns the table's address may hide
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,7 @@ class TrialsQuery:
     state: tuple[str, ...] = ()
     offset: int = 0
     where: tuple[str, ...] = ()  # search.ValueRange words
+    hide: tuple[str, ...] = ()  # columns not shown: `hparam:NAME`, `metric:NAME`
 
     def params(self, **changes: Any) -> str:
         query = replace(self, **changes)
@@ -363,7 +365,15 @@ class TrialsQuery:
                                           else None), ("offset", query.offset or None)]
         values += [("state", state) for state in query.state]
         values += [("where", word) for word in query.where]
+        values += [("hide", column) for column in query.hide]
         return urlencode([(k, v) for k, v in values if v])
+
+    def hiding(self, column: str) -> str:
+        """The query that hides one more column (the column chooser)."""
+        return self.params(hide=(*self.hide, column))
+
+    def showing(self, column: str) -> str:
+        return self.params(hide=tuple(c for c in self.hide if c != column))
 
     def ranges(self) -> list[tuple[str, str]]:
         """Each range the table is filtered by, as words to show and the query without it."""
@@ -415,6 +425,8 @@ def _trials_query(
     where_on: Annotated[str, Query(max_length=210)] = "",
     where_min: Annotated[str, Query(max_length=40, pattern="^[^:]*$")] = "",
     where_max: Annotated[str, Query(max_length=40, pattern="^[^:]*$")] = "",
+    hide: Annotated[list[Annotated[str, Query(max_length=210)]] | None, Query(
+        max_length=MAX_HIDDEN)] = None,
 ) -> TrialsQuery:
     """The table's words; the filter form's new range (`where_on`, `where_min`,
     `where_max`) joins the others as one more `where` word."""
@@ -423,7 +435,7 @@ def _trials_query(
     if where_on and (where_min.strip() or where_max.strip()):
         words.append(f"{where_on}:{where_min.strip()}:{where_max.strip()}")
     return TrialsQuery(sort or None, order_by or None, order, states, offset,
-                       tuple(dict.fromkeys(words)))
+                       tuple(dict.fromkeys(words)), tuple(dict.fromkeys(hide or [])))
 
 
 TrialsShown = Annotated[TrialsQuery, Depends(_trials_query)]
@@ -565,9 +577,10 @@ def _trials_context(store: Store, exp: ExperimentOverview, query: TrialsQuery
     names = dict.fromkeys(_space_names(exp["config"].get("hyperparameters") or {}))
     for _, hp in rows:
         names.update(dict.fromkeys(hp))
+    shown = [n for n in names if n and f"hparam:{n}" not in query.hide]
     return {"trial_rows": rows, "hparam_names": [n for n in names if n], "trials_total":
             page.total, "tq": query, "trial_rows_per_page": TRIAL_ROWS, "table_problem": problem,
-            "trial_states": list(TrialState)}
+            "trial_states": list(TrialState), "shown_hparams": shown}
 
 
 def _space_names(space: Any, prefix: str = "") -> list[str]:
