@@ -230,7 +230,8 @@
 
   function rowsOnScreen() { return Math.max(1, Math.ceil(view.clientHeight / rowHeight)); }
 
-  function wholeRows() { return Math.max(1, Math.floor(view.clientHeight / rowHeight)); }
+  // The rows wholly seen: fewer while a long line's sideways scrollbar covers the last.
+  function wholeRows() { return Math.max(1, Math.floor(rowsBox.clientHeight / rowHeight)); }
 
   function scrollRange() {
     const lines = (store.size - store.first) / lineBytes + (note ? 1 : 0);
@@ -318,9 +319,11 @@
       lineBytes = Math.max(1, 0.8 * lineBytes + 0.2 * drawn / lines.length);
     }
     const shown = note && anchor === store.first ? [{note: note}].concat(lines) : lines;
+    const seen = rowsBox.clientHeight;
     fillRows(shown.slice(0, rowsOnScreen()));
     placeScrollbar(anchor);
     view.dataset.anchor = String(anchor);
+    if (rowsBox.clientHeight < seen) { draw(); }  // a sideways scrollbar came: one row less
   }
 
   function fillRows(lines) {
