@@ -7,7 +7,8 @@ API, a short adaptive ASHA search of the digits example (examples/digits/search.
 SUSPECT) and a run with a mistyped data path (a trial that fails). It takes each page in
 Debian's Chromium (/usr/bin/chromium, as tests/ui drives it) at 1280x800, signed in as the
 home's admin by its token, the cluster while they run and the others once they have ended,
-and writes docs/ui/{login,experiments,experiment,trial,cluster,new}.png, and README's picture,
+and writes docs/ui/{login,experiments,experiment,trial,cluster,new}.png, each also in the
+dark colours (NAME-dark.png, the browser's scheme set dark), and README's picture,
 docs/screenshot.png: the experiment page's first screen in 64 colours. About 2 minutes on
 2 cores (more when they are busy); the server stops and the home is deleted at the end.
 """
@@ -92,21 +93,27 @@ def first_screen(png: bytes) -> bytes:
 
 
 def _take(camera: Camera, client: Client, context: Path) -> dict[str, bytes]:
-    """The runs, and each page as a PNG by name: the cluster while they run, the others
-    once they have ended (the trial's: the search's best trial)."""
-    shots = {"login": camera.shot("/login", "form", signed_in=False)}
+    """The runs, and each page as a PNG by name, light and dark (`NAME-dark`): the cluster
+    while they run, the others once they have ended (the trial's: the search's best)."""
+    shots: dict[str, bytes] = {}
+
+    def both(name: str, path: str, ready: str, **options: Any) -> None:
+        for scheme, suffix in (("light", ""), ("dark", "-dark")):
+            shots[name + suffix] = camera.shot(path, ready, scheme=scheme, **options)
+
+    both("login", "/login", "form", signed_in=False)
     search, others = _submit(client, context)
     _wait(lambda: sum(j["state"] == "RUNNING" for j in client.list_jobs()) >= 2)
-    shots["cluster"] = camera.shot("/cluster", "a[href^='/trials/']")
+    both("cluster", "/cluster", "a[href^='/trials/']")
     for exp in others:
         client.wait_experiment(exp["id"])
     search = client.wait_experiment(search["id"])
     best = (search["search"]["best"] or {}).get("trial_id") or search["trials"][0]["id"]
-    shots["experiments"] = camera.shot("/", "table.list tbody tr")
-    shots["experiment"] = camera.shot(f"/experiments/{search['id']}", "table.trials",
-                                      height=EXPERIMENT_HEIGHT)
-    shots["trial"] = camera.shot(f"/trials/{best}", "#log:not(:empty)", height=None)
-    shots["new"] = camera.shot("/new", "main form")
+    both("experiments", "/", "table.list tbody tr")
+    both("experiment", f"/experiments/{search['id']}", "table.trials",
+         height=EXPERIMENT_HEIGHT)
+    both("trial", f"/trials/{best}", "#log:not(:empty)", height=None)
+    both("new", "/new", "main form")
     return shots
 
 
@@ -187,20 +194,24 @@ class Camera:
     token: str
 
     def shot(self, path: str, ready: str, *, height: int | None = 0,
-             signed_in: bool = True) -> bytes:
-        """The page at `path` once `ready` (a CSS selector) is on it, its learning curves (if
-        it has them) have drawn and the network is idle: the viewport (`height` 0), the
-        whole page (None), or its first `height` pixels."""
+             signed_in: bool = True, scheme: str = "light") -> bytes:
+        """The page at `path` in the `scheme` colours ("light" or "dark") once `ready` (a CSS
+        selector) is on it and each of its charts has drawn: the viewport (`height` 0), the
+        whole page (None), or its first `height` pixels. Not "network idle": a live page
+        holds its event stream open for as long as it is shown."""
         headers = {"Authorization": f"Bearer {self.token}"} if signed_in else {}
-        context = self.browser.new_context(viewport=VIEWPORT, extra_http_headers=headers)
+        context = self.browser.new_context(viewport=VIEWPORT, extra_http_headers=headers,
+                                           color_scheme=scheme)
         try:
             page = context.new_page()
             page.set_default_timeout(WAIT_MS)
-            page.goto(self.url + path, wait_until="networkidle")
+            page.goto(self.url + path, wait_until="load")
             page.locator(ready).first.wait_for()
-            if page.locator("#curves").count():
-                page.locator("#curves[data-drawn]").wait_for()
-            page.wait_for_load_state("networkidle")
+            for chart in ("#curves", "#hp-charts", "#metric-charts"):
+                if page.locator(chart).count():
+                    page.locator(f"{chart}[data-drawn]").wait_for()
+            if page.locator("#importance").count():
+                page.locator("#importance .bar, #importance .chart-note").first.wait_for()
             if not height:
                 png: bytes = page.screenshot(full_page=height is None, animations="disabled")
                 return png
