@@ -28,6 +28,8 @@ $(ASSETS): ui/package.json ui/package-lock.json
 	cp ui/node_modules/uplot/dist/uPlot.iife.min.js ui/node_modules/uplot/dist/uPlot.min.css $(VENDOR)/
 	cp ui/node_modules/htmx.org/LICENSE $(VENDOR)/htmx.LICENSE
 	cp ui/node_modules/uplot/LICENSE $(VENDOR)/uPlot.LICENSE
+	cp ui/node_modules/hermes-parallel-coordinates/dist/hermes.iife.js $(VENDOR)/
+	cp ui/node_modules/hermes-parallel-coordinates/LICENSE $(VENDOR)/hermes.LICENSE
 	touch $(ASSETS)
 
 # The browser tests drive Debian's Chromium: installed here when we may (root with apt);

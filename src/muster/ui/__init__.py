@@ -15,7 +15,7 @@ __all__ = ["STATIC", "TEMPLATES", "VENDOR_FILES", "assets_missing"]
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
-VENDOR_FILES = ("htmx.min.js", "uPlot.iife.min.js", "uPlot.min.css")
+VENDOR_FILES = ("htmx.min.js", "uPlot.iife.min.js", "uPlot.min.css", "hermes.iife.js")
 
 
 def assets_missing() -> list[str]:
