@@ -69,6 +69,9 @@ def test_picked_trials_stay_in_the_address_and_open_the_compare_page(
     page.get_by_label("Metric", exact=True).select_option("training:loss")
     expect(curves).to_have_attribute("data-curves", "1")
     expect(page.locator("#compare-note")).to_have_text("1 of 2 trials reported training loss.")
+    expect(page).to_have_url(re.compile(r"metric=training%3Aloss"))
+    page.reload()  # the address keeps the metric drawn
+    expect(curves).to_have_attribute("data-drawn", "training:loss")
 
 
 @pytest.mark.parametrize(("query", "status", "says"), [

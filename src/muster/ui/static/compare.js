@@ -2,7 +2,8 @@
 // kept in the page's address (`compare=12,15,19`, at most 20) so a reload, another page of
 // the table or a shared link keeps them, and the "Compare" link opens /compare?trials= with
 // them. On /compare: one metric's curves of every trial overlaid, read from the public API
-// (GET /api/v1/trials/{id}/series), drawn with uPlot. Text only through textContent.
+// (GET /api/v1/trials/{id}/series), drawn with uPlot; the metric chosen is in the address.
+// Text only through textContent.
 (function () {
   "use strict";
 
@@ -116,8 +117,16 @@
       note.textContent = "The curves could not be read: " + problem.message;
       return;
     }
+    // The metric drawn is in the address (`metric=kind:name`), so a reload draws it again.
+    const asked = new URLSearchParams(location.search).get("metric");
+    if (asked && Array.from(choice.options).some((option) => option.value === asked)) { choice.value = asked; }
     draw(holder, note, answers, choice.value);
-    choice.addEventListener("change", () => draw(holder, note, answers, choice.value));
+    choice.addEventListener("change", () => {
+      const params = new URLSearchParams(location.search);
+      params.set("metric", choice.value);
+      history.replaceState(history.state, "", location.pathname + "?" + params.toString() + location.hash);
+      draw(holder, note, answers, choice.value);
+    });
   }
 
   document.addEventListener("DOMContentLoaded", () => {
