@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 
 from tests.server.test_search_views import add_experiment, add_trial, losses, search_config
 from tests.ui.conftest import Team
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.lifecycle  # a real server, a real browser
 
@@ -69,6 +70,8 @@ def test_brushing_an_axis_filters_the_table(page_of: Any, team: Team,
     page.reload()
     expect(page.locator("#parallel[data-axes]")).to_have_attribute("data-lines", "8")
     expect(page.locator("table.trials tbody tr")).to_have_count(shown)
-    page.wait_for_function(  # the address's range, drawn as the brush
-        "Object.keys(document.getElementById('parallel').chart.filters).join() === "
-        "'metric:val_loss'")
+    # The address's range, drawn as the brush (once the chart has its size). Polled from
+    # here: wait_for_function would evaluate a string in the page, which the CSP forbids.
+    wait_until(lambda: page.evaluate(
+        "Object.keys(document.getElementById('parallel').chart.filters)") == ["metric:val_loss"],
+        timeout=15, what="the brush from the address")

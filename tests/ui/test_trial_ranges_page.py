@@ -86,6 +86,7 @@ def test_columns_hide_and_show_again_with_the_address(
     heads = page.locator("table.trials thead th")
     expect(heads).to_contain_text(["lr", "model.hidden", "best val_loss"])
     page.locator('a.hide-column[data-column="hparam:model.hidden"]').click()
+    expect(heads.filter(has_text="model.hidden")).to_have_count(0)  # swapped: click the new
     page.locator('a.hide-column[data-column="metric:val_loss"]').click()
     expect(page).to_have_url(re.compile(r"hide=hparam%3Amodel\.hidden&hide=metric%3Aval_loss"))
     expect(heads.filter(has_text="model.hidden")).to_have_count(0)
