@@ -62,6 +62,7 @@ def test_ranges_keep_the_trials_inside_every_one(shared_store: Store, table: int
     ("hparam:lr:low:1", "finite numbers or empty, got 'low'"),
     ("metric:val_loss:0:nan", "finite numbers or empty, got 'nan'"),
     ("metric:val_loss:-inf:", "finite numbers or empty"),
+    ("hparam:lr:0.1:0.01", "low end must not be above its high end"),
 ])
 def test_a_malformed_range_says_its_shape(word: str, problem: str) -> None:
     with pytest.raises(InvalidRequest, match=problem):

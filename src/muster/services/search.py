@@ -98,7 +98,8 @@ class ValueRange:
         """The range a `FIELD:LOW:HIGH` word names.
 
         Raises:
-            InvalidRequest: not that shape, an unknown field kind, or an end no number.
+            InvalidRequest: not that shape, an unknown field kind, an end no finite number,
+                or the low end above the high.
         """
         field, _, ends = word.rpartition(":")
         field, _, low = field.rpartition(":")
@@ -106,7 +107,11 @@ class ValueRange:
                 HPARAM_ORDER, METRIC_FIELD):
             raise InvalidRequest(f"a range must look like hparam:NAME:LOW:HIGH or "
                                  f"metric:NAME:LOW:HIGH (an end may be empty), got {word!r}")
-        return cls(field, _end(low, word), _end(ends, word))
+        bound = cls(field, _end(low, word), _end(ends, word))
+        if bound.low is not None and bound.high is not None and bound.low > bound.high:
+            raise InvalidRequest(f"a range's low end must not be above its high end, got "
+                                 f"{word!r}; swap them")
+        return bound
 
     def word(self) -> str:
         return f"{self.field}:{_word(self.low)}:{_word(self.high)}"
