@@ -35,6 +35,9 @@ server = shared_server()
 SEED = 20260612
 EXAMPLES = 50  # per operation in the fuzzing phase, besides the examples and coverage phases
 # (35 operations: 2,473 cases in all, about 70 s on 2 cores)
+# A stream that never ends while its client reads is left to its own tests
+# (tests/server/test_event_stream.py): a fuzzer's call would wait on it for ever.
+ENDLESS = "/api/v1/events/stream"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_headers_conformance, response_schema_conformance]
 
@@ -76,7 +79,7 @@ def answers(api_schema: BaseSchema) -> Iterator[defaultdict[str, Counter[int]]]:
     login with made-up names and passwords is a 401 by design."""
     seen: defaultdict[str, Counter[int]] = defaultdict(Counter)
     yield seen
-    assert set(seen) == labels(api_schema)
+    assert set(seen) == labels(api_schema) - {f"GET {ENDLESS}"}
     refused = sorted(op for op, codes in seen.items() if codes[401] * 2 > codes.total()
                      and op != "POST /api/v1/login")
     assert not refused, f"most cases of these were refused a 401: {refused}"
@@ -110,7 +113,7 @@ def test_the_schema_is_the_reference_and_there_is_no_docs_page(server: RunningSe
             assert http.get(page).status_code == 404, page
 
 
-schema = schemathesis.pytest.from_fixture("api_schema")
+schema = schemathesis.pytest.from_fixture("api_schema").exclude(path=ENDLESS)
 
 
 @schema.parametrize()

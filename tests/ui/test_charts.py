@@ -78,6 +78,8 @@ def test_the_trials_table_sorts_and_filters_on_the_server(
     page = page_of("vera")
     page.goto(f"{team.server.url}/experiments/{finished_search['id']}?ev_kind=created")
     expect(page.locator("#curves")).to_have_attribute("data-drawn", "true")
+    # Every chart's first fetch answered before the count starts (the importance's last).
+    expect(page.locator("#importance")).to_have_attribute("data-drawn", "true")
     page.evaluate("window.__notReloaded = true")
     fetched: list[str] = []
     page.on("request", lambda request: fetched.append(request.url))
