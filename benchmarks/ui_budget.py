@@ -67,6 +67,7 @@ HTML_TARGET_KB = 300.0
 TAIL_TARGET_MS = 200.0
 LIVE_TARGET_MS = 500.0
 FIRST_LINE_TARGET_MS = 1000.0  # the first line of the 1 GB log, once scrolled to the top
+TABLE_CLICK_TARGET_MS = 150.0  # a sort or a page of the trials table, click → painted
 FRAME_P99_TARGET_MS = 50.0  # following a chatty trial: the longest task of 99% of frames
 LONG_TASK_MAX_MS = 200.0  # and the longest task of all
 CHATTY_RATE = 50_000  # lines a second
@@ -449,6 +450,10 @@ def _page(browser: Any, token: str, init_script: str) -> Iterator[Any]:
         "Authorization": f"Bearer {token}"})
     try:
         context.add_init_script(init_script)
+        # No live event stream (static/live.js): it stays open for as long as a page is
+        # shown, so a visit could never end with "every request answered"; the pages'
+        # polls and log follows, which these figures are about, are unchanged.
+        context.route("**/api/v1/events/stream*", lambda route: route.abort())
         page = context.new_page()
         page.set_default_timeout(WAIT_MS)
         yield page
@@ -548,6 +553,43 @@ def live_lines(browser: Any, client: Client, token: str, url: str, root: Path, c
     return [latencies[str(n)] for n in range(count)]
 
 
+# A click on the trials table (a sort, a page), timed in the page: from the click to the
+# frame that paints the new #live the fragment's answer swapped in.
+TABLE_CLICK_JS = """
+(selector) => new Promise((resolve, reject) => {
+  const link = document.querySelector(selector);
+  if (!link) { reject(new Error("no " + selector)); return; }
+  const main = document.querySelector("main");
+  const seen = new MutationObserver((records) => {
+    if (!records.some((r) => Array.from(r.addedNodes).some((n) => n.id === "live"))) { return; }
+    seen.disconnect();
+    requestAnimationFrame(() => setTimeout(() => resolve(performance.now() - started), 0));
+  });
+  seen.observe(main, {childList: true, subtree: true});
+  setTimeout(() => { seen.disconnect(); reject(new Error(selector + ": no new table")); }, 30000);
+  const started = performance.now();
+  link.click();
+})
+"""
+# What the timed clicks press, in turn: the metric's sort (best first, then flipped) and the
+# pager (next, then back).
+METRIC_SORT = "table.trials thead th:has(a[data-column^='metric:']) > a:not(.hide-column)"
+TABLE_CLICKS = (METRIC_SORT, "nav.pages a:last-of-type", METRIC_SORT, "nav.pages a:first-of-type")
+
+
+def table_clicks(browser: Any, token: str, url: str, count: int) -> list[float]:
+    """ms from a click on the trials table's sort or pager to the new table painted, `count`
+    clicks in turn on one page (the charts drawn first, as a person would see them)."""
+    times = []
+    with _page(browser, token, "") as page:
+        page.goto(url)
+        page.locator("table.trials tbody tr").first.wait_for()
+        page.locator("#curves[data-drawn]").wait_for(timeout=CURVES_WAIT_MS)
+        for n in range(count):
+            times.append(float(page.evaluate(TABLE_CLICK_JS, TABLE_CLICKS[n % len(TABLE_CLICKS)])))
+    return times
+
+
 def first_lines(browser: Any, token: str, url: str, first: str, last: str, count: int
                 ) -> list[float]:
     """ms from the scrollbar at the top to the log's first line shown, per visit, each on
@@ -615,6 +657,7 @@ class Measured:
     log_page: dict[str, list[Sample]] | None = None
     live_s: list[float] | None = None
     first_line_ms: list[float] | None = None
+    table_click_ms: list[float] | None = None
     chatty: Followed | None = None
 
 
@@ -716,6 +759,8 @@ def _in_browser(measured: Measured, client: Client, token: str, url: str, root: 
         measured.log_page = visits(browser, token, f"{url}/trials/{seeded.log_trial}",
                                    {"last line": Mark("#log", last_line)}, size.visits,
                                    via=f"{url}/")
+        measured.table_click_ms = table_clicks(
+            browser, token, f"{url}/experiments/{seeded.search_id}", 4 * size.visits)
         measured.live_s = live_lines(browser, client, token, url, root, size.ticks)
         measured.first_line_ms = first_lines(
             browser, token, f"{url}/trials/{seeded.log_trial}",
@@ -765,7 +810,7 @@ def _outcome(size: Size, m: Measured) -> Outcome:
             "html_bytes": m.html_bytes, "experiment_http_s": m.experiment_http,
             "log_http_s": m.log_http, "experiment_page_ms": m.experiment_page,
             "log_page_ms": m.log_page, "live_s": m.live_s,
-            "first_line_ms": m.first_line_ms,
+            "first_line_ms": m.first_line_ms, "table_click_ms": m.table_click_ms,
             "chatty": None if m.chatty is None else m.chatty.__dict__}
     return Outcome("ui_budget", tables, targets, notes, data)
 
@@ -782,6 +827,10 @@ def _experiment_table(size: Size, m: Measured) -> Table:
     rows = [[path, _ms(values), ""] for path, values in m.experiment_http.items()]
     rows.append(["the page's HTML, KB", f"{m.html_bytes / 1000:.0f}", ""])
     rows += _browser_rows(m.experiment_page)
+    if m.table_click_ms is not None:
+        rows.append([f"Chromium: a sort or page click on the trials table → the new table "
+                     f"painted (median of {len(m.table_click_ms)}; max "
+                     f"{max(m.table_click_ms):.0f})", f"{median(m.table_click_ms):.0f}", ""])
     return Table(f"(u) a search of {size.trials:,} trials x 8 hyperparameters x "
                  f"{size.points:,} validation reports (median ms)",
                  COLUMNS, rows)
@@ -848,6 +897,12 @@ def _page_targets(size: Size, m: Measured) -> list[Target]:
             f"(u) the search's page ({size.trials:,} trials x {size.points:,} reports) "
             f"interactive in Chromium ≤ {INTERACTIVE_TARGET_MS:.0f} ms (DOMContentLoaded "
             "and its trials table)", f"{value:.0f} ms", value <= INTERACTIVE_TARGET_MS))
+    if m.table_click_ms is not None:
+        value = median(m.table_click_ms)
+        targets.append(Target(
+            f"(u) a sort or page click on the trials table at {size.trials:,} trials ≤ "
+            f"{TABLE_CLICK_TARGET_MS:.0f} ms (click → the new table painted; no reload)",
+            f"{value:.0f} ms", value <= TABLE_CLICK_TARGET_MS))
     if m.log_page is not None:
         shown = _column(m.log_page[ARRIVALS[1]], "last line")
         expect(shown is not None, "the log's last line never showed")
