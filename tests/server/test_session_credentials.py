@@ -260,7 +260,7 @@ def test_the_account_page_lists_and_ends_sessions_and_tokens(
         own_csrf = page.get(API + "/whoami").json()["csrf_token"]
         assert own_csrf != csrf
         ended = page.post(f"/account/sessions/{other_id}/end", data={"csrf_token": own_csrf})
-        assert ended.status_code == 303 and ended.headers["location"] == "/account"
+        assert ended.status_code == 303 and ended.headers["location"] == "/account?done=session"
         assert other.get("/whoami").status_code == 401
         token_id = admin.list_tokens(name)[0]["id"]
         revoked = page.post(f"/account/tokens/{token_id}/revoke",
