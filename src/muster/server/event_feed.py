@@ -71,6 +71,7 @@ class EventFeed:
             self.newest = await anyio.to_thread.run_sync(audit.last_event_id, self._store)
             self._moved = asyncio.Event()
             self._task = asyncio.create_task(self._watch(), name="muster-event-feed")
+            self._task.add_done_callback(_said_if_broken)
         return self.newest
 
     async def wait_past(self, seen: int, timeout: float) -> bool:
@@ -109,6 +110,14 @@ class EventFeed:
                     moved, self._moved = self._moved, asyncio.Event()
                     moved.set()
             await asyncio.sleep(self._poll_s)
+
+
+def _said_if_broken(task: asyncio.Task[None]) -> None:
+    """The feed's watch never ends but by `close`: anything else that ended it is a bug, and
+    the live pages fall back to their polls from then on; the log says so at once."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the event feed stopped: live pages fall back to polling",
+                  exc_info=task.exception())
 
 
 async def stream_events(store: Store, feed: EventFeed, scope: StreamScope,
