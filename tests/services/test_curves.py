@@ -14,8 +14,8 @@ from muster.downsample import MAX_POINTS
 from muster.errors import Conflict, InvalidRequest
 from muster.services import curves, search
 from muster.services.search import TrialQuery
-from muster.states import TrialState
-from muster.store import MetricSeries, Store
+from muster.states import AttemptState, TrialState
+from muster.store import Attempt, MetricSeries, Store
 from tests.server.test_search_views import add_experiment, add_trial, losses, search_config
 from tests.store.rows import add_metric, add_reports
 
@@ -138,6 +138,7 @@ def test_the_trials_table_sorts_filters_and_pages(shared_store: Store, table: in
     assert numbers(shared_store, table, order_by="state") == [3, 5, 1, 0, 2, 4]
     assert numbers(shared_store, table, states=frozenset(
         {TrialState.SUCCEEDED, TrialState.FAILED})) == [0, 2, 3, 4]
+    assert numbers(shared_store, table, order_by="restarts") == [0, 1, 2, 3, 4, 5]
     page = search.trial_page(shared_store, table, TrialQuery(sort="val_loss", offset=2,
                                                              limit=2))
     assert ([r["number"] for r in page.rows], page.total) == ([0, 3], 6)
@@ -172,3 +173,22 @@ def test_the_table_reads_no_report(shared_store: Store, table: int) -> None:
     finally:
         event.remove(shared_store.engine, "before_cursor_execute", record)
     assert seen and not any("FROM metrics" in statement for statement in seen)
+
+
+def test_the_table_orders_by_restarts_counting_no_standby(shared_store: Store) -> None:
+    """Restarts: a trial's attempts less one, warm standbys not counted; the page's rows
+    carry their attempts (the count shown matches the order)."""
+    attempts = {0: [False, False, False], 1: [False], 2: [False, True, True], 3: [False, False]}
+    with shared_store.session_scope() as s:
+        exp = add_experiment(s, search_config())
+        for n, standbys in attempts.items():
+            trial = add_trial(s, exp, n, "RUNNING" if n == 2 else "SUCCEEDED")
+            for k, standby in enumerate(standbys, start=1):
+                s.add(Attempt(trial_id=trial.id, number=k, state=AttemptState.SUCCEEDED,
+                              run_dir=f"/nonexistent/{n}/{k}", standby=standby))
+        exp_id = exp.id
+    page = search.trial_page(shared_store, exp_id, TrialQuery(order_by="restarts"))
+    assert [(r["number"], r["restarts"]) for r in page.rows] == [(1, 0), (2, 0), (3, 1), (0, 2)]
+    flipped = search.trial_page(shared_store, exp_id, TrialQuery(order_by="restarts",
+                                                                descending=True, limit=1))
+    assert ([r["number"] for r in flipped.rows], flipped.total) == ([0], 4)

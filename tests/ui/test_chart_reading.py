@@ -82,7 +82,9 @@ def opened(page_of: Any, team: Team, experiment: int) -> Any:
     page = page_of("vera")
     page.goto(f"{team.server.url}/experiments/{experiment}")
     expect(page.locator("#curves[data-drawn]")).to_have_attribute("data-curves", str(TRIALS))
+    page.locator("#hp-charts").scroll_into_view_if_needed()  # drawn once near the screen
     expect(page.locator("#hp-charts[data-drawn] .hp-chart")).to_have_count(4)
+    page.evaluate("window.scrollTo(0, 0)")
     return page
 
 

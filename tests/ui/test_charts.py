@@ -61,6 +61,7 @@ def test_one_curve_per_trial_and_the_best_trial(page_of: Any, team: Team,
         f"black: the best trial, #{finished_search['best']['number']}")
     expect(page.locator(".best")).to_contain_text(f"trial #{finished_search['best']['number']}")
     expect(page.locator("tr.best-row")).to_contain_text(f"trial {finished_search['best']['id']}")
+    page.locator("#hp-charts").scroll_into_view_if_needed()  # drawn once near the screen
     hp = page.locator("#hp-charts[data-drawn] .hp-chart")
     expect(hp).to_have_count(2)
     expect(hp.first).to_contain_text("lr")
@@ -68,6 +69,28 @@ def test_one_curve_per_trial_and_the_best_trial(page_of: Any, team: Team,
     expect(bars).to_have_count(2)  # width varies too ...
     expect(bars.first).to_contain_text("lr")  # ... but only lr drives the metric: first
     expect(page.locator("#importance")).to_contain_text("PedAnovaImportanceEvaluator")
+
+
+def test_the_charts_under_the_curves_are_read_once_scrolled_near(
+        page_of: Any, team: Team, finished_search: dict[str, Any]) -> None:
+    """A visit that never scrolls down reads neither the hyperparameters' trials nor the
+    importance; scrolling near them draws them."""
+    page = page_of("vera")
+    page.set_viewport_size({"width": 1280, "height": 300})
+    fetched: list[str] = []
+    page.on("request", lambda request: fetched.append(request.url))
+    page.goto(f"{team.server.url}/experiments/{finished_search['id']}")
+    expect(page.locator("#curves")).to_have_attribute("data-drawn", "true")
+    # Out of reach (the page reads what comes within 400 px of the screen), as laid out.
+    assert page.evaluate("document.getElementById('hp-charts').getBoundingClientRect().top"
+                         " - innerHeight") > 400
+    page.wait_for_timeout(500)  # room for a wrong eager fetch to show
+    assert not [url for url in fetched if "/importance" in url or "state=SUCCEEDED" in url]
+    assert page.locator("#hp-charts").get_attribute("data-drawn") is None
+    page.locator("#importance").scroll_into_view_if_needed()
+    expect(page.locator("#hp-charts[data-drawn] .hp-chart")).to_have_count(2)
+    expect(page.locator("#importance[data-drawn] .bar")).to_have_count(2)
+    assert [url for url in fetched if "/importance" in url]
 
 
 def test_the_trials_table_sorts_and_filters_on_the_server(
@@ -79,7 +102,9 @@ def test_the_trials_table_sorts_and_filters_on_the_server(
     page.goto(f"{team.server.url}/experiments/{finished_search['id']}?ev_kind=created")
     expect(page.locator("#curves")).to_have_attribute("data-drawn", "true")
     # Every chart's first fetch answered before the count starts (the importance's last).
+    page.locator("#importance").scroll_into_view_if_needed()
     expect(page.locator("#importance")).to_have_attribute("data-drawn", "true")
+    page.evaluate("window.scrollTo(0, 0)")
     page.evaluate("window.__notReloaded = true")
     fetched: list[str] = []
     page.on("request", lambda request: fetched.append(request.url))

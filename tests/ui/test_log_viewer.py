@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -79,6 +80,50 @@ def first_row(page: Any) -> str:
     return text
 
 
+def test_the_page_comes_with_its_log_s_last_lines(page_of: Any, team: Team,
+                                                 tmp_path: Path) -> None:
+    """The trial page's HTML holds the last 1,000 lines (shown before any script runs);
+    log.js takes them over without asking for the tail, and reads the rest as scrolled."""
+    count = 3000
+    trial_id = run_numbered(team, tmp_path, count)
+    html = httpx.get(f"{team.server.url}/trials/{trial_id}", timeout=30,
+                     headers={"Authorization": f"Bearer {team.tokens['vera']}"}).text
+    early = re.search(r'<div class="log-early"[^>]*><div>(.*?)</div></div>', html, re.S)
+    assert early is not None
+    assert early[1].splitlines() == [numbered(i) for i in range(count - 1000, count)]
+    page = page_of("vera")
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
+    page.goto(f"{team.server.url}/trials/{trial_id}")
+    log = page.locator("#log")
+    expect(log.locator(".log-row[data-offset]").last).to_have_text(numbered(count - 1))
+    assert not [url for url in asked if "/logs?" in url and "tail=" in url]
+    page.evaluate("document.getElementById('log').scrollTop = 0")
+    expect(log.locator(".log-row[data-offset]").first).to_have_text(numbered(0))
+
+
+def test_a_log_a_page_cannot_hold_as_text_is_read_by_the_script(
+        page_of: Any, team: Team, tmp_path: Path) -> None:
+    """CRLF line ends (an HTML parser makes them LF) and bytes that are not UTF-8: the page
+    comes without them, and log.js reads the tail from the API, bytes as they are."""
+    context = tmp_path / "crlf"
+    context.mkdir()
+    (context / "crlf.py").write_text(
+        "import sys\nfor i in range(50):\n"
+        "    sys.stdout.buffer.write(b'crlf line %d\\r\\n' % i)\n"
+        "sys.stdout.buffer.write(b'latin \\xe9 end\\n')\n")
+    ended = team.run_to_the_end("name: crlf\nentrypoint: python crlf.py\n", context)
+    trial_id = int(only_trial(ended)["id"])
+    html = httpx.get(f"{team.server.url}/trials/{trial_id}", timeout=30,
+                     headers={"Authorization": f"Bearer {team.tokens['vera']}"}).text
+    assert 'class="log-early"' not in html
+    page = page_of("vera")
+    page.goto(f"{team.server.url}/trials/{trial_id}")
+    rows = page.locator("#log .log-row[data-offset]")
+    expect(rows.last).to_have_text("latin \ufffd end")
+    expect(rows.nth(-2)).to_contain_text("crlf line 49")
+
+
 def test_every_line_is_reached_once_by_scrolling(page_of: Any, team: Team,
                                                  tmp_path: Path) -> None:
     count = 6000  # 330 kB: the tail of 1,000 lines first, the rest read as it is scrolled to
@@ -86,7 +131,7 @@ def test_every_line_is_reached_once_by_scrolling(page_of: Any, team: Team,
     page = page_of("vera")
     page.goto(f"{team.server.url}/trials/{trial_id}")
     log = page.locator("#log")
-    expect(log).to_contain_text(numbered(count - 1))
+    expect(log.locator(".log-row[data-offset]").last).to_have_text(numbered(count - 1))
     assert log.locator(".log-row").count() < 40  # the rows on screen, not the log
     seen = dict(page.evaluate(WALK_JS))
     assert [seen[offset] for offset in sorted(seen)] == [numbered(i) for i in range(count)]
@@ -102,7 +147,7 @@ def test_the_first_line_of_a_million_line_log_is_reached(page_of: Any, team: Tea
     page = page_of("vera")
     page.goto(f"{team.server.url}/trials/{trial_id}")
     log = page.locator("#log")
-    expect(log).to_contain_text(numbered(count - 1))
+    expect(log.locator(".log-row[data-offset]").last).to_have_text(numbered(count - 1))
     page.evaluate("document.getElementById('log').scrollTop = 0")
     expect(log.locator(".log-row[data-offset]").first).to_have_text(numbered(0))
     page.evaluate("(l => { l.scrollTop = (l.scrollHeight - l.clientHeight) / 2; })"
@@ -126,7 +171,7 @@ def test_find_searches_the_whole_log_and_steps_through_the_matches(
     page = page_of("vera")
     page.goto(f"{team.server.url}/trials/{trial_id}")
     log = page.locator("#log")
-    expect(log).to_contain_text(numbered(count - 1))
+    expect(log.locator(".log-row[data-offset]").last).to_have_text(numbered(count - 1))
     page.get_by_label("Find").fill("line 0001500")  # none below the view: searched back
     expect(page.locator("#log-found")).to_have_text("match 1 of 1")
     expect(log.locator("mark")).to_have_text("line 0001500")

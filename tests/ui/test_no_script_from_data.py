@@ -159,11 +159,13 @@ def test_an_old_hostile_metric_name_shows_as_text_and_runs_nothing(
     page.goto(f"{team.server.url}/experiments/{finished['id']}")
     # a legitimate name charts: both trials' curves, and val_loss against lr
     expect(page.locator("#curves[data-drawn]")).to_have_attribute("data-curves", "2")
+    page.locator("#hp-charts").scroll_into_view_if_needed()  # drawn once near the screen
     expect(page.locator("#hp-charts[data-drawn] .hp-chart canvas")).to_have_count(1)
 
     hostile = HOSTILE.format(receiver=url)
     _plant(team, finished["id"], hostile)
     page.reload()
+    page.locator("#hp-charts").scroll_into_view_if_needed()
     expect(page.locator("#hp-charts[data-drawn]")).to_have_text(
         f"No SUCCEEDED trial has a value of {hostile} yet.")
     expect(page.locator("#curves-note")).to_have_text(f"No trial has reported {hostile} yet.")

@@ -46,10 +46,14 @@ def test_brushing_an_axis_filters_the_table(page_of: Any, team: Team,
                                             searched: dict[str, Any]) -> None:
     page = page_of("vera")
     page.goto(f"{team.server.url}/experiments/{searched['id']}")
+    page.locator("#parallel").scroll_into_view_if_needed()  # drawn once near the screen
     chart = page.locator("#parallel[data-axes]")
     expect(chart).to_have_attribute("data-axes", "3")  # lr, model.hidden, val_loss
     expect(chart).to_have_attribute("data-lines", "8")
     expect(page.locator("table.trials tbody tr")).to_have_count(8)
+    # The charts above it, drawn once near the screen too, have their height now.
+    expect(page.locator("#importance")).to_have_attribute("data-drawn", "true")
+    expect(page.locator("#hp-charts")).to_have_attribute("data-drawn", "true")
     page.locator("#parallel").scroll_into_view_if_needed()
     axis = _axis(page, "metric:val_loss")
     span = axis["bottom"] - axis["top"]
@@ -68,6 +72,7 @@ def test_brushing_an_axis_filters_the_table(page_of: Any, team: Team,
         "table.trials tbody tr td:nth-child(8)").all_inner_texts()]
     assert max(losses_shown) < 0.5, losses_shown  # the smaller half of the values
     page.reload()
+    page.locator("#parallel").scroll_into_view_if_needed()
     expect(page.locator("#parallel[data-axes]")).to_have_attribute("data-lines", "8")
     expect(page.locator("table.trials tbody tr")).to_have_count(shown)
     # The address's range, drawn as the brush (once the chart has its size). Polled from
@@ -75,3 +80,24 @@ def test_brushing_an_axis_filters_the_table(page_of: Any, team: Team,
     wait_until(lambda: page.evaluate(
         "Object.keys(document.getElementById('parallel').chart.filters)") == ["metric:val_loss"],
         timeout=15, what="the brush from the address")
+
+
+def test_an_unfinished_search_s_chart_draws_its_new_trials_without_a_reload(
+        page_of: Any, team: Team) -> None:
+    """Drawn once scrolled near, then again as trials come (every 10 s, as the charts), while
+    the experiment has not ended; the page is not reloaded."""
+    with team.server.store() as store, store.session_scope() as s:
+        exp = add_experiment(s, search_config(), state="PAUSED")  # not ended; nothing runs
+        for n in range(3):
+            add_trial(s, exp, n, validation=losses(0.1 * (n + 1)))
+        experiment_id = exp.id
+    page = page_of("vera")
+    page.goto(f"{team.server.url}/experiments/{experiment_id}")
+    page.evaluate("window.__notReloaded = true")
+    page.locator("#parallel").scroll_into_view_if_needed()
+    chart = page.locator("#parallel[data-axes]")
+    expect(chart).to_have_attribute("data-lines", "3")
+    with team.server.store() as store, store.session_scope() as s:
+        add_trial(s, s.get(type(exp), experiment_id), 3, validation=losses(0.05))
+    expect(chart).to_have_attribute("data-lines", "4", timeout=25_000)
+    assert page.evaluate("window.__notReloaded") is True

@@ -22,7 +22,6 @@ from http import HTTPStatus
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
@@ -42,6 +41,7 @@ from muster.server.routes import PREFIX, public, router, scrape
 from muster.server.security_headers import HEADERS, SecurityHeaders
 from muster.server.settings import ServerSettings
 from muster.server.state import ServerState
+from muster.server.static_files import Assets
 from muster.server.wakeups import SAFETY_NET_SECONDS
 from muster.services.users import bootstrap
 
@@ -102,7 +102,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(pages)
     app.include_router(account_pages)
     app.include_router(compare_pages)
-    app.mount("/static", StaticFiles(directory=ui.STATIC), name="static")
+    app.mount("/static", Assets(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app
 

@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from muster import __version__, ui
+from muster import __version__, api, ui
 from muster.errors import InvalidRequest, MusterError, NotFound, TooManyRequests, Unauthorized
 from muster.server.account_routes import (
     client_address,
@@ -41,6 +41,7 @@ from muster.server.auth import (
     set_session_cookie,
 )
 from muster.server.state import ServerState
+from muster.server.static_files import asset
 from muster.services import (
     audit,
     cluster,
@@ -48,6 +49,7 @@ from muster.services import (
     experiments,
     jobs,
     listing,
+    logs,
     retention,
     search,
     snapshots,
@@ -123,6 +125,7 @@ def _check_status(check: Any) -> str:
     return check_status(check) if isinstance(check, Mapping) else CheckStatus.FAILED
 
 
+templates.env.globals["asset"] = asset
 templates.env.filters.update(when=_when, duration=_duration, number=_number, flat=_flat,
                              size=format_size, count=count, verdict_class=_verdict_class,
                              check_status=_check_status, progress_line=progress_line)
@@ -606,13 +609,46 @@ def _hparam_types(space: Any, prefix: str = "") -> dict[str, str]:
 
 @pages.get("/trials/{trial_id}", response_class=HTMLResponse)
 def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
-    """A trial (`GET /api/v1/trials/{id}`); its log is read by the page from
-    `GET /api/v1/trials/{id}/logs` (tail, then follow)."""
+    """A trial (`GET /api/v1/trials/{id}`) with its log's last lines; the page reads the
+    rest of its log from `GET /api/v1/trials/{id}/logs` (ranges, then follow)."""
     if who is None:
         return to_login(request)
     context = _trial_context(request, who, trial_id)
     return render(request, "trial.html", who, nav="experiments",
-                  stream=f"trial_id={context['trial']['id']}", **context)
+                  stream=f"trial_id={context['trial']['id']}",
+                  early_log=_early_log(request, context["trial"]), **context)
+
+
+EARLY_LOG_LINES = 1000  # as many as log.js's TAIL_LINES
+EARLY_LOG_BYTES = 512 * 1024
+
+
+def _early_log(request: Request, trial: api.TrialDetail) -> TemplateContext | None:
+    """The latest attempt's last lines, in the page itself: shown as soon as it is parsed,
+    before the scripts load (log.js then takes them over, and asks no tail). Only one rank's
+    bytes that read back as the same bytes from the page's text: UTF-8 without CR or NUL
+    (an HTML parser changes those), and whole (not cut at EARLY_LOG_BYTES); else None, and
+    log.js asks for the tail."""
+    shown = [a for a in trial["attempts"] if not a["standby"]]
+    if not shown:
+        return None
+    state = server_state(request)
+    try:
+        piece = logs.read_log(state.store, state.platform.launcher, trial["id"],
+                              attempt=shown[-1]["number"], tail=EARLY_LOG_LINES,
+                              limit=EARLY_LOG_BYTES, home=state.home)
+    except NotFound:  # gone meanwhile: log.js asks, and says what it is told
+        return None
+    if not isinstance(piece, logs.LogSlice) or len(piece.data) >= EARLY_LOG_BYTES:
+        return None
+    try:
+        text = piece.data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if "\r" in text or "\0" in text:
+        return None
+    return {"attempt": piece.attempt, "offset": piece.offset, "next": piece.next_offset,
+            "text": text}
 
 
 def _trial_context(request: Request, who: Principal, trial_id: int, snapshot: bool = True

@@ -653,8 +653,23 @@
       } catch (error) {
         note.textContent = "Learning curves: " + error.message;
       }
+      if (below.shown) { await drawBelow(); }
+    }
+    // The charts under the curves (one per hyperparameter, the importance) are read and
+    // drawn once they come near the screen, and redrawn with the curves from then on.
+    const below = {shown: false};
+    async function drawBelow() {
       if (hp) { await drawHparams(hp, experiment, metric).catch((error) => { hp.textContent = error.message; }); }
       if (importance) { await drawImportance(importance, experiment); }
+    }
+    if (hp || importance) {
+      const near = new IntersectionObserver((entries) => {
+        if (!entries.some((e) => e.isIntersecting)) { return; }
+        near.disconnect();
+        below.shown = true;
+        drawBelow();
+      }, {rootMargin: "400px 0px"});
+      near.observe(hp || importance);
     }
     await draw();
     document.addEventListener("muster:theme", () => { draw(); });  // the new colours

@@ -34,7 +34,7 @@
   const foundText = document.getElementById("log-found");
   const status = document.getElementById("log-status");
   const download = document.getElementById("log-download");
-  const TAIL_LINES = 1000;  // as log_tail.js asks for them
+  const TAIL_LINES = 1000;  // as many as the page comes with (EARLY_LOG_LINES, pages.py)
   const CHUNK = 64 * 1024;
   const MAX_CHUNKS = 256;  // 16 MiB of one rank's log held at once
   const MERGED_CHUNKS = 128;  // the merged view's newest 8 MiB
@@ -44,6 +44,13 @@
   const ENDED = ["SUCCEEDED", "FAILED", "CANCELED", "SUSPECT"];
   const decoder = new TextDecoder("utf-8");
   const oneByteEach = new TextDecoder("windows-1252");  // a char per byte: a merged search
+
+  // The last lines the page came with (trial.html), as bytes: the tail of the attempt it
+  // names, taken over by readTail (once) if they are all there.
+  const earlyBox = view.querySelector(".log-early");
+  let early = earlyBox ? {attempt: Number(earlyBox.dataset.attempt), offset: Number(earlyBox.dataset.offset),
+                          next: Number(earlyBox.dataset.next), bytes: new TextEncoder().encode(earlyBox.textContent)} : null;
+  if (early && early.bytes.length !== early.next - early.offset) { early = null; }
 
   view.dataset.viewer = "on";
   view.textContent = "";
@@ -416,15 +423,20 @@
 
   // The attempt's last lines: one rank's bytes (with their offset) or the merged view.
   async function readTail(own) {
-    const url = logUrl({tail: TAIL_LINES});
-    // The page asked for this very tail before its scripts loaded (trial.html): use it.
-    const early = window.musterLogTail && url.endsWith(window.musterLogTail.url.split("?")[1]) ? window.musterLogTail : null;
-    window.musterLogTail = null;
-    const got = early ? await early.answer : null;
-    const response = got ? got.response : await fetch(url, {credentials: "same-origin"});
+    const came = early;
+    early = null;
+    if (came && came.attempt === attemptShown && rankParam === "") {  // the page's own tail
+      const owner = new LogBytes(null);
+      owner.load = (index) => loadChunk(index, owner, own);
+      owner.size = came.next;
+      owner.put(came.offset, came.bytes);
+      store = owner;
+      return "bytes";
+    }
+    const response = await fetch(logUrl({tail: TAIL_LINES}), {credentials: "same-origin"});
     if (own !== generation) { return null; }
     if (!response.ok) { status.textContent = "log: " + response.status; return null; }
-    const data = got ? got.bytes : new Uint8Array(await response.arrayBuffer());
+    const data = new Uint8Array(await response.arrayBuffer());
     const offset = response.headers.get("X-Muster-Offset");
     if (offset === null) {
       store = new LogBytes(null);

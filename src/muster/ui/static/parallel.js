@@ -10,6 +10,7 @@
 
   const PAGE = 1000;  // search.MAX_TRIAL_PAGE
   const MAX_TRIALS = 10000;  // an experiment's trials at most
+  const REFRESH_MS = 10000;  // as the charts (charts.js)
 
   async function allTrials(experimentId) {
     const rows = [];
@@ -93,6 +94,13 @@
               {source: document.getElementById("live"), target: "#live"});
   }
 
+  // What a redraw would change: the trials, their states and their best values.
+  function signature(rows, metric) {
+    return rows.map((t) => t.id + ":" + t.state + ":" + (t.best_validation ? t.best_validation[metric] : "")).join(",");
+  }
+
+  // Draws the chart, or draws it again once its trials changed (a running experiment),
+  // unless a brush is being dragged or its filter is on its way to the table.
   async function draw() {
     const holder = document.getElementById("parallel");
     const note = document.getElementById("parallel-note");
@@ -107,6 +115,13 @@
       note.textContent = "The trials could not be read: " + problem.message;
       return;
     }
+    const drawn = signature(rows, metric);
+    if (holder.chart && (drawn === holder.drawnFrom || holder.pressed || holder.pending)) { return; }
+    if (holder.chart) {
+      holder.chart.destroy();
+      holder.chart = null;
+    }
+    holder.drawnFrom = drawn;
     const dimensions = axes(types, metric, rows);
     if (!rows.length || dimensions.length < 2) {
       note.textContent = rows.length ? "Fewer than two axes to draw." : "No trials yet.";
@@ -120,7 +135,11 @@
     let timer = null;
     const changed = (filters) => {
       clearTimeout(timer);
-      timer = setTimeout(() => filterTable(experimentId, dimensions, filters), 150);
+      holder.pending = true;
+      timer = setTimeout(() => {
+        holder.pending = false;
+        filterTable(experimentId, dimensions, filters);
+      }, 150);
     };
     try {
       holder.chart = new Hermes.default(holder, dimensions, {
@@ -140,5 +159,28 @@
       "(the table follows); drag a brush to move it, click beside it to clear, double-click to reset.";
   }
 
-  document.addEventListener("DOMContentLoaded", draw);
+  // Drawn once the section comes near the screen (its 1,000 trials are not read for a
+  // visit that never scrolls to it), then every REFRESH_MS while the experiment runs.
+  function start() {
+    const holder = document.getElementById("parallel");
+    if (!holder) { return; }
+    holder.addEventListener("pointerdown", () => { holder.pressed = true; });
+    document.addEventListener("pointerup", () => { holder.pressed = false; });
+    const shown = new IntersectionObserver((entries) => {
+      if (!entries.some((e) => e.isIntersecting)) { return; }
+      shown.disconnect();
+      draw();
+      if (holder.dataset.ended === "true") { return; }
+      const timer = setInterval(() => {
+        const state = document.querySelector("#live .state");
+        if (state && ["COMPLETED", "CANCELED", "ERROR"].includes(state.textContent.trim())) {
+          clearInterval(timer);
+        }
+        if (!document.hidden) { draw(); }
+      }, REFRESH_MS);
+    }, {rootMargin: "400px 0px"});
+    shown.observe(holder);
+  }
+
+  document.addEventListener("DOMContentLoaded", start);
 })();
