@@ -71,6 +71,7 @@ TABLE_CLICK_TARGET_MS = 150.0  # a sort or a page of the trials table, click →
 FRAME_P99_TARGET_MS = 50.0  # following a chatty trial: the longest task of 99% of frames
 LONG_TASK_MAX_MS = 200.0  # and the longest task of all
 CHATTY_LINE_TARGET_MS = 50.0  # and a new line on the page, from its write
+ENDED_TARGET_MS = 2000.0  # a trial's end → SUCCEEDED and its verification on its page
 CHATTY_RATE = 50_000  # lines a second
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -169,6 +170,34 @@ TASKS_JS = """
     requestAnimationFrame(frame);
   };
   requestAnimationFrame(frame);
+})();
+"""
+
+# The trial whose end is timed: "ending ready", then once the go file is there
+# "ending at <unix time>" and exit 0.
+ENDING = """\
+import pathlib, sys, time
+go = pathlib.Path(sys.argv[1])
+print("ending ready", flush=True)
+while not go.exists():
+    time.sleep(0.01)
+print(f"ending at {time.time():.6f}", flush=True)
+"""
+
+# Records the frame (unix time) that first shows the trial SUCCEEDED with its verification.
+ENDED_JS = """
+(() => {
+  const seen = window.__uiBudgetEnded = {at: null};
+  const look = (now) => {
+    const state = document.querySelector("#trial-state .state");
+    const verified = [...document.querySelectorAll("h2, h3")].some(
+      (h) => h.textContent.trim() === "Verification");
+    if (seen.at === null && state && state.textContent.trim() === "SUCCEEDED" && verified) {
+      seen.at = (performance.timeOrigin + now) / 1000;
+    }
+    requestAnimationFrame(look);
+  };
+  requestAnimationFrame(look);
 })();
 """
 
@@ -455,8 +484,9 @@ def chromium() -> Iterator[Any]:
 
 
 @contextmanager
-def _page(browser: Any, token: str, init_script: str) -> Iterator[Any]:
-    """A page in a fresh context (an empty cache: a first visit), signed in by `token`."""
+def _page(browser: Any, token: str, init_script: str, live: bool = False) -> Iterator[Any]:
+    """A page in a fresh context (an empty cache: a first visit), signed in by `token`;
+    with `live`, with its event stream (what makes a page change without a reload)."""
     context = browser.new_context(viewport=VIEWPORT, extra_http_headers={
         "Authorization": f"Bearer {token}"})
     try:
@@ -465,7 +495,8 @@ def _page(browser: Any, token: str, init_script: str) -> Iterator[Any]:
         # end with "every request answered"; the pages' polls and log follows, which these
         # figures are about, are unchanged. (Not a route that aborts it: routing turns off
         # the browser's cache, and the pages' scripts are cached.)
-        context.add_init_script("window.EventSource = undefined;")
+        if not live:
+            context.add_init_script("window.EventSource = undefined;")
         context.add_init_script(init_script)
         page = context.new_page()
         page.set_default_timeout(WAIT_MS)
@@ -618,6 +649,39 @@ def first_lines(browser: Any, token: str, url: str, first: str, last: str, count
     return times
 
 
+def trial_ends(browser: Any, client: Client, token: str, url: str, root: Path, count: int
+               ) -> list[float]:
+    """Seconds from a running trial's last print (then it exits 0) to the frame of its
+    page (opened while it ran, its event stream on) that shows it SUCCEEDED with its
+    verification, one trial at a time."""
+    context = root / "ending"
+    context.mkdir()
+    (context / "ending.py").write_text(ENDING)
+    ages = []
+    for n in range(count):
+        go = root / f"ending-go-{n}"
+        exp = client.create_experiment(
+            f"name: ui-budget-ending\nentrypoint: python ending.py {go}\n", context)
+        trial_id = int(exp["trials"][0]["id"])
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while b"ending ready" not in client.read_logs(trial_id).data:
+            expect(time.monotonic() < deadline, f"trial {trial_id} printed nothing")
+            time.sleep(0.05)
+        with _page(browser, token, ENDED_JS, live=True) as page:
+            page.goto(f"{url}/trials/{trial_id}")
+            page.locator("#trial-state .state").filter(has_text="RUNNING").wait_for()
+            page.wait_for_timeout(300)  # its event stream opened
+            go.touch()
+            page.wait_for_function("() => window.__uiBudgetEnded.at !== null",
+                                   timeout=WAIT_MS)
+            shown = float(page.evaluate("window.__uiBudgetEnded.at"))
+        ended = re.search(rb"ending at (\d+\.\d+)", client.read_logs(trial_id).data)
+        expect(ended is not None, f"trial {trial_id} never printed its end")
+        assert ended is not None
+        ages.append(shown - float(ended[1]))
+    return ages
+
+
 @dataclass(frozen=True)
 class Followed:
     """A chatty trial followed on its page, from the go file to its last line shown."""
@@ -671,6 +735,7 @@ class Measured:
     experiment_page: dict[str, list[Sample]] | None = None  # by arrival
     log_page: dict[str, list[Sample]] | None = None
     live_s: list[float] | None = None
+    ended_s: list[float] | None = None
     first_line_ms: list[float] | None = None
     table_click_ms: list[float] | None = None
     chatty: Followed | None = None
@@ -781,6 +846,8 @@ def _in_browser(measured: Measured, client: Client, token: str, url: str, root: 
             browser, token, f"{url}/experiments/{seeded.search_id}", 4 * size.visits)
         _phase("live lines")
         measured.live_s = live_lines(browser, client, token, url, root, size.ticks)
+        _phase("trials that end")
+        measured.ended_s = trial_ends(browser, client, token, url, root, size.visits)
         _phase("the first line")
         measured.first_line_ms = first_lines(
             browser, token, f"{url}/trials/{seeded.log_trial}",
@@ -834,7 +901,7 @@ def _outcome(size: Size, m: Measured) -> Outcome:
     data = {"seeding_s": m.seeding_s, "lists_s": {str(k): v for k, v in m.lists.items()},
             "html_bytes": m.html_bytes, "experiment_http_s": m.experiment_http,
             "log_http_s": m.log_http, "experiment_page_ms": m.experiment_page,
-            "log_page_ms": m.log_page, "live_s": m.live_s,
+            "log_page_ms": m.log_page, "live_s": m.live_s, "ended_s": m.ended_s,
             "first_line_ms": m.first_line_ms, "table_click_ms": m.table_click_ms,
             "chatty": None if m.chatty is None else m.chatty.__dict__}
     return Outcome("ui_budget", tables, targets, notes, data)
@@ -868,6 +935,10 @@ def _log_table(size: Size, m: Measured) -> Table:
         rows.append([f"Chromium: a running trial's line, print → on the page "
                      f"(median of {len(m.live_s)} lines; max {ms(max(m.live_s)):.0f})",
                      _ms(m.live_s), ""])
+    if m.ended_s is not None:
+        rows.append([f"Chromium: a trial's end (its last print) → SUCCEEDED and its "
+                     f"verification on its page (median of {len(m.ended_s)}; max "
+                     f"{ms(max(m.ended_s)):.0f})", _ms(m.ended_s), ""])
     if m.first_line_ms is not None:
         rows.append(["Chromium: the scrollbar to the top → the log's first line",
                      f"{median(m.first_line_ms):.0f}", ""])
@@ -949,6 +1020,11 @@ def _page_targets(size: Size, m: Measured) -> list[Target]:
         targets.append(Target(f"(u) a new log line on the trial page ≤ {LIVE_TARGET_MS:.0f} "
                               "ms after the process wrote it", f"{value:.0f} ms",
                               value <= LIVE_TARGET_MS))
+    if m.ended_s is not None:
+        value = ms(median(m.ended_s))
+        targets.append(Target(f"(u) a trial's page shows it SUCCEEDED with its verification "
+                              f"≤ {ENDED_TARGET_MS:.0f} ms after its end, without a reload",
+                              f"{value:.0f} ms", value <= ENDED_TARGET_MS))
     if m.first_line_ms is not None:
         value = median(m.first_line_ms)
         targets.append(Target(f"(u) the first line of a {size.log_mb:,} MB log reached by "

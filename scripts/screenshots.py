@@ -207,11 +207,19 @@ class Camera:
             page.set_default_timeout(WAIT_MS)
             page.goto(self.url + path, wait_until="load")
             page.locator(ready).first.wait_for()
+            # The sections under the curves draw once scrolled near: brought near in turn,
+            # then the page back at its top.
             for chart in ("#curves", "#hp-charts", "#metric-charts"):
                 if page.locator(chart).count():
+                    page.locator(chart).scroll_into_view_if_needed()
                     page.locator(f"{chart}[data-drawn]").wait_for()
             if page.locator("#importance").count():
+                page.locator("#importance").scroll_into_view_if_needed()
                 page.locator("#importance .bar, #importance .chart-note").first.wait_for()
+            if page.locator("#parallel").count():
+                page.locator("#parallel").scroll_into_view_if_needed()
+                page.locator("#parallel[data-axes]").wait_for()
+            page.evaluate("window.scrollTo(0, 0)")
             if not height:
                 png: bytes = page.screenshot(full_page=height is None, animations="disabled")
                 return png

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol, TypedDict
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from muster import api, git_state, job_secrets
 from muster.config import ExperimentConfig, load_config
@@ -449,22 +449,18 @@ def experiment_overview(store: Store, experiment_id: int) -> views.ExperimentOve
     warnings, read without any trial's attempts (a page of a search of thousands of
     trials shows those a page at a time, `search.trial_page`)."""
     with store.session_scope() as s:
-        # Its trials with the columns the summary reads (states, verdicts, the best
-        # trial's hparams), not their other JSON (manifest, search state, ...): thousands
-        # of trials are decoded for every poll of the page. A RUNNING one's progress loads
-        # the rest of that one as it reads it.
-        exp = s.scalars(select(Experiment).where(Experiment.id == experiment_id).options(
-            selectinload(Experiment.trials).load_only(
-                Trial.id, Trial.experiment_id, Trial.number, Trial.state, Trial.hparams,
-                Trial.verification, Trial.early_stopped, Trial.reason, Trial.message))
-        ).one_or_none()
-        if exp is None:
-            raise experiment_missing(experiment_id)
-        succeeded = [t.id for t in exp.trials if t.state is TrialState.SUCCEEDED]
+        exp = experiment_or_404(s, experiment_id)
+        # Its trials as the columns the summary reads, not as ORM rows (the page polls this
+        # for searches of thousands of trials); its RUNNING ones whole, for their progress.
+        trials = list(s.execute(select(*views.SUMMARY_COLUMNS).where(
+            Trial.experiment_id == exp.id).order_by(Trial.id)).all())
+        running = s.scalars(select(Trial).where(Trial.experiment_id == exp.id,
+                                                Trial.state == TrialState.RUNNING)).all()
+        succeeded = [t.id for t in trials if t.state is TrialState.SUCCEEDED]
         goals = views.searcher_goals(experiment_searcher(exp))
         return views.experiment_overview(exp, best_validation(s, succeeded, goals),
                                          _warnings(s, exp.id),
-                                         progress.of_running(s, exp.trials))
+                                         progress.of_running(s, running), trials)
 
 
 def experiment_header(store: Store, experiment_id: int) -> ExperimentHeader:
@@ -668,13 +664,9 @@ def _warnings(s: Session, experiment_id: int) -> list[str]:
 def experiment_or_404(s: Session, experiment_id: int) -> Experiment:
     exp = s.get(Experiment, experiment_id)
     if exp is None:
-        raise experiment_missing(experiment_id)
+        raise NotFound(f"experiment {experiment_id} does not exist; `muster experiment list` "
+                       "shows the experiments there are")
     return exp
-
-
-def experiment_missing(experiment_id: int) -> NotFound:
-    return NotFound(f"experiment {experiment_id} does not exist; `muster experiment list` "
-                    "shows the experiments there are")
 
 
 def trial_or_404(s: Session, trial_id: int) -> Trial:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from muster import api
 from muster.checkpoint_storage.location import Location
@@ -32,6 +33,34 @@ Goals = Mapping[str, bool]
 BestValues = Mapping[int, Mapping[str, float]]
 
 
+class TrialFacts(Protocol):
+    """What an experiment's summary reads of each of its trials (`SUMMARY_COLUMNS`): a
+    `Trial`, or a row of those columns alone (thousands of trials, no ORM objects)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def number(self) -> int: ...
+    @property
+    def state(self) -> TrialState: ...
+    @property
+    def hparams(self) -> api.JsonObject: ...
+    @property
+    def verification(self) -> api.JsonObject | None: ...
+    @property
+    def early_stopped(self) -> bool: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def message(self) -> str | None: ...
+
+
+_Facts = TypeVar("_Facts", bound=TrialFacts)
+
+SUMMARY_COLUMNS = (Trial.id, Trial.number, Trial.state, Trial.hparams, Trial.verification,
+                   Trial.early_stopped, Trial.reason, Trial.message)
+
+
 class ExperimentOverview(api.ExperimentSummary):
     """`api.ExperimentDetail` without its trials: what an experiment's page shows above its
     trials table (`muster.services.experiments.experiment_overview`)."""
@@ -43,7 +72,7 @@ class ExperimentOverview(api.ExperimentSummary):
 
 
 def experiment_summary(exp: Experiment, *, states: Sequence[TrialState] | None = None,
-                       succeeded: Sequence[Trial] | None = None,
+                       succeeded: Sequence[TrialFacts] | None = None,
                        best: api.BestSoFar | None = None,
                        running: Sequence[api.RunningTrialProgress] = ()
                        ) -> api.ExperimentSummary:
@@ -84,7 +113,7 @@ def verdict_counts(counts: VerdictCounts) -> api.VerdictCounts:
             "suspect": counts.suspect}
 
 
-def running_progress(trials: Iterable[Trial], progress: Mapping[int, api.TrialProgress]
+def running_progress(trials: Iterable[TrialFacts], progress: Mapping[int, api.TrialProgress]
                      ) -> list[api.RunningTrialProgress]:
     """`{trial_id, number, progress}` of each of `trials` that has a `progress` view (by
     trial id: `muster.services.progress.of_running`), by number."""
@@ -117,24 +146,30 @@ def experiment_detail(exp: Experiment, best: BestValues, warnings: Sequence[str]
 
 
 def experiment_overview(exp: Experiment, best: BestValues, warnings: Sequence[str],
-                        progress: Mapping[int, api.TrialProgress] | None = None
-                        ) -> ExperimentOverview:
+                        progress: Mapping[int, api.TrialProgress] | None = None,
+                        trials: Sequence[TrialFacts] | None = None) -> ExperimentOverview:
     """`experiment_detail` without its trials: the summary (with its RUNNING trials'
     `progress`, by trial id), the config, the search's progress and the `warnings` (what a
-    page shows above its trials table, read without each trial's attempts)."""
+    page shows above its trials table, read without each trial's attempts). `trials`:
+    its trials (default `exp.trials`), as `SUMMARY_COLUMNS` rows will do."""
+    trials = exp.trials if trials is None else trials
     searcher = experiment_searcher(exp)
-    search = search_view(exp, searcher, best)
-    summary = experiment_summary(exp, best=search["best"],
-                                 running=running_progress(exp.trials, progress or {}))
+    search = search_view(exp, searcher, best, trials)
+    summary = experiment_summary(
+        exp, states=[t.state for t in trials],
+        succeeded=[t for t in trials if t.state is TrialState.SUCCEEDED],
+        best=search["best"], running=running_progress(trials, progress or {}))
     return ExperimentOverview(**summary, config=exp.config, config_yaml=exp.config_yaml,
                               search=search, warnings=list(warnings))
 
 
-def search_view(exp: Experiment, searcher: SearcherConfig, best: BestValues
-                ) -> api.SearchProgress:
+def search_view(exp: Experiment, searcher: SearcherConfig, best: BestValues,
+                trials: Sequence[TrialFacts] | None = None) -> api.SearchProgress:
     """How far the search has come: trials by stage, how many are still to be made, and
-    the best trial so far (`best`: the trials' `best_validation`)."""
-    states = Counter(t.state for t in exp.trials)
+    the best trial so far (`best`: the trials' `best_validation`); `trials` by default
+    `exp.trials`."""
+    trials = exp.trials if trials is None else trials
+    states = Counter(t.state for t in trials)
     return {
         "searcher": searcher.name,
         "metric": searcher.metric,
@@ -146,12 +181,12 @@ def search_view(exp: Experiment, searcher: SearcherConfig, best: BestValues
         "ended": sum(states[s] for s in ENDED_STATES),
         "running": sum(states[s] for s in RUNNING_STATES),
         "queued": sum(states[s] for s in QUEUED_STATES),
-        "remaining": max(0, exp.max_trials - len(exp.trials)),
-        "best": best_view(exp.trials, best, searcher),
+        "remaining": max(0, exp.max_trials - len(trials)),
+        "best": best_view(trials, best, searcher),
     }
 
 
-def best_view(trials: Iterable[Trial], best: BestValues, searcher: SearcherConfig
+def best_view(trials: Iterable[TrialFacts], best: BestValues, searcher: SearcherConfig
               ) -> api.BestSoFar | None:
     metric, winner = searcher.metric, best_trial_of(trials, best, searcher)
     if metric is None or winner is None:
@@ -228,7 +263,7 @@ def trial_summary(trial: Trial, best: Mapping[str, float],
     }
 
 
-def trial_verdict(trial: Trial) -> Verdict:
+def trial_verdict(trial: TrialFacts) -> Verdict:
     """The trial's verdict (`muster.verdicts`): verified, not verified and why, SUSPECT and
     why, or how it ended."""
     return verdict_of(trial.state, trial.verification, early_stopped=trial.early_stopped,
@@ -373,8 +408,8 @@ def metric_order(value: float | None, smaller_is_better: bool) -> tuple[bool, fl
     return False, value if smaller_is_better else -value
 
 
-def best_trial_of(trials: Iterable[Trial], best: BestValues, searcher: SearcherConfig
-                  ) -> Trial | None:
+def best_trial_of(trials: Iterable[_Facts], best: BestValues, searcher: SearcherConfig
+                  ) -> _Facts | None:
     """The SUCCEEDED trial (stopped early or not) with the best value of the searcher's
     metric; ties go to the lowest number. None without a metric or such a trial."""
     metric = searcher.metric
