@@ -191,7 +191,7 @@ ENDED_JS = """
   const look = (now) => {
     const state = document.querySelector("#trial-state .state");
     const verified = [...document.querySelectorAll("h2, h3")].some(
-      (h) => h.textContent.trim() === "Verification");
+      (h) => h.textContent.trim().startsWith("Verification"));
     if (seen.at === null && state && state.textContent.trim() === "SUCCEEDED" && verified) {
       seen.at = (performance.timeOrigin + now) / 1000;
     }
@@ -604,10 +604,15 @@ TABLE_CLICK_JS = """
   const link = document.querySelector(selector);
   if (!link) { reject(new Error("no " + selector)); return; }
   const main = document.querySelector("main");
+  // Answered once the new table is painted and htmx has settled it (its links work: the
+  // next click must not land on a link htmx has not taken yet, which would navigate).
+  let painted = null, settled = false;
+  const done = () => { if (painted !== null && settled) { resolve(painted); } };
+  document.addEventListener("htmx:afterSettle", () => { settled = true; done(); }, {once: true});
   const seen = new MutationObserver((records) => {
     if (!records.some((r) => Array.from(r.addedNodes).some((n) => n.id === "live"))) { return; }
     seen.disconnect();
-    requestAnimationFrame(() => setTimeout(() => resolve(performance.now() - started), 0));
+    requestAnimationFrame(() => setTimeout(() => { painted = performance.now() - started; done(); }, 0));
   });
   seen.observe(main, {childList: true, subtree: true});
   setTimeout(() => { seen.disconnect(); reject(new Error(selector + ": no new table")); }, 30000);
