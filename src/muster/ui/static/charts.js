@@ -498,6 +498,7 @@
     const last = document.createElement("span");
     last.className = "dim";
     last.textContent = t.values.length ? metric + " " + number(t.values[t.values.length - 1]) + " at step " + t.steps[t.steps.length - 1] : "";
+    last.title = last.textContent;  // cut with an ellipsis where the column is narrow
     row.append(label, link, last);
     return row;
   }
