@@ -571,6 +571,19 @@ def visits(browser: Any, token: str, url: str, marks: dict[str, Mark], count: in
     return samples
 
 
+def _started(client: Client, config: str, context: Path, ready: bytes
+             ) -> tuple[dict[str, Any], int]:
+    """An experiment of one trial made from `config` and `context`, once its log holds
+    `ready`: the experiment and its trial's id."""
+    exp = client.create_experiment(config, context)
+    trial_id = int(exp["trials"][0]["id"])
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while ready not in client.read_logs(trial_id).data:
+        expect(time.monotonic() < deadline, f"trial {trial_id} printed nothing")
+        time.sleep(0.05)
+    return exp, trial_id
+
+
 def live_lines(browser: Any, client: Client, token: str, url: str, root: Path, count: int
                ) -> list[float]:
     """Seconds from a running trial's `print` to its line on the trial page, per line."""
@@ -579,12 +592,7 @@ def live_lines(browser: Any, client: Client, token: str, url: str, root: Path, c
     (context / "ticker.py").write_text(TICKER)
     go = root / "go"
     config = f"name: ui-budget-live-log\nentrypoint: python ticker.py {go} {count}\n"
-    exp = client.create_experiment(config, context)
-    trial_id = int(exp["trials"][0]["id"])
-    deadline = time.monotonic() + WAIT_MS / 1000
-    while b"ticker ready" not in client.read_logs(trial_id).data:
-        expect(time.monotonic() < deadline, f"trial {trial_id} printed nothing")
-        time.sleep(0.05)
+    exp, trial_id = _started(client, config, context, b"ticker ready")
     with _page(browser, token, TICKS_JS) as page:
         page.goto(f"{url}/trials/{trial_id}")
         page.locator("#log").filter(has_text="ticker ready").wait_for()
@@ -612,7 +620,10 @@ TABLE_CLICK_JS = """
   const seen = new MutationObserver((records) => {
     if (!records.some((r) => Array.from(r.addedNodes).some((n) => n.id === "live"))) { return; }
     seen.disconnect();
-    requestAnimationFrame(() => setTimeout(() => { painted = performance.now() - started; done(); }, 0));
+    requestAnimationFrame(() => setTimeout(() => {
+      painted = performance.now() - started;
+      done();
+    }, 0));
   });
   seen.observe(main, {childList: true, subtree: true});
   setTimeout(() => { seen.disconnect(); reject(new Error(selector + ": no new table")); }, 30000);
@@ -665,13 +676,8 @@ def trial_ends(browser: Any, client: Client, token: str, url: str, root: Path, c
     ages = []
     for n in range(count):
         go = root / f"ending-go-{n}"
-        exp = client.create_experiment(
-            f"name: ui-budget-ending\nentrypoint: python ending.py {go}\n", context)
-        trial_id = int(exp["trials"][0]["id"])
-        deadline = time.monotonic() + WAIT_MS / 1000
-        while b"ending ready" not in client.read_logs(trial_id).data:
-            expect(time.monotonic() < deadline, f"trial {trial_id} printed nothing")
-            time.sleep(0.05)
+        _, trial_id = _started(client, f"name: ui-budget-ending\nentrypoint: python "
+                               f"ending.py {go}\n", context, b"ending ready")
         with _page(browser, token, ENDED_JS, live=True) as page:
             page.goto(f"{url}/trials/{trial_id}")
             page.locator("#trial-state .state").filter(has_text="RUNNING").wait_for()
@@ -705,13 +711,8 @@ def follow_chatty(browser: Any, client: Client, token: str, url: str, root: Path
     context.mkdir()
     (context / "chatty.py").write_text(CHATTY)
     go = root / "chatty-go"
-    exp = client.create_experiment(f"name: ui-budget-chatty\nentrypoint: python chatty.py "
-                                   f"{go} {count} {CHATTY_RATE}\n", context)
-    trial_id = int(exp["trials"][0]["id"])
-    deadline = time.monotonic() + WAIT_MS / 1000
-    while b"chatty ready" not in client.read_logs(trial_id).data:
-        expect(time.monotonic() < deadline, f"trial {trial_id} printed nothing")
-        time.sleep(0.05)
+    _, trial_id = _started(client, f"name: ui-budget-chatty\nentrypoint: python chatty.py "
+                           f"{go} {count} {CHATTY_RATE}\n", context, b"chatty ready")
     with _page(browser, token, TASKS_JS) as page:
         page.goto(f"{url}/trials/{trial_id}")
         page.locator("#log").filter(has_text="chatty ready").wait_for()
