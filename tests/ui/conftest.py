@@ -133,6 +133,16 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
         yield team
 
 
+def log_in(page: Any, team: Team, name: str) -> None:
+    """Logs `page` in as `name` through the login form (the user's password); it ends on
+    the server's list page."""
+    page.goto(team.server.url + "/login")
+    page.get_by_label("User name").fill(name)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(team.server.url + "/")
+
+
 @pytest.fixture
 def page_of(browser: WatchedBrowser, team: Team) -> Iterator[Any]:
     """`page_of(name)`: a fresh browser context logged in as that user (through the login
@@ -144,11 +154,7 @@ def page_of(browser: WatchedBrowser, team: Team) -> Iterator[Any]:
         contexts.append(context)
         page = context.new_page()
         page.set_default_timeout(15_000)
-        page.goto(team.server.url + "/")
-        page.get_by_label("User name").fill(name)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(team.server.url + "/")
+        log_in(page, team, name)
         return page
 
     yield open_page

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.server.experiments import only_trial, wait_trial, write_context
-from tests.ui.conftest import PASSWORD, Team, WatchedBrowser
+from tests.ui.conftest import Team, WatchedBrowser, log_in
 
 pytestmark = pytest.mark.lifecycle  # a real server, a real trial, a real browser
 
@@ -22,11 +22,7 @@ LIGHT_BG = "rgb(255, 255, 255)"
 def _logged_in(browser: WatchedBrowser, team: Team, name: str, **options: Any) -> Any:
     context = browser.new_context(**options)
     page = context.new_page()
-    page.goto(team.server.url + "/login")
-    page.get_by_label("User name").fill(name)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url(team.server.url + "/")
+    log_in(page, team, name)
     return page
 
 
