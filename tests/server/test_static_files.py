@@ -7,10 +7,13 @@ import hashlib
 import re
 
 import httpx
+import pytest
 
 from muster import ui
 from muster.server.static_files import IMMUTABLE
 from tests.servers import RunningServer
+
+pytestmark = pytest.mark.lifecycle  # a real server process
 
 
 def test_a_page_s_files_are_kept_while_they_are_the_same(server: RunningServer) -> None:

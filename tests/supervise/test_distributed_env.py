@@ -109,7 +109,6 @@ def test_a_torchrun_entrypoint_gets_them_on_one_replica(sqlite_rig: Rig) -> None
                   *fixture_entrypoint("nanogpt_ddp.py", "gloo")[1:]]
     trial = sqlite_rig.run_to_end(submit(sqlite_rig, entrypoint))
     [log] = logs(sqlite_rig, trial)
-    print("DBGLOG", repr(log))
     assert (trial.state, trial.reason) == ("SUCCEEDED", "OK"), log
     # Both processes print to torchrun's one pipe, unbuffered: a line's text and its newline
     # are two writes, so the other process's line can land between them.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hmac
+import logging
 import math
 import secrets
 import time
@@ -65,6 +66,8 @@ from muster.words import count, progress_line
 
 __all__ = ["PAGE_ROWS", "Visitor", "check_form_csrf", "error_page", "pages", "render",
            "server_state", "to_login"]
+
+log = logging.getLogger(__name__)
 
 PAGE_ROWS = 50  # experiments per page of the list
 LOGIN_CHECK = "muster_login"  # the login form's double-submit cookie
@@ -638,6 +641,10 @@ def _early_log(request: Request, trial: api.TrialDetail) -> TemplateContext | No
                               attempt=shown[-1]["number"], tail=EARLY_LOG_LINES,
                               limit=EARLY_LOG_BYTES, home=state.home)
     except NotFound:  # gone meanwhile: log.js asks, and says what it is told
+        return None
+    except OSError as exc:  # the page still shows; log.js asks, and says what it is told
+        log.warning("trial %s: its log's last lines could not be read for its page: %s",
+                    trial["id"], exc)
         return None
     if not isinstance(piece, logs.LogSlice) or len(piece.data) >= EARLY_LOG_BYTES:
         return None

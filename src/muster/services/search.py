@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import selectinload
 
 from muster import api
 from muster.config.schema import SearcherConfig
@@ -191,14 +191,12 @@ def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage
         # Every trial as the columns its filters and orders read (a search has thousands;
         # loading each as a row with its attempts cost ~0.2 ms a trial), the page's alone
         # in whole below.
-        select_trials = select(*_ORDER_COLUMNS).where(
+        columns = _ORDER_COLUMNS + ((_ATTEMPTS,) if query.order_by == "restarts" else ())
+        select_trials = select(*columns).where(
             Trial.experiment_id == experiment_id).order_by(Trial.number, Trial.id)
         if query.states:
             select_trials = select_trials.where(Trial.state.in_(values(query.states)))
         trials: list[_Ordered] = list(s.execute(select_trials).all())
-        if query.order_by == "restarts":
-            counted = _restarts(s, experiment_id)
-            trials = [_Restarted(t, counted.get(t.id, 0)) for t in trials]
         goals = sort_goals(searcher, query.sort)
         ranged = [r.metric for r in query.ranges if r.metric is not None]
         goals |= {name: True for name in ranged if name not in goals}
@@ -214,15 +212,16 @@ def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage
         page_ids = [t.id for t in trials[query.offset:end]]
         whole = {t.id: t for t in s.scalars(select(Trial).where(Trial.id.in_(page_ids))
                                             .options(selectinload(Trial.attempts)))}
-        shown = [whole[trial_id] for trial_id in page_ids]
+        # (A trial deleted between the two reads, with its experiment, is left out.)
+        shown = [whole[trial_id] for trial_id in page_ids if trial_id in whole]
         measured = progress.of_running(s, shown)  # the page's RUNNING trials alone
         rows = [views.trial_summary(t, best.get(t.id, {}), measured.get(t.id)) for t in shown]
         return TrialPage(rows, len(trials))
 
 
 class _Ordered(Protocol):
-    """What `_in_ranges` and `_order` read of a trial: `_ORDER_COLUMNS` (and `restarts`
-    for that order, `_Restarted`)."""
+    """What `_in_ranges` and `_order` read of a trial: `_ORDER_COLUMNS` (and `attempts`
+    for the restarts order)."""
 
     id: int
     number: int
@@ -232,28 +231,12 @@ class _Ordered(Protocol):
     ended_at: float | None
 
 
-# What `_in_ranges` and `_order` read of a trial (restarts aside: `_Restarted`).
+# What `_in_ranges` and `_order` read of a trial.
 _ORDER_COLUMNS = (Trial.id, Trial.number, Trial.state, Trial.hparams, Trial.started_at,
                   Trial.ended_at)
-
-
-@dataclass(frozen=True)
-class _Restarted:
-    """A trial's order columns with its restarts, for `order_by=restarts`."""
-
-    row: Any
-    restarts: int
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.row, name)
-
-
-def _restarts(s: Session, experiment_id: int) -> dict[int, int]:
-    """`views.restarts` of each of the experiment's trials that has attempts, by id."""
-    counts = s.execute(select(Attempt.trial_id, func.count()).join(Trial).where(
-        Trial.experiment_id == experiment_id, Attempt.standby.is_(False))
-        .group_by(Attempt.trial_id)).all()
-    return {trial_id: max(0, count - 1) for trial_id, count in counts}
+# A trial's attempts but warm standbys, for the restarts order (`views.restarts`).
+_ATTEMPTS = select(func.count()).where(Attempt.trial_id == Trial.id, Attempt.standby.is_(
+    False)).correlate(Trial).scalar_subquery().label("attempts")
 
 
 def _check_query(query: TrialQuery) -> None:
@@ -303,7 +286,7 @@ def _order_key(order_by: str) -> Callable[[Any], tuple[Any, ...]]:
     if order_by == "state":
         return lambda t: (t.state, t.number, t.id)
     if order_by == "restarts":
-        return lambda t: (t.restarts, t.number, t.id)
+        return lambda t: (max(0, t.attempts - 1), t.number, t.id)
     if order_by in ("started", "ended"):
         return lambda t: (*_value_order(getattr(t, f"{order_by}_at")), t.number, t.id)
     return lambda t: (t.number, t.id)
