@@ -21,6 +21,7 @@ from muster.states import (
     EnvironmentState,
     ExperimentState,
     GpuState,
+    Integration,
     LogSearchDirection,
     LogSearchStop,
     MetricKind,
@@ -175,7 +176,8 @@ class TrialProgress(TypedDict):
     fraction: float | None  # done / planned, at most 1
     rate_per_s: float | None
     eta_seconds: float | None  # after `as_of`, at `rate_per_s`
-    planned_by: str | None  # verify.expected_length | ctx.plan() | searcher.max_length
+    # verify.expected_length | ctx.plan() | searcher.max_length | the <name> integration
+    planned_by: str | None
     measured_by: str  # harness | log (metrics), heartbeat, samples
     as_of: float | None  # the time of the latest progress point
 
@@ -217,6 +219,9 @@ class TrialDetail(TypedDict):
     # `/experiments/{id}`, `/experiments/{id}/best`); null in the answers to actions.
     snapshot: JsonObject | None
     progress: TrialProgress | None  # while RUNNING, once it reported progress
+    # What connected its latest attempt's rank 0 to muster: the script's own harness, or a
+    # framework's integration; null while none checked in (a plain script never does).
+    integration: Integration | None
 
 
 class TrialDescription(TrialDetail):

@@ -38,6 +38,8 @@ SEED = "MUSTER_SEED"
 DETERMINISTIC = "MUSTER_DETERMINISTIC"  # "1" with reproducibility.deterministic
 DIAGNOSTICS = "MUSTER_DIAGNOSTICS"  # "off", or the interval in optimizer steps
 STANDBY_GO = "MUSTER_STANDBY_GO"  # a warm standby's go file (muster.harness.standby)
+INTEGRATIONS = "MUSTER_INTEGRATIONS"  # "auto": the frameworks' import hook (muster.startup)
+COMPAT = "MUSTER_COMPAT"  # "determined": muster's Core API package imports as `determined`
 # Set by `muster up` in the server's own environment: the umask its user had, which the
 # shim gives each job back (the server runs with 077). Never a job's variable.
 JOB_UMASK = "MUSTER_JOB_UMASK"
@@ -163,6 +165,8 @@ class JobEnvironment:
     flight_recorder: Path | None = None
     virtual_env: Path | None = None  # the trial's own environment layer
     standby_go: Path | None = None  # a warm standby waits in init() for this file
+    integrations: bool = False  # `integrations` is active: the import hook attaches callbacks
+    compat: str | None = None  # `compat`: "determined"
 
     def to_environ(self) -> dict[str, str]:
         """The variables that say all this (muster's own; `build_env` adds the job's)."""
@@ -174,7 +178,8 @@ class JobEnvironment:
         optional = {TRIAL_ID: self.trial_id, HPARAMS: self.hparams_path,
                     LATEST_CHECKPOINT: self.latest_checkpoint, MAX_LENGTH: self.max_length,
                     SEED: self.seed, VIRTUAL_ENV: self.virtual_env,
-                    STANDBY_GO: self.standby_go}
+                    STANDBY_GO: self.standby_go, COMPAT: self.compat,
+                    INTEGRATIONS: "auto" if self.integrations else None}
         env.update({name: str(value) for name, value in optional.items() if value is not None})
         if self.distributed is not None:
             env.update(self.distributed.to_environ())
@@ -219,6 +224,8 @@ class JobEnvironment:
             distributed_debug=environ.get(TORCH_DISTRIBUTED_DEBUG) == "DETAIL",
             flight_recorder=_path(environ, *FLIGHT_RECORDER_FILES),
             virtual_env=_path(environ, VIRTUAL_ENV), standby_go=_path(environ, STANDBY_GO),
+            integrations=environ.get(INTEGRATIONS) == "auto",
+            compat=environ.get(COMPAT) or None,
         )
 
     def process_rank(self) -> tuple[int, int]:

@@ -173,6 +173,10 @@ class EventReason(StrEnum):
     RANKS_DIFFER = "ranks differ"  # an attempt's ranks started on different libraries
     # Its validation and checkpoint steps count in different units (warned once per trial).
     STEP_SCALES_DIFFER = "step scales differ"
+    # A key of the Determined config it was submitted as, and what muster made of it, or
+    # why muster does without it (`muster.config.determined`); the latter show as warnings.
+    DETERMINED_KEY_MAPPED = "determined key mapped"
+    DETERMINED_KEY_IGNORED = "determined key ignored"
 
 
 class Role(StrEnum):
@@ -222,6 +226,18 @@ class MetricKind(StrEnum):
 
     TRAINING = "training"
     VALIDATION = "validation"
+
+
+class Integration(StrEnum):
+    """What connected a trial's ranks to muster (a trial's `integration`): the harness
+    called by the script itself, or one of `muster.integrations` / `muster.compat` on the
+    script's behalf."""
+
+    HARNESS = "harness"
+    LIGHTNING = "lightning"
+    TRANSFORMERS = "transformers"
+    ACCELERATE = "accelerate"
+    DETERMINED = "determined"
 
 
 class MetricSource(StrEnum):

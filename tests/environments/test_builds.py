@@ -159,7 +159,7 @@ ON_THE_BASE = """\
 import importlib, json, os, shutil, sys
 found = {"prefix": sys.prefix, "pytest_program": shutil.which("pytest"),
          "torchrun": shutil.which("torchrun")}
-for name in ("tinytorchuser", "torch", "muster.harness", "fastapi", "rich", "pytest"):
+for name in ("tinytorchuser", "torch", "muster.harness", "fastapi", "uvicorn", "pytest"):
     try:
         importlib.import_module(name)
         found[name] = "imported"
@@ -184,7 +184,7 @@ def test_a_built_environment_stands_on_the_runtime_base_not_musters_venv(
     report = _report(server, trial)
     assert (report["tinytorchuser"], report["torch"], report["muster.harness"]) == (
         "imported", "imported", "imported")
-    for name in ("fastapi", "rich", "pytest"):
+    for name in ("fastapi", "uvicorn", "pytest"):
         assert report[name] == f"missing: No module named '{name}'", name
     musters_bin = os.path.dirname(sys.executable)
     assert report["pytest_program"] is None or not report["pytest_program"].startswith(

@@ -100,7 +100,7 @@ def test_an_environment_that_inherits_stands_on_the_trials_base_not_musters_venv
     assert inherits.base == base.interpreter and inherits.based_on == base.key
     assert inherits.base.sites == (str(site_packages(runtime.layout.runtime_current, own())),)
     assert "torch" in dict(inherits.base.packages)
-    assert not {"fastapi", "rich", "pytest"} & set(dict(inherits.base.packages))
+    assert not {"fastapi", "uvicorn", "pytest"} & set(dict(inherits.base.packages))
     assert BuildRequest.from_json(inherits.to_json()) == inherits, "kept as it is"
     clean = request(tmp_path, "  pip: [tinyalpha==1.0]\n  inherit: false\n", runtime=runtime)
     named = request(tmp_path, f"  pip: [tinyalpha==1.0]\n  python: {sys.executable}\n",

@@ -25,7 +25,7 @@ from muster.errors import LaunchError
 IMPORTS = """\
 import importlib, json
 found = {}
-for name in ("torch", "numpy", "sklearn", "muster.harness", "fastapi", "pytest", "rich",
+for name in ("torch", "numpy", "sklearn", "muster.harness", "fastapi", "pytest", "uvicorn",
              "kept", "google.kept", "google.left", "server_only", "added"):
     try:
         importlib.import_module(name)
@@ -52,8 +52,8 @@ def test_a_layer_over_the_base_of_musters_venv_imports_torch_but_not_musters_ser
     found = imports_in_a_layer(envs, base, tmp_path / "layer")
     assert {name: found[name] for name in ("torch", "numpy", "sklearn", "muster.harness")} \
         == dict.fromkeys(("torch", "numpy", "sklearn", "muster.harness"), "imported")
-    assert {name: found[name] for name in ("fastapi", "pytest", "rich")} \
-        == dict.fromkeys(("fastapi", "pytest", "rich"), "missing")
+    assert {name: found[name] for name in ("fastapi", "pytest", "uvicorn")} \
+        == dict.fromkeys(("fastapi", "pytest", "uvicorn"), "missing")
     assert dict(base.packages)["torch"].startswith("2."), "torch is among its packages"
     assert "fastapi" not in dict(base.packages)
     # torchrun runs on the layer's python (rebased into the layer from the base's bin).

@@ -29,7 +29,8 @@ server = shared_server()
 REPORT = """\
 import importlib, json, sys
 found = {"python": sys.version.split()[0]}
-for name in ("torch", "numpy", "sklearn", "muster.harness", "fastapi", "pytest", "rich"):
+for name in ("torch", "numpy", "sklearn", "muster.harness", "fastapi", "pytest", "uvicorn",
+             "rich"):
     try:
         importlib.import_module(name)
         found[name] = "imported"
@@ -38,7 +39,7 @@ for name in ("torch", "numpy", "sklearn", "muster.harness", "fastapi", "pytest",
 print("REPORT " + json.dumps(found), flush=True)
 """
 TRAINING = ("torch", "numpy", "sklearn", "muster.harness")
-SERVERS = ("fastapi", "pytest", "rich")
+SERVERS = ("fastapi", "pytest", "uvicorn")
 
 
 def run_report(server: RunningServer, tmp_path: Path) -> dict[str, Any]:
@@ -79,11 +80,11 @@ def test_a_trial_without_an_environment_block_imports_torch_but_never_musters_se
     names = [p["name"] for p in status["packages"]]
     assert names[0] == "torch", "training packages are shown first"
     assert {"torch", "numpy", "scikit-learn"} <= set(names)
-    assert not {"fastapi", "pytest", "rich", "muster"} & set(names)
+    assert not {"fastapi", "pytest", "uvicorn", "muster"} & set(names)
     torch = md.version("torch")
     shown = cli(server, "cluster", "status")
-    assert (f"runtime base: computed, {len(names)} packages (torch {torch}, "
-            f"numpy {md.version('numpy')}") in shown
+    assert f"runtime base: computed, {len(names)} packages (torch {torch}, " in shown
+    assert f"numpy {md.version('numpy')}" in shown
     assert f"python {own().version} ({server.home / 'envs' / 'runtime' / 'current'})" in shown
 
 

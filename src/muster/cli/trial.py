@@ -64,6 +64,9 @@ def describe(
     render.console.print(f"verdict: {render.styled_verdict(trial)}", soft_wrap=True)
     if trial["message"]:
         render.console.print(trial["message"], markup=False)
+    if integration := trial.get("integration"):
+        render.console.print(f"connected through: {_CONNECTED.get(integration, integration)}",
+                             markup=False)
     if progress := trial.get("progress"):
         render.console.print(f"progress: {progress_line(progress)}", markup=False)
     render.console.print(render.attempts_table(trial))
@@ -91,6 +94,7 @@ def describe(
 
 
 _BUILD_LOG_LINES = 15
+_CONNECTED = {"harness": "muster.harness (the script's own calls)"}
 
 
 def _environment(trial: api.TrialDescription, home: str | None, url: str | None) -> None:

@@ -837,6 +837,14 @@ class ExperimentConfig(_Section):
     # before the script runs; said here, RUNNING waits for every rank's check-in, a rank
     # that never checks in is STALLED, and verification expects what the harness records.
     harness: bool = False
+    # `auto`: a script that trains with Lightning or the Hugging Face Trainer gets muster's
+    # callback through an import hook, without a line changed (`muster.integrations`);
+    # `off`: it runs as written. Unset: auto, unless `harness: true` (the script connects
+    # itself). `integrations_active` says which.
+    integrations: Annotated[Literal["auto", "off"], BeforeValidator(_off_word)] | None = None
+    # `determined`: the trial imports muster's Determined Core API (`muster.compat`) as
+    # `determined`; set for a config translated from Determined's (`muster.config.determined`).
+    compat: Literal["determined"] | None = None
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
@@ -849,6 +857,11 @@ class ExperimentConfig(_Section):
     checkpoint_storage: CheckpointStorageConfig = Field(default_factory=CheckpointStorageConfig)
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     debug: DebugConfig = Field(default_factory=DebugConfig)
+
+    @property
+    def integrations_active(self) -> bool:
+        """Whether trials get the frameworks' import hook (`integrations`)."""
+        return self.integrations == "auto" or (self.integrations is None and not self.harness)
 
     @field_validator("debug", mode="before")
     @classmethod

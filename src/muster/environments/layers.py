@@ -92,12 +92,15 @@ def write_layer(root: Path, base: Interpreter, lower_sites: Sequence[str],
 
 
 def write_pth(site: Path, lower_sites: Sequence[str], harness: Path | None) -> None:
-    """The `.pth` files that put the lower layers (and the harness) on the layer's path."""
+    """The `.pth` files that put the lower layers (and the harness, with `muster.startup`)
+    on the layer's path."""
     if lower_sites:
         (site / LAYERS_PTH).write_text("".join(
             f"import site; site.addsitedir({path!r})\n" for path in lower_sites))
     if harness is not None:
-        (site / HARNESS_PTH).write_text(f"{harness}\n")
+        # The harness's directory on the path, then what every process of a trial runs
+        # first (`muster.startup`: `compat` and `integrations`).
+        (site / HARNESS_PTH).write_text(f"{harness}\nimport muster.startup\n")
 
 
 def write_scripts(bin_dir: Path, scripts: Iterable[Script], header: bytes | None = None) -> None:

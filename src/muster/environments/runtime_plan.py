@@ -1,9 +1,9 @@
 """What the runtime base holds: the pure half (`runtime_base` builds and publishes it).
 
 A trial without an `environment:` block used to import everything installed where muster
-runs: muster's server (FastAPI, SQLAlchemy), its tests (pytest, hypothesis) and its CLI
-(Rich, whose presence switches Lightning to a progress bar that a log never shows). The
-runtime base is that installation less muster's own dependencies:
+runs: muster's server (FastAPI, SQLAlchemy, uvicorn), its tests (pytest, hypothesis) and
+its CLI's (Typer and Rich: what a training script imports must not depend on what muster's
+CLI happens to use). The runtime base is that installation less muster's own dependencies:
 
     included = installed - (server - training) - {muster}
 

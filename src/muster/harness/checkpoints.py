@@ -78,6 +78,7 @@ class Checkpoints:
         # after a checkpoint resumes from it, and must not have lost the accounting of the
         # steps the checkpoint already contains.
         self._before_publish = before_publish
+        self.last_saved: Path | None = None  # the latest checkpoint this process published
 
     @contextmanager
     def save(self, step: int, metadata: Mapping[str, Any] | None = None) -> Iterator[Path]:
@@ -180,6 +181,7 @@ class Checkpoints:
             renamed = True
             doing = f"syncing {self.directory}"
             fsync_dir(self.directory)
+            self.last_saved = final
         except (OSError, CheckpointError) as exc:
             _remove(final if renamed else tmp)
             raise CheckpointError(

@@ -24,7 +24,7 @@ from muster.harness.stack_signal import StackSignal
 from muster.harness.standby import wait_for_promotion
 from muster.harness.stopping import StopRequest
 from muster.rundir import Hparams, RunDir
-from muster.states import MetricKind
+from muster.states import Integration, MetricKind
 
 FLUSH_INTERVAL_S = 1.0
 THREAD_STOP_TIMEOUT_S = 5.0
@@ -40,15 +40,18 @@ class Context:
         checkpoint: `ctx.checkpoint.save(step)` and `ctx.checkpoint.restore()`.
     """
 
-    def __init__(self, env: Run, heartbeat_interval: float) -> None:
+    def __init__(self, env: Run, heartbeat_interval: float,
+                 integration: Integration = Integration.HARNESS) -> None:
         self._env = env
+        self._integration = integration
         run_dir = RunDir(env.run_dir)
         files = run_dir.attempt(env.attempt).rank(env.rank)
         files.attempt_dir.mkdir(parents=True, exist_ok=True)
         self._metrics = MetricsWriter(files.metrics, env.rank)
         self.samples = Samples(files.samples, env.rank)
         self._heartbeat = Heartbeat(files.heartbeat, heartbeat_interval,
-                                    sources=[self._metrics, self.samples])
+                                    sources=[self._metrics, self.samples],
+                                    integration=integration.value)
         saver = Saver(env.trial_id, env.attempt, env.rank, env.hparams)
         self.checkpoint = Checkpoints(run_dir.checkpoints, saver, self._heartbeat,
                                       env.latest_checkpoint, self._flush_accounting,
@@ -145,7 +148,10 @@ class Context:
         unit, length = given[0]
         if check_count(length, f"plan: {unit}") < 1:
             raise ValueError(f"plan: {unit} must be at least 1, not {length}")
-        atomic_write_json(self._plan, {"unit": unit, "length": length})
+        plan: dict[str, object] = {"unit": unit, "length": length}
+        if self._integration is not Integration.HARNESS:
+            plan["integration"] = self._integration.value  # whose plan: the framework's
+        atomic_write_json(self._plan, plan)
 
     def heartbeat(self, step: int | None = None) -> None:
         """Tell muster the loop is making progress, for stretches without any report."""
@@ -192,7 +198,8 @@ class Context:
 
 @contextmanager
 def init(
-    *, hparams: Mapping[str, Any] | None = None, heartbeat_interval: float | None = None
+    *, hparams: Mapping[str, Any] | None = None, heartbeat_interval: float | None = None,
+    integration: Integration = Integration.HARNESS,
 ) -> Iterator[Context]:
     """Connect this training process to muster for the duration of the block.
 
@@ -208,6 +215,8 @@ def init(
             (MUSTER_HPARAMS) are used and this is ignored.
         heartbeat_interval: seconds between heartbeat rewrites; by default 10 s, or a third
             of MUSTER_HEARTBEAT_TIMEOUT when that is shorter.
+        integration: what connects the script (`muster.integrations` opens it for a
+            framework; the trial's `integration` says which).
 
     Raises:
         RuntimeError: another `init()` block is active in this process.
@@ -222,7 +231,7 @@ def init(
     env = read_run(os.environ, Path.cwd(), _checked_hparams(hparams))
     if env.deterministic:
         determinism.apply(env.seed, env.rank)  # before the snapshot: it records the switches
-    context = Context(env, _checked_interval(heartbeat_interval, env))
+    context = Context(env, _checked_interval(heartbeat_interval, env), Integration(integration))
     _active = context
     try:
         context._open()
@@ -232,6 +241,12 @@ def init(
             context._close()
         finally:
             _active = None
+
+
+def active() -> Context | None:
+    """The context of the `init()` block open in this process, if any: an integration joins
+    the one the script opened itself rather than opening a second."""
+    return _active
 
 
 def _checked_hparams(hparams: Mapping[str, Any] | None) -> Hparams | None:

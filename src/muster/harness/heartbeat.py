@@ -33,10 +33,12 @@ class ProgressSource(Protocol):
 class Heartbeat:
     """The latest progress of this rank, from its sources and its own calls, and its file."""
 
-    def __init__(self, path: Path, interval: float, sources: Sequence[ProgressSource] = ()) -> None:
+    def __init__(self, path: Path, interval: float, sources: Sequence[ProgressSource] = (),
+                 integration: str = "harness") -> None:
         self.path = path
         self.interval = interval
         self.sources = list(sources)
+        self.integration = integration  # what called init(): `muster.states.Integration`
         # Replaced whole, never changed in place, so the writer thread sees a consistent pair.
         self._own: Progress = (time.time(), None)  # init() is the first progress: the check-in
         self._write_lock = threading.Lock()
@@ -70,6 +72,7 @@ class Heartbeat:
                 "pid": os.getpid(),
                 "written_at": time.time(),
                 "interval": self.interval,
+                "integration": self.integration,
             })
 
 

@@ -230,6 +230,7 @@ def trial_detail(trial: Trial, best: Mapping[str, float],
         "environment": environment_view(trial),
         "snapshot": snapshot,
         "progress": progress,
+        "integration": trial.integration,
     }
 
 

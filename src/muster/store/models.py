@@ -32,6 +32,7 @@ from muster.states import (
     CheckpointState,
     ExperimentState,
     GpuState,
+    Integration,
     MetricKind,
     MetricSource,
     OomSource,
@@ -271,6 +272,10 @@ class Trial(Base):
     manifest: Mapped[dict[str, Any] | None] = mapped_column(NonFiniteJSON, nullable=True)
     verification: Mapped[dict[str, Any] | None] = mapped_column(NonFiniteJSON, nullable=True)
     early_stopped: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # What connected its latest attempt's rank 0 to muster (`states.Integration`); None
+    # while none checked in (a plain script never does).
+    integration: Mapped[Integration | None] = mapped_column(EnumText(Integration, 16),
+                                                            nullable=True)
     # Why the trial waits: for free slots while QUEUED, for check-ins while STARTING.
     queue_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Its place in the queue: 1-99, lower first; FIFO (by id) within one priority.

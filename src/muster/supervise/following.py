@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from muster.atomic import atomic_write_json, read_json
 from muster.diagnostics import read_rank_parts
@@ -31,12 +31,13 @@ from muster.states import (
     ReplicaPhase,
     TrialState,
 )
-from muster.store import Attempt, Event, record_event
+from muster.store import Attempt, Event, Trial, record_event
 from muster.supervise.context import ACTOR, LiveAttempt, SupervisorContext, current_replicas
 from muster.supervise.ending import Ending, mark_started, note_process, started_message
 from muster.supervise.heartbeats import (
     check_in_overdue,
     checked_in,
+    integration_of,
     silence_reason,
     stall_reason,
 )
@@ -73,6 +74,8 @@ class Following:
     _judged: set[int] = field(default_factory=set, init=False)
     # Live attempts whose ranks' snapshots were compared once every rank had written one.
     _compared: set[int] = field(default_factory=set, init=False)
+    # Live attempts whose rank 0's integration (`heartbeats.integration_of`) was noted.
+    _integrations: set[int] = field(default_factory=set, init=False)
     # Live attempts' last scan of their logs for metrics (time.monotonic()).
     _log_scanned: dict[int, float] = field(default_factory=dict, init=False)
 
@@ -81,6 +84,7 @@ class Following:
         ids = {attempt.id for attempt in live}
         self._judged.intersection_update(ids)
         self._compared.intersection_update(ids)
+        self._integrations.intersection_update(ids)
         self._log_scanned = {k: v for k, v in self._log_scanned.items() if k in ids}
 
     def reconcile(self, live: LiveAttempt) -> None:
@@ -94,6 +98,7 @@ class Following:
         # will ever write, so the ingest below has them all and the end needs no other.
         statuses = [self.ctx.launcher.describe(live.dir.path, rank) for rank in live.ranks]
         report = self._ingest(live)
+        self._note_integration(live)
         exited = all(st.phase is ReplicaPhase.EXITED for st in statuses)
         self._ingest_log_metrics(live, report, final=exited)
         # A kill, a pause or a preemption: the replicas get SIGTERM and stop_grace.
@@ -133,6 +138,20 @@ class Following:
         except OSError as exc:
             log.error("could not read the run directory of trial %s: %s", live.trial.id, exc)
             return None
+
+    def _note_integration(self, live: LiveAttempt) -> None:
+        """Record on the trial what connected its rank 0 (`trials.integration`), once it
+        checked in (a stat per pass until then; a plain script never does)."""
+        if live.id in self._integrations or live.standby:
+            return
+        found = integration_of(live.dir.path)
+        if found is None:
+            return
+        self._integrations.add(live.id)
+        with self.ctx.store.session_scope() as s:
+            s.execute(update(Trial).where(Trial.id == live.trial.id,
+                                          Trial.integration.is_distinct_from(found))
+                      .values(integration=found))
 
     def _ingest_log_metrics(self, live: LiveAttempt, report: IngestReport | None,
                             final: bool) -> None:

@@ -24,12 +24,30 @@ from muster.atomic import read_json
 from muster.launch.activity import read_activity
 from muster.launch.dumps import SUMMARY
 from muster.rundir import AttemptDir, RankFiles
+from muster.states import Integration
 
 log = logging.getLogger(__name__)
 
 
 def checked_in(attempt_dir: Path, rank: int) -> bool:
     return RankFiles(attempt_dir, rank).heartbeat.exists()
+
+
+def integration_of(attempt_dir: Path, rank: int = 0) -> Integration | None:
+    """What connected the rank to muster, from its heartbeat (`muster.harness.heartbeat`):
+    None before it checked in, or for a file that does not say a known one (the harness
+    before integrations wrote none: then it was the harness)."""
+    try:
+        beat = read_json(RankFiles(attempt_dir, rank).heartbeat)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(beat, dict):
+        return None
+    name = beat.get("integration", Integration.HARNESS.value)
+    try:
+        return Integration(name)
+    except ValueError:
+        return None
 
 
 def stall_reason(attempt_dir: Path, rank: int, timeout: float, now: float) -> str | None:

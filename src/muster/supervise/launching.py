@@ -125,6 +125,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             flight_recorder=plan.dir.rank(rank).flight_recorder,
             virtual_env=plan.environment.layer if plan.environment is not None else None,
             standby_go=plan.dir.rank(rank).standby_go if plan.standby else None,
+            integrations=config.integrations_active, compat=config.compat,
         )
         env = build_env({**config.environment.variables, **plan.secrets}, job)
         specs.append(ReplicaSpec(

@@ -26,7 +26,7 @@ from muster.launch.log_limit import read_drops
 from muster.metrics_lines import MetricLine
 from muster.rundir import RankFile, RunDir
 from muster.sizes import format_size
-from muster.states import CheckStatus, MetricKind
+from muster.states import CheckStatus, Integration, MetricKind
 from muster.supervise.log_errors import Finding, RankScan
 from muster.supervise.log_metrics import LogMetricEvidence
 from muster.supervise.log_samples import LogSamples
@@ -141,7 +141,9 @@ class Planned:
 
     unit: str  # "steps", "epochs", "batches" or "records"
     length: int
-    source: str  # e.g. "verify.expected_length", "searcher.max_length", "ctx.plan()"
+    # e.g. "verify.expected_length", "searcher.max_length", "ctx.plan()", "the lightning
+    # integration"
+    source: str
     # Steps are validation's where the run reports validation (the searcher's max_length
     # counts report_validation's steps); else training's, the steps a loop counts.
     validation_steps: bool = False
@@ -1020,8 +1022,16 @@ def read_plan(run_dir: Path, attempts: Sequence[int]) -> Planned | None:
             except (OSError, ValueError, TypeError, KeyError):
                 continue  # no plan read: `completed` does not run, so it is not verified
             if unit in _UNIT_NOUN and _is_int(length) and length >= 1:
-                return Planned(unit, length, "ctx.plan()")
+                return Planned(unit, length, _planner(data.get("integration")))
     return None
+
+
+def _planner(integration: object) -> str:
+    """Who declared a plan: the script (ctx.plan()) or an integration from its framework's
+    own state (the Lightning trainer's, the Trainer's `max_steps`...)."""
+    if isinstance(integration, str) and integration in Integration.__members__.values():
+        return f"the {integration} integration"
+    return "ctx.plan()"
 
 
 def _read_save_failures(run_dir: Path, final: int | None
