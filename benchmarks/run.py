@@ -22,6 +22,7 @@ import evidence
 import first_log
 import harness_overhead
 import ingest
+import integrations_overhead
 import log_limit
 import log_search
 import manifest_scan
@@ -72,6 +73,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "ui_budget": ui_budget.run,
     "checkpoint_storage": checkpoint_storage.run,
     "diagnostics_overhead": diagnostics_overhead.run,
+    "integrations_overhead": integrations_overhead.run,
     "scale": scale.run,
     "wakeups": wakeups.run,
     "replica_cgroup": replica_cgroup.run,

@@ -2,8 +2,8 @@
 
 `MusterTracker` receives what `accelerator.log` logs, and muster's checkpoints stand behind
 `accelerator.save_state` / `load_state`: the run resumes from muster's latest checkpoint after
-a crash or a pause. Runs anywhere (`python train.py`, `accelerate launch train.py`); off
-muster the harness writes into ./muster-run/.
+a crash or a pause. Runs anywhere (`python train.py`, `accelerate launch train.py`); off the
+platform the harness writes into ./muster-run/.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 No download: the model is built from a config (2 layers, 64 wide) and the data are
 generated token sequences (counting, modulo the vocabulary, from a random start and stride),
-which a small model learns in a few hundred steps. Nothing here imports muster: under
-muster with `integrations: auto` the trial's import hook gives the Trainer muster's
+which a small model learns in a few hundred steps. Nothing here imports muster: on the
+platform, `integrations: auto` has the trial's import hook give the Trainer muster's
 callback (planned length, metrics, checkpoints, resume, stops from the Trainer's own state);
 `--muster-callback` adds it by hand instead.
 
