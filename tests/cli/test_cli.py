@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from muster.client import Client
@@ -19,6 +20,8 @@ from tests.server.experiments import make_context, only_trial, wait_ended, write
 from tests.servers import RunningServer
 
 pytestmark = pytest.mark.lifecycle  # starts real processes
+
+DETERMINED_CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "determined_configs"
 
 CONTRACT_EXPERIMENT = {"id", "name", "state", "trials"}
 CONTRACT_TRIAL = {"id", "state", "restarts", "attempts"}
@@ -217,6 +220,42 @@ def test_the_short_aliases_work(server: RunningServer, tmp_path: Path) -> None:
     assert (logs.returncode, logs.stdout) == (0, "hello from exit0\n")
     listed = on(server, "e", "list", "--json")
     assert exp["id"] in [e["id"] for e in json.loads(listed.stdout)]
+
+
+@pytest.mark.timeout(60)
+def test_a_determined_config_is_created_with_what_each_key_became(
+    server: RunningServer, client: Client, tmp_path: Path
+) -> None:
+    """Determined's tutorial config as it is, plus a mount muster does without: the CLI
+    says what each key became, the experiment keeps the text as submitted and muster's
+    config, and its page shows each line (an ignored key as a warning too)."""
+    context = tmp_path / "determined"
+    context.mkdir()
+    (context / "model_def.py").write_text("print('trained')\n")
+    text = ((DETERMINED_CONFIGS / "core_api_mnist_const.yaml").read_text()
+            + "bind_mounts: [{host_path: /datasets, container_path: /data}]\n")
+    (context / "const.yaml").write_text(text)
+    done = on(server, "experiment", "create", str(context / "const.yaml"), str(context),
+              "--json")
+    assert done.returncode == 0, done.stderr
+    assert "const.yaml: a Determined experiment config, read as muster's:" in done.stderr
+    mapped = "max_restarts: 0 → failure_policy.trial_retries: 0, replica_restarts: 0"
+    assert f"\n  {mapped}" in done.stderr
+    stored = client.get_experiment(json.loads(done.stdout)["id"])
+    assert stored["config_yaml"] == text
+    assert stored["config"]["compat"] == "determined"
+    assert stored["config"]["entrypoint"] == ["python3", "model_def.py"]
+    ignored = "bind_mounts: ignored: muster runs trials on the host"
+    assert [w for w in stored["warnings"] if w.startswith(f"Determined's {ignored}")]
+    kinds = [e["kind"] for e in client.list_events(experiment_id=stored["id"])
+             if e["entity"] == "experiment"]
+    assert kinds.count("determined key mapped") == 6  # a line a key (no GPUs: no slot line)
+    assert kinds.count("determined key ignored") == 1
+    page = httpx.get(f"{server.url}/experiments/{stored['id']}", timeout=30,
+                     headers={"Authorization": f"Bearer {server.token}"})
+    assert page.status_code == 200
+    assert mapped in page.text and "determined key mapped" in page.text
+    assert f'<p class="banner warn">Determined&#39;s {ignored}' in page.text
 
 
 @pytest.mark.timeout(60)

@@ -58,6 +58,8 @@ COMMANDS: dict[str, Entry] = {
     "cluster": Entry("cluster", "app", "The server's resources."),
     "job": Entry("job", "app", "The queue and what runs; move trials in the queue."),
     "env": Entry("env", "app", "Python environments built for trials."),
+    "config": Entry("configs", "app",
+                    "Experiment configs: what muster makes of them, without a server."),
     "user": Entry("users", "app", "Users and their roles (admin, user, viewer)."),
     "token": Entry("tokens", "app", "Your API tokens."),
     "session": Entry("sessions", "app", "Your web sessions (the web UI's logins)."),

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from muster.cli import follow as following
 from muster.cli import render
+from muster.cli.configs import print_translation
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client, stopped_following
 from muster.errors import InvalidRequest
 from muster.states import ExperimentState, TrialState
@@ -57,10 +58,12 @@ def create(
     With --follow or --wait it ends with each trial's verdict (verified, not verified and
     why, SUSPECT and why) and exits 0 only if the experiment COMPLETED and every trial
     SUCCEEDED, else 1; with --require-verified, 3 if a SUCCEEDED trial was not verified."""
-    from muster.config import load_config_file  # pydantic: only the commands that validate
+    from muster.config.loading import read_experiment_config_file  # pydantic: only here
 
-    parsed = load_config_file(config)  # fail fast, with the same message the server would give
-    values = _secret_values(parsed, secret or [])
+    loaded = read_experiment_config_file(config)  # fail fast, as the server would
+    if loaded.translation is not None:
+        print_translation(str(config), loaded.translation)
+    values = _secret_values(loaded.config, secret or [])
     if context_from is not None and context_dir is not None:
         raise InvalidRequest("give a context directory or --context-from, not both")
     with client(home, url) as c:
@@ -94,12 +97,14 @@ def create_batch(
 ) -> None:
     """Submit several experiments sharing one context: it is packed and uploaded once, and
     each request's experiments are created together (all or none)."""
-    from muster.config import load_config_file
+    from muster.config.loading import read_experiment_config_file
 
-    parsed = [load_config_file(config) for config in configs]  # every one before any upload
+    loaded = [read_experiment_config_file(config) for config in configs]  # all before uploading
     values: dict[str, str] = {}
-    for config in parsed:
-        values |= _secret_values(config, secret or [])
+    for path, one in zip(configs, loaded, strict=True):
+        if one.translation is not None:
+            print_translation(str(path), one.translation)
+        values |= _secret_values(one.config, secret or [])
     with client(home, url) as c:
         created = c.create_experiments([config.read_text() for config in configs],
                                        context_dir or configs[0].parent, values)

@@ -1,4 +1,5 @@
-"""Read an experiment config from YAML text or a file into an `ExperimentConfig`.
+"""Read an experiment config from YAML text or a file into an `ExperimentConfig`: muster's
+own, or a Determined AI config, recognised and translated (`muster.config.determined`).
 
 YAML is read with a safe loader (no Python objects from a config) that also refuses
 duplicate keys: plain `safe_load` keeps the last of two `failure_policy:` blocks silently.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +35,20 @@ from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
+from muster.config import determined
 from muster.config.problems import config_error, key_path, show_value, validate_config_data
 from muster.config.schema import SUBMISSION, ExperimentConfig
 from muster.errors import ConfigError
 
-__all__ = ["load_config", "load_config_file", "parse_yaml", "read_config_text"]
+__all__ = [
+    "LoadedConfig",
+    "load_config",
+    "load_config_file",
+    "parse_yaml",
+    "read_config_text",
+    "read_experiment_config",
+    "read_experiment_config_file",
+]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 MAX_CONFIG_BYTES = 1024**2
@@ -116,16 +127,30 @@ class _StrictSafeLoader(Composer, CParser, SafeConstructor, Resolver):
                          _INT_TAG: construct_bounded_int}
 
 
-def load_config(text: str, source: str = "<config>") -> ExperimentConfig:
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A submitted config, validated; when it was a Determined config, what each of its keys
+    became (`muster.config.determined`)."""
+
+    config: ExperimentConfig
+    translation: determined.Translation | None = None
+
+
+def read_experiment_config(text: str, source: str = "<config>",
+                           slots: determined.SlotKind = "gpu") -> LoadedConfig:
     """Parse and validate an experiment config written in YAML, as a submission: with the
-    rules a stored config is not judged by again (`schema.SUBMISSION`).
+    rules a stored config is not judged by again (`schema.SUBMISSION`). A Determined config
+    (`determined.detect`) is translated first, and validated as the muster config it makes.
 
     Args:
         text: the YAML document.
         source: where it came from (a file name), used in error messages.
+        slots: what a Determined config's slots are where it will run
+            (`determined.translate`).
 
     Raises:
-        ConfigError: invalid YAML, or every validation problem, one per line.
+        ConfigError: invalid YAML, what a Determined config asks that muster cannot do, or
+            every validation problem, one per line.
     """
     data = parse_yaml(text, source)
     problems = list(_value_problems(data, []))
@@ -133,17 +158,34 @@ def load_config(text: str, source: str = "<config>") -> ExperimentConfig:
         raise config_error(source, problems[:20])
     if not isinstance(data, dict):
         raise config_error(source, [f"(top level): {_not_a_mapping(data)}"])
-    return validate_config_data(ExperimentConfig, data, source, context=SUBMISSION)
+    if not determined.detect(data).is_determined:
+        return LoadedConfig(validate_config_data(ExperimentConfig, data, source,
+                                                 context=SUBMISSION))
+    translation = determined.translate(data, source, slots)
+    config = validate_config_data(ExperimentConfig, translation.config, source,
+                                  what="experiment config (translated from Determined's)",
+                                  context=SUBMISSION)
+    return LoadedConfig(config, translation)
 
 
-def load_config_file(path: str | os.PathLike[str]) -> ExperimentConfig:
-    """Read, parse and validate the experiment config at `path`.
+def read_experiment_config_file(path: str | os.PathLike[str]) -> LoadedConfig:
+    """Read, parse and validate the experiment config at `path` (`read_experiment_config`).
 
     Raises:
         ConfigError: the file cannot be read, or its config is invalid.
     """
     source = os.fspath(path)
-    return load_config(read_config_text(source), source=source)
+    return read_experiment_config(read_config_text(source), source=source)
+
+
+def load_config(text: str, source: str = "<config>") -> ExperimentConfig:
+    """The config of `read_experiment_config`, muster's or translated from Determined's."""
+    return read_experiment_config(text, source).config
+
+
+def load_config_file(path: str | os.PathLike[str]) -> ExperimentConfig:
+    """The config of `read_experiment_config_file`."""
+    return read_experiment_config_file(path).config
 
 
 def read_config_text(source: str, what: str = "config") -> str:

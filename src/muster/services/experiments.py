@@ -16,7 +16,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from muster import api, git_state, job_secrets
-from muster.config import ExperimentConfig, load_config
+from muster.config import ExperimentConfig
+from muster.config.determined import SlotKind, Translation
+from muster.config.loading import read_experiment_config
 from muster.config.problems import config_error
 from muster.environments.layout import EnvHome
 from muster.environments.registry import keep_request
@@ -44,8 +46,10 @@ REVIEW_DECISIONS = {
     "approve": (TrialState.SUCCEEDED, EventReason.REVIEW_APPROVED),
     "reject": (TrialState.FAILED, EventReason.REVIEW_REJECTED),
 }
-# The supervisor's events an experiment shows as warnings.
-WARNING_REASONS = (EventReason.METRIC_MISSING, EventReason.SEARCH_STOPPED)
+# The events an experiment shows as warnings: the supervisor's, and the keys of the
+# Determined config it was submitted as that muster does without.
+WARNING_REASONS = (EventReason.METRIC_MISSING, EventReason.SEARCH_STOPPED,
+                   EventReason.DETERMINED_KEY_IGNORED)
 # The files and directories a create's snapshots may hold together (configs x context).
 MAX_ENTRIES_PER_CREATE = 200_000
 # What a describe shows as a trial's `snapshot`: the trial part of its reproducibility
@@ -110,6 +114,13 @@ class Submission(Protocol):
         """Admission at submission for trials of `priority` at best: yields a function to
         call with each new trial in the create's transaction, or None (they wait for the
         pass); the caller wakes the passes after the create."""
+
+
+def slot_kind(submission: Submission) -> SlotKind:
+    """What a Determined config's slots are on this server: GPUs where it schedules any,
+    else processes (`muster.config.determined.translate`)."""
+    capacity = submission.capacity()
+    return "gpu" if capacity is not None and any(capacity.gpus.values()) else "cpu"
 
 
 @dataclass(frozen=True)
@@ -222,7 +233,8 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
     for number, text in enumerate(new.configs, 1):
         source = ("the uploaded config" if len(new.configs) == 1
                   else f"the uploaded config {number} of {len(new.configs)}")
-        config = load_config(text, source=source)
+        loaded = read_experiment_config(text, source=source, slots=slot_kind(submission))
+        config = loaded.config
         check_priority_floor(owner, config.resources.priority, submission.priority_floor,
                              where="resources.priority")
         refused = allowance_problems(config, owner, allowed, home.root)
@@ -233,16 +245,16 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
                     + job_secrets.check_server(config, os.environ, home.root))
         if problems:
             raise config_error(source, problems)
-        configs.append((source, text, config))
+        configs.append((source, text, loaded.translation, config))
     run_as = submission.run_as
     account = _check_account(submission.store, run_as, owner) if run_as is not None else None
     capacity, runtime = submission.capacity(), submission.runtime
     made: list[_Prepared] = []
     try:
-        for source, text, config in configs:
+        for source, text, translation, config in configs:
             exp_uuid = str(uuid.uuid4())
             context = home.context_dir(exp_uuid)
-            made.append(_Prepared(exp_uuid, text, config, context))
+            made.append(_Prepared(exp_uuid, text, config, context, translation))
             if made[0].context is not context:
                 context.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copytree(made[0].context, context, symlinks=True,
@@ -281,6 +293,7 @@ class _Prepared:
     text: str
     config: ExperimentConfig
     context: Path
+    translation: Translation | None  # the Determined config `text` was, read as muster's
     environment: str | None = None
 
 
@@ -404,6 +417,8 @@ def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared
                  actor=owner.name, message=f"experiment {exp.name!r} created"
                  + (f"; the {searcher} searcher runs {count(exp.max_trials, 'trial')}"
                     if searcher != "single" else ""), experiment_id=exp.id)
+    if prepared.translation is not None:
+        _record_translation(s, exp, prepared.translation, owner.name)
     if searcher == "single":
         trial = Trial(uuid=str(uuid.uuid4()), experiment=exp,
                       state=TrialState.QUEUED, priority=exp.priority,
@@ -415,6 +430,17 @@ def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared
                      trial_id=trial.id)
         return exp.id, trial
     return exp.id, None
+
+
+def _record_translation(s: Session, exp: Experiment, translation: Translation,
+                        actor: str) -> None:
+    """An event per key of the Determined config the experiment was submitted as: what it
+    became, or why muster does without it (those show as the experiment's warnings)."""
+    for reason, lines in ((EventReason.DETERMINED_KEY_MAPPED, translation.mapped),
+                          (EventReason.DETERMINED_KEY_IGNORED, translation.ignored)):
+        for line in lines:
+            record_event(s, entity="experiment", entity_id=exp.id, reason=reason, actor=actor,
+                         message=f"Determined's {line}", experiment_id=exp.id)
 
 
 def list_experiments(store: Store, owner: str | None = None
