@@ -6,6 +6,11 @@ still in progress and are never read. Three readers judge checkpoints with `insp
 they can never disagree about whether one is intact: the harness's `restore()`, the
 server's registration of new checkpoints, and verification when a trial exits 0.
 
+A save in progress names its attempt (`in_progress_name`, `sharded_name`), so whoever finds
+one can tell whether a process may still be writing into it (`abandoned`); a sharded save,
+which every rank writes into, holds one part file per rank that has finished with it
+(`PartDocument`), and is complete only when every rank's part is written (`sharded_progress`).
+
 Intact means: metadata.json is a JSON object whose "files" maps relative paths inside the
 directory to sha256 hex digests; each of those is a regular file with that digest; its
 "step" (else the one in the directory's name) is an int that agrees with the name; and its
@@ -20,11 +25,13 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, TypedDict, TypeGuard
+from typing import Any, NamedTuple, NotRequired, TypedDict, TypeGuard
 
 from muster.atomic import open_regular, read_regular
 from muster.rundir import Hparams
@@ -32,9 +39,19 @@ from muster.rundir import Hparams
 METADATA_FILE = "metadata.json"
 NAME_PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
+# torch.distributed.checkpoint's files: its coordinator writes `.metadata` once every rank's
+# `*.distcp` shards are written.
+DCP_METADATA = ".metadata"
+DCP_SHARD_SUFFIX = ".distcp"
 # What the harness writes is `step-<12 digits>-<8 hex>`; a shorter `step-<n>` is accepted
 # so that a checkpoint copied in by hand is judged rather than ignored.
 NAME = re.compile(r"step-(\d+)(?:-[^/]*)?")
+# A save in progress: one process's, `.tmp-step-<step:012d>-attempt-<n>-<8 hex>`, or the k-th
+# sharded save of attempt n, `.tmp-step-<step:012d>-attempt-<n>-sharded-<k>`, which every
+# rank writes into. Any other `.tmp-*` name (an older harness's) has no known attempt.
+IN_PROGRESS = re.compile(r"\.tmp-step-\d+-attempt-(\d+)-(?:[0-9a-f]{8}|(sharded)-\d+)")
+# A rank's part file in a sharded save in progress: written once the rank is done with it.
+PART = re.compile(r"\.muster-part-rank-(\d+)\.json")
 MAX_PROBLEMS_SHOWN = 5
 
 # What the training code passed as save(metadata=...): free JSON, its own keys.
@@ -53,6 +70,7 @@ class CheckpointDocument(TypedDict):
     hparams: Hparams
     metadata: Metadata
     files: dict[str, str]  # relative POSIX path → sha256 hex digest
+    world_size: NotRequired[int]  # a sharded save's: how many ranks wrote it
 
 
 @dataclass(frozen=True)
@@ -194,6 +212,147 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
+def new_name(step: int) -> str:
+    """The name a save of `step` is published under (its suffix tells two saves apart)."""
+    return f"{NAME_PREFIX}{step:012d}-{os.urandom(4).hex()}"
+
+
+# -- saves in progress ---------------------------------------------------------------------
+
+
+def in_progress_name(step: int, attempt: int) -> str:
+    """The directory one process writes a save of `step` into before publishing it."""
+    return f"{TMP_PREFIX}{NAME_PREFIX}{step:012d}-attempt-{attempt}-{os.urandom(4).hex()}"
+
+
+def sharded_name(step: int, attempt: int, number: int) -> str:
+    """The directory every rank writes the attempt's `number`-th sharded save into: the same
+    on every rank without their talking (they save in the same order), new for each save."""
+    return f"{TMP_PREFIX}{NAME_PREFIX}{step:012d}-attempt-{attempt}-sharded-{number}"
+
+
+@dataclass(frozen=True)
+class SaveInProgress:
+    """A `.tmp-*` directory among the checkpoints: a save not published (yet)."""
+
+    path: Path
+    attempt: int | None  # the attempt whose processes write it; None: a name without one
+    sharded: bool  # every rank of the attempt writes into it
+
+
+def in_progress(directory: Path) -> list[SaveInProgress]:
+    """The saves in progress in `directory` (none when it does not exist)."""
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for entry in sorted(entries, key=lambda e: e.name):
+        if entry.name.startswith(TMP_PREFIX) and entry.is_dir(follow_symlinks=False):
+            match = IN_PROGRESS.fullmatch(entry.name)
+            found.append(SaveInProgress(Path(entry.path), int(match[1]) if match else None,
+                                        bool(match and match[2])))
+    return found
+
+
+class PartDocument(TypedDict):
+    """A rank's part file in a sharded save: written once the rank is done with it."""
+
+    rank: int
+    world_size: int
+    ok: bool  # its part is written; False: it gave up, `error` says why
+    error: str | None
+    time: float  # unix seconds
+
+
+def part_file(directory: Path, rank: int) -> Path:
+    """Where `rank` says it is done with the sharded save in `directory` (see `PART`)."""
+    return directory / f".muster-part-rank-{rank}.json"
+
+
+def read_parts(directory: Path) -> dict[int, PartDocument | None]:
+    """Every part file in `directory` by rank; None for one that is no valid `PartDocument`."""
+    try:
+        names = [e.name for e in os.scandir(directory)]
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    parts: dict[int, PartDocument | None] = {}
+    for name in names:
+        if match := PART.fullmatch(name):
+            parts[int(match[1])] = _part_document(directory / name, int(match[1]))
+    return parts
+
+
+def remove_parts(directory: Path) -> None:
+    """Remove the part files, which are no file of the checkpoint, before it is hashed."""
+    for rank in read_parts(directory):
+        part_file(directory, rank).unlink(missing_ok=True)
+
+
+class ShardedProgress(NamedTuple):
+    """How far the ranks other than 0 (which publishes) are with a sharded save."""
+
+    waiting_for: tuple[int, ...]  # ranks whose part file is not there yet
+    problem: str | None  # why it can never be published (a rank gave up, a file is missing)
+
+
+def sharded_progress(directory: Path, world_size: int) -> ShardedProgress:
+    """Rank 0's view of the sharded save in `directory` of `world_size` ranks.
+
+    It is complete when neither waits nor has a problem: every other rank's part file says
+    its part is written (with the same world size), and, when the directory holds
+    torch.distributed.checkpoint's shards, the `.metadata` DCP writes last is there.
+    """
+    parts = read_parts(directory)
+    problems = [p for rank, document in sorted(parts.items()) if rank != 0
+                for p in _part_problems(rank, document, world_size)]
+    waiting = tuple(rank for rank in range(1, world_size) if rank not in parts)
+    if not problems and not waiting:
+        problems = _dcp_problems(directory)
+    return ShardedProgress(waiting, "; ".join(problems) or None)
+
+
+def every_part_ended(parts: Mapping[int, PartDocument | None]) -> bool:
+    """Whether every rank has finished with a sharded save, its part written or given up."""
+    sizes = {document["world_size"] for document in parts.values() if document is not None}
+    return len(sizes) == 1 and all(rank in parts for rank in range(sizes.pop()))
+
+
+def abandoned(save: SaveInProgress, latest_attempt: int | None,
+              live_attempts: Collection[int], parts: Mapping[int, PartDocument | None]) -> bool:
+    """Whether no process can be writing into `save` any more, so it may be removed.
+
+    True when its attempt has ended (one up to `latest_attempt` that is not live: muster
+    starts an attempt only once the one before it ended), when its name gives no attempt and
+    none is live, or when it is a sharded save every rank has finished with (`parts`: rank 0
+    writes its own only when it gives up; a published save was renamed away).
+    """
+    if save.attempt is None:
+        return not live_attempts
+    if (latest_attempt is not None and save.attempt <= latest_attempt
+            and save.attempt not in live_attempts):
+        return True
+    return save.sharded and every_part_ended(parts)
+
+
+def remove_abandoned(
+    directory: Path, latest_attempt: int | None, live_attempts: Collection[int], *,
+    idle_for: float = 0.0, keep: Collection[Path] = (),
+) -> list[Path]:
+    """Remove the saves in progress in `directory` that are `abandoned` and in which nothing
+    changed for `idle_for` seconds, except those in `keep`; the paths removed."""
+    removed = []
+    for save in in_progress(directory):
+        parts = read_parts(save.path) if save.sharded else {}
+        if (save.path in keep or not abandoned(save, latest_attempt, live_attempts, parts)
+                or (idle_for > 0 and _idle_seconds(save.path) < idle_for)):
+            continue
+        shutil.rmtree(save.path, ignore_errors=True)
+        if not save.path.exists():
+            removed.append(save.path)
+    return removed
+
+
 def _best_first(paths: Iterable[Path]) -> list[Path]:
     """Order by step, then metadata.json's time, best first, reading only metadata.json."""
     def key(path: Path) -> tuple[int, float, str]:
@@ -308,3 +467,50 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _part_document(path: Path, rank: int) -> PartDocument | None:
+    try:
+        document = json.loads(read_regular(path))
+    except (OSError, ValueError, RecursionError):  # gone meanwhile, a link, not JSON
+        return None
+    valid = (isinstance(document, dict) and document.get("rank") == rank
+             and _is_int(document.get("world_size")) and document["world_size"] > rank
+             and isinstance(document.get("ok"), bool)
+             and isinstance(document.get("error"), str | None)
+             and _is_number(document.get("time")))
+    return PartDocument(rank=rank, world_size=document["world_size"], ok=document["ok"],
+                        error=document["error"], time=float(document["time"])) if valid else None
+
+
+def _part_problems(rank: int, document: PartDocument | None, world_size: int) -> list[str]:
+    if rank >= world_size:
+        return [f"rank {rank} wrote a part, but the save has {world_size} ranks"]
+    if document is None:
+        return [f"rank {rank}'s part file is unreadable"]
+    if not document["ok"]:
+        return [f"rank {rank} failed: {document['error']}"]
+    if document["world_size"] != world_size:
+        return [f"rank {rank} saved with world size {document['world_size']}, rank 0 with "
+                f"{world_size}"]
+    return []
+
+
+def _dcp_problems(directory: Path) -> list[str]:
+    names = {e.name for e in os.scandir(directory)}
+    if DCP_METADATA in names or not any(n.endswith(DCP_SHARD_SUFFIX) for n in names):
+        return []
+    return [f"torch.distributed.checkpoint's {DCP_METADATA} is missing beside its shards: "
+            "the save did not finish"]
+
+
+def _idle_seconds(path: Path) -> float:
+    """Seconds since anything at or below `path` last changed (0 when it cannot be read)."""
+    try:
+        newest = path.lstat().st_mtime
+        for folder, directories, files in os.walk(path):
+            for name in [*directories, *files]:
+                newest = max(newest, Path(folder, name).lstat().st_mtime)
+    except OSError:
+        return 0.0
+    return time.time() - newest

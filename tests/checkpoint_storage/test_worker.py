@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from muster.checkpoint_files import METADATA_FILE, published
+from muster.checkpoint_files import METADATA_FILE, published, sharded_name
 from muster.checkpoint_storage.worker import StorageWorker
 from muster.services.experiments import create_experiment
 from muster.store import Checkpoint, Event, Trial
@@ -198,9 +199,25 @@ def test_collection_during_a_long_run_keeps_its_disk_bounded(
         local = [int(p.name.split("-")[1]) for p in published(run_dir.checkpoints)]
         assert local == [step], (step, local)  # the resume point only
         assert len(list(storage.iterdir())) == 1
+    old, young = _saves_in_progress(run_dir.checkpoints)
+    assert worker.remove_abandoned_saves() == 0  # attempt 1 runs: they may be written now
     (pace / f"go-{len(values)}").touch()
     trial = sqlite_rig.run_to_end_of(experiment_id, trial_id)
     assert trial.state == "SUCCEEDED"
     _drain(worker)  # ended: nothing protects it any more, and the policy keeps 0
     assert published(run_dir.checkpoints) == [] and list(storage.iterdir()) == []
+    assert worker.sweep().saves_removed == 1  # nobody writes them now; the young one waits
+    assert not old.exists() and young.is_dir()
     assert {state for state, _, _ in _rows(sqlite_rig, trial_id).values()} == {"deleted"}
+
+
+def _saves_in_progress(folder: Path) -> tuple[Path, Path]:
+    """Two sharded saves of attempt 1 in progress: one untouched for an hour, one fresh."""
+    old, young = (folder / sharded_name(9, attempt=1, number=n) for n in (1, 2))
+    for path in (old, young):
+        path.mkdir()
+        (path / "shard-0").write_bytes(b"half")
+    an_hour_ago = time.time() - 3600
+    for path in (old / "shard-0", old):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    return old, young

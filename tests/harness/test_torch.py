@@ -204,6 +204,28 @@ def test_a_sharded_model_is_refused_on_every_rank(local_run: Path, one_rank_grou
     assert not (local_run / "checkpoints").exists()
 
 
+def test_a_sharded_model_saves_and_restores_through_dcp(
+    local_run: Path, one_rank_group: None,
+) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = fully_shard(nn.Sequential(nn.Linear(4, 4)))
+    saved = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    with mh.init() as ctx:
+        assert mt.restore_sharded(ctx, {"model": model}) is None
+        mt.save_sharded(ctx, 3, {"model": model}, metadata={"epoch": 1})
+        mt.save_sharded_async(ctx, 4, {"model": model}).result(timeout=60)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.zero_()
+        restored = mt.restore_sharded(ctx, {"model": model})
+    assert restored is not None and restored.step == 4
+    assert_same_tensors({k: v.full_tensor() for k, v in model.state_dict().items()}, saved)
+    assert [p.name[:17] for p in sorted((local_run / "checkpoints").iterdir())] == [
+        "step-000000000003", "step-000000000004"]
+
+
 def test_should_stop_is_the_harness_flag_in_a_world_of_one(
     local_run: Path, one_rank_group: None
 ) -> None:

@@ -28,12 +28,14 @@ class SweepReport:
     objects_deleted: int = 0
     uploads_aborted: int = 0
     directories_removed: int = 0  # shared_fs: made for a write that never came
+    saves_removed: int = 0  # run directories' checkpoint saves nobody writes any more
 
     def __iadd__(self, other: SweepReport) -> SweepReport:
         self.prefixes_deleted += other.prefixes_deleted
         self.objects_deleted += other.objects_deleted
         self.uploads_aborted += other.uploads_aborted
         self.directories_removed += other.directories_removed
+        self.saves_removed += other.saves_removed
         return self
 
 

@@ -1,5 +1,10 @@
 """The server's checkpoint storage worker: uploads, garbage collection, deletions, sweeps.
 
+A sweep also removes, from the run directories, the checkpoint saves in progress that no
+process writes into any more (`checkpoint_files.abandoned`: their attempt ended, or every
+rank of a sharded save finished with it) once nothing in them changed for
+`abandoned_save_age` seconds; a save that may still be written is never touched.
+
 One thread beside the supervisor's passes, so a slow bucket never delays a trial's
 supervision. Its work is in the store, not in memory: a checkpoint to upload is a row in
 state `local` (or `upload_failed` whose next try is due), a deletion decided is a row in
@@ -26,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from muster import checkpoint_files
 from muster.checkpoint_storage import transfer
 from muster.checkpoint_storage.base import Backend
 from muster.checkpoint_storage.location import (
@@ -43,8 +49,8 @@ from muster.checkpoint_storage.sweep import SweepReport, sweep_location
 from muster.config.schema import CheckpointStorageConfig
 from muster.errors import MusterError, StorageError
 from muster.home import Home
-from muster.states import CheckpointState, EventReason
-from muster.store import Checkpoint, Experiment, Store, Trial, record_event
+from muster.states import AttemptState, CheckpointState, EventReason
+from muster.store import Attempt, Checkpoint, Experiment, Store, Trial, record_event
 from muster.store.actors import STORAGE
 from muster.store.configs import experiment_config
 from muster.store.models import now
@@ -62,6 +68,11 @@ IDLE_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 60.0
 ORPHAN_AGE_SECONDS = 3600.0  # a prefix without metadata.json this old is an abandoned upload
 SWEEP_EVERY_SECONDS = 600.0
+# A save in progress that no process can write into any more goes once nothing in it changed
+# for this long (a replica LOST on a machine that still runs may yet write into it).
+ABANDONED_SAVE_AGE_SECONDS = 600.0
+# Trials ended longer ago than this are not looked at again: a sweep since then tidied them.
+ABANDONED_SAVE_LOOKBACK_SECONDS = 86400.0
 
 
 def retry_delay(tries: int) -> float:
@@ -105,6 +116,7 @@ class StorageWorker:
     home: Home
     default: CheckpointStorageConfig | None = None  # the cluster config's checkpoint_storage
     orphan_age: float = ORPHAN_AGE_SECONDS
+    abandoned_save_age: float = ABANDONED_SAVE_AGE_SECONDS
     environ: dict[str, str] | None = None  # where `env:` keys are read (default: os.environ)
     _gc: queue.Queue[int] = field(default_factory=lambda: queue.Queue(GC_QUEUE_SIZE))
     _gc_everything: bool = False
@@ -471,7 +483,35 @@ class StorageWorker:
             with self._lock:
                 busy = set(self._busy)
             report += sweep_location(self.backend(location), states, busy, age, now())
+        report.saves_removed = self.remove_abandoned_saves()
         return report
+
+    def remove_abandoned_saves(self) -> int:
+        """Remove the saves in progress of trials that run or ended lately that nobody writes
+        into any more (see the module's docstring); how many were removed."""
+        with self.store.session_scope() as s:
+            rows = s.execute(select(Trial.uuid, Attempt.number, Attempt.state)
+                             .join(Attempt, Attempt.trial_id == Trial.id)
+                             .where(or_(Trial.ended_at.is_(None), Trial.ended_at
+                                        > now() - ABANDONED_SAVE_LOOKBACK_SECONDS))).all()
+        attempts: dict[str, tuple[int, set[int]]] = {}
+        for uuid, number, state in rows:
+            latest, live = attempts.get(uuid, (number, set()))
+            attempts[uuid] = (max(latest, number),
+                              live | ({number} if state in AttemptState.live() else set()))
+        removed = 0
+        for uuid, (latest, live) in sorted(attempts.items()):
+            folder = self.home.run_dir(uuid).checkpoints
+            try:
+                gone = checkpoint_files.remove_abandoned(folder, latest, live,
+                                                         idle_for=self.abandoned_save_age)
+            except OSError as exc:  # one unreadable run directory: the others go on
+                log.warning("cannot look for abandoned checkpoint saves in %s: %s", folder, exc)
+                continue
+            for path in gone:
+                log.info("removed %s: a checkpoint save nobody writes into any more", path)
+            removed += len(gone)
+        return removed
 
 
 def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:

@@ -15,6 +15,10 @@ with mh.init() as ctx:
             break
 ```
 
+Sharded state (FSDP, torch.distributed.checkpoint) is saved by every rank together:
+`with ctx.checkpoint.save_sharded(step) as path: dcp.save(state, checkpoint_id=path)`, or in
+the background with `ctx.checkpoint.save_sharded_async(step, start)`.
+
 The same script runs off the platform with plain `python train.py`, writing into
 `./muster-run/` (`muster.rundir.LOCAL_RUN_DIR`). The files it writes are described in
 docs/run-directory.md. Importing this package is cheap: it needs only the standard
@@ -24,5 +28,6 @@ library. PyTorch loops resume exactly with `muster.harness.torch` (`save`, `rest
 
 from muster.harness.checkpoints import Checkpoint, CheckpointError
 from muster.harness.context import Context, init
+from muster.harness.sharded import PendingSave
 
-__all__ = ["Checkpoint", "CheckpointError", "Context", "init"]
+__all__ = ["Checkpoint", "CheckpointError", "Context", "PendingSave", "init"]

@@ -4,6 +4,11 @@ A save writes into `checkpoints/.tmp-…/`, fsyncs every file, writes `metadata.
 the sha256 of each file, and renames the directory into place as
 `checkpoints/step-<step:012d>-<8 hex>/`; the platform sees only complete checkpoints.
 `checkpoints/` belongs to the trial: every attempt saves into and restores from it.
+
+A sharded save (`save_sharded`, `save_sharded_async`: torch.distributed.checkpoint) is one
+directory every rank writes its shard into; rank 0 publishes it the same way once every
+rank said its part is written (`muster.harness.sharded`). A publication also removes the
+saves in progress that nobody writes into any more (`checkpoint_files.abandoned`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -27,14 +33,19 @@ from muster.checkpoint_files import CheckpointDocument, Metadata
 from muster.errors import MusterError
 from muster.harness.arguments import check_count
 from muster.harness.heartbeat import Heartbeat
+from muster.harness.sharded import PARTS_TIMEOUT_S, PendingSave, ShardedSave, Waitable
 
 METADATA_FILE = checkpoint_files.METADATA_FILE
-NAME_PREFIX = checkpoint_files.NAME_PREFIX
-TMP_PREFIX = checkpoint_files.TMP_PREFIX
+COMMIT_WAIT_S = 5.0  # how long close() lets a publication that began its rename finish
+# From SaveFailures.record up to the training code's `with ctx.checkpoint.save(...)`: record,
+# _record_failure, _failures_recorded, its __exit__, the save generator, its __exit__, the
+# caller. The failure's warning points there.
+USER_FRAME = 7
 
 
 class CheckpointError(MusterError):
-    """A checkpoint could not be saved; nothing of it was left behind."""
+    """A checkpoint could not be saved; nothing of it was published (nor left behind, but
+    for a sharded save's directory, removed once every rank is done with it)."""
 
 
 class Checkpoint(NamedTuple):
@@ -53,13 +64,14 @@ class Saver(NamedTuple):
     attempt: int
     rank: int
     hparams: Mapping[str, Any]
+    world_size: int = 1  # the ranks a sharded save waits for
 
 
 class Checkpoints:
     """`ctx.checkpoint`: save and restore the trial's checkpoints.
 
     Normally only rank 0 saves (all ranks hold the same state); any rank may, and
-    metadata.json records which one did.
+    metadata.json records which one did. A sharded save is entered by every rank together.
     """
 
     def __init__(
@@ -79,6 +91,8 @@ class Checkpoints:
         # steps the checkpoint already contains.
         self._before_publish = before_publish
         self.last_saved: Path | None = None  # the latest checkpoint this process published
+        self._sharded_saves = 0  # how many this process began: the next one's number
+        self._pending: list[tuple[PendingSave, ShardedSave]] = []  # written in the background
 
     @contextmanager
     def save(self, step: int, metadata: Mapping[str, Any] | None = None) -> Iterator[Path]:
@@ -92,20 +106,106 @@ class Checkpoints:
         """
         step = check_count(step, "checkpoint.save: step")
         user_metadata = _checked_metadata(metadata)
-        if self._failures is None:
-            with self._saving(step, user_metadata) as tmp:
-                yield tmp
-            return
-        self._failures.prepare()
+        with self._failures_recorded(step, USER_FRAME), \
+                self._saving(step, user_metadata) as tmp:
+            yield tmp
+
+    @contextmanager
+    def save_sharded(
+        self, step: int, metadata: Mapping[str, Any] | None = None, *,
+        timeout: float = PARTS_TIMEOUT_S,
+    ) -> Iterator[Path]:
+        """The directory every rank writes its shard of `step` into (`dcp.save(state,
+        checkpoint_id=path)`); published by rank 0 once every rank's block ended.
+
+        Every rank calls it, in the same order as its other sharded saves, with the same
+        step. A rank other than 0 returns once its part is written; rank 0 waits up to
+        `timeout` seconds for theirs, then publishes the directory, hashed like any save,
+        with its own `metadata`. A rank whose block raises says so, and nothing is published.
+
+        Raises:
+            CheckpointError: the block raised, or (rank 0) a rank failed or did not finish
+                within `timeout`, or publishing failed; nothing was published.
+            TypeError, ValueError: `step` is not an int ≥ 0, `metadata` is not a JSON object,
+                or `timeout` is not a positive number.
+        """
+        step, user_metadata, timeout = _checked_sharded(step, metadata, timeout)
+        with self._failures_recorded(step, USER_FRAME):
+            sharded = self._begin_sharded(step)
+            with self._writing(sharded):
+                yield sharded.path
+            self._finish_part(sharded, user_metadata, timeout, None)
+        self._heartbeat.progress(time.time(), step)
+
+    def save_sharded_async(
+        self, step: int, start: Callable[[Path], Waitable],
+        metadata: Mapping[str, Any] | None = None, *, timeout: float = PARTS_TIMEOUT_S,
+    ) -> PendingSave:
+        """A sharded save of `step` written in the background: `start(path)` begins the
+        write and returns its future (`dcp.async_save(state, checkpoint_id=path)`); once it
+        resolves, the save finishes as `save_sharded`'s does, on a thread of the harness.
+
+        The training loop goes on at once. A failed future is recorded like any failed save
+        and publishes nothing; `init()`'s end waits a bounded time for what is pending.
+
+        Raises:
+            CheckpointError: `start` raised; nothing was published.
+            TypeError, ValueError: as `save_sharded`.
+        """
+        step, user_metadata, timeout = _checked_sharded(step, metadata, timeout)
+        with self._failures_recorded(step, USER_FRAME - 1):  # not a generator
+            sharded = self._begin_sharded(step)
+            with self._writing(sharded):
+                future = start(sharded.path)
+        pending = PendingSave(sharded.path, step)
+        self._pending = [(p, s) for p, s in self._pending if not p.done()] + [(pending, sharded)]
+        threading.Thread(target=self._finish_in_background,
+                         args=(sharded, future, pending, user_metadata, timeout),
+                         name=f"muster-checkpoint-{step}", daemon=True).start()
+        return pending
+
+    def close(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the saves written in the background; give up the
+        ones still going, each recorded as a failed save (which warns)."""
+        deadline = time.monotonic() + timeout
+        for pending, sharded in self._pending:
+            if pending.wait(max(0.0, deadline - time.monotonic())):
+                continue
+            if pending.drop():
+                problem = (f"the sharded checkpoint for step {pending.step} was still being "
+                           f"written when muster.harness.init() ended (after waiting "
+                           f"{timeout:g} s); it was dropped and is not published")
+                sharded.give_up(problem)
+                self._record_failure(pending.step, problem, USER_FRAME)  # through init()
+            else:
+                pending.wait(COMMIT_WAIT_S)  # its rename began: it ends in a moment
+        self._pending = []
+
+    @contextmanager
+    def _failures_recorded(self, step: int, frame: int,
+                           pending: PendingSave | None = None) -> Iterator[None]:
+        """Record a save that fails (even when the training code catches the error); one
+        dropped by `close` was recorded there. `frame`: the caller's, for the warning."""
+        if self._failures is not None:
+            self._failures.prepare()
         try:
-            with self._saving(step, user_metadata) as tmp:
-                yield tmp
+            yield
         except CheckpointError as exc:
-            self._failures.record(step, str(exc))
+            if pending is None or not pending.dropped():
+                self._record_failure(step, str(exc), frame)
             raise
         except KeyboardInterrupt:
-            self._failures.record(step, "interrupted (KeyboardInterrupt) while saving")
+            self._record_failure(step, "interrupted (KeyboardInterrupt) while saving", frame)
             raise
+
+    def _record_failure(self, step: int, error: str, frame: int) -> None:
+        """Record and warn; `frame` counts the frames up to the training code's from
+        `_failures_recorded`'s (`USER_FRAME` through a `with`), where the warning points."""
+        if self._failures is not None:
+            self._failures.record(step, error, stacklevel=frame)
+        else:
+            warnings.warn(f"muster: the checkpoint save for step {step} failed: {error}",
+                          RuntimeWarning, stacklevel=frame - 1)
 
     @contextmanager
     def _saving(self, step: int, user_metadata: Metadata) -> Iterator[Path]:
@@ -133,6 +233,82 @@ class Checkpoints:
         self._publish(tmp, step, user_metadata)
         self._heartbeat.progress(time.time(), step)
 
+    def _begin_sharded(self, step: int) -> ShardedSave:
+        """This rank's view of the next sharded save; its directory made, its accounting
+        written (every rank's: the checkpoint says the steps before it are done)."""
+        self._heartbeat.progress(time.time(), step)
+        self._sharded_saves += 1
+        saver = self._saver
+        name = checkpoint_files.sharded_name(step, saver.attempt, self._sharded_saves)
+        sharded = ShardedSave(self.directory / name, step, saver.rank, saver.world_size)
+        doing = f"creating {sharded.path}"
+        try:
+            sharded.path.mkdir(parents=True, exist_ok=True)
+            # A local run is always attempt 1: a run before it may have left this name.
+            checkpoint_files.part_file(sharded.path, saver.rank).unlink(missing_ok=True)
+            doing = "writing the sample counts and metrics it accounts for"
+            self._before_publish()
+        except OSError as exc:
+            sharded.give_up(f"{doing} failed: {exc}")
+            raise CheckpointError(
+                f"Could not start the sharded checkpoint for step {step} on rank "
+                f"{saver.rank}: {doing} failed: {exc}{_hint(exc)}; it will not be published"
+            ) from exc
+        return sharded
+
+    @contextmanager
+    def _writing(self, sharded: ShardedSave) -> Iterator[None]:
+        """A rank whose writing raised gives up the save, so that rank 0 stops waiting."""
+        try:
+            yield
+        except Exception as exc:
+            sharded.give_up(f"{type(exc).__name__}: {exc}")
+            raise CheckpointError(
+                f"Sharded checkpoint for step {sharded.step} failed on rank {sharded.rank} "
+                f"({type(exc).__name__}: {exc}); it will not be published") from exc
+        except BaseException as exc:
+            sharded.give_up(f"interrupted ({type(exc).__name__})")
+            raise
+
+    def _finish_part(self, sharded: ShardedSave, user_metadata: Metadata, timeout: float,
+                     pending: PendingSave | None) -> Path | None:
+        """Say this rank's part is written; rank 0 publishes instead, once every rank's is.
+        The published checkpoint on rank 0, else None."""
+        commit = pending.commit if pending is not None else (lambda: True)
+        if sharded.rank != 0:
+            if not commit():
+                raise CheckpointError("muster.harness.init() ended before the part was written")
+            try:
+                sharded.finish_part()
+            except OSError as exc:
+                raise CheckpointError(
+                    f"Could not finish the sharded checkpoint for step {sharded.step} on rank "
+                    f"{sharded.rank}: writing its part file failed: {exc}{_hint(exc)}; it "
+                    "will not be published") from exc
+            return None
+        dropped = pending.dropped if pending is not None else (lambda: False)
+        problem = sharded.other_ranks_problem(timeout, dropped)
+        if problem is not None:
+            sharded.give_up(problem)
+            raise CheckpointError(f"The sharded checkpoint for step {sharded.step} was not "
+                                  f"published: {problem}")
+        checkpoint_files.remove_parts(sharded.path)  # muster's, not the checkpoint's
+        return self._publish(sharded.path, sharded.step, user_metadata, sharded.world_size,
+                             commit)
+
+    def _finish_in_background(self, sharded: ShardedSave, future: Waitable,
+                              pending: PendingSave, user_metadata: Metadata,
+                              timeout: float) -> None:
+        try:
+            with self._failures_recorded(sharded.step, USER_FRAME, pending):  # no user frame
+                with self._writing(sharded):
+                    future.result()
+                published = self._finish_part(sharded, user_metadata, timeout, pending)
+        except BaseException as exc:  # noqa: BLE001 - recorded, and raised by result()
+            pending.end(None, exc)
+        else:
+            pending.end(published, None)
+
     def restore(self) -> Checkpoint | None:
         """The latest intact checkpoint (highest step, then newest), or None.
 
@@ -151,7 +327,7 @@ class Checkpoints:
     latest = restore
 
     def _make_tmp(self, step: int) -> Path:
-        tmp = self.directory / f"{TMP_PREFIX}step-{step:012d}-{os.urandom(4).hex()}"
+        tmp = self.directory / checkpoint_files.in_progress_name(step, self._saver.attempt)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
@@ -162,9 +338,12 @@ class Checkpoints:
             ) from exc
         return tmp
 
-    def _publish(self, tmp: Path, step: int, user_metadata: Metadata) -> None:
-        """Sync and hash the files, write metadata.json, rename into place, sync the parent."""
-        final = self.directory / f"{NAME_PREFIX}{step:012d}-{os.urandom(4).hex()}"
+    def _publish(self, tmp: Path, step: int, user_metadata: Metadata,
+                 world_size: int | None = None,
+                 commit: Callable[[], bool] = lambda: True) -> Path:
+        """Sync and hash the files, write metadata.json, rename into place (unless `commit`
+        says no), sync the parent; then remove the saves nobody writes into any more."""
+        final = self.directory / checkpoint_files.new_name(step)
         doing, renamed = f"listing {tmp}", False
         try:
             files: dict[str, str] = {}
@@ -172,11 +351,14 @@ class Checkpoints:
                 doing = f"syncing and hashing {path}"
                 files[path.relative_to(tmp).as_posix()] = _sync_and_hash(path)
             doing = f"writing {tmp / METADATA_FILE}"
-            _write_synced(tmp / METADATA_FILE, self._metadata(step, user_metadata, files))
+            document = self._metadata(step, user_metadata, files, world_size)
+            _write_synced(tmp / METADATA_FILE, document)
             doing = f"syncing {tmp}"
             for directory in _directories_under(tmp):
                 fsync_dir(directory)
             doing = f"renaming {tmp} to {final}"
+            if not commit():
+                raise CheckpointError("muster.harness.init() ended first")
             os.rename(tmp, final)
             renamed = True
             doing = f"syncing {self.directory}"
@@ -188,8 +370,19 @@ class Checkpoints:
                 f"Could not save the checkpoint for step {step}: {doing} failed: "
                 f"{exc}{_hint(exc)}; nothing was saved"
             ) from exc
+        self._remove_abandoned()
+        return final
 
-    def _metadata(self, step: int, user_metadata: Metadata, files: dict[str, str]) -> bytes:
+    def _remove_abandoned(self) -> None:
+        """Tidy up after a save: what an earlier attempt left, and sharded saves every rank
+        of this one has finished with; never one this process still writes."""
+        attempt = self._saver.attempt
+        keep = {pending.path for pending, _ in self._pending if not pending.done()}
+        with contextlib.suppress(OSError):  # tidying only: the next save tries again
+            checkpoint_files.remove_abandoned(self.directory, attempt, {attempt}, keep=keep)
+
+    def _metadata(self, step: int, user_metadata: Metadata, files: dict[str, str],
+                  world_size: int | None) -> bytes:
         if METADATA_FILE in files:
             raise CheckpointError(f"{METADATA_FILE} is muster's name in a checkpoint; "
                                   "save your own metadata under another name or as metadata=")
@@ -197,6 +390,8 @@ class Checkpoints:
             step=step, time=time.time(), trial_id=self._saver.trial_id,
             attempt=self._saver.attempt, rank=self._saver.rank,
             hparams=dict(self._saver.hparams), metadata=user_metadata, files=files)
+        if world_size is not None:
+            document["world_size"] = world_size
         return json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
 
 
@@ -221,6 +416,7 @@ class SaveFailures:
     The file is made and given its room (`SIZE` bytes) before the first save, and rewritten
     in place: a save that failed because the disk is full can still be recorded. Readers
     read it after the process ended; the JSON is padded with spaces to the file's size.
+    Saves written in the background record from their own threads.
     """
 
     SIZE = 4096
@@ -232,9 +428,14 @@ class SaveFailures:
         self._fd: int | None = None
         self._failures: list[SaveFailure] = []
         self._count = 0
+        self._lock = threading.Lock()
 
     def prepare(self) -> None:
         """Make the file and its room once (a warning if that fails: saving goes on)."""
+        with self._lock:
+            self._prepare()
+
+    def _prepare(self) -> None:
         if self._fd is not None:
             return
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -242,21 +443,22 @@ class SaveFailures:
             fd = os.open(self.path, flags, 0o644)
         except OSError as exc:
             warnings.warn(f"muster could not make {self.path}: {exc}; a failed checkpoint save "
-                          "would not be recorded", RuntimeWarning, stacklevel=4)
+                          "would not be recorded", RuntimeWarning, stacklevel=5)
             return
         self._fd = fd
         with contextlib.suppress(OSError):  # no room to reserve: the first write may still fit
             os.posix_fallocate(fd, 0, self.SIZE)
         self._write()
 
-    def record(self, step: int, error: str) -> None:
-        self._count += 1
+    def record(self, step: int, error: str, stacklevel: int = 4) -> None:
         text = error if len(error) <= self.ERROR_CHARS else error[:self.ERROR_CHARS] + "…"
-        failure = SaveFailure(step=step, time=time.time(), error=text)
-        self._failures = [*self._failures, failure][-self.KEPT:]
+        with self._lock:
+            self._count += 1
+            failure = SaveFailure(step=step, time=time.time(), error=text)
+            self._failures = [*self._failures, failure][-self.KEPT:]
+            self._write()
         warnings.warn(f"muster: the checkpoint save for step {step} failed: {text}",
-                      RuntimeWarning, stacklevel=4)
-        self._write()
+                      RuntimeWarning, stacklevel=stacklevel)
 
     def _write(self) -> None:
         if self._fd is None:
@@ -282,6 +484,16 @@ def _checked_metadata(metadata: Mapping[str, Any] | None) -> Metadata:
     except (TypeError, ValueError) as exc:
         raise TypeError(f"checkpoint metadata must be JSON-serialisable: {exc}") from None
     return copy
+
+
+def _checked_sharded(step: int, metadata: Mapping[str, Any] | None,
+                     timeout: float) -> tuple[int, Metadata, float]:
+    step = check_count(step, "checkpoint.save_sharded: step")
+    user_metadata = _checked_metadata(metadata)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError(f"checkpoint.save_sharded: timeout must be a positive number of "
+                         f"seconds, got {timeout=}")
+    return step, user_metadata, float(timeout)
 
 
 def _files_under(root: Path) -> list[Path]:

@@ -28,6 +28,9 @@ from muster.states import Integration, MetricKind
 
 FLUSH_INTERVAL_S = 1.0
 THREAD_STOP_TIMEOUT_S = 5.0
+# How long the end of init() waits for checkpoints still being written in the background
+# (`ctx.checkpoint.save_sharded_async`); `PendingSave.result()` waits as long as it takes.
+PENDING_SAVES_TIMEOUT_S = 120.0
 
 _active: Context | None = None
 
@@ -37,7 +40,8 @@ class Context:
 
     Attributes:
         samples: per-rank sample accounting, `ctx.samples.seen(n, epoch=e)`.
-        checkpoint: `ctx.checkpoint.save(step)` and `ctx.checkpoint.restore()`.
+        checkpoint: `ctx.checkpoint.save(step)` and `ctx.checkpoint.restore()`; every rank
+            together: `save_sharded(step)`, `save_sharded_async(step, start)`.
     """
 
     def __init__(self, env: Run, heartbeat_interval: float,
@@ -52,7 +56,7 @@ class Context:
         self._heartbeat = Heartbeat(files.heartbeat, heartbeat_interval,
                                     sources=[self._metrics, self.samples],
                                     integration=integration.value)
-        saver = Saver(env.trial_id, env.attempt, env.rank, env.hparams)
+        saver = Saver(env.trial_id, env.attempt, env.rank, env.hparams, env.world_size)
         self.checkpoint = Checkpoints(run_dir.checkpoints, saver, self._heartbeat,
                                       env.latest_checkpoint, self._flush_accounting,
                                       SaveFailures(files.save_failures))
@@ -174,12 +178,14 @@ class Context:
         self._background.start()
 
     def _close(self) -> None:
-        """Stop the thread, write everything one last time, give SIGTERM back.
+        """Finish (or drop) the checkpoints still being written, stop the thread, write
+        everything one last time, give SIGTERM back.
 
         A failed final write is a warning, not an error, so it never hides the exception
         that is leaving the user's block.
         """
         try:
+            self.checkpoint.close(PENDING_SAVES_TIMEOUT_S)
             self._background.stop(THREAD_STOP_TIMEOUT_S)
             run_warning_on_oserror(f"writing {self._metrics.path}", self._metrics.close)
             run_warning_on_oserror(f"writing {self.samples.path}", self.samples.flush)

@@ -42,8 +42,19 @@ and, in metadata.json's "metadata", `{"muster.harness.torch": {"format": 1,
 
 When torch.distributed is initialized, `save`, `restore` and `should_stop` are collectives
 (like Lightning's `trainer.save_checkpoint`): every rank calls them, in the same order.
-Sharded models (FSDP) are not supported. Importing this module imports torch;
-`import muster.harness` does not.
+Importing this module imports torch; `import muster.harness` does not.
+
+**Sharded state** (FSDP, or any state too big for one rank) goes through
+torch.distributed.checkpoint instead: every rank writes its own shard into one checkpoint
+(`ctx.checkpoint.save_sharded`), published once every rank's is written.
+
+```python
+state = {"model": model, "optimizer": optimizer}        # Stateful objects, or state_dicts
+restored = mt.restore_sharded(ctx, state)               # dcp.load in place; None: fresh
+...
+mt.save_sharded(ctx, step, state)                       # dcp.save, on every rank
+pending = mt.save_sharded_async(ctx, step, state)       # dcp.async_save; the loop goes on
+```
 
 **Diagnostics** (on unless the config says `diagnostics: {record: false}`): `restore`
 starts sampling the model's local gradient norm and parameter hashes every
@@ -76,9 +87,11 @@ from muster.harness.arguments import check_count
 from muster.harness.background import run_warning_on_oserror
 from muster.harness.checkpoints import Checkpoint, CheckpointError
 from muster.harness.context import Context
+from muster.harness.sharded import PendingSave, Waitable
 from muster.harness.torch_diagnostics import attach_loader, attach_model
 
-__all__ = ["Resumed", "Stateful", "diagnose", "restore", "save", "should_stop"]
+__all__ = ["Resumed", "Stateful", "diagnose", "restore", "restore_sharded", "save",
+           "save_sharded", "save_sharded_async", "should_stop"]
 
 FORMAT = 1
 METADATA_KEY = "muster.harness.torch"
@@ -258,6 +271,67 @@ def restore(
                    path=latest.path, world_size=int(saved["world_size"]))
 
 
+def save_sharded(
+    ctx: Context, step: int, state_dict: dict[str, Any], *,
+    metadata: Mapping[str, Any] | None = None, process_group: dist.ProcessGroup | None = None,
+) -> None:
+    """`dcp.save(state_dict)` as the checkpoint of `step`: every rank writes its shard into
+    one directory, which rank 0 publishes once every rank's part is written
+    (`ctx.checkpoint.save_sharded`).
+
+    Call it on every rank, in the same order. `metadata` is rank 0's.
+
+    Raises:
+        CheckpointError: a rank failed, or (rank 0) publishing did; nothing was published.
+        ValueError: torch.distributed's ranks are not muster's (RANK, WORLD_SIZE).
+    """
+    _check_same_ranks(ctx, process_group, "save_sharded")
+    with ctx.checkpoint.save_sharded(step, metadata) as path:
+        _dcp().save(state_dict, checkpoint_id=path, process_group=process_group)
+
+
+def save_sharded_async(
+    ctx: Context, step: int, state_dict: dict[str, Any], *,
+    metadata: Mapping[str, Any] | None = None, process_group: dist.ProcessGroup | None = None,
+) -> PendingSave:
+    """`dcp.async_save(state_dict)` as the checkpoint of `step`: returns once the state is
+    staged, and the checkpoint is published in the background once every rank's part is
+    written (`ctx.checkpoint.save_sharded_async`). `process_group` needs a CPU backend
+    (gloo), as for `dcp.async_save`; torch recommends one of its own for async saves.
+
+    Raises:
+        CheckpointError: the save could not start; a later failure is recorded, and
+            `PendingSave.result()` raises it.
+        ValueError: as `save_sharded`.
+    """
+    _check_same_ranks(ctx, process_group, "save_sharded_async")
+
+    def start(path: Path) -> Waitable:
+        began = _dcp().async_save(state_dict, checkpoint_id=path, process_group=process_group)
+        upload: Waitable = getattr(began, "upload_completion", began)  # AsyncSaveResponse
+        return upload
+
+    return ctx.checkpoint.save_sharded_async(step, start, metadata)
+
+
+def restore_sharded(
+    ctx: Context, state_dict: dict[str, Any], *,
+    process_group: dist.ProcessGroup | None = None,
+) -> Checkpoint | None:
+    """Load the latest intact checkpoint into `state_dict`, in place (`dcp.load`); the
+    checkpoint, or None when there is none (a fresh start). Call it on every rank: each
+    loads the same checkpoint.
+
+    Raises:
+        RuntimeError: ranks found different latest checkpoints.
+    """
+    latest = ctx.checkpoint.restore()
+    _check_ranks_agree(latest)
+    if latest is not None:
+        _dcp().load(state_dict, checkpoint_id=latest.path, process_group=process_group)
+    return latest
+
+
 def diagnose(
     ctx: Context,
     *,
@@ -306,6 +380,25 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+@functools.cache
+def _dcp() -> Any:
+    """torch.distributed.checkpoint, imported when first used (about a second)."""
+    return importlib.import_module("torch.distributed.checkpoint")
+
+
+def _check_same_ranks(ctx: Context, group: dist.ProcessGroup | None, what: str) -> None:
+    """A sharded save waits for muster's ranks: torch.distributed's must be the same."""
+    if not _distributed():
+        return
+    theirs = (dist.get_rank(group), dist.get_world_size(group))
+    if theirs != (ctx.rank, ctx.world_size):
+        raise ValueError(
+            f"{what}: torch.distributed says rank {theirs[0]} of {theirs[1]}, muster rank "
+            f"{ctx.rank} of {ctx.world_size}; a sharded save waits for muster's ranks, so "
+            "they must agree (set RANK and WORLD_SIZE, as muster and torchrun do, and save "
+            "with a group of every rank)")
+
+
 def _rank_and_world_size(ctx: Context) -> tuple[int, int]:
     """The process group's rank and size when there is one, else the harness's."""
     if _distributed():
@@ -340,9 +433,8 @@ def _refuse_sharded(model: nn.Module) -> None:
                     if hasattr(fsdp, name))
     if any(isinstance(module, sharded) for module in model.modules()):
         raise NotImplementedError(
-            "muster.harness.torch saves whole (unsharded) models; an FSDP model needs a "
-            "distributed checkpoint (torch.distributed.checkpoint) written inside "
-            "ctx.checkpoint.save()")
+            "muster.harness.torch.save saves whole (unsharded) models; save an FSDP model "
+            "with muster.harness.torch.save_sharded (torch.distributed.checkpoint)")
 
 
 def _checked_metadata(metadata: Mapping[str, Any] | None) -> Metadata:
