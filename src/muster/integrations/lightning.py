@@ -39,6 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from muster.integrations import patching
 from muster.integrations.session import Session
 from muster.states import Integration
 
@@ -46,8 +47,6 @@ __all__ = ["attach", "batch_size", "classes_for"]  # and MusterCallback, MusterL
 
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 CHECKPOINT_METADATA = "lightning"  # the key of a checkpoint's metadata this module writes
-_FIT_WRAPPED = "__muster_fit__"
-_INIT_WRAPPED = "__muster_init__"
 _classes: dict[str, tuple[type, type, type]] = {}
 
 
@@ -289,48 +288,30 @@ def classes_for(package: str) -> tuple[type, type, type]:
 
 def _wrap_fit(trainer_class: type) -> None:
     """`Trainer.fit` without a `ckpt_path` resumes from muster's latest checkpoint when the
-    trainer carries muster's callback (once per class)."""
-    fit = trainer_class.fit  # type: ignore[attr-defined]
-    if getattr(fit, _FIT_WRAPPED, False):
-        return
+    trainer carries muster's callback."""
+    patching.resuming(trainer_class, "fit", "ckpt_path", 4, _resume_path)
 
-    def fit_resuming(self: Any, *args: Any, **kwargs: Any) -> Any:
-        ours = next((c for c in self.callbacks if isinstance(c, _Hooks)), None)
-        if ours is not None and len(args) < 5 and kwargs.get("ckpt_path") is None:
-            path = None
-            with ours.session.guard("finding the checkpoint to resume from"):
-                path = ours.resume_path()
-            if path is not None:
-                kwargs["ckpt_path"] = path
-        return fit(self, *args, **kwargs)
 
-    setattr(fit_resuming, _FIT_WRAPPED, True)
-    fit_resuming.__doc__ = fit.__doc__
-    setattr(trainer_class, "fit", fit_resuming)  # noqa: B010 - a method, replaced
+def _resume_path(trainer: Any) -> str | None:
+    ours = next((c for c in trainer.callbacks if isinstance(c, _Hooks)), None)
+    if ours is None:
+        return None
+    with ours.session.guard("finding the checkpoint to resume from"):
+        return ours.resume_path()
+    return None
 
 
 def attach(module: ModuleType) -> None:
     """The import hook's part (`muster.integrations.autohook`): every `Trainer` the module
     defines gets muster's callback when made without one."""
     package = "pytorch_lightning" if module.__name__.startswith("pytorch_") else PACKAGES[0]
-    trainer_class = module.Trainer
-    init = trainer_class.__init__
-    if getattr(init, _INIT_WRAPPED, False):
-        return
 
-    def init_with_muster(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        try:
-            callback_class = classes_for(package)[0]
-            if not any(isinstance(c, callback_class) for c in self.callbacks):
-                self.callbacks.append(callback_class())
-        except Exception as exc:  # noqa: BLE001 - the rule: never break the script
-            print(f"muster: integrations: adding muster's callback to the Trainer failed "
-                  f"({type(exc).__name__}: {exc}); it trains without it", file=sys.stderr,
-                  flush=True)
+    def add(trainer: Any) -> None:
+        callback_class = classes_for(package)[0]
+        if not any(isinstance(c, callback_class) for c in trainer.callbacks):
+            trainer.callbacks.append(callback_class())
 
-    setattr(init_with_muster, _INIT_WRAPPED, True)
-    setattr(trainer_class, "__init__", init_with_muster)  # noqa: B010 - a method, replaced
+    patching.after_init(module.Trainer, add)
 
 
 def __getattr__(name: str) -> type:

@@ -36,14 +36,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from muster.integrations import patching
 from muster.integrations.session import Session
 from muster.states import Integration
 
 __all__ = ["attach", "callback_class", "publish_directory"]
 
 CHECKPOINT_METADATA = "transformers"  # the key of a checkpoint's metadata this module writes
-_TRAIN_WRAPPED = "__muster_train__"
-_INIT_WRAPPED = "__muster_init__"
 _made: list[type] = []
 
 
@@ -157,47 +156,29 @@ def callback_class() -> type:
 
 def _wrap_train(trainer_class: type) -> None:
     """`Trainer.train` without `resume_from_checkpoint` resumes from muster's latest
-    checkpoint when the trainer carries muster's callback (once)."""
-    train = trainer_class.train  # type: ignore[attr-defined]
-    if getattr(train, _TRAIN_WRAPPED, False):
-        return
+    checkpoint when the trainer carries muster's callback."""
+    patching.resuming(trainer_class, "train", "resume_from_checkpoint", 0, _resume_path)
 
-    def train_resuming(self: Any, *args: Any, **kwargs: Any) -> Any:
-        ours = next((c for c in self.callback_handler.callbacks if isinstance(c, _Hooks)), None)
-        if ours is not None and not args and kwargs.get("resume_from_checkpoint") is None:
-            path = None
-            with ours.session.guard("finding the checkpoint to resume from"):
-                path = ours.resume_path()
-            if path is not None:
-                kwargs["resume_from_checkpoint"] = path
-        return train(self, *args, **kwargs)
 
-    setattr(train_resuming, _TRAIN_WRAPPED, True)
-    train_resuming.__doc__ = train.__doc__
-    setattr(trainer_class, "train", train_resuming)  # noqa: B010 - a method, replaced
+def _resume_path(trainer: Any) -> str | None:
+    ours = next((c for c in trainer.callback_handler.callbacks if isinstance(c, _Hooks)), None)
+    if ours is None:
+        return None
+    with ours.session.guard("finding the checkpoint to resume from"):
+        return ours.resume_path()
+    return None
 
 
 def attach(module: ModuleType) -> None:
     """The import hook's part (`muster.integrations.autohook`): every `Trainer` gets
     muster's callback when made without one."""
-    trainer_class = module.Trainer
-    init = trainer_class.__init__
-    if getattr(init, _INIT_WRAPPED, False):
-        return
 
-    def init_with_muster(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        try:
-            callback = callback_class()
-            if not any(isinstance(c, callback) for c in self.callback_handler.callbacks):
-                self.add_callback(callback())
-        except Exception as exc:  # noqa: BLE001 - the rule: never break the script
-            print(f"muster: integrations: adding muster's callback to the Trainer failed "
-                  f"({type(exc).__name__}: {exc}); it trains without it", file=sys.stderr,
-                  flush=True)
+    def add(trainer: Any) -> None:
+        callback = callback_class()
+        if not any(isinstance(c, callback) for c in trainer.callback_handler.callbacks):
+            trainer.add_callback(callback())
 
-    setattr(init_with_muster, _INIT_WRAPPED, True)
-    setattr(trainer_class, "__init__", init_with_muster)  # noqa: B010 - a method, replaced
+    patching.after_init(module.Trainer, add)
 
 
 def __getattr__(name: str) -> type:
