@@ -7,16 +7,27 @@ collectives), each submitted as its Determined config is written: translated, ru
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
+import yaml
 from sqlalchemy import select
 
 from muster.client import pack_context
-from muster.services.experiments import create_experiment, describe_trial
+from muster.services.experiments import (
+    activate_experiment,
+    create_experiment,
+    describe_trial,
+    pause_experiment,
+)
+from muster.states import TrialState
 from muster.store import Trial
-from tests.examples.test_ddp import records
+from tests.examples.framework_runs import FAULTS, log_of, until
+from tests.examples.test_ddp import records, run_to_end, saved, submit
 from tests.supervise.conftest import Rig, TrialView
 
 pytest.importorskip("torch", reason="the Core API examples need the 'examples' extra")
@@ -80,3 +91,46 @@ def test_the_tutorials_distributed_stage_runs_its_four_slots_as_ranks(
     assert sorted(p.name for p in attempt.glob("rank-*.heartbeat.json")) == [
         f"rank-{r}.heartbeat.json" for r in range(4)]
     assert records(attempt / "rank-0.metrics.jsonl", "validation")
+
+
+def test_the_tutorials_checkpoint_stage_resumes_after_a_pause_and_a_sigkill(
+        sqlite_rig: Rig, tmp_path: Path) -> None:
+    """Stage 2 (checkpoints.yaml as written, run under faults.py, whose pace and one retry
+    the `muster:` block sets): paused after its first checkpoint, activated, its resumed attempt
+    SIGKILLed; each attempt goes on from the latest checkpoint, and the trial succeeds."""
+    rig = sqlite_rig
+    context = tmp_path / "context"
+    shutil.copytree(TUTORIAL, context, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(FAULTS, context / FAULTS.name)
+    config = yaml.safe_load((TUTORIAL / "checkpoints.yaml").read_text())
+    config["entrypoint"] = f"python3 {FAULTS.name} model_def_checkpoints.py"
+    # Its `max_restarts: 0` would fail the trial at the SIGKILL, as on Determined: one retry.
+    config["muster"] = {"environment": {"variables": {"TEST_PACE": "0.25",
+                                                      "TEST_PACE_ATTEMPTS": "1,2"}},
+                        "failure_policy": {"trial_retries": 1}}
+    job = submit(rig, config, context)
+    first = until(rig, job, lambda: (t := rig.trial(job.trial_id)).attempts
+                  and t.attempts[0].run_dir, "attempt 1")
+    checkpoints = first.parent / "checkpoints"
+    until(rig, job, lambda: saved(checkpoints), "epoch 1's checkpoint")
+
+    pause_experiment(rig.store, rig.admin, job.experiment_id)
+    rig.until_trial(job, TrialState.PAUSED)
+    paused = saved(checkpoints)[-1]
+    activate_experiment(rig.store, rig.admin, job.experiment_id)
+    second = until(rig, job, lambda: len(a := rig.trial(job.trial_id).attempts) > 1
+                   and a[1].run_dir, "attempt 2")
+    until(rig, job, lambda: any(c.document["attempt"] == 2 for c in saved(checkpoints)),
+          "attempt 2's first checkpoint")
+    os.kill(json.loads((second / "rank-0.shim.json").read_text())["child_pid"], signal.SIGKILL)
+    view = run_to_end(rig, job)
+
+    assert (view.state, view.reason) == ("SUCCEEDED", "OK"), view.message
+    assert [a.reason for a in view.attempts][1:] == ["INFRA", "OK"]
+    # Each attempt began where the last checkpoint left it, not from the first epoch.
+    resumed = records(second / "rank-0.metrics.jsonl", "validation")
+    assert resumed and resumed[0]["step"] > paused.step
+    third = records(view.attempts[2].run_dir / "rank-0.metrics.jsonl", "validation")
+    assert third and third[0]["step"] > resumed[0]["step"]
+    assert describe_trial(rig.store, job.trial_id)["integration"] == "determined"
+    assert "Traceback" not in log_of(view.attempts[2].run_dir)
