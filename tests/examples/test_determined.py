@@ -41,19 +41,32 @@ RUN_TIMEOUT = 200.0
 
 
 def submit_as_written(rig: Rig, folder: Path, config: str, tmp_path: Path) -> list[int]:
-    """Create an experiment from `folder` (its context) with its Determined config `config`
-    as it is; its trials' ids."""
+    """Run an experiment of `folder` (its context) with its Determined config `config` as
+    it is, to its end; its trials' ids."""
     context = tmp_path / "context"
     shutil.copytree(folder, context, ignore=shutil.ignore_patterns("__pycache__"))
-    archive = tmp_path / "context.tar.gz"
+    return run_experiment(rig, context, (folder / config).read_text())
+
+
+def run_experiment(rig: Rig, context: Path, config_text: str, trials: int = 1) -> list[int]:
+    """Run an experiment of `context` with `config_text` until it ended, or made `trials`
+    trials that are all at rest (a SUSPECT one waits for a review); its trials' ids."""
+    archive = context.with_name("context.tar.gz")
     archive.write_bytes(pack_context(context))
-    experiment = create_experiment(rig.store, rig.home, rig.admin,
-                                   (folder / config).read_text(), archive)
-    rig.tick_until(lambda: rig.experiment_state(experiment).is_terminal(),
-                   what=f"experiment {experiment} to end", timeout=RUN_TIMEOUT)
-    with rig.store.session_scope() as s:
-        return list(s.scalars(select(Trial.id).where(Trial.experiment_id == experiment)
-                              .order_by(Trial.id)))
+    experiment = create_experiment(rig.store, rig.home, rig.admin, config_text, archive)
+
+    def made() -> list[int]:
+        with rig.store.session_scope() as s:
+            return list(s.scalars(select(Trial.id).where(Trial.experiment_id == experiment)
+                                  .order_by(Trial.id)))
+
+    def settled() -> bool:
+        ids = made()
+        return rig.experiment_state(experiment).is_terminal() or (len(ids) >= trials and all(
+            TrialState(rig.trial(i).state).is_at_rest() for i in ids))
+
+    rig.tick_until(settled, what=f"experiment {experiment} to settle", timeout=RUN_TIMEOUT)
+    return made()
 
 
 def succeeded(rig: Rig, trial_id: int, verified: bool = True) -> TrialView:
@@ -134,3 +147,27 @@ def test_the_tutorials_checkpoint_stage_resumes_after_a_pause_and_a_sigkill(
     assert third and third[0]["step"] > resumed[0]["step"]
     assert describe_trial(rig.store, job.trial_id)["integration"] == "determined"
     assert "Traceback" not in log_of(view.attempts[2].run_dir)
+
+
+def test_a_core_api_crash_the_script_swallows_is_suspect(sqlite_rig: Rig,
+                                                         tmp_path: Path) -> None:
+    """The example's search with optimizer step 40 of each trial crashing and the crash
+    swallowed (exit 0): each trial stopped short of its max_length, so it is SUSPECT."""
+    context = tmp_path / "context"
+    shutil.copytree(EXAMPLE, context, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(FAULTS, context / FAULTS.name)
+    config = yaml.safe_load((EXAMPLE / "det.yaml").read_text())
+    config["entrypoint"] = f"python3 {FAULTS.name} {config['entrypoint'].split(' ', 1)[1]}"
+    config["muster"] = {"environment": {"variables": {"TEST_CRASH_AT": "40"}}}
+
+    trials = run_experiment(sqlite_rig, context, yaml.safe_dump(config), trials=2)
+
+    assert len(trials) == 2
+    for trial_id in trials:
+        view = sqlite_rig.trial(trial_id)
+        assert view.state == "SUSPECT", view.message
+        assert "caught: injected crash at optimizer step 40" in log_of(view.attempts[0].run_dir)
+        checks = {c["name"]: c for c in describe_trial(sqlite_rig.store, trial_id)
+                  ["verification"]["checks"]}
+        assert checks["completed"]["detail"].startswith("stopped at ")
+        assert "searcher.max_length" in checks["completed"]["detail"]
