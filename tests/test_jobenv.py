@@ -50,6 +50,8 @@ def job(**changes: Any) -> JobEnvironment:
     pytest.param(job(flight_recorder=RUN / "attempt-2" / "rank-0.flight-",
                      virtual_env=RUN / "env"), id="flight recorder, environment layer"),
     pytest.param(JobEnvironment(run_dir=RUN), id="only the run directory"),
+    pytest.param(job(experiment_id=3, integrations=True, compat="determined"),
+                 id="experiment, integrations, Determined's Core API"),
 ])
 def test_what_the_platform_writes_reads_back_the_same(original: JobEnvironment) -> None:
     assert JobEnvironment.from_environ(original.to_environ()) == original

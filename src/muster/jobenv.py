@@ -25,6 +25,7 @@ __all__ = ["DEFAULT_DIAGNOSTICS_INTERVAL", "Distributed", "JobEnvironment", "bui
 # Who the replica is and where its files go (docs/run-directory.md).
 RUN_DIR = "MUSTER_RUN_DIR"
 TRIAL_ID = "MUSTER_TRIAL_ID"
+EXPERIMENT_ID = "MUSTER_EXPERIMENT_ID"  # the trial's experiment (Determined's Core API asks)
 ATTEMPT = "MUSTER_ATTEMPT"
 HPARAMS = "MUSTER_HPARAMS"  # the path of the trial's hyperparameters (a JSON object)
 REPLICA_RESTART = "MUSTER_REPLICA_RESTART"  # restarts in place of this rank in the attempt
@@ -75,8 +76,8 @@ FLIGHT_RECORDER_FILES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_
 # What a config may set itself over muster's value: it was asked for by name.
 CHOSEN_BY_THE_JOB = frozenset({*DETERMINISTIC_VARIABLES, *FLIGHT_RECORDER_FILES})
 # What only the platform knows of a run: a run started without muster ignores it.
-PLATFORM_IDENTITY = frozenset({RUN_DIR, TRIAL_ID, ATTEMPT, HPARAMS, REPLICA_RESTART,
-                               LATEST_CHECKPOINT})
+PLATFORM_IDENTITY = frozenset({RUN_DIR, TRIAL_ID, EXPERIMENT_ID, ATTEMPT, HPARAMS,
+                               REPLICA_RESTART, LATEST_CHECKPOINT})
 # What would point the trial's `python` at another environment than its own.
 OTHER_ENVIRONMENTS = frozenset({"PYTHONHOME", "CONDA_PREFIX", "CONDA_DEFAULT_ENV"})
 
@@ -141,6 +142,7 @@ class JobEnvironment:
 
     run_dir: Path
     trial_id: int | None = None
+    experiment_id: int | None = None
     attempt: int = 1
     hparams_path: Path | None = None
     rank: int = 0  # muster's: the replica's, whatever torchrun's says
@@ -175,7 +177,8 @@ class JobEnvironment:
                MUSTER_WORLD_SIZE: str(self.world_size), **ALWAYS,
                DIAGNOSTICS: ("off" if self.diagnostics_interval is None
                              else str(self.diagnostics_interval))}
-        optional = {TRIAL_ID: self.trial_id, HPARAMS: self.hparams_path,
+        optional = {TRIAL_ID: self.trial_id, EXPERIMENT_ID: self.experiment_id,
+                    HPARAMS: self.hparams_path,
                     LATEST_CHECKPOINT: self.latest_checkpoint, MAX_LENGTH: self.max_length,
                     SEED: self.seed, VIRTUAL_ENV: self.virtual_env,
                     STANDBY_GO: self.standby_go, COMPAT: self.compat,
@@ -211,6 +214,7 @@ class JobEnvironment:
         rank, world_size = _rank_of(environ, MUSTER_RANK, MUSTER_WORLD_SIZE)
         return cls(
             run_dir=Path(run_dir), trial_id=_integer(environ, TRIAL_ID, minimum=0),
+            experiment_id=_integer(environ, EXPERIMENT_ID, minimum=0),
             attempt=_integer(environ, ATTEMPT, minimum=1) or 1,
             hparams_path=_path(environ, HPARAMS), rank=rank, world_size=world_size,
             incarnation=_integer(environ, REPLICA_RESTART, minimum=0) or 0,

@@ -140,6 +140,30 @@ def test_what_is_not_provided_fails_with_its_reason(monkeypatch: pytest.MonkeyPa
     assert det.get_cluster_info() is None  # off the platform, as off a Determined cluster
 
 
+def test_the_cluster_info_names_the_trial_and_its_experiment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import muster.compat.determined as det
+    from muster.compat.determined import _run
+
+    for name in [n for n in os.environ if n.startswith("MUSTER_") or n in _TORCHRUN]:
+        monkeypatch.delenv(name)
+    hparams = tmp_path / "hparams.json"
+    hparams.write_text(json.dumps(HPARAMS))
+    for name, value in {"MUSTER_RUN_DIR": tmp_path / "run", "MUSTER_TRIAL_ID": 7,
+                        "MUSTER_EXPERIMENT_ID": 3, "MUSTER_HPARAMS": hparams}.items():
+        monkeypatch.setenv(name, str(value))
+    for cached in (det.get_cluster_info, _run.this_run, _run.this_job):
+        cached.cache_clear()
+    try:
+        info = det.get_cluster_info()
+        assert info is not None
+        assert (info.trial.trial_id, info.trial.experiment_id) == (7, 3)
+        assert info.trial.hparams == HPARAMS
+    finally:
+        for cached in (det.get_cluster_info, _run.this_run, _run.this_job):
+            cached.cache_clear()
+
+
 def test_storage_ids_name_muster_checkpoints_by_directory_or_recorded_id(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in os.environ if n.startswith("MUSTER_") or n in _TORCHRUN]:

@@ -87,6 +87,7 @@ class AttemptPlan:
     gpus: Mapping[int, tuple[int, ...]] | None
     seed: int | None
     incarnation: int = 0
+    experiment_id: int | None = None  # the trial's experiment (None: plans made by hand)
     standby: bool = False  # a warm standby: it waits in init() for its go file
     secrets: Mapping[str, str] = field(default_factory=dict)  # environment.secrets' values
     # What its replicas run in (their PATH's first directories); None: the interpreter
@@ -109,7 +110,8 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
     specs = []
     for rank in range(world_size) if ranks is None else ranks:
         job = JobEnvironment(
-            run_dir=plan.dir.run.path, trial_id=plan.trial_id, attempt=plan.number,
+            run_dir=plan.dir.run.path, trial_id=plan.trial_id,
+            experiment_id=plan.experiment_id, attempt=plan.number,
             hparams_path=plan.dir.hparams, rank=rank, world_size=world_size,
             incarnation=plan.incarnation,
             distributed=(Distributed.on_one_node(rank, world_size, MASTER_ADDR,
@@ -164,7 +166,8 @@ class Launching:
         account = job_account(self.ctx.run_as, trial.experiment)
         return AttemptPlan(
             trial_id=trial.id, trial_uuid=trial.uuid, trial_number=trial.number,
-            number=number, dir=run_dir.attempt(number), config=config,
+            experiment_id=trial.experiment_id, number=number, dir=run_dir.attempt(number),
+            config=config,
             workdir=run_dir.workdir, master_port=port,
             latest_checkpoint=latest_checkpoint(run_dir, self.ctx.home),
             gpus=gpus if scheduled else None,

@@ -31,7 +31,8 @@ class TrialInfo:
     Attributes:
         trial_id: muster's trial id (MUSTER_TRIAL_ID); None where a person started the
             process by hand without one.
-        experiment_id: None: muster does not hand a trial its experiment's id.
+        experiment_id: muster's experiment id (MUSTER_EXPERIMENT_ID); None where a person
+            started the process by hand without one.
         trial_seed: the trial's seed (MUSTER_SEED); None when the config sets no
             `reproducibility.experiment_seed`.
         hparams: the trial's hyperparameters (the MUSTER_HPARAMS file).
@@ -62,7 +63,7 @@ class ClusterInfo:
         self.task_id = run.run_dir.name  # the trial's uuid, its run directory's name
         self.allocation_id = f"{self.task_id}.{run.attempt}"  # one per attempt
         searcher = {} if run.max_length is None else {"max_length": run.max_length}
-        self._trial = TrialInfo(trial_id=run.trial_id, experiment_id=None,
+        self._trial = TrialInfo(trial_id=run.trial_id, experiment_id=job.experiment_id,
                                 trial_seed=run.seed, hparams=run.hparams,
                                 config={"searcher": searcher})
 
