@@ -1,7 +1,7 @@
 """What every Python process of a trial runs first: the line its layer's `.pth` adds.
 
 `muster.environments.layers.write_pth` puts the harness on a trial's path and, after it,
-`import muster.startup`, which reads the job's variables (`muster.jobenv`):
+`import muster.startup`, which reads the job's variables (named in `muster.jobenv`):
 
 - `MUSTER_COMPAT=determined` (`compat: determined`): muster's Determined Core API package
   (`muster/compat/determined`) imports as `determined`, ahead of any installed one;
@@ -19,16 +19,18 @@ from __future__ import annotations
 import os
 import sys
 
-from muster import jobenv
-
 COMPAT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compat")
+# `muster.jobenv`'s names of these variables (tests/test_startup.py holds them equal):
+# importing jobenv here would cost every Python process of a trial ~20 ms (dataclasses,
+# pathlib), pip's and each DataLoader worker's included.
+COMPAT, INTEGRATIONS, RUN_DIR = "MUSTER_COMPAT", "MUSTER_INTEGRATIONS", "MUSTER_RUN_DIR"
 
 
 def start(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
     """Apply the job's `compat` and `integrations` to this interpreter."""
-    if environ.get(jobenv.COMPAT) == "determined" and COMPAT_DIR not in sys.path:
+    if environ.get(COMPAT) == "determined" and COMPAT_DIR not in sys.path:
         sys.path.insert(0, COMPAT_DIR)
-    if environ.get(jobenv.INTEGRATIONS) == "auto" and environ.get(jobenv.RUN_DIR):
+    if environ.get(INTEGRATIONS) == "auto" and environ.get(RUN_DIR):
         from muster.integrations import autohook
 
         autohook.install()
