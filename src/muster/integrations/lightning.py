@@ -320,10 +320,12 @@ def __getattr__(name: str) -> type:
     index = {"MusterCallback": 0, "MusterLogger": 1}.get(name)
     if index is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    reasons = []
     for package in PACKAGES:
         try:
             return classes_for(package)[index]
-        except ImportError:
-            continue
+        except ImportError as exc:  # the next package may be there; said below if not
+            reasons.append(f"{package}: {exc}")
     raise ImportError("muster.integrations.lightning needs the `lightning` or "
-                      "`pytorch_lightning` package (2.x): pip install lightning")
+                      "`pytorch_lightning` package (2.x): pip install lightning ("
+                      + "; ".join(reasons) + ")")
