@@ -151,8 +151,9 @@ class EarlyStop(TypedDict):
     """Where the searcher stopped a trial early."""
 
     rung: int
-    step: int
+    step: int  # the validation report's step
     value: Number
+    time: int | None  # the searcher.time_metric value it was judged at; null without one
 
 
 class TrialEnvironmentView(TypedDict):
@@ -324,6 +325,8 @@ class SearchProgress(TypedDict):
     max_concurrent_trials: int
     max_length: int | None  # the training each trial gets, in max_length_unit
     max_length_unit: str  # steps (report_validation's), batches, epochs or records
+    # the validation metric whose value max_length counts instead of steps, or null
+    time_metric: str | None
     ended: int  # SUCCEEDED, FAILED, CANCELED and SUSPECT
     running: int  # STARTING, RUNNING and RESTARTING
     queued: int  # QUEUED and PAUSED

@@ -200,33 +200,33 @@ hyperparameters:
 
 
 @pytest.mark.parametrize(("searcher", "expected"), [
-    ("{name: single, metric: loss}", ("random", 1, None, "steps")),  # ranges: one draw
-    ("{name: grid, metric: loss}", ("grid", None, None, "steps")),
-    ("{name: random, metric: loss, max_trials: 7}", ("random", 7, None, "steps")),
+    ("{name: single, metric: loss}", ("random", 1, None, "steps", None)),  # ranges: one draw
+    ("{name: grid, metric: loss}", ("grid", None, None, "steps", None)),
+    ("{name: random, metric: loss, max_trials: 7}", ("random", 7, None, "steps", None)),
     ("{name: adaptive_asha, metric: loss, max_trials: 8, max_length: {batches: 900}}",
-     ("adaptive_asha", 8, 900, "batches")),
+     ("adaptive_asha", 8, 900, "batches", None)),
     ("{name: adaptive_asha, metric: loss, max_trials: 8, max_length: 50}",
-     ("adaptive_asha", 8, 50, "steps")),
+     ("adaptive_asha", 8, 50, "steps", None)),
     ("{name: adaptive_asha, metric: loss, max_trials: 8, max_time: 20, time_metric: epochs}",
-     ("adaptive_asha", 8, 20, "epochs")),
+     ("adaptive_asha", 8, 20, "steps", "epochs")),
     ("{name: adaptive_asha, metric: loss, max_trials: 8, max_time: 5, time_metric: my_step}",
-     ("adaptive_asha", 8, 5, "steps")),
+     ("adaptive_asha", 8, 5, "steps", "my_step")),
     ("{name: async_halving, metric: loss, max_trials: 4, max_length: {epochs: 3}, "
-     "num_rungs: 3}", ("asha", 4, 3, "epochs")),
+     "num_rungs: 3}", ("asha", 4, 3, "epochs", None)),
 ])
 def test_each_searcher(searcher: str, expected: tuple[object, ...]) -> None:
     got = read(SPACE + f"searcher: {searcher}\n").config.searcher
-    assert (got.name, got.max_trials, got.max_length, got.max_length_unit) == expected
+    assert (got.name, got.max_trials, got.max_length, got.max_length_unit,
+            got.time_metric) == expected
 
 
-def test_the_time_metric_says_muster_counts_steps() -> None:
+def test_max_time_is_counted_in_the_time_metric_as_on_determined() -> None:
     text = SPACE + ("searcher: {name: adaptive_asha, metric: loss, max_trials: 8, max_time: 20, "
                     "time_metric: epochs}\n")
-    assert line(text, "searcher.max_time") == "20 → searcher.max_length: 20"
-    said = line(text, "searcher.time_metric")
-    assert said.startswith("epochs → searcher.max_length_unit: epochs (muster's rungs count "
-                           "the steps the script reports validation at")
-    assert "report steps_completed in epochs" in said
+    assert line(text, "searcher.max_time") == ("20 → searcher.max_length: 20 (counted in "
+                                               "time_metric's values, as Determined counts "
+                                               "max_time)")
+    assert line(text, "searcher.time_metric") == "epochs → the same"
 
 
 @pytest.mark.parametrize(("searcher", "problem"), [

@@ -127,6 +127,19 @@ SPACE = "hyperparameters: {lr: {type: double, minval: 0, maxval: 1}}\n"
     ("searcher: {name: asha, metric: l, max_trials: 4}\n" + SPACE,
      ["searcher.max_length: required by asha, whose rungs are fractions of it (in the steps "
       "the script reports validation with)"]),
+    ("searcher: {name: asha, metric: l, max_trials: 4, time_metric: epochs}\n" + SPACE,
+     ["searcher.max_length: required by asha, whose rungs are fractions of it (in the steps "
+      "the script reports validation with)",
+      "searcher.time_metric: counts max_length in that metric's values: set "
+      "searcher.max_length too"]),
+    ("searcher: {name: asha, metric: l, max_trials: 4, time_metric: epochs, "
+     "max_length: {epochs: 3}}\n" + SPACE,
+     ["searcher.max_length_unit: max_length is counted in time_metric 'epochs''s values, "
+      "not in epochs; remove one of them"]),
+    ("searcher: {name: asha, metric: l, max_trials: 4, max_length: 9, time_metric: 'a b'}\n"
+     + SPACE, ["searcher.time_metric: a metric name must be 1 to 128 characters: letters, "
+               "digits and _ . / : @ + -, the first a letter, a digit or _; got 'a b'; name "
+               "the validation metric as the script reports it"]),
     ("searcher: {name: asha, metric: l, max_trials: 4, max_length: 9, mode: aggressive}\n"
      + SPACE, ["searcher.mode: only the adaptive_asha searcher uses it, not asha; remove it"]),
     ("searcher: {name: grid, metric: l, max_trials: 3}\n"

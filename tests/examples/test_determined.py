@@ -8,6 +8,7 @@ collectives), each submitted as its Determined config is written: translated, ru
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ from muster.services.experiments import (
     pause_experiment,
 )
 from muster.states import TrialState
-from muster.store import Trial
+from muster.store import Metric, Trial
 from tests.examples.framework_runs import FAULTS, log_of, until
 from tests.examples.test_ddp import records, run_to_end, saved, submit
 from tests.supervise.conftest import Rig, TrialView
@@ -104,6 +105,63 @@ def test_the_tutorials_distributed_stage_runs_its_four_slots_as_ranks(
     assert sorted(p.name for p in attempt.glob("rank-*.heartbeat.json")) == [
         f"rank-{r}.heartbeat.json" for r in range(4)]
     assert records(attempt / "rank-0.metrics.jsonl", "validation")
+
+
+def test_the_tutorials_metrics_stage_charts_what_it_reports(sqlite_rig: Rig,
+                                                           tmp_path: Path) -> None:
+    """Stage 1 (metrics.yaml as written): the script's training and validation reports are
+    the trial's metrics, stored for the charts. This stage saves no checkpoint (the next one
+    adds them), and an exit 0 with nothing saved is never a success in muster: the trial is
+    SUSPECT for a person to review, with that the one failed check."""
+    (trial_id,) = submit_as_written(sqlite_rig, TUTORIAL, "metrics.yaml", tmp_path)
+
+    view = sqlite_rig.trial(trial_id)
+    assert view.state == "SUSPECT", view.message
+    trial = describe_trial(sqlite_rig.store, trial_id)
+    assert trial["integration"] == "determined"
+    failed = [c for c in trial["verification"]["checks"] if c["status"] == "failed"]
+    assert [(c["name"], c["detail"]) for c in failed] == [
+        ("checkpoint", "no checkpoint was saved (checkpoints/ is empty)")]
+    attempt = view.attempts[0].run_dir
+    validation = records(attempt / "rank-0.metrics.jsonl", "validation")
+    # An epoch each (the script's default --epochs 14) at its steps_completed; the stand-in
+    # data's 2 batches an epoch never reach its --log-interval 10 for a training report.
+    assert [r["step"] for r in validation] == [2 * epoch for epoch in range(1, 15)]
+    assert all(math.isfinite(r["metrics"]["test_loss"]) for r in validation)
+    with sqlite_rig.store.session_scope() as s:
+        stored = s.scalars(select(Metric.step).where(Metric.trial_id == trial_id,
+                                                     Metric.kind == "validation")).all()
+    assert sorted(stored) == [r["step"] for r in validation]  # what the charts draw
+
+
+def test_the_tutorials_adaptive_search_counts_its_rungs_in_epochs(sqlite_rig: Rig,
+                                                                 tmp_path: Path) -> None:
+    """Stage 3 (adaptive.yaml as written, with a `muster:` block for fewer trials than its
+    50): adaptive_asha with `max_time: 20, time_metric: epochs` judges each trial at the
+    `epochs` it reports with test_loss; a trial that trains all 20 is verified complete by
+    its epochs, one stopped early stopped at a rung counted in epochs."""
+    context = tmp_path / "context"
+    shutil.copytree(TUTORIAL, context, ignore=shutil.ignore_patterns("__pycache__"))
+    config = yaml.safe_load((TUTORIAL / "adaptive.yaml").read_text())
+    config["muster"] = {"searcher": {"max_trials": 4, "max_concurrent_trials": 2}}
+
+    trials = run_experiment(sqlite_rig, context, yaml.safe_dump(config), trials=4)
+
+    assert len(trials) == 4
+    for trial_id in trials:
+        trial = describe_trial(sqlite_rig.store, trial_id)
+        assert (trial["state"], trial["integration"]) == ("SUCCEEDED", "determined")
+        checks = {c["name"]: c for c in trial["verification"]["checks"]}
+        epochs = [r["metrics"]["epochs"] for a in sqlite_rig.trial(trial_id).attempts
+                  for r in records(a.run_dir / "rank-0.metrics.jsonl", "validation")]
+        if trial["early_stopped"]:
+            assert trial["early_stop"]["time"] in epochs and max(epochs) < 20
+            assert checks["completed"]["detail"].startswith("stopped early by the searcher")
+        else:
+            assert trial["verified"] is True, trial["verification"]
+            assert epochs == list(range(1, 21))
+            assert checks["completed"]["detail"] == (
+                "reached epoch 20 of 20 (searcher.max_length)")
 
 
 def test_the_tutorials_checkpoint_stage_resumes_after_a_pause_and_a_sigkill(

@@ -57,15 +57,33 @@ def test_describe_shows_the_search_and_each_trials_place_in_it(
     assert exp["search"] == {
         "searcher": "random", "metric": "val_loss", "smaller_is_better": True,
         "max_trials": 6, "max_concurrent_trials": 4, "max_length": None,
-        "max_length_unit": "steps", "ended": 2, "running": 1, "queued": 1, "remaining": 2,
+        "max_length_unit": "steps", "time_metric": None, "ended": 2, "running": 1, "queued": 1,
+        "remaining": 2,
         "best": {"trial_id": t1, "number": 1, "hparams": {"lr": 0.002, "model": {"hidden": 64}},
                  "metric": "val_loss", "value": 0.2, "early_stopped": True}}
     trials = exp["trials"]
     assert [t["number"] for t in trials] == [0, 1, 2, 3]
     assert [t["best_validation"] for t in trials] == [
         {"val_loss": 0.4}, {"val_loss": 0.2}, {"val_loss": 0.1}, {}]
-    assert [t["early_stop"] for t in trials] == [None, {**STOP, "value": "NaN"}, None, None]
+    assert [t["early_stop"] for t in trials] == [
+        None, {**STOP, "value": "NaN", "time": None}, None, None]
     assert trials[0]["id"] == t0 and {"restarts", "attempts", "hparams"} <= set(trials[0])
+
+
+def test_a_time_metric_search_says_its_unit_and_where_a_trial_stopped(
+        server: RunningServer, client: Client) -> None:
+    config = search_config("asha", max_length=20, time_metric="epochs")
+    with server.store() as store, store.session_scope() as s:
+        exp = add_experiment(s, config, state="COMPLETED", max_trials=8)
+        add_trial(s, exp, 0, validation=losses(0.5, 0.4),
+                  early_stop={"rung": 1, "step": 80, "value": 0.4, "time": 4})
+        experiment_id = exp.id
+    search = client.get_experiment(experiment_id)["search"]
+    assert (search["max_length"], search["time_metric"]) == (20, "epochs")
+    page = httpx.get(f"{server.url}/experiments/{experiment_id}", timeout=30,
+                     headers={"Authorization": f"Bearer {server.token}"})
+    assert page.status_code == 200
+    assert "rung 1 (epochs 4, step 80)" in page.text
 
 
 def test_best_trial(server: RunningServer, client: Client) -> None:

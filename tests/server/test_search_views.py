@@ -36,8 +36,8 @@ def store(shared_store: Store) -> Store:
 
 _names = itertools.count(1)
 SEARCH_KEYS = {"searcher", "metric", "smaller_is_better", "max_trials", "max_concurrent_trials",
-               "max_length", "max_length_unit", "ended", "running", "queued", "remaining",
-               "best"}
+               "max_length", "max_length_unit", "time_metric", "ended", "running", "queued",
+               "remaining", "best"}
 SUMMARY_KEYS = {"id", "number", "state", "hparams", "early_stopped", "best_validation",
                 "restarts", "started_at", "ended_at", "verified", "verdict", "early_stop",
                 "progress"}
@@ -48,10 +48,11 @@ SUMMARY_KEYS = {"id", "number", "state", "hparams", "early_stopped", "best_valid
 
 def search_config(
     searcher: str = "random", metric: str | None = "val_loss", smaller_is_better: bool = True,
-    max_trials: int = 8,
+    max_trials: int = 8, **more: Any,
 ) -> dict[str, Any]:
-    """A validated experiment config (as stored) with this searcher block."""
-    block: dict[str, Any] = {"name": searcher, "smaller_is_better": smaller_is_better}
+    """A validated experiment config (as stored) with this searcher block (and `more` of
+    its keys)."""
+    block: dict[str, Any] = {"name": searcher, "smaller_is_better": smaller_is_better, **more}
     if metric is not None:
         block["metric"] = metric
     if searcher != "single":
@@ -213,10 +214,11 @@ def test_an_early_stopped_trial_can_be_the_best(shared_store: Store) -> None:
         add_trial(s, exp, 0, validation=losses(0.6, 0.4))
         stopped = add_trial(s, exp, 1, validation=losses(0.3, 0.1), early_stop=stop)
     best = best_trial(shared_store, exp.id)
-    assert (best["id"], best["early_stopped"], best["early_stop"]) == (stopped.id, True, stop)
+    shown = {**stop, "time": None}  # stored before time_metric: no time, said as null
+    assert (best["id"], best["early_stopped"], best["early_stop"]) == (stopped.id, True, shown)
     view = describe_experiment(shared_store, exp.id)
     assert view["search"]["best"]["early_stopped"] is True
-    assert [t["early_stop"] for t in view["trials"]] == [None, stop]
+    assert [t["early_stop"] for t in view["trials"]] == [None, shown]
 
 
 def test_only_succeeded_trials_compete(shared_store: Store) -> None:
@@ -259,7 +261,7 @@ def test_without_a_searcher_metric_there_is_no_best(shared_store: Store) -> None
     assert view["search"] == {
         "searcher": "single", "metric": None, "smaller_is_better": True, "max_trials": 1,
         "max_concurrent_trials": 16, "max_length": None, "max_length_unit": "steps",
-        "ended": 1, "running": 0, "queued": 0, "remaining": 0, "best": None}
+        "time_metric": None, "ended": 1, "running": 0, "queued": 0, "remaining": 0, "best": None}
     assert view["trials"][0]["best_validation"] == {}
     assert view["trials"][0]["number"] == 0
 

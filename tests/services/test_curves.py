@@ -35,7 +35,7 @@ def test_every_trial_has_its_curve_and_asha_stops_show(shared_store: Store) -> N
     assert set(by_number) == {0, 1}
     assert (by_number[0]["steps"], by_number[0]["values"]) == ([1, 2, 3], [0.9, 0.5, 0.3])
     assert by_number[0]["early_stop"] is None
-    assert by_number[1]["early_stop"] == {"rung": 0, "step": 2, "value": 0.8}
+    assert by_number[1]["early_stop"] == {"rung": 0, "step": 2, "value": 0.8, "time": None}
     assert by_number[1]["hparams"] == {"lr": 0.002, "model": {"hidden": 64}}
 
 

@@ -20,6 +20,7 @@ from muster.services.progress import (
     Measured,
     Point,
     estimate,
+    measure_metric,
     measure_steps,
     rate_of,
     samples_done,
@@ -144,6 +145,30 @@ def test_the_rate_is_over_the_latest_window_of_reports(store: Store) -> None:
         measured = measure_steps(s, trial_id, ("training",))
     assert measured is not None and len(measured.points) == WINDOW
     assert measured.done == 150 and rate_of(measured.points) == pytest.approx(10.0)
+
+
+def test_a_time_metric_is_measured_by_its_value_in_rank_0s_validation(store: Store) -> None:
+    """`searcher.time_metric: epochs`: attempt 1 validated epochs 1-3 (steps 10-30), attempt 2
+    resumed and is at epoch 5; the done count is the metric's value, the points attempt 2's;
+    a report without the metric, or another rank's, does not count."""
+    with store.session_scope() as s:
+        trial = add_trial(s, add_experiment(s), "RUNNING")
+        rows = [(1, 0, 10 * e, 100.0 + e, {"loss": 1.0, "epochs": e}) for e in (1, 2, 3)]
+        rows += [(2, 0, 10 * e, 200.0 + e, {"loss": 1.0, "epochs": e}) for e in (4, 5)]
+        rows += [(2, 1, 60, 210.0, {"loss": 1.0, "epochs": 6}),  # rank 1's
+                 (2, 0, 55, 209.0, {"loss": 1.0})]  # no epochs
+        s.execute(insert(Metric), [{"trial_id": trial.id, "attempt": attempt, "rank": rank,
+                                    "kind": "validation", "step": step, "time": at,
+                                    "values": values}
+                                   for attempt, rank, step, at, values in rows])
+        measured = measure_metric(s, trial.id, "epochs")
+        nothing = measure_metric(s, trial.id, "tokens")
+    assert measured == Measured(5, (Point(204, 4), Point(205, 5)), "harness", "epochs")
+    assert nothing is None
+    assert estimate(Planned("epochs", 20, "searcher.max_length", True, "epochs"), measured) == {
+        "done": 5, "planned": 20, "unit": "epochs", "fraction": 0.25, "rate_per_s": 1.0,
+        "eta_seconds": 15.0, "planned_by": "searcher.max_length", "measured_by": "harness",
+        "as_of": 205}
 
 
 # --- real trials -----------------------------------------------------------------------------

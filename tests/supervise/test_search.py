@@ -24,12 +24,13 @@ LOSS = {"metric": "loss", "smaller_is_better": True}
 
 
 def submit_search(rig: Rig, searcher: dict[str, Any], hyperparameters: dict[str, Any],
-                  pause: float = 0.0, seed: int | None = 7) -> int:
+                  pause: float = 0.0, seed: int | None = 7, clock: str | None = None) -> int:
+    variables = {"PAUSE": str(pause)} | ({"CLOCK": clock} if clock else {})
     config: dict[str, Any] = {
         "name": "search-test",
         "entrypoint": fixture_entrypoint("search_job.py"),
         "harness": True,
-        "environment": {"variables": {"PAUSE": str(pause)}},
+        "environment": {"variables": variables},
         "hyperparameters": hyperparameters,
         "searcher": searcher,
         "failure_policy": {"stop_grace": 10.0, "trial_retries": 0},
@@ -131,6 +132,39 @@ def test_asha_stops_poor_trials_early_and_they_end_succeeded(sqlite_rig: Rig) ->
                        if t.number < trial.number]
             best = min(value for value in earlier if value is not None)
             assert stop["value"] > best
+
+
+def test_asha_with_a_time_metric_counts_its_rungs_and_length_in_the_metrics_values(
+        sqlite_rig: Rig) -> None:
+    """Determined's time_metric: the script reports validation at steps 10, 20, ... with
+    `epochs: 1, 2, ...`; max_length 8 and the rungs are epochs, so trials are judged (and
+    stopped) at epochs, and a trial that ran them all is verified complete by its epochs
+    although its steps (80) say nothing of them."""
+    experiment_id = submit_search(
+        sqlite_rig, {"name": "asha", "max_trials": 5, "max_concurrent_trials": 1,
+                     "max_length": 8, "divisor": 2, "max_rungs": 4, "time_metric": "epochs",
+                     **LOSS},
+        {"x": {"type": "double", "minval": 0, "maxval": 1}}, pause=0.2, clock="epochs")
+    assert run_search(sqlite_rig, experiment_id) is ExperimentState.COMPLETED
+    trials = trials_of(sqlite_rig.store, experiment_id)
+    assert {t.state for t in trials} == {TrialState.SUCCEEDED.value}
+    stopped = [t for t in trials if t.early_stopped]
+    assert stopped, "with five sequential random trials some must fall behind the best"
+    with sqlite_rig.store.session_scope() as s:
+        for trial in stopped:
+            stop = (trial.search_state or {})["early_stop"]
+            assert stop["time"] in (1, 2, 4)  # a rung, in epochs (8 / 2**k)
+            assert stop["step"] == 10 * stop["time"]  # the report it was judged at
+            events = [e.message or "" for e in s.scalars(select(Event).where(
+                Event.trial_id == trial.id, Event.reason == "early stop"))]
+            assert any(f"at epochs {stop['time']} (rung" in m for m in events), events
+    full = [t for t in trials if not t.early_stopped]
+    assert full
+    for trial in full:
+        verification = trial.verification or {}
+        assert verification.get("verified") is True, verification
+        checks = {c["name"]: c for c in verification["checks"]}
+        assert checks["completed"]["detail"] == "reached epoch 8 of 8 (searcher.max_length)"
 
 
 def _value_at(s: Any, trial_id: int, step: int) -> float | None:

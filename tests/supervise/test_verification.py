@@ -640,6 +640,16 @@ def progress(training: tuple[int, int] | None = None, validation: tuple[int, int
      "passed", "reached record 300 of 250 (ctx.plan())"),
     (Evidence(), Planned("epochs", 3, "ctx.plan()"), "failed",
      "no progress in epochs was reported; 3 epochs planned (ctx.plan())"),
+    # a time metric counts by its value, whatever the steps or the samples say
+    (Evidence(progress=progress(validation=(230, 2300), validation_highest={"epochs": 20.0})),
+     Planned("epochs", 20, "searcher.max_length", validation_steps=True, metric="epochs"),
+     "passed", "reached epoch 20 of 20 (searcher.max_length)"),
+    (Evidence(progress=progress(validation=(10, 70), validation_highest={"tokens_m": 7.9})),
+     Planned("tokens_m", 20, "searcher.max_length", validation_steps=True, metric="tokens_m"),
+     "failed", "stopped at tokens_m 7 of 20 (35%; searcher.max_length)"),
+    (Evidence(progress=progress(validation=(10, 70)), samples_by_epoch={1: 9, 2: 9}),
+     Planned("epochs", 2, "searcher.max_length", validation_steps=True, metric="epochs"),
+     "failed", "no progress in epochs was reported; 2 epochs planned (searcher.max_length)"),
     (Evidence(), None, "not_run", "not run: no planned length (set verify.expected_length or "
                                   "searcher.max_length, or call ctx.plan() in the script)"),
 ])

@@ -202,8 +202,9 @@ def metrics_table(reports: list[api.MetricReport]) -> Table:
 def search_lines(search: api.SearchProgress) -> list[str]:
     """The search's progress in three lines: how it searches, how far it is, the best so far."""
     direction = "smaller is better" if search["smaller_is_better"] else "larger is better"
-    length = (f", {search['max_length']:,} {search.get('max_length_unit') or 'steps'} per trial"
-              if search.get("max_length") else "")
+    unit = search.get("time_metric") or search.get("max_length_unit") or "steps"
+    length = (f", {search['max_length']:,} {unit} per trial" if search.get("max_length")
+              else "")
     lines = [
         f"Search: {search['searcher']} on {search['metric']} ({direction}), up to "
         f"{search['max_concurrent_trials']} trials at once{length}",

@@ -644,19 +644,15 @@ def _max_time(t: _Translating, path: str, value: Any) -> None:
                        "progress: give both")
         return
     t.put("searcher.max_length", value)
-    t.map(path, value, f"searcher.max_length: {_shown(value)}")
+    t.map(path, value, f"searcher.max_length: {_shown(value)} (counted in time_metric's "
+                       "values, as Determined counts max_time)")
 
 
 def _time_metric(t: _Translating, path: str, value: Any) -> None:
     if "max_time" not in _section(t.source, "searcher"):
         t.refuse(path, "goes with searcher.max_time, how long a trial trains: give both")
         return
-    unit = value if value in LENGTH_UNITS else "steps"
-    t.put("searcher.max_length_unit", unit)
-    t.map(path, value, f"searcher.max_length_unit: {unit} (muster's rungs count the steps the "
-                       "script reports validation at, the Core API's steps_completed, not the "
-                       f"value of its metric {_shown(value)}: report steps_completed in "
-                       f"{_shown(value)} for the rungs to fall where Determined's do)")
+    t.same(path, value)
 
 
 def _num_rungs(t: _Translating, path: str, value: Any) -> None:

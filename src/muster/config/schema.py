@@ -569,15 +569,17 @@ class SearcherConfig(_Section):
 
     `max_length` is in the units of report_validation's steps; Determined's
     `max_length: {batches: N}` (or `epochs`, `records`) is accepted, the unit kept in
-    `max_length_unit` and shown with it."""
+    `max_length_unit` and shown with it. With `time_metric` (Determined's), `max_length` and
+    the rungs count that validation metric's value instead of the steps: a script that
+    reports `epochs: 3` with its validation has trained 3 of `max_length: 20`."""
 
     FOREIGN_KEYS: ClassVar[dict[str, str]] = {
         "source_trial_id": "warm starts from another trial are not supported; remove it",
         "source_checkpoint_uuid": "warm starts from a checkpoint are not supported; remove it",
         "bracket_rungs": "muster's asha places rungs by divisor and max_rungs",
         "stop_once": "muster's asha stops a trial once, at the rung it falls behind",
-        "max_time": "use searcher.max_length",
-        "time_metric": "use searcher.max_length, in report_validation's steps",
+        "max_time": "muster spells it searcher.max_length (counted in time_metric's "
+                    "values when time_metric is set)",
     }
 
     name: Literal["single", "grid", "random", "tpe", "asha", "adaptive_asha"] = "single"
@@ -587,6 +589,9 @@ class SearcherConfig(_Section):
     max_concurrent_trials: int = Field(default=16, ge=1)
     max_length: int | None = Field(default=None, ge=1)  # in report_validation's step units
     max_length_unit: Literal["steps", "batches", "epochs", "records"] = "steps"
+    # A validation metric whose value counts progress (Determined's time_metric): when set,
+    # max_length and the rungs are in its values, not in report_validation's steps.
+    time_metric: str | None = Field(default=None, min_length=1)
     mode: Literal["aggressive", "standard", "conservative"] = "standard"
     divisor: int = Field(default=4, ge=2, le=100)
     max_rungs: int = Field(default=5, ge=1, le=20)
@@ -595,7 +600,7 @@ class SearcherConfig(_Section):
         """Whether this searcher stops poor trials early (its pruner judges validation)."""
         return self.name in PRUNING_SEARCHERS
 
-    @field_validator("metric")
+    @field_validator("metric", "time_metric")
     @classmethod
     def _metric_name(cls, value: str | None, info: ValidationInfo) -> str | None:
         problem = name_problem(value) if value is not None and _submitted(info) else None
@@ -653,6 +658,13 @@ def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
     if name in ("asha", "adaptive_asha") and config.max_length is None:
         problems.append(("max_length", f"required by {name}, whose rungs are fractions of it "
                                        "(in the steps the script reports validation with)"))
+    if config.time_metric is not None and config.max_length is None:
+        problems.append(("time_metric", "counts max_length in that metric's values: set "
+                                        "searcher.max_length too"))
+    if config.time_metric is not None and config.max_length_unit != "steps":
+        problems.append(("max_length_unit", f"max_length is counted in time_metric "
+                                            f"{config.time_metric!r}'s values, not in "
+                                            f"{config.max_length_unit}; remove one of them"))
     return problems
 
 

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from muster import api
 from muster.atomic import read_json
 from muster.rundir import AttemptDir, RankFile, RankFiles, RunDir
-from muster.states import TrialState
+from muster.states import MetricKind, TrialState
 from muster.store import Attempt, Metric, Trial
 from muster.store.configs import experiment_config
 from muster.supervise import verification
@@ -129,6 +129,8 @@ def measure(s: Session, trial_id: int, planned: Planned | None, attempt: Attempt
             run_dir: Path, attempts: Sequence[int], *, epoch_size: int | None = None,
             tolerance: float = 0.01) -> Measured | None:
     """What the trial reported, in the unit of `planned` (steps without a plan)."""
+    if planned is not None and planned.metric is not None:
+        return measure_metric(s, trial_id, planned.metric)
     if planned is not None and planned.unit not in STEP_UNITS:
         return measure_samples(run_dir, attempts, attempt.started_at, planned.unit,
                                epoch_size, tolerance)
@@ -160,6 +162,26 @@ def measure_steps(s: Session, trial_id: int, kinds: Sequence[str],
     if heartbeat is None:
         return None
     return Measured(heartbeat.done, (heartbeat,), HEARTBEAT)
+
+
+def measure_metric(s: Session, trial_id: int, metric: str) -> Measured | None:
+    """Progress counted by a time metric (`searcher.time_metric`): the highest value of it
+    among rank 0's latest `WINDOW` validation reports, and those of the newest attempt as
+    the points."""
+    rows = s.execute(select(Metric.time, Metric.attempt, Metric.values, Metric.source)
+                     .where(Metric.trial_id == trial_id, Metric.kind == MetricKind.VALIDATION,
+                            Metric.rank == 0)
+                     .order_by(Metric.attempt.desc(), Metric.step.desc()).limit(WINDOW)).all()
+    counted = [(row, float(value)) for row in rows
+               if isinstance(value := (row.values or {}).get(metric), int | float)
+               and not isinstance(value, bool) and math.isfinite(value)]
+    if not counted:
+        return None
+    newest = counted[0][0].attempt
+    points = sorted((Point(row.time, value) for row, value in counted if row.attempt == newest),
+                    key=lambda p: (p.time, p.done))
+    return Measured(max(value for _, value in counted), tuple(points), counted[0][0].source,
+                    unit=metric)
 
 
 def _with_heartbeat(measured: Measured, heartbeat: Point | None, offset: int) -> Measured:

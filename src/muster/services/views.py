@@ -178,6 +178,7 @@ def search_view(exp: Experiment, searcher: SearcherConfig, best: BestValues,
         "max_concurrent_trials": searcher.max_concurrent_trials,
         "max_length": searcher.max_length,
         "max_length_unit": searcher.max_length_unit,
+        "time_metric": searcher.time_metric,
         "ended": sum(states[s] for s in ENDED_STATES),
         "running": sum(states[s] for s in RUNNING_STATES),
         "queued": sum(states[s] for s in QUEUED_STATES),
@@ -276,12 +277,12 @@ def restarts(trial: Trial) -> int:
 
 
 def early_stop(trial: Trial) -> api.EarlyStop | None:
-    """Where the searcher stopped the trial (`{rung, step, value}`), or None."""
+    """Where the searcher stopped the trial (`{rung, step, value, time}`), or None."""
     stop = (trial.search_state or {}).get("early_stop")
     if stop is None:
         return None
     return {"rung": stop["rung"], "step": stop["step"],
-            "value": encode_non_finite(stop["value"])}
+            "value": encode_non_finite(stop["value"]), "time": stop.get("time")}
 
 
 def attempt_detail(attempt: Attempt) -> api.AttemptView:

@@ -37,6 +37,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
 from muster.config import ExperimentConfig
+from muster.config.schema import SearcherConfig
 from muster.config.space import Scalar
 from muster.search.history import PastTrial
 from muster.search.history import trial_seed as seed_for
@@ -159,7 +160,7 @@ class Searching:
             assert metric is not None and length is not None, "checked by SearcherConfig"
             state = dict(trial.search_state or {})
             judged = int(state.get("judged_step", -1))
-            values = _validation(s, [trial.id], metric).get(trial.id, {})
+            values = _validation(s, [trial.id], config.searcher).get(trial.id, {})
             new = sorted(step for step in values if judged < step < length)
             if not new:
                 return False
@@ -174,8 +175,11 @@ class Searching:
                                          trial.number)
                 state["attrs"], state["judged_step"] = verdict.attrs, step
                 if verdict.prune:
-                    state["early_stop"] = {"rung": verdict.rung, "step": step,
-                                           "value": values[step]}
+                    clock = config.searcher.time_metric
+                    state["early_stop"] = {
+                        "rung": verdict.rung, "value": values[step],
+                        "step": step if clock is None else _step_at(s, trial.id, clock, step),
+                        "time": None if clock is None else step}
                     trial.stop_intent = StopIntent.EARLY_STOP
                     record_event(s, entity="trial", entity_id=trial.id,
                                  reason=EventReason.EARLY_STOP,
@@ -300,8 +304,7 @@ def _searcher(experiment: Experiment, config: ExperimentConfig) -> Searcher:
 
 def _history(s: Session, trials: Sequence[Trial], config: ExperimentConfig) -> list[PastTrial]:
     """The experiment's trials as the searcher sees them (by number)."""
-    metric = config.searcher.metric
-    values = _validation(s, [t.id for t in trials], metric) if metric else {}
+    values = _validation(s, [t.id for t in trials], config.searcher)
     return [_past(t, values.get(t.id, {})) for t in sorted(trials, key=lambda t: t.number)]
 
 
@@ -322,11 +325,15 @@ def _past(trial: Trial, values: dict[int, float]) -> PastTrial:
                      state.get("attrs", {}))
 
 
-def _validation(s: Session, trial_ids: Iterable[int], metric: str) -> dict[int, dict[int, float]]:
-    """Rank 0's validation values of `metric` by trial and step (a later attempt's value of
-    a step replaces an earlier one's: the resumed run is what continued)."""
+def _validation(s: Session, trial_ids: Iterable[int], searcher: SearcherConfig
+                ) -> dict[int, dict[int, float]]:
+    """Rank 0's validation values of the searcher's metric by trial and step (a later
+    attempt's value of a step replaces an earlier one's: the resumed run is what continued).
+    With `time_metric`, a value's "step" is the whole part of that metric's value in the same
+    report (a report without it is not counted), as Determined counts a trial's time."""
     ids = list(trial_ids)
-    if not ids:
+    metric, clock = searcher.metric, searcher.time_metric
+    if not ids or metric is None:
         return {}
     rows = s.execute(select(Metric.trial_id, Metric.step, Metric.values)
                      .where(Metric.trial_id.in_(ids), Metric.kind == MetricKind.VALIDATION,
@@ -335,9 +342,30 @@ def _validation(s: Session, trial_ids: Iterable[int], metric: str) -> dict[int, 
     found: dict[int, dict[int, float]] = {}
     for trial_id, step, values in rows:
         value = values.get(metric) if isinstance(values, dict) else None
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            found.setdefault(trial_id, {})[int(step)] = float(value)
+        at = step if clock is None else _count(values.get(clock))
+        if isinstance(value, int | float) and not isinstance(value, bool) and at is not None:
+            found.setdefault(trial_id, {})[int(at)] = float(value)
     return found
+
+
+def _step_at(s: Session, trial_id: int, clock: str, at: int) -> int:
+    """The step of the trial's latest rank-0 validation report whose time metric `clock`
+    counts `at` (where a searcher that counts time stopped it)."""
+    rows = s.execute(select(Metric.step, Metric.values)
+                     .where(Metric.trial_id == trial_id, Metric.kind == MetricKind.VALIDATION,
+                            Metric.rank == 0)
+                     .order_by(Metric.attempt.desc(), Metric.id.desc()))
+    for step, values in rows:
+        if isinstance(values, dict) and _count(values.get(clock)) == at:
+            return int(step)
+    return at  # (not reached: `at` was read from such a report in this transaction)
+
+
+def _count(value: object) -> int | None:
+    """A time metric's value as the searcher counts it: its whole part (finite, >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if math.isfinite(value) and value >= 0 else None
 
 
 def _shown(params: Mapping[str, Scalar]) -> str:
@@ -352,10 +380,11 @@ def _short(value: Any) -> str:
 
 def _early_stop_message(config: ExperimentConfig, rung: int, step: int, value: float) -> str:
     searcher = config.searcher
+    at = f"step {step}" if searcher.time_metric is None else f"{searcher.time_metric} {step}"
     if not math.isfinite(value):
-        return (f"stopping it early: at step {step} its {searcher.metric} is {value}; it ends "
+        return (f"stopping it early: at {at} its {searcher.metric} is {value}; it ends "
                 "SUCCEEDED with early_stopped, not as a failure")
     better = "lowest" if searcher.smaller_is_better else "highest"
-    return (f"stopping it early: at step {step} (rung {rung}) its {searcher.metric} "
+    return (f"stopping it early: at {at} (rung {rung}) its {searcher.metric} "
             f"{_short(value)} is not among the {better} 1/{searcher.divisor} of the trials "
             f"that reached that rung; it ends SUCCEEDED with early_stopped, not as a failure")

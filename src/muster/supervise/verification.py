@@ -133,13 +133,16 @@ class Progress:
     # log offset (of the last metric read from the log).
     rank_times: Mapping[int, float] = field(default_factory=dict)
     rank_offsets: Mapping[int, int] = field(default_factory=dict)
+    # The highest finite value each validation metric reached, any rank, every attempt
+    # (how far a run counted by a time metric got: `searcher.time_metric`).
+    validation_highest: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Planned:
     """How far the run was planned to train, and who said so."""
 
-    unit: str  # "steps", "epochs", "batches" or "records"
+    unit: str  # "steps", "epochs", "batches" or "records"; a time metric's name
     length: int
     # e.g. "verify.expected_length", "searcher.max_length", "ctx.plan()", "the lightning
     # integration"
@@ -147,6 +150,8 @@ class Planned:
     # Steps are validation's where the run reports validation (the searcher's max_length
     # counts report_validation's steps); else training's, the steps a loop counts.
     validation_steps: bool = False
+    # A validation metric whose value counts the progress (`searcher.time_metric`), or None.
+    metric: str | None = None
 
 
 @dataclass(frozen=True)
@@ -363,9 +368,13 @@ def planned_length(config: VerifyConfig, plan: Planned | None,
 
 
 def searcher_length(searcher: SearcherConfig) -> Planned | None:
-    """The searcher's max_length as a planned length (it counts validation's steps)."""
+    """The searcher's max_length as a planned length (it counts validation's steps, or the
+    value of its time metric)."""
     if searcher.max_length is None:
         return None
+    if searcher.time_metric is not None:
+        return Planned(searcher.time_metric, searcher.max_length, "searcher.max_length",
+                       validation_steps=True, metric=searcher.time_metric)
     return Planned(searcher.max_length_unit, searcher.max_length, "searcher.max_length",
                    validation_steps=True)
 
@@ -385,8 +394,9 @@ def _check_completed(evidence: Evidence, planned: Planned | None, early_stopped:
         return Check.not_run("completed", "no planned length (set verify.expected_length or "
                                           "searcher.max_length, or call ctx.plan() in the "
                                           "script)")
-    done = _progress_in(evidence, planned.unit, expected, tolerance, planned.validation_steps)
-    noun = _UNIT_NOUN[planned.unit]
+    done = (_counted_by(evidence, planned.metric) if planned.metric is not None else
+            _progress_in(evidence, planned.unit, expected, tolerance, planned.validation_steps))
+    noun = _UNIT_NOUN.get(planned.unit, planned.unit)
     plan = f"{planned.length:,} {planned.unit} planned ({planned.source})"
     if done is None:
         return Check("completed", False, f"no progress in {planned.unit} was reported; {plan}")
@@ -396,6 +406,13 @@ def _check_completed(evidence: Evidence, planned: Planned | None, early_stopped:
     percent = math.floor(done / planned.length * 100)
     return Check("completed", False, f"stopped at {noun} {done:,} of {planned.length:,} "
                                      f"({percent}%; {planned.source})")
+
+
+def _counted_by(evidence: Evidence, metric: str) -> int | None:
+    """How far a run counted by a time metric got: the whole part of the highest value of
+    `metric` it reported with its validation."""
+    highest = evidence.progress.validation_highest.get(metric)
+    return None if highest is None else int(highest)
 
 
 def _progress_in(evidence: Evidence, unit: str, expected: int | None,
@@ -927,7 +944,8 @@ def _progress(metrics: _MetricsSummary, from_log: LogMetricEvidence,
     return Progress(highest=highest, lowest=lowest,
                     final_attempt_step=max(steps) if steps else None,
                     final_attempt_time=metrics.final_time, rank_times=rank_times,
-                    rank_offsets=dict(from_log.last_offsets))
+                    rank_offsets=dict(from_log.last_offsets),
+                    validation_highest=dict(metrics.validation_highest))
 
 
 def combine_log_counts(per_attempt: Mapping[int, Mapping[int, LogSamples]]) -> LogCounts:
@@ -1080,6 +1098,7 @@ class _MetricsSummary:
     lowest: dict[str, int] = field(default_factory=dict)
     final_step: int | None = None  # the final attempt's highest step
     final_time: float | None = None  # the final attempt's latest report
+    validation_highest: dict[str, float] = field(default_factory=dict)  # by metric name
 
 
 def _read_metrics(run_dir: Path, attempts: Sequence[int]) -> _MetricsSummary:
@@ -1121,11 +1140,20 @@ def _read_metrics_file(
                 continue
             summary.lines += 1
             _note_step(summary, record, final)
+            if record.kind == MetricKind.VALIDATION:
+                _note_highest(summary.validation_highest, record.metrics)
             for point in _non_finite_points(record, attempt, summary.names):
                 summary.non_finite_count += 1
                 if kept_here < KEPT_NON_FINITE_PER_FILE:
                     summary.non_finite.append(point)
                     kept_here += 1
+
+
+def _note_highest(highest: dict[str, float], metrics: Mapping[str, object]) -> None:
+    for name, value in metrics.items():
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
+                value) and value > highest.get(name, -math.inf):
+            highest[name] = float(value)
 
 
 def _non_finite_points(
