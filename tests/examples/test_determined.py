@@ -90,6 +90,18 @@ def test_the_core_api_example_runs_its_determined_search_verified(
         assert len(records(metrics, "validation")) == 5  # an epoch each
 
 
+def test_a_determined_grid_config_runs_each_point_once_verified(sqlite_rig: Rig,
+                                                                tmp_path: Path) -> None:
+    trials = submit_as_written(sqlite_rig, EXAMPLE, "grid.yaml", tmp_path)
+
+    assert len(trials) == 2
+    for trial_id in trials:
+        succeeded(sqlite_rig, trial_id)
+    rates = sorted(describe_trial(sqlite_rig.store, t)["hparams"]["learning_rate"]
+                   for t in trials)
+    assert rates == pytest.approx([0.01, 0.1])  # 10**-2 and 10**-1: the log range's 2 points
+
+
 def test_the_tutorials_distributed_stage_runs_its_four_slots_as_ranks(
         sqlite_rig: Rig, tmp_path: Path) -> None:
     (trial_id,) = submit_as_written(sqlite_rig, TUTORIAL, "distributed.yaml", tmp_path)
