@@ -61,15 +61,31 @@ def test_one_spec_per_rank_with_the_torchrun_environment() -> None:
 
 
 @pytest.mark.parametrize(("gpus", "visible"), [
-    ({0: (2,), 1: (3,)}, ["2", "3"]),
-    ({0: (0, 1)}, ["0,1", ""]),  # a rank without GPUs sees none
+    # a distributed trial's ranks see every rank's GPUs in rank order, as under torchrun:
+    # device LOCAL_RANK is the rank's own (GPUs 3 and 2 given to ranks 0 and 1)
+    ({0: (3,), 1: (2,)}, ["3,2", "3,2"]),
+    ({0: (4, 5), 1: (0, 1)}, ["4,5,0,1", "4,5,0,1"]),
     ({}, ["", ""]),
 ])
-def test_each_rank_sees_exactly_its_gpus(gpus: dict[int, tuple[int, ...]],
-                                         visible: list[str]) -> None:
+def test_a_distributed_trials_ranks_see_its_gpus_in_rank_order(
+        gpus: dict[int, tuple[int, ...]], visible: list[str]) -> None:
     specs = replica_specs(plan(gpus=gpus))
+    assert [s.env["LOCAL_RANK"] for s in specs] == ["0", "1"]
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == visible
     assert {s.env["CUDA_DEVICE_ORDER"] for s in specs} == {"PCI_BUS_ID"}
+
+
+@pytest.mark.parametrize(("gpus", "visible"), [
+    ({0: (2,), 1: (3,)}, ["2", "3"]),
+    ({0: (0, 1)}, ["0,1", ""]),  # a rank without GPUs sees none
+])
+def test_replicas_without_torchruns_variables_see_exactly_their_own(
+        gpus: dict[int, tuple[int, ...]], visible: list[str]) -> None:
+    config = load_config(CONFIG.replace("memory_limit: 1GiB", "memory_limit: 1GiB, "
+                                        "distributed_env: never"))
+    specs = replica_specs(plan(gpus=gpus, config=config))
+    assert not any("LOCAL_RANK" in s.env for s in specs)
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == visible
 
 
 def test_resume_seed_restart_and_standby() -> None:

@@ -88,7 +88,7 @@ def log_of(rig: Rig, job: Submitted, rank: int = 0, attempt: int = 1) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def test_each_replica_sees_exactly_the_gpus_it_was_given(rig: Rig, tmp_path: Path) -> None:
+def test_each_replica_uses_exactly_the_gpus_it_was_given(rig: Rig, tmp_path: Path) -> None:
     rig = gpu_rig(rig.store, rig.home)
     pair, release_pair = gpu_job(rig, tmp_path, "pair", replicas=2, gpus_per_replica=1)
     double, release_double = gpu_job(rig, tmp_path, "double", gpus_per_replica=2)
@@ -99,12 +99,18 @@ def test_each_replica_sees_exactly_the_gpus_it_was_given(rig: Rig, tmp_path: Pat
     assert sorted(held.values()) == sorted([
         ("allocated", pair.trial_id, 0), ("allocated", pair.trial_id, 1),
         ("allocated", double.trial_id, 0), ("allocated", double.trial_id, 0)])
+    # The pair's ranks (torchrun's variables) see both of its GPUs in rank order, as under
+    # torchrun, and each uses the one at its LOCAL_RANK: its own.
+    pair_gpus = ",".join(str(i) for _, i in sorted(
+        (r, i) for i, (_, trial, r) in held.items() if trial == pair.trial_id))
     for job, rank in ((pair, 0), (pair, 1), (double, 0)):
         mine = ",".join(str(i) for i, (_, trial, r) in sorted(held.items())
                         if trial == job.trial_id and r == rank)
-        rig.tick_until(lambda j=job, r=rank: "sees" in log_of(rig, j, r), what="its line")
-        assert (f"rank {rank} sees CUDA_VISIBLE_DEVICES={mine!r} "
+        seen = pair_gpus if job is pair else mine
+        rig.tick_until(lambda j=job, r=rank: "uses" in log_of(rig, j, r), what="its line")
+        assert (f"rank {rank} sees CUDA_VISIBLE_DEVICES={seen!r} "
                 "CUDA_DEVICE_ORDER='PCI_BUS_ID'") in log_of(rig, job, rank)
+        assert f"rank {rank} uses GPUs {mine!r}" in log_of(rig, job, rank)
     rig.tick_until(lambda: "sees" in log_of(rig, cpu), what="the CPU trial's line")
     assert "CUDA_VISIBLE_DEVICES=''" in log_of(rig, cpu)  # a CPU trial sees no GPU
     for path in (release_pair, release_double, release_cpu):

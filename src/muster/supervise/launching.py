@@ -122,7 +122,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             deterministic=config.reproducibility.deterministic,
             diagnostics_interval=(config.diagnostics.interval if config.diagnostics.record
                                   else None),
-            gpus=None if plan.gpus is None else plan.gpus.get(rank, ()),
+            gpus=visible_gpus(plan.gpus, rank, distributed),
             distributed_debug=config.debug.torch_distributed == "detail",
             flight_recorder=plan.dir.rank(rank).flight_recorder,
             virtual_env=plan.environment.layer if plan.environment is not None else None,
@@ -139,6 +139,24 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             account=plan.account, distributed=distributed,
         ))
     return specs
+
+
+def visible_gpus(gpus: Mapping[int, tuple[int, ...]] | None, rank: int, distributed: bool
+                 ) -> tuple[int, ...] | None:
+    """The GPUs rank `rank`'s process sees (CUDA_VISIBLE_DEVICES); None: muster schedules no
+    GPUs here and passes the server's setting on.
+
+    A replica sees its own GPUs; the ranks of a distributed trial (torchrun's variables, one
+    node) see every rank's, in rank order, as torchrun's workers do: so the idiom of
+    torchrun scripts, `torch.cuda.set_device(LOCAL_RANK)` or `cuda:{LOCAL_RANK}` (nanoGPT,
+    pytorch/examples, Lightning's and Accelerate's device choice, Determined's
+    `torch.device(local_rank)`), is the rank's own GPU with one GPU per replica, where with
+    only its own GPU visible every rank but 0 would ask for a device it cannot see."""
+    if gpus is None:
+        return None
+    if not distributed:
+        return tuple(gpus.get(rank, ()))
+    return tuple(index for r in sorted(gpus) for index in gpus[r])
 
 
 def latest_checkpoint(run_dir: RunDir, home: Home) -> Path | None:
