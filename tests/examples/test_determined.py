@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,7 +30,7 @@ from muster.states import TrialState
 from muster.store import Metric, Trial
 from tests.examples.framework_runs import FAULTS, log_of, until
 from tests.examples.test_ddp import records, run_to_end, saved, submit
-from tests.supervise.conftest import Rig, TrialView
+from tests.supervise.conftest import Rig, Submitted, TrialView
 
 pytest.importorskip("torch", reason="the Core API examples need the 'examples' extra")
 
@@ -70,6 +71,21 @@ def run_experiment(rig: Rig, context: Path, config_text: str, trials: int = 1) -
     return made()
 
 
+def submit_drawn(rig: Rig, config: dict[str, Any], context: Path) -> Submitted:
+    """Submit `config`, whose one trial a search draws (Determined's `single` over ranges is
+    muster's random search of one), and wait for that trial to be drawn."""
+    archive = context.with_name("context.tar.gz")
+    archive.write_bytes(pack_context(context))
+    experiment = create_experiment(rig.store, rig.home, rig.admin, yaml.safe_dump(config),
+                                   archive)
+
+    def drawn() -> int | None:
+        with rig.store.session_scope() as s:
+            return s.scalars(select(Trial.id).where(Trial.experiment_id == experiment)).first()
+
+    return Submitted(experiment, rig.tick_until(drawn, what="the trial to be drawn"))
+
+
 def succeeded(rig: Rig, trial_id: int, verified: bool = True) -> TrialView:
     view = rig.trial(trial_id)
     assert (view.state, view.reason) == ("SUCCEEDED", "OK"), view.message
@@ -102,21 +118,43 @@ def test_a_determined_grid_config_runs_each_point_once_verified(sqlite_rig: Rig,
     assert rates == pytest.approx([0.01, 0.1])  # 10**-2 and 10**-1: the log range's 2 points
 
 
-def test_the_tutorials_distributed_stage_runs_its_four_slots_as_ranks(
+def test_the_tutorials_distributed_stage_resumes_its_four_ranks_after_one_is_sigkilled(
         sqlite_rig: Rig, tmp_path: Path) -> None:
-    (trial_id,) = submit_as_written(sqlite_rig, TUTORIAL, "distributed.yaml", tmp_path)
+    """Stage 4 (distributed.yaml: `slots_per_trial: 4` under
+    `determined.launch.torch_distributed`, the script run by faults.py for its pace; the
+    `muster:` block gives it one retry): rank 2 SIGKILLed after the first checkpoint ends
+    the attempt INFRA; the next attempt's four ranks resume from the latest checkpoint, and
+    the trial succeeds (not verified: the config plans no length, and the verdict says so)."""
+    rig = sqlite_rig
+    context = tmp_path / "context"
+    shutil.copytree(TUTORIAL, context, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(FAULTS, context / FAULTS.name)
+    config = yaml.safe_load((TUTORIAL / "distributed.yaml").read_text())
+    config["entrypoint"] = config["entrypoint"].replace(
+        "python3 model_def_distributed.py", f"python3 {FAULTS.name} model_def_distributed.py")
+    config["muster"] = {"environment": {"variables": {"TEST_PACE": "0.3"}},
+                        "failure_policy": {"trial_retries": 1}}
+    job = submit_drawn(rig, config, context)
+    first = until(rig, job, lambda: (t := rig.trial(job.trial_id)).attempts
+                  and t.attempts[0].run_dir, "attempt 1")
+    checkpoints = first.parent / "checkpoints"
+    until(rig, job, lambda: saved(checkpoints), "the first checkpoint")
+    killed = saved(checkpoints)[-1]
+    os.kill(json.loads((first / "rank-2.shim.json").read_text())["child_pid"], signal.SIGKILL)
+    view = run_to_end(rig, job)
 
-    # The tutorial's config says no length (its script trains --epochs), so the exit 0 is
-    # not verified, and the verdict says why; every check that could run passed.
-    view = succeeded(sqlite_rig, trial_id, verified=False)
-    verification = describe_trial(sqlite_rig.store, trial_id)["verification"]
-    assert verification is not None
+    assert (view.state, view.reason) == ("SUCCEEDED", "OK"), view.message
+    assert [a.reason for a in view.attempts] == ["INFRA", "OK"]
+    second = view.attempts[1].run_dir
+    assert sorted(p.name for p in second.glob("rank-*.heartbeat.json")) == [
+        f"rank-{r}.heartbeat.json" for r in range(4)]
+    resumed = records(second / "rank-0.metrics.jsonl", "validation")
+    assert resumed and resumed[0]["step"] > killed.step  # not from the first epoch
+    trial = describe_trial(rig.store, job.trial_id)
+    assert (trial["integration"], trial["verified"]) == ("determined", False)
+    verification = trial["verification"]
     assert str(verification["why_not_verified"]).startswith("completed: no planned length")
     assert all(c["passed"] for c in verification["checks"] if c["status"] != "not_run")
-    attempt = view.attempts[0].run_dir
-    assert sorted(p.name for p in attempt.glob("rank-*.heartbeat.json")) == [
-        f"rank-{r}.heartbeat.json" for r in range(4)]
-    assert records(attempt / "rank-0.metrics.jsonl", "validation")
 
 
 def test_the_tutorials_metrics_stage_charts_what_it_reports(sqlite_rig: Rig,
