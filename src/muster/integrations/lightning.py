@@ -93,6 +93,9 @@ class _Hooks:
             if not isinstance(trainer.strategy.checkpoint_io, io_class):
                 trainer.strategy.checkpoint_io = io_class(trainer.strategy.checkpoint_io,
                                                           self.session)
+            bypassed = saves_around_checkpoint_io(trainer.strategy)
+            if bypassed is not None and trainer.is_global_zero:
+                print(f"muster: {bypassed}", file=sys.stderr, flush=True)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         with self.session.guard("reading the planned length"):
@@ -249,6 +252,22 @@ def _ended_by_the_script(trainer: Any) -> bool:
                 and callback.time_remaining() <= 0:
             return True
     return False
+
+
+def saves_around_checkpoint_io(strategy: Any) -> str | None:
+    """Why muster will not see `strategy`'s checkpoints, when it writes them itself rather
+    than through its `CheckpointIO` (FSDP with sharded state, DeepSpeed); None otherwise."""
+    name = type(strategy).__name__
+    if name == "FSDPStrategy" and getattr(strategy, "_state_dict_type", "full") == "sharded":
+        what = "FSDPStrategy(state_dict_type='sharded') writes its checkpoints"
+    elif name in ("DeepSpeedStrategy", "ModelParallelStrategy"):
+        what = f"{name} writes its checkpoints"
+    else:
+        return None
+    return (f"{what} itself, a directory per save, not through the CheckpointIO muster "
+            "publishes from: they are not muster checkpoints (not stored, not resumed, and the "
+            "trial's verification finds none). Save full state (FSDPStrategy("
+            "state_dict_type='full')) or save the shards with ctx.checkpoint.save_sharded")
 
 
 def batch_size(batch: Any) -> int | None:
