@@ -49,7 +49,7 @@ JOB_UMASK = "MUSTER_JOB_UMASK"
 MUSTER_PREFIX = "MUSTER_"
 
 # What torchrun gives each process it starts, and muster a replica of a distributed trial
-# (GROUP_RANK: the Ray launcher's node number).
+# (GROUP_RANK: the node's number, GROUP_WORLD_SIZE: how many nodes; 0 and 1 on one node).
 RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
 WORLD_SIZE = "WORLD_SIZE"
@@ -57,8 +57,9 @@ LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 GROUP_RANK = "GROUP_RANK"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
 TORCHRUN_VARIABLES = frozenset({RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
-                                MASTER_PORT, GROUP_RANK})
+                                MASTER_PORT, GROUP_RANK, GROUP_WORLD_SIZE})
 
 CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -97,19 +98,22 @@ class Distributed:
     master_addr: str | None = None
     master_port: int | None = None
     group_rank: int | None = None
+    group_world_size: int | None = None
 
     @classmethod
     def on_one_node(cls, rank: int, world_size: int, master_addr: str,
                     master_port: int) -> Distributed:
-        """Rank `rank` of `world_size` processes on one node."""
+        """Rank `rank` of `world_size` processes on one node (node 0 of 1, as torchrun
+        says of a single node)."""
         return cls(rank=rank, world_size=world_size, local_rank=rank,
                    local_world_size=world_size, master_addr=master_addr,
-                   master_port=master_port)
+                   master_port=master_port, group_rank=0, group_world_size=1)
 
     def to_environ(self) -> dict[str, str]:
         values = {RANK: self.rank, LOCAL_RANK: self.local_rank, WORLD_SIZE: self.world_size,
                   LOCAL_WORLD_SIZE: self.local_world_size, MASTER_ADDR: self.master_addr,
-                  MASTER_PORT: self.master_port, GROUP_RANK: self.group_rank}
+                  MASTER_PORT: self.master_port, GROUP_RANK: self.group_rank,
+                  GROUP_WORLD_SIZE: self.group_world_size}
         return {name: str(value) for name, value in values.items() if value is not None}
 
     @classmethod
@@ -128,7 +132,8 @@ class Distributed:
                    local_world_size=_integer(environ, LOCAL_WORLD_SIZE, minimum=1),
                    master_addr=environ.get(MASTER_ADDR) or None,
                    master_port=_integer(environ, MASTER_PORT, minimum=1),
-                   group_rank=_integer(environ, GROUP_RANK, minimum=0))
+                   group_rank=_integer(environ, GROUP_RANK, minimum=0),
+                   group_world_size=_integer(environ, GROUP_WORLD_SIZE, minimum=1))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -139,8 +139,8 @@ def test_the_ddp_example_runs_its_ranks_on_two_nodes_and_is_verified(
     for rank in (0, 1):  # torchrun's per-node variables: one rank on each node
         env = json.loads((run_dir / f"rank-{rank}.spec.json").read_text())["env"]
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (master["addr"], str(master["port"]))
-        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == (
-            "0", "1", str(rank))
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"],
+                env["GROUP_WORLD_SIZE"]) == ("0", "1", str(rank), "2")
     assert str(run_dir).startswith(str(server.shared))  # on the shared storage_path
     _assert_nothing_left(server, trial["uuid"])
 

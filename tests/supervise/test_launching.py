@@ -48,6 +48,8 @@ def test_one_spec_per_rank_with_the_torchrun_environment() -> None:
         assert (env["RANK"], env["LOCAL_RANK"]) == (str(spec.rank), str(spec.rank))
         assert (env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == (
             "2", "127.0.0.1", "29500")
+        # one node, as torchrun says of one: node 0 of 1
+        assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]) == ("0", "1")
         assert (env["MUSTER_RANK"], env["MUSTER_WORLD_SIZE"]) == (str(spec.rank), "2")
         assert spec.distributed
         assert env["MUSTER_RUN_DIR"] == str(RUN.path)
@@ -139,7 +141,7 @@ def test_the_setting_and_the_entrypoint_decide(replicas: int, entrypoint: str, s
     specs = replica_specs(plan(config=load_config(config_of(replicas, entrypoint, setting))))
     for spec in specs:
         assert spec.distributed is distributed
-        assert (TORCHRUN_VARIABLES - {"GROUP_RANK"} <= spec.env.keys()) is distributed
+        assert (spec.env.keys() >= TORCHRUN_VARIABLES) is distributed
         assert not distributed or spec.env["RANK"] == str(spec.rank)
         assert spec.env["MUSTER_RANK"] == str(spec.rank)
         assert spec.env["MUSTER_WORLD_SIZE"] == str(replicas)

@@ -37,7 +37,7 @@ from typing import Any
 
 from muster.atomic import atomic_write_json, json_bytes, read_json
 from muster.errors import LaunchError
-from muster.jobenv import GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE
+from muster.jobenv import GROUP_RANK, GROUP_WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
 from muster.launch.base import LaunchRequest, ProcessIdentity, ReplicaSpec
 from muster.launch.ray_replica import (
     actor_name,
@@ -155,7 +155,8 @@ class RayLauncher(ShimLauncher):
     def _local_ranks(self, group: Any | None, spec: ReplicaSpec) -> dict[str, str]:
         """torchrun's per-node variables from where the group placed each rank: LOCAL_RANK
         and LOCAL_WORLD_SIZE among the ranks on this rank's node, GROUP_RANK the node's
-        number (in the order of the ranks); none for a replica without torchrun's variables."""
+        number (in the order of the ranks) and GROUP_WORLD_SIZE the number of nodes; none
+        for a replica without torchrun's variables."""
         if group is None or not spec.distributed:
             return {}
         rank = spec.rank
@@ -166,7 +167,7 @@ class RayLauncher(ShimLauncher):
         nodes = list(dict.fromkeys(node_of[index] for index in sorted(node_of)))
         mine = sorted(index for index, node in node_of.items() if node == node_of[rank])
         return {LOCAL_RANK: str(mine.index(rank)), LOCAL_WORLD_SIZE: str(len(mine)),
-                GROUP_RANK: str(nodes.index(node_of[rank]))}
+                GROUP_RANK: str(nodes.index(node_of[rank])), GROUP_WORLD_SIZE: str(len(nodes))}
 
     def _wait_for_name(self, name: str, where: str) -> None:
         """Wait for an actor of the same name (the ended incarnation of a replica restarted

@@ -10,7 +10,7 @@ rank needs no torch at all.
 
 The rank, size and node numbers come from torchrun's variables, which muster sets for each
 rank of a distributed trial (`muster.jobenv.Distributed`): RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, and GROUP_RANK where the ranks span nodes.
+LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE (the Ray launcher's nodes; 0 of 1 on one).
 """
 
 from __future__ import annotations
@@ -19,14 +19,20 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from muster.jobenv import GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, RANK, WORLD_SIZE
+from muster.jobenv import (
+    GROUP_RANK,
+    GROUP_WORLD_SIZE,
+    LOCAL_RANK,
+    LOCAL_WORLD_SIZE,
+    RANK,
+    WORLD_SIZE,
+)
 
 from .._unprovided import unprovided
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"  # torchrun's number of nodes
 # Determined's defaults for its ZMQ ports: accepted, and unused here.
 _PUB_PORT = 12360
 _PULL_PORT = 12365
