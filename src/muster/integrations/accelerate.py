@@ -145,16 +145,11 @@ def _wrap_states(accelerator_class: type) -> None:
 
 def _latest(tracker: _Tracker) -> str | None:
     """muster's latest checkpoint's Accelerate directory, when there is one."""
-    tracker.session.start()
-    found = tracker.session.latest()
-    facts = found.metadata.get(CHECKPOINT_METADATA) if found is not None else None
-    folder = facts.get("folder") if isinstance(facts, Mapping) else None
-    if found is None or not isinstance(folder, str) or not (found.path / folder).is_dir():
+    found = tracker.session.resumable(CHECKPOINT_METADATA, "folder")
+    if found is None or not found.path.is_dir():
         return None
-    tracker.last_step = found.step
-    print(f"muster: resuming Accelerate from {found.path / folder} (step {found.step})",
-          file=sys.stderr, flush=True)
-    return str(found.path / folder)
+    tracker.last_step = found.checkpoint.step
+    return found.said("Accelerate")
 
 
 def __getattr__(name: str) -> type:

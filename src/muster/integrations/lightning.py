@@ -65,22 +65,14 @@ class _Hooks:
 
     def resume_path(self) -> str | None:
         """muster's latest checkpoint's Lightning file, when it can resume training."""
-        self.session.start()
-        found = self.session.latest()
-        if found is None:
+        found = self.session.resumable(CHECKPOINT_METADATA, "file")
+        if found is None or not found.path.is_file():
             return None
-        facts = found.metadata.get(CHECKPOINT_METADATA)
-        file = facts.get("file") if isinstance(facts, Mapping) else None
-        if not isinstance(facts, Mapping) or not isinstance(file, str) \
-                or not (found.path / file).is_file():
+        if not found.facts.get("resumable", False):
+            print(f"muster: the latest checkpoint ({found.checkpoint.path.name}) holds weights "
+                  "only; Lightning starts without it", file=sys.stderr, flush=True)
             return None
-        if not facts.get("resumable", False):
-            print(f"muster: the latest checkpoint ({found.path.name}) holds weights only; "
-                  "Lightning starts without it", file=sys.stderr, flush=True)
-            return None
-        print(f"muster: resuming Lightning from {found.path / file} (step {found.step})",
-              file=sys.stderr, flush=True)
-        return str(found.path / file)
+        return found.said("Lightning")
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or self.session.start() is None:

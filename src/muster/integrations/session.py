@@ -16,6 +16,7 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,21 @@ __all__ = ["Session", "reportable"]
 _BAD_CHARACTERS = re.compile(r"[^A-Za-z0-9_./:@+-]")
 _NAMES: dict[str, str | None] = {}  # a framework's metric name -> muster's (None: unusable)
 _NAMES_KEPT = 4096
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """The part of a checkpoint a framework resumes from (`Session.resumable`)."""
+
+    checkpoint: Checkpoint
+    path: Path  # its file or directory, inside the checkpoint
+    facts: Mapping[str, Any]  # what the integration noted of the save (its metadata key)
+
+    def said(self, framework: str) -> str:
+        """The path, after one line on stderr saying the framework resumes from it."""
+        print(f"muster: resuming {framework} from {self.path} (step {self.checkpoint.step})",
+              file=sys.stderr, flush=True)
+        return str(self.path)
 
 
 class Session:
@@ -126,6 +142,20 @@ class Session:
         with self.guard("finding the checkpoint to resume from"):
             return ctx.checkpoint.restore()
         return None
+
+    def resumable(self, key: str, part: str) -> Resumable | None:
+        """What the framework resumes from: the latest checkpoint's `metadata[key][part]`,
+        a path inside it that exists, with `metadata[key]` (its framework's facts); None
+        where there is no checkpoint, or it holds no such part (the framework starts over).
+        Opens the harness first: a framework asks before its training starts."""
+        self.start()
+        found = self.latest()
+        facts = found.metadata.get(key) if found is not None else None
+        name = facts.get(part) if isinstance(facts, Mapping) else None
+        if found is None or not isinstance(facts, Mapping) or not isinstance(name, str) \
+                or not (found.path / name).exists():
+            return None
+        return Resumable(found, found.path / name, facts)
 
     @contextmanager
     def saving(self, step: int, metadata: Mapping[str, Any]) -> Iterator[Path | None]:

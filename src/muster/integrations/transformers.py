@@ -55,17 +55,8 @@ class _Hooks:
 
     def resume_path(self) -> str | None:
         """muster's latest checkpoint's Trainer folder, when it has one."""
-        self.session.start()
-        found = self.session.latest()
-        if found is None:
-            return None
-        facts = found.metadata.get(CHECKPOINT_METADATA)
-        folder = facts.get("folder") if isinstance(facts, Mapping) else None
-        if not isinstance(folder, str) or not (found.path / folder).is_dir():
-            return None
-        print(f"muster: resuming the Trainer from {found.path / folder} (step {found.step})",
-              file=sys.stderr, flush=True)
-        return str(found.path / folder)
+        found = self.session.resumable(CHECKPOINT_METADATA, "folder")
+        return found.said("the Trainer") if found is not None and found.path.is_dir() else None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session.start() is not None and state.max_steps and state.max_steps > 0:
