@@ -1,7 +1,7 @@
 """examples/lightning, run for real under muster: a plain Lightning script (no muster import)
 verified through `integrations: auto`, through a pause and a SIGKILL to a resume from
 muster's checkpoints; a crash the script swallows is SUSPECT; and 2 DDP ranks with the
-callback added by hand.
+callback added by hand, resumed after one of them is SIGKILLed.
 
 Each test starts real training processes (Lightning on CPU); the timeouts only bound how
 long a broken run hangs.
@@ -10,6 +10,8 @@ long a broken run hangs.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -21,8 +23,10 @@ from tests.examples.framework_runs import (
     example_config,
     log_of,
     pause_kill_and_finish,
+    until,
+    with_faults,
 )
-from tests.examples.test_ddp import checks, run_to_end, saved, submit
+from tests.examples.test_ddp import checks, records, run_to_end, saved, submit
 from tests.supervise.conftest import Rig
 
 pytest.importorskip("lightning", reason="the Lightning example needs the 'examples' extra")
@@ -65,19 +69,31 @@ def test_a_crash_the_script_swallows_is_suspect(sqlite_rig: Rig, context: Path) 
     assert detail.endswith("; the lightning integration)")
 
 
-def test_two_ddp_ranks_with_the_callback_added_by_hand_are_verified(
+def test_two_ddp_ranks_with_the_callback_added_by_hand_resume_after_one_is_sigkilled(
     sqlite_rig: Rig, context: Path
 ) -> None:
-    job = submit(sqlite_rig, example_config("lightning", "lightning-ddp.yaml"), context)
-
-    view = run_to_end(sqlite_rig, job)
+    """2 ranks on gloo (paced in attempt 1): rank 1 SIGKILLed once epoch 0's checkpoint is
+    stored ends the attempt INFRA; both ranks of attempt 2 resume from that checkpoint (not
+    from step 0), and the trial is verified with every epoch's samples counted once."""
+    rig = sqlite_rig
+    config = with_faults(example_config("lightning", "lightning-ddp.yaml",
+                                        TEST_PACE="0.05", TEST_PACE_ATTEMPTS="1"))
+    job = submit(rig, config, context)
+    first = until(rig, job, lambda: (t := rig.trial(job.trial_id)).attempts
+                  and t.attempts[0].run_dir, "attempt 1")
+    until(rig, job, lambda: saved(first.parent / "checkpoints"), "epoch 0's checkpoint")
+    killed = saved(first.parent / "checkpoints")[-1]
+    os.kill(json.loads((first / "rank-1.shim.json").read_text())["child_pid"], signal.SIGKILL)
+    view = run_to_end(rig, job)
 
     assert (view.state, view.reason) == ("SUCCEEDED", "OK"), view.message
-    found = checks(sqlite_rig, job.trial_id)
+    assert [a.reason for a in view.attempts] == ["INFRA", "OK"]
+    found = checks(rig, job.trial_id)
     assert all(c["passed"] for c in found.values()), found
-    attempt = view.attempts[0].run_dir
+    second = view.attempts[1].run_dir
     for rank in (0, 1):
-        epochs = json.loads((attempt / f"rank-{rank}.samples.json").read_text())["epochs"]
-        assert epochs == {"0": 720, "1": 720, "2": 720}
-    assert describe_trial(sqlite_rig.store, job.trial_id)["integration"] == "lightning"
-    assert saved(attempt.parent / "checkpoints")[-1].step == 3 * 23  # 720 digits a rank, by 32
+        assert f"resuming Lightning from {killed.path}" in log_of(second, rank)
+        steps = [r["step"] for r in records(second / f"rank-{rank}.metrics.jsonl", "training")]
+        assert steps and min(steps) > killed.step
+    assert describe_trial(rig.store, job.trial_id)["integration"] == "lightning"
+    assert saved(first.parent / "checkpoints")[-1].step == 3 * 23  # 720 digits a rank, by 32
