@@ -61,6 +61,16 @@ def until(rig: Rig, job: Submitted, predicate: Callable[[], Any], what: str) -> 
     return rig.tick_until(holds, what=what, timeout=RUN_TIMEOUT)
 
 
+def first_checkpoint(rig: Rig, job: Submitted) -> tuple[Path, Path]:
+    """Tick until attempt 1 has stored a checkpoint; its run directory and the trial's
+    checkpoints directory."""
+    first: Path = until(rig, job, lambda: (t := rig.trial(job.trial_id)).attempts
+                        and t.attempts[0].run_dir, "attempt 1")
+    checkpoints = first.parent / "checkpoints"
+    until(rig, job, lambda: saved(checkpoints), "attempt 1's first checkpoint")
+    return first, checkpoints
+
+
 def log_of(attempt_dir: Path, rank: int = 0) -> str:
     return (attempt_dir / f"rank-{rank}.log").read_text(errors="replace")
 
@@ -73,10 +83,7 @@ def pause_kill_and_finish(rig: Rig, config: dict[str, Any], context: Path
     config = with_faults(config)
     config["environment"]["variables"].update(TEST_PACE="0.04", TEST_PACE_ATTEMPTS="1,2")
     job = submit(rig, config, context)
-    first = until(rig, job, lambda: (t := rig.trial(job.trial_id)).attempts
-                  and t.attempts[0].run_dir, "attempt 1")
-    checkpoints = first.parent / "checkpoints"
-    until(rig, job, lambda: saved(checkpoints), "the first checkpoint")
+    first, checkpoints = first_checkpoint(rig, job)
 
     pause_experiment(rig.store, rig.admin, job.experiment_id)
     rig.until_trial(job, TrialState.PAUSED)

@@ -28,7 +28,7 @@ from muster.services.experiments import (
 )
 from muster.states import TrialState
 from muster.store import Metric, Trial
-from tests.examples.framework_runs import FAULTS, log_of, until
+from tests.examples.framework_runs import FAULTS, first_checkpoint, log_of, until
 from tests.examples.test_ddp import records, run_to_end, saved, submit
 from tests.supervise.conftest import Rig, Submitted, TrialView
 
@@ -135,10 +135,7 @@ def test_the_tutorials_distributed_stage_resumes_its_four_ranks_after_one_is_sig
     config["muster"] = {"environment": {"variables": {"TEST_PACE": "0.3"}},
                         "failure_policy": {"trial_retries": 1}}
     job = submit_drawn(rig, config, context)
-    first = until(rig, job, lambda: (t := rig.trial(job.trial_id)).attempts
-                  and t.attempts[0].run_dir, "attempt 1")
-    checkpoints = first.parent / "checkpoints"
-    until(rig, job, lambda: saved(checkpoints), "the first checkpoint")
+    first, checkpoints = first_checkpoint(rig, job)
     killed = saved(checkpoints)[-1]
     os.kill(json.loads((first / "rank-2.shim.json").read_text())["child_pid"], signal.SIGKILL)
     view = run_to_end(rig, job)
@@ -230,10 +227,7 @@ def test_the_tutorials_checkpoint_stage_resumes_after_a_pause_and_a_sigkill(
                                                       "TEST_PACE_ATTEMPTS": "1,2"}},
                         "failure_policy": {"trial_retries": 1}}
     job = submit(rig, config, context)
-    first = until(rig, job, lambda: (t := rig.trial(job.trial_id)).attempts
-                  and t.attempts[0].run_dir, "attempt 1")
-    checkpoints = first.parent / "checkpoints"
-    until(rig, job, lambda: saved(checkpoints), "epoch 1's checkpoint")
+    _, checkpoints = first_checkpoint(rig, job)
 
     pause_experiment(rig.store, rig.admin, job.experiment_id)
     rig.until_trial(job, TrialState.PAUSED)

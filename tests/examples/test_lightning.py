@@ -21,9 +21,9 @@ from tests.examples.framework_runs import (
     copy_context,
     crash_is_suspect,
     example_config,
+    first_checkpoint,
     log_of,
     pause_kill_and_finish,
-    until,
     with_faults,
 )
 from tests.examples.test_ddp import checks, records, run_to_end, saved, submit
@@ -79,10 +79,8 @@ def test_two_ddp_ranks_with_the_callback_added_by_hand_resume_after_one_is_sigki
     config = with_faults(example_config("lightning", "lightning-ddp.yaml",
                                         TEST_PACE="0.05", TEST_PACE_ATTEMPTS="1"))
     job = submit(rig, config, context)
-    first = until(rig, job, lambda: (t := rig.trial(job.trial_id)).attempts
-                  and t.attempts[0].run_dir, "attempt 1")
-    until(rig, job, lambda: saved(first.parent / "checkpoints"), "epoch 0's checkpoint")
-    killed = saved(first.parent / "checkpoints")[-1]
+    first, checkpoints = first_checkpoint(rig, job)
+    killed = saved(checkpoints)[-1]
     os.kill(json.loads((first / "rank-1.shim.json").read_text())["child_pid"], signal.SIGKILL)
     view = run_to_end(rig, job)
 
@@ -96,4 +94,4 @@ def test_two_ddp_ranks_with_the_callback_added_by_hand_resume_after_one_is_sigki
         steps = [r["step"] for r in records(second / f"rank-{rank}.metrics.jsonl", "training")]
         assert steps and min(steps) > killed.step
     assert describe_trial(rig.store, job.trial_id)["integration"] == "lightning"
-    assert saved(first.parent / "checkpoints")[-1].step == 3 * 23  # 720 digits a rank, by 32
+    assert saved(checkpoints)[-1].step == 3 * 23  # 720 digits a rank, by 32
