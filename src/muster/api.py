@@ -173,7 +173,7 @@ class TrialProgress(TypedDict):
 
     done: int | float  # steps or records done; epochs to two places
     planned: int | None
-    unit: str  # steps | batches | epochs | records
+    unit: str  # steps | batches | epochs | records, or searcher.time_metric's name
     fraction: float | None  # done / planned, at most 1
     rate_per_s: float | None
     eta_seconds: float | None  # after `as_of`, at `rate_per_s`
