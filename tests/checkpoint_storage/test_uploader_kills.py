@@ -3,8 +3,11 @@ checkpoint or the new complete one, never a partial, and the orphan sweep then l
 unreferenced object and no open upload.
 
 Real processes (`tests/fixtures/upload_checkpoint.py`) upload to moto's real S3 API and to
-a shared_fs directory. The kill delays come from a seeded `random.Random`: the seed is
-printed and recorded (`kill_seed`), and `MUSTER_KILL_SEED=<seed>` replays the same delays.
+a shared_fs directory. Each is forked by that script's fork server, which made the backend
+once and SIGKILLs the uploader when its delay has passed: a fresh interpreter would spend
+most of each delay importing boto3, and the kills would land there rather than in the
+upload. The kill delays come from a seeded `random.Random`: the seed is printed and recorded
+(`kill_seed`), and `MUSTER_KILL_SEED=<seed>` replays the same delays.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import sys
 import time
 import uuid as uuids
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
@@ -71,6 +74,52 @@ class Storage:
     prefixes: Callable[[], set[str]]  # the first parts of everything stored
 
 
+class Uploader:
+    """The fork server of `UPLOADER`: each `upload` forks a process that uploads a
+    checkpoint, SIGKILLed once its delay has passed unless it exited first."""
+
+    def __init__(self, args: list[str], errors: Path) -> None:
+        self.errors = errors
+        with errors.open("wb") as stderr:
+            self.server = subprocess.Popen([sys.executable, str(UPLOADER), "--serve", *args],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=stderr, text=True)
+        assert self._line() == "ready"
+
+    def upload(self, local: Path, uuid: str, delay: float) -> tuple[int, float]:
+        """The uploader's return code (-9: killed) and its seconds from fork to exit."""
+        assert self.server.stdin is not None
+        self.server.stdin.write(f"{local} {uuid} {delay!r}\n")
+        self.server.stdin.flush()
+        code, seconds = self._line().split()
+        return int(code), float(seconds)
+
+    def _line(self) -> str:
+        assert self.server.stdout is not None
+        line = self.server.stdout.readline()
+        assert line, f"the fork server exited: {self.errors.read_text(errors='replace')}"
+        return line.strip()
+
+    def close(self) -> None:
+        assert self.server.stdin is not None
+        self.server.stdin.close()  # it exits at the end of its input
+        try:
+            self.server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait()
+            raise
+
+
+@pytest.fixture
+def uploader(storage: Storage, tmp_path: Path) -> Iterator[Uploader]:
+    running = Uploader(storage.uploader_args, tmp_path / "uploader.stderr")
+    try:
+        yield running
+    finally:
+        running.close()
+
+
 @pytest.fixture
 def storage(backend: Backend, request: pytest.FixtureRequest) -> Storage:
     if isinstance(backend, S3):
@@ -88,7 +137,8 @@ def storage(backend: Backend, request: pytest.FixtureRequest) -> Storage:
 
 
 def test_a_killed_upload_restores_old_or_new_and_the_sweep_leaves_no_orphans(
-        storage: Storage, tmp_path: Path, record_property: Callable[[str, Any], None]
+        storage: Storage, uploader: Uploader, tmp_path: Path,
+        record_property: Callable[[str, Any], None]
 ) -> None:
     seed = _kill_seed()
     record_property("kill_seed", seed)
@@ -98,7 +148,7 @@ def test_a_killed_upload_restores_old_or_new_and_the_sweep_leaves_no_orphans(
     previous_uuid = str(uuids.uuid4())
     upload_checkpoint(storage.backend, previous, previous_uuid)
 
-    outcomes, committed = _kill_rounds(storage, new, (previous_uuid, previous),
+    outcomes, committed = _kill_rounds(storage, uploader, new, (previous_uuid, previous),
                                        random.Random(seed), tmp_path / "restore")
 
     assert outcomes[Restored.NEW] and outcomes[Restored.PREVIOUS], (
@@ -108,22 +158,22 @@ def test_a_killed_upload_restores_old_or_new_and_the_sweep_leaves_no_orphans(
                  {u: _layout(new) for u in committed})
 
 
-def _kill_rounds(storage: Storage, new: Path, previous: tuple[str, Path], rng: random.Random,
-                 restores: Path) -> tuple[Counter[Restored], list[str]]:
+def _kill_rounds(storage: Storage, uploader: Uploader, new: Path, previous: tuple[str, Path],
+                 rng: random.Random, restores: Path) -> tuple[Counter[Restored], list[str]]:
     """Upload `new` under a fresh uuid and SIGKILL it at a random moment, then restore,
     `ROUNDS` times; how each restore ended, and every uuid `new` was committed under."""
     committed: list[str] = []
-    durations = [_full_upload(storage, new, committed) for _ in range(CALIBRATIONS - 1)]
+    durations = [_full_upload(uploader, new, committed) for _ in range(CALIBRATIONS - 1)]
     outcomes: Counter[Restored] = Counter()
     finished = 0
     started = time.monotonic()
     for round_ in range(ROUNDS):
         if round_ % RECALIBRATE == 0:
-            durations.append(_full_upload(storage, new, committed))
+            durations.append(_full_upload(uploader, new, committed))
         fraction = rng.uniform(0, LATE)
         delay = fraction * statistics.median(durations[-CALIBRATIONS:])
         new_uuid = str(uuids.uuid4())
-        exited = _upload_until_killed(storage, new, new_uuid, delay)
+        exited = _upload_until_killed(uploader, new, new_uuid, delay)
         where = f"round {round_}, killed after {fraction:.2f} full uploads ({delay:.3f} s)"
         outcome = _restore(storage.backend, (new_uuid, new), previous, restores / str(round_),
                            where)
@@ -162,17 +212,11 @@ def _check_sweep(storage: Storage, previous: dict[str, dict[str, int]],
     assert (report.prefixes_deleted, report.uploads_aborted) == (len(orphans), len(open_before))
 
 
-def _upload_until_killed(storage: Storage, local: Path, uuid: str, delay: float) -> bool:
-    """Run the uploader for `delay` seconds, then SIGKILL it; whether it ended first."""
-    child = subprocess.Popen([sys.executable, str(UPLOADER), str(local), uuid,
-                              *storage.uploader_args], stderr=subprocess.PIPE)
-    try:
-        _, err = child.communicate(timeout=delay)
-    except subprocess.TimeoutExpired:
-        os.kill(child.pid, signal.SIGKILL)  # not reaped yet: the pid is still the child's
-        _, err = child.communicate()
-    assert child.returncode in (0, -signal.SIGKILL), err.decode(errors="replace")
-    return child.returncode == 0
+def _upload_until_killed(uploader: Uploader, local: Path, uuid: str, delay: float) -> bool:
+    """Run an uploader for `delay` seconds, then SIGKILL it; whether it ended first."""
+    returncode, _ = uploader.upload(local, uuid, delay)
+    assert returncode in (0, -signal.SIGKILL), uploader.errors.read_text(errors="replace")
+    return returncode == 0
 
 
 def _restore(backend: Backend, new: tuple[str, Path], previous: tuple[str, Path], into: Path,
@@ -197,14 +241,14 @@ def _restore(backend: Backend, new: tuple[str, Path], previous: tuple[str, Path]
     return Restored.NEW
 
 
-def _full_upload(storage: Storage, local: Path, done: list[str]) -> float:
-    """Upload `local` whole under a new uuid (added to `done`); how long it took, the
-    process's start included."""
+def _full_upload(uploader: Uploader, local: Path, done: list[str]) -> float:
+    """Upload `local` whole under a new uuid (added to `done`); how long it took, from the
+    uploader's fork to its exit."""
     uuid = str(uuids.uuid4())
-    started = time.monotonic()
-    assert _upload_until_killed(storage, local, uuid, delay=60), "the upload did not end"
+    returncode, seconds = uploader.upload(local, uuid, delay=60)
+    assert returncode == 0, f"the upload did not end: {uploader.errors.read_text()}"
     done.append(uuid)
-    return time.monotonic() - started
+    return seconds
 
 
 def _write_checkpoint(directory: Path, sizes: dict[str, int]) -> Path:
