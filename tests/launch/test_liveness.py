@@ -87,3 +87,23 @@ def test_an_exit_record_waits_for_its_logs_last_bytes(
         status = replica.describe()
     assert status.phase is ReplicaPhase.EXITED and status.exit is not None
     assert f"holds {len(whole) - 4} of the {len(whole)} bytes" in caplog.text
+
+
+def test_an_exit_record_whose_log_was_swapped_for_a_link_is_trusted_at_once(
+    submit: SubmitFn, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job that replaced its log with a link (which muster never follows) gets no wait:
+    the bytes can never show up; a log not there at all is still waited for."""
+    replica = submit("exit0.sh")
+    replica.wait_exit()
+    log = replica.files.log
+    log.unlink()
+    status = replica.describe()
+    assert (status.phase, status.exit) == (ReplicaPhase.RUNNING, None)  # not there yet
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"x" * 4096)
+    log.symlink_to(secret)
+    with caplog.at_level(logging.WARNING, logger="muster.launch.local"):
+        status = replica.describe()
+    assert status.phase is ReplicaPhase.EXITED and status.exit is not None
+    assert "is not a regular file (a link, or a directory" in caplog.text

@@ -203,12 +203,19 @@ def log_caught_up(files: RankFiles, exit_data: Any, now: float | None = None) ->
     the record can show up here before the log's last bytes do; opening the log makes such a
     file system look again. A record trusted earlier would end the attempt on a short log.
     Past `LOG_WAIT_S` after the replica's end it is trusted anyway, the shortfall logged:
-    bytes that have not arrived by then are lost, and the attempt must end.
+    bytes that have not arrived by then are lost, and the attempt must end. So it is at once
+    when the log's path holds something other than a regular file (the job swapped it for a
+    link, which muster never follows): no wait would bring the bytes back.
     """
     counted = exit_data.get("log_bytes") if isinstance(exit_data, dict) else None
     if not isinstance(counted, int) or counted <= 0:
         return True
     stream = FileLog(files.rank, files.log).open(LogPart.LOG)
+    if stream is None and _not_a_file(files.log):
+        log.warning("%s is not a regular file (a link, or a directory: the job replaced its "
+                    "log); trusting its exit record at once: the %d bytes it counts are lost",
+                    files.log, counted)
+        return True
     if stream is None:
         size = 0
     else:
@@ -225,6 +232,14 @@ def log_caught_up(files: RankFiles, exit_data: Any, now: float | None = None) ->
                 "replica ended; trusting the record: the rest is lost", files.log, size,
                 counted, waited)
     return True
+
+
+def _not_a_file(path: Path) -> bool:
+    """Whether `path` holds something, and it is not a regular file (not followed)."""
+    try:
+        return not stat.S_ISREG(path.lstat().st_mode)
+    except FileNotFoundError:
+        return False  # not there (yet, on a shared file system): the wait goes on
 
 
 def archive_control_files(attempt_dir: Path, rank: int, incarnation: int) -> None:
