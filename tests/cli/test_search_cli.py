@@ -80,7 +80,7 @@ def test_experiment_best(server: RunningServer) -> None:
     ]
     best = json.loads(on(server, "experiment", "best", str(stored["id"]), "--json").stdout)
     assert (best["id"], best["best_validation"], best["early_stop"]) == (
-        best_id, {"val_loss": 0.2}, {"rung": 1, "step": 2, "value": 0.2})
+        best_id, {"val_loss": 0.2}, {"rung": 1, "step": 2, "value": 0.2, "time": None})
 
 
 def test_experiment_best_before_any_success_is_one_line(server: RunningServer) -> None:
