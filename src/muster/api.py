@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 from muster.states import (
+    ArtifactState,
     AttemptState,
     Basis,
     CheckpointState,
@@ -390,6 +391,27 @@ class MetricReport(TypedDict):
     # Where muster read it: "harness" (a metrics file) or "log" (recognised in the rank's
     # log: `verify.metrics_from_log` or a built-in recogniser).
     source: MetricSource
+
+
+class ArtifactFile(TypedDict):
+    path: str  # relative to the trial's working directory
+    size: int  # bytes
+    sha256: str
+
+
+class ArtifactSetView(TypedDict):
+    """The files a trial's final attempt left that its config names (`artifacts`,
+    `verify.outputs`), as the server copied them when the trial ended."""
+
+    trial_id: int
+    attempt: int  # the final attempt, whose files these are
+    state: ArtifactState  # pending (being copied), collected, empty, refused
+    files: list[ArtifactFile]  # by path
+    size: int  # bytes, every file's
+    skipped: list[str]  # "<path>: <why it was not taken>" (links, stale files...), the first 20
+    skipped_count: int
+    message: str | None  # why nothing was kept (refused)
+    collected_at: float | None
 
 
 class CheckpointView(TypedDict):

@@ -42,9 +42,9 @@ from typing import IO, BinaryIO
 from muster.checkpoint_files import MAX_PROBLEMS_SHOWN, METADATA_FILE, Inspection, inspect
 from muster.errors import Conflict, InvalidRequest, ServerError
 
-__all__ = ["CHUNK_BYTES", "MEDIA_TYPE", "ArchivePlan", "CheckpointFolder", "FoundFile", "Member",
-           "Registered", "archive_chunks", "archive_name", "plan_archive", "unpack_checkpoint",
-           "unpack_files"]
+__all__ = ["CHUNK_BYTES", "MEDIA_TYPE", "ArchivePlan", "CheckpointFolder", "FoundFile",
+           "Member", "Registered", "archive_chunks", "archive_name", "check_target",
+           "plan_archive", "rename_into_place", "unpack_checkpoint", "unpack_files"]
 
 CHUNK_BYTES = 1024**2
 MEDIA_TYPE = "application/x-tar"
@@ -301,14 +301,14 @@ def unpack_checkpoint(
         ServerError: the archive broke off or is malformed, or what it holds is not intact;
             nothing is left behind.
     """
-    _check_target(dest)
+    check_target(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     unpacking = dest.parent / f".{dest.name}.download-{os.urandom(4).hex()}"
     unpacking.mkdir()
     try:
         _extract(_ChunkReader(iter(chunks)), unpacking, name)
         found = _judged(unpacking, name, trial_id)
-        _rename(unpacking, dest)
+        rename_into_place(unpacking, dest)
     except BaseException:
         shutil.rmtree(unpacking, ignore_errors=True)
         raise
@@ -324,7 +324,7 @@ def unpack_files(chunks: Iterable[bytes], dest: Path, top: str, what: str) -> No
         InvalidRequest: `dest` is in the way (a file, or a directory with files in it).
         ServerError: the archive broke off or is malformed; nothing is left behind.
     """
-    _check_target(dest, "")
+    check_target(dest, "")
     dest.parent.mkdir(parents=True, exist_ok=True)
     unpacking = dest.parent / f".{dest.name}.download-{os.urandom(4).hex()}"
     unpacking.mkdir()
@@ -332,13 +332,13 @@ def unpack_files(chunks: Iterable[bytes], dest: Path, top: str, what: str) -> No
         stream = _Gunzipped(_ChunkReader(iter(chunks)), what)
         _extract(stream, unpacking, top, what)
         stream.check_whole()
-        _rename(unpacking, dest, what, "")
+        rename_into_place(unpacking, dest, what, "")
     except BaseException:
         shutil.rmtree(unpacking, ignore_errors=True)
         raise
 
 
-def _check_target(dest: Path, option: str = " with -o") -> None:
+def check_target(dest: Path, option: str = " with -o") -> None:
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise InvalidRequest(f"{dest} exists and is not a directory; choose another{option}")
     if dest.is_dir() and any(dest.iterdir()):
@@ -346,7 +346,7 @@ def _check_target(dest: Path, option: str = " with -o") -> None:
                              f"one{option}")
 
 
-def _rename(unpacking: Path, dest: Path, what: str = "the checkpoint",
+def rename_into_place(unpacking: Path, dest: Path, what: str = "the checkpoint",
             option: str = " with -o") -> None:
     try:
         os.rename(unpacking, dest)  # over an empty directory too

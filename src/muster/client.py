@@ -28,7 +28,7 @@ import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, cast
 from urllib.parse import quote
 
@@ -475,6 +475,60 @@ class Client:
                 raise errors.ServerError(
                     f"the download of {what} broke off ({exc}); see the server's log for "
                     "why, and download it again") from exc
+
+    def get_artifacts(self, trial_id: int) -> api.ArtifactSetView:
+        """The files the trial's final attempt left that its config names, as the server
+        copied them when it ended (each with its size and sha256)."""
+        return self._call("GET", f"/trials/{trial_id}/artifacts", _As["api.ArtifactSetView"])
+
+    def download_artifacts(self, trial_id: int, dest: Path) -> api.ArtifactSetView:
+        """Every file of the trial's artifact set into `dest` (new, or an empty directory),
+        each checked against its sha256 before `dest` is given its name; the set.
+
+        Raises:
+            InvalidRequest: `dest` is in the way.
+            NotFound: no such trial, or it has no artifacts.
+            Conflict: the set has no file to download (still being copied, empty, refused).
+            ServerError: a download broke off, or a file's bytes do not match its sha256;
+                nothing of it is kept.
+        """
+        import hashlib
+        import shutil
+
+        from muster.checkpoint_archive import check_target, rename_into_place
+
+        found = self.get_artifacts(trial_id)
+        if not found["files"]:
+            raise errors.Conflict(f"trial {trial_id}'s artifacts are {found['state']}"
+                                  + (f" ({found['message']})" if found["message"] else "")
+                                  + ": there is no file to download")
+        check_target(dest, "")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        unpacking = dest.parent / f".{dest.name}.download-{os.urandom(4).hex()}"
+        unpacking.mkdir()
+        try:
+            for item in found["files"]:
+                relative = PurePosixPath(item["path"])
+                if relative.is_absolute() or ".." in relative.parts:
+                    raise errors.ServerError(f"the server named an artifact outside the set: "
+                                             f"{item['path']!r}; nothing was kept")
+                target = unpacking.joinpath(*relative.parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                digest = hashlib.sha256()
+                path = f"/trials/{trial_id}/artifacts/{quote(item['path'])}"
+                with open(target, "xb") as out:
+                    for chunk in self._stream_archive(path, f"artifact {item['path']!r}"):
+                        digest.update(chunk)
+                        out.write(chunk)
+                if digest.hexdigest() != item["sha256"]:
+                    raise errors.ServerError(f"artifact {item['path']!r} of trial {trial_id} "
+                                             "arrived with another sha256 than its set "
+                                             "records; nothing was kept")
+            rename_into_place(unpacking, dest, "the artifacts", "")
+        except BaseException:
+            shutil.rmtree(unpacking, ignore_errors=True)
+            raise
+        return found
 
     def get_checkpoint(self, checkpoint: str) -> api.CheckpointView:
         """One checkpoint by id or uuid (as `list_checkpoints` shows it)."""

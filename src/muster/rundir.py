@@ -41,6 +41,7 @@ Hparams = dict[str, Any]
 LOCAL_RUN_DIR = "muster-run"  # the run directory of a run off the platform, in its cwd
 CHECKPOINTS = "checkpoints"
 WORKDIR = "workdir"
+ARTIFACTS = "artifacts"  # the server's copies of the final attempt's artifacts (muster.artifacts)
 ENV = "env"
 EVIDENCE = "evidence"
 # An evidence bundle's id, `<UTC yyyymmddThhmmssZ>-<reason>`: a request file names it, so
@@ -116,6 +117,12 @@ class RunDir:
     def workdir(self) -> Path:
         """The trial's own copy of its experiment's context: every attempt's cwd."""
         return self.path / WORKDIR
+
+    @property
+    def artifacts(self) -> Path:
+        """The artifact sets the server copied out of the working directory, one per final
+        attempt (`artifacts/attempt-<n>/`, `muster.artifacts`)."""
+        return self.path / ARTIFACTS
 
     @property
     def env(self) -> Path:

@@ -165,6 +165,9 @@ class EventReason(StrEnum):
     CHECKPOINT_DELETED = "checkpoint deleted"  # by GC (its reason says why) or with its experiment
     RESTORE_SKIPPED = "restore skipped"  # a checkpoint corrupt in storage, passed over
     CHECKPOINT_UPLOAD_FAILED = "upload failed"  # retried with backoff, unless it cannot help
+    # The final attempt's files the config names, copied (or why none were: `muster.artifacts`).
+    ARTIFACTS_COLLECTED = "artifacts collected"
+    ARTIFACTS_REFUSED = "artifacts refused"
     GC_POLICY_CHANGED = "gc policy changed"  # `muster checkpoint gc --save-...`
     ARCHIVED = "archived"
     UNARCHIVED = "unarchived"
@@ -275,6 +278,18 @@ class GpuState(StrEnum):
     FREE = "free"
     ALLOCATED = "allocated"
     RELEASING = "releasing"
+
+
+class ArtifactState(StrEnum):
+    """Where a trial's artifact set is (`artifact_sets.state`, `muster.artifacts`)."""
+
+    PENDING = "pending"  # the trial ended; its final attempt's files are yet to be copied
+    COLLECTED = "collected"  # copied into the run directory, each file hashed
+    EMPTY = "empty"  # no file matched the patterns (or each was left, with why)
+    REFUSED = "refused"  # nothing was kept: over artifacts_limit, or unreadable (message)
+
+    def is_settled(self) -> bool:
+        return self is not ArtifactState.PENDING
 
 
 class CheckpointState(StrEnum):

@@ -86,10 +86,10 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
         ("label: [a]", "label: unknown key; did you mean 'labels'?"),
         (
             "zzz: 1",
-            "zzz: unknown key; the keys allowed here are checkpoint_storage, compat, data, "
-            "debug, description, diagnostics, entrypoint, environment, failure_policy, "
-            "harness, hyperparameters, integrations, labels, name, reproducibility, "
-            "resources, searcher, verify",
+            "zzz: unknown key; the keys allowed here are artifacts, artifacts_limit, "
+            "checkpoint_storage, compat, data, debug, description, diagnostics, entrypoint, "
+            "environment, failure_policy, harness, hyperparameters, integrations, labels, "
+            "name, reproducibility, resources, searcher, verify",
         ),
         (
             "failure_policy: {trial_retry: 1}",

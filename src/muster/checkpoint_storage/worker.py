@@ -35,7 +35,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from muster import checkpoint_files
-from muster.checkpoint_storage import transfer
+from muster.checkpoint_storage import artifact_sets, transfer
 from muster.checkpoint_storage.base import Backend
 from muster.checkpoint_storage.location import (
     Location,
@@ -205,6 +205,7 @@ class StorageWorker:
         """Upload what is due, delete experiments asked to be, collect those asked for.
         Returns whether anything was done."""
         worked = self._upload_due()
+        worked = artifact_sets.collect_pending(self.store, self.home, UPLOADS_PER_ROUND) or worked
         worked = self._delete_requested_experiments() or worked
         for experiment_id in self._experiments_to_collect():
             planned = self.collect(experiment_id)

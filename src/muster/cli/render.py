@@ -411,3 +411,21 @@ def stand_in_lines(found: api.ExperimentDiff, a: int, b: int) -> list[str]:
     """Which trial stood for each experiment of an experiment diff, and why."""
     return [f"experiment {a}: trial {found['a_trial']}, {BASIS_WORDS[found['a_basis']]}",
             f"experiment {b}: trial {found['b_trial']}, {BASIS_WORDS[found['b_basis']]}"]
+
+
+def artifact_lines(found: api.ArtifactSetView) -> list[str]:
+    """A trial's artifact set: a line for the set, one per file (size, sha256, path), and
+    one per file it left (with why)."""
+    head = (f"artifacts of trial {found['trial_id']} (attempt {found['attempt']}): "
+            f"{found['state']}")
+    if found["files"]:
+        head += f", {count(len(found['files']), 'file')}, {format_size(found['size'])}"
+    if found["message"]:
+        head += f": {found['message']}"
+    lines = [head]
+    lines += [f"  {format_size(f['size']):>10}  {f['sha256'][:12]}  {f['path']}"
+              for f in found["files"]]
+    lines += [f"  left: {why}" for why in found["skipped"]]
+    if found["skipped_count"] > len(found["skipped"]):
+        lines.append(f"  and {found['skipped_count'] - len(found['skipped'])} more left")
+    return lines

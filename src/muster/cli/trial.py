@@ -301,6 +301,29 @@ def dump(
 
 
 @app.command()
+def artifacts(
+    trial_id: int,
+    download: Annotated[Path | None, typer.Option(
+        "--download", metavar="DIR",
+        help="download every file into DIR (new or empty), each sha256 checked")] = None,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """The files the trial's final attempt left that its config names (`artifacts`,
+    `verify.outputs`), as the server copied them when the trial ended: each with its size
+    and sha256, and the matching files it left, with why."""
+    with client(home, url) as c:
+        found = (c.get_artifacts(trial_id) if download is None
+                 else c.download_artifacts(trial_id, download))
+    if as_json:
+        render.print_json(found)
+        return
+    for line in render.artifact_lines(found):
+        render.console.print(line, markup=False, soft_wrap=True)
+    if download is not None:
+        render.console.print(f"downloaded to {download}", markup=False, soft_wrap=True)
+
+
+@app.command()
 def evidence(
     trial_id: int,
     directory: Annotated[Path, typer.Argument(help="where to unpack them, new or empty")],

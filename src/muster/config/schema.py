@@ -815,6 +815,22 @@ class DebugConfig(_Section):
     torch_distributed: Annotated[Literal["off", "detail"], BeforeValidator(_off_word)] = "off"
 
 
+MAX_ARTIFACT_PATTERNS = 100
+MAX_ARTIFACT_PATTERN_CHARS = 1024
+DEFAULT_ARTIFACTS_LIMIT = 10 << 30
+
+
+def _artifact_pattern_problem(pattern: str) -> str | None:
+    """Why `pattern` cannot name files of the working directory, or None."""
+    parts = PurePosixPath(pattern).parts
+    if not pattern or len(pattern) > MAX_ARTIFACT_PATTERN_CHARS:
+        return f"must be a pattern of 1 to {MAX_ARTIFACT_PATTERN_CHARS} characters"
+    if pattern.startswith("/") or ".." in parts or "\x00" in pattern:
+        return (f"{pattern!r} must name files inside the trial's working directory "
+                "(relative, without ..), e.g. 'model.pt', 'eval/*.json', 'plots/'")
+    return None
+
+
 class ExperimentConfig(_Section):
     """One experiment: what to run, in which environment, and how to handle failures."""
 
@@ -867,6 +883,11 @@ class ExperimentConfig(_Section):
     searcher: SearcherConfig = Field(default_factory=SearcherConfig)
     reproducibility: ReproducibilityConfig = Field(default_factory=ReproducibilityConfig)
     checkpoint_storage: CheckpointStorageConfig = Field(default_factory=CheckpointStorageConfig)
+    # Files of the working directory (globs: `model.pt`, `eval/*.json`, `plots/`) the final
+    # attempt's end copies into the trial's storage (`muster.artifacts`), with
+    # verify.outputs; at most `artifacts_limit` bytes of them.
+    artifacts: list[str] = Field(default_factory=list, max_length=MAX_ARTIFACT_PATTERNS)
+    artifacts_limit: int = DEFAULT_ARTIFACTS_LIMIT
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     debug: DebugConfig = Field(default_factory=DebugConfig)
 
@@ -874,6 +895,33 @@ class ExperimentConfig(_Section):
     def integrations_active(self) -> bool:
         """Whether trials get the frameworks' import hook (`integrations`)."""
         return self.integrations == "auto" or (self.integrations is None and not self.harness)
+
+    @property
+    def artifact_patterns(self) -> list[str]:
+        """What the final attempt's end copies: `artifacts`, then `verify.outputs`."""
+        return list(dict.fromkeys([*self.artifacts, *self.verify.outputs]))
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifact_patterns(cls, value: list[str]) -> list[str]:
+        problems = [(f"[{i}]", problem) for i, pattern in enumerate(value)
+                    if (problem := _artifact_pattern_problem(pattern)) is not None]
+        if problems:
+            raise KeyedProblems(problems)
+        return value
+
+    @field_validator("artifacts_limit", mode="before")
+    @classmethod
+    def _artifacts_limit(cls, value: object) -> int:
+        """`10GiB`, `500MiB` or a number of bytes."""
+        try:
+            size = parse_size(value)
+        except ValueError:
+            raise ValueError(f"must be a size such as '10GiB', got {value!r}") from None
+        if size < 1 << 10:
+            raise ValueError(f"must be at least 1KiB (write a unit, e.g. '10GiB'), got "
+                             f"{value!r}")
+        return size
 
     @field_validator("debug", mode="before")
     @classmethod

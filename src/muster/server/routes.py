@@ -37,6 +37,7 @@ from muster.server.follows import MAX_FOLLOWS_PER_TOKEN, FollowStream
 from muster.server.state import ServerState
 from muster.server.unpack_queue import FairQueue
 from muster.services import (
+    artifacts,
     checkpoints,
     cluster,
     curves,
@@ -775,6 +776,35 @@ async def download_trial_checkpoint(state: State, _: Reader, trial_id: TrialId,
                                        trial_id, name)
     return Download(download.chunks(), size=download.size, filename=download.filename,
                     media_type=checkpoint_archive.MEDIA_TYPE, close=download.close)
+
+
+@router.get("/trials/{trial_id}/artifacts", response_model=api.ArtifactSetView,
+            responses=_errors(404))
+def get_trial_artifacts(state: State, _: Reader, trial_id: TrialId
+                        ) -> shapes.ArtifactSetView:
+    """The files the trial's final attempt left that its config names (`artifacts`,
+    `verify.outputs`), as the server copied them when the trial ended: each with its size
+    and sha256, and every matching file it left with why (a link, a stale file...)."""
+    return artifacts.trial_artifacts(state.store, trial_id)
+
+
+ArtifactPath = Annotated[str, InPath(min_length=1, max_length=4096,
+                                     pattern=r"^[^/\x00][^\x00]*$",
+                                     description="a file of the set, as listed")]
+
+
+@router.get("/trials/{trial_id}/artifacts/{path:path}", response_class=Response,
+            responses={**_file_response("application/octet-stream",
+                                        "the artifact file's bytes as copied"),
+                       **_errors(404, 409)})
+async def download_trial_artifact(state: State, _: Reader, trial_id: TrialId,
+                                  path: ArtifactPath) -> Response:
+    """One file of the trial's artifact set. 409 while the set is not collected, or when
+    the copy is no longer what was recorded; a file whose sha256 fails as it is sent breaks
+    the download off."""
+    download = await asyncio.to_thread(artifacts.open_artifact, state.store, trial_id, path)
+    return Download(download.chunks(), size=download.size, filename=download.filename,
+                    media_type="application/octet-stream", close=download.close)
 
 
 @router.get("/trials/{trial_id}/snapshot", response_model=api.TrialSnapshot,

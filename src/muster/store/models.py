@@ -28,6 +28,7 @@ from sqlalchemy.types import TypeDecorator
 from muster.downsample import SeriesJson
 from muster.rundir import Hparams
 from muster.states import (
+    ArtifactState,
     AttemptState,
     CheckpointState,
     ExperimentState,
@@ -548,6 +549,33 @@ class Checkpoint(Base):
     gc_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
+
+
+class ArtifactSet(Base):
+    """The files a trial's final attempt left that its config names (`artifacts`,
+    `verify.outputs`): made `pending` in the transaction that ends the trial, copied by the
+    storage worker (`muster.artifacts.collect`) into `path` with their sha256."""
+
+    __tablename__ = "artifact_sets"
+    __table_args__ = (UniqueConstraint("trial_id", "attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"),
+                                          index=True)
+    attempt: Mapped[int] = mapped_column(Integer)  # the final attempt's number
+    since: Mapped[float] = mapped_column(Float)  # its start: older files are stale
+    state: Mapped[ArtifactState] = mapped_column(
+        EnumText(ArtifactState, 16), default=ArtifactState.PENDING, index=True)
+    path: Mapped[str | None] = mapped_column(Text, nullable=True)  # the set's directory
+    # relative POSIX path -> {"sha256": hex, "size": bytes}
+    files: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    file_count: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[list[str]] = mapped_column(JSON, default=list)  # "<path>: <why>", first 20
+    skipped_count: Mapped[int] = mapped_column(Integer, default=0)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)  # why REFUSED
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    collected_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class IdempotencyKey(Base):

@@ -31,7 +31,15 @@ from muster.states import (
     ReplicaPhase,
     TrialState,
 )
-from muster.store import Attempt, Checkpoint, Replica, Trial, record_event, transition
+from muster.store import (
+    ArtifactSet,
+    Attempt,
+    Checkpoint,
+    Replica,
+    Trial,
+    record_event,
+    transition,
+)
 from muster.store.configs import experiment_config
 from muster.store.models import now
 from muster.supervise import verification
@@ -139,6 +147,7 @@ class Ending:
             transition(s, attempt, attempt_end(decisive.reason), reason=decisive.reason,
                        actor=ACTOR, message=decisive.message)
             self._move(s, trial, decisive, counts, scans, log_metrics)
+            note_artifacts(s, trial, attempt)
             placed = (trial.uuid, attempt.number)
         # After the commit: a server killed in between leaves it to the sweep.
         self.ctx.placement.release(*placed)
@@ -264,6 +273,18 @@ def classify_replica(replica: Replica, status: ReplicaStatus, trial: Trial, log_
             stalled=stall,
         )
     )
+
+
+def note_artifacts(s: Session, trial: Trial, attempt: Attempt) -> None:
+    """When this attempt ended the trial (terminal, or SUSPECT awaiting review) and its
+    config names artifacts: their set, `pending` for the storage worker to copy (in this
+    transaction, so a server killed now still copies them)."""
+    if not (trial.state.is_terminal() or trial.state is TrialState.SUSPECT):
+        return
+    if not experiment_config(trial.experiment).artifact_patterns:
+        return
+    s.add(ArtifactSet(trial_id=trial.id, attempt=attempt.number,
+                      since=attempt.started_at or attempt.created_at))
 
 
 def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classification,
