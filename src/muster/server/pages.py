@@ -44,6 +44,7 @@ from muster.server.auth import (
 from muster.server.state import ServerState
 from muster.server.static_files import asset
 from muster.services import (
+    artifacts,
     audit,
     cluster,
     environments,
@@ -669,7 +670,16 @@ def _trial_context(request: Request, who: Principal, trial_id: int, snapshot: bo
     ranks = sorted({r["rank"] for a in trial["attempts"] for r in a["replicas"]})
     return {"trial": trial, "exp": exp, "can_act": _can_act(who, exp["owner"]),
             "ranks": ranks, "checkpoints": retention.trial_checkpoints(store, trial["id"]),
+            "artifacts": _artifacts_of(store, trial["id"]),
             "at_rest": trial["state"].is_at_rest()}
+
+
+def _artifacts_of(store: Store, trial_id: int) -> api.ArtifactSetView | None:
+    """The trial's artifact set, or None when it has none (the page leaves the section out)."""
+    try:
+        return artifacts.trial_artifacts(store, trial_id)
+    except NotFound:
+        return None
 
 
 @pages.get("/ui/trials/{trial_id}/state", response_class=HTMLResponse)
