@@ -412,6 +412,11 @@ class ArtifactSetView(TypedDict):
     skipped_count: int
     message: str | None  # why nothing was kept (refused)
     collected_at: float | None
+    # Its copy in checkpoint storage, as a checkpoint's state: local, uploading, stored,
+    # upload_failed (error says why; retried), deleted (with its experiment).
+    storage_state: CheckpointState
+    storage_url: str | None  # where it is stored (`stored` only)
+    error: str | None  # why its last upload failed
 
 
 class CheckpointView(TypedDict):

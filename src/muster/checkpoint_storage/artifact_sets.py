@@ -14,21 +14,28 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
 from muster import artifacts
-from muster.errors import MusterError
+from muster.checkpoint_storage import transfer
+from muster.checkpoint_storage.location import Location
+from muster.errors import MusterError, StorageError
 from muster.home import Home
 from muster.sizes import format_size
-from muster.states import ArtifactState, EventReason
-from muster.store import ArtifactSet, Store, Trial, record_event
+from muster.states import ArtifactState, CheckpointState, EventReason
+from muster.store import ArtifactSet, Experiment, Store, Trial, record_event
 from muster.store.actors import STORAGE
 from muster.store.configs import experiment_config
 from muster.store.models import now
 from muster.words import count
 
-__all__ = ["collect_pending"]
+if TYPE_CHECKING:
+    from muster.checkpoint_storage.worker import StorageWorker
+
+__all__ = ["collect_pending", "delete_stored", "recover", "upload_due"]
 
 log = logging.getLogger(__name__)
 
@@ -92,3 +99,98 @@ def _settle_refused(store: Store, set_id: int, why: str) -> None:
     log.warning("artifact set %d refused: %s", set_id, why)
 
 
+
+
+# -- into checkpoint storage ---------------------------------------------------------------
+
+
+def upload_due(worker: StorageWorker, limit: int) -> bool:
+    """Upload up to `limit` collected sets that are due (`local`, or `upload_failed` whose
+    retry is due) to their experiment's checkpoint storage, as a checkpoint is uploaded
+    (`transfer.upload_checkpoint`: every file's sha256 checked as it is sent, metadata.json
+    last); whether there were any."""
+    at = now()
+    with worker.store.session_scope() as s:
+        rows = s.execute(
+            select(ArtifactSet, Experiment).join(Trial, Trial.id == ArtifactSet.trial_id)
+            .join(Experiment, Experiment.id == Trial.experiment_id)
+            .where(ArtifactSet.state == ArtifactState.COLLECTED,
+                   Experiment.delete_requested_at.is_(None),
+                   (ArtifactSet.storage_state == CheckpointState.LOCAL)
+                   | ((ArtifactSet.storage_state == CheckpointState.UPLOAD_FAILED)
+                      & (ArtifactSet.next_try_at <= at)))
+            .order_by(ArtifactSet.id).limit(limit)).all()
+        claimed = []
+        for row, experiment in rows:
+            if row.path is None:  # (a collected set has its directory)
+                continue
+            location = (Location.from_json(row.storage) if row.storage
+                        else worker.location_of(experiment))
+            row.storage_state, row.storage = CheckpointState.UPLOADING, location.to_json()
+            claimed.append((row.id, location, Path(row.path), row.uuid, row.trial_id))
+    for set_id, location, path, uuid, trial_id in claimed:
+        try:
+            with worker.uploading(uuid):
+                transfer.upload_checkpoint(worker.backend(location), path, uuid, trial_id)
+        except StorageError as exc:
+            _upload_failed(worker.store, set_id, location, exc)
+        else:
+            with worker.store.session_scope() as s:
+                row = s.get_one(ArtifactSet, set_id)
+                if row.storage_state is CheckpointState.UPLOADING:
+                    row.storage_state, row.stored_at, row.error, row.next_try_at = (
+                        CheckpointState.STORED, now(), None, None)
+    return bool(claimed)
+
+
+def _upload_failed(store: Store, set_id: int, location: Location, exc: StorageError) -> None:
+    retry = not isinstance(exc, transfer.CheckpointChanged)
+    with store.session_scope() as s:
+        row = s.get_one(ArtifactSet, set_id)
+        row.upload_tries += 1
+        delay = transfer.retry_delay(row.upload_tries)
+        row.storage_state, row.error = CheckpointState.UPLOAD_FAILED, str(exc)
+        row.next_try_at = now() + delay if retry else None
+        then = (f"tried again in {delay:.0f} s" if retry
+                else "not tried again: the local copy is no longer what was collected")
+        record_event(s, entity="trial", entity_id=row.trial_id,
+                     reason=EventReason.CHECKPOINT_UPLOAD_FAILED, actor=STORAGE,
+                     trial_id=row.trial_id,
+                     experiment_id=s.get_one(Trial, row.trial_id).experiment_id,
+                     message=f"uploading the artifacts of attempt {row.attempt} to "
+                             f"{location.url()} failed (try {row.upload_tries}): {exc}; "
+                             f"{then}")
+    log.warning("artifact set %d: upload to %s failed: %s", set_id, location.url(),
+                exc.for_log())
+
+
+def recover(store: Store) -> None:
+    """After a restart: uploads cut short are redone."""
+    with store.session_scope() as s:
+        for row in s.scalars(select(ArtifactSet).where(
+                ArtifactSet.storage_state == CheckpointState.UPLOADING)):
+            row.storage_state = CheckpointState.LOCAL
+
+
+def delete_stored(worker: StorageWorker, experiment_id: int) -> bool:
+    """Remove a deleted experiment's artifact sets from storage (their local copies go with
+    the run directories); whether none is left there (False: storage refused, tried
+    again)."""
+    with worker.store.session_scope() as s:
+        doomed = [(row.id, row.uuid, row.storage) for row in s.scalars(
+            select(ArtifactSet).join(Trial, Trial.id == ArtifactSet.trial_id).where(
+                Trial.experiment_id == experiment_id, ArtifactSet.storage.is_not(None),
+                ArtifactSet.storage_state != CheckpointState.DELETED))]
+    left = False
+    for set_id, uuid, storage in doomed:
+        assert storage is not None  # (selected so)
+        try:
+            transfer.delete_checkpoint(worker.backend(Location.from_json(storage)), uuid)
+        except StorageError as exc:
+            log.warning("artifact set %d: deletion not finished, tried again later: %s",
+                        set_id, exc.for_log())
+            left = True
+            continue
+        with worker.store.session_scope() as s:
+            s.get_one(ArtifactSet, set_id).storage_state = CheckpointState.DELETED
+    return not left

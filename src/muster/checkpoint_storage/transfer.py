@@ -26,9 +26,10 @@ from muster.checkpoint_storage.base import Backend, ObjectMissing
 from muster.errors import StorageError
 
 __all__ = ["CheckpointChanged", "CorruptInStorage", "delete_checkpoint", "fetch_checkpoint",
-           "upload_checkpoint"]
+           "fetch_files", "retry_delay", "upload_checkpoint"]
 
 MAX_METADATA_BYTES = 16 << 20  # a metadata.json lists files; 16 MiB is ~100,000 of them
+MAX_RETRY_SECONDS = 3600.0
 FETCH_PREFIX = ".tmp-fetch-"
 
 
@@ -49,6 +50,12 @@ class CorruptInStorage(StorageError):
 class Uploaded:
     files: int
     size: int
+
+
+def retry_delay(tries: int) -> float:
+    """Seconds before the next try of an upload that failed `tries` times (5 s, doubling,
+    at most an hour)."""
+    return min(MAX_RETRY_SECONDS, 5.0 * 2.0 ** min(max(tries - 1, 0), 20))
 
 
 def upload_checkpoint(backend: Backend, local: Path, uuid: str,
@@ -90,6 +97,25 @@ def fetch_checkpoint(backend: Backend, uuid: str, dest: Path,
         CorruptInStorage: a file is missing or does not match its sha256.
         StorageError: storage failed.
     """
+    fetch_files(backend, uuid, dest)
+    found = checkpoint_files.inspect(dest, trial_id)
+    if not found.intact:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise CorruptInStorage(f"{backend.url(uuid)} is not intact once fetched: "
+                               f"{found.problem}")
+    return found
+
+
+def fetch_files(backend: Backend, uuid: str, dest: Path) -> dict[str, str]:
+    """Copy `<uuid>/` (its metadata.json's files, then metadata.json) into the new
+    directory `dest`, renamed into place only when every file matched its sha256; the files
+    (relative path -> sha256).
+
+    Raises:
+        ObjectMissing: storage holds no metadata.json for it.
+        CorruptInStorage: a file is missing or does not match its sha256.
+        StorageError: storage failed.
+    """
     raw = backend.get_bytes(f"{uuid}/{METADATA_FILE}", MAX_METADATA_BYTES)
     files = _listed_files(raw, backend.url(uuid))
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -103,12 +129,7 @@ def fetch_checkpoint(backend: Backend, uuid: str, dest: Path,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    found = checkpoint_files.inspect(dest, trial_id)
-    if not found.intact:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise CorruptInStorage(f"{backend.url(uuid)} is not intact once fetched: "
-                               f"{found.problem}")
-    return found
+    return files
 
 
 def delete_checkpoint(backend: Backend, uuid: str) -> None:

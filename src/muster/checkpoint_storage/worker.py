@@ -21,6 +21,7 @@ after storage confirmed nothing is left.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import shutil
@@ -46,6 +47,7 @@ from muster.checkpoint_storage.location import (
 from muster.checkpoint_storage.metrics import checkpoint_metrics
 from muster.checkpoint_storage.planner import CheckpointFacts, Decision, plan
 from muster.checkpoint_storage.sweep import SweepReport, sweep_location
+from muster.checkpoint_storage.transfer import retry_delay
 from muster.config.schema import CheckpointStorageConfig
 from muster.errors import MusterError, StorageError
 from muster.home import Home
@@ -63,7 +65,6 @@ __all__ = ["PlannedCheckpoint", "StorageWorker"]
 UPLOADS_PER_ROUND = 4
 BATCH = 500  # checkpoints read, decided or recorded deleted per transaction
 GC_QUEUE_SIZE = 1024
-MAX_RETRY_SECONDS = 3600.0
 IDLE_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 60.0
 ORPHAN_AGE_SECONDS = 3600.0  # a prefix without metadata.json this old is an abandoned upload
@@ -73,12 +74,6 @@ SWEEP_EVERY_SECONDS = 600.0
 ABANDONED_SAVE_AGE_SECONDS = 600.0
 # Trials ended longer ago than this are not looked at again: a sweep since then tidied them.
 ABANDONED_SAVE_LOOKBACK_SECONDS = 86400.0
-
-
-def retry_delay(tries: int) -> float:
-    """Seconds before the next try of an upload that failed `tries` times (5 s, doubling,
-    at most an hour)."""
-    return min(MAX_RETRY_SECONDS, 5.0 * 2.0 ** min(max(tries - 1, 0), 20))
 
 
 @dataclass(frozen=True)
@@ -199,6 +194,7 @@ class StorageWorker:
             for row in s.scalars(select(Checkpoint).where(
                     Checkpoint.state == CheckpointState.UPLOADING)):
                 row.state = CheckpointState.LOCAL
+        artifact_sets.recover(self.store)
         self._gc_everything = True
 
     def run_once(self) -> bool:
@@ -206,6 +202,7 @@ class StorageWorker:
         Returns whether anything was done."""
         worked = self._upload_due()
         worked = artifact_sets.collect_pending(self.store, self.home, UPLOADS_PER_ROUND) or worked
+        worked = artifact_sets.upload_due(self, UPLOADS_PER_ROUND) or worked
         worked = self._delete_requested_experiments() or worked
         for experiment_id in self._experiments_to_collect():
             planned = self.collect(experiment_id)
@@ -236,25 +233,32 @@ class StorageWorker:
             claimed = []
             for row, experiment in rows:
                 location = (Location.from_json(row.storage) if row.storage else
-                            self._location_of(experiment))
+                            self.location_of(experiment))
                 row.state, row.storage = CheckpointState.UPLOADING, location.to_json()
                 claimed.append((row.id, location, row.path, row.uuid, row.trial_id))
             return claimed
 
-    def _location_of(self, experiment: Experiment) -> Location:
+    def location_of(self, experiment: Experiment) -> Location:
         config = experiment_config(experiment).checkpoint_storage
         return effective_location(config, self.default, self.home)
 
     def _upload(self, checkpoint_id: int, location: Location, path: Path, uuid: str,
                 trial_id: int) -> None:
-        with self._lock:
-            self._busy.add(uuid)
         try:
-            transfer.upload_checkpoint(self.backend(location), path, uuid, trial_id)
+            with self.uploading(uuid):
+                transfer.upload_checkpoint(self.backend(location), path, uuid, trial_id)
         except StorageError as exc:
             self._upload_failed(checkpoint_id, location, exc)
         else:
             self._stored(checkpoint_id)
+
+    @contextlib.contextmanager
+    def uploading(self, uuid: str) -> Iterator[None]:
+        """While `<uuid>/` is being written: the sweep leaves it alone."""
+        with self._lock:
+            self._busy.add(uuid)
+        try:
+            yield
         finally:
             with self._lock:
                 self._busy.discard(uuid)
@@ -441,6 +445,8 @@ class StorageWorker:
                                                 "its experiment was deleted")
             doomed = [r.id for r in _live_checkpoints(s, experiment_id)]
         self._delete_checkpoints(doomed)
+        if not artifact_sets.delete_stored(self, experiment_id):
+            return False
         with self.store.session_scope() as s:
             if _live_checkpoints(s, experiment_id):
                 return False

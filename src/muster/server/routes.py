@@ -802,7 +802,8 @@ async def download_trial_artifact(state: State, _: Reader, trial_id: TrialId,
     """One file of the trial's artifact set. 409 while the set is not collected, or when
     the copy is no longer what was recorded; a file whose sha256 fails as it is sent breaks
     the download off."""
-    download = await asyncio.to_thread(artifacts.open_artifact, state.store, trial_id, path)
+    download = await asyncio.to_thread(artifacts.open_artifact, state.store, state.home,
+                                       trial_id, path)
     return Download(download.chunks(), size=download.size, filename=download.filename,
                     media_type="application/octet-stream", close=download.close)
 

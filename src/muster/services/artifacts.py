@@ -15,10 +15,14 @@ from sqlalchemy.orm import Session
 
 from muster import api
 from muster.atomic import open_regular
-from muster.errors import Conflict, NotFound
+from muster.checkpoint_storage.location import Location, open_backend
+from muster.checkpoint_storage.resume import cache_dir
+from muster.checkpoint_storage.transfer import fetch_files
+from muster.errors import Conflict, NotFound, StorageError
+from muster.home import Home
 from muster.services.experiments import trial_or_404
-from muster.states import ArtifactState
-from muster.store import ArtifactSet, Store
+from muster.states import ArtifactState, CheckpointState
+from muster.store import ArtifactSet, Store, Trial
 
 __all__ = ["ArtifactDownload", "open_artifact", "trial_artifacts"]
 
@@ -49,10 +53,14 @@ def _latest(s: Session, trial_id: int) -> ArtifactSet:
 def _view(row: ArtifactSet) -> api.ArtifactSetView:
     files = [api.ArtifactFile(path=path, size=int(facts["size"]), sha256=str(facts["sha256"]))
              for path, facts in sorted(row.files.items())]
+    stored = row.storage_state is CheckpointState.STORED and row.storage is not None
     return api.ArtifactSetView(
         trial_id=row.trial_id, attempt=row.attempt, state=row.state, files=files,
         size=row.size_bytes, skipped=list(row.skipped), skipped_count=row.skipped_count,
-        message=row.message, collected_at=row.collected_at)
+        message=row.message, collected_at=row.collected_at, storage_state=row.storage_state,
+        storage_url=(Location.from_json(row.storage).url(row.uuid)
+                     if stored and row.storage is not None else None),
+        error=row.error)
 
 
 @dataclass
@@ -87,15 +95,22 @@ class ArtifactDownload:
             self.fd = -1
 
 
-def open_artifact(store: Store, trial_id: int, path: str) -> ArtifactDownload:
-    """One file of the trial's artifact set, opened for download.
+def open_artifact(store: Store, home: Home, trial_id: int, path: str) -> ArtifactDownload:
+    """One file of the trial's artifact set, opened for download: from the run directory,
+    or, when that no longer holds it, from checkpoint storage (the whole set fetched into
+    the cache, every file's sha256 checked, then sent from there).
 
     Raises:
         NotFound: no such trial, set, or file in it.
-        Conflict: the set is not collected, or the copy is gone or not what was recorded.
+        Conflict: the set is not collected, or its copy is neither here nor in storage as
+            it was recorded.
     """
     with store.session_scope() as s:
         row = _latest(s, trial_id)
+        trial = s.get_one(Trial, trial_id)
+        storage = (row.storage if row.storage_state is CheckpointState.STORED else None)
+        cached = cache_dir(home, trial.uuid) / f"artifacts-attempt-{row.attempt}"
+        uuid = row.uuid
         shown = f"artifact {path!r} of trial {trial_id}"
         if row.state is not ArtifactState.COLLECTED or row.path is None:
             raise Conflict(f"trial {trial_id}'s artifacts are {row.state}"
@@ -109,9 +124,30 @@ def open_artifact(store: Store, trial_id: int, path: str) -> ArtifactDownload:
         size, sha256 = int(facts["size"]), str(facts["sha256"])
     try:
         fd = open_regular(where)
+    except FileNotFoundError:
+        if storage is None:
+            raise Conflict(f"{shown} is gone from the run directory and is not in "
+                           "storage") from None
+        fd = _from_storage(home, storage, uuid, cached, path, shown)
     except OSError as exc:
         raise Conflict(f"{shown} cannot be read ({exc.strerror or exc})") from exc
     if os.fstat(fd).st_size != size:
         os.close(fd)
         raise Conflict(f"{shown} changed since it was copied (its size)")
     return ArtifactDownload(path.rsplit("/", 1)[-1], size, fd, sha256, shown)
+
+
+def _from_storage(home: Home, storage: dict[str, object], uuid: str, cached: Path, path: str,
+                  shown: str) -> int:
+    """`path` of the set from the cache, fetched from storage first when not there."""
+    if not cached.is_dir():
+        try:
+            fetch_files(open_backend(Location.from_json(storage), home.root), uuid, cached)
+        except StorageError as exc:
+            raise Conflict(f"{shown} is gone from the run directory and could not be fetched "
+                           f"from storage: {exc}") from exc
+    try:
+        return open_regular(cached / path)
+    except OSError as exc:
+        raise Conflict(f"{shown} cannot be read from the copy fetched from storage "
+                       f"({exc.strerror or exc})") from exc

@@ -576,6 +576,16 @@ class ArtifactSet(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)  # why REFUSED
     created_at: Mapped[float] = mapped_column(Float, default=now)
     collected_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # A collected set in checkpoint storage, as a checkpoint is: `<uuid>/` with its files and,
+    # written last, its metadata.json; where it goes is fixed when its upload begins.
+    uuid: Mapped[str] = mapped_column(String(36), unique=True, default=new_uuid)
+    storage_state: Mapped[CheckpointState] = mapped_column(
+        EnumText(CheckpointState, 16), default=CheckpointState.LOCAL, index=True)
+    storage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    stored_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    upload_tries: Mapped[int] = mapped_column(Integer, default=0)
+    next_try_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # the last upload's
 
 
 class IdempotencyKey(Base):

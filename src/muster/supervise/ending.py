@@ -283,8 +283,9 @@ def note_artifacts(s: Session, trial: Trial, attempt: Attempt) -> None:
         return
     if not experiment_config(trial.experiment).artifact_patterns:
         return
-    s.add(ArtifactSet(trial_id=trial.id, attempt=attempt.number,
-                      since=attempt.started_at or attempt.created_at))
+    # Written during the attempt: after it was recorded, before anything of it ran (its
+    # `started_at` is when a pass saw it run, which a quick script's files may precede).
+    s.add(ArtifactSet(trial_id=trial.id, attempt=attempt.number, since=attempt.created_at))
 
 
 def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classification,
