@@ -91,6 +91,17 @@ def test_the_final_attempts_artifacts_are_listed_and_downloaded_byte_exact(
                            headers={"Authorization": f"Bearer {server.token}"}, timeout=30)
         assert answer.status_code == 404, (missing, answer.text)
 
+    # The page shows a text; it refuses what it does not preview, saying why.
+    bearer = {"Authorization": f"Bearer {server.token}"}
+    view = httpx.get(f"{server.url}/trials/{trial['id']}/artifacts/view",
+                     params={"path": "eval/report.json"}, headers=bearer, timeout=30)
+    assert view.status_code == 200 and '{&#34;a&#34;: 1}' in view.text
+    for page, path, why in (("view", "model.pt", "not a file the page previews"),
+                            ("image", "eval/report.json", "is not a .png")):
+        refused = httpx.get(f"{server.url}/trials/{trial['id']}/artifacts/{page}",
+                            params={"path": path}, headers=bearer, timeout=30)
+        assert refused.status_code == 400 and why in refused.text, refused.text
+
     shown = CliRunner().invoke(app, ["trial", "artifacts", str(trial["id"]), "--url",
                                      server.url, "--home", str(server.home)])
     assert shown.exit_code == 0, shown.output

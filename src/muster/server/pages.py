@@ -132,7 +132,8 @@ def _check_status(check: Any) -> str:
 templates.env.globals["asset"] = asset
 templates.env.filters.update(when=_when, duration=_duration, number=_number, flat=_flat,
                              size=format_size, count=count, verdict_class=_verdict_class,
-                             check_status=_check_status, progress_line=progress_line)
+                             check_status=_check_status, progress_line=progress_line,
+                             previewable=lambda path: artifacts.preview_kind(path) is not None)
 
 
 def server_state(request: Request) -> ServerState:
@@ -700,6 +701,35 @@ def trial_progress_fragment(request: Request, who: Visitor, trial_id: int) -> Re
     trial = experiments.trial_progress(server_state(request).store, _bounded(trial_id, "trial"))
     return render(request, "_trial_progress.html", who, trial=trial,
                    at_rest=trial["state"].is_at_rest())
+
+
+ArtifactQuery = Annotated[str, Query(min_length=1, max_length=4096,
+                                     description="a file of the trial's artifact set")]
+
+
+@pages.get("/trials/{trial_id}/artifacts/view", response_class=HTMLResponse)
+def artifact_page(request: Request, who: Visitor, trial_id: int, path: ArtifactQuery
+                  ) -> Response:
+    """One artifact shown: a text's or a table's beginning, or an image."""
+    if who is None:
+        return to_login(request)
+    state = server_state(request)
+    trial_id = _bounded(trial_id, "trial")
+    preview = artifacts.preview_artifact(state.store, state.home, trial_id, path)
+    return render(request, "artifact.html", who, nav="experiments", trial_id=trial_id,
+                  preview=preview)
+
+
+@pages.get("/trials/{trial_id}/artifacts/image", response_class=Response)
+def artifact_image(request: Request, who: Visitor, trial_id: int, path: ArtifactQuery
+                   ) -> Response:
+    """A PNG artifact for the artifact page's <img>: whole, sha256 checked, as image/png."""
+    if who is None:
+        return Response(status_code=401)
+    state = server_state(request)
+    data = artifacts.artifact_image(state.store, state.home, _bounded(trial_id, "trial"), path)
+    return Response(data, media_type="image/png",
+                    headers={"Content-Disposition": "inline", "Cache-Control": "no-store"})
 
 
 @pages.get("/trials/{trial_id}/diff", response_class=HTMLResponse)

@@ -4,7 +4,9 @@ and checked against the sha256 recorded when it was copied."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,13 +20,14 @@ from muster.atomic import open_regular
 from muster.checkpoint_storage.location import Location, open_backend
 from muster.checkpoint_storage.resume import cache_dir
 from muster.checkpoint_storage.transfer import fetch_files
-from muster.errors import Conflict, NotFound, StorageError
+from muster.errors import Conflict, InvalidRequest, NotFound, StorageError
 from muster.home import Home
 from muster.services.experiments import trial_or_404
 from muster.states import ArtifactState, CheckpointState
 from muster.store import ArtifactSet, Store, Trial
 
-__all__ = ["ArtifactDownload", "open_artifact", "trial_artifacts"]
+__all__ = ["ArtifactDownload", "Preview", "artifact_image", "open_artifact", "preview_artifact",
+           "preview_kind", "trial_artifacts"]
 
 _CHUNK = 1 << 20
 
@@ -151,3 +154,82 @@ def _from_storage(home: Home, storage: dict[str, object], uuid: str, cached: Pat
     except OSError as exc:
         raise Conflict(f"{shown} cannot be read from the copy fetched from storage "
                        f"({exc.strerror or exc})") from exc
+
+
+# -- previews (the trial page) -------------------------------------------------------------
+
+PREVIEW_BYTES = 256 << 10  # of a text or a table, the first
+PREVIEW_ROWS = 200
+PREVIEW_COLUMNS = 50
+IMAGE_BYTES = 16 << 20  # an image is shown whole, or not at all
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_KINDS = {".json": "text", ".txt": "text", ".log": "text", ".yaml": "text", ".md": "text",
+          ".csv": "table", ".png": "image"}
+
+
+def preview_kind(path: str) -> str | None:
+    """How the page previews an artifact (text, table, image), or None: download it."""
+    name = path.rsplit("/", 1)[-1].lower()
+    return next((kind for suffix, kind in _KINDS.items() if name.endswith(suffix)), None)
+
+
+@dataclass(frozen=True)
+class Preview:
+    path: str
+    kind: str  # text | table | image
+    size: int
+    text: str | None = None  # a text's first PREVIEW_BYTES, decoded (bad bytes replaced)
+    rows: tuple[tuple[str, ...], ...] = ()  # a table's first rows and columns
+    truncated: bool = False  # only the beginning is shown
+
+
+def preview_artifact(store: Store, home: Home, trial_id: int, path: str) -> Preview:
+    """What the page shows of one artifact.
+
+    Raises:
+        InvalidRequest: it is of a kind the page does not preview (download it).
+        NotFound, Conflict: as `open_artifact`.
+    """
+    kind = preview_kind(path)
+    if kind is None:
+        raise InvalidRequest(f"{path!r} is not a file the page previews (.json, .txt, .log, "
+                             ".yaml, .md, .csv, .png); download it")
+    download = open_artifact(store, home, trial_id, path)
+    if kind == "image":
+        download.close()
+        return Preview(path, kind, download.size, truncated=download.size > IMAGE_BYTES)
+    try:
+        data = os.read(download.fd, PREVIEW_BYTES)
+    finally:
+        download.close()
+    text = data.decode("utf-8", errors="replace")
+    truncated = download.size > len(data)
+    if kind == "text":
+        return Preview(path, kind, download.size, text=text, truncated=truncated)
+    rows: list[tuple[str, ...]] = []
+    for row in csv.reader(io.StringIO(text)):
+        if len(rows) == PREVIEW_ROWS:
+            truncated = True
+            break
+        truncated = truncated or len(row) > PREVIEW_COLUMNS
+        rows.append(tuple(row[:PREVIEW_COLUMNS]))
+    return Preview(path, kind, download.size, rows=tuple(rows), truncated=truncated)
+
+
+def artifact_image(store: Store, home: Home, trial_id: int, path: str) -> bytes:
+    """A PNG artifact's bytes, whole and checked against its sha256, for the page's <img>.
+
+    Raises:
+        InvalidRequest: not a .png, larger than IMAGE_BYTES, or not a PNG inside.
+        NotFound, Conflict: as `open_artifact` (Conflict too when its bytes changed).
+    """
+    if preview_kind(path) != "image":
+        raise InvalidRequest(f"{path!r} is not a .png")
+    download = open_artifact(store, home, trial_id, path)
+    if download.size > IMAGE_BYTES:
+        download.close()
+        raise InvalidRequest(f"{path!r} is larger than {IMAGE_BYTES >> 20} MiB: download it")
+    data = b"".join(download.chunks())
+    if not data.startswith(PNG_SIGNATURE):
+        raise InvalidRequest(f"{path!r} is not a PNG image inside; download it")
+    return data
