@@ -27,6 +27,7 @@ from muster.states import (
     LogSearchStop,
     MetricKind,
     MetricSource,
+    ModelStage,
     OomSource,
     Role,
     TrialState,
@@ -417,6 +418,42 @@ class ArtifactSetView(TypedDict):
     storage_state: CheckpointState
     storage_url: str | None  # where it is stored (`stored` only)
     error: str | None  # why its last upload failed
+
+
+class AcceptedUnverified(TypedDict):
+    """Who registered a trial that was not verified, and why."""
+
+    reason: str
+    by: str
+    at: float
+
+
+class ModelVersionView(TypedDict):
+    """One version of a registered model: a trial's checkpoint, with its lineage."""
+
+    model: str
+    version: int  # 1, 2, ...
+    stage: ModelStage  # none | staging | production | archived
+    trial_id: int
+    experiment_id: int
+    checkpoint_uuid: str
+    verified: bool  # the trial's verdict when it was registered
+    accepted_unverified: AcceptedUnverified | None  # set exactly when not verified
+    metrics: JsonObject  # rank 0's validation at (or before) the checkpoint's step
+    # code tree sha256, config sha256, environment key, data fingerprint
+    snapshot: JsonObject
+    # trial, experiment, owner, hparams, checkpoint, verification, verdict, metrics, snapshot
+    lineage: JsonObject
+    registered_by: str
+    registered_at: float
+
+
+class RegisteredModelView(TypedDict):
+    name: str
+    description: str
+    labels: list[str]
+    created_at: float
+    versions: list[ModelVersionView]  # oldest first
 
 
 class CheckpointView(TypedDict):

@@ -168,6 +168,9 @@ class EventReason(StrEnum):
     # The final attempt's files the config names, copied (or why none were: `muster.artifacts`).
     ARTIFACTS_COLLECTED = "artifacts collected"
     ARTIFACTS_REFUSED = "artifacts refused"
+    # The model registry (`muster.services.registry`): each action, with its actor.
+    MODEL_CREATED = "model created"
+    MODEL_REGISTERED = "model registered"  # a new version, with its lineage
     GC_POLICY_CHANGED = "gc policy changed"  # `muster checkpoint gc --save-...`
     ARCHIVED = "archived"
     UNARCHIVED = "unarchived"
@@ -278,6 +281,15 @@ class GpuState(StrEnum):
     FREE = "free"
     ALLOCATED = "allocated"
     RELEASING = "releasing"
+
+
+class ModelStage(StrEnum):
+    """Where a model version stands (`model_versions.stage`, MLflow's and Determined's)."""
+
+    NONE = "none"
+    STAGING = "staging"
+    PRODUCTION = "production"
+    ARCHIVED = "archived"
 
 
 class ArtifactState(StrEnum):

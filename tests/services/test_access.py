@@ -30,6 +30,7 @@ TABLE = {
     A.PRUNE_ENVIRONMENTS: (False, False, False, True),
     A.MANAGE_USERS: (False, False, False, True),
     A.MANAGE_NODES: (False, False, False, True),
+    A.REGISTER_MODEL: (False, True, False, True),
 }
 
 

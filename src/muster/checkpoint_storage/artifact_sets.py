@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sqlalchemy import select
 
 from muster import artifacts
 from muster.checkpoint_storage import transfer
+from muster.checkpoint_storage.base import Backend
 from muster.checkpoint_storage.location import Location
 from muster.errors import MusterError, StorageError
 from muster.home import Home
@@ -32,12 +34,21 @@ from muster.store.configs import experiment_config
 from muster.store.models import now
 from muster.words import count
 
-if TYPE_CHECKING:
-    from muster.checkpoint_storage.worker import StorageWorker
-
 __all__ = ["collect_pending", "delete_stored", "recover", "upload_due"]
 
 log = logging.getLogger(__name__)
+
+
+class Storing(Protocol):
+    """What uploads need of the storage worker (`worker.StorageWorker`)."""
+
+    store: Store
+
+    def backend(self, location: Location) -> Backend: ...
+
+    def location_of(self, experiment: Experiment) -> Location: ...
+
+    def uploading(self, uuid: str) -> AbstractContextManager[None]: ...
 
 
 def collect_pending(store: Store, home: Home, limit: int) -> bool:
@@ -104,7 +115,7 @@ def _settle_refused(store: Store, set_id: int, why: str) -> None:
 # -- into checkpoint storage ---------------------------------------------------------------
 
 
-def upload_due(worker: StorageWorker, limit: int) -> bool:
+def upload_due(worker: Storing, limit: int) -> bool:
     """Upload up to `limit` collected sets that are due (`local`, or `upload_failed` whose
     retry is due) to their experiment's checkpoint storage, as a checkpoint is uploaded
     (`transfer.upload_checkpoint`: every file's sha256 checked as it is sent, metadata.json
@@ -172,7 +183,7 @@ def recover(store: Store) -> None:
             row.storage_state = CheckpointState.LOCAL
 
 
-def delete_stored(worker: StorageWorker, experiment_id: int) -> bool:
+def delete_stored(worker: Storing, experiment_id: int) -> bool:
     """Remove a deleted experiment's artifact sets from storage (their local copies go with
     the run directories); whether none is left there (False: storage refused, tried
     again)."""

@@ -52,7 +52,16 @@ from muster.config.schema import CheckpointStorageConfig
 from muster.errors import MusterError, StorageError
 from muster.home import Home
 from muster.states import AttemptState, CheckpointState, EventReason
-from muster.store import Attempt, Checkpoint, Experiment, Store, Trial, record_event
+from muster.store import (
+    Attempt,
+    Checkpoint,
+    Experiment,
+    ModelVersion,
+    RegisteredModel,
+    Store,
+    Trial,
+    record_event,
+)
 from muster.store.actors import STORAGE
 from muster.store.configs import experiment_config
 from muster.store.models import now
@@ -340,6 +349,9 @@ class StorageWorker:
             facts = [_facts(row, metrics.get(row.id)) for row in rows]
             may_run = {t.id for t in trials.values() if not t.state.is_terminal()}
             decisions = plan(facts, may_run, policy, config.searcher.smaller_is_better)
+            pins = _registered(s, [row.id for row in rows])
+            decisions = [_pinned(d, pins[d.checkpoint_id]) if d.checkpoint_id in pins else d
+                         for d in decisions]
             by_id = {row.id: row for row in rows}
             return [_planned(by_id[d.checkpoint_id], d) for d in decisions]
 
@@ -359,9 +371,10 @@ class StorageWorker:
             with self.store.session_scope() as s:
                 rows = {r.id: r for r in s.scalars(select(Checkpoint).where(
                     Checkpoint.id.in_([p.id for p in chunk])))}
+                pinned = _registered(s, list(rows))  # (registered since the plan was made)
                 for p in chunk:
                     row = rows.get(p.id)
-                    if row is None or row.state != p.state:
+                    if row is None or row.state != p.state or (not p.keep and p.id in pinned):
                         continue  # it moved since the plan was made: the next plan decides
                     reason = "; ".join(p.reasons) if p.keep else p.reasons[0]
                     if not p.keep:
@@ -437,8 +450,24 @@ class StorageWorker:
 
     def delete_experiment_now(self, experiment_id: int) -> bool:
         """Remove a deleted experiment's checkpoints (storage and local), run directories,
-        context and rows. False (to be tried again) while storage refuses a deletion."""
+        context and rows. False (to be tried again) while storage refuses a deletion.
+        A model version registered from it after the deletion was asked for (a race the
+        request's own check cannot close) cancels the deletion, with an event: the registry
+        holds what it names."""
         with self.store.session_scope() as s:
+            held = [f"{name} v{version}" for name, version in s.execute(
+                select(RegisteredModel.name, ModelVersion.version)
+                .join(RegisteredModel, RegisteredModel.id == ModelVersion.model_id)
+                .where(ModelVersion.experiment_id == experiment_id))]
+            if held:
+                s.get_one(Experiment, experiment_id).delete_requested_at = None
+                record_event(s, entity="experiment", entity_id=experiment_id,
+                             reason=EventReason.DELETE_REQUESTED, actor=STORAGE,
+                             experiment_id=experiment_id,
+                             message=f"the deletion of experiment {experiment_id} was called "
+                                     f"off: model versions hold its checkpoints "
+                                     f"({', '.join(held)})")
+                return True
             for row in _live_checkpoints(s, experiment_id):
                 if row.state is not CheckpointState.DELETING:
                     row.state, row.gc_reason = (CheckpointState.DELETING,
@@ -524,6 +553,25 @@ class StorageWorker:
 def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
+
+
+def _registered(s: Session, checkpoint_ids: Sequence[int]) -> dict[int, str]:
+    """Which of these checkpoints model versions hold: id -> "registered as NAME vN, ..."."""
+    found: dict[int, list[str]] = {}
+    for checkpoint_id, name, version in s.execute(
+            select(ModelVersion.checkpoint_id, RegisteredModel.name, ModelVersion.version)
+            .join(RegisteredModel, RegisteredModel.id == ModelVersion.model_id)
+            .where(ModelVersion.checkpoint_id.in_(checkpoint_ids))
+            .order_by(RegisteredModel.name, ModelVersion.version)):
+        found.setdefault(checkpoint_id, []).append(f"{name} v{version}")
+    return {cid: "registered as " + ", ".join(names) + ": the registry holds it"
+            for cid, names in found.items()}
+
+
+def _pinned(decision: Decision, why: str) -> Decision:
+    """`decision` kept because a model version holds its checkpoint."""
+    kept = decision.reasons if decision.keep else ()
+    return Decision(decision.checkpoint_id, True, (why, *kept))
 
 
 def _live_checkpoints(s: Session, experiment_id: int) -> list[Checkpoint]:

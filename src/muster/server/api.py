@@ -53,6 +53,8 @@ ExperimentDetail = shape(shapes.ExperimentDetail)
 MetricReport = shape(shapes.MetricReport)
 CheckpointView = shape(shapes.CheckpointView)
 ArtifactSetView = shape(shapes.ArtifactSetView)
+ModelVersionView = shape(shapes.ModelVersionView)
+RegisteredModelView = shape(shapes.RegisteredModelView)
 TrialSnapshot = shape(shapes.TrialSnapshot)
 SnapshotDifference = shape(shapes.SnapshotDifference)
 TrialDiff = shape(shapes.TrialDiff)
@@ -108,6 +110,36 @@ class GcRequest(BaseModel):
     save_trial_latest: int | None = Field(default=None, ge=0, le=1000)
     save_trial_best: int | None = Field(default=None, ge=0, le=1000)
     save_experiment_best: int | None = Field(default=None, ge=0, le=1000)
+
+
+ModelName = Annotated[str, Field(min_length=1, max_length=128,
+                                 pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                 description="letters, digits and . _ -")]
+
+
+class ModelCreateRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    name: ModelName
+    description: Annotated[str, Field(max_length=4096, pattern=_NO_NUL)] = ""
+    labels: Annotated[list[Annotated[str, Field(min_length=1, max_length=64,
+                                                  pattern=_NO_NUL)]],
+                      Field(max_length=32)] = []
+
+
+class RegisterRequest(BaseModel):
+    """`POST /models/{name}/versions`: a trial's checkpoint as the model's next version."""
+
+    model_config = ConfigDict(strict=True)
+
+    trial_id: Annotated[int, Field(ge=1, le=2**31 - 1)]
+    checkpoint: Annotated[str | None, Field(
+        min_length=1, max_length=255, pattern=_NO_NUL,
+        description="its uuid or name (default: `pick`)")] = None
+    pick: Literal["latest", "best"] = "latest"
+    accept_unverified: Annotated[str | None, Field(
+        min_length=1, max_length=1000, pattern=_NO_NUL,
+        description="why a trial that was not verified is registered (an admin's)")] = None
 
 
 class PruneRequest(BaseModel):

@@ -52,6 +52,7 @@ from muster.services import (
     log_search,
     logs,
     metrics,
+    registry,
     retention,
     search,
     snapshots,
@@ -806,6 +807,54 @@ async def download_trial_artifact(state: State, _: Reader, trial_id: TrialId,
                                        trial_id, path)
     return Download(download.chunks(), size=download.size, filename=download.filename,
                     media_type="application/octet-stream", close=download.close)
+
+
+ModelName = Annotated[str, InPath(min_length=1, max_length=128,
+                                  pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                  description="a registered model's name")]
+
+
+@router.get("/models", response_model=api.many(api.RegisteredModelView))
+def get_models(state: State, _: Reader) -> list[shapes.RegisteredModelView]:
+    """Every registered model, by name, with its versions."""
+    return registry.list_models(state.store)
+
+
+@router.post("/models", response_model=api.RegisteredModelView, status_code=201,
+             responses=_errors(400, 403, 409))
+async def create_model(state: State, body: api.ModelCreateRequest,
+                       who: Annotated[Principal, Depends(allow(Action.SUBMIT))]
+                       ) -> shapes.RegisteredModelView:
+    """A new, empty model; 409 when the name is taken."""
+    return await asyncio.to_thread(registry.create_model, state.store, who, body.name,
+                                   body.description, body.labels)
+
+
+@router.get("/models/{name}", response_model=api.RegisteredModelView, responses=_errors(404))
+def get_model(state: State, _: Reader, name: ModelName) -> shapes.RegisteredModelView:
+    """A model and its versions, oldest first, each with its lineage."""
+    return registry.describe_model(state.store, name)
+
+
+@router.get("/models/{name}/versions", response_model=api.many(api.ModelVersionView),
+            responses=_errors(404))
+def get_model_versions(state: State, _: Reader, name: ModelName
+                       ) -> list[shapes.ModelVersionView]:
+    """A model's versions, oldest first."""
+    return registry.describe_model(state.store, name)["versions"]
+
+
+@router.post("/models/{name}/versions", response_model=api.ModelVersionView, status_code=201,
+             responses=_errors(400, 403, 404, 409))
+async def register_model_version(state: State, name: ModelName, body: api.RegisterRequest,
+                                 who: Annotated[Principal, Depends(allow(Action.SUBMIT))]
+                                 ) -> shapes.ModelVersionView:
+    """A trial's checkpoint as the model's next version. Only a verified trial; one that
+    was not needs `accept_unverified` (a reason, from an admin) and is marked so; a
+    rejected one never (409 says which)."""
+    return await asyncio.to_thread(
+        registry.register_version, state.store, state.home, who, name, body.trial_id,
+        checkpoint=body.checkpoint, pick=body.pick, accept_unverified=body.accept_unverified)
 
 
 @router.get("/trials/{trial_id}/snapshot", response_model=api.TrialSnapshot,

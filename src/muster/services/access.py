@@ -44,6 +44,7 @@ class Action(str, Enum):
     PRUNE_ENVIRONMENTS = "prune environments"
     MANAGE_USERS = "manage users"  # create, change, (de)activate users; others' tokens
     MANAGE_NODES = "manage nodes"  # return a quarantined node to the pool
+    REGISTER_MODEL = "register models"  # a trial's checkpoint as a model version
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ RULES: dict[Action, Rule] = {
     Action.PRUNE_ENVIRONMENTS: Rule(_ADMINS, verb="prune environments"),
     Action.MANAGE_USERS: Rule(_ADMINS, verb="manage users and their tokens"),
     Action.MANAGE_NODES: Rule(_ADMINS, verb="release quarantined nodes"),
+    Action.REGISTER_MODEL: Rule(_SUBMITTERS, own_only=True, verb="register a model from"),
 }
 
 _ROLE_WORDS = {

@@ -20,7 +20,14 @@ from muster.services import views
 from muster.services.access import Action, Principal, authorize
 from muster.services.experiments import experiment_or_404, trial_or_404
 from muster.states import EventReason
-from muster.store import Checkpoint, Store, Trial, record_event
+from muster.store import (
+    Checkpoint,
+    ModelVersion,
+    RegisteredModel,
+    Store,
+    Trial,
+    record_event,
+)
 from muster.store.configs import experiment_config
 from muster.store.models import now
 
@@ -105,7 +112,8 @@ def delete_experiment(store: Store, worker: StorageWorker | None, who: Principal
     and local), run directories, logs and context, then its records.
 
     Raises:
-        Conflict: the experiment has not ended (kill it first).
+        Conflict: the experiment has not ended (kill it first), or model versions hold
+            checkpoints of its trials (named: delete those versions first).
     """
     with store.session_scope() as s:
         experiment = experiment_or_404(s, experiment_id)
@@ -115,6 +123,11 @@ def delete_experiment(store: Store, worker: StorageWorker | None, who: Principal
             raise Conflict(f"experiment {experiment_id} is {experiment.state}; only an ended "
                            f"experiment can be deleted: `muster experiment kill "
                            f"{experiment_id}` first")
+        held = registered_versions(s, experiment_id)
+        if held:
+            raise Conflict(f"experiment {experiment_id} holds the checkpoints of "
+                           f"{', '.join(held)}: the registry keeps them, so the experiment "
+                           "stays; delete those model versions first")
         if experiment.delete_requested_at is None:
             experiment.delete_requested_at = now()
             record_event(s, entity="experiment", entity_id=experiment_id,
@@ -128,6 +141,15 @@ def delete_experiment(store: Store, worker: StorageWorker | None, who: Principal
     return {"experiment_id": experiment_id, "deleting": True,
             "message": f"experiment {experiment_id} ({name}) is being deleted: its "
                        "checkpoints, run directories and logs first, then its records"}
+
+
+def registered_versions(s: Session, experiment_id: int) -> list[str]:
+    """The model versions ("NAME vN (trial T)") that hold checkpoints of the experiment."""
+    rows = s.execute(select(RegisteredModel.name, ModelVersion.version, ModelVersion.trial_id)
+                     .join(RegisteredModel, RegisteredModel.id == ModelVersion.model_id)
+                     .where(ModelVersion.experiment_id == experiment_id)
+                     .order_by(RegisteredModel.name, ModelVersion.version))
+    return [f"{name} v{version} (trial {trial_id})" for name, version, trial_id in rows]
 
 
 def set_archived(store: Store, who: Principal, experiment_id: int,

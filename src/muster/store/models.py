@@ -36,6 +36,7 @@ from muster.states import (
     Integration,
     MetricKind,
     MetricSource,
+    ModelStage,
     OomSource,
     Reason,
     Role,
@@ -586,6 +587,50 @@ class ArtifactSet(Base):
     upload_tries: Mapped[int] = mapped_column(Integer, default=0)
     next_try_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)  # the last upload's
+
+
+class RegisteredModel(Base):
+    """A named model of the registry (`muster.services.registry`): its versions are trials'
+    checkpoints, each with its lineage."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    labels: Mapped[list[str]] = mapped_column(JSON, default=list)
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    versions: Mapped[list[ModelVersion]] = relationship(
+        back_populates="model", order_by="ModelVersion.version", cascade="all, delete-orphan")
+
+
+class ModelVersion(Base):
+    """One registered checkpoint of a trial: v1, v2... of its model, with what it came
+    from (`lineage`: trial, experiment, owner, the checkpoint's files and sha256s, the
+    trial's verification, its snapshot's key, its metrics there) and, for a trial that was
+    not verified, who accepted that and why (`accepted_unverified`)."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"),
+                                          index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    stage: Mapped[ModelStage] = mapped_column(EnumText(ModelStage, 16), default=ModelStage.NONE)
+    # The registry holds what it names: an experiment with a registered checkpoint is not
+    # deleted (its trial and checkpoint rows stay), and GC keeps the checkpoint.
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), index=True)
+    experiment_id: Mapped[int] = mapped_column(Integer)
+    checkpoint_id: Mapped[int] = mapped_column(ForeignKey("checkpoints.id"), index=True)
+    checkpoint_uuid: Mapped[str] = mapped_column(String(36))
+    verified: Mapped[bool] = mapped_column()
+    accepted_unverified: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    lineage: Mapped[dict[str, Any]] = mapped_column(NonFiniteJSON, default=dict)
+    registered_by: Mapped[str] = mapped_column(String(64))
+    registered_at: Mapped[float] = mapped_column(Float, default=now)
+    model: Mapped[RegisteredModel] = relationship(back_populates="versions")
 
 
 class IdempotencyKey(Base):

@@ -1,0 +1,283 @@
+"""The model registry: named models whose versions are trials' checkpoints, and the one rule
+neither Determined's nor MLflow's registry knows: **only a verified trial is registered**.
+
+A trial that is SUSPECT, not verified, or approved on review (its checks did not pass) is
+registered only with `accept_unverified`: a reason, given by an admin (or by the trial's
+owner, where the cluster config allows it), and the version carries that mark, with who
+and when, wherever it is shown. A trial rejected on review is never registered. A version
+records its lineage when it is made: the trial, experiment and owner, the checkpoint (uuid,
+name, step, every file's sha256), the trial's verification (every check with its detail)
+and verdict, its hyperparameters, and its rank-0 validation metrics at that checkpoint; it
+does not change when the trial or its checkpoints do later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from muster import api
+from muster.diagnostics.code_tree import tree_of
+from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from muster.home import Home
+from muster.services.access import Action, Principal, authorize
+from muster.services.experiments import trial_or_404
+from muster.services.views import trial_verdict
+from muster.states import CheckpointState, EventReason, MetricKind, TrialState
+from muster.store import (
+    Checkpoint,
+    Metric,
+    ModelVersion,
+    RegisteredModel,
+    Store,
+    Trial,
+    record_event,
+)
+from muster.store.configs import experiment_config
+from muster.store.models import now
+
+__all__ = ["CHECKPOINT_CHOICES", "create_model", "describe_model", "list_models",
+           "register_version"]
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_DESCRIPTION = 4096
+MAX_LABELS = 32
+MAX_LABEL = 64
+MAX_REASON = 1000
+CHECKPOINT_CHOICES = ("latest", "best")  # `register --latest` / `--best`
+
+
+def create_model(store: Store, who: Principal, name: str, description: str = "",
+                 labels: Sequence[str] = ()) -> api.RegisteredModelView:
+    """A new, empty model.
+
+    Raises:
+        InvalidRequest: the name, description or labels are not acceptable (said how).
+        Conflict: a model of that name exists.
+        Forbidden: a viewer.
+    """
+    authorize(who, Action.SUBMIT)
+    _check_name(name)
+    if len(description) > MAX_DESCRIPTION:
+        raise InvalidRequest(f"a model's description is at most {MAX_DESCRIPTION} characters")
+    if len(labels) > MAX_LABELS or any(not 1 <= len(label) <= MAX_LABEL for label in labels):
+        raise InvalidRequest(f"a model has at most {MAX_LABELS} labels of 1 to {MAX_LABEL} "
+                             "characters each")
+    with store.session_scope() as s:
+        if s.scalars(select(RegisteredModel.id).where(RegisteredModel.name == name)).first():
+            raise Conflict(f"a model named {name!r} exists; `muster model describe {name}` "
+                           "shows it, `muster model register` adds a version to it")
+        model = RegisteredModel(name=name, description=description, labels=list(labels),
+                                owner_id=who.user_id)
+        s.add(model)
+        s.flush()
+        record_event(s, entity="model", entity_id=model.id, reason=EventReason.MODEL_CREATED,
+                     actor=who.name, message=f"model {name} created")
+        return _model_view(s, model)
+
+
+def register_version(store: Store, home: Home, who: Principal, name: str, trial_id: int, *,
+                     checkpoint: str | None = None, pick: str = "latest",
+                     accept_unverified: str | None = None,
+                     owners_accept_unverified: bool = False) -> api.ModelVersionView:
+    """Trial `trial_id`'s checkpoint as the next version of model `name`: the one named
+    `checkpoint` (its uuid or name), else its `pick` ("latest", or "best" by the searcher's
+    metric) among its intact checkpoints that are not deleted.
+
+    Raises:
+        NotFound: no such model, trial or checkpoint.
+        Conflict: the trial is not verified and no reason accepts that, was rejected on
+            review, has not ended, or has no checkpoint to register.
+        Forbidden: a viewer; a user and another's trial; accepting an unverified trial
+            without the right to.
+        InvalidRequest: `pick` or the reason is not acceptable.
+    """
+    if pick not in CHECKPOINT_CHOICES:
+        raise InvalidRequest(f"choose the checkpoint as one of {', '.join(CHECKPOINT_CHOICES)}"
+                             f" (or name it), not {pick!r}")
+    with store.session_scope() as s:
+        model = _model_or_404(s, name)
+        trial = trial_or_404(s, trial_id)
+        if trial.experiment.delete_requested_at is not None:
+            raise Conflict(f"trial {trial_id}'s experiment is being deleted: its checkpoints "
+                           "cannot be registered")
+        owner = trial.experiment.owner.name if trial.experiment.owner else None
+        authorize(who, Action.REGISTER_MODEL, owner=owner, subject=f"trial {trial_id}")
+        verdict = trial_verdict(trial)
+        accepted = _accepted(trial, verdict.verified, verdict.line, who, owner,
+                             accept_unverified, owners_accept_unverified)
+        row = _checkpoint(s, trial, checkpoint, pick)
+        number = (s.scalar(select(func.max(ModelVersion.version))
+                           .where(ModelVersion.model_id == model.id)) or 0) + 1
+        version = ModelVersion(
+            model=model, version=number, trial_id=trial.id,
+            experiment_id=trial.experiment_id, checkpoint_id=row.id,
+            checkpoint_uuid=row.uuid, verified=bool(verdict.verified),
+            accepted_unverified=accepted, registered_by=who.name,
+            lineage=_lineage(s, home, trial, row, owner, verdict.line))
+        s.add(version)
+        s.flush()
+        mark = (f"; unverified, accepted by {who.name}: {accepted['reason']}" if accepted
+                else "")
+        record_event(s, entity="model", entity_id=model.id,
+                     reason=EventReason.MODEL_REGISTERED, actor=who.name,
+                     experiment_id=trial.experiment_id, trial_id=trial.id,
+                     message=f"{name} v{number}: checkpoint {row.name} (step {row.step}) of "
+                             f"trial {trial.id}{mark}")
+        return _version_view(version, name)
+
+
+def list_models(store: Store) -> list[api.RegisteredModelView]:
+    """Every model, by name, with its versions."""
+    with store.session_scope() as s:
+        return [_model_view(s, model) for model in s.scalars(
+            select(RegisteredModel).order_by(RegisteredModel.name))]
+
+
+def describe_model(store: Store, name: str) -> api.RegisteredModelView:
+    """A model and every version of it, oldest first.
+
+    Raises:
+        NotFound: no such model.
+    """
+    with store.session_scope() as s:
+        return _model_view(s, _model_or_404(s, name))
+
+
+# -- the rules -----------------------------------------------------------------------------
+
+
+def _accepted(trial: Trial, verified: bool | None, verdict: str, who: Principal,
+              owner: str | None, reason: str | None, owners_may: bool
+              ) -> dict[str, Any] | None:
+    """None for a verified trial; else the acceptance `reason` makes, when `who` may."""
+    if trial.state is TrialState.FAILED and trial.reason == EventReason.REVIEW_REJECTED:
+        raise Conflict(f"trial {trial.id} was rejected on review ({trial.message}): it can "
+                       "never be registered")
+    if verified:
+        return None
+    if not (trial.state.is_terminal() or trial.state is TrialState.SUSPECT):
+        raise Conflict(f"trial {trial.id} is {trial.state}: register it once it has ended")
+    who_may = "an admin" + (" or the trial's owner" if owners_may else "")
+    if reason is None:
+        raise Conflict(f"trial {trial.id} is not verified ({verdict}); only a verified trial "
+                       f"is registered, unless {who_may} accepts it with a reason "
+                       "(--accept-unverified REASON), which every view of the version shows")
+    reason = reason.strip()
+    if not 1 <= len(reason) <= MAX_REASON:
+        raise InvalidRequest(f"the reason for accepting an unverified trial is 1 to "
+                             f"{MAX_REASON} characters, and says why")
+    if not (who.is_admin or (owners_may and owner == who.name)):
+        raise Forbidden(f"trial {trial.id} is not verified; only {who_may} can accept it "
+                        "unverified")
+    return {"reason": reason, "by": who.name, "at": now()}
+
+
+def _checkpoint(s: Session, trial: Trial, named: str | None, pick: str) -> Checkpoint:
+    usable = [c for c in s.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial.id))
+              if c.intact and not c.state.is_gone()]
+    if named is not None:
+        found = [c for c in usable if named in (c.uuid, c.name)]
+        if not found:
+            raise NotFound(f"trial {trial.id} has no intact checkpoint {named!r}; `muster "
+                           f"checkpoint list {trial.id}` shows them")
+        return found[0]
+    if not usable:
+        raise Conflict(f"trial {trial.id} has no intact checkpoint to register")
+    if pick == "latest":
+        return max(usable, key=lambda c: (c.step, c.created_at or 0.0, c.id))
+    searcher = experiment_config(trial.experiment).searcher
+    scored = [(value, c) for c in usable
+              if (value := _metric_at(s, trial.id, c.step, searcher.metric)) is not None]
+    if searcher.metric is None or not scored:
+        raise Conflict(f"trial {trial.id}'s checkpoints have no {searcher.metric or 'searcher'}"
+                       " metric to choose the best by; name the checkpoint, or take --latest")
+    sign = 1 if searcher.smaller_is_better else -1
+    return min(scored, key=lambda vc: (sign * vc[0], -vc[1].step))[1]
+
+
+def _metric_at(s: Session, trial_id: int, step: int, metric: str | None) -> float | None:
+    values = _validation_at(s, trial_id, step)
+    value = values.get(metric) if metric else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
+def _validation_at(s: Session, trial_id: int, step: int) -> dict[str, Any]:
+    """Rank 0's last validation report at or before `step` (of the latest attempt that
+    reported one)."""
+    row = s.scalars(select(Metric).where(
+        Metric.trial_id == trial_id, Metric.kind == MetricKind.VALIDATION, Metric.rank == 0,
+        Metric.step <= step).order_by(Metric.step.desc(), Metric.attempt.desc(),
+                                      Metric.id.desc()).limit(1)).first()
+    return dict(row.values) if row is not None and isinstance(row.values, dict) else {}
+
+
+def snapshot_key(home: Home, trial: Trial) -> dict[str, Any]:
+    """What the trial was made of, as keys (`muster trial diff` compares the whole): its
+    code's tree hash, its config's sha256, its environment's key, its data's fingerprint."""
+    config = json.dumps(trial.experiment.config, sort_keys=True).encode()
+    return {"code": tree_of(home.context_dir(trial.experiment.uuid))["tree_sha256"],
+            "config_sha256": hashlib.sha256(config).hexdigest(),
+            "environment": trial.experiment.environment_key,
+            "data": (trial.manifest or {}).get("fingerprint")}
+
+
+def _lineage(s: Session, home: Home, trial: Trial, row: Checkpoint, owner: str | None,
+             verdict: str) -> dict[str, Any]:
+    return {
+        "trial_id": trial.id, "trial_uuid": trial.uuid, "experiment_id": trial.experiment_id,
+        "experiment": trial.experiment.name, "owner": owner, "hparams": trial.hparams,
+        "checkpoint": {"uuid": row.uuid, "name": row.name, "step": row.step,
+                       "attempt": row.attempt, "size_bytes": row.size_bytes,
+                       "file_count": row.file_count,
+                       "stored": row.state is CheckpointState.STORED},
+        "verification": trial.verification, "verdict": verdict,
+        "metrics": _validation_at(s, trial.id, row.step),
+        "snapshot": snapshot_key(home, trial),
+    }
+
+
+def _check_name(name: str) -> None:
+    if not MODEL_NAME.fullmatch(name):
+        raise InvalidRequest(f"a model's name is 1 to 128 letters, digits and . _ -, the first "
+                             f"a letter or digit; got {name!r}")
+
+
+def _model_or_404(s: Session, name: str) -> RegisteredModel:
+    _check_name(name)
+    model = s.scalars(select(RegisteredModel).where(RegisteredModel.name == name)).first()
+    if model is None:
+        raise NotFound(f"no model named {name!r}; `muster model create {name}` makes it")
+    return model
+
+
+# -- views ---------------------------------------------------------------------------------
+
+
+def _model_view(s: Session, model: RegisteredModel) -> api.RegisteredModelView:
+    return api.RegisteredModelView(
+        name=model.name, description=model.description, labels=list(model.labels),
+        created_at=model.created_at,
+        versions=[_version_view(v, model.name) for v in model.versions])
+
+
+def _version_view(version: ModelVersion, name: str) -> api.ModelVersionView:
+    lineage = version.lineage or {}
+    accepted = version.accepted_unverified
+    return api.ModelVersionView(
+        model=name, version=version.version, stage=version.stage,
+        trial_id=version.trial_id, experiment_id=version.experiment_id,
+        checkpoint_uuid=version.checkpoint_uuid, verified=version.verified,
+        accepted_unverified=None if accepted is None else api.AcceptedUnverified(
+            reason=str(accepted["reason"]), by=str(accepted["by"]), at=float(accepted["at"])),
+        metrics=lineage.get("metrics", {}),
+        snapshot=lineage.get("snapshot", {}), lineage=lineage,
+        registered_by=version.registered_by,
+        registered_at=version.registered_at)
