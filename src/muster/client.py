@@ -476,6 +476,29 @@ class Client:
                     f"the download of {what} broke off ({exc}); see the server's log for "
                     "why, and download it again") from exc
 
+    def create_model(self, name: str, description: str = "", labels: list[str] | None = None
+                     ) -> api.RegisteredModelView:
+        """A new, empty model of the registry."""
+        body = {"name": name, "description": description, "labels": labels or []}
+        return self._call("POST", "/models", _As["api.RegisteredModelView"], json=body)
+
+    def register_model_version(self, name: str, trial_id: int, *,
+                               checkpoint: str | None = None, pick: str = "latest",
+                               accept_unverified: str | None = None) -> api.ModelVersionView:
+        """Trial `trial_id`'s checkpoint as model `name`'s next version."""
+        body = _params(trial_id=trial_id, checkpoint=checkpoint, pick=pick,
+                       accept_unverified=accept_unverified)
+        return self._call("POST", f"/models/{quote(name, safe='')}/versions",
+                          _As["api.ModelVersionView"], json=body)
+
+    def list_models(self) -> list[api.RegisteredModelView]:
+        return self._call("GET", "/models", _As["list[api.RegisteredModelView]"])
+
+    def get_model(self, name: str) -> api.RegisteredModelView:
+        """A model with its versions, oldest first."""
+        return self._call("GET", f"/models/{quote(name, safe='')}",
+                          _As["api.RegisteredModelView"])
+
     def get_artifacts(self, trial_id: int) -> api.ArtifactSetView:
         """The files the trial's final attempt left that its config names, as the server
         copied them when it ended (each with its size and sha256)."""

@@ -11,7 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from muster.cli import app
 from muster.client import Client
 from tests.server.experiments import FIXTURES, only_trial, wait_trial
 from tests.servers import RunningServer, shared_server
@@ -67,6 +69,21 @@ def test_a_verified_trial_becomes_v1_and_an_unverified_one_says_what_it_takes(
     assert _api(server, "POST", "/models", name="digits").status_code == 409
     assert _api(server, "POST", "/models/digits/versions", trial_id=verified,
                 pick="worst").status_code == 422
+    described = CliRunner().invoke(app, ["model", "describe", "digits", "--json", "--url",
+                                         server.url, "--home", str(server.home)])
+    assert described.exit_code == 0, described.output
+    shown = json.loads(described.output)
+    assert {"name", "description", "labels", "versions"} <= set(shown)
+    assert {"version", "stage", "trial_id", "experiment_id", "checkpoint_uuid", "verified",
+            "accepted_unverified", "metrics", "snapshot", "registered_by",
+            "registered_at"} <= set(shown["versions"][0])
+    registered = CliRunner().invoke(app, ["model", "register", "digits", "--trial",
+                                          str(verified), "--best", "--url", server.url,
+                                          "--home", str(server.home)])
+    assert registered.exit_code == 0, registered.output
+    assert registered.output.startswith(f"v3 (none): trial {verified}, checkpoint ")
+    assert "verified; registered by admin" in registered.output
+
     with server.client() as admin:
         vera = admin.create_user("vera", "viewer")["token"]
     assert _api(server, "POST", "/models", vera, name="veras").status_code == 403

@@ -55,6 +55,8 @@ COMMANDS: dict[str, Entry] = {
     "trial": Entry("trial", "app", _TRIAL_HELP),
     "t": Entry("trial", "app", _TRIAL_HELP, hidden=True),
     "checkpoint": Entry("checkpoint", "app", "List, download and garbage-collect checkpoints."),
+    "model": Entry("model", "app", "The model registry: versions of verified trials' "
+                   "checkpoints, with their lineage."),
     "cluster": Entry("cluster", "app", "The server's resources."),
     "job": Entry("job", "app", "The queue and what runs; move trials in the queue."),
     "env": Entry("env", "app", "Python environments built for trials."),

@@ -1,0 +1,105 @@
+"""`muster model ...`: the model registry."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from muster.cli import render
+from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+
+if TYPE_CHECKING:
+    from muster import api
+
+app = typer.Typer(help="The model registry: models whose versions are trials' checkpoints "
+                  "(only verified trials, unless an admin accepts one with a reason).",
+                  no_args_is_help=True, rich_markup_mode=None, add_completion=False)
+
+
+@app.command()
+def create(
+    name: str,
+    description: Annotated[str, typer.Option(help="what the model is for")] = "",
+    labels: Annotated[list[str] | None, typer.Option("--label", help="a label (repeat it)")]
+    = None,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Make a new, empty model."""
+    with client(home, url) as c:
+        made = c.create_model(name, description, labels or [])
+    if as_json:
+        render.print_json(made)
+    else:
+        render.console.print(f"model {made['name']} created", markup=False)
+
+
+@app.command()
+def register(
+    name: str,
+    trial: Annotated[int, typer.Option("--trial", min=1, help="the trial whose checkpoint")],
+    checkpoint: Annotated[str | None, typer.Option(help="the checkpoint's uuid or name")]
+    = None,
+    best: Annotated[bool, typer.Option("--best", help="its best checkpoint by the searcher's "
+                                                      "metric")] = False,
+    latest: Annotated[bool, typer.Option("--latest", help="its latest checkpoint (the "
+                                                          "default)")] = False,
+    accept_unverified: Annotated[str | None, typer.Option(
+        "--accept-unverified", metavar="REASON",
+        help="register a trial that was not verified (admins), marked with this reason")]
+    = None,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Register a trial's checkpoint as the model's next version (v1, v2...). Only a
+    verified trial is registered; a rejected one never."""
+    if sum((checkpoint is not None, best, latest)) > 1:
+        raise typer.BadParameter("choose one of --checkpoint, --best and --latest")
+    with client(home, url) as c:
+        version = c.register_model_version(name, trial, checkpoint=checkpoint,
+                                           pick="best" if best else "latest",
+                                           accept_unverified=accept_unverified)
+    if as_json:
+        render.print_json(version)
+    else:
+        render.console.print(_version_line(version), markup=False, soft_wrap=True)
+
+
+@app.command("list")
+def list_(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
+    """Every model: its latest version and how many it has."""
+    with client(home, url) as c:
+        models = c.list_models()
+    if as_json:
+        render.print_json(models)
+        return
+    for model in models:
+        latest = model["versions"][-1] if model["versions"] else None
+        render.console.print(f"{model['name']}: {len(model['versions'])} versions"
+                             + (f", latest {_version_line(latest)}" if latest else ""),
+                             markup=False, soft_wrap=True)
+
+
+@app.command()
+def describe(name: str, as_json: JsonOption = False, home: HomeOption = None,
+             url: UrlOption = None) -> None:
+    """A model and each version: its trial, checkpoint, verdict and who registered it."""
+    with client(home, url) as c:
+        model = c.get_model(name)
+    if as_json:
+        render.print_json(model)
+        return
+    render.console.print(f"{model['name']}: {model['description'] or '(no description)'}"
+                         + (f" [{', '.join(model['labels'])}]" if model["labels"] else ""),
+                         markup=False, soft_wrap=True)
+    for version in model["versions"]:
+        render.console.print(f"  {_version_line(version)}", markup=False, soft_wrap=True)
+
+
+def _version_line(version: api.ModelVersionView) -> str:
+    accepted = version["accepted_unverified"]
+    verdict = ("verified" if version["verified"] else
+               f"UNVERIFIED, accepted by {accepted['by']}: {accepted['reason']}" if accepted
+               else "not verified")
+    return (f"v{version['version']} ({version['stage']}): trial {version['trial_id']}, "
+            f"checkpoint {version['checkpoint_uuid']}, {verdict}; registered by "
+            f"{version['registered_by']}")
