@@ -12,8 +12,8 @@ from muster.cli.options import HomeOption, JsonOption, UrlOption, client
 if TYPE_CHECKING:
     from muster import api
 
-app = typer.Typer(help="The model registry: models whose versions are trials' checkpoints "
-                  "(only verified trials, unless an admin accepts one with a reason).",
+app = typer.Typer(help="The model registry: versions of verified trials' checkpoints, with "
+                  "their lineage.",
                   no_args_is_help=True, rich_markup_mode=None, add_completion=False)
 
 
