@@ -4,6 +4,7 @@ cgroup where this machine lets us make one, and with the RSS watchdog everywhere
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Callable, Iterator
@@ -42,9 +43,12 @@ LIMIT = 150 * MiB
 
 
 def _cgroup_problem() -> str | None:
-    """Why no memory cgroup can be made here, or None (the probe is made and removed)."""
+    """Why no memory cgroup can be made here, or None (the probe is made and removed). Each
+    pytest worker imports this module at collection, at the same moment: each probes under
+    a name of its own (one name made the other's mkdir fail, EEXIST, as if no cgroup could
+    be made here, while its replicas then made theirs)."""
     try:
-        open_cgroup(LIMIT, "muster-test-probe").close()
+        open_cgroup(LIMIT, f"muster-test-probe-{os.getpid()}").close()
     except LaunchError as exc:
         return str(exc)
     return None
@@ -166,7 +170,7 @@ def test_a_replica_under_its_limit_is_unaffected(
 
 @pytest.mark.skipif(CGROUP_PROBLEM is not None, reason=f"no memory cgroup: {CGROUP_PROBLEM}")
 def test_the_cgroup_is_removed_when_the_replica_ends(run: RunFn, tmp_path: Path) -> None:
-    probe = open_cgroup(LIMIT, "muster-test-probe")
+    probe = open_cgroup(LIMIT, f"muster-test-probe-{os.getpid()}")
     parent = probe.path.parent
     probe.close()
     for args in (("within", "10"), ("hog", "600")):
