@@ -290,11 +290,13 @@ def _is_plain_relative(path: str) -> bool:
 
 
 def unpack_checkpoint(
-    chunks: Iterable[bytes], dest: Path, name: str, trial_id: int | None = None
+    chunks: Iterable[bytes], dest: Path, name: str, trial_id: int | None = None,
+    gzipped: bool = False,
 ) -> Inspection:
-    """Unpack the archive of checkpoint `name` into `dest` and judge it: what `inspect`
-    found there, intact. `dest` must not exist or be an empty directory; the files are
-    extracted beside it and take its name only once every sha256 matches.
+    """Unpack the archive of checkpoint `name` (a tar.gz when `gzipped`, its gzip trailer
+    checked too) into `dest` and judge it: what `inspect` found there, intact. `dest` must
+    not exist or be an empty directory; the files are extracted beside it and take its name
+    only once every sha256 matches.
 
     Raises:
         InvalidRequest: `dest` is in the way (a file, or a directory with files in it).
@@ -306,7 +308,13 @@ def unpack_checkpoint(
     unpacking = dest.parent / f".{dest.name}.download-{os.urandom(4).hex()}"
     unpacking.mkdir()
     try:
-        _extract(_ChunkReader(iter(chunks)), unpacking, name)
+        raw = _ChunkReader(iter(chunks))
+        if gzipped:
+            stream = _Gunzipped(raw, f"the archive of {name}")
+            _extract(stream, unpacking, name)
+            stream.check_whole()
+        else:
+            _extract(raw, unpacking, name)
         found = _judged(unpacking, name, trial_id)
         rename_into_place(unpacking, dest)
     except BaseException:

@@ -499,6 +499,47 @@ class Client:
         return self._call("GET", f"/models/{quote(name, safe='')}",
                           _As["api.RegisteredModelView"])
 
+    def get_model_version(self, ref: str) -> api.ModelVersionView:
+        """The version `ref` names (`NAME`, `NAME@3`, `NAME@production`, `NAME@staging`),
+        with its lineage."""
+        return self._call("GET", _version_path(ref), _As["api.ModelVersionView"])
+
+    def set_model_stage(self, ref: str, stage: str) -> api.ModelVersionView:
+        """Move a version to `stage` (none, staging, production, archived)."""
+        return self._call("PUT", _version_path(ref) + "/stage", _As["api.ModelVersionView"],
+                          json={"stage": stage})
+
+    def delete_model_version(self, ref: str) -> api.ModelVersionView:
+        """Take a version out of the registry (admins); what it was."""
+        return self._call("DELETE", _version_path(ref), _As["api.ModelVersionView"])
+
+    def delete_model(self, name: str) -> api.RegisteredModelView:
+        """Delete a model that has no versions left (admins)."""
+        return self._call("DELETE", f"/models/{quote(name, safe='')}",
+                          _As["api.RegisteredModelView"])
+
+    def download_model_version(self, ref: str, dest: Path
+                               ) -> tuple[api.ModelVersionView, Inspection]:
+        """Unpack the checkpoint of the version `ref` names into `dest` (new, or an empty
+        directory), every file checked against its sha256 before `dest` gets its name; the
+        version and what is there.
+
+        Raises:
+            InvalidRequest: `ref` is not a version's name, or `dest` is in the way.
+            NotFound: no such model or version.
+            Conflict: its checkpoint is no longer intact on the server.
+            ServerError: the download broke off, or what arrived is not intact; nothing of
+                it is kept.
+        """
+        from muster.checkpoint_archive import unpack_checkpoint
+
+        version = self.get_model_version(ref)
+        top = f"{version['model']}-v{version['version']}"
+        path = _version_path(f"{version['model']}@{version['version']}") + "/download"
+        with closing(self._stream_archive(path, top)) as chunks:
+            found = unpack_checkpoint(chunks, dest, top, version["trial_id"], gzipped=True)
+        return version, found
+
     def get_artifacts(self, trial_id: int) -> api.ArtifactSetView:
         """The files the trial's final attempt left that its config names, as the server
         copied them when it ended (each with its size and sha256)."""
@@ -743,6 +784,15 @@ def at_rest(exp: api.ExperimentDetail) -> bool:
     states = [TrialState(t["state"]) for t in exp.get("trials", [])]
     return (all(state.is_at_rest() for state in states)
             and any(state is TrialState.SUSPECT for state in states))
+
+
+def _version_path(ref: str) -> str:
+    """`/models/NAME/versions/AT` for `NAME@AT` (`NAME` alone: the latest version)."""
+    name, _, at = ref.partition("@")
+    if not name:
+        raise errors.InvalidRequest(f"{ref!r} does not name a model version: write NAME, "
+                                    "NAME@3, NAME@production or NAME@staging")
+    return f"/models/{quote(name, safe='')}/versions/{quote(at or 'latest', safe='')}"
 
 
 def _params(**values: str | int | None) -> dict[str, str | int]:

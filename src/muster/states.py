@@ -171,6 +171,13 @@ class EventReason(StrEnum):
     # The model registry (`muster.services.registry`): each action, with its actor.
     MODEL_CREATED = "model created"
     MODEL_REGISTERED = "model registered"  # a new version, with its lineage
+    MODEL_STAGED = "model staged"  # a version's stage changed (and any it displaced)
+    MODEL_VERSION_DELETED = "model version deleted"  # its checkpoint is no longer pinned
+    MODEL_DELETED = "model deleted"  # a model without versions
+    # The server's export of a version to the cluster config's MLflow (`muster.services.
+    # mlflow_exports`): the MLflow run and version it made, or why it failed.
+    MODEL_EXPORTED = "model exported"
+    MODEL_EXPORT_FAILED = "model export failed"
     GC_POLICY_CHANGED = "gc policy changed"  # `muster checkpoint gc --save-...`
     ARCHIVED = "archived"
     UNARCHIVED = "unarchived"

@@ -76,7 +76,8 @@ def test_no_free_disk_guard(tmp_path: Path) -> None:
             "zzz: unknown key; the keys allowed here are base_environment, build_logs, "
             "checkpoint_storage, "
             "data_roots, gpu_release, gpus, interpreters, launcher, log_limit, min_free_disk, "
-            "node_quarantine, package_sources, preemption, priority_floor, ray, run_as, "
+            "node_quarantine, package_sources, preemption, priority_floor, ray, registry, "
+            "run_as, "
             "secret_sources, slots, storage_endpoints, storage_paths, trusted_proxies",
         ),
         ("launcher: slurm", "launcher: must be 'local' or 'ray', got 'slurm'"),

@@ -1,11 +1,17 @@
 """The model registry through a real server (`/api/v1/models...`): a verified trial's
 checkpoint registered as v1 and listed with its lineage; an unverified one refused with
-what to do (409), a viewer refused at the door (403), a bad name or body a 4xx."""
+what to do (409), a viewer refused at the door (403), a bad name or body a 4xx; stages,
+downloads checked file by file, deletes in order, and the cluster config that lets an owner
+accept its own unverified trial."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import shutil
+import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +19,31 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from muster import errors
 from muster.cli import app
 from muster.client import Client
+from muster.home import Home
 from tests.server.experiments import FIXTURES, only_trial, wait_trial
-from tests.servers import RunningServer, shared_server
+from tests.servers import RunningServer, serving
 
 pytestmark = pytest.mark.lifecycle  # a real server and real trials
 
-server = shared_server()
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for the module; its cluster config lets owners accept their own
+    unverified trials."""
+    top = tmp_path_factory.mktemp("server")
+    cluster = top / "cluster.yaml"
+    cluster.write_text("registry: {owners_accept_unverified: true}\n")
+    with serving(top / "home", options=["--min-free-disk", "0", "--cluster-config",
+                                        str(cluster)]) as running:
+        yield running
+
+
+def _cli(server: RunningServer, *argv: str) -> Any:
+    return CliRunner().invoke(app, ["model", *argv, "--url", server.url,
+                                    "--home", str(server.home)])
 
 
 def _api(server: RunningServer, method: str, path: str, token: str | None = None,
@@ -88,3 +111,87 @@ def test_a_verified_trial_becomes_v1_and_an_unverified_one_says_what_it_takes(
         vera = admin.create_user("vera", "viewer")["token"]
     assert _api(server, "POST", "/models", vera, name="veras").status_code == 403
     assert _api(server, "GET", "/models", vera).status_code == 200
+
+
+def test_stages_downloads_and_deletes(server: RunningServer, client: Client,
+                                      tmp_path: Path) -> None:
+    trial_id = _trial(client, tmp_path / "t")
+    assert _api(server, "POST", "/models", name="staged").status_code == 201
+    for _ in range(2):
+        assert _api(server, "POST", "/models/staged/versions",
+                    trial_id=trial_id).status_code == 201
+
+    staged = _cli(server, "stage", "staged@1", "production")
+    assert staged.exit_code == 0, staged.output
+    assert staged.output.startswith("v1 (production): ")
+    moved = _api(server, "PUT", "/models/staged/versions/v2/stage", stage="production")
+    assert moved.status_code == 200 and moved.json()["stage"] == "production"
+    assert [v["stage"] for v in _api(server, "GET", "/models/staged/versions").json()] == [
+        "archived", "production"]
+    assert _api(server, "GET", "/models/staged/versions/production").json()["version"] == 2
+    assert _api(server, "GET", "/models/staged/versions/staging").status_code == 404
+    assert _api(server, "GET", "/models/staged/versions/best").status_code == 422
+    assert _api(server, "PUT", "/models/staged/versions/1/stage",
+                stage="shipped").status_code == 422
+
+    # The download: a tar.gz of the checkpoint under `staged-v2/`, byte for byte.
+    version = client.get_model_version("staged@production")
+    source = Path(client.get_checkpoint(version["checkpoint_uuid"])["path"])
+    raw = httpx.get(f"{server.url}/api/v1/models/staged/versions/2/download", timeout=30,
+                    headers={"Authorization": f"Bearer {server.token}"})
+    assert raw.status_code == 200 and raw.headers["content-type"] == "application/gzip"
+    assert 'filename="staged-v2.tar.gz"' in raw.headers["content-disposition"]
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(raw.content))) as tar:
+        names = tar.getnames()
+    assert names[0] == "staged-v2/metadata.json"
+    downloaded = _cli(server, "download", "staged@production", str(tmp_path / "model"))
+    assert downloaded.exit_code == 0, downloaded.output
+    assert "staged v2 → " in downloaded.output and "every sha256 checked" in downloaded.output
+    theirs = {p.relative_to(source): p.read_bytes() for p in source.rglob("*") if p.is_file()}
+    ours = {p.relative_to(tmp_path / "model"): p.read_bytes()
+            for p in (tmp_path / "model").rglob("*") if p.is_file()}
+    assert ours == theirs and len(ours) >= 2
+
+    # A file changed after registration (its size kept) cuts the download off: nothing kept.
+    tampered = next(p for p in source.rglob("*") if p.is_file() and p.name != "metadata.json")
+    original = tampered.read_bytes()
+    tampered.write_bytes(bytes([original[0] ^ 0xFF]) + original[1:])
+    try:
+        with pytest.raises(errors.ServerError, match="broke off"):
+            client.download_model_version("staged@2", tmp_path / "broken")
+        assert not (tmp_path / "broken").exists()
+    finally:
+        tampered.write_bytes(original)
+
+    # Deletes: an admin's; versions first, then the model; each an event with its actor.
+    with server.client() as admin:
+        alice = admin.create_user("alice-del", "user")["token"]
+    assert _api(server, "DELETE", "/models/staged/versions/1", alice).status_code == 403
+    refused = _cli(server, "delete", "staged", "--yes")
+    assert refused.exit_code != 0 and "staged@1, staged@2" in str(refused.exception)
+    for ref in ("staged@1", "staged@2", "staged"):
+        gone = _cli(server, "delete", ref, "--yes")
+        assert gone.exit_code == 0, gone.output
+    assert _api(server, "GET", "/models/staged").status_code == 404
+    said = [e["message"] for e in client.list_events(tail=100)
+            if e["entity"] == "model" and "staged" in (e["message"] or "")]
+    assert "staged v2: none → production; v1 was production and is archived" in said
+    assert any(m.startswith("staged v1 deleted (checkpoint ") for m in said)
+    assert "model staged deleted" in said
+
+
+def test_an_owner_accepts_its_own_unverified_trial_where_the_cluster_allows(
+        server: RunningServer, tmp_path: Path) -> None:
+    with server.client() as admin:
+        token = admin.create_user("olga", "user")["token"]
+    with Client(url=server.url, token=token, home=Home(server.home)) as olga:
+        suspect = _trial(olga, tmp_path, expected_length={"steps": 10})
+        olga.create_model("olgas")
+        with pytest.raises(errors.Conflict, match="unless an admin or the trial's owner"):
+            olga.register_model_version("olgas", suspect)
+        marked = olga.register_model_version("olgas", suspect,
+                                             accept_unverified="a baseline to beat")
+    assert marked["accepted_unverified"] is not None
+    assert (marked["verified"], marked["accepted_unverified"]["by"]) == (False, "olga")
+    listed = _cli(server, "versions", "olgas")
+    assert "UNVERIFIED, accepted by olga: a baseline to beat" in listed.output

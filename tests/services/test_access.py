@@ -31,6 +31,8 @@ TABLE = {
     A.MANAGE_USERS: (False, False, False, True),
     A.MANAGE_NODES: (False, False, False, True),
     A.REGISTER_MODEL: (False, True, False, True),
+    A.MANAGE_MODEL: (False, True, False, True),
+    A.DELETE_MODEL: (False, False, False, True),
 }
 
 

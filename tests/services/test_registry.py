@@ -17,7 +17,7 @@ from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from muster.services import registry, retention
 from muster.services.access import Principal
 from muster.services.experiments import create_experiment, review_trial
-from muster.states import Role, TrialState
+from muster.states import ModelStage, Role, TrialState
 from muster.store import Checkpoint, Event, Trial
 from tests.accounts import add_user
 from tests.supervise.conftest import FIXTURES, Rig, fixture_entrypoint
@@ -138,6 +138,18 @@ def test_who_may_register_what(sqlite_rig: Rig, alice: Principal) -> None:
     assert registry.register_version(rig.store, rig.home, rig.admin, "bobs",
                                      trial_id)["version"] == 1
 
+    v1 = registry.VersionRef.parse("bobs@v1")
+    with pytest.raises(Forbidden, match="model bobs belongs to bob; only bob or an admin can "
+                                        "change the stages of it"):
+        registry.set_stage(rig.store, alice, v1, ModelStage.PRODUCTION)
+    assert registry.set_stage(rig.store, bob, v1, ModelStage.STAGING)["stage"] == "staging"
+    with pytest.raises(Forbidden, match="user bob cannot delete registered models"):
+        registry.delete_version(rig.store, bob, v1)
+    with pytest.raises(InvalidRequest, match="write NAME, NAME@3, NAME@production"):
+        registry.VersionRef.parse("bobs@best")
+    with pytest.raises(NotFound, match="model bobs has no version bobs@production"):
+        registry.describe_version(rig.store, registry.VersionRef.parse("bobs@production"))
+
 
 def test_a_registered_checkpoint_outlives_gc_and_holds_its_experiment(
         sqlite_rig: Rig, tmp_path: Path) -> None:
@@ -176,3 +188,15 @@ def test_a_registered_checkpoint_outlives_gc_and_holds_its_experiment(
     with pytest.raises(Conflict, match=f"experiment {experiment_id} holds the checkpoints of "
                                        f"series v1 \\(trial {trial_id}\\)"):
         retention.delete_experiment(rig.store, None, rig.admin, experiment_id)
+
+    # The version deleted, nothing pins the checkpoint: the next collection removes it.
+    registry.delete_version(rig.store, rig.admin, registry.VersionRef.parse("series@1"))
+    retention.collect(rig.store, worker, rig.admin, experiment_id, {}, dry_run=False)
+    for _ in range(50):
+        if not worker.run_once():
+            break
+    with rig.store.session_scope() as s:
+        assert s.scalars(select(Checkpoint.state).where(Checkpoint.trial_id == trial_id,
+                                                        Checkpoint.step == 3)).one() == "deleted"
+    retention.delete_experiment(rig.store, None, rig.admin, experiment_id)
+

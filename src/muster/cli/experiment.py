@@ -310,7 +310,7 @@ def delete(
 ) -> None:
     """Delete an ended experiment for good: its checkpoints (in storage too), run
     directories, logs and records. Asks first unless --yes."""
-    if not yes and not _confirmed(f"Delete experiment {experiment_id} with its checkpoints, "
+    if not yes and not render.confirmed(f"Delete experiment {experiment_id} with its checkpoints, "
                                   "logs and records? This cannot be undone"):
         render.console.print("nothing was deleted (--yes deletes without asking)",
                              markup=False)
@@ -319,14 +319,6 @@ def delete(
         answer = c.delete_experiment(experiment_id)
     render.print_json(answer) if as_json else render.console.print(answer["message"],
                                                                      markup=False)
-
-
-def _confirmed(question: str) -> bool:
-    """The person's yes; no when there is nobody to ask (stdin closed)."""
-    try:
-        return typer.confirm(question, default=False)
-    except typer.Abort:
-        return False
 
 
 @app.command()

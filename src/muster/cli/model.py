@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+from muster.states import ModelStage
+from muster.words import count
 
 if TYPE_CHECKING:
     from muster import api
@@ -95,11 +98,97 @@ def describe(name: str, as_json: JsonOption = False, home: HomeOption = None,
         render.console.print(f"  {_version_line(version)}", markup=False, soft_wrap=True)
 
 
-def _version_line(version: api.ModelVersionView) -> str:
+@app.command()
+def versions(name: str, as_json: JsonOption = False, home: HomeOption = None,
+             url: UrlOption = None) -> None:
+    """A model's versions, oldest first: stage, trial, checkpoint, verdict, metrics."""
+    with client(home, url) as c:
+        found = c.get_model(name)["versions"]
+    if as_json:
+        render.print_json(found)
+        return
+    if not found:
+        render.console.print(f"model {name} has no version yet; `muster model register {name} "
+                             "--trial ID` makes v1", markup=False)
+    for version in found:
+        metrics = ", ".join(f"{key} {render.number(value)}" for key, value
+                            in sorted(version["metrics"].items())
+                            if isinstance(value, int | float))
+        render.console.print(_version_line(version) + (f"; {metrics}" if metrics else ""),
+                             markup=False, soft_wrap=True)
+
+
+@app.command()
+def download(
+    ref: Annotated[str, typer.Argument(metavar="NAME[@VERSION|@STAGE]",
+                                       help="the version: NAME (the latest), NAME@3, "
+                                            "NAME@production or NAME@staging")],
+    dest: Annotated[Path, typer.Argument(help="a new or empty directory")],
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Download a version's checkpoint into DEST, every file checked against its sha256."""
+    with client(home, url) as c:
+        version, found = c.download_model_version(ref, dest)
+    if as_json:
+        render.print_json({"version": version, "path": str(found.path),
+                           "files": len(found.file_sizes),
+                           "size": sum(found.file_sizes.values())})
+        return
+    render.console.print(f"{version['model']} v{version['version']} → {found.path}: "
+                         f"{count(len(found.file_sizes), 'file')}, "
+                         f"{render.size(sum(found.file_sizes.values()))}, every sha256 "
+                         f"checked; {_verdict(version)}", markup=False, soft_wrap=True)
+
+
+@app.command()
+def stage(
+    ref: Annotated[str, typer.Argument(metavar="NAME@VERSION")],
+    to: Annotated[ModelStage, typer.Argument(metavar="STAGE",
+                                             help="production, staging, archived or none")],
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Move a version to a stage (the model's owner or an admin). Production and staging
+    hold one version each: the one there before is archived."""
+    with client(home, url) as c:
+        version = c.set_model_stage(ref, to.value)
+    if as_json:
+        render.print_json(version)
+    else:
+        render.console.print(_version_line(version), markup=False, soft_wrap=True)
+
+
+@app.command()
+def delete(
+    ref: Annotated[str, typer.Argument(metavar="NAME | NAME@VERSION",
+                                       help="a version, or a model without versions")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")]
+    = False,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Delete a version (its checkpoint is then no longer pinned against garbage
+    collection), or a model whose versions are all deleted (admins). Asks first unless
+    --yes."""
+    what = f"version {ref}" if "@" in ref else f"model {ref}"
+    if not yes and not render.confirmed(f"Delete {what}?"):
+        render.console.print("nothing was deleted (--yes deletes without asking)",
+                             markup=False)
+        raise typer.Exit(1)
+    with client(home, url) as c:
+        gone: object = c.delete_model_version(ref) if "@" in ref else c.delete_model(ref)
+    if as_json:
+        render.print_json(gone)
+    else:
+        render.console.print(f"{what} deleted", markup=False)
+
+
+def _verdict(version: api.ModelVersionView) -> str:
     accepted = version["accepted_unverified"]
-    verdict = ("verified" if version["verified"] else
-               f"UNVERIFIED, accepted by {accepted['by']}: {accepted['reason']}" if accepted
-               else "not verified")
+    return ("verified" if version["verified"] else
+            f"UNVERIFIED, accepted by {accepted['by']}: {accepted['reason']}" if accepted
+            else "not verified")
+
+
+def _version_line(version: api.ModelVersionView) -> str:
     return (f"v{version['version']} ({version['stage']}): trial {version['trial_id']}, "
-            f"checkpoint {version['checkpoint_uuid']}, {verdict}; registered by "
+            f"checkpoint {version['checkpoint_uuid']}, {_verdict(version)}; registered by "
             f"{version['registered_by']}")

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -429,3 +430,11 @@ def artifact_lines(found: api.ArtifactSetView) -> list[str]:
     if found["skipped_count"] > len(found["skipped"]):
         lines.append(f"  and {found['skipped_count'] - len(found['skipped'])} more left")
     return lines
+
+
+def confirmed(question: str) -> bool:
+    """The person's yes; no when there is nobody to ask (stdin closed)."""
+    try:
+        return typer.confirm(question, default=False)
+    except typer.Abort:
+        return False

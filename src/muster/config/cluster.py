@@ -159,6 +159,14 @@ _URL = r"^https?://[^\s/]+(/[^\s]*)?$"
 MAX_ALLOWED = 256  # entries of each allow-list
 
 
+class RegistryConfig(_Section):
+    """`registry:`: who may register a trial that was not verified (`--accept-unverified`,
+    always marked on the version): admins, and, with `owners_accept_unverified`, the
+    trial's owner too."""
+
+    owners_accept_unverified: bool = False
+
+
 class ClusterConfig(_Section):
     """What this machine offers: CPU slots, GPUs, the free-disk guard, preemption, and what
     users who are not admins may make the server act on (the allow-lists)."""
@@ -220,6 +228,7 @@ class ClusterConfig(_Section):
     # installation, less its own dependencies (`muster.environments.runtime_base`).
     # Checked when the server starts (`runtime_base.check_base_environment`).
     base_environment: str | None = None
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
 
     @model_validator(mode="after")
     def _ray_needs_its_section(self) -> ClusterConfig:

@@ -19,6 +19,7 @@ from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 from muster.server.shapes import many as many
 from muster.server.shapes import one_or_many as one_or_many
 from muster.server.shapes import shape
+from muster.states import ModelStage
 
 # -- responses (`muster.api`) --------------------------------------------------------------
 
@@ -140,6 +141,15 @@ class RegisterRequest(BaseModel):
     accept_unverified: Annotated[str | None, Field(
         min_length=1, max_length=1000, pattern=_NO_NUL,
         description="why a trial that was not verified is registered (an admin's)")] = None
+
+
+class StageRequest(BaseModel):
+    """`PUT /models/{name}/versions/{v}/stage`."""
+
+    model_config = ConfigDict(strict=True)
+
+    stage: Annotated[ModelStage, Field(strict=False,
+                                       description="none, staging, production or archived")]
 
 
 class PruneRequest(BaseModel):

@@ -64,6 +64,12 @@ class Platform:
         return self.settings.build_logs == "everyone"
 
     @property
+    def owners_accept_unverified(self) -> bool:
+        """A trial's owner may register it unverified, with a reason (cluster config
+        `registry: {owners_accept_unverified: true}`); else only admins."""
+        return self.settings.registry.owners_accept_unverified
+
+    @property
     def runtime(self) -> RuntimeBase:
         """The base of trials without an environment, and of environments that inherit."""
         return self.envs.runtime

@@ -854,7 +854,75 @@ async def register_model_version(state: State, name: ModelName, body: api.Regist
     rejected one never (409 says which)."""
     return await asyncio.to_thread(
         registry.register_version, state.store, state.home, who, name, body.trial_id,
-        checkpoint=body.checkpoint, pick=body.pick, accept_unverified=body.accept_unverified)
+        checkpoint=body.checkpoint, pick=body.pick, accept_unverified=body.accept_unverified,
+        owners_accept_unverified=state.platform.owners_accept_unverified)
+
+
+VersionAt = Annotated[str, InPath(
+    min_length=1, max_length=16, pattern=r"^([vV]?[0-9]{1,9}|latest|production|staging)$",
+    description="a version number (3 or v3), `latest`, `production` or `staging`")]
+
+
+def _version_ref(name: str, at: str) -> registry.VersionRef:
+    return registry.VersionRef.parse(f"{name}@{at}")
+
+
+@router.get("/models/{name}/versions/{version}", response_model=api.ModelVersionView,
+            responses=_errors(400, 404))
+def get_model_version(state: State, _: Reader, name: ModelName, version: VersionAt
+                      ) -> shapes.ModelVersionView:
+    """One version (by number, `latest`, or the one in `production` or `staging`), with
+    its lineage."""
+    return registry.describe_version(state.store, _version_ref(name, version))
+
+
+@router.put("/models/{name}/versions/{version}/stage", response_model=api.ModelVersionView,
+            responses=_errors(400, 403, 404))
+async def set_model_stage(state: State, name: ModelName, version: VersionAt,
+                          body: api.StageRequest,
+                          who: Annotated[Principal, Depends(allow(Action.MANAGE_MODEL))]
+                          ) -> shapes.ModelVersionView:
+    """Move the version to a stage (the model's owner or an admin). Production and staging
+    hold one version each: the one there before is archived."""
+    return await asyncio.to_thread(registry.set_stage, state.store, who,
+                                   _version_ref(name, version), body.stage)
+
+
+@router.delete("/models/{name}/versions/{version}", response_model=api.ModelVersionView,
+               responses=_errors(400, 403, 404))
+async def delete_model_version(state: State, name: ModelName, version: VersionAt,
+                               who: Annotated[Principal, Depends(allow(Action.DELETE_MODEL))]
+                               ) -> shapes.ModelVersionView:
+    """Take a version out of the registry (admins): its checkpoint is no longer pinned
+    against garbage collection and `experiment delete`."""
+    return await asyncio.to_thread(registry.delete_version, state.store, who,
+                                   _version_ref(name, version))
+
+
+@router.delete("/models/{name}", response_model=api.RegisteredModelView,
+               responses=_errors(403, 404, 409))
+async def delete_model(state: State, name: ModelName,
+                       who: Annotated[Principal, Depends(allow(Action.DELETE_MODEL))]
+                       ) -> shapes.RegisteredModelView:
+    """Delete a model without versions (admins); 409 names the versions it still has."""
+    return await asyncio.to_thread(registry.delete_model, state.store, who, name)
+
+
+@router.get("/models/{name}/versions/{version}/download", response_class=Response,
+            responses={**_file_response("application/gzip",
+                                        "the version's checkpoint as a tar.gz"),
+                       **_errors(400, 404, 409)})
+async def download_model_version(state: State, _: Reader, name: ModelName,
+                                 version: VersionAt) -> Response:
+    """The version's checkpoint as `<name>-v<N>.tar.gz`: `<name>-v<N>/metadata.json`, then
+    each file it lists, from the run directory or from storage. Each file is checked
+    against its sha256 as it is sent; one that fails cuts the stream off before gzip's end,
+    so no client takes it for whole."""
+    download = await asyncio.to_thread(registry.open_version_download, state.store,
+                                       state.home, _version_ref(name, version))
+    return Download(download.chunks(), size=None, filename=download.filename,
+                    media_type="application/gzip", close=download.close,
+                    headers={"X-Muster-Model-Version": download.top})
 
 
 @router.get("/trials/{trial_id}/snapshot", response_model=api.TrialSnapshot,

@@ -45,6 +45,8 @@ class Action(str, Enum):
     MANAGE_USERS = "manage users"  # create, change, (de)activate users; others' tokens
     MANAGE_NODES = "manage nodes"  # return a quarantined node to the pool
     REGISTER_MODEL = "register models"  # a trial's checkpoint as a model version
+    MANAGE_MODEL = "manage models"  # a version's stage (production, staging, archived)
+    DELETE_MODEL = "delete models"  # versions, then the model
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ RULES: dict[Action, Rule] = {
     Action.MANAGE_USERS: Rule(_ADMINS, verb="manage users and their tokens"),
     Action.MANAGE_NODES: Rule(_ADMINS, verb="release quarantined nodes"),
     Action.REGISTER_MODEL: Rule(_SUBMITTERS, own_only=True, verb="register a model from"),
+    Action.MANAGE_MODEL: Rule(_SUBMITTERS, own_only=True, verb="change the stages of"),
+    Action.DELETE_MODEL: Rule(_ADMINS, verb="delete registered models"),
 }
 
 _ROLE_WORDS = {

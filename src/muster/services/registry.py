@@ -16,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import func, select
@@ -27,9 +29,10 @@ from muster.diagnostics.code_tree import tree_of
 from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from muster.home import Home
 from muster.services.access import Action, Principal, authorize
+from muster.services.checkpoints import CheckpointDownload, open_any_download
 from muster.services.experiments import trial_or_404
 from muster.services.views import trial_verdict
-from muster.states import CheckpointState, EventReason, MetricKind, TrialState
+from muster.states import CheckpointState, EventReason, MetricKind, ModelStage, TrialState
 from muster.store import (
     Checkpoint,
     Metric,
@@ -37,13 +40,15 @@ from muster.store import (
     RegisteredModel,
     Store,
     Trial,
+    User,
     record_event,
 )
 from muster.store.configs import experiment_config
 from muster.store.models import now
 
-__all__ = ["CHECKPOINT_CHOICES", "create_model", "describe_model", "list_models",
-           "register_version"]
+__all__ = ["CHECKPOINT_CHOICES", "STAGES", "VersionRef", "create_model", "delete_model",
+           "delete_version", "describe_model", "describe_version", "list_models",
+           "open_version_download", "register_version", "resolve_version", "set_stage"]
 
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_DESCRIPTION = 4096
@@ -51,6 +56,46 @@ MAX_LABELS = 32
 MAX_LABEL = 64
 MAX_REASON = 1000
 CHECKPOINT_CHOICES = ("latest", "best")  # `register --latest` / `--best`
+# The stages one version at a time holds (`NAME@production`): moving another version there
+# archives the one that was.
+SINGLE_STAGES = (ModelStage.PRODUCTION, ModelStage.STAGING)
+STAGES = tuple(stage.value for stage in ModelStage)
+LATEST = "latest"
+
+
+@dataclass(frozen=True)
+class VersionRef:
+    """Which version `NAME`, `NAME@3` (or `@v3`), `NAME@production`, `NAME@staging` or
+    `NAME@latest` names: a number, a stage, or (neither) the newest version."""
+
+    name: str
+    number: int | None = None
+    stage: ModelStage | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> VersionRef:
+        """Raises:
+            InvalidRequest: not of that form (said how).
+        """
+        name, _, at = text.partition("@")
+        _check_name(name)
+        return cls(name, *_version_part(at, text)) if at else cls(name)
+
+    def __str__(self) -> str:
+        at = self.number if self.number is not None else self.stage
+        return self.name if at is None else f"{self.name}@{at}"
+
+
+def _version_part(at: str, text: str) -> tuple[int | None, ModelStage | None]:
+    digits = at[1:] if at[:1] in "vV" else at
+    if digits.isdigit() and len(digits) <= 9 and int(digits) >= 1:
+        return int(digits), None
+    if at == LATEST:
+        return None, None
+    if at in (stage.value for stage in SINGLE_STAGES):
+        return None, ModelStage(at)
+    raise InvalidRequest(f"{text!r} does not name a version: write NAME, NAME@3, "
+                         f"NAME@production, NAME@staging or NAME@latest")
 
 
 def create_model(store: Store, who: Principal, name: str, description: str = "",
@@ -148,6 +193,157 @@ def describe_model(store: Store, name: str) -> api.RegisteredModelView:
     """
     with store.session_scope() as s:
         return _model_view(s, _model_or_404(s, name))
+
+
+def resolve_version(s: Session, ref: VersionRef) -> ModelVersion:
+    """The version `ref` names.
+
+    Raises:
+        NotFound: no such model, or no version of it is that one.
+    """
+    model = _model_or_404(s, ref.name)
+    if not model.versions:
+        raise NotFound(f"model {ref.name} has no version yet; `muster model register "
+                       f"{ref.name} --trial ID` makes v1")
+    if ref.number is not None:
+        found = [v for v in model.versions if v.version == ref.number]
+    elif ref.stage is not None:
+        found = [v for v in model.versions if v.stage is ref.stage]
+    else:
+        found = model.versions[-1:]
+    if not found:
+        raise NotFound(f"model {ref.name} has no version {ref}; `muster model versions "
+                       f"{ref.name}` lists them")
+    return found[-1]
+
+
+def describe_version(store: Store, ref: VersionRef) -> api.ModelVersionView:
+    """The version `ref` names, with its lineage.
+
+    Raises:
+        NotFound: no such model or version.
+    """
+    with store.session_scope() as s:
+        version = resolve_version(s, ref)
+        return _version_view(version, version.model.name)
+
+
+def set_stage(store: Store, who: Principal, ref: VersionRef, stage: ModelStage
+              ) -> api.ModelVersionView:
+    """Put the version in `stage`. Production and staging hold one version each: the one
+    there before is archived (both are events).
+
+    Raises:
+        NotFound: no such model or version.
+        Forbidden: a viewer, or a user and a model that is not theirs.
+    """
+    with store.session_scope() as s:
+        version = resolve_version(s, ref)
+        model = version.model
+        authorize(who, Action.MANAGE_MODEL, owner=_owner_name(s, model),
+                  subject=f"model {model.name}")
+        if version.stage is stage:
+            return _version_view(version, model.name)
+        moved = []
+        if stage in SINGLE_STAGES:
+            for other in model.versions:
+                if other.stage is stage and other.id != version.id:
+                    other.stage = ModelStage.ARCHIVED
+                    moved.append(other.version)
+        was, version.stage = version.stage, stage
+        archived = "".join(f"; v{n} was {stage} and is archived" for n in moved)
+        record_event(s, entity="model", entity_id=model.id, reason=EventReason.MODEL_STAGED,
+                     actor=who.name, trial_id=version.trial_id,
+                     experiment_id=version.experiment_id,
+                     message=f"{model.name} v{version.version}: {was} → {stage}{archived}")
+        return _version_view(version, model.name)
+
+
+def delete_version(store: Store, who: Principal, ref: VersionRef) -> api.ModelVersionView:
+    """Take a version out of the registry (an admin's): its checkpoint is no longer pinned,
+    so garbage collection and `experiment delete` may then remove it. Its number is never
+    given again.
+
+    Raises:
+        NotFound: no such model or version.
+        Forbidden: not an admin.
+    """
+    authorize(who, Action.DELETE_MODEL, subject=f"model {ref.name}")
+    with store.session_scope() as s:
+        version = resolve_version(s, ref)
+        model = version.model
+        view = _version_view(version, model.name)
+        s.delete(version)
+        record_event(s, entity="model", entity_id=model.id,
+                     reason=EventReason.MODEL_VERSION_DELETED, actor=who.name,
+                     trial_id=view["trial_id"], experiment_id=view["experiment_id"],
+                     message=f"{model.name} v{view['version']} deleted (checkpoint "
+                             f"{view['checkpoint_uuid']} of trial {view['trial_id']} is no "
+                             "longer pinned)")
+        return view
+
+
+def delete_model(store: Store, who: Principal, name: str) -> api.RegisteredModelView:
+    """Delete a model that has no version left (an admin's).
+
+    Raises:
+        NotFound: no such model.
+        Forbidden: not an admin.
+        Conflict: it still has versions (they are named).
+    """
+    authorize(who, Action.DELETE_MODEL, subject=f"model {name}")
+    with store.session_scope() as s:
+        model = _model_or_404(s, name)
+        if model.versions:
+            numbers = ", ".join(f"{name}@{v.version}" for v in model.versions)
+            raise Conflict(f"model {name} still has versions ({numbers}); delete each first "
+                           f"(`muster model delete {name}@N`), then the model")
+        view = _model_view(s, model)
+        record_event(s, entity="model", entity_id=model.id, reason=EventReason.MODEL_DELETED,
+                     actor=who.name, message=f"model {name} deleted")
+        s.delete(model)
+        return view
+
+
+@dataclass
+class VersionDownload:
+    """A version's checkpoint, open and checked, sent as a tar.gz whose top directory is
+    `<name>-v<version>`; a file whose sha256 fails as it is read cuts the gzip stream off
+    before its end, so no client takes it for whole."""
+
+    filename: str
+    top: str
+    checkpoint: CheckpointDownload
+
+    def chunks(self) -> Iterator[bytes]:
+        # Level 1: a checkpoint is mostly tensors, which gzip barely shrinks at any level.
+        packer = zlib.compressobj(1, zlib.DEFLATED, 31)
+        for chunk in self.checkpoint.chunks():
+            if packed := packer.compress(chunk):
+                yield packed
+        yield packer.flush()
+
+    def close(self) -> None:
+        self.checkpoint.close()
+
+
+def open_version_download(store: Store, home: Home, ref: VersionRef) -> VersionDownload:
+    """The version's checkpoint, from its run directory or from storage, opened to send.
+
+    Raises:
+        NotFound: no such model or version.
+        Conflict: its checkpoint is no longer intact here or in storage.
+    """
+    with store.session_scope() as s:
+        version = resolve_version(s, ref)
+        top = f"{version.model.name}-v{version.version}"
+        uuid = version.checkpoint_uuid
+    try:
+        opened = open_any_download(store, home, uuid)
+    except Conflict as exc:
+        raise Conflict(f"{top}'s checkpoint cannot be sent: {exc}") from exc
+    opened.plan = replace(opened.plan, name=top)
+    return VersionDownload(f"{top}.tar.gz", top, opened)
 
 
 # -- the rules -----------------------------------------------------------------------------
@@ -248,6 +444,11 @@ def _check_name(name: str) -> None:
     if not MODEL_NAME.fullmatch(name):
         raise InvalidRequest(f"a model's name is 1 to 128 letters, digits and . _ -, the first "
                              f"a letter or digit; got {name!r}")
+
+
+def _owner_name(s: Session, model: RegisteredModel) -> str | None:
+    owner = s.get(User, model.owner_id) if model.owner_id is not None else None
+    return owner.name if owner is not None else None
 
 
 def _model_or_404(s: Session, name: str) -> RegisteredModel:
