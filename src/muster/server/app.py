@@ -34,6 +34,7 @@ from muster.server import account_routes
 from muster.server.account_pages import account_pages
 from muster.server.body_limit import BodyLimit
 from muster.server.compare_pages import compare_pages
+from muster.server.model_pages import model_pages
 from muster.server.orchestrator import TICK_SECONDS, Orchestrator
 from muster.server.pages import error_page, pages
 from muster.server.platform import open_platform
@@ -102,6 +103,7 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(pages)
     app.include_router(account_pages)
     app.include_router(compare_pages)
+    app.include_router(model_pages)
     app.mount("/static", Assets(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app

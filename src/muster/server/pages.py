@@ -41,6 +41,7 @@ from muster.server.auth import (
     own_origin,
     set_session_cookie,
 )
+from muster.server.register_form import register_offer
 from muster.server.state import ServerState
 from muster.server.static_files import asset
 from muster.services import (
@@ -52,6 +53,7 @@ from muster.services import (
     jobs,
     listing,
     logs,
+    registry,
     retention,
     search,
     snapshots,
@@ -669,10 +671,15 @@ def _trial_context(request: Request, who: Principal, trial_id: int, snapshot: bo
                                        snapshots.TrialParts(state.home) if snapshot else None)
     exp = experiments.experiment_header(store, trial["experiment_id"])
     ranks = sorted({r["rank"] for a in trial["attempts"] for r in a["replicas"]})
+    checkpoints = retention.trial_checkpoints(store, trial["id"])
     return {"trial": trial, "exp": exp, "can_act": _can_act(who, exp["owner"]),
-            "ranks": ranks, "checkpoints": retention.trial_checkpoints(store, trial["id"]),
+            "ranks": ranks, "checkpoints": checkpoints,
             "artifacts": _artifacts_of(store, trial["id"]),
-            "at_rest": trial["state"].is_at_rest()}
+            "at_rest": trial["state"].is_at_rest(),
+            "register": register_offer(
+                who, trial, exp["owner"], checkpoints,
+                lambda: registry.model_names(store),
+                state.platform.owners_accept_unverified)}
 
 
 def _artifacts_of(store: Store, trial_id: int) -> api.ArtifactSetView | None:

@@ -47,7 +47,7 @@ from muster.store.configs import experiment_config
 from muster.store.models import now
 
 __all__ = ["CHECKPOINT_CHOICES", "STAGES", "VersionRef", "create_model", "delete_model",
-           "delete_version", "describe_model", "describe_version", "list_models",
+           "delete_version", "describe_model", "describe_version", "list_models", "model_names",
            "open_version_download", "register_version", "resolve_version", "set_stage"]
 
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -183,6 +183,12 @@ def list_models(store: Store) -> list[api.RegisteredModelView]:
     with store.session_scope() as s:
         return [_model_view(s, model) for model in s.scalars(
             select(RegisteredModel).order_by(RegisteredModel.name))]
+
+
+def model_names(store: Store) -> list[str]:
+    """Every model's name, sorted (without loading their versions)."""
+    with store.session_scope() as s:
+        return list(s.scalars(select(RegisteredModel.name).order_by(RegisteredModel.name)))
 
 
 def describe_model(store: Store, name: str) -> api.RegisteredModelView:

@@ -1,0 +1,48 @@
+"""The web UI's model registry: `/models` and `/models/{name}`.
+
+`/models` lists every model (`GET /api/v1/models`) with its latest version, and offers the
+users who may submit a "New model" form (`POST /api/v1/models`, sent by the page with the
+session's CSRF token, as every action of the UI: `static/muster.js`'s `data-act`).
+`/models/{name}` (`GET /api/v1/models/{name}`) shows each version with its stage, its
+verification (verified, or the "unverified: reason, by whom" mark), who registered it and
+when, its metrics at the checkpoint, links to its trial, its experiment and the snapshot
+diff against the version before it, its download
+(`GET /api/v1/models/{name}/versions/{v}/download`) and its whole lineage. Versions are
+registered from a trial's page (`server/register_form.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import HTMLResponse, Response
+
+from muster.server.pages import Visitor, render, server_state, to_login
+from muster.services import registry
+
+__all__ = ["model_pages"]
+
+model_pages = APIRouter(include_in_schema=False)
+
+# As the API's `{name}`: a name that cannot be a model's is a 404 page.
+ModelName = Annotated[str, Path(min_length=1, max_length=128,
+                                pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+@model_pages.get("/models", response_class=HTMLResponse)
+def models_page(request: Request, who: Visitor) -> Response:
+    """Every model, by name, with its latest version; the New model form."""
+    if who is None:
+        return to_login(request)
+    return render(request, "models.html", who, nav="models",
+                  models=registry.list_models(server_state(request).store))
+
+
+@model_pages.get("/models/{name}", response_class=HTMLResponse)
+def model_page(request: Request, who: Visitor, name: ModelName) -> Response:
+    """A model's versions, oldest first, each with its lineage."""
+    if who is None:
+        return to_login(request)
+    return render(request, "model.html", who, nav="models",
+                  model=registry.describe_model(server_state(request).store, name))
