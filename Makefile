@@ -8,16 +8,27 @@ STAMP := $(VENV)/.installed
 VENDOR := src/muster/ui/static/vendor
 ASSETS := $(VENDOR)/.built
 BROWSER := $(VENV)/.browser
+# The MLflow tracking server the export tests start (tests/test_mlflow_export.py): the full
+# `mlflow`, whose Flask, SQLAlchemy and alembic pins stay out of the test venv, in its own.
+# 3.17.2: mlflow 3.18.0 needs mlflow-tracing 3.18.0, which the index did not offer.
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 
 .PHONY: install demo test lint typecheck unit quick docs bench bench-ray bench-harness screenshots clean
 
-install: $(STAMP) $(ASSETS) $(BROWSER)
+install: $(STAMP) $(ASSETS) $(BROWSER) $(MLFLOW_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,docs,examples,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,docs,examples,ray,mlflow]'
 	touch $(STAMP)
+
+$(MLFLOW_STAMP):
+	$(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MLFLOW_VENV)/bin/python -m pip install --quiet 'mlflow==3.17.2'
+	touch $(MLFLOW_STAMP)
 
 # Node 20 and npm build the UI's assets: exact versions from the lockfile, nothing committed.
 $(ASSETS): ui/package.json ui/package-lock.json
@@ -89,4 +100,4 @@ screenshots: install  # docs/ui/*.png, from a real server running a real search
 	$(BIN)/python scripts/screenshots.py
 
 clean:
-	rm -rf $(VENV) $(BENCH_RAY) $(BENCH_HARNESS) .muster-demo .pytest_cache .mypy_cache .ruff_cache ui/node_modules $(VENDOR) site
+	rm -rf $(VENV) $(BENCH_RAY) $(BENCH_HARNESS) $(MLFLOW_VENV) .muster-demo .pytest_cache .mypy_cache .ruff_cache ui/node_modules $(VENDOR) site

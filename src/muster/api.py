@@ -191,6 +191,21 @@ class RunningTrialProgress(TypedDict):
     progress: TrialProgress
 
 
+class WarmStartView(TypedDict):
+    """The checkpoint an experiment's trials start from (`searcher.source_trial_id`,
+    `source_checkpoint_uuid` or `source_model`), as it was resolved when the experiment was
+    submitted: a model's stage moved later does not change it."""
+
+    named: str  # the config's key and value: "source_model: digits@production"
+    checkpoint_uuid: str
+    checkpoint: str  # its name: `step-<step>-<hex>`
+    step: int
+    trial_id: int  # the trial that saved it
+    experiment_id: int
+    model: str | None  # the registered model, for `source_model`
+    version: int | None  # and its version
+
+
 class TrialDetail(TypedDict):
     id: int
     uuid: str
@@ -225,6 +240,9 @@ class TrialDetail(TypedDict):
     # What connected its latest attempt's rank 0 to muster: the script's own harness, or a
     # framework's integration; null while none checked in (a plain script never does).
     integration: Integration | None
+    # Its experiment's warm start: the checkpoint its first attempt started from, while it
+    # had none of its own; null for a trial that started afresh.
+    source: WarmStartView | None
 
 
 class TrialDescription(TrialDetail):
@@ -380,6 +398,7 @@ class ExperimentDetail(ExperimentSummary):
     trials: list[TrialDetail]
     search: SearchProgress
     warnings: list[str]  # e.g. no ended trial reported the searcher's metric
+    source: WarmStartView | None  # the checkpoint its trials start from; null: afresh
 
 
 class MetricReport(TypedDict):
@@ -454,6 +473,22 @@ class RegisteredModelView(TypedDict):
     labels: list[str]
     created_at: float
     versions: list[ModelVersionView]  # oldest first
+
+
+class MlflowExport(TypedDict):
+    """A model version handed to MLflow (`muster model export`, or the server's export to
+    the cluster config's `mlflow.tracking_uri`): the MLflow run made of it, and the version
+    registered in MLflow's registry that links to that run."""
+
+    model: str  # muster's model
+    version: int  # muster's version of it
+    tracking_uri: str  # the MLflow tracking server
+    experiment_id: str  # MLflow's experiment, named after the muster experiment
+    run_id: str  # MLflow's run: params, metric series, tags, checkpoint/ and artifacts/
+    run_url: str  # the run's page in the MLflow UI
+    registered_model: str  # the model's name in MLflow's registry
+    model_version: int  # MLflow's version number (MLflow counts its own)
+    model_version_url: str  # the version's page in the MLflow UI
 
 
 class CheckpointView(TypedDict):

@@ -56,6 +56,7 @@ MAX_CONTEXT_BYTES = 256 * 1024**2
 MAX_CONTEXT_MEMBERS = 10_000  # the server's muster.services.uploads.MAX_MEMBERS
 MAX_BATCH = 1000  # configs in one create request: the server's upload_form.MAX_BATCH
 MAX_BATCH_CONFIG_BYTES = 16 * 1024**2  # and their bytes: upload_form.MAX_BATCH_CONFIG_BYTES
+EXPORT_WAIT = 1800.0  # seconds an export to MLflow may take on the server (files and all)
 Shape = TypeVar("Shape")  # a `muster.api` shape, or a list of one
 
 _BY_STATUS: dict[int, type[errors.MusterError]] = {
@@ -539,6 +540,25 @@ class Client:
         with closing(self._stream_archive(path, top)) as chunks:
             found = unpack_checkpoint(chunks, dest, top, version["trial_id"], gzipped=True)
         return version, found
+
+    def export_model_version(self, ref: str) -> api.MlflowExport:
+        """Have the server export the version `ref` names to the MLflow tracking server its
+        cluster config names (`muster.mlflow_export`), and wait for it (up to 30 minutes).
+
+        Raises:
+            Conflict: the cluster config names no MLflow server.
+            ServerError: MLflow did not answer, or refused (a 502 with its words).
+        """
+        import httpx
+
+        headers = self._auth()
+        with self._reaching(httpx.TransportError):
+            response = self._streaming().post(
+                API + _version_path(ref) + "/mlflow", headers=headers,
+                timeout=httpx.Timeout(30.0, read=EXPORT_WAIT))
+        if response.status_code >= 400:
+            self._raise_for(response, headers)
+        return cast("api.MlflowExport", response.json())
 
     def get_artifacts(self, trial_id: int) -> api.ArtifactSetView:
         """The files the trial's final attempt left that its config names, as the server

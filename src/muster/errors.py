@@ -128,3 +128,10 @@ class StorageError(MusterError):
     def for_log(self) -> str:
         """The message, with what the remote said when there is more."""
         return f"{self} [{self.detail}]" if self.detail else str(self)
+
+
+class ExportError(MusterError):
+    """A hand-off to another system failed: the MLflow tracking server did not answer, or
+    refused or broke off the export (`muster.mlflow_export`); the message names it and why."""
+
+    http_status = 502

@@ -32,6 +32,9 @@ REPLICA_RESTART = "MUSTER_REPLICA_RESTART"  # restarts in place of this rank in 
 MUSTER_RANK = "MUSTER_RANK"  # every replica has them, distributed or not
 MUSTER_WORLD_SIZE = "MUSTER_WORLD_SIZE"
 LATEST_CHECKPOINT = "MUSTER_LATEST_CHECKPOINT"
+# A warm start's checkpoint (`searcher.source_*`), copied into the run directory: what
+# restore() hands out while the trial has no checkpoint of its own.
+SOURCE_CHECKPOINT = "MUSTER_SOURCE_CHECKPOINT"
 # What the config asks of the run.
 HEARTBEAT_TIMEOUT = "MUSTER_HEARTBEAT_TIMEOUT"
 MAX_LENGTH = "MUSTER_MAX_LENGTH"  # the searcher's max_length
@@ -78,7 +81,7 @@ FLIGHT_RECORDER_FILES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_
 CHOSEN_BY_THE_JOB = frozenset({*DETERMINISTIC_VARIABLES, *FLIGHT_RECORDER_FILES})
 # What only the platform knows of a run: a run started without muster ignores it.
 PLATFORM_IDENTITY = frozenset({RUN_DIR, TRIAL_ID, EXPERIMENT_ID, ATTEMPT, HPARAMS,
-                               REPLICA_RESTART, LATEST_CHECKPOINT})
+                               REPLICA_RESTART, LATEST_CHECKPOINT, SOURCE_CHECKPOINT})
 # What would point the trial's `python` at another environment than its own.
 OTHER_ENVIRONMENTS = frozenset({"PYTHONHOME", "CONDA_PREFIX", "CONDA_DEFAULT_ENV"})
 
@@ -156,6 +159,8 @@ class JobEnvironment:
     # torchrun's variables (`launch.torchrun.wants_distributed_env`); None: none at all.
     distributed: Distributed | None = None
     latest_checkpoint: Path | None = None  # the checkpoint to resume from
+    # a warm start's checkpoint, for a trial without one of its own (`RunDir.source`)
+    source_checkpoint: Path | None = None
     heartbeat_timeout: float | None = None  # seconds
     max_length: int | None = None  # the searcher's max_length
     seed: int | None = None  # the trial's seed, from reproducibility.experiment_seed
@@ -185,6 +190,7 @@ class JobEnvironment:
         optional = {TRIAL_ID: self.trial_id, EXPERIMENT_ID: self.experiment_id,
                     HPARAMS: self.hparams_path,
                     LATEST_CHECKPOINT: self.latest_checkpoint, MAX_LENGTH: self.max_length,
+                    SOURCE_CHECKPOINT: self.source_checkpoint,
                     SEED: self.seed, VIRTUAL_ENV: self.virtual_env,
                     STANDBY_GO: self.standby_go, COMPAT: self.compat,
                     INTEGRATIONS: "auto" if self.integrations else None}
@@ -225,6 +231,7 @@ class JobEnvironment:
             incarnation=_integer(environ, REPLICA_RESTART, minimum=0) or 0,
             distributed=Distributed.from_environ(environ),
             latest_checkpoint=_path(environ, LATEST_CHECKPOINT),
+            source_checkpoint=_path(environ, SOURCE_CHECKPOINT),
             heartbeat_timeout=_timeout(environ),
             max_length=_integer(environ, MAX_LENGTH, minimum=1),
             seed=_integer(environ, SEED, minimum=0),

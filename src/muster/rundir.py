@@ -3,6 +3,8 @@
 ```
 $MUSTER_HOME/runs/<trial-uuid>/                RunDir (MUSTER_RUN_DIR; ./muster-run off-platform)
   checkpoints/step-<step>-<hex>/               the trial's checkpoints (muster.checkpoint_files)
+  source/<checkpoint name>/                    a warm start's checkpoint, copied in at a launch
+                                               (MUSTER_SOURCE_CHECKPOINT) [server]
   workdir/                                     its own copy of the context: every attempt's cwd
   env/                                         its own environment layer: every attempt's python
   attempt-<n>.outside.json                     the attempt seen from outside, at its launch [server]
@@ -42,6 +44,7 @@ LOCAL_RUN_DIR = "muster-run"  # the run directory of a run off the platform, in 
 CHECKPOINTS = "checkpoints"
 WORKDIR = "workdir"
 ARTIFACTS = "artifacts"  # the server's copies of the final attempt's artifacts (muster.artifacts)
+SOURCE = "source"  # a warm start's checkpoint (muster.checkpoint_storage.sources)
 ENV = "env"
 EVIDENCE = "evidence"
 # An evidence bundle's id, `<UTC yyyymmddThhmmssZ>-<reason>`: a request file names it, so
@@ -123,6 +126,12 @@ class RunDir:
         """The artifact sets the server copied out of the working directory, one per final
         attempt (`artifacts/attempt-<n>/`, `muster.artifacts`)."""
         return self.path / ARTIFACTS
+
+    @property
+    def source(self) -> Path:
+        """Where the checkpoint a warm-started trial starts from is copied (`source/<its
+        name>/`): not among the trial's own checkpoints, which it never counts as."""
+        return self.path / SOURCE
 
     @property
     def env(self) -> Path:

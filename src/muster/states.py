@@ -164,6 +164,7 @@ class EventReason(StrEnum):
     SESSION_ENDED = "session ended"  # by its user or an admin, from the list of sessions
     CHECKPOINT_DELETED = "checkpoint deleted"  # by GC (its reason says why) or with its experiment
     RESTORE_SKIPPED = "restore skipped"  # a checkpoint corrupt in storage, passed over
+    WARM_START = "warm start"  # an attempt starts from its experiment's source checkpoint
     CHECKPOINT_UPLOAD_FAILED = "upload failed"  # retried with backoff, unless it cannot help
     # The final attempt's files the config names, copied (or why none were: `muster.artifacts`).
     ARTIFACTS_COLLECTED = "artifacts collected"

@@ -76,7 +76,8 @@ def test_no_free_disk_guard(tmp_path: Path) -> None:
             "zzz: unknown key; the keys allowed here are base_environment, build_logs, "
             "checkpoint_storage, "
             "data_roots, gpu_release, gpus, interpreters, launcher, log_limit, min_free_disk, "
-            "node_quarantine, package_sources, preemption, priority_floor, ray, registry, "
+            "mlflow, node_quarantine, package_sources, preemption, priority_floor, ray, "
+            "registry, "
             "run_as, "
             "secret_sources, slots, storage_endpoints, storage_paths, trusted_proxies",
         ),
@@ -238,3 +239,20 @@ def test_errors_in_the_default_file_name_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_cluster_config(None, default)
     assert str(info.value) == f"{default}: invalid cluster config:\nslots: must be >= 1, got 0"
+
+
+def test_the_mlflow_section(tmp_path: Path) -> None:
+    assert load_text(tmp_path, "").mlflow is None
+    found = load_text(tmp_path, "mlflow: {tracking_uri: 'http://mlflow.lab:5000/'}\n").mlflow
+    assert found is not None
+    assert (found.tracking_uri, found.export, found.registered_model_prefix) == (
+        "http://mlflow.lab:5000", "manual", "")
+    assert problems(tmp_path, "mlflow: {tracking_uri: mlflow.lab:5000, export: always, "
+                              "registered_model_prefix: 'a/b'}\n") == [
+        "mlflow.tracking_uri: must be the http:// or https:// URL of an MLflow tracking "
+        "server, such as http://mlflow.lab:5000, got 'mlflow.lab:5000'",
+        "mlflow.export: must be 'on_register' or 'manual', got 'always'",
+        "mlflow.registered_model_prefix: must be letters, digits and . _ - (MLflow's registry "
+        "takes no / or : in a name), got 'a/b'"]
+    assert problems(tmp_path, "mlflow: {export: on_register}\n") == [
+        "mlflow.tracking_uri: required key is missing"]

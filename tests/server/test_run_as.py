@@ -217,3 +217,56 @@ def test_an_owner_without_an_account_is_refused_at_submission(
                                                                     "print(1)\n"))
     assert "there is no Unix account 'mst-nobody-here'" in str(refused.value)
     assert "muster user edit carol --unix-user NAME" in str(refused.value)
+
+
+WARM = r'''
+import os
+import muster.harness as mh
+with mh.init() as ctx:
+    ctx.plan(steps=1)
+    restored = ctx.checkpoint.restore()
+    if restored is not None:
+        whose = "warm start" if restored.warm_start else "own"
+        print(f"started from {(restored.path / 'weights.txt').read_text()} ({whose})")
+    ctx.report_validation(1, {"val_loss": 0.25})
+    with ctx.checkpoint.save(1) as path:
+        (path / "weights.txt").write_text(os.environ["WEIGHTS"])
+'''
+
+
+def test_a_warm_start_from_another_owners_checkpoint_is_a_copy_the_job_owns(
+    shared_server: RunningServer, accounts: Accounts, tmp_path: Path
+) -> None:
+    """Any reader may start from any checkpoint: root copies alice's (in her private run
+    directory) into bob's run directory, where bob's job reads it; `source/` itself stays
+    root's, the copy is bob's."""
+    home = Home(shared_server.home)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with shared_server.client() as admin:
+        alice = admin.create_user("warm-alice", "user", unix_user=accounts.alice.pw_name)
+        bob = admin.create_user("warm-bob", "user", unix_user=accounts.bob.pw_name)
+
+    def warm(name: str, weights: str, **searcher: int) -> str:
+        return yaml.safe_dump({
+            "name": name, "entrypoint": ["python", "warm.py"], "harness": True,
+            "environment": {"python": str(SYSTEM_PYTHON), "variables": {"WEIGHTS": weights}},
+            "searcher": {"name": "single", "metric": "val_loss", **searcher}})
+
+    with Client(url=shared_server.url, token=alice["token"]) as as_alice:
+        source = only_trial(wait_ended(as_alice, as_alice.create_experiment(
+            warm("source", "alice's weights"), context(tmp_path / "a", "warm.py", WARM))["id"],
+            timeout=90))
+    with Client(url=shared_server.url, token=bob["token"]) as as_bob:
+        ended = wait_ended(as_bob, as_bob.create_experiment(
+            warm("fine-tune", "bob's weights", source_trial_id=source["id"]),
+            context(tmp_path / "b", "warm.py", WARM))["id"], timeout=90)
+        trial = only_trial(ended)
+        assert trial["state"] == "SUCCEEDED", trial["message"]
+        assert b"started from alice's weights (warm start)" in as_bob.read_logs(trial["id"]).data
+    run = home.run_dir(trial["uuid"])
+    top = run.source.lstat()
+    assert (top.st_uid, stat.S_IMODE(top.st_mode)) == (0, 0o711)
+    [copy] = run.source.iterdir()
+    assert (copy.lstat().st_uid, stat.S_IMODE(copy.lstat().st_mode)) == (
+        accounts.bob.pw_uid, 0o700)

@@ -45,6 +45,7 @@ from muster.checkpoint_storage.location import (
     open_backend,
 )
 from muster.checkpoint_storage.metrics import checkpoint_metrics
+from muster.checkpoint_storage.pins import held
 from muster.checkpoint_storage.planner import CheckpointFacts, Decision, plan
 from muster.checkpoint_storage.sweep import SweepReport, sweep_location
 from muster.checkpoint_storage.transfer import retry_delay
@@ -349,7 +350,7 @@ class StorageWorker:
             facts = [_facts(row, metrics.get(row.id)) for row in rows]
             may_run = {t.id for t in trials.values() if not t.state.is_terminal()}
             decisions = plan(facts, may_run, policy, config.searcher.smaller_is_better)
-            pins = _registered(s, [row.id for row in rows])
+            pins = held(s, [row.id for row in rows])
             decisions = [_pinned(d, pins[d.checkpoint_id]) if d.checkpoint_id in pins else d
                          for d in decisions]
             by_id = {row.id: row for row in rows}
@@ -371,7 +372,7 @@ class StorageWorker:
             with self.store.session_scope() as s:
                 rows = {r.id: r for r in s.scalars(select(Checkpoint).where(
                     Checkpoint.id.in_([p.id for p in chunk])))}
-                pinned = _registered(s, list(rows))  # (registered since the plan was made)
+                pinned = held(s, list(rows))  # (held since the plan was made)
                 for p in chunk:
                     row = rows.get(p.id)
                     if row is None or row.state != p.state or (not p.keep and p.id in pinned):
@@ -555,21 +556,8 @@ def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield items[start:start + size]
 
 
-def _registered(s: Session, checkpoint_ids: Sequence[int]) -> dict[int, str]:
-    """Which of these checkpoints model versions hold: id -> "registered as NAME vN, ..."."""
-    found: dict[int, list[str]] = {}
-    for checkpoint_id, name, version in s.execute(
-            select(ModelVersion.checkpoint_id, RegisteredModel.name, ModelVersion.version)
-            .join(RegisteredModel, RegisteredModel.id == ModelVersion.model_id)
-            .where(ModelVersion.checkpoint_id.in_(checkpoint_ids))
-            .order_by(RegisteredModel.name, ModelVersion.version)):
-        found.setdefault(checkpoint_id, []).append(f"{name} v{version}")
-    return {cid: "registered as " + ", ".join(names) + ": the registry holds it"
-            for cid, names in found.items()}
-
-
 def _pinned(decision: Decision, why: str) -> Decision:
-    """`decision` kept because a model version holds its checkpoint."""
+    """`decision` kept because something holds its checkpoint (`pins.held`)."""
     kept = decision.reasons if decision.keep else ()
     return Decision(decision.checkpoint_id, True, (why, *kept))
 

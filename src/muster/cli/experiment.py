@@ -232,6 +232,8 @@ def describe(
         render.console.print(f"  {exp['message']}", markup=False)
     for warning in exp.get("warnings", []):
         render.console.print(f"[yellow]warning:[/] {escape(warning)}")
+    if source := exp.get("source"):
+        render.console.print(f"warm start: {render.warm_start_line(source)}", markup=False)
     search = exp.get("search")
     if search and search["searcher"] != "single":
         for line in render.search_lines(search):

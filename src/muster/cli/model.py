@@ -192,3 +192,49 @@ def _version_line(version: api.ModelVersionView) -> str:
     return (f"v{version['version']} ({version['stage']}): trial {version['trial_id']}, "
             f"checkpoint {version['checkpoint_uuid']}, {_verdict(version)}; registered by "
             f"{version['registered_by']}")
+
+
+@app.command()
+def export(
+    ref: Annotated[str, typer.Argument(metavar="NAME@VERSION",
+                                       help="the version: NAME@3, NAME@production, "
+                                            "NAME@staging, or NAME (the latest)")],
+    mlflow: Annotated[str | None, typer.Option(
+        "--mlflow", metavar="URL",
+        help="the MLflow tracking server to export to, reached from this machine as you; "
+             "left out: the server exports to the one its cluster config names")] = None,
+    registered_model: Annotated[str | None, typer.Option(
+        "--registered-model", metavar="NAME",
+        help="the model's name in MLflow's registry (default: the muster model's name)")]
+    = None,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
+) -> None:
+    """Hand a version to MLflow: a run with the trial's hyperparameters, metric series,
+    muster's ids and verdict as tags, the checkpoint and artifacts as files, and a version
+    in MLflow's registry linked to that run (needs `pip install 'muster[mlflow]'`)."""
+    import tempfile
+    from pathlib import Path
+
+    from muster import mlflow_export
+
+    if mlflow is None and registered_model is not None:
+        raise typer.BadParameter(
+            "--registered-model goes with --mlflow; the server names its own (the model's "
+            "name after its cluster config's mlflow.registered_model_prefix)")
+    with client(home, url) as c:
+        if mlflow is None:
+            made = c.export_model_version(ref)
+        else:
+            uri = mlflow_export.check_tracking_uri(mlflow)
+            with tempfile.TemporaryDirectory(prefix="muster-export-") as work:
+                made = mlflow_export.export_through_api(c, ref, uri, registered_model,
+                                                        Path(work))
+    if as_json:
+        render.print_json(made)
+        return
+    render.console.print(
+        f"{made['model']} v{made['version']} → MLflow at {made['tracking_uri']}: run "
+        f"{made['run_id']} (experiment {made['experiment_id']}), registered model "
+        f"{made['registered_model']} version {made['model_version']}\n"
+        f"  run:     {made['run_url']}\n  version: {made['model_version_url']}",
+        markup=False, soft_wrap=True)

@@ -394,6 +394,16 @@ def snapshot_lines(part: api.JsonObject) -> list[str]:
     ]
 
 
+def warm_start_line(source: api.WarmStartView) -> str:
+    """Where an experiment's trials start from: `checkpoint step-… (step 5) of trial 3
+    (experiment 1, model m v1), named by source_model: m@1`."""
+    model = (f", model {source['model']} v{source['version']}"
+             if source["model"] is not None else "")
+    return (f"checkpoint {source['checkpoint']} (step {source['step']}) of trial "
+            f"{source['trial_id']} (experiment {source['experiment_id']}{model}), named by "
+            f"{source['named']}")
+
+
 def diff_lines(found: api.TrialDiff) -> list[str]:
     """A snapshot diff (`differences` and their `lines`) as `muster trial diff` prints it:
     each group's name, then its lines, most result-relevant first."""

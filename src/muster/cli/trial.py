@@ -67,6 +67,8 @@ def describe(
     if integration := trial.get("integration"):
         render.console.print(f"connected through: {_CONNECTED.get(integration, integration)}",
                              markup=False)
+    if source := trial.get("source"):
+        render.console.print(f"warm start: {render.warm_start_line(source)}", markup=False)
     if progress := trial.get("progress"):
         render.console.print(f"progress: {progress_line(progress)}", markup=False)
     render.console.print(render.attempts_table(trial))

@@ -32,6 +32,7 @@ trusted_proxies: [127.0.0.1]             # whose X-Forwarded-For names the clien
 base_environment: /opt/train-venv        # what trials without an environment block import
                                          # (an interpreter or a venv; default: the runtime
                                          # base computed from muster's own installation)
+mlflow: {tracking_uri: http://mlflow.lab:5000, export: on_register}   # or manual (default)
 ```
 
 The file is optional (`$MUSTER_HOME/cluster.yaml`); its models are as strict as the
@@ -53,7 +54,8 @@ from muster.config.schema import CheckpointStorageConfig, _Section, log_limit_or
 from muster.config.units import parse_duration, parse_size
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 
-__all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "NodeQuarantineConfig",
+__all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "MlflowConfig",
+           "NodeQuarantineConfig",
            "RayConfig", "RunAsAccount", "gpu_type_from_name", "load_cluster_config"]
 
 DEFAULT_MIN_FREE_DISK = 5 << 30
@@ -167,6 +169,36 @@ class RegistryConfig(_Section):
     owners_accept_unverified: bool = False
 
 
+class MlflowConfig(_Section):
+    """`mlflow:`: the MLflow tracking server model versions are handed to (docs/how-to/
+    models.md, "Export to MLflow"). `export: on_register` has the server export each newly
+    registered version in the background, an event on its model either way; `manual` (the
+    default), only when someone asks (`muster model export NAME@V` without --mlflow). An
+    admin names this server, so muster's server may reach it; a user's own `--mlflow URI` is
+    reached from the user's machine, never from the server."""
+
+    tracking_uri: str = Field(min_length=1, max_length=2048)
+    export: Literal["on_register", "manual"] = "manual"
+    # Put before each muster model's name in MLflow's registry ("team-a." -> "team-a.digits").
+    registered_model_prefix: str = Field(default="", max_length=64)
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not re.fullmatch(_URL, value):
+            raise ValueError("must be the http:// or https:// URL of an MLflow tracking server,"
+                             f" such as http://mlflow.lab:5000, got {show_value(value)}")
+        return value.rstrip("/")
+
+    @field_validator("registered_model_prefix")
+    @classmethod
+    def _name_part(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]*", value):
+            raise ValueError("must be letters, digits and . _ - (MLflow's registry takes no / "
+                             f"or : in a name), got {show_value(value)}")
+        return value
+
+
 class ClusterConfig(_Section):
     """What this machine offers: CPU slots, GPUs, the free-disk guard, preemption, and what
     users who are not admins may make the server act on (the allow-lists)."""
@@ -228,6 +260,9 @@ class ClusterConfig(_Section):
     # installation, less its own dependencies (`muster.environments.runtime_base`).
     # Checked when the server starts (`runtime_base.check_base_environment`).
     base_environment: str | None = None
+    # The MLflow tracking server versions are exported to (`muster.services.mlflow_exports`);
+    # None: the server exports nothing (the CLI's `--mlflow URI` still does, as the user).
+    mlflow: MlflowConfig | None = None
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
 
     @model_validator(mode="after")

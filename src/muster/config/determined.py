@@ -162,9 +162,6 @@ _IGNORED: dict[str, str] = {
                               "max_rungs",
     "searcher.stop_once": "muster's asha stops a trial at most once, at the rung it falls "
                           "behind",
-    "searcher.source_trial_id": "warm starts are not supported: each trial starts afresh",
-    "searcher.source_checkpoint_uuid": "warm starts are not supported: each trial starts "
-                                       "afresh",
     "searcher.budget": "a key of Determined's retired searchers",
     "searcher.train_stragglers": "a key of Determined's retired searchers",
     "searcher.unit": "a key of Determined's retired searchers",
@@ -173,6 +170,7 @@ _IGNORED: dict[str, str] = {
 _SAME = frozenset({
     "name", "description", "searcher.metric", "searcher.smaller_is_better",
     "searcher.max_trials", "searcher.mode", "searcher.max_rungs", "resources.priority",
+    "searcher.source_trial_id", "searcher.source_checkpoint_uuid",  # warm starts
     "reproducibility.experiment_seed", "checkpoint_storage.save_experiment_best",
     "checkpoint_storage.save_trial_best", "checkpoint_storage.save_trial_latest",
 })

@@ -554,6 +554,11 @@ LENGTH_UNITS = ("batches", "epochs", "records")
 SEARCHERS = ("single", "grid", "random", "tpe", "asha", "adaptive_asha")
 PRUNING_SEARCHERS = frozenset({"asha", "adaptive_asha"})  # they stop trials early
 MAX_TRIALS = 10_000
+# The keys of a warm start (`SearcherConfig.warm_start`): each names the checkpoint the
+# trials start from, at most one is set.
+SOURCE_KEYS = ("source_trial_id", "source_checkpoint_uuid", "source_model")
+SOURCE_CHECKPOINTS = ("latest", "best")  # `source_checkpoint`
+MAX_ID = 2**31 - 1  # the largest id the store holds (an INTEGER column)
 # Settings that only some searchers read: which, so that a setting a searcher would ignore
 # is an error rather than a silent no-op.
 _ONLY_FOR = {
@@ -574,8 +579,6 @@ class SearcherConfig(_Section):
     reports `epochs: 3` with its validation has trained 3 of `max_length: 20`."""
 
     FOREIGN_KEYS: ClassVar[dict[str, str]] = {
-        "source_trial_id": "warm starts from another trial are not supported; remove it",
-        "source_checkpoint_uuid": "warm starts from a checkpoint are not supported; remove it",
         "bracket_rungs": "muster's asha places rungs by divisor and max_rungs",
         "stop_once": "muster's asha stops a trial once, at the rung it falls behind",
         "max_time": "muster spells it searcher.max_length (counted in time_metric's "
@@ -595,6 +598,15 @@ class SearcherConfig(_Section):
     mode: Literal["aggressive", "standard", "conservative"] = "standard"
     divisor: int = Field(default=4, ge=2, le=100)
     max_rungs: int = Field(default=5, ge=1, le=20)
+    # A warm start: the checkpoint each trial starts from while it has none of its own, named
+    # by one of these (Determined's first two), resolved to one checkpoint when the
+    # experiment is submitted (`muster.services.warm_starts`).
+    source_trial_id: int | None = Field(default=None, ge=1, le=MAX_ID)  # its latest
+    source_checkpoint_uuid: str | None = Field(default=None, min_length=1, max_length=64)
+    source_model: str | None = Field(default=None, min_length=1, max_length=200)  # NAME@V
+    # Which of source_trial_id's checkpoints: "latest" (Determined's, the default) or "best"
+    # by the searcher metric of the source trial's experiment.
+    source_checkpoint: str | None = None
 
     def prunes(self) -> bool:
         """Whether this searcher stops poor trials early (its pruner judges validation)."""
@@ -607,6 +619,24 @@ class SearcherConfig(_Section):
         if problem is not None:
             raise ValueError(f"{problem}; name the validation metric as the script reports it")
         return value
+
+    @field_validator("source_checkpoint")
+    @classmethod
+    def _latest_or_best(cls, value: str | None) -> str | None:
+        if value is not None and value not in SOURCE_CHECKPOINTS:
+            raise ValueError(f"chooses source_trial_id's checkpoint: latest or best, not "
+                             f"{value!r} (a checkpoint named by its uuid is "
+                             "source_checkpoint_uuid)")
+        return value
+
+    def warm_start(self) -> tuple[str, str] | None:
+        """The key that names the checkpoint to start from, and its value as written;
+        None without a warm start."""
+        for key in SOURCE_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                return key, str(value)
+        return None
 
     @model_validator(mode="before")
     @classmethod
@@ -661,6 +691,13 @@ def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
     if config.time_metric is not None and config.max_length is None:
         problems.append(("time_metric", "counts max_length in that metric's values: set "
                                         "searcher.max_length too"))
+    named = [key for key in SOURCE_KEYS if getattr(config, key) is not None]
+    if len(named) > 1:
+        problems.append((named[-1], f"{' and '.join(named)} each name the checkpoint the "
+                                    "trials start from; keep one"))
+    if config.source_checkpoint is not None and config.source_trial_id is None:
+        problems.append(("source_checkpoint", "chooses source_trial_id's checkpoint (latest "
+                                              "or best): set source_trial_id, or remove it"))
     if config.time_metric is not None and config.max_length_unit != "steps":
         problems.append(("max_length_unit", f"max_length is counted in time_metric "
                                             f"{config.time_metric!r}'s values, not in "

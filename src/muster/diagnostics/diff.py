@@ -86,7 +86,7 @@ _TRIAL_GROUPS: tuple[tuple[str, DiffGroup], ...] = (
     ("code", DiffGroup.CODE),
     ("environment", DiffGroup.PACKAGES),
     ("config", DiffGroup.CONFIG), ("hparams", DiffGroup.CONFIG), ("seed", DiffGroup.CONFIG),
-    ("data", DiffGroup.CONFIG),
+    ("data", DiffGroup.CONFIG), ("source", DiffGroup.CONFIG),
 )
 _TRIAL_DEFAULT = DiffGroup.CONFIG
 _RANK_GROUPS: tuple[tuple[str, DiffGroup], ...] = (
@@ -114,7 +114,9 @@ OUTSIDE = "outside"  # the prefix of every field of the outside part
 PRIORITY: Mapping[DiffGroup, tuple[str, ...]] = {
     DiffGroup.CODE: ("code.git.commit", "code.git.dirty", "code.git.diff_sha256",
                  "code.tree_sha256", "code.files"),
-    DiffGroup.CONFIG: ("ranks", "hparams.*", "seed", "data.fingerprint"),
+    # A warm start's checkpoint is the weights the trial began with.
+    DiffGroup.CONFIG: ("ranks", "source.checkpoint_uuid", "source.*", "hparams.*", "seed",
+                       "data.fingerprint"),
     # Each package before the environment's key: the key is a hash of them all.
     DiffGroup.PACKAGES: ("environment.packages.torch", "packages.torch", "outside.packages.torch",
                      "environment.packages.*", "packages.*", "outside.packages.*"),

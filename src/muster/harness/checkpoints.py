@@ -55,6 +55,9 @@ class Checkpoint(NamedTuple):
     step: int
     time: float
     metadata: Metadata  # what the training code passed to save(metadata=...)
+    # Not the trial's own: the experiment's warm start (`searcher.source_*`), another
+    # trial's checkpoint. Load its weights; its step and counters are that trial's.
+    warm_start: bool = False
 
 
 class Saver(NamedTuple):
@@ -77,9 +80,11 @@ class Checkpoints:
     def __init__(
         self, directory: Path, saver: Saver, heartbeat: Heartbeat, preferred: Path | None,
         before_publish: Callable[[], None] = lambda: None,
-        failures: SaveFailures | None = None,
+        failures: SaveFailures | None = None, source: Path | None = None,
     ) -> None:
         self.directory = directory
+        # A warm start's checkpoint (MUSTER_SOURCE_CHECKPOINT), outside `directory`.
+        self._source = source
         # Every save that failed is recorded for verification, even when the training code
         # catches the error and carries on: its last results would be missing.
         self._failures = failures
@@ -314,15 +319,37 @@ class Checkpoints:
 
         MUSTER_LATEST_CHECKPOINT wins when it is intact. A corrupt checkpoint (metadata
         missing or malformed, a file missing or changed) is skipped with a RuntimeWarning
-        that names it and what is wrong.
+        that names it and what is wrong. A trial without an intact checkpoint of its own
+        gets its experiment's warm start, when it has one (MUSTER_SOURCE_CHECKPOINT,
+        `warm_start` true): another trial's checkpoint, which the trial's own directory
+        never counts as one of its own.
         """
         found = checkpoint_files.latest_intact(self.directory, self._preferred, _warn_corrupt,
                                                self._saver.trial_id)
+        warm_start = found is None and self._source is not None
+        if found is None and self._source is not None:
+            found = self._warm_start(self._source)
         if found is None:
             return None
         user_metadata = found.user_metadata
         return Checkpoint(path=found.path, step=found.step, time=found.saved_at or 0.0,
-                          metadata=user_metadata if isinstance(user_metadata, dict) else {})
+                          metadata=user_metadata if isinstance(user_metadata, dict) else {},
+                          warm_start=warm_start)
+
+    @staticmethod
+    def _warm_start(source: Path) -> checkpoint_files.Inspection | None:
+        """The warm start's checkpoint when intact (any trial's: it is another's by design)."""
+        try:
+            found = checkpoint_files.inspect(source)
+        except OSError as exc:
+            warnings.warn(f"muster.harness: the warm start's checkpoint {source} cannot be "
+                          f"read ({exc}); starting without it", RuntimeWarning, stacklevel=3)
+            return None
+        if not found.intact:
+            warnings.warn(f"muster.harness: skipping the warm start's corrupt checkpoint "
+                          f"{source}: {found.problem}", RuntimeWarning, stacklevel=3)
+            return None
+        return found
 
     latest = restore
 

@@ -59,7 +59,8 @@ class Context:
         saver = Saver(env.trial_id, env.attempt, env.rank, env.hparams, env.world_size)
         self.checkpoint = Checkpoints(run_dir.checkpoints, saver, self._heartbeat,
                                       env.latest_checkpoint, self._flush_accounting,
-                                      SaveFailures(files.save_failures))
+                                      SaveFailures(files.save_failures),
+                                      source=env.source_checkpoint)
         self._plan = files.plan
         self._stop = StopRequest(files.stop_ack, self._heartbeat)
         # Every thread's stack on a signal, for muster's evidence where py-spy cannot attach.

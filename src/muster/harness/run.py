@@ -31,6 +31,9 @@ class Run(NamedTuple):
     deterministic: bool  # reproducibility.deterministic (MUSTER_DETERMINISTIC=1)
     # Optimizer steps between the diagnostics' samples (MUSTER_DIAGNOSTICS); None: off.
     diagnostics_interval: int | None
+    # A warm start's checkpoint (MUSTER_SOURCE_CHECKPOINT): restore()'s while the trial
+    # has no checkpoint of its own.
+    source_checkpoint: Path | None = None
 
     def heartbeat_interval(self) -> float:
         """10 s, or a third of the heartbeat timeout when that is shorter."""
@@ -64,7 +67,8 @@ def read_run(
                world_size=world_size, hparams=hparams, latest_checkpoint=job.latest_checkpoint,
                heartbeat_timeout=job.heartbeat_timeout, max_length=job.max_length,
                seed=job.seed, deterministic=job.deterministic,
-               diagnostics_interval=job.diagnostics_interval)
+               diagnostics_interval=job.diagnostics_interval,
+               source_checkpoint=job.source_checkpoint)
 
 
 def _read_hparams(path: Path | None) -> Hparams:

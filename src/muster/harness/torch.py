@@ -144,6 +144,9 @@ class Resumed(NamedTuple):
     extra: Any  # the extra given to save(), or None
     path: Path  # the checkpoint directory
     world_size: int  # how many ranks the saving run had
+    # The experiment's warm start, another trial's checkpoint (`Checkpoint.warm_start`):
+    # its step is that trial's, so a loop that starts over counts from 0.
+    warm_start: bool = False
 
 
 def save(
@@ -268,7 +271,8 @@ def restore(
     extra = _load(extra_file, map_location) if extra_file.exists() else None
     _restore_rng(_load(latest.path / RNG_FILE, "cpu"), rank, world_size, latest.path)
     return Resumed(step=latest.step, sampler_epoch=saved.get("sampler_epoch"), extra=extra,
-                   path=latest.path, world_size=int(saved["world_size"]))
+                   path=latest.path, world_size=int(saved["world_size"]),
+                   warm_start=latest.warm_start)
 
 
 def save_sharded(

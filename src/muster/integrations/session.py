@@ -43,8 +43,9 @@ class Resumable:
 
     def said(self, framework: str) -> str:
         """The path, after one line on stderr saying the framework resumes from it."""
-        print(f"muster: resuming {framework} from {self.path} (step {self.checkpoint.step})",
-              file=sys.stderr, flush=True)
+        whose = ", the experiment's warm start" if self.checkpoint.warm_start else ""
+        print(f"muster: resuming {framework} from {self.path} (step {self.checkpoint.step}"
+              f"{whose})", file=sys.stderr, flush=True)
         return str(self.path)
 
 
@@ -135,7 +136,8 @@ class Session:
         return ctx is not None and ctx.should_stop()
 
     def latest(self) -> Checkpoint | None:
-        """The checkpoint to resume from: muster's latest intact one, or None."""
+        """The checkpoint to resume from: muster's latest intact one (the experiment's warm
+        start while the trial has none of its own), or None."""
         ctx = self.context
         if ctx is None:
             return None

@@ -24,9 +24,11 @@ from muster.schedule.backends import open_placement
 from muster.schedule.placement import Placement
 from muster.server.launchers import open_launcher
 from muster.server.settings import ServerSettings
+from muster.services import warm_starts
 from muster.services.allowances import Allowances
 from muster.services.cluster import submission_capacity
-from muster.services.experiments import AdmitNew
+from muster.services.experiments import AdmitNew, SourceResolver
+from muster.services.mlflow_exports import ExportQueue
 from muster.services.submission import ClusterCapacity
 from muster.store import Store
 from muster.supervise.supervisor import Supervisor
@@ -51,6 +53,9 @@ class Platform:
     min_free_disk: int  # the disk guard: nothing launches with less free in the runs
     # What a non-admin's config may make the server act on (cluster config's allow-lists).
     allowances: Allowances
+    # The background exports of newly registered versions to the cluster config's MLflow
+    # (`mlflow: {export: on_register}`); None: none are made when versions are registered.
+    mlflow_exports: ExportQueue | None = None
 
     @property
     def priority_floor(self) -> int:
@@ -86,15 +91,25 @@ class Platform:
         """Admission at submission: `Supervisor.admitting_new`."""
         return self.supervisor.admitting_new(priority)
 
+    @property
+    def sources(self) -> SourceResolver:
+        """What resolves a config's warm start at submission (`warm_starts`)."""
+        return warm_starts.resolve_source
+
     def start(self) -> None:
         """Start what works beside the passes: the runtime base's build (what the first
-        trial without an environment needs) and the checkpoint storage worker."""
+        trial without an environment needs), the checkpoint storage worker, and the MLflow
+        exports of `on_register`."""
         self.envs.runtime.start()
         self.storage.start()
+        if self.mlflow_exports is not None:
+            self.mlflow_exports.start()
 
     def close(self) -> None:
         """Stop it all; trials run on, for the next server to reattach."""
         self.storage.stop()
+        if self.mlflow_exports is not None:
+            self.mlflow_exports.stop()
         self.envs.stop_all()  # a build half done is redone by the next server
         self.store.dispose()
         self.placement.close()
@@ -126,7 +141,9 @@ def open_platform(home: Home, settings: ServerSettings) -> Platform:
         home=home, settings=cluster, store=store, launcher=launcher, placement=placement,
         envs=envs, storage=StorageWorker(store, home, cluster.checkpoint_storage),
         supervisor=supervisor, run_as=run_as, min_free_disk=min_free_disk,
-        allowances=Allowances.of(cluster))
+        allowances=Allowances.of(cluster),
+        mlflow_exports=(ExportQueue(store, home, cluster.mlflow) if cluster.mlflow is not None
+                        and cluster.mlflow.export == "on_register" else None))
 
 
 def _check_base_environment(path: str | None, run_as: bool) -> None:

@@ -52,6 +52,7 @@ from muster.services import (
     log_search,
     logs,
     metrics,
+    mlflow_exports,
     registry,
     retention,
     search,
@@ -95,8 +96,8 @@ _ERROR_MEANINGS = {
     429: f"too many at once: the caller already holds {MAX_FOLLOWS_PER_TOKEN} log follows, "
          "or failed to log in too often; retry after Retry-After seconds",
     503: "the database is unreachable",
-    502: "checkpoint storage (a shared directory, an S3 bucket) failed or refused; the "
-         "message names its URL",
+    502: "checkpoint storage (a shared directory, an S3 bucket), or the cluster's MLflow "
+         "tracking server, failed or refused; the message names its URL",
 }
 _ERROR_HEADERS: dict[int, shapes.JsonObject] = {429: {"headers": {"Retry-After": {
     "description": "seconds to wait before trying again", "schema": {"type": "integer"}}}}}
@@ -851,11 +852,16 @@ async def register_model_version(state: State, name: ModelName, body: api.Regist
                                  ) -> shapes.ModelVersionView:
     """A trial's checkpoint as the model's next version. Only a verified trial; one that
     was not needs `accept_unverified` (a reason, from an admin) and is marked so; a
-    rejected one never (409 says which)."""
-    return await asyncio.to_thread(
+    rejected one never (409 says which). With the cluster config's `mlflow: {export:
+    on_register}`, the new version is then exported to MLflow in the background: a
+    `model exported` or `model export failed` event on the model says how it went."""
+    version = await asyncio.to_thread(
         registry.register_version, state.store, state.home, who, name, body.trial_id,
         checkpoint=body.checkpoint, pick=body.pick, accept_unverified=body.accept_unverified,
         owners_accept_unverified=state.platform.owners_accept_unverified)
+    if state.platform.mlflow_exports is not None:
+        state.platform.mlflow_exports.submit(name, version["version"], who.name)
+    return version
 
 
 VersionAt = Annotated[str, InPath(
@@ -923,6 +929,23 @@ async def download_model_version(state: State, _: Reader, name: ModelName,
     return Download(download.chunks(), size=None, filename=download.filename,
                     media_type="application/gzip", close=download.close,
                     headers={"X-Muster-Model-Version": download.top})
+
+
+@router.post("/models/{name}/versions/{version}/mlflow", response_model=api.MlflowExport,
+             responses=_errors(400, 403, 404, 409, 502))
+async def export_model_version(state: State, name: ModelName, version: VersionAt,
+                               who: Annotated[Principal, Depends(allow(Action.SUBMIT))]
+                               ) -> shapes.MlflowExport:
+    """Export the version to the MLflow tracking server the cluster config names (`mlflow:`;
+    409 without one), now: an MLflow run with the trial's hyperparameters, metric series,
+    muster's ids and verdict as tags, the checkpoint and artifacts as files, and a version
+    in MLflow's registry linked to it. Whoever may register from the version's trial may
+    ask; 502 when MLflow does not answer or refuses (a `model export failed` event says
+    it too). Only the admin's server is reached: a user's own goes by `muster model export
+    --mlflow`, from the user's machine."""
+    return await asyncio.to_thread(mlflow_exports.export_for, state.store, state.home,
+                                   state.platform.settings.mlflow, who,
+                                   _version_ref(name, version))
 
 
 @router.get("/trials/{trial_id}/snapshot", response_model=api.TrialSnapshot,

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypedDict
+from typing import NamedTuple, Protocol, TypedDict
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -20,6 +20,7 @@ from muster.config import ExperimentConfig
 from muster.config.determined import SlotKind, Translation
 from muster.config.loading import read_experiment_config
 from muster.config.problems import config_error
+from muster.config.schema import SearcherConfig
 from muster.environments.layout import EnvHome
 from muster.environments.registry import keep_request
 from muster.environments.request import RequestError, build_request
@@ -80,6 +81,20 @@ class TrialProgressPoll(TypedDict):
 AdmitNew = Callable[[Session, Trial], None]
 
 
+class WarmStart(NamedTuple):
+    """A config's warm start (`searcher.source_*`) resolved to the checkpoint its trials
+    start from: what the experiment records (`Experiment.source_checkpoint_id`, `.source`)."""
+
+    checkpoint_id: int
+    view: api.WarmStartView
+
+
+# Resolves a config's warm start in the create's transaction, or refuses it (ConfigError,
+# with the key path): `muster.services.warm_starts.resolve_source`, which reads the model
+# registry, a layer above this module, so it is handed in with the submission.
+SourceResolver = Callable[[Session, SearcherConfig, str], WarmStart | None]
+
+
 class Submission(Protocol):
     """What a create needs of the server (`muster.server.platform.Platform`), or of a store
     and a home alone (`PlainSubmission`)."""
@@ -114,6 +129,10 @@ class Submission(Protocol):
         """Admission at submission for trials of `priority` at best: yields a function to
         call with each new trial in the create's transaction, or None (they wait for the
         pass); the caller wakes the passes after the create."""
+
+    @property
+    def sources(self) -> SourceResolver | None:
+        """What resolves a config's warm start; None: a warm start is refused."""
 
 
 def slot_kind(submission: Submission) -> SlotKind:
@@ -151,6 +170,7 @@ class PlainSubmission:
     allowances: Allowances = field(default_factory=Allowances)
     priority_floor: int = MIN_PRIORITY
     run_as: RunAs | None = None
+    sources: SourceResolver | None = None  # `warm_starts.resolve_source` for warm starts
 
     @property
     def runtime(self) -> RuntimeBase:
@@ -165,11 +185,13 @@ class PlainSubmission:
 
 def create_experiment(store: Store, home: Home, owner: Principal, config_text: str,
                       archive: Path | None = None, *, secrets: Mapping[str, str] | None = None,
-                      context_from: int | None = None, git: GitState | None = None) -> int:
+                      context_from: int | None = None, git: GitState | None = None,
+                      sources: SourceResolver | None = None) -> int:
     """`create_experiments` of one config, submitted to `store` and `home` alone
-    (`PlainSubmission`); returns the experiment's id."""
+    (`PlainSubmission`, with `sources` to resolve a warm start); returns the experiment's
+    id."""
     new = NewExperiments([config_text], archive, secrets, context_from, git)
-    return create_experiments(PlainSubmission(store, home), owner, new)[0]
+    return create_experiments(PlainSubmission(store, home, sources=sources), owner, new)[0]
 
 
 @dataclass(frozen=True)
@@ -245,6 +267,7 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
                     + job_secrets.check_server(config, os.environ, home.root))
         if problems:
             raise config_error(source, problems)
+        _check_warm_start(submission, config, source)  # before the snapshot is made
         configs.append((source, text, loaded.translation, config))
     run_as = submission.run_as
     account = _check_account(submission.store, run_as, owner) if run_as is not None else None
@@ -254,7 +277,7 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
         for source, text, translation, config in configs:
             exp_uuid = str(uuid.uuid4())
             context = home.context_dir(exp_uuid)
-            made.append(_Prepared(exp_uuid, text, config, context, translation))
+            made.append(_Prepared(exp_uuid, text, config, context, translation, source))
             if made[0].context is not context:
                 context.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copytree(made[0].context, context, symlinks=True,
@@ -277,7 +300,7 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
             if new.secrets:
                 job_secrets.save_submitted(home, exp_uuid, new.secrets)
         return _insert_experiments(submission.store, owner, made, submission.admitting,
-                                   new.claim)
+                                   new.claim, submission.sources)
     except BaseException:
         for prepared in made:
             shutil.rmtree(prepared.context.parent, ignore_errors=True)
@@ -294,6 +317,7 @@ class _Prepared:
     config: ExperimentConfig
     context: Path
     translation: Translation | None  # the Determined config `text` was, read as muster's
+    source: str  # which of the create's configs it is, as its problems name it
     environment: str | None = None
 
 
@@ -380,7 +404,8 @@ def _keep_environment(home: Home, config: ExperimentConfig, context: Path, sourc
 
 def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared],
                         admitting: Callable[[int], ContextManager[AdmitNew | None]],
-                        claim: idempotency.Claim | None) -> list[int]:
+                        claim: idempotency.Claim | None, sources: SourceResolver | None
+                        ) -> list[int]:
     """The experiments, each with its trial unless a searcher draws its trials (the
     orchestrator does, from its next pass on), in one transaction; the trials that may
     start at once (`admitting`) are admitted in it too, and the `claim`'s key recorded
@@ -389,7 +414,7 @@ def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared
     best = min(prepared.config.resources.priority for prepared in made)
     with admitting(best) as admit, store.session_scope() as s:
         key = None if claim is None else idempotency.record(s, claim)
-        inserted = [_insert_experiment(s, owner, prepared) for prepared in made]
+        inserted = [_insert_experiment(s, owner, prepared, sources) for prepared in made]
         if admit is not None:  # in the queue's order, as the pass would
             trials = [trial for _, trial in inserted if trial is not None]
             for trial in sorted(trials, key=lambda t: (t.priority, t.id)):
@@ -400,8 +425,8 @@ def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared
         return ids
 
 
-def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared
-                       ) -> tuple[int, Trial | None]:
+def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared,
+                       sources: SourceResolver | None) -> tuple[int, Trial | None]:
     config = prepared.config
     exp = Experiment(
         uuid=prepared.uuid, name=config.name, description=config.description,
@@ -410,6 +435,9 @@ def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared
         priority=config.resources.priority, max_trials=config.trial_count(),
         environment_key=prepared.environment, owner_id=owner.user_id,
     )
+    warm_start = _warm_start(s, sources, config, prepared.source)
+    if warm_start is not None:  # resolved in this transaction: GC keeps it from its commit
+        exp.source_checkpoint_id, exp.source = warm_start.checkpoint_id, dict(warm_start.view)
     s.add(exp)
     s.flush()
     searcher = config.searcher.name
@@ -430,6 +458,25 @@ def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared
                      trial_id=trial.id)
         return exp.id, trial
     return exp.id, None
+
+
+def _check_warm_start(submission: Submission, config: ExperimentConfig, source: str) -> None:
+    """Refuse a warm start from a checkpoint muster does not hold intact, before any work
+    (the create's transaction resolves it again, for good)."""
+    if config.searcher.warm_start() is not None:
+        with submission.store.session_scope() as s:
+            _warm_start(s, submission.sources, config, source)
+
+
+def _warm_start(s: Session, sources: SourceResolver | None, config: ExperimentConfig,
+                source: str) -> WarmStart | None:
+    named = config.searcher.warm_start()
+    if named is None:
+        return None
+    if sources is None:
+        raise config_error(source, [f"searcher.{named[0]}: this submission resolves no warm "
+                                    "starts (a PlainSubmission without `sources`)"])
+    return sources(s, config.searcher, source)
 
 
 def _record_translation(s: Session, exp: Experiment, translation: Translation,

@@ -443,6 +443,7 @@ def _lineage(s: Session, home: Home, trial: Trial, row: Checkpoint, owner: str |
         "verification": trial.verification, "verdict": verdict,
         "metrics": _validation_at(s, trial.id, row.step),
         "snapshot": snapshot_key(home, trial),
+        "source": trial.experiment.source,  # the warm start it began from (`warm_starts`)
     }
 
 

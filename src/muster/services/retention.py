@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from muster import api
 from muster.checkpoint_storage.location import effective_policy
 from muster.checkpoint_storage.metrics import checkpoint_metrics
+from muster.checkpoint_storage.pins import warm_starts_from
 from muster.checkpoint_storage.worker import PlannedCheckpoint, StorageWorker
 from muster.errors import Conflict, NotFound
 from muster.services import views
@@ -113,7 +114,8 @@ def delete_experiment(store: Store, worker: StorageWorker | None, who: Principal
 
     Raises:
         Conflict: the experiment has not ended (kill it first), or model versions hold
-            checkpoints of its trials (named: delete those versions first).
+            checkpoints of its trials (named: delete those versions first), or experiments
+            that have not ended warm-start from them (named).
     """
     with store.session_scope() as s:
         experiment = experiment_or_404(s, experiment_id)
@@ -128,6 +130,11 @@ def delete_experiment(store: Store, worker: StorageWorker | None, who: Principal
             raise Conflict(f"experiment {experiment_id} holds the checkpoints of "
                            f"{', '.join(held)}: the registry keeps them, so the experiment "
                            "stays; delete those model versions first")
+        starting = warm_starts_from(s, experiment_id)
+        if starting:
+            raise Conflict(f"experiment {experiment_id} holds the checkpoints that "
+                           f"{', '.join(starting)} start their trials from (a warm start), "
+                           "so it stays until they have ended; delete it then, or kill them")
         if experiment.delete_requested_at is None:
             experiment.delete_requested_at = now()
             record_event(s, entity="experiment", entity_id=experiment_id,

@@ -106,6 +106,14 @@ def _git(home: Home, experiment_uuid: str) -> git_state.GitSnapshot | None:
     return None if state is None else state.snapshot()
 
 
+def _warm_start(source: api.JsonObject | None) -> api.JsonObject | None:
+    """What a diff compares of a warm start: the checkpoint and what named it."""
+    if source is None:
+        return None
+    return {key: source.get(key) for key in ("checkpoint_uuid", "checkpoint", "step",
+                                              "trial_id", "model", "version")}
+
+
 def _packages(home: Home, key: str | None) -> dict[str, str] | None:
     """The environment's packages from its `pip freeze`; None when it is not built."""
     if key is None:
@@ -162,6 +170,8 @@ class TrialParts:
             "environment": {"key": key, "packages": self._packages_of(
                 key, None if config is None else config.environment.python)},
             "data": {"fingerprint": manifest.get("fingerprint")},
+            # the checkpoint its trials start from (`searcher.source_*`), as resolved
+            "source": _warm_start(experiment.source),
         }
 
     def _config(self, experiment: Experiment) -> tuple[ExperimentConfig | None, api.Config]:

@@ -69,6 +69,7 @@ class ExperimentOverview(api.ExperimentSummary):
     config_yaml: str  # as submitted: what "run again" starts from
     search: api.SearchProgress
     warnings: list[str]
+    source: api.WarmStartView | None  # its warm start
 
 
 def experiment_summary(exp: Experiment, *, states: Sequence[TrialState] | None = None,
@@ -160,7 +161,20 @@ def experiment_overview(exp: Experiment, best: BestValues, warnings: Sequence[st
         succeeded=[t for t in trials if t.state is TrialState.SUCCEEDED],
         best=search["best"], running=running_progress(trials, progress or {}))
     return ExperimentOverview(**summary, config=exp.config, config_yaml=exp.config_yaml,
-                              search=search, warnings=list(warnings))
+                              search=search, warnings=list(warnings),
+                              source=warm_start_view(exp))
+
+
+def warm_start_view(exp: Experiment) -> api.WarmStartView | None:
+    """The experiment's warm start as it was resolved at its submission, or None."""
+    source = exp.source
+    if source is None:
+        return None
+    return api.WarmStartView(
+        named=str(source["named"]), checkpoint_uuid=str(source["checkpoint_uuid"]),
+        checkpoint=str(source["checkpoint"]), step=int(source["step"]),
+        trial_id=int(source["trial_id"]), experiment_id=int(source["experiment_id"]),
+        model=source.get("model"), version=source.get("version"))
 
 
 def search_view(exp: Experiment, searcher: SearcherConfig, best: BestValues,
@@ -232,6 +246,7 @@ def trial_detail(trial: Trial, best: Mapping[str, float],
         "snapshot": snapshot,
         "progress": progress,
         "integration": trial.integration,
+        "source": warm_start_view(trial.experiment),
     }
 
 

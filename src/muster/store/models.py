@@ -229,6 +229,13 @@ class Experiment(Base):
     gc_policy: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
     # `muster experiment delete`: the storage worker removes its files, then its rows.
     delete_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # A warm start (`searcher.source_*`), resolved when it was submitted: the checkpoint its
+    # trials start from, held against GC and deletes while it runs (no foreign key: that
+    # checkpoint's experiment may be deleted once this one has ended), and what it was, as
+    # `api.WarmStartView` shows it (`muster.services.warm_starts`).
+    source_checkpoint_id: Mapped[int | None] = mapped_column(Integer, nullable=True,
+                                                             index=True)
+    source: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     trials: Mapped[list[Trial]] = relationship(
         back_populates="experiment", order_by="Trial.id", cascade="all, delete-orphan"

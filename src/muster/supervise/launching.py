@@ -31,7 +31,15 @@ from muster.launch.base import ProcessIdentity, ReplicaSpec, ReplicaStatus
 from muster.launch.torchrun import free_port, wants_distributed_env
 from muster.rundir import AttemptDir, Hparams, RunDir
 from muster.states import AttemptState, EventReason, Reason, ReplicaPhase, TrialState
-from muster.store import Attempt, Checkpoint, Experiment, Replica, Trial, transition
+from muster.store import (
+    Attempt,
+    Checkpoint,
+    Experiment,
+    Replica,
+    Trial,
+    record_event,
+    transition,
+)
 from muster.store.configs import experiment_config
 from muster.supervise import outside_snapshot, verification
 from muster.supervise.context import ACTOR, SupervisorContext
@@ -40,6 +48,7 @@ from muster.supervise.manifest import empty_data_problem
 from muster.supervise.ownership import grant_attempt, grant_trial
 from muster.supervise.scans import DataScans, ScanFailed
 from muster.supervise.searching import trial_seed
+from muster.supervise.warm_start import Source, copy_source, source_of
 from muster.supervise.workdir import prepare_workdir
 
 __all__ = ["AttemptPlan", "GpuPlan", "Launching", "Prelaunch", "Recorded", "latest_checkpoint",
@@ -95,6 +104,9 @@ class AttemptPlan:
     environment: TrialEnvironment | None = None
     account: Account | None = None  # the Unix account its jobs run as (`run_as`)
     log_limit: int | None = None  # what each replica's log keeps (`resources.log_limit`)
+    # Its experiment's warm start, copied into its run directory at the launch
+    # (`warm_start.copy_source`), while it has no checkpoint of its own.
+    source: Source | None = None
 
 
 def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
@@ -117,6 +129,7 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             distributed=(Distributed.on_one_node(rank, world_size, MASTER_ADDR,
                                                  plan.master_port) if distributed else None),
             latest_checkpoint=plan.latest_checkpoint,
+            source_checkpoint=plan.source.copy_in(plan.dir.run) if plan.source else None,
             heartbeat_timeout=config.failure_policy.heartbeat_timeout,
             max_length=config.searcher.max_length, seed=plan.seed,
             deterministic=config.reproducibility.deterministic,
@@ -182,12 +195,14 @@ class Launching:
         # With GPUs to schedule, a replica sees exactly its own (none, without any).
         scheduled = bool(gpus) or bool(self.ctx.placement.inventory.gpus())
         account = job_account(self.ctx.run_as, trial.experiment)
+        latest = latest_checkpoint(run_dir, self.ctx.home)
         return AttemptPlan(
             trial_id=trial.id, trial_uuid=trial.uuid, trial_number=trial.number,
             experiment_id=trial.experiment_id, number=number, dir=run_dir.attempt(number),
             config=config,
             workdir=run_dir.workdir, master_port=port,
-            latest_checkpoint=latest_checkpoint(run_dir, self.ctx.home),
+            latest_checkpoint=latest,
+            source=self.warm_start_of(s, trial) if latest is None else None,
             gpus=gpus if scheduled else None,
             seed=trial_seed(trial.experiment, config, trial.number),
             incarnation=incarnation, standby=standby,
@@ -198,6 +213,15 @@ class Launching:
 
     def specs(self, plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
         return replica_specs(plan, ranks)
+
+    @staticmethod
+    def warm_start_of(s: Session, trial: Trial) -> Source | None:
+        """The checkpoint the trial's next attempt starts from when it has none of its own
+        (not even one only storage holds): its experiment's warm start, if any."""
+        if trial.experiment.source_checkpoint_id is None or s.scalar(
+                select(Checkpoint.id).where(*resumable(trial.id)).limit(1)) is not None:
+            return None
+        return source_of(s, trial.experiment)
 
     def prelaunch(self, trial_id: int) -> Prelaunch:
         with self.ctx.store.session_scope() as s:
@@ -272,6 +296,8 @@ class Launching:
                             link_all=account is not None)
             if environment is not None:
                 self.ctx.envs.prepare(environment)
+            if recorded.source is not None:
+                self._copy_source(recorded, recorded.source)
             if account is not None:
                 grant_trial(AttemptDir(specs[0].attempt_dir).run, account)
             prepare_attempt_dir(AttemptDir(specs[0].attempt_dir), recorded.hparams, account)
@@ -291,6 +317,22 @@ class Launching:
             return
         self.note_shims(attempt_id, launched)
         outside_snapshot.record_soon(specs[0], environment, recorded.context.snapshot)
+
+    def _copy_source(self, recorded: Recorded, source: Source) -> None:
+        """Copy the warm start's checkpoint in (`warm_start.copy_source`), and say so.
+
+        Raises:
+            LaunchError: it cannot be had.
+        """
+        run_dir = AttemptDir(recorded.specs[0].attempt_dir).run
+        copy_source(source, source.copy_in(run_dir), self.ctx.home)
+        with self.ctx.store.session_scope() as s:
+            attempt = s.get_one(Attempt, recorded.attempt_id)
+            record_event(s, entity="attempt", entity_id=attempt.id,
+                         reason=EventReason.WARM_START, actor=ACTOR,
+                         experiment_id=attempt.trial.experiment_id, trial_id=attempt.trial_id,
+                         message=f"attempt {attempt.number} starts from the warm start, "
+                                 f"{source.shown}: the trial has no checkpoint of its own yet")
 
     def note_shims(self, attempt_id: int, shims: Mapping[int, ProcessIdentity]) -> None:
         """Record the identities of the shims the launcher started, by rank."""
@@ -362,7 +404,7 @@ class Launching:
             trial.environment_key = plan.environment.key
             trial.environment_freeze = plan.environment.freeze()
         return Recorded(attempt.id, trial.id, self.specs(plan), dict(trial.hparams),
-                        context_of(trial), plan.environment)
+                        context_of(trial), plan.environment, plan.source)
 
     def _fail_before_launch(self, trial_id: int, message: str,
                             reason: Reason = Reason.PERMANENT_ERROR) -> None:
@@ -393,6 +435,7 @@ class Recorded:
     hparams: Hparams
     context: Context
     environment: TrialEnvironment | None
+    source: Source | None = None  # the warm start to copy in first
 
 
 def context_of(trial: Trial) -> Context:

@@ -1,7 +1,8 @@
 """Under the cluster config's `run_as`: who owns what of a trial's run directory.
 
 The trial's own directories are its account's, 0700: its working directory, its environment
-layer (so `pip install` works), its checkpoints and each attempt's directory (where the
+layer (so `pip install` works), its checkpoints, the copy of its warm start's checkpoint
+(`source/<name>/`) and each attempt's directory (where the
 harness writes its heartbeat, metrics and samples, and the shim, as root, its log and exit
 record). The run directory itself stays root's, 0711 (entered, not listed): nothing of the
 job's can stand in for a directory muster makes there later, so muster never creates,
@@ -46,12 +47,24 @@ def grant_trial(run_dir: RunDir, account: Account) -> None:
         os.chown(run_dir.path, 0, 0)
         os.chmod(run_dir.path, RUN_DIR_MODE)
         run_dir.checkpoints.mkdir(mode=PRIVATE, exist_ok=True)
-        for tree in (run_dir.workdir, run_dir.env, run_dir.checkpoints):
+        for tree in (run_dir.workdir, run_dir.env, run_dir.checkpoints, *_copies(run_dir)):
             if tree.is_dir() and tree.lstat().st_uid != account.uid:
                 _give_tree(tree, account)
     except OSError as exc:
         raise LaunchError(f"Could not give the run directory {run_dir.path} to Unix account "
                           f"{account.name} (run_as): {exc}") from exc
+
+
+def _copies(run_dir: RunDir) -> list[Path]:
+    """The warm start's copies in `source/` (`muster.supervise.warm_start`), which the job
+    reads and may change; `source/` itself stays root's (0711), so what muster copies in
+    there later never goes through a link the job planted."""
+    if not run_dir.source.is_dir() or run_dir.source.is_symlink():
+        return []
+    os.chown(run_dir.source, 0, 0)
+    os.chmod(run_dir.source, RUN_DIR_MODE)
+    return [Path(entry.path) for entry in os.scandir(run_dir.source)
+            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(".")]
 
 
 def _give_tree(top: Path, account: Account) -> None:

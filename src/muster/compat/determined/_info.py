@@ -74,7 +74,8 @@ class ClusterInfo:
     @functools.cached_property
     def latest_checkpoint(self) -> str | None:
         """The storage id of the checkpoint to resume from (MUSTER_LATEST_CHECKPOINT, or the
-        latest intact one in the trial's checkpoints); None before the first."""
+        latest intact one in the trial's checkpoints, else the experiment's warm start:
+        `searcher.source_trial_id`, `source_checkpoint_uuid`); None before the first."""
         return self._storage.latest()
 
     @property

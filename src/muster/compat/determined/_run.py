@@ -48,4 +48,5 @@ def this_job() -> JobEnvironment:
 def storage_ids() -> StorageIds:
     """The run's checkpoints by storage id, shared so each is verified once per process."""
     run = this_run()
-    return StorageIds(RunDir(run.run_dir).checkpoints, run.latest_checkpoint, run.trial_id)
+    return StorageIds(RunDir(run.run_dir).checkpoints, run.latest_checkpoint, run.trial_id,
+                      run.source_checkpoint)

@@ -48,21 +48,41 @@ def determined_metadata(found: Inspection) -> dict[str, Any]:
 
 
 class StorageIds:
-    """The trial's checkpoints by storage id: its checkpoint directory, and the checkpoint
-    muster named to resume from (MUSTER_LATEST_CHECKPOINT, which may lie elsewhere)."""
+    """The trial's checkpoints by storage id: its checkpoint directory, the checkpoint
+    muster named to resume from (MUSTER_LATEST_CHECKPOINT, which may lie elsewhere), and
+    the experiment's warm start (MUSTER_SOURCE_CHECKPOINT: another trial's checkpoint,
+    Determined's `source_trial_id` / `source_checkpoint_uuid`)."""
 
-    def __init__(self, directory: Path, preferred: Path | None, trial_id: int | None) -> None:
+    def __init__(self, directory: Path, preferred: Path | None, trial_id: int | None,
+                 source: Path | None = None) -> None:
         self.directory = directory
         self._preferred = preferred
         self._trial_id = trial_id
+        self._source = source
         self._intact: dict[str, Inspection] = {}  # verified in this process
 
     def latest(self) -> str | None:
         """The storage id of the checkpoint to resume from, as `muster.harness` chooses it:
-        MUSTER_LATEST_CHECKPOINT when intact, else the intact one of the highest step."""
+        MUSTER_LATEST_CHECKPOINT when intact, else the intact one of the highest step, else
+        (a trial without one of its own) the warm start's when intact."""
         found = checkpoint_files.latest_intact(self.directory, self._preferred, _warn_corrupt,
                                                self._trial_id)
+        if found is None and self._source is not None:
+            found = self._warm_start(self._source)
         return None if found is None else self._remember(found)
+
+    @staticmethod
+    def _warm_start(source: Path) -> Inspection | None:
+        try:
+            found = checkpoint_files.inspect(source)  # another trial's, by design
+        except OSError as exc:
+            warnings.warn(f"muster: the warm start's checkpoint {source} cannot be read "
+                          f"({exc}); starting without it", RuntimeWarning, stacklevel=4)
+            return None
+        if not found.intact:
+            _warn_corrupt(found)
+            return None
+        return found
 
     def find(self, storage_id: str) -> Inspection:
         """The intact checkpoint `storage_id` names.
@@ -76,7 +96,8 @@ class StorageIds:
             return self._intact[storage_id]
         for path in self._candidates(storage_id):
             try:
-                found = checkpoint_files.inspect(path, self._trial_id)
+                found = checkpoint_files.inspect(
+                    path, None if path == self._source else self._trial_id)
             except FileNotFoundError:
                 continue  # deleted since the listing
             if storage_id not in (found.name, storage_id_of(found)):
@@ -99,6 +120,8 @@ class StorageIds:
         paths = checkpoint_files.published(self.directory)
         if self._preferred is not None:
             paths.insert(0, self._preferred)
+        if self._source is not None:
+            paths.append(self._source)
         same_step = [p for p in paths if checkpoint_files.step_in_name(p.name) == step]
         return sorted(same_step, key=lambda p: p.name != storage_id)
 
