@@ -195,3 +195,10 @@ def test_an_owner_accepts_its_own_unverified_trial_where_the_cluster_allows(
     assert (marked["verified"], marked["accepted_unverified"]["by"]) == (False, "olga")
     listed = _cli(server, "versions", "olgas")
     assert "UNVERIFIED, accepted by olga: a baseline to beat" in listed.output
+
+    # The server exports only to the MLflow its cluster config names: none here.
+    asked = _api(server, "POST", "/models/olgas/versions/1/mlflow", token)
+    assert asked.status_code == 409 and "names no MLflow tracking server" in asked.text
+    with server.client() as admin:
+        viewer = admin.create_user("vic", "viewer")["token"]
+    assert _api(server, "POST", "/models/olgas/versions/1/mlflow", viewer).status_code == 403
