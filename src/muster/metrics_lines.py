@@ -67,6 +67,22 @@ class MetricLine:
     metrics: dict[str, int | float]
 
 
+# How many distinct steps a reading keeps (`few_steps`): enough to tell a run that reported
+# one or two steps from one that reported a series (a warm start's own progress:
+# `muster.supervise.verification`).
+STEPS_KEPT = 3
+
+
+def few_steps(kept: frozenset[int], more: Iterable[int]) -> frozenset[int]:
+    """`kept` and as many of `more` as fit in STEPS_KEPT distinct steps."""
+    steps = set(kept)
+    for step in more:
+        if len(steps) >= STEPS_KEPT:
+            break
+        steps.add(step)
+    return frozenset(steps)
+
+
 def is_complete(line: bytes) -> bool:
     """Whether `line` (as read, with its newline if it has one) has been wholly written."""
     return line.endswith(b"\n")

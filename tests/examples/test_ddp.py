@@ -23,6 +23,7 @@ from sqlalchemy import select
 
 from muster import checkpoint_files
 from muster.client import pack_context
+from muster.services import warm_starts
 from muster.services.experiments import create_experiment, describe_trial
 from muster.states import TrialState
 from muster.store import Attempt, Replica, Trial
@@ -73,10 +74,13 @@ def example_config() -> dict[str, Any]:
 
 
 def submit(rig: Rig, config: dict[str, Any], context: Path) -> Submitted:
+    """`config` with `context` uploaded; a warm start (`searcher.source_*`) is resolved as the
+    server resolves it."""
     archive = context.with_name("context.tar.gz")
     archive.write_bytes(pack_context(context))
     experiment_id = create_experiment(rig.store, rig.home, rig.admin,
-                                      yaml.safe_dump(config), archive)
+                                      yaml.safe_dump(config), archive,
+                                      sources=warm_starts.resolve_source)
     with rig.store.session_scope() as s:
         trial_id = s.scalars(select(Trial.id).where(Trial.experiment_id == experiment_id))
         return Submitted(experiment_id, trial_id.one())

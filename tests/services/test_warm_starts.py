@@ -34,8 +34,9 @@ from muster.services.experiments import (
     describe_experiment,
     describe_trial,
     kill_experiment,
+    review_trial,
 )
-from muster.states import CheckpointState, EventReason, ModelStage
+from muster.states import CheckpointState, EventReason, ModelStage, TrialState
 from muster.store import Checkpoint, Event, Store, Trial
 from muster.supervise.supervisor import Supervisor
 from tests.accounts import first_admin
@@ -176,6 +177,40 @@ def test_a_trial_id_or_a_checkpoint_uuid_starts_from_that_checkpoint(
         best = warm_starts.resolve_source(s, SearcherConfig(
             source_trial_id=trained.trial_id, source_checkpoint="best"), "exp.yaml")
     assert best is not None and best.view["checkpoint_uuid"] == trained.checkpoints[STEPS]
+
+
+def test_a_warm_start_that_trained_no_step_of_its_own_is_not_verified(
+        warm_rig: Rig, trained: Trained) -> None:
+    """A script that takes the source's step for its own (it never looks at
+    `restore().warm_start`) and plans no more steps than the source trained runs no step,
+    yet its final report and checkpoint reach its plan: SUSPECT, not verified. Planned past
+    the source's step, the same script trains steps of its own and is verified."""
+    rig = warm_rig
+    idle, more = (_created(rig, _config({"source_trial_id": trained.trial_id}, steps=steps,
+                                        keep_source_step=True)) for steps in (STEPS, STEPS + 3))
+    rig.tick_until(lambda: all(TrialState(rig.trial(j.trial_id).state).is_at_rest()
+                               for j in (idle, more)), what="the trials to end")
+
+    assert re.findall(r"^step \d+ loss", _log(rig, idle.trial_id), re.M) == []  # no step
+    trial = _described(rig, idle.trial_id)
+    assert (trial["state"], trial["verified"]) == ("SUSPECT", False)
+    completed = {c["name"]: c for c in trial["verification"]["checks"]}["completed"]
+    assert completed["detail"].startswith(
+        f"the trial started from the warm start's checkpoint {trained.names[STEPS]} of trial "
+        f"{trained.trial_id} at step {STEPS} and reported step {STEPS} only, nothing past it")
+    assert f"its plan ({STEPS} steps; ctx.plan()) does not pass step {STEPS}" in \
+        completed["detail"]
+    assert {c["name"] for c in trial["verification"]["checks"] if not c["passed"]} == {
+        "completed"}  # its checkpoint and metrics are fine: only the training is missing
+
+    log = _log(rig, more.trial_id)
+    assert [int(s) for s in re.findall(r"^step (\d+) loss", log, re.M)] == [6, 7, 8]
+    trial = _described(rig, more.trial_id)
+    assert (trial["state"], trial["verified"]) == ("SUCCEEDED", True), trial["verification"]
+    # A SUSPECT trial waits for a person's word: its experiment ends once it is rejected.
+    review_trial(rig.store, rig.admin, idle.trial_id, "reject", "trained no step")
+    rig.tick_until(lambda: rig.experiment_state(idle.experiment_id).is_terminal(),
+                   what="the experiment to end")
 
 
 @pytest.mark.parametrize(("searcher", "problem"), [
@@ -320,8 +355,10 @@ def test_a_determined_config_with_source_trial_id_runs_from_that_trial(
 
 
 def _config(searcher: dict[str, Any], kill_after: int | None = None,
-            failure_policy: dict[str, Any] | None = None) -> str:
-    args = [str(STEPS)] + (["--kill-after", str(kill_after)] if kill_after else [])
+            failure_policy: dict[str, Any] | None = None, steps: int = STEPS,
+            keep_source_step: bool = False) -> str:
+    args = ([str(steps)] + (["--kill-after", str(kill_after)] if kill_after else [])
+            + (["--keep-source-step"] if keep_source_step else []))
     return yaml.safe_dump({
         "name": "warm", "harness": True,
         "entrypoint": fixture_entrypoint("warm_start_linear.py", *args),

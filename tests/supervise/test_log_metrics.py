@@ -208,6 +208,7 @@ def test_evidence_names_the_first_nan_by_line_and_rank(tmp_path: Path) -> None:
                                    _spec_config())
     assert evidence.scanned and evidence.names == {"loss"}
     assert evidence.values == 1301 and evidence.non_finite_count == 2
+    assert evidence.steps == {0, 1, 2}  # a few distinct steps: the report was a series
     assert evidence.describe() == ("loss was nan at line 1,204 of rank 0; and 1 more "
                                    "non-finite value")
     first = evidence.non_finite[0]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from muster.supervise.log_errors import Finding, RankScan
+from muster.supervise.log_metrics import LogMetricEvidence
 from muster.supervise.log_samples import LogSamples
 from muster.supervise.verification import (
     EMPTY_DATA,
@@ -29,6 +30,7 @@ from muster.supervise.verification import (
     SaveFailure,
     Verdict,
     VerifyConfig,
+    WarmStartFrom,
     combine_log_counts,
     gather_evidence,
     verify,
@@ -672,6 +674,65 @@ def test_the_closest_plan_wins_and_an_early_stop_is_a_planned_end() -> None:
     stopped = check_of(verify(evidence, config, None, early_stopped=True), "completed")
     assert (stopped.status, stopped.detail) == (
         "passed", "stopped early by the searcher (a planned end)")
+
+
+WARM_40 = WarmStartFrom(40, "checkpoint step-000000000040-0a1b2c3d of trial 3")
+
+
+@pytest.mark.parametrize(("reported", "samples", "passed"), [
+    # restored the source's counter and trained nothing: one report at its step (Lightning's
+    # validate() after a skipped fit, the HF Trainer's summary)
+    (progress(validation=(40, 40), steps=frozenset({40})), {}, False),
+    # a loop from restore().step that never ran: a report before it and one at its end
+    (progress(validation=(30, 40), steps=frozenset({30, 40})), {}, False),
+    (progress(validation=(30, 30), steps=frozenset({30})), {}, False),
+    # went on past the source's step: it trained (the counter restored, a plan past it)
+    (progress(training=(41, 60), steps=frozenset({41, 42, 43})), {}, True),
+    (progress(validation=(60, 60), steps=frozenset({60})), {}, True),
+    # counted from 0, a series of steps (the last one the source's own number)
+    (progress(validation=(1, 40), steps=frozenset({1, 2, 3})), {}, True),
+    (progress(validation=(20, 40), steps=frozenset({20, 40, 30})), {}, True),
+    # one report, but samples counted: data went through the loop
+    (progress(validation=(30, 30), steps=frozenset({30})), {0: 100}, True),
+])
+def test_a_warm_start_must_show_steps_of_its_own(reported: Progress, samples: dict[int, int],
+                                                 passed: bool) -> None:
+    """Issue 35: a warm-started trial whose script restored the source's step counter can
+    reach its plan without training a step; its own training is a step past the source's,
+    a series of steps, or samples counted."""
+    planned = Planned("steps", 30, "the lightning integration")
+    evidence = Evidence(progress=reported, samples_by_epoch=samples, warm_start=WARM_40)
+    check = check_of(verify(evidence, NO_CHECKS, None, searcher_length=planned), "completed")
+    assert check.passed is passed, check.detail
+    if not passed:
+        shown = " and ".join(str(s) for s in sorted(reported.steps))
+        assert check.detail.startswith(
+            "the trial started from the warm start's checkpoint step-000000000040-0a1b2c3d of "
+            f"trial 3 at step 40 and reported step {shown} only, nothing past it: nothing "
+            "shows it trained a step of its own.")
+        assert "(30 steps; the lightning integration) does not pass step 40" in check.detail
+    # the same reports without a warm start are judged as before
+    cold = check_of(verify(Evidence(progress=reported, samples_by_epoch=samples), NO_CHECKS,
+                           None, searcher_length=planned), "completed")
+    assert cold.passed
+
+
+def test_a_warm_starts_epochs_are_its_own_samples() -> None:
+    """Epochs and records count the trial's own samples: the source's are not among them."""
+    evidence = Evidence(samples_by_epoch={0: 50, 1: 50}, warm_start=WARM_40,
+                        progress=progress(validation=(40, 40), steps=frozenset({40})))
+    check = check_of(verify(evidence, NO_CHECKS, None,
+                            searcher_length=Planned("epochs", 2, "ctx.plan()")), "completed")
+    assert (check.status, check.detail) == ("passed", "reached epoch 2 of 2 (ctx.plan())")
+
+
+def test_the_steps_kept_come_from_the_metrics_files_and_the_logs(tmp_path: Path) -> None:
+    write_metrics(tmp_path, 1, 0, "".join(metric_line(s, {"loss": 1.0}) for s in (7, 7, 9)))
+    evidence = gather_evidence(tmp_path, [1], log_metrics=LogMetricEvidence(
+        steps=frozenset({3, 4, 5}), highest={"training": 5}, lowest={"training": 3}))
+    assert evidence.progress.steps == frozenset({7, 9, 3})
+    write_metrics(tmp_path, 1, 0, "".join(metric_line(s, {"loss": 1.0}) for s in range(50)))
+    assert gather_evidence(tmp_path, [1]).progress.steps == frozenset({0, 1, 2})
 
 
 def saved(step: int, attempt: int, at: float) -> CheckpointInfo:

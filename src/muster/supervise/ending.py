@@ -383,7 +383,7 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
         outputs_before=final.outputs_before, saves=saves,
         log_scans=scans.ranks if scans is not None else None, log_metrics=log_metrics,
         primary_ended_at=scans.primary_ended_at if scans is not None else None,
-        log_lost=_log_lost(final))
+        log_lost=_log_lost(final), warm_start=_warm_start(trial))
     result = verification.verify(
         evidence,
         checks,
@@ -404,6 +404,16 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
     failed = "; ".join(f"{c.name}: {c.detail}" for c in result.checks if not c.passed)
     transition(s, trial, TrialState.SUSPECT, reason=EventReason.VERIFICATION_FAILED,
                actor=ACTOR, message=f"{move.message}, but verification failed: {failed}")
+
+
+def _warm_start(trial: Trial) -> verification.WarmStartFrom | None:
+    """The checkpoint the trial began from, as its experiment recorded it at submission
+    (`api.WarmStartView`); None without a warm start."""
+    source = trial.experiment.source
+    if trial.experiment.source_checkpoint_id is None or not source:
+        return None
+    return verification.WarmStartFrom(
+        int(source["step"]), f"checkpoint {source['checkpoint']} of trial {source['trial_id']}")
 
 
 def _log_lost(attempt: Attempt) -> dict[int, int]:

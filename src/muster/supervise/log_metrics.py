@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NotRequired, TypedDict
 
 from muster.launch.logs import ReplicaLog, drops_of, open_log
-from muster.metrics_lines import name_problem
+from muster.metrics_lines import few_steps, name_problem
 from muster.states import MetricKind
 from muster.supervise.log_samples import (
     IN_PROCESS_BYTES,
@@ -163,6 +163,7 @@ class ScanResultJson(TypedDict):
     highest: NotRequired[dict[str, int]]
     lowest: NotRequired[dict[str, int]]
     last_offset: NotRequired[int | None]
+    steps: NotRequired[list[int]]
 
 
 @dataclass
@@ -182,6 +183,7 @@ class ScanResult:
     highest: dict[str, int] = field(default_factory=dict)
     lowest: dict[str, int] = field(default_factory=dict)
     last_offset: int | None = None
+    steps: frozenset[int] = frozenset()  # a few distinct steps reported (`few_steps`)
 
     def to_json(self) -> ScanResultJson:
         return ScanResultJson(
@@ -190,7 +192,8 @@ class ScanResult:
             names=sorted(self.names), values=self.values,
             non_finite=[list(v) for v in self.non_finite],
             non_finite_count=self.non_finite_count, unusable=self.unusable,
-            highest=self.highest, lowest=self.lowest, last_offset=self.last_offset)
+            highest=self.highest, lowest=self.lowest, last_offset=self.last_offset,
+            steps=sorted(self.steps))
 
     def followed_by(self, later: ScanResult) -> ScanResult:
         """This result and `later`'s (a scan from where this one stopped) as one."""
@@ -204,7 +207,8 @@ class ScanResult:
             self.values + later.values, (self.non_finite + later.non_finite)[:KEPT_NON_FINITE],
             self.non_finite_count + later.non_finite_count, self.unusable + later.unusable,
             later.problem or self.problem, highest, lowest,
-            later.last_offset if later.last_offset is not None else self.last_offset)
+            later.last_offset if later.last_offset is not None else self.last_offset,
+            few_steps(self.steps, later.steps))
 
     @classmethod
     def from_json(cls, data: ScanResultJson) -> ScanResult:
@@ -213,7 +217,8 @@ class ScanResult:
                    [tuple(v) for v in data["non_finite"]],
                    data["non_finite_count"], data["unusable"],
                    highest=dict(data.get("highest", {})), lowest=dict(data.get("lowest", {})),
-                   last_offset=data.get("last_offset"))
+                   last_offset=data.get("last_offset"),
+                   steps=few_steps(frozenset(), data.get("steps", [])))
 
 
 # -- configuration -------------------------------------------------------------------------
@@ -428,6 +433,7 @@ def _note_progress(result: ScanResult, values: dict[str, float], step: int,
         kind = report.kind
         result.highest[kind] = max(result.highest.get(kind, step), step)
         result.lowest[kind] = min(result.lowest.get(kind, step), step)
+        result.steps = few_steps(result.steps, (step,))
     result.last_offset = piece.offset
 
 
@@ -525,6 +531,7 @@ class LogMetricEvidence:
     lowest: Mapping[str, int] = field(default_factory=dict)
     final_step: int | None = None
     last_offsets: Mapping[int, int] = field(default_factory=dict)
+    steps: frozenset[int] = frozenset()  # a few distinct steps, any kind (`few_steps`)
 
     def describe(self) -> str | None:
         """The first non-finite value in words ("loss was nan at line 1,204 of rank 0"),
@@ -564,6 +571,7 @@ def log_metric_evidence(launcher: Launcher,
     lowest: dict[str, int] = {}
     final_step: int | None = None
     last_offsets: dict[int, int] = {}
+    steps: frozenset[int] = frozenset()
     final = max(attempts_and_ranks, default=None)
     for attempt, (where, ranks) in sorted(attempts_and_ranks.items()):
         for rank in sorted(ranks):
@@ -579,6 +587,7 @@ def log_metric_evidence(launcher: Launcher,
                 highest[kind] = max(highest.get(kind, step), step)
             for kind, step in result.lowest.items():
                 lowest[kind] = min(lowest.get(kind, step), step)
+            steps = few_steps(steps, result.steps)
             if attempt == final:
                 final_step = max([final_step or 0, *result.highest.values()]) \
                     if result.highest else final_step
@@ -586,7 +595,7 @@ def log_metric_evidence(launcher: Launcher,
                     last_offsets[rank] = result.last_offset
     return LogMetricEvidence(frozenset(names), values, tuple(kept), count, tuple(problems),
                              scanned=True, highest=highest, lowest=lowest,
-                             final_step=final_step, last_offsets=last_offsets)
+                             final_step=final_step, last_offsets=last_offsets, steps=steps)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ __all__ = [
     "SaveFailure",
     "Verdict",
     "VerifyConfig",
+    "WarmStartFrom",
     "combine_log_counts",
     "gather_evidence",
     "output_identity",
@@ -136,6 +137,18 @@ class Progress:
     # The highest finite value each validation metric reached, any rank, every attempt
     # (how far a run counted by a time metric got: `searcher.time_metric`).
     validation_highest: Mapping[str, float] = field(default_factory=dict)
+    # A few distinct steps reported, any kind, every attempt (`metrics_lines.few_steps`):
+    # whether the run reported a series of steps or only one or two.
+    steps: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class WarmStartFrom:
+    """The checkpoint a warm-started trial began from (its experiment's `searcher.source_*`),
+    as the experiment recorded it at submission."""
+
+    step: int
+    shown: str  # "checkpoint step-40-… of trial 3"
 
 
 @dataclass(frozen=True)
@@ -223,6 +236,7 @@ class Evidence:
     # What each rank's log of the final attempt lost (a full disk) or dropped (its
     # log_limit); None: not gathered (`log_complete` does not run).
     log_losses: tuple[LogLoss, ...] | None = None
+    warm_start: WarmStartFrom | None = None  # the checkpoint the trial began from
 
 
 @dataclass(frozen=True)
@@ -401,11 +415,45 @@ def _check_completed(evidence: Evidence, planned: Planned | None, early_stopped:
     if done is None:
         return Check("completed", False, f"no progress in {planned.unit} was reported; {plan}")
     if done >= planned.length:
+        untrained = _no_steps_of_its_own(evidence, planned)
+        if untrained is not None:
+            return Check("completed", False, untrained)
         return Check("completed", True, f"reached {noun} {done:,} of {planned.length:,} "
                                         f"({planned.source})")
     percent = math.floor(done / planned.length * 100)
     return Check("completed", False, f"stopped at {noun} {done:,} of {planned.length:,} "
                                      f"({percent}%; {planned.source})")
+
+
+def _no_steps_of_its_own(evidence: Evidence, planned: Planned) -> str | None:
+    """Why a warm-started trial that reached its planned end shows no training of its own,
+    or None when it does (or was not warm-started).
+
+    A script may restore the source's step counter with its weights (Lightning, the Hugging
+    Face Trainer, a loop that starts at `restore().step`): when its planned length does not
+    pass the source's step, it trains nothing, yet a report at that step (a `validate()`
+    after `fit`, the trainer's summary) reaches the plan. Its own training shows as a step
+    past the source's, a series of steps besides the source's (a run that counts from 0),
+    or samples it counted. Epochs and records are counted from the trial's own samples.
+    """
+    start = evidence.warm_start
+    if start is None or start.step <= 0 or planned.unit in ("epochs", "records"):
+        return None
+    progress = evidence.progress
+    if any(step > start.step for step in progress.highest.values()):
+        return None
+    if len(progress.steps - {start.step}) >= 2:
+        return None
+    if evidence.samples_by_epoch or evidence.log_counts.by_epoch:
+        return None
+    reported = " and ".join(f"{step:,}" for step in sorted(progress.steps))
+    return (f"the trial started from the warm start's {start.shown} at step {start.step:,} "
+            f"and reported step {reported} only, nothing past it: nothing shows it trained "
+            f"a step of its own. A script that restores the source's step counter "
+            f"(Lightning, the Hugging Face Trainer, a loop from restore().step) trains "
+            f"nothing when its plan ({planned.length:,} {planned.unit}; {planned.source}) "
+            f"does not pass step {start.step:,}: plan past it, or count from 0 when "
+            f"restore().warm_start is true")
 
 
 def _counted_by(evidence: Evidence, metric: str) -> int | None:
@@ -858,6 +906,7 @@ def gather_evidence(
     log_metrics: LogMetricEvidence | None = None,
     primary_ended_at: float | None = None,
     log_lost: Mapping[int, int] | None = None,
+    warm_start: WarmStartFrom | None = None,
 ) -> Evidence:
     """Read what the trial's attempts left in `run_dir` (all attempts, any order); with
     `outputs`, which of those files its working directory holds.
@@ -867,7 +916,8 @@ def gather_evidence(
     GC'd ones included, as (step, attempt, time); `log_scans`: the final attempt's logs,
     scanned (`muster.supervise.log_errors`); `log_metrics`: the metrics read from the
     rank logs of every attempt (`muster.supervise.log_metrics`); `log_lost`: the bytes each
-    rank of the final attempt could not write to its log, every incarnation's (the store's).
+    rank of the final attempt could not write to its log, every incarnation's (the store's);
+    `warm_start`: the checkpoint the trial began from, for an experiment with a warm start.
     """
     from_log = log_metrics or LogMetricEvidence()
     ordered = sorted(attempts)
@@ -911,6 +961,7 @@ def gather_evidence(
         primary_ended_at=primary_ended_at,
         log_losses=(_log_losses(run_dir, final, log_lost)
                     if log_lost is not None and final is not None else None),
+        warm_start=warm_start,
     )
 
 
@@ -945,7 +996,8 @@ def _progress(metrics: _MetricsSummary, from_log: LogMetricEvidence,
                     final_attempt_step=max(steps) if steps else None,
                     final_attempt_time=metrics.final_time, rank_times=rank_times,
                     rank_offsets=dict(from_log.last_offsets),
-                    validation_highest=dict(metrics.validation_highest))
+                    validation_highest=dict(metrics.validation_highest),
+                    steps=metrics_lines.few_steps(metrics.steps, from_log.steps))
 
 
 def combine_log_counts(per_attempt: Mapping[int, Mapping[int, LogSamples]]) -> LogCounts:
@@ -1099,6 +1151,7 @@ class _MetricsSummary:
     final_step: int | None = None  # the final attempt's highest step
     final_time: float | None = None  # the final attempt's latest report
     validation_highest: dict[str, float] = field(default_factory=dict)  # by metric name
+    steps: frozenset[int] = frozenset()  # a few distinct steps (`metrics_lines.few_steps`)
 
 
 def _read_metrics(run_dir: Path, attempts: Sequence[int]) -> _MetricsSummary:
@@ -1115,6 +1168,8 @@ def _note_step(summary: _MetricsSummary, record: MetricLine, final: bool) -> Non
     kind, step = record.kind, record.step
     summary.highest[kind] = max(summary.highest.get(kind, step), step)
     summary.lowest[kind] = min(summary.lowest.get(kind, step), step)
+    if len(summary.steps) < metrics_lines.STEPS_KEPT:
+        summary.steps = metrics_lines.few_steps(summary.steps, (step,))
     if final:
         summary.final_step = max(summary.final_step if summary.final_step is not None
                                  else step, step)
