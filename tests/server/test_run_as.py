@@ -223,13 +223,14 @@ WARM = r'''
 import os
 import muster.harness as mh
 with mh.init() as ctx:
-    ctx.plan(steps=1)
+    ctx.plan(steps=3)
     restored = ctx.checkpoint.restore()
     if restored is not None:
         whose = "warm start" if restored.warm_start else "own"
         print(f"started from {(restored.path / 'weights.txt').read_text()} ({whose})")
-    ctx.report_validation(1, {"val_loss": 0.25})
-    with ctx.checkpoint.save(1) as path:
+    for step in (1, 2, 3):  # counted from 0 on a warm start: its own steps (verification)
+        ctx.report_validation(step, {"val_loss": 0.25})
+    with ctx.checkpoint.save(3) as path:
         (path / "weights.txt").write_text(os.environ["WEIGHTS"])
 '''
 
