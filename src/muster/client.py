@@ -690,6 +690,22 @@ class Client:
                      ) as chunks:
             unpack_files(chunks, dest, "evidence", what)
 
+    def kill_trial(self, trial_id: int) -> api.TrialDescription:
+        """Stop one trial for good (CANCELED); its search goes on."""
+        return self._call("POST", f"/trials/{trial_id}/kill", _As["api.TrialDescription"])
+
+    def pause_trial(self, trial_id: int) -> api.TrialDescription:
+        """Pause one trial until `activate_trial`; its experiment stays ACTIVE."""
+        return self._call("POST", f"/trials/{trial_id}/pause", _As["api.TrialDescription"])
+
+    def activate_trial(self, trial_id: int) -> api.TrialDescription:
+        """Queue a PAUSED trial again (it resumes from its latest checkpoint)."""
+        return self._call("POST", f"/trials/{trial_id}/activate", _As["api.TrialDescription"])
+
+    def restart_trial(self, trial_id: int) -> api.TrialDescription:
+        """Stop a running trial and queue it again at once, from its latest checkpoint."""
+        return self._call("POST", f"/trials/{trial_id}/restart", _As["api.TrialDescription"])
+
     def review_trial(self, trial_id: int, decision: str, note: str) -> api.TrialDescription:
         """Approve ("approve" → SUCCEEDED) or reject ("reject" → FAILED) a SUSPECT trial; the
         review is recorded as the token's user's."""

@@ -138,6 +138,10 @@ class EventReason(StrEnum):
     PREEMPTED = "preempted"
     REQUEUED = "requeued"
     ACTIVATED = "activated"
+    # A person's controls of one trial (`muster.services.trial_control`), with their actor.
+    PAUSE_REQUESTED = "pause requested"
+    RESTART_REQUESTED = "restart requested"
+    RESTARTED = "restarted"  # stopped as asked, and back to the queue
     EARLY_STOP = "early stop"  # the searcher's decision, and the move it ends in
     VERIFICATION_FAILED = "verification failed"
     STANDBY = "standby"
@@ -214,6 +218,15 @@ class StopIntent(StrEnum):
     PAUSE = "pause"  # its experiment is paused: PAUSED, resumed on activate
     PREEMPT = "preempt"  # it makes room for a trial of better priority: back to the queue
     EARLY_STOP = "early_stop"  # the searcher's pruner gave up on it: SUCCEEDED, early_stopped
+    # A person's controls of one trial (`muster trial pause | restart`):
+    PAUSE_TRIAL = "pause_trial"  # PAUSED until `trial activate`, whatever its experiment does
+    RESTART = "restart"  # back to the queue at once, from its latest checkpoint
+
+    @classmethod
+    def pausing(cls) -> frozenset[StopIntent]:
+        """The stops that end PAUSED (an ordered stop is no failure and uses no budget): a
+        paused experiment's, a preemption's, and a person's pause or restart of one trial."""
+        return _PAUSING
 
     @property
     def event_reason(self) -> EventReason:
@@ -388,7 +401,8 @@ class SearchOutcome(StrEnum):
     RUNNING = "running"  # not ended (queued, running, restarting, paused)
     COMPLETE = "complete"  # ended with a value of the metric
     PRUNED = "pruned"  # stopped early by the searcher
-    FAILED = "failed"  # failed, canceled, suspect, or ended without the metric
+    FAILED = "failed"  # failed, suspect, or ended without the metric
+    CANCELED = "canceled"  # killed by a person: no result, no failure
 
 
 class LogSearchDirection(StrEnum):
@@ -437,7 +451,11 @@ _INTENT_REASONS = {
     StopIntent.PAUSE: EventReason.PAUSED,
     StopIntent.PREEMPT: EventReason.PREEMPTED,
     StopIntent.EARLY_STOP: EventReason.EARLY_STOP,
+    StopIntent.PAUSE_TRIAL: EventReason.PAUSED,
+    StopIntent.RESTART: EventReason.RESTARTED,
 }
+_PAUSING = frozenset({StopIntent.PAUSE, StopIntent.PREEMPT, StopIntent.PAUSE_TRIAL,
+                      StopIntent.RESTART})
 _EXPERIMENT_TERMINAL = frozenset(
     {ExperimentState.COMPLETED, ExperimentState.CANCELED, ExperimentState.ERROR}
 )
@@ -457,7 +475,9 @@ E, T, A = ExperimentState, TrialState, AttemptState
 
 EXPERIMENT_MOVES: dict[ExperimentState, frozenset[ExperimentState]] = {
     E.ACTIVE: frozenset({E.PAUSED, E.COMPLETED, E.CANCELED, E.ERROR}),
-    E.PAUSED: frozenset({E.ACTIVE, E.CANCELED, E.ERROR}),  # ERROR: muster failed on it
+    # ERROR: muster failed on it; COMPLETED, CANCELED: every trial of it has ended (killed
+    # one by one, or one finished before the pause reached it), as an ACTIVE one ends.
+    E.PAUSED: frozenset({E.ACTIVE, E.COMPLETED, E.CANCELED, E.ERROR}),
     E.COMPLETED: frozenset(),
     E.CANCELED: frozenset(),
     E.ERROR: frozenset(),

@@ -20,6 +20,7 @@ TABLE = {
     A.KILL: (False, True, False, True),
     A.PAUSE: (False, True, False, True),
     A.ACTIVATE: (False, True, False, True),
+    A.RESTART: (False, True, False, True),
     A.SET_PRIORITY: (False, True, False, True),
     A.REVIEW: (False, True, False, True),
     A.DUMP: (False, True, False, True),

@@ -33,7 +33,8 @@ class Entry:
     hidden: bool = False
 
 
-_TRIAL_HELP = "Describe trials, read their logs and metrics, dump their stacks, review them."
+_TRIAL_HELP = ("Describe trials, read their logs and metrics, dump their stacks, review them; "
+               "kill, pause, activate or restart one.")
 
 # The order is the order `muster --help` lists them in. `help` is each command's short
 # help as its module states it (tests/cli/test_cli_startup.py holds them equal).

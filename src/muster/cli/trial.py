@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from muster import api
 
 app = typer.Typer(help="Describe trials, read their logs and metrics, dump their stacks, "
-                  "review them.", no_args_is_help=True,
+                  "review them; kill, pause, activate or restart one.", no_args_is_help=True,
                   rich_markup_mode=None, add_completion=False)
 DEFAULT_TAIL = 50
 DONE = {"approve": "approved", "reject": "rejected"}
@@ -363,3 +363,58 @@ def review(
         return
     render.console.print(f"trial {trial_id} {DONE[decision]}: {render.state(trial['state'])}")
 
+
+
+# -- one trial's controls (the rest of its experiment goes on) -----------------------------
+
+
+def _controlled(trial: api.TrialDescription, as_json: bool, under_way: str) -> None:
+    """What a control did: the trial's state now, and what happens next while it stops."""
+    if as_json:
+        render.print_json(trial)
+        return
+    state = trial["state"]
+    render.console.print(f"trial {trial['id']}: {render.state(state)}"
+                         + ("" if TrialState(state).is_at_rest() or state in (
+                             TrialState.PAUSED, TrialState.QUEUED) else f"; {under_way}"))
+
+
+@app.command()
+def kill(trial_id: int, as_json: JsonOption = False, home: HomeOption = None,
+         url: UrlOption = None) -> None:
+    """Stop one trial for good: it ends CANCELED (SIGTERM, grace period, SIGKILL while it
+    runs). The rest of its experiment goes on; a search draws its other trials."""
+    with client(home, url) as c:
+        trial = c.kill_trial(trial_id)
+    _controlled(trial, as_json, "kill requested: SIGTERM, then SIGKILL after the grace period")
+
+
+@app.command()
+def pause(trial_id: int, as_json: JsonOption = False, home: HomeOption = None,
+          url: UrlOption = None) -> None:
+    """Pause one trial: it gets SIGTERM (it can checkpoint), frees its slots and GPUs and
+    waits PAUSED until `muster trial activate`; its experiment stays ACTIVE."""
+    with client(home, url) as c:
+        trial = c.pause_trial(trial_id)
+    _controlled(trial, as_json, "pausing: it stops at its next checkpoint or after the grace "
+                                "period, then waits PAUSED")
+
+
+@app.command()
+def activate(trial_id: int, as_json: JsonOption = False, home: HomeOption = None,
+             url: UrlOption = None) -> None:
+    """Queue a paused trial again: it resumes from its latest checkpoint."""
+    with client(home, url) as c:
+        trial = c.activate_trial(trial_id)
+    _controlled(trial, as_json, "it goes back to the queue as soon as it has stopped")
+
+
+@app.command()
+def restart(trial_id: int, as_json: JsonOption = False, home: HomeOption = None,
+            url: UrlOption = None) -> None:
+    """Stop a running trial and queue it again at once: it resumes from its latest
+    checkpoint; no failure and no restart budget are counted."""
+    with client(home, url) as c:
+        trial = c.restart_trial(trial_id)
+    _controlled(trial, as_json, "restarting: it stops at its next checkpoint or after the "
+                                "grace period, then goes back to the queue")

@@ -46,6 +46,7 @@ _OPTUNA_STATE = {
     SearchOutcome.COMPLETE: OptunaState.COMPLETE,
     SearchOutcome.PRUNED: OptunaState.PRUNED,
     SearchOutcome.FAILED: OptunaState.FAIL,
+    SearchOutcome.CANCELED: OptunaState.FAIL,  # Optuna has no canceled: no value either way
 }
 
 

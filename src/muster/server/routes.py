@@ -57,6 +57,7 @@ from muster.services import (
     retention,
     search,
     snapshots,
+    trial_control,
     trials_export,
 )
 from muster.services.access import Action, Principal, authorize
@@ -1078,6 +1079,56 @@ async def review_trial(state: State, trial_id: TrialId, review: api.ReviewReques
     view = await asyncio.to_thread(experiments.review_trial, state.store, who, trial_id,
                                    review.decision, review.note)
     state.orchestrator.wake.set()  # its experiment may now be over
+    return view
+
+
+# One trial's controls (`muster.services.trial_control`): the rest of its experiment goes on.
+
+
+@router.post("/trials/{trial_id}/kill", response_model=api.TrialDescription,
+             responses=_errors(404, 409))
+async def kill_trial(state: State, trial_id: TrialId,
+                     who: Annotated[Principal, Depends(allow(Action.KILL))]
+                     ) -> shapes.TrialDescription:
+    """Stop one trial for good (CANCELED; SIGTERM, grace, SIGKILL when it runs): its search
+    goes on drawing the others. 409 once it has ended, or while it is SUSPECT."""
+    view = await asyncio.to_thread(trial_control.kill_trial, state.store, who, trial_id)
+    state.orchestrator.wake.set()
+    return view
+
+
+@router.post("/trials/{trial_id}/pause", response_model=api.TrialDescription,
+             responses=_errors(404, 409))
+async def pause_trial(state: State, trial_id: TrialId,
+                      who: Annotated[Principal, Depends(allow(Action.PAUSE))]
+                      ) -> shapes.TrialDescription:
+    """Pause one trial (it can checkpoint, then frees its slots) until it is activated; its
+    experiment stays ACTIVE. 409 when it has ended or its experiment is not ACTIVE."""
+    view = await asyncio.to_thread(trial_control.pause_trial, state.store, who, trial_id)
+    state.orchestrator.wake.set()
+    return view
+
+
+@router.post("/trials/{trial_id}/activate", response_model=api.TrialDescription,
+             responses=_errors(404, 409))
+async def activate_trial(state: State, trial_id: TrialId,
+                         who: Annotated[Principal, Depends(allow(Action.ACTIVATE))]
+                         ) -> shapes.TrialDescription:
+    """Queue a PAUSED trial again; it resumes from its latest checkpoint."""
+    view = await asyncio.to_thread(trial_control.activate_trial, state.store, who, trial_id)
+    state.orchestrator.wake.set()
+    return view
+
+
+@router.post("/trials/{trial_id}/restart", response_model=api.TrialDescription,
+             responses=_errors(404, 409))
+async def restart_trial(state: State, trial_id: TrialId,
+                        who: Annotated[Principal, Depends(allow(Action.RESTART))]
+                        ) -> shapes.TrialDescription:
+    """Stop a running trial and queue it again at once, from its latest checkpoint: no
+    failure, no budget used. 409 when it is not running."""
+    view = await asyncio.to_thread(trial_control.restart_trial, state.store, who, trial_id)
+    state.orchestrator.wake.set()
     return view
 
 

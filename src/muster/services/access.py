@@ -34,6 +34,7 @@ class Action(str, Enum):
     KILL = "kill"
     PAUSE = "pause"
     ACTIVATE = "activate"
+    RESTART = "restart"  # stop a running trial and queue it again (`muster trial restart`)
     SET_PRIORITY = "set priority"
     REVIEW = "review"
     DUMP = "dump stacks"  # save a running trial's evidence bundle (`muster trial dump`)
@@ -68,6 +69,7 @@ RULES: dict[Action, Rule] = {
     Action.KILL: Rule(_SUBMITTERS, own_only=True, verb="kill"),
     Action.PAUSE: Rule(_SUBMITTERS, own_only=True, verb="pause"),
     Action.ACTIVATE: Rule(_SUBMITTERS, own_only=True, verb="activate"),
+    Action.RESTART: Rule(_SUBMITTERS, own_only=True, verb="restart"),
     Action.SET_PRIORITY: Rule(_SUBMITTERS, own_only=True, verb="change the priority of"),
     Action.REVIEW: Rule(_SUBMITTERS, own_only=True, verb="review"),
     # As kill: reading a process's stacks pauses it for a moment.

@@ -593,7 +593,7 @@ def kill_experiment(store: Store, principal: Principal, experiment_id: int
                          reason=EventReason.KILL_REQUESTED, actor=principal.name,
                          message="stopping every trial", experiment_id=exp.id)
         for trial in exp.trials:
-            _stop_trial(s, trial, principal.name)
+            stop_trial(s, trial, principal.name)
         return experiment_view(s, exp)
 
 
@@ -706,13 +706,17 @@ def _review_move(decision: str) -> tuple[TrialState, EventReason]:
                              f"got {decision!r}") from None
 
 
-def _stop_trial(s: Session, trial: Trial, actor: str) -> None:
+def stop_trial(s: Session, trial: Trial, actor: str) -> None:
+    """Ask `trial` to stop for good (`Trial.stop_requested`): one without a process (QUEUED,
+    PAUSED) is CANCELED at once; the supervisor stops a running one."""
     if trial.state.is_terminal():
         return
     trial.stop_requested = True
     if trial.state in (TrialState.QUEUED, TrialState.PAUSED):
+        words = ("before it started" if trial.state is TrialState.QUEUED and not trial.attempts
+                 else f"while it was {trial.state}")
         transition(s, trial, TrialState.CANCELED, reason=EventReason.KILLED, actor=actor,
-                   message="killed before it started")
+                   message=f"killed {words}")
 
 
 def experiment_view(s: Session, exp: Experiment, part_of: TrialPartOf | None = None

@@ -348,10 +348,10 @@ class Admission:
             if trial.state != TrialState.RESTARTING:
                 return False
             intent = trial.intent
-            if intent in (StopIntent.PAUSE, StopIntent.PREEMPT):
+            if intent in StopIntent.pausing():
                 assert intent is not None
                 pause(s, trial, Move(Next.PAUSE, intent.event_reason,
-                                     "paused between two attempts"))
+                                     "paused between two attempts"), intent)
                 return False
             pool = self.ctx.placement.pool
             return intent is StopIntent.KILL or pool.released_for_restart(s, trial)

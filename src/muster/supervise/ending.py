@@ -29,6 +29,7 @@ from muster.states import (
     ExperimentState,
     Reason,
     ReplicaPhase,
+    StopIntent,
     TrialState,
 )
 from muster.store import (
@@ -210,8 +211,8 @@ class Ending:
               counts: LogCounts | None, scans: LogScans | None = None,
               log_metrics: LogMetricEvidence | None = None) -> None:
         policy = experiment_config(trial.experiment).failure_policy
-        move = next_move(trial.state, trial.intent, verdict, _budgets(trial),
-                         policy)
+        intent = trial.intent
+        move = next_move(trial.state, intent, verdict, _budgets(trial), policy)
         if move.clear_intent:
             trial.stop_intent = None
         if move.decision is not None or move.next is Next.NOTE:
@@ -222,7 +223,7 @@ class Ending:
             trial.early_stopped = trial.early_stopped or move.early_stopped
             verify_success(s, trial, move, counts, scans, log_metrics)
         elif move.next is Next.PAUSE:
-            pause(s, trial, move)
+            pause(s, trial, move, intent)
         elif move.next is Next.RETRY:
             assert move.charge is not None, "a retry always names its budget (next_move)"
             if move.charge not in COUNTED_BY_ATTEMPTS:
@@ -341,16 +342,20 @@ def mark_started(s: Session, attempt: Attempt, message: str) -> None:
                    actor=ACTOR)
 
 
-def pause(s: Session, trial: Trial, move: Move) -> None:
-    """The trial stopped as asked: PAUSED; back in the queue at once when it was preempted
-    (or its experiment was activated again meanwhile)."""
+def pause(s: Session, trial: Trial, move: Move, intent: StopIntent | None) -> None:
+    """The trial stopped as asked (`intent`, one of `StopIntent.pausing()`): PAUSED; back in
+    the queue at once when its experiment is ACTIVE (it was preempted or restarted, or its
+    experiment was activated again meanwhile), unless a person paused this trial alone."""
     trial.stop_intent = None
     transition(s, trial, TrialState.PAUSED, reason=move.reason, actor=ACTOR,
                message=move.message)
+    if intent is StopIntent.PAUSE_TRIAL:
+        return
     if trial.experiment.state == ExperimentState.ACTIVE:
+        after = "its restart" if intent is StopIntent.RESTART else f"it was {move.reason}"
         transition(s, trial, TrialState.QUEUED, reason=EventReason.REQUEUED, actor=ACTOR,
-                   message=f"back in the queue after it was {move.reason}; it resumes "
-                           "from its latest checkpoint")
+                   message=f"back in the queue after {after}; it resumes from its latest "
+                           "checkpoint")
 
 
 def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | None = None,

@@ -1,6 +1,7 @@
 """Closing experiments: one whose trials all exist and have ended ends too.
 
-`CANCELED` if it was killed, `COMPLETED` if a trial succeeded, else `ERROR`. A search
+`CANCELED` if it (or every trial of it) was killed, `COMPLETED` if a trial succeeded, else
+`ERROR`; a PAUSED one too, when its trials have all ended. A search
 draws its trials as it goes, so an experiment closes only once it has all `max_trials` of
 them, was killed, or stopped drawing (`searching`: its first trials all failed alike, or it
 has nothing to draw; its ERROR then says why); a SUSPECT trial keeps it open until
@@ -56,10 +57,9 @@ class Closing:
             # Those without a trial left to run first, one index lookup each: with a long
             # queue that is nearly none, and the counts and the events are read for those
             # alone (in one query, a database counted every experiment's trials).
+            # (A PAUSED one too: its trials may all have ended, killed one by one.)
             done = s.scalars(select(Experiment.id).where(
-                (Experiment.state == ExperimentState.ACTIVE)
-                | ((Experiment.state == ExperimentState.PAUSED)
-                   & Experiment.stop_requested.is_(True)),
+                Experiment.state.in_([ExperimentState.ACTIVE, ExperimentState.PAUSED]),
                 ~unfinished)).all()
             ending = s.scalars(select(Experiment).options(selectinload(Experiment.trials))
                                .where(Experiment.id.in_(done), has_trials)) if done else ()
@@ -84,8 +84,9 @@ class Closing:
 
 def experiment_end(killed: bool, states: Sequence[TrialState]
                    ) -> tuple[ExperimentState, EventReason]:
-    """How an experiment whose trials have all ended ends, and why."""
-    if killed:
+    """How an experiment whose trials have all ended ends, and why: one killed, or whose
+    every trial was killed (`muster trial kill`), is CANCELED."""
+    if killed or (states and all(st is TrialState.CANCELED for st in states)):
         return ExperimentState.CANCELED, EventReason.KILLED
     if TrialState.SUCCEEDED in states:
         return ExperimentState.COMPLETED, EventReason.TRIALS_FINISHED

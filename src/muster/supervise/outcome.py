@@ -143,7 +143,7 @@ def next_move(state: TrialState, intent: StopIntent | None, verdict: Classificat
         early = _early_stopped(why, message, decision.charge is not None)
         if early is not None:
             return early
-    if intent in (StopIntent.PAUSE, StopIntent.PREEMPT) and why is Reason.STOPPED:
+    if intent in StopIntent.pausing() and why is Reason.STOPPED:
         # A stop it asked for: no failure, no budget.
         return Move(Next.PAUSE, intent.event_reason, message, clear_intent=True)
     if decision.action is Action.SUCCEED:

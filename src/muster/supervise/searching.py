@@ -318,6 +318,8 @@ def _past(trial: Trial, values: dict[int, float]) -> PastTrial:
     elif trial.state is TrialState.SUCCEEDED and values:
         value = values[max(values)]  # the value it ended with
         outcome = SearchOutcome.COMPLETE if math.isfinite(value) else SearchOutcome.FAILED
+    elif trial.state is TrialState.CANCELED:
+        outcome = SearchOutcome.CANCELED  # killed: its reports stand, but it has no result
     elif trial.state.is_at_rest():
         outcome = SearchOutcome.FAILED  # (a success without the metric teaches the search nothing)
     return PastTrial(trial.number, outcome, state.get("params", {}),

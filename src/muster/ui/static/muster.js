@@ -29,7 +29,7 @@ async function callApi(url, body) {
 }
 
 function refreshed() {
-  const live = document.getElementById("live");
+  const live = document.getElementById("live") || document.getElementById("trial-state");
   if (live && window.htmx) { htmx.trigger(live, "refresh"); } else { location.reload(); }
 }
 
