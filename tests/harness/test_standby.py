@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from muster.atomic import atomic_write_json
 from muster.harness.standby import wait_for_promotion
 from muster.jobenv import STANDBY_GO
 
@@ -33,8 +34,9 @@ def test_a_standby_waits_for_its_go_file_and_takes_its_environment(tmp_path: Pat
     waiter.start()
     time.sleep(0.2)  # it is waiting: nothing has been written yet
     assert not promoted.is_set()
-    go.write_text(json.dumps({"env": {"MUSTER_LATEST_CHECKPOINT": "/ckpt/step-5",
-                                      "NEW": 3}}))
+    # As muster writes it: whole, under its name at once (a plain write could be read
+    # empty by the waiting thread, which is not a go file).
+    atomic_write_json(go, {"env": {"MUSTER_LATEST_CHECKPOINT": "/ckpt/step-5", "NEW": 3}})
     assert promoted.wait(10)
     assert environ == {"MUSTER_LATEST_CHECKPOINT": "/ckpt/step-5", "NEW": "3", "KEEP": "1"}
 

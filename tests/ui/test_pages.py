@@ -124,10 +124,13 @@ def test_kill_changes_the_state_without_a_reload(page_of: Any, team: Team,
     page.evaluate("window.stayed = true")
     expect(page.locator("#live .facts .state")).to_have_text("ACTIVE")
     page.once("dialog", lambda dialog: dialog.accept())
-    page.get_by_role("button", name="Kill").click()
+    # The experiment's Kill (each running trial's row has its own, "kill trial N").
+    kill = page.get_by_role("region", name="actions", exact=True).get_by_role("button",
+                                                                      name="Kill")
+    kill.click()
     expect(page.locator("#live .facts .state")).to_have_text("CANCELED", timeout=30_000)
     assert page.evaluate("window.stayed") is True  # the same page: updated in place
-    expect(page.get_by_role("button", name="Kill")).to_have_count(0)
+    expect(page.get_by_role("button", name="Kill")).to_have_count(0)  # nor a row's
 
 
 def test_a_suspect_trial_is_read_and_rejected_with_a_note(page_of: Any, team: Team,
