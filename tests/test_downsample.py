@@ -9,7 +9,14 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from muster.downsample import MAX_BUCKETS, MAX_POINTS, Series, points_of, stored_points
+from muster.downsample import (
+    MAX_BUCKETS,
+    MAX_POINTS,
+    Series,
+    points_of,
+    stored_last,
+    stored_points,
+)
 
 
 def test_a_short_series_is_kept_exactly() -> None:
@@ -108,3 +115,13 @@ def test_points_of_a_stored_series_are_its_points(reports: list[tuple[int, float
     series = Series()
     series.extend(reports)
     assert stored_points(series.to_json(), limit) == series.points(limit)
+
+
+@given(st.lists(st.tuples(st.integers(0, 5_000),
+                          st.floats(-1e6, 1e6, allow_nan=False)), max_size=3_000))
+def test_the_last_point_of_a_stored_series_is_its_last_point(
+        reports: list[tuple[int, float]]) -> None:
+    series = Series()
+    series.extend(reports)
+    steps, values = series.points(MAX_POINTS)
+    assert stored_last(series.to_json()) == ((steps[-1], values[-1]) if steps else None)

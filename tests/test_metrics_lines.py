@@ -13,6 +13,7 @@ from muster import metrics_lines
 from muster.config import VerifyConfig
 from muster.harness.metrics import MetricsWriter
 from muster.metrics_lines import BadLine, MetricLine, parse
+from muster.states import MetricKind
 from muster.store import Store
 from muster.supervise.ingest import ingest_trial
 from muster.supervise.verification import gather_evidence, verify
@@ -24,6 +25,10 @@ DAMAGED = [
     (b"not json", "not valid JSON"),
     (b"[1, 2]", "a report is a JSON object"),
     (b'{"kind": "test", "step": 3, "metrics": {}, "time": 1.0, "rank": 0}', '"kind"'),
+    (b'{"kind": ["training"], "step": 3, "metrics": {}, "time": 1.0, "rank": 0}', '"kind"'),
+    # the shim's resource samples have a file of their own: a run cannot report one
+    (b'{"kind": "system", "step": 3, "metrics": {}, "time": 1.0, "rank": 0}',
+     '"kind" must be "training" or "validation", got \'system\''),
     (b'{"kind": "training", "step": "3", "metrics": {}, "time": 1.0, "rank": 0}', '"step"'),
     (b'{"kind": "training", "step": 3.0, "metrics": {}, "time": 1.0, "rank": 0}', '"step"'),
     (b'{"kind": "training", "step": true, "metrics": {}, "time": 1.0, "rank": 0}', '"step"'),
@@ -59,6 +64,15 @@ BAD_NAMES = ["", "<img src=x onerror=alert(1)>", "a&b", 'say"hi"', "it's", "`id`
 
 def test_a_good_line_parses() -> None:
     assert parse(GOOD + b"\n", 0) == MetricLine("training", 3, 1.7e9, 0, {"loss": 0.5})
+
+
+def test_a_file_of_resource_samples_holds_system_lines_alone() -> None:
+    sample = b'{"kind": "system", "step": 17000, "metrics": {"system/cpu_percent": 98.5}, ' \
+        b'"time": 17.0, "rank": 1}\n'
+    assert parse(sample, 1, metrics_lines.SYSTEM_KINDS) == MetricLine(
+        MetricKind.SYSTEM, 17000, 17.0, 1, {"system/cpu_percent": 98.5})
+    with pytest.raises(BadLine, match='"kind" must be "system", got \'training\''):
+        parse(GOOD, 0, metrics_lines.SYSTEM_KINDS)
 
 
 @pytest.mark.parametrize("line", [b"", b"\n", b"  \t \n"])

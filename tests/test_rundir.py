@@ -36,6 +36,7 @@ def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
         RankFile.STOP: "rank-2.stop", RankFile.SHIM_LOG: "rank-2.shim.log",
         RankFile.STALLED: "rank-2.stalled.json", RankFile.STANDBY_GO: "rank-2.standby-go.json",
         RankFile.HEARTBEAT: "rank-2.heartbeat.json", RankFile.METRICS: "rank-2.metrics.jsonl",
+        RankFile.SYSTEM: "rank-2.system.jsonl",
         RankFile.SAMPLES: "rank-2.samples.json", RankFile.STOP_ACK: "rank-2.stop-ack.json",
         RankFile.SNAPSHOT: "rank-2.snapshot.json", RankFile.DIAGNOSTICS: "rank-2.diagnostics.jsonl",
         RankFile.PLAN: "rank-2.plan.json", RankFile.SAVE_FAILURES: "rank-2.save-failures.json",
@@ -105,3 +106,17 @@ def test_every_rank_file_walks_trials_attempts_and_ranks(tmp_path: Path) -> None
     (tmp_path / "a" / "attempt-x").mkdir()
     assert RunDir(tmp_path / "a").attempt_numbers() == [1, 2]
     assert list(every_rank_file(tmp_path, RankFile.STATUS)) == expected
+
+
+def test_rank_files_of_several_kinds_come_from_one_listing(tmp_path: Path) -> None:
+    attempt = RunDir(tmp_path).attempt(1)
+    attempt.path.mkdir()
+    for name in ("rank-1.system.jsonl", "rank-0.metrics.jsonl", "rank-0.system.jsonl",
+                 "rank-1.log", "rank-10.metrics.jsonl"):
+        (attempt.path / name).write_text("")
+    assert attempt.rank_files((RankFile.METRICS, RankFile.SYSTEM)) == [
+        (RankFile.METRICS, 0, attempt.rank(0).metrics),
+        (RankFile.METRICS, 10, attempt.rank(10).metrics),
+        (RankFile.SYSTEM, 0, attempt.rank(0).system),
+        (RankFile.SYSTEM, 1, attempt.rank(1).system)]
+    assert RunDir(tmp_path).attempt(2).rank_files((RankFile.LOG,)) == []

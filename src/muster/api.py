@@ -29,8 +29,12 @@ from muster.states import (
     MetricSource,
     ModelStage,
     OomSource,
+    QuotaLimit,
+    QuotaSubject,
+    RetentionItem,
     Role,
     TrialState,
+    UsageBy,
 )
 
 # Metric values: numbers, or "NaN", "Infinity", "-Infinity" (strict JSON has no other way).
@@ -245,10 +249,32 @@ class TrialDetail(TypedDict):
     source: WarmStartView | None
 
 
+class ResourceReading(TypedDict):
+    """One resource of a replica: its latest sample and its highest (the peak)."""
+
+    latest: float  # the latest sample's value
+    peak: float  # the highest value sampled, over the trial's attempts
+
+
+class ReplicaResources(TypedDict):
+    """One replica's resources, from its `system/` series (`muster.system_metrics`): the
+    latest sample and the peak over the trial's attempts; null for what was never sampled
+    (the GPUs of a replica without them, or without NVML)."""
+
+    rank: int
+    samples: int  # how many were taken (over the trial's attempts)
+    sampled_at: float | None  # the time of the latest sample
+    cpu_percent: ResourceReading | None  # per cent of one core: 400 is four cores busy
+    rss_bytes: ResourceReading | None  # the process group's resident memory
+    gpu_util_percent: ResourceReading | None  # the mean over its GPUs
+    gpu_memory_bytes: ResourceReading | None  # summed over its GPUs
+
+
 class TrialDescription(TrialDetail):
-    """A trial with its events: `GET /trials/{id}`."""
+    """A trial with its events and its replicas' resources: `GET /trials/{id}`."""
 
     events: list[Event]
+    resources: list[ReplicaResources]  # by rank
 
 
 class TrialSummary(TypedDict):
@@ -604,6 +630,61 @@ class Archived(TypedDict):
     archived: bool
 
 
+class RetentionRules(TypedDict):
+    """The cluster config's `retention`, as it says it (`"90d"`; null: never)."""
+
+    logs_after: str | None
+    runs_after: str | None
+    keep_registered: bool
+    keep_labels: list[str]
+
+
+class RetentionLine(TypedDict):
+    """One thing a retention sweep removes (`muster gc runs`): a trial's logs, its run
+    directory (less its checkpoints and artifacts, on lines of their own), one of its
+    checkpoints, or its artifact set."""
+
+    experiment_id: int
+    experiment_name: str
+    trial_id: int
+    what: RetentionItem
+    name: str | None  # the checkpoint's name, or the artifact set's attempt ("attempt 1")
+    bytes: int
+    files: int
+    at_least: bool  # the walk stopped at 100,000 files: bytes and files are at least these
+    ended_at: float  # when its experiment ended
+    rule: str  # the rule it is past: "retention.runs_after 180d"
+
+
+class RetentionKept(TypedDict):
+    """Something past a rule that stays, and why; a whole experiment when `trial_id` is
+    null (it carries one of `keep_labels`)."""
+
+    experiment_id: int
+    experiment_name: str
+    trial_id: int | None
+    why: str
+
+
+class RetentionPlan(TypedDict):
+    """`POST /retention/runs`: what the cluster config's `retention` removes now, with
+    sizes; unless `dry_run`, the storage worker removes it at once, recording each
+    trial's removal as an event first. `enabled` is false (and the plan empty) when the
+    cluster config has no `retention` with an age."""
+
+    enabled: bool
+    dry_run: bool
+    rules: RetentionRules | None
+    lines: list[RetentionLine]
+    total_bytes: int  # of the lines
+    # False: the plan stopped at its first 1,000 lines; more are past the rules (a sweep
+    # removes them all, and the next plan shows what is left).
+    complete: bool
+    kept: list[RetentionKept]  # the first 1,000
+    more_kept: int
+    message: str
+
+
 class LogMatch(TypedDict):
     """One match of a log search: where it is in the rank's log (the byte offsets that
     `GET /trials/{id}/logs?rank=R&offset=N` reads) and its line, decoded for display."""
@@ -714,6 +795,7 @@ class ClusterStatus(TypedDict):
     environments: EnvironmentsDisk
     runtime_base: RuntimeBaseView
     nodes: list[NodeView]
+    quotas: list[QuotaView]  # `GET /quotas`: each quota, and what its users hold now
 
 
 class EnvironmentView(TypedDict):
@@ -789,6 +871,37 @@ class NewToken(TokenView):
     token: str  # shown this once
 
 
+class NotificationSubscriptionView(TypedDict):
+    """A user's own notification target (`muster notify add`)."""
+
+    id: int
+    user: str
+    url: str  # shown redacted: its scheme and host, never its path or tokens
+    events: list[str]  # `NotificationKind` words
+    signed: bool  # muster's signed webhook (its signing key was shown when it was added)
+    created_at: float
+
+
+class NewNotificationSubscription(NotificationSubscriptionView):
+    secret: str | None  # the webhook's signing key (hex), shown this once; null for Apprise
+
+
+class NotificationView(TypedDict):
+    """One notification of the outbox and how its delivery went (`muster notify log`)."""
+
+    id: int
+    event_id: int
+    kind: str  # a `NotificationKind` word
+    target: str  # "config:<digest>" (the cluster config's) or "user:<subscription id>"
+    url: str  # the target's, redacted; "" once the target is gone
+    state: str  # pending, sending, delivered or failed
+    tries: int
+    last_error: str | None
+    created_at: float
+    delivered_at: float | None
+    title: str | None  # once rendered (its first try)
+
+
 class Whoami(UserView):
     via: Literal["token", "session"]
     token_id: str | None
@@ -827,3 +940,82 @@ class SessionView(TypedDict):
     current: bool  # the session this request came with
     ended: bool
 
+
+
+class UsageRow(TypedDict):
+    """One group of a usage report (`GET /usage`, `muster usage`): hours inside the report's
+    window, split as `muster.services.usage` defines them. The splits are slot-hours (a slot:
+    one replica's place), but for `queued_hours` (trial-hours waiting, holding no slot)."""
+
+    key: str  # the owner's name, the experiment's id, or the label; "(none)": none of them
+    name: str  # what the key names: the experiment's name by experiment, else the key
+    slot_hours: float  # productive + lost + stalled + idle + running
+    gpu_hours: float  # the same time, times the GPUs held instead of the replicas
+    productive_hours: float  # attempts that SUCCEEDED; others' work up to a checkpoint resumed
+    lost_hours: float  # work after the last resumed checkpoint of an attempt that ended
+    stalled_hours: float  # from a STALLED replica's last sign of life to its end
+    idle_hours: float  # slots held while no attempt ran (trial STARTING or RESTARTING)
+    running_hours: float  # attempts still running: not decided yet
+    queued_hours: float
+    goodput: float | None  # productive / (slot_hours - running_hours); None: no such time
+    trials: int  # trials with time in the window
+    attempts: int  # attempts that ran in the window
+
+
+class UsageReport(TypedDict):
+    """`GET /usage`: one row per group (the most slot-hours first) and the total."""
+
+    by: UsageBy
+    since: float  # the window's start (Unix time)
+    until: float  # its end: when the report was made
+    owner: str | None  # whose experiments it counts; None: everyone's
+    rows: list[UsageRow]
+    more_rows: int  # groups past the report's limit, not listed
+    total: UsageRow  # key "total": each trial once (by label, rows may overlap)
+
+
+class QuotaUsage(TypedDict):
+    """What a quota's users hold now (a group's: its members' together)."""
+
+    slots: int  # replicas without GPUs of their trials that hold resources
+    gpus: int
+    running_trials: int  # STARTING, RUNNING or RESTARTING
+    queued_trials: int
+
+
+class QuotaLimitView(TypedDict):
+    limit: QuotaLimit
+    value: int | None  # None: no limit (named so, lifting a more general one)
+    # set by an admin | cluster config | default, set by an admin | default, cluster config
+    source: str
+
+
+class QuotaView(TypedDict):
+    """A quota (`muster quota list`): one user's own, one group's, or the default."""
+
+    subject: QuotaSubject
+    name: str | None  # the user's or the group's; None for the default
+    limits: list[QuotaLimitView]  # the limits that apply, from wherever each comes
+    in_use: QuotaUsage | None  # None for the default (it is each user's own)
+    members: list[str]  # a group's; [] otherwise
+    known: bool  # False: the cluster config names a user or group this server lacks
+    summary: str  # one line: "2 of 8 GPUs, 1 of 4 running trials in use"
+
+
+class UserQuotas(TypedDict):
+    """What one user is held to (`muster quota show`): their own quota, then each of their
+    groups'."""
+
+    user: str
+    groups: list[str]
+    quotas: list[QuotaView]
+    summary: str  # one line over all of them, "" when nothing limits them
+
+
+class GroupView(TypedDict):
+    """A group of users (`muster group list`)."""
+
+    name: str
+    description: str
+    members: list[str]
+    created_at: float

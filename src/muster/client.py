@@ -65,10 +65,15 @@ _BY_STATUS: dict[int, type[errors.MusterError]] = {
     403: errors.Forbidden,
     404: errors.NotFound,
     409: errors.Conflict,
+    410: errors.Gone,
     413: errors.PayloadTooLarge,
     422: errors.ConfigError,
     429: errors.TooManyRequests,
     503: errors.StoreError,
+}
+# Errors a caller may tell apart from others of their status, by the answer's `error`.
+_BY_NAME: dict[tuple[int, object], type[errors.MusterError]] = {
+    (429, "QuotaExceeded"): errors.QuotaExceeded,
 }
 
 
@@ -178,6 +183,46 @@ class Client:
     def activate_user(self, name: str) -> api.UserView:
         return self._call("POST", f"/users/{name}/activate", _As["api.UserView"])
 
+    def list_quotas(self) -> list[api.QuotaView]:
+        return self._call("GET", "/quotas", _As["list[api.QuotaView]"])
+
+    def user_quotas(self, name: str) -> api.UserQuotas:
+        """What `name` is held to: their own quota, then each of their groups'."""
+        return self._call("GET", f"/quotas/users/{name}", _As["api.UserQuotas"])
+
+    def set_quota(self, subject: str, name: str | None, limits: Mapping[str, int | None]
+                  ) -> api.QuotaView:
+        """Set limits (`max_gpus`: 8; None: no limit) of `subject` user, group (with its
+        `name`) or default, at runtime (admins)."""
+        return self._call("PATCH", _quota_path(subject, name), _As["api.QuotaView"],
+                          json=dict(limits))
+
+    def clear_quota(self, subject: str, name: str | None, limits: Sequence[str] = ()
+                    ) -> api.QuotaView:
+        """Clear runtime limits (`limits`, or all) so that the cluster config's apply."""
+        return self._call("DELETE", _quota_path(subject, name), _As["api.QuotaView"],
+                          params={"limit": list(limits)} if limits else None)
+
+    def list_groups(self) -> list[api.GroupView]:
+        return self._call("GET", "/groups", _As["list[api.GroupView]"])
+
+    def get_group(self, name: str) -> api.GroupView:
+        return self._call("GET", f"/groups/{name}", _As["api.GroupView"])
+
+    def create_group(self, name: str, description: str = "") -> api.GroupView:
+        return self._call("POST", "/groups", _As["api.GroupView"],
+                          json={"name": name, "description": description})
+
+    def delete_group(self, name: str) -> api.GroupView:
+        return self._call("DELETE", f"/groups/{name}", _As["api.GroupView"])
+
+    def add_group_members(self, name: str, users: Sequence[str]) -> api.GroupView:
+        return self._call("POST", f"/groups/{name}/members", _As["api.GroupView"],
+                          json={"users": list(users)})
+
+    def remove_group_member(self, name: str, user: str) -> api.GroupView:
+        return self._call("DELETE", f"/groups/{name}/members/{user}", _As["api.GroupView"])
+
     def create_token(self, name: str = "api token", expires: str | None = None,
                      user: str | None = None) -> api.NewToken:
         """A new API token (an admin: for `user`), shown once."""
@@ -189,6 +234,31 @@ class Client:
 
     def revoke_token(self, token_id: str) -> api.TokenView:
         return self._call("DELETE", f"/tokens/{token_id}", _As["api.TokenView"])
+
+    def add_notification(self, url: str, events: Sequence[str] | None = None
+                         ) -> api.NewNotificationSubscription:
+        """Be told of your work's `events` (None: all) at `url`; a webhook's signing key is
+        in the answer, this once."""
+        body: dict[str, Any] = {"url": url}
+        if events is not None:
+            body["events"] = list(events)
+        return self._call("POST", "/notifications", _As["api.NewNotificationSubscription"],
+                          json=body)
+
+    def list_notifications(self, everyone: bool = False
+                           ) -> list[api.NotificationSubscriptionView]:
+        return self._call("GET", "/notifications",
+                          _As["list[api.NotificationSubscriptionView]"],
+                          params={"all": "true"} if everyone else None)
+
+    def remove_notification(self, subscription_id: int) -> api.NotificationSubscriptionView:
+        return self._call("DELETE", f"/notifications/{subscription_id}",
+                          _As["api.NotificationSubscriptionView"])
+
+    def notification_log(self, limit: int = 50) -> list[api.NotificationView]:
+        """The latest notifications, newest first, with how their delivery went."""
+        return self._call("GET", "/notifications/log", _As["list[api.NotificationView]"],
+                          params={"limit": limit})
 
     def list_sessions(self, user: str | None = None) -> list[api.SessionView]:
         """Your open web sessions (an admin: `user`'s)."""
@@ -269,6 +339,14 @@ class Client:
         """Trials that run or wait: those holding resources, then the queue in its order,
         then paused ones, each with why it waits or how far it has come."""
         return self._call("GET", "/jobs", _As["list[api.Job]"])
+
+    def usage(self, by: str = "user", since: str = "30d", user: str | None = None,
+              everyone: bool = False) -> api.UsageReport:
+        """Slot-hours and GPU-hours of the last `since` (30d, 12h) by user, experiment or
+        label, split into productive, lost, stalled, idle and running, with goodput; a
+        user's own experiments unless `user` or `everyone` says otherwise."""
+        params = _params(by=by, since=since, user=user, everyone="true" if everyone else None)
+        return self._call("GET", "/usage", _As["api.UsageReport"], params=params)
 
     def set_trial_priority(self, trial_id: int, priority: int) -> api.TrialDescription:
         """Give a trial that has not ended a new priority (1-99, lower runs first)."""
@@ -640,6 +718,12 @@ class Client:
         return self._call("POST", f"/experiments/{experiment_id}/checkpoints/gc", _As["api.GcPlan"],
                           json={"dry_run": dry_run, **counts})
 
+    def sweep_runs(self, dry_run: bool) -> api.RetentionPlan:
+        """What the cluster config's retention removes now, with sizes; unless `dry_run`,
+        removed at once by the server's storage worker (admins only)."""
+        return self._call("POST", "/retention/runs", _As["api.RetentionPlan"],
+                          json={"dry_run": dry_run})
+
     def delete_experiment(self, experiment_id: int) -> api.DeleteAccepted:
         return self._call("DELETE", f"/experiments/{experiment_id}", _As["api.DeleteAccepted"])
 
@@ -831,6 +915,11 @@ def _version_path(ref: str) -> str:
     return f"/models/{quote(name, safe='')}/versions/{quote(at or 'latest', safe='')}"
 
 
+def _quota_path(subject: str, name: str | None) -> str:
+    """`/quotas/default`, `/quotas/users/NAME` or `/quotas/groups/NAME`."""
+    return "/quotas/default" if subject == "default" else f"/quotas/{subject}s/{name}"
+
+
 def _params(**values: str | int | None) -> dict[str, str | int]:
     """A query or a body of the values given, without those left out (None)."""
     return {k: v for k, v in values.items() if v is not None}
@@ -859,14 +948,18 @@ class _Answer(Protocol):
 
 
 def _raise_for(response: _Answer, suffix: str = "") -> None:
+    kind = None
     try:
-        message = str(response.json()["message"]) + suffix
-    except (ValueError, KeyError, TypeError):
+        body = response.json()
+        message = str(body["message"]) + suffix
+        kind = _BY_NAME.get((response.status_code, body.get("error")))
+    except (ValueError, KeyError, TypeError, AttributeError):
         message = (response.text[:500] or response.reason_phrase) + suffix
     if response.status_code >= 500:
         message = f"server error ({response.status_code}): {message}"
-    raise _BY_STATUS.get(response.status_code, errors.ServerError
-                         if response.status_code >= 500 else errors.MusterError)(message)
+    raise (kind or _BY_STATUS.get(response.status_code, errors.ServerError
+                                  if response.status_code >= 500 else errors.MusterError)
+           )(message)
 
 
 @dataclass(frozen=True)

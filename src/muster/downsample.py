@@ -26,7 +26,7 @@ from operator import itemgetter
 from typing import Any, TypedDict
 
 __all__ = ["MAX_BUCKETS", "MAX_POINTS", "Bucket", "Series", "SeriesJson", "points_of",
-           "stored_points"]
+           "stored_last", "stored_points"]
 
 MAX_BUCKETS = 250  # kept per series
 MAX_POINTS = 4 * MAX_BUCKETS  # what `Series.points` gives at most: 1,000
@@ -196,6 +196,15 @@ def stored_points(data: Any, limit: int) -> tuple[list[int], list[float]]:
             steps.append(int(step))
             values.append(float(seen[step]))
     return steps, values
+
+
+def stored_last(data: Any) -> tuple[int, float] | None:
+    """The last point of a stored series (`Series.to_json`), without reading the rest: a
+    resource series' latest sample; None for an empty one."""
+    rows = data.get("buckets") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        return None
+    return int(rows[-1][7]), float(rows[-1][8])
 
 
 _stored_low = itemgetter(4)  # a stored bucket: [n, first step, value, low step, value,

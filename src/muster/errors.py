@@ -39,6 +39,13 @@ class NotFound(MusterError):
     http_status = 404
 
 
+class Gone(NotFound):
+    """What was asked for existed and was removed on purpose (the cluster config's
+    `retention`); the message says when and by which rule, and what stays."""
+
+    http_status = 410
+
+
 class Unauthorized(MusterError):
     http_status = 401
 
@@ -71,6 +78,11 @@ class TooManyRequests(MusterError):
     def __init__(self, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class QuotaExceeded(TooManyRequests):
+    """A submission would queue more trials than a quota of its owner's allows
+    (`max_queued_trials`); the message names the quota, its use, and what to do."""
 
 
 class StoreError(MusterError):

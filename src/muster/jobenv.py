@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 __all__ = ["DEFAULT_DIAGNOSTICS_INTERVAL", "Distributed", "JobEnvironment", "build_env",
-           "diagnostics_interval", "job_environment", "job_umask"]
+           "diagnostics_interval", "gpu_indices", "job_environment", "job_umask"]
 
 # Who the replica is and where its files go (docs/run-directory.md).
 RUN_DIR = "MUSTER_RUN_DIR"
@@ -236,7 +236,7 @@ class JobEnvironment:
             max_length=_integer(environ, MAX_LENGTH, minimum=1),
             seed=_integer(environ, SEED, minimum=0),
             deterministic=environ.get(DETERMINISTIC) == "1",
-            diagnostics_interval=diagnostics_interval(environ), gpus=_gpus(environ),
+            diagnostics_interval=diagnostics_interval(environ), gpus=gpu_indices(environ),
             distributed_debug=environ.get(TORCH_DISTRIBUTED_DEBUG) == "DETAIL",
             flight_recorder=_path(environ, *FLIGHT_RECORDER_FILES),
             virtual_env=_path(environ, VIRTUAL_ENV), standby_go=_path(environ, STANDBY_GO),
@@ -367,7 +367,7 @@ def _seconds(value: float) -> str:
     return short if float(short) == value else repr(value)
 
 
-def _gpus(environ: Mapping[str, str]) -> tuple[int, ...] | None:
+def gpu_indices(environ: Mapping[str, str]) -> tuple[int, ...] | None:
     """The GPU indices CUDA_VISIBLE_DEVICES names; None where it is unset or not a list of
     indices (UUIDs, -1: a server that schedules no GPUs passes its own setting on)."""
     raw = environ.get(CUDA_VISIBLE_DEVICES)

@@ -5,7 +5,9 @@ One line per report, in the order reported:
     {"kind": "training", "step": 120, "metrics": {"loss": 0.25},
      "time": 1764487282123456789e-9, "rank": 0}            (on one line)
 
-- `kind` is "training" or "validation"; `step` a whole number in [-2**63, 2**63); `rank` the
+- `kind` is "training" or "validation" in a metrics file (`RankFile.METRICS`), and "system"
+  in the shim's file of resource samples (`RankFile.SYSTEM`, `muster.system_metrics`),
+  whose lines have the same format; `step` a whole number in [-2**63, 2**63); `rank` the
   rank whose file holds the line; `time` a finite unix time (the harness writes integer
   nanoseconds with an exponent, a JSON number every parser reads as seconds);
 - `metrics` maps names to numbers; NaN and ±infinity are the bare tokens `NaN`, `Infinity`
@@ -32,11 +34,15 @@ from typing import Any
 from muster.states import MetricKind
 
 __all__ = [
-    "NAME_PATTERN", "NAME_RULE", "BadLine", "MetricLine",
+    "NAME_PATTERN", "NAME_RULE", "REPORTED_KINDS", "SYSTEM_KINDS", "BadLine", "MetricLine",
     "exact_template", "is_complete", "json_number", "name_problem", "parse", "template",
 ]
 
 _STEP_LIMIT = 1 << 63
+# What the run itself may report: a "system" line in a metrics file is refused, so a script
+# can never pass its own reports off as the shim's samples, nor the reverse.
+REPORTED_KINDS = frozenset({MetricKind.TRAINING, MetricKind.VALIDATION})
+SYSTEM_KINDS = frozenset({MetricKind.SYSTEM})
 # What real code reports passes (Lightning's `train/loss`, `lr-Adam/pg1`, `loss_step`;
 # Hugging Face's `eval_accuracy`; `top1@5`, `val:acc`, `f1+`); what a page or a terminal
 # could read as markup, quoting or control (`<`, `>`, `&`, quotes, backticks, whitespace,
@@ -88,8 +94,13 @@ def is_complete(line: bytes) -> bool:
     return line.endswith(b"\n")
 
 
-def parse(line: bytes, rank: int) -> MetricLine | None:
+def parse(line: bytes, rank: int,
+          kinds: frozenset[MetricKind] = REPORTED_KINDS) -> MetricLine | None:
     """The report on one complete line of rank `rank`'s metrics file; None for a blank line.
+
+    Args:
+        kinds: the kinds the file may hold: `REPORTED_KINDS` in a metrics file,
+            `SYSTEM_KINDS` in a file of resource samples.
 
     Raises:
         BadLine: the line is not JSON, or not a report in the documented format.
@@ -107,10 +118,10 @@ def parse(line: bytes, rank: int) -> MetricLine | None:
     at: Any = report.get("time")
     stated_rank: Any = report.get("rank")
     metrics: Any = report.get("metrics")
-    try:
-        kind = MetricKind(kind)
-    except ValueError:
-        raise BadLine(f'"kind" must be "training" or "validation", got {kind!r}') from None
+    if not isinstance(kind, str) or kind not in kinds:
+        allowed = " or ".join(f'"{k}"' for k in sorted(kinds))
+        raise BadLine(f'"kind" must be {allowed}, got {kind!r}')
+    kind = MetricKind(kind)
     if not _is_int(step) or not -_STEP_LIMIT <= step < _STEP_LIMIT:
         raise BadLine(f'"step" must be a whole number, got {step!r}')
     if not _is_finite(at):

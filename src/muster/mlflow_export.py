@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 from muster import api
 from muster.errors import ExportError, InvalidRequest, NotFound
+from muster.metrics_lines import REPORTED_KINDS
 from muster.states import ArtifactState, MetricKind
 from muster.verdicts import check_status
 
@@ -308,8 +309,8 @@ def metric_points(reports: Sequence[api.MetricReport]) -> list[MetricPoint]:
     value, as the trial's curves show it."""
     latest: dict[tuple[str, int], tuple[int, float, int]] = {}
     for report in reports:
-        if report["rank"] != 0:
-            continue
+        if report["rank"] != 0 or report["kind"] not in REPORTED_KINDS:
+            continue  # resource samples are the machine's, not the run's results
         kind = "training" if report["kind"] == MetricKind.TRAINING else "validation"
         for name, raw in report["metrics"].items():
             value = _number(raw)

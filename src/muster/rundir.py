@@ -86,6 +86,7 @@ class RankFile(str, Enum):
     STANDBY_GO = "standby-go.json"  # a warm standby's promotion [supervisor]
     HEARTBEAT = "heartbeat.json"  # the time of the last progress: the check-in [harness]
     METRICS = "metrics.jsonl"  # one report per line (muster.metrics_lines) [harness]
+    SYSTEM = "system.jsonl"  # resource samples, kind "system" (muster.system_metrics) [shim]
     SAMPLES = "samples.json"  # samples seen per epoch [harness]
     STOP_ACK = "stop-ack.json"  # when the loop first saw muster's SIGTERM [harness]
     SNAPSHOT = "snapshot.json"  # what the rank is made of, at init and at its end [harness]
@@ -197,14 +198,21 @@ class AttemptDir:
     def ranks_with(self, kind: RankFile) -> list[tuple[int, Path]]:
         """(rank, path) of every `rank-<r>.<kind>` file in the attempt, by rank; none while
         the directory does not exist."""
+        return [(rank, path) for _, rank, path in self.rank_files((kind,))]
+
+    def rank_files(self, kinds: tuple[RankFile, ...]) -> list[tuple[RankFile, int, Path]]:
+        """(kind, rank, path) of every rank's file of one of `kinds`, by kind (in the order
+        of `kinds`) then rank, from one listing of the directory; none while it does not
+        exist."""
         try:
             entries = list(os.scandir(self.path))
         except (FileNotFoundError, NotADirectoryError):
             return []
-        found = [(int(m[1]), Path(e.path)) for e in entries
-                 if (m := _RANK.fullmatch(e.name)) and m[2] == kind.value
+        order = {kind.value: (i, kind) for i, kind in enumerate(kinds)}
+        found = [(order[m[2]], int(m[1]), Path(e.path)) for e in entries
+                 if (m := _RANK.fullmatch(e.name)) and m[2] in order
                  and e.is_file(follow_symlinks=False)]
-        return sorted(found)
+        return [(kind, rank, path) for (_, kind), rank, path in sorted(found)]
 
 
 @functools.lru_cache(maxsize=16384)
@@ -293,6 +301,10 @@ class RankFiles:
     @property
     def metrics(self) -> Path:
         return self.path(RankFile.METRICS)
+
+    @property
+    def system(self) -> Path:
+        return self.path(RankFile.SYSTEM)
 
     @property
     def samples(self) -> Path:

@@ -164,6 +164,11 @@ class EventReason(StrEnum):
     USER_ACTIVATED = "user activated"
     TOKEN_CREATED = "token created"
     TOKEN_REVOKED = "token revoked"
+    # An admin's quota limits and groups (`muster quota`, `muster group`), with their actor.
+    QUOTA_CHANGED = "quota changed"
+    GROUP_CHANGED = "group changed"  # created, deleted, or a member added or removed
+    NOTIFICATION_ADDED = "notification added"  # a user's subscription (`muster notify add`)
+    NOTIFICATION_REMOVED = "notification removed"
     LOGGED_IN = "logged in"  # a password login that opened a web session
     SESSION_ENDED = "session ended"  # by its user or an admin, from the list of sessions
     CHECKPOINT_DELETED = "checkpoint deleted"  # by GC (its reason says why) or with its experiment
@@ -188,9 +193,17 @@ class EventReason(StrEnum):
     UNARCHIVED = "unarchived"
     DELETE_REQUESTED = "delete requested"  # `muster experiment delete`; its files go first
     EXPERIMENT_DELETED = "experiment deleted"  # its files and records are gone
+    # The cluster config's `retention:` (`muster.checkpoint_storage.retention`), recorded
+    # before the files go: a trial's logs, or its whole run (logs, run directory,
+    # unregistered checkpoints, artifacts).
+    LOGS_REMOVED = "logs removed"
+    RUN_REMOVED = "run files removed"
     RANKS_DIFFER = "ranks differ"  # an attempt's ranks started on different libraries
     # Its validation and checkpoint steps count in different units (warned once per trial).
     STEP_SCALES_DIFFER = "step scales differ"
+    # A rank's GPU stayed idle while its CPU was busy (`muster.supervise.gpu_idle`; warned
+    # once per trial).
+    GPU_IDLE = "gpu idle"
     # A key of the Determined config it was submitted as, and what muster made of it, or
     # why muster does without it (`muster.config.determined`); the latter show as warnings.
     DETERMINED_KEY_MAPPED = "determined key mapped"
@@ -249,10 +262,13 @@ class CheckStatus(StrEnum):
 
 class MetricKind(StrEnum):
     """What a metric report is (`metrics.kind`, a metrics file's `"kind"`): a training step's
-    or a validation's."""
+    or a validation's, which the run reports; or a sample of its replica's resources (CPU,
+    memory, GPU: the `system/` series, `muster.system_metrics`), which the shim takes and
+    which is never evidence of training."""
 
     TRAINING = "training"
     VALIDATION = "validation"
+    SYSTEM = "system"
 
 
 class Integration(StrEnum):
@@ -269,10 +285,12 @@ class Integration(StrEnum):
 
 class MetricSource(StrEnum):
     """Where a stored metric report was read: a metrics file (the harness or an integration
-    wrote it) or a rank's log (`verify.metrics_from_log` and the built-in recognisers)."""
+    wrote it), a rank's log (`verify.metrics_from_log` and the built-in recognisers), or
+    the shim's resource samples."""
 
     HARNESS = "harness"
     LOG = "log"
+    SHIM = "shim"  # a replica's resource samples (`RankFile.SYSTEM`)
 
 
 class OomSource(StrEnum):
@@ -515,3 +533,69 @@ REVIEW_ONLY_MOVES: frozenset[tuple[TrialState, TrialState]] = frozenset(
 REVIEW_REASONS = frozenset({EventReason.REVIEW_APPROVED, EventReason.REVIEW_REJECTED})
 
 del E, T, A
+
+
+class NotificationKind(StrEnum):
+    """What a notification is about (`muster.notifications`): the words of the cluster
+    config's and `muster notify add`'s `events`."""
+
+    EXPERIMENT_ENDED = "experiment-ended"  # COMPLETED, ERROR or CANCELED
+    TRIAL_SUSPECT = "trial-suspect"  # awaiting review
+    TRIAL_FAILED = "trial-failed"
+    TRIAL_STALLED = "trial-stalled"  # an attempt ended STALLED
+    DISK_GUARD = "disk-guard"  # the disk guard engaged
+    NODE_QUARANTINED = "node-quarantined"
+    MODEL_REGISTERED = "model-registered"
+    MODEL_STAGED = "model-staged"
+
+    @property
+    def cluster_wide(self) -> bool:
+        """About the server, not about one owner's work: sent to admins' own subscriptions
+        (and the cluster config's), never to another user's."""
+        return self in (NotificationKind.DISK_GUARD, NotificationKind.NODE_QUARANTINED)
+
+
+class OutboxState(StrEnum):
+    """Where a notification is (`notification_outbox.state`)."""
+
+    PENDING = "pending"  # to be delivered (now, or after its backoff)
+    SENDING = "sending"  # claimed by the notifier; a server killed meanwhile sends it again
+    DELIVERED = "delivered"  # a receiver took it (a 2xx; Apprise said sent)
+    FAILED = "failed"  # every try failed, or it cannot be sent (its target is gone)
+
+
+class QuotaLimit(StrEnum):
+    """What a quota limits (`muster.schedule.quotas`): the cluster config's `quotas` keys,
+    `muster quota set`'s options and the `quotas.kind` column."""
+
+    MAX_SLOTS = "max_slots"  # replicas without GPUs running at once
+    MAX_GPUS = "max_gpus"  # GPUs held at once
+    MAX_RUNNING_TRIALS = "max_running_trials"  # trials holding resources at once
+    MAX_QUEUED_TRIALS = "max_queued_trials"  # trials QUEUED at once (a create past it: 429)
+
+
+class QuotaSubject(StrEnum):
+    """Whom a quota holds to it: one user, the members of a group together, or every user
+    without a limit of their own (`default`)."""
+
+    USER = "user"
+    GROUP = "group"
+    DEFAULT = "default"
+
+
+class UsageBy(StrEnum):
+    """What a usage report groups by (`muster usage --by`, `muster.services.usage`)."""
+
+    USER = "user"  # the experiment's owner
+    EXPERIMENT = "experiment"
+    LABEL = "label"  # an experiment with several labels counts under each
+
+
+class RetentionItem(StrEnum):
+    """What one line of a retention plan removes (`muster gc runs`,
+    `muster.checkpoint_storage.retention`)."""
+
+    LOGS = "logs"  # a trial's replica logs (and their indexes), past retention.logs_after
+    RUN = "run"  # its run directory (logs included), less the lines below, past runs_after
+    CHECKPOINT = "checkpoint"  # one checkpoint not registered: storage, run directory, cache
+    ARTIFACTS = "artifacts"  # its artifact set: the run directory's copy and storage's

@@ -20,7 +20,7 @@ from moto.server import ThreadedMotoServer
 from muster.checkpoint_storage.base import Backend
 from muster.checkpoint_storage.s3 import S3
 from muster.checkpoint_storage.shared_fs import TMP_PREFIX, SharedFs
-from tests.supervise.conftest import home, sqlite_rig, sqlite_store  # noqa: F401 - the rig
+from tests.supervise.conftest import home, rig, sqlite_rig, sqlite_store  # noqa: F401 - rigs
 
 PART = 5 << 20  # S3's smallest part: files of more than this go up in parts
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",

@@ -76,10 +76,11 @@ def test_no_free_disk_guard(tmp_path: Path) -> None:
             "zzz: unknown key; the keys allowed here are base_environment, build_logs, "
             "checkpoint_storage, "
             "data_roots, gpu_release, gpus, interpreters, launcher, log_limit, min_free_disk, "
-            "mlflow, node_quarantine, package_sources, preemption, priority_floor, ray, "
-            "registry, "
+            "mlflow, node_quarantine, notification_hosts, notifications, package_sources, "
+            "preemption, priority_floor, public_url, quotas, ray, registry, retention, "
             "run_as, "
-            "secret_sources, slots, storage_endpoints, storage_paths, trusted_proxies",
+            "secret_sources, slots, storage_endpoints, storage_paths, system_metrics_interval, "
+            "trusted_proxies",
         ),
         ("launcher: slurm", "launcher: must be 'local' or 'ray', got 'slurm'"),
         ("base_environment: venv", "base_environment: must be the absolute path of a Python "

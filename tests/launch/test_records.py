@@ -36,7 +36,8 @@ def test_a_spec_and_an_exit_record_survive_json() -> None:
     account = Account("job", 1000, 1000, (1000, 27), "/home/job")
     spec = ReplicaSpec("uuid", 2, 1, ["python", "train.py"], {"A": "1"}, Path("/w"),
                        Path("/w/attempt-2"), notify=(10, 20), path=("/env/bin",),
-                       account=account, memory_limit=1 << 30, distributed=False)
+                       account=account, memory_limit=1 << 30, distributed=False,
+                       gpus=(2, 3), system_metrics_interval=0.5)
     assert spec_from_json(json.loads(json.dumps(spec_to_json(spec)))) == spec
     record = ExitRecord(returncode=-9, exit_code=137, signal="SIGKILL", pid=5,
                         start_ticks=6, started_at=1.0, ended_at=2.0, max_rss_bytes=None,

@@ -14,13 +14,16 @@ from muster.server.prometheus import (
     render,
 )
 from muster.services.cluster import ClusterSnapshot, Filesystem, GpuStatus
+from muster.services.resources import ReplicaSample
 from muster.states import TrialState
+from muster.system_metrics import CPU_PERCENT, GPU_MEMORY_BYTES, GPU_UTIL_PERCENT, RSS_BYTES
 from tests.server.exposition import parse
 
 GIB = 1 << 30
 
 
-def snapshot(gpus: tuple[GpuStatus, ...] = ()) -> ClusterSnapshot:
+def snapshot(gpus: tuple[GpuStatus, ...] = (),
+             replicas: tuple[ReplicaSample, ...] = ()) -> ClusterSnapshot:
     counts = {state.value: 0 for state in TrialState}
     counts.update(QUEUED=3, RUNNING=1, SUCCEEDED=5, FAILED=2)
     return ClusterSnapshot(
@@ -28,6 +31,7 @@ def snapshot(gpus: tuple[GpuStatus, ...] = ()) -> ClusterSnapshot:
         gpu_source="fake",
         filesystems=(Filesystem((Path("/h"), Path("/h/runs")), 10 * GIB, 100 * GIB),
                      Filesystem((Path("/data/exp"),), 7, 9)),
+        replicas=replicas,
     )
 
 
@@ -95,3 +99,22 @@ def test_without_gpus_the_gpu_metrics_have_help_and_no_samples() -> None:
     parsed = parse(render(cluster_metrics(snapshot())))
     assert "muster_gpu_allocated" in parsed.type
     assert not [s for s in parsed.samples if s[0].startswith("muster_gpu_")]
+
+
+def test_each_running_replica_has_its_latest_resources() -> None:
+    gpu = ReplicaSample(7, 0, {CPU_PERCENT: 101.5, RSS_BYTES: 3 * GIB, GPU_UTIL_PERCENT: 97.0,
+                               GPU_MEMORY_BYTES: 30 * GIB})
+    cpu_only = ReplicaSample(8, 1, {CPU_PERCENT: 0.0, RSS_BYTES: 5 << 20})
+    parsed = parse(render(cluster_metrics(snapshot(replicas=(gpu, cpu_only)))))
+    assert parsed.value("muster_replica_cpu_percent", trial="7", rank="0") == 101.5
+    assert parsed.value("muster_replica_rss_bytes", trial="7", rank="0") == 3 * GIB
+    assert parsed.value("muster_replica_gpu_utilization_percent", trial="7", rank="0") == 97
+    assert parsed.value("muster_replica_gpu_memory_used_bytes", trial="7", rank="0") == 30 * GIB
+    assert parsed.value("muster_replica_cpu_percent", trial="8", rank="1") == 0
+    assert parsed.value("muster_replica_rss_bytes", trial="8", rank="1") == 5 << 20
+    # no GPUs, no GPU sample: never a made-up 0
+    assert parsed.value("muster_replica_gpu_utilization_percent", trial="8", rank="1") is None
+    labels = {tuple(sorted(labels)) for name, labels, _ in parsed.samples
+              if name.startswith("muster_replica_")}
+    assert labels == {("rank", "trial")}
+    assert parsed.type["muster_replica_cpu_percent"] == "gauge"

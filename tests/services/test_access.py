@@ -34,6 +34,9 @@ TABLE = {
     A.REGISTER_MODEL: (False, True, False, True),
     A.MANAGE_MODEL: (False, True, False, True),
     A.DELETE_MODEL: (False, False, False, True),
+    A.MANAGE_QUOTAS: (False, False, False, True),
+    A.MANAGE_GROUPS: (False, False, False, True),
+    A.SWEEP_RETENTION: (False, False, False, True),
 }
 
 

@@ -44,11 +44,13 @@ def test_a_checked_in_replica_is_stalled_after_the_timeout(
 ) -> None:
     attempt = beat(tmp_path, progress_time=progress, step=step)
     assert checked_in(attempt, 0)
-    why = stall_reason(attempt, 0, 60.0, now)
-    assert (why is not None) == stalled
-    if why is not None:
-        assert why.startswith(f"no progress for {now - progress:.0f}s (heartbeat_timeout 60s)")
-        assert ("step 7" if step is not None else "its check-in") in why
+    stall = stall_reason(attempt, 0, 60.0, now)
+    assert (stall is not None) == stalled
+    if stall is not None:
+        assert stall.reason.startswith(
+            f"no progress for {now - progress:.0f}s (heartbeat_timeout 60s)")
+        assert ("step 7" if step is not None else "its check-in") in stall.reason
+        assert stall.since == progress  # the stall began at the last progress
 
 
 @pytest.mark.parametrize("content", ['{"step": 3}', '[1, 2]', '{"progress_time": "soon"}'])
@@ -71,7 +73,9 @@ def test_without_a_heartbeat_there_is_no_check_in(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("since", "now", "overdue"), [(0.0, 59.0, False), (0.0, 60.0, True)])
 def test_a_check_in_is_overdue_after_the_timeout(since: float, now: float, overdue: bool) -> None:
-    why = check_in_overdue(since, 60.0, now)
-    assert (why is not None) == overdue
-    if why is not None:
-        assert "has not called muster.harness.init()" in why and "harness: false" in why
+    stall = check_in_overdue(since, 60.0, now)
+    assert (stall is not None) == overdue
+    if stall is not None:
+        assert "has not called muster.harness.init()" in stall.reason
+        assert "harness: false" in stall.reason
+        assert stall.since == since  # it has waited for the check-in since its start

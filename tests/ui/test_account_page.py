@@ -4,6 +4,7 @@ session's CSRF token, no script)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -171,3 +172,46 @@ def test_a_user_reads_the_users_but_cannot_change_them(page_of: Any, team: Team)
     assert answer.status == 403
     with team.client("admin") as admin:
         assert admin.get_user("vera")["active"] is True
+
+
+def test_notifications_are_added_shown_redacted_and_removed_on_the_account_page(
+    page_of: Any, team: Team
+) -> None:
+    """A private host is refused with the fix (400, said on the page, the form kept); a
+    webhook's signing key is shown once; Slack's URL shows as its scheme alone; Remove
+    takes one away."""
+    with team.client("admin") as admin:
+        admin.create_user("nora", "user", password=PASSWORD)
+    page = _account(page_of, "nora")
+    form = page.locator("#notify-form")
+    form.get_by_label("URL").fill("https://10.0.0.7/hook")
+    form.get_by_label("trial-failed").check()
+    form.get_by_role("button", name="Add notification").click()
+    expect(page.get_by_role("alert")).to_contain_text("10.0.0.7 is not a public address")
+    expect(page.locator("#notify-form").get_by_label("URL")).to_have_value(
+        "https://10.0.0.7/hook")
+    expect(page.locator("#notify-form").get_by_label("trial-failed")).to_be_checked()
+
+    form = page.locator("#notify-form")
+    form.get_by_label("URL").fill("https://93.184.215.14/muster/T0/secret-path")
+    form.get_by_role("button", name="Add notification").click()
+    expect(page.locator("#new-signing-key")).to_have_text(re.compile(r"^[0-9a-f]{64}$"))
+    page.locator("#notify-form").get_by_label("URL").fill("slack://TokenA/TokenB/TokenC/#ml")
+    page.locator("#notify-form").get_by_label("experiment-ended").check()
+    page.locator("#notify-form").get_by_role("button", name="Add notification").click()
+    expect(page.locator("#new-signing-key")).to_have_count(0)  # Apprise: no key of muster's
+    rows = page.locator("#subscriptions tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_contain_text("https://93.184.215.14/…")
+    expect(rows.nth(1)).to_contain_text("slack://…")
+    expect(rows.nth(1)).to_contain_text("experiment-ended")
+    expect(page.locator("#subscriptions")).not_to_contain_text("secret-path")
+    expect(page.locator("#subscriptions")).not_to_contain_text("TokenA")
+    with team.client("admin") as admin:
+        listed = [n for n in admin.list_notifications(everyone=True) if n["user"] == "nora"]
+    assert [n["url"] for n in listed] == ["https://93.184.215.14/…", "slack://…"]
+
+    page.get_by_role("button", name=f"remove notification {listed[0]['id']}").click()
+    expect(page).to_have_url(team.server.url + "/account?done=unsubscribed")
+    expect(page.locator("#subscriptions tbody tr")).to_have_count(1)
+    expect(page.locator("#subscriptions")).to_contain_text("slack://…")

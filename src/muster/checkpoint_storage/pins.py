@@ -7,7 +7,8 @@ a trial it has yet to start, or one that has to start over before it saved a che
 its own, copies it then. GC keeps every checkpoint held (`held`, in the plan and again as
 the plan is recorded), and `experiment delete` refuses an experiment whose checkpoints
 something holds (`warm_starts_from`; the registry's check is
-`muster.services.retention.registered_versions`).
+`muster.services.retention.registered_versions`). The cluster config's `retention` keeps
+the run of a trial whose checkpoint something holds (`muster.checkpoint_storage.retention`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ from muster.store import Checkpoint, Experiment, ModelVersion, RegisteredModel, 
 __all__ = ["held", "warm_starts_from"]
 
 
-def held(s: Session, checkpoint_ids: Sequence[int]) -> dict[int, str]:
+def held(s: Session, checkpoint_ids: Sequence[int], registered: bool = True
+         ) -> dict[int, str]:
     """Which of these checkpoints something holds: id -> why ("registered as NAME vN: the
-    registry holds it", "experiment 7 starts its trials from it and has not ended")."""
+    registry holds it", "experiment 7 starts its trials from it and has not ended").
+    Without `registered`, only warm starts hold (retention's `keep_registered: false`)."""
     reasons: dict[int, list[str]] = {}
-    for found in (_registered(s, checkpoint_ids), _warm_starts(s, checkpoint_ids)):
+    holders = (_registered(s, checkpoint_ids) if registered else {},
+               _warm_starts(s, checkpoint_ids))
+    for found in holders:
         for checkpoint_id, why in found.items():
             reasons.setdefault(checkpoint_id, []).append(why)
     return {checkpoint_id: "; ".join(why) for checkpoint_id, why in reasons.items()}

@@ -1,4 +1,5 @@
-"""The server's checkpoint storage worker: uploads, garbage collection, deletions, sweeps.
+"""The server's checkpoint storage worker: uploads, garbage collection, deletions, sweeps,
+and the cluster config's retention (`retention_sweep`: at start, daily, and when asked).
 
 A sweep also removes, from the run directories, the checkpoint saves in progress that no
 process writes into any more (`checkpoint_files.abandoned`: their attempt ended, or every
@@ -36,7 +37,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from muster import checkpoint_files
-from muster.checkpoint_storage import artifact_sets, transfer
+from muster.checkpoint_storage import artifact_sets, retention_sweep, transfer
 from muster.checkpoint_storage.base import Backend
 from muster.checkpoint_storage.location import (
     Location,
@@ -46,9 +47,11 @@ from muster.checkpoint_storage.location import (
 )
 from muster.checkpoint_storage.metrics import checkpoint_metrics
 from muster.checkpoint_storage.pins import held
-from muster.checkpoint_storage.planner import CheckpointFacts, Decision, plan
+from muster.checkpoint_storage.planner import DELETION_BEGUN, CheckpointFacts, Decision, plan
+from muster.checkpoint_storage.retention import Rules
 from muster.checkpoint_storage.sweep import SweepReport, sweep_location
 from muster.checkpoint_storage.transfer import retry_delay
+from muster.config.cluster import RetentionConfig
 from muster.config.schema import CheckpointStorageConfig
 from muster.errors import MusterError, StorageError
 from muster.home import Home
@@ -79,6 +82,8 @@ IDLE_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 60.0
 ORPHAN_AGE_SECONDS = 3600.0  # a prefix without metadata.json this old is an abandoned upload
 SWEEP_EVERY_SECONDS = 600.0
+RETENTION_EVERY_SECONDS = 86400.0  # the cluster config's retention: daily (and at start)
+RETENTION_TRIALS_PER_ROUND = 20  # a sweep goes on between rounds of uploads, this many at a time
 # A save in progress that no process can write into any more goes once nothing in it changed
 # for this long (a replica LOST on a machine that still runs may yet write into it).
 ABANDONED_SAVE_AGE_SECONDS = 600.0
@@ -123,6 +128,7 @@ class StorageWorker:
     orphan_age: float = ORPHAN_AGE_SECONDS
     abandoned_save_age: float = ABANDONED_SAVE_AGE_SECONDS
     environ: dict[str, str] | None = None  # where `env:` keys are read (default: os.environ)
+    retention: RetentionConfig | None = None  # the cluster config's `retention`
     _gc: queue.Queue[int] = field(default_factory=lambda: queue.Queue(GC_QUEUE_SIZE))
     _gc_everything: bool = False
     _backends: dict[str, Backend] = field(default_factory=dict)
@@ -134,6 +140,10 @@ class StorageWorker:
     _last_sweep: float = 0.0
     _failures: int = 0  # rounds that failed in a row
     _ends_seen_until: float = field(default_factory=now)  # trials and experiments ended since
+    _next_retention: float = 0.0  # when the next retention sweep is due (0: at start)
+    _retention_asked: threading.Event = field(default_factory=threading.Event)
+    _retention_asked_by: str | None = None  # who asked for the sweep asked for
+    _sweeping: retention_sweep.Sweeping | None = None  # a retention sweep under way
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -161,6 +171,13 @@ class StorageWorker:
     def wake(self) -> None:
         self._wake.set()
 
+    def request_retention(self, asked_by: str) -> None:
+        """Apply the cluster config's retention now, in the worker's thread (`muster gc
+        runs`); its events say who asked."""
+        self._retention_asked_by = asked_by
+        self._retention_asked.set()
+        self._wake.set()
+
     def _run(self) -> None:
         self._guarded(self.recover, "recovering unfinished uploads and deletions")
         while not self._stop.is_set():
@@ -168,6 +185,8 @@ class StorageWorker:
             if time.time() - self._last_sweep > SWEEP_EVERY_SECONDS:
                 self._last_sweep = time.time()
                 self._guarded(self.sweep, "sweeping storage for orphans")
+            worked = self._guarded(self._retain_some,
+                                   "applying the cluster config's retention") or worked
             if not worked:
                 self._wake.wait(IDLE_SECONDS)
                 self._wake.clear()
@@ -360,7 +379,7 @@ class StorageWorker:
         """Apply the experiment's GC plan: note why each checkpoint is kept, record the
         deletions, then carry them out. Idempotent."""
         planned = self.plan_for(experiment_id)
-        self._delete_checkpoints(self._record_plan(planned))
+        self.delete_checkpoints(self._record_plan(planned))
         self._drop_cache_of_ended_trials(experiment_id)
         return planned
 
@@ -381,11 +400,12 @@ class StorageWorker:
                     if not p.keep:
                         row.state = CheckpointState.DELETING
                         doomed.append(p.id)
-                    if row.gc_reason != reason:
+                    # A deletion begun keeps the reason it was begun for (GC's or retention's).
+                    if row.gc_reason != reason and reason != DELETION_BEGUN:
                         row.gc_reason = reason
         return doomed
 
-    def _delete_checkpoints(self, ids: list[int]) -> None:
+    def delete_checkpoints(self, ids: list[int]) -> None:
         """Remove `deleting` checkpoints from storage and their run directories, then record
         them `deleted` with an event each, a batch at a time. One whose removal fails stays
         `deleting` and is finished by a later collection."""
@@ -474,7 +494,7 @@ class StorageWorker:
                     row.state, row.gc_reason = (CheckpointState.DELETING,
                                                 "its experiment was deleted")
             doomed = [r.id for r in _live_checkpoints(s, experiment_id)]
-        self._delete_checkpoints(doomed)
+        self.delete_checkpoints(doomed)
         if not artifact_sets.delete_stored(self, experiment_id):
             return False
         with self.store.session_scope() as s:
@@ -497,6 +517,48 @@ class StorageWorker:
             shutil.rmtree(self.home.checkpoint_cache_dir / trial.uuid, ignore_errors=True)
         shutil.rmtree(self.home.experiments_dir / experiment.uuid, ignore_errors=True)
         self.home.secrets_file(experiment.uuid).unlink(missing_ok=True)
+
+    # -- retention -------------------------------------------------------------------------
+
+    def retention_plan(self, at: float | None = None) -> retention_sweep.Sweep | None:
+        """What the cluster config's retention would remove now (or at `at`), with sizes;
+        None when it has none. Reads only: any thread may ask."""
+        rules = Rules.of(self.retention)
+        return None if rules is None else retention_sweep.plan(self, rules, at or now())
+
+    def retain(self, at: float | None = None) -> retention_sweep.Sweep | None:
+        """Apply the cluster config's retention now (or as at `at`), to the end: each
+        removal recorded, then done (`retention_sweep`); what it removed and kept, None when
+        it has none. The worker's own thread goes a few trials a round (`_retain_some`);
+        this is for a test, with the thread not started."""
+        sweeping = self._begin_retention(at)
+        if sweeping is None:
+            return None
+        while sweeping.step(RETENTION_TRIALS_PER_ROUND):
+            pass
+        return sweeping.done
+
+    def _retain_some(self) -> bool:
+        """Go on with the retention sweep under way, `RETENTION_TRIALS_PER_ROUND` trials a
+        round, or begin one when it is due (at start, then daily) or asked for; whether it
+        has more to do."""
+        if self._sweeping is None:
+            if not (self._retention_asked.is_set() or time.time() >= self._next_retention):
+                return False
+            self._retention_asked.clear()
+            self._next_retention = time.time() + RETENTION_EVERY_SECONDS
+            self._sweeping = self._begin_retention()
+        if self._sweeping is not None and self._sweeping.step(RETENTION_TRIALS_PER_ROUND):
+            return True
+        self._sweeping = None
+        return False
+
+    def _begin_retention(self, at: float | None = None) -> retention_sweep.Sweeping | None:
+        rules = Rules.of(self.retention)
+        if rules is None:
+            return None
+        asked_by, self._retention_asked_by = self._retention_asked_by, None
+        return retention_sweep.Sweeping(self, rules, at or now(), asked_by)
 
     # -- orphans ---------------------------------------------------------------------------
 

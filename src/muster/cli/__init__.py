@@ -51,11 +51,14 @@ COMMANDS: dict[str, Entry] = {
                     "Show who your token acts as: user name, role, and the token's id."),
     "events": Entry("events", "events",
                     "Show the audit trail: every state change and decision, with who made it."),
+    "usage": Entry("usage", "usage", "Show slot-hours and GPU-hours: productive, lost, "
+                   "stalled, idle, queued, and goodput."),
     "experiment": Entry("experiment", "app", "Create, list, describe and kill experiments."),
     "e": Entry("experiment", "app", "Create, list, describe and kill experiments.", hidden=True),
     "trial": Entry("trial", "app", _TRIAL_HELP),
     "t": Entry("trial", "app", _TRIAL_HELP, hidden=True),
     "checkpoint": Entry("checkpoint", "app", "List, download and garbage-collect checkpoints."),
+    "gc": Entry("gc", "app", "Remove what the cluster config's retention says is past keeping."),
     "model": Entry("model", "app", "The model registry: versions of verified trials' "
                    "checkpoints, with their lineage."),
     "cluster": Entry("cluster", "app", "The server's resources."),
@@ -64,8 +67,13 @@ COMMANDS: dict[str, Entry] = {
     "config": Entry("configs", "app",
                     "Experiment configs: what muster makes of them, without a server."),
     "user": Entry("users", "app", "Users and their roles (admin, user, viewer)."),
+    "group": Entry("group", "app", "Groups of users (admins manage them); a group's quota "
+                   "holds its members together."),
+    "quota": Entry("quota", "app", "Quotas: what each user and group may hold at once."),
     "token": Entry("tokens", "app", "Your API tokens."),
     "session": Entry("sessions", "app", "Your web sessions (the web UI's logins)."),
+    "notify": Entry("notify", "app",
+                    "Be told when your experiments end, fail, stall or await review."),
 }
 
 

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+from muster.cli.quota import quotas_table
 from muster.sizes import format_size
 
 if TYPE_CHECKING:
@@ -24,7 +25,8 @@ app.add_typer(node_app, name="node")
 
 @app.command()
 def status(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
-    """Show slots in use, the GPUs and who holds them, trials by state, and free disk."""
+    """Show slots in use, the GPUs and who holds them, trials by state, the quotas and
+    what is in use of each, and free disk."""
     with client(home, url) as c:
         info = c.cluster_status()
     if as_json:
@@ -37,6 +39,8 @@ def status(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption 
     render.console.print(table)
     render.console.print(info["disk_message"], markup=False)
     render.console.print(f"trials: {_trial_counts(info['trial_counts'])}", markup=False)
+    if info.get("quotas"):
+        render.console.print(quotas_table(info["quotas"]))
     for node in info.get("nodes", []):
         render.console.print(_node_line(node), markup=False)
     envs = info["environments"]

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from muster.cli import render
 from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+from muster.cli.quota import holder
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 from muster.words import progress_line
 
@@ -25,15 +26,21 @@ app = typer.Typer(help="The queue and what runs; move trials in the queue.",
 def list_jobs(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
     """Show the trials that run or wait: those holding resources, then the queue in its
     order (priority, then id), then paused ones, with why each queued one waits and how far
-    each RUNNING one has come (and its ETA, where its planned length is known)."""
+    each RUNNING one has come (and its ETA, where its planned length is known); then the
+    quotas of the users and groups, and what is in use of each."""
     with client(home, url) as c:
         jobs = c.list_jobs()
+        quotas = [] if as_json else c.list_quotas()
     if as_json:
         render.print_json(jobs)
-    elif not jobs:
+        return
+    if not jobs:
         render.err_console.print("no trial runs or waits")
     else:
         render.console.print(jobs_table(jobs))
+    for view in quotas:
+        if view["subject"] != "default":
+            render.console.print(f"{holder(view)}: {view['summary']}", markup=False)
 
 
 def jobs_table(jobs: list[api.Job]) -> Table:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -163,6 +163,31 @@ def _peak(replica: api.ReplicaView) -> str:
     """The peak memory of the replica's process group (replicas recorded before it: -)."""
     peak = replica.get("peak_rss_bytes")
     return "-" if peak is None else format_size(peak)
+
+
+def resources_table(resources: list[api.ReplicaResources]) -> Table:
+    """Each replica's resources, latest / peak (its `system/` series); "-" where one was
+    never sampled (GPUs without NVML)."""
+    table = Table("Rank", "CPU % (of one core)", "Memory (RSS)", "GPU util %", "GPU memory",
+                  "Samples", title="Resources, latest / peak", title_justify="left")
+    for replica in resources:
+        table.add_row(str(replica["rank"]), _reading(replica["cpu_percent"], _percent),
+                      _reading(replica["rss_bytes"], _size),
+                      _reading(replica["gpu_util_percent"], _percent),
+                      _reading(replica["gpu_memory_bytes"], _size), str(replica["samples"]))
+    return table
+
+
+def _reading(reading: api.ResourceReading | None, show: Callable[[float], str]) -> str:
+    return "-" if reading is None else f"{show(reading['latest'])} / {show(reading['peak'])}"
+
+
+def _percent(value: float) -> str:
+    return f"{value:.0f}"
+
+
+def _size(value: float) -> str:
+    return format_size(int(value))
 
 
 def ended_replicas(trial: api.TrialDetail) -> list[str]:

@@ -26,7 +26,9 @@ DONE = {"approve": "approved", "reject": "rejected"}
 GREP_NO_MATCH, GREP_ERROR = 1, 2  # `logs --grep`'s exit statuses, as grep's
 
 
-KindOption = Annotated[MetricKind | None, typer.Option(help="only this kind (default: both)")]
+KindOption = Annotated[MetricKind | None, typer.Option(
+    help="only this kind (default: training and validation; system: the replicas' resource "
+    "samples)")]
 
 
 @app.command("list")
@@ -53,7 +55,8 @@ def list_(
 def describe(
     trial_id: int, as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
-    """Show a trial: its attempts, how each replica ended, and its event history."""
+    """Show a trial: its attempts, how each replica ended, each replica's resources (CPU,
+    memory, GPUs: latest and peak), and its event history."""
     with client(home, url) as c:
         trial = c.get_trial(trial_id)
     if as_json:
@@ -74,6 +77,8 @@ def describe(
     render.console.print(render.attempts_table(trial))
     for line in render.ended_replicas(trial):
         render.console.print(f"  {line}", markup=False)
+    if resources := trial.get("resources"):
+        render.console.print(render.resources_table(resources))
     if stacks := render.stack_lines(trial):
         render.console.print(f"stacks (`muster trial evidence {trial['id']} --attempt N DIR` "
                              "downloads the bundles):", markup=False)

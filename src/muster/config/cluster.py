@@ -7,6 +7,8 @@ gpus: auto               # `auto` (NVML), `none`, or a fake inventory:
 min_free_disk: 5GiB      # no new replica starts below this much free disk; 0: no guard
 log_limit: 10GiB         # each replica's log keeps its head and latest output past this
                          # (an experiment's resources.log_limit wins); off: no limit
+system_metrics_interval: 10s   # each replica's CPU, memory and GPUs are sampled this often
+                               # (the system/ series), 0.1s to 1h
 preemption: false
 gpu_release: {max_used_fraction: 0.05, timeout: 60s}
 priority_floor: 10       # priorities 1-9 are admins' alone (lower runs first)
@@ -33,6 +35,16 @@ base_environment: /opt/train-venv        # what trials without an environment bl
                                          # (an interpreter or a venv; default: the runtime
                                          # base computed from muster's own installation)
 mlflow: {tracking_uri: http://mlflow.lab:5000, export: on_register}   # or manual (default)
+notifications:                           # who is told what (docs/how-to/team.md)
+  - {url: env:SLACK_URL, events: [experiment-ended, trial-suspect], owners: [alice]}
+  - {url: "https://hooks.lab.example/muster", secret: env:HOOK_KEY}   # every event, signed
+notification_hosts: [chat.lab.example]   # private hosts users' own webhooks may reach
+public_url: https://muster.lab.example   # the links notifications carry
+quotas:                                  # limits per user and group (docs/how-to/team.md)
+  {default: {max_queued_trials: 50}, users: {alice: {max_gpus: 8}},
+   groups: {vision: {max_gpus: 16, max_running_trials: 8}}}
+retention:                               # what ended experiments lose, and when
+  {logs_after: 90d, runs_after: 180d, keep_registered: true, keep_labels: [keep]}
 ```
 
 The file is optional (`$MUSTER_HOME/cluster.yaml`); its models are as strict as the
@@ -50,13 +62,17 @@ from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_
 
 from muster.config.loading import parse_yaml, read_config_text
 from muster.config.problems import config_error, show_value, validate_config_data
+from muster.config.quotas import QuotasConfig
 from muster.config.schema import CheckpointStorageConfig, _Section, log_limit_or_off
-from muster.config.units import parse_duration, parse_size
+from muster.config.units import format_duration, parse_duration, parse_size
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
+from muster.states import NotificationKind
+from muster.system_metrics import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
 
 __all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "MlflowConfig",
-           "NodeQuarantineConfig",
-           "RayConfig", "RunAsAccount", "gpu_type_from_name", "load_cluster_config"]
+           "NodeQuarantineConfig", "NotificationConfig",
+           "RayConfig", "RetentionConfig", "RunAsAccount", "gpu_type_from_name",
+           "load_cluster_config"]
 
 DEFAULT_MIN_FREE_DISK = 5 << 30
 DEFAULT_LOG_LIMIT = 10 << 30
@@ -199,6 +215,93 @@ class MlflowConfig(_Section):
         return value
 
 
+class NotificationConfig(_Section):
+    """One entry of `notifications:` (docs/how-to/team.md, "Notifications"): where to tell
+    which events (`muster.notifications`). `url` and `secret` are references (`env:NAME`,
+    `file:/path`, resolved at each delivery) or literal; an `http(s)` URL is muster's signed
+    webhook and needs the `secret` it is signed with; any other scheme is Apprise's."""
+
+    url: str = Field(min_length=1, max_length=2048)
+    events: list[NotificationKind] = Field(default_factory=lambda: list(NotificationKind),
+                                           min_length=1, max_length=len(NotificationKind))
+    owners: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(
+        default_factory=list, max_length=MAX_ALLOWED)
+    secret: str | None = Field(default=None, min_length=1, max_length=4096)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if re.fullmatch(_SOURCE_PATTERN, value):
+            return value
+        if any(c.isspace() for c in value) or not re.match(r"^[a-z][a-z0-9+.-]*://", value):
+            raise ValueError("must be a URL (https://… for muster's signed webhook, or an "
+                             "Apprise URL such as slack://…, json://…, mailto://…) or a "
+                             "reference to one: env:NAME or file:/path, got "
+                             f"{show_value(value)}")
+        return value
+
+    @field_validator("events", mode="before")
+    @classmethod
+    def _events(cls, value: object) -> object:
+        if isinstance(value, list):
+            known = {k.value for k in NotificationKind}
+            for word in value:
+                if word not in known:
+                    raise ValueError(f"{show_value(word)} is not an event to notify; use "
+                                     f"some of {', '.join(sorted(known))}")
+            return [NotificationKind(word) for word in value]
+        return value
+
+    @model_validator(mode="after")
+    def _webhook_secret(self) -> NotificationConfig:
+        if re.fullmatch(_SOURCE_PATTERN, self.url):
+            return self  # what it names is known at delivery: checked there
+        webhook = re.match(r"^https?://", self.url, re.IGNORECASE) is not None
+        if webhook and self.secret is None:
+            raise ValueError(f"{self.url.split('/', 3)[2]}: an http(s) URL is muster's signed "
+                             "webhook; add `secret: env:NAME` (the key the receiver checks "
+                             "signatures with), or use Apprise's json://… for an unsigned post")
+        if self.secret is not None and not webhook:
+            raise ValueError("`secret` signs muster's http(s) webhook; an Apprise URL "
+                             "carries its own credentials: remove `secret`")
+        return self
+
+
+MAX_KEEP_LABELS = 64
+
+
+class RetentionConfig(_Section):
+    """`retention:` (docs/how-to/team.md, "Retention"): how long an ended experiment keeps
+    its trials' logs (`logs_after`) and their whole runs (`runs_after`: run directories,
+    checkpoints not registered, artifacts), counted from the experiment's end; each left
+    out keeps them for ever. Experiments labelled with one of `keep_labels` keep
+    everything; a registered model version's checkpoint keeps its trial's run
+    (`keep_registered`, only its logs may go). The storage worker applies it daily
+    (`muster.checkpoint_storage.retention`); its records (experiments, trials, metrics,
+    events) always stay."""
+
+    logs_after: float | None = Field(default=None, gt=0)
+    runs_after: float | None = Field(default=None, gt=0)
+    keep_registered: bool = True
+    keep_labels: list[Annotated[str, Field(min_length=1, max_length=255)]] = Field(
+        default_factory=list, max_length=MAX_KEEP_LABELS)
+
+    @field_validator("logs_after", "runs_after", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> float | None:
+        return None if value is None else parse_duration(value)
+
+    @model_validator(mode="after")
+    def _logs_before_runs(self) -> RetentionConfig:
+        if (self.logs_after is not None and self.runs_after is not None
+                and self.logs_after > self.runs_after):
+            raise ValueError(
+                f"logs_after ({format_duration(self.logs_after)}) is longer than runs_after "
+                f"({format_duration(self.runs_after)}), which removes the logs with the run: "
+                "make logs_after at most runs_after, or leave it out")
+        return self
+
+
 class ClusterConfig(_Section):
     """What this machine offers: CPU slots, GPUs, the free-disk guard, preemption, and what
     users who are not admins may make the server act on (the allow-lists)."""
@@ -209,6 +312,10 @@ class ClusterConfig(_Section):
     # What a replica's log keeps on disk when its experiment does not say (its head and its
     # latest output past it, docs/run-directory.md); None: `off`, all of it.
     log_limit: int | None = DEFAULT_LOG_LIMIT
+    # How often each replica's shim samples its CPU, memory and GPUs (`muster.launch.
+    # resources`): a metrics row per replica per sample.
+    system_metrics_interval: float = Field(default=DEFAULT_INTERVAL_S, ge=MIN_INTERVAL_S,
+                                           le=MAX_INTERVAL_S)
     preemption: bool = False
     gpu_release: GpuReleaseConfig = Field(default_factory=GpuReleaseConfig)
     # The best (lowest) priority a user who is not an admin may give a trial; better ones
@@ -264,6 +371,22 @@ class ClusterConfig(_Section):
     # None: the server exports nothing (the CLI's `--mlflow URI` still does, as the user).
     mlflow: MlflowConfig | None = None
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    # Where the server tells what happened (`muster.notifications`), and the hosts users'
+    # own webhooks may reach besides public ones (names or addresses, e.g. an in-house
+    # chat server).
+    notifications: list[NotificationConfig] = Field(default_factory=list,
+                                                    max_length=MAX_ALLOWED)
+    notification_hosts: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list, max_length=MAX_ALLOWED)
+    # The address people open the web UI at: the links notifications carry (default: the
+    # address the server listens on).
+    public_url: str | None = Field(default=None, pattern=_URL, max_length=2048)
+    # Limits per user, per group and for everyone else, which admission and creates
+    # honour (`muster.config.quotas`; admins' runtime limits win, `muster quota`).
+    quotas: QuotasConfig = Field(default_factory=QuotasConfig)
+    # What ended experiments lose, and after how long (`muster.checkpoint_storage.
+    # retention`); None: nothing is ever removed but by `muster experiment delete`.
+    retention: RetentionConfig | None = None
 
     @model_validator(mode="after")
     def _ray_needs_its_section(self) -> ClusterConfig:
@@ -315,6 +438,11 @@ class ClusterConfig(_Section):
     @classmethod
     def _size(cls, value: object) -> int:
         return parse_size(value)
+
+    @field_validator("system_metrics_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: object) -> float:
+        return parse_duration(value)
 
     @field_validator("base_environment", mode="plain")
     @classmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar, get_args
+from typing import Any, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
@@ -245,12 +245,16 @@ def _unknown_key(key: str, section: type[BaseModel] | None, value: object) -> st
 def _section_at(root: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
     """The model that validates the mapping found at `loc`, to know which keys it allows."""
     section: type[BaseModel] | None = root
+    keyed = False  # the part before was a mapping of names to sections (`quotas.users`)
     for part in loc:
         if section is None:
             return None
-        if isinstance(part, str):
+        if isinstance(part, str) and not keyed:
             field = section.model_fields.get(part)
             section = _model_in(field.annotation) if field is not None else None
+            keyed = field is not None and get_origin(field.annotation) is dict
+        else:
+            keyed = False
     return section
 
 

@@ -11,7 +11,7 @@ import math
 import re
 from decimal import Decimal
 
-__all__ = ["parse_duration", "parse_size"]
+__all__ = ["format_duration", "parse_duration", "parse_size"]
 
 _NUMBER = r"\d+(?:\.\d+)?"
 # Units in descending order, each at most once: "1h30m" is clear, "30m1h" is a typo.
@@ -55,6 +55,28 @@ def parse_duration(value: object, name: str | None = None) -> float:
         f"{_subject(name)}must look like '30s', '500ms', '5m' or '1h30m' "
         f"(or a number of seconds), got {value!r}"
     )
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as a config would say it, and `parse_duration` reads it back: "90d",
+    "1h30m", "2s", "1.5s", "0s" (seconds to the millisecond).
+
+    Raises:
+        ValueError: `seconds` is negative or not finite.
+    """
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"a duration is a number of seconds >= 0, got {seconds!r}")
+    parts = []
+    rest = seconds
+    for unit in ("d", "h", "m"):
+        count = int(rest // _SECONDS_PER_UNIT[unit])
+        if count:
+            parts.append(f"{count}{unit}")
+            rest -= count * _SECONDS_PER_UNIT[unit]
+    rest = round(rest, 3)
+    if rest or not parts:
+        parts.append(f"{rest:g}s")
+    return "".join(parts)
 
 
 def parse_size(value: object, name: str | None = None) -> int:

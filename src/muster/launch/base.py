@@ -24,6 +24,7 @@ from muster.launch.accounts import Account
 from muster.launch.logs import ReplicaLog, log_size, read_range
 from muster.rundir import RankFiles
 from muster.states import OomSource, ReplicaPhase
+from muster.system_metrics import DEFAULT_INTERVAL_S
 
 # How the shim holds a replica to `ReplicaSpec.memory_limit` (see `muster.launch.memory`):
 # "auto" takes a writable cgroup memory controller where there is one, else the watchdog.
@@ -72,6 +73,12 @@ class ReplicaSpec:
     # It has torchrun's variables (`resources.distributed_env`): a launcher that places
     # ranks on several nodes adds their rendezvous and per-node ranks to these alone.
     distributed: bool = True
+    # The replica's own GPUs (NVML indices), whose utilisation and memory its shim samples;
+    # None: muster scheduled none here, and the GPUs its CUDA_VISIBLE_DEVICES names are.
+    gpus: tuple[int, ...] | None = None
+    # How often the shim samples the replica's resources, in seconds (the cluster config's
+    # `system_metrics_interval`; `muster.launch.resources`).
+    system_metrics_interval: float = DEFAULT_INTERVAL_S
 
     @property
     def log_path(self) -> Path:

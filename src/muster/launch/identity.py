@@ -105,14 +105,16 @@ def is_alive(identity: ProcessIdentity) -> bool:
     return stat is not None and stat.start_ticks == identity.start_ticks and not stat.is_dead
 
 
-def group_members(pgid: int) -> list[ProcStat]:
-    """Every live (non-zombie) process whose process group is `pgid`, found by scanning /proc."""
+def group_members(pgid: int, *, zombies: bool = False) -> list[ProcStat]:
+    """Every live (non-zombie) process whose process group is `pgid`, found by scanning /proc;
+    with `zombies`, the exited ones not yet reaped too (their CPU times are still there)."""
     members = []
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
         stat = read_stat(int(entry.name))
-        if stat is not None and stat.pgid == pgid and not stat.is_dead:
+        if stat is not None and stat.pgid == pgid and (
+                not stat.is_dead or (zombies and stat.state == "Z")):
             members.append(stat)
     return members
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -74,7 +75,9 @@ __all__ = [
     "machine_memory",
     "open_cgroup",
     "open_memory_guard",
+    "rss_bytes",
     "sample_group",
+    "with_child_peak",
 ]
 
 log = logging.getLogger("muster.shim")
@@ -159,7 +162,7 @@ def sample_group(pgid: int) -> GroupSample:
     """The summed resident set size of the live processes in process group `pgid`."""
     total, members = 0, []
     for stat in group_members(pgid):
-        rss = _rss_bytes(stat.pid)
+        rss = rss_bytes(stat.pid)
         if rss is not None:  # None: it ended since the scan
             total += rss
             members.append(stat.identity)
@@ -171,13 +174,24 @@ def group_rss(pgid: int) -> int:
     return sample_group(pgid).rss_bytes
 
 
-def _rss_bytes(pid: int) -> int | None:
-    """Its resident set size (`/proc/<pid>/statm`'s second field, in pages)."""
+def rss_bytes(pid: int) -> int | None:
+    """Its resident set size (`/proc/<pid>/statm`'s second field, in pages); None when it has
+    ended."""
     try:
         fields = Path(f"/proc/{pid}/statm").read_bytes().split()
     except (FileNotFoundError, ProcessLookupError):
         return None
     return int(fields[1]) * _PAGE_BYTES
+
+
+def with_child_peak(report: MemoryReport, child_max_rss: int) -> MemoryReport:
+    """The report with the reaped child's own peak RSS (`ru_maxrss`) as the floor of the
+    watchdog's peak: samples taken every `SAMPLE_INTERVAL_S` miss a burst between two of
+    them, and all of a replica that lives less than one, while the kernel kept the child's
+    own peak. A cgroup counts the group's peak itself, in its own terms: left as it is."""
+    if report.mechanism != RssWatchdog.mechanism or report.peak_bytes is None:
+        return report
+    return dataclasses.replace(report, peak_bytes=max(report.peak_bytes, child_max_rss))
 
 
 def machine_memory() -> int | None:
@@ -251,30 +265,38 @@ class RssWatchdog(MemoryGuard):
         self._breached = False
         self._error: str | None = None
         self._gave_up = False  # without a limit: the samples failed, the peak is unknown
+        self._failures = 0  # samples that failed in a row
 
     def watch(self, pgid: int) -> None:
         leader = read_identity(pgid)
         if leader is not None:  # known even if it dies before the first sample
             self._members.saw([leader], _since_boot())
+        # The first sample now, before the thread starts: a replica that ends before the
+        # thread's first would have no peak (its own `ru_maxrss` is the floor after it:
+        # `with_child_peak`).
+        self._try_sample(pgid)
         self._thread = threading.Thread(
             target=self._run, args=(pgid,), name="memory-watchdog", daemon=True
         )
         self._thread.start()
 
     def _run(self, pgid: int) -> None:
-        failures = 0
+        """Every interval after the first sample (`watch`'s), until stopped or done."""
         while not self._breached and self._error is None and not self._gave_up:
-            try:
-                self._sample(pgid)
-                failures = 0
-            except Exception as exc:  # noqa: BLE001 - a watchdog that dies leaves no limit
-                failures += 1
-                log.warning("the memory watchdog could not sample group %d (%d in a row): "
-                            "%s: %s", pgid, failures, type(exc).__name__, exc)
-                if failures >= WATCHDOG_FAILURES:
-                    self._give_up(pgid, f"{type(exc).__name__}: {exc}")
             if self._stop.wait(self._interval_s):
                 return
+            self._try_sample(pgid)
+
+    def _try_sample(self, pgid: int) -> None:
+        try:
+            self._sample(pgid)
+            self._failures = 0
+        except Exception as exc:  # noqa: BLE001 - a watchdog that dies leaves no limit
+            self._failures += 1
+            log.warning("the memory watchdog could not sample group %d (%d in a row): "
+                        "%s: %s", pgid, self._failures, type(exc).__name__, exc)
+            if self._failures >= WATCHDOG_FAILURES:
+                self._give_up(pgid, f"{type(exc).__name__}: {exc}")
 
     def _give_up(self, pgid: int, error: str) -> None:
         """Sampling failed for good. With a limit it cannot be enforced any more: stop the

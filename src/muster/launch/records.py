@@ -15,6 +15,7 @@ from typing import Any, NotRequired, TypedDict, cast, get_args
 from muster.launch.accounts import AccountJson, account_from_json
 from muster.launch.base import ExitRecord, MemoryEnforcement, OomKill, ReplicaSpec
 from muster.states import OomSource
+from muster.system_metrics import DEFAULT_INTERVAL_S
 
 __all__ = ["ExitRecordJson", "OomKillJson", "ReplicaSpecJson", "exit_record_from_json",
            "exit_record_to_json", "spec_from_json", "spec_to_json"]
@@ -39,6 +40,8 @@ class ReplicaSpecJson(TypedDict):
     path: NotRequired[list[str] | None]
     account: NotRequired[AccountJson | None]
     distributed: NotRequired[bool]
+    gpus: NotRequired[list[int] | None]
+    system_metrics_interval: NotRequired[float]
 
 
 class OomKillJson(TypedDict):
@@ -87,7 +90,9 @@ def spec_to_json(spec: ReplicaSpec) -> ReplicaSpecJson:
         notify=list(spec.notify) if spec.notify else None,
         path=list(spec.path) if spec.path is not None else None,
         account=spec.account.to_json() if spec.account is not None else None,
-        distributed=spec.distributed)
+        distributed=spec.distributed,
+        gpus=list(spec.gpus) if spec.gpus is not None else None,
+        system_metrics_interval=spec.system_metrics_interval)
 
 
 def spec_from_json(data: ReplicaSpecJson) -> ReplicaSpec:
@@ -110,6 +115,10 @@ def spec_from_json(data: ReplicaSpecJson) -> ReplicaSpec:
         account=account_from_json(data.get("account")),  # absent before run_as existed
         # Absent before distributed_env existed, when every replica had torchrun's variables.
         distributed=bool(data.get("distributed", True)),
+        # Both absent before the system/ series existed.
+        gpus=_indices(data.get("gpus")),
+        system_metrics_interval=float(data.get("system_metrics_interval",
+                                               DEFAULT_INTERVAL_S)),
     )
 
 
@@ -144,6 +153,10 @@ def _oom_kill(data: ExitRecordJson) -> OomKill | None:
         return OomKill(OomSource.WATCHDOG if watchdog else OomSource.CGROUP,
                        _optional_int(data.get("memory_limit_bytes")))
     return None
+
+
+def _indices(value: list[int] | None) -> tuple[int, ...] | None:
+    return None if value is None else tuple(int(i) for i in value)
 
 
 def _directories(value: list[str] | None) -> tuple[str, ...] | None:

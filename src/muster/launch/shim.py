@@ -5,7 +5,9 @@ training command in its own process group, copies every byte of its merged stdou
 its log without ever blocking it, and writes its exit record atomically when it
 ends. It watches the training process's whole group's memory (`muster.launch.memory`): in
 a memory cgroup of its own where one can be made, else by sampling its RSS; it records the
-group's peak and any OOM kill, and holds it to its memory limit where it has one. It does
+group's peak and any OOM kill, and holds it to its memory limit where it has one. It
+samples the group's CPU, memory and GPUs into the `system/` series
+(`muster.launch.resources`). It does
 not need the server that started it, so a server crash or restart loses neither output nor
 exit code. Its own diagnostics go to stderr (`RankFiles.shim_log`), never into the training
 log.
@@ -34,15 +36,23 @@ from typing import cast
 
 from muster.atomic import atomic_write_json, open_regular, read_json
 from muster.errors import LaunchError
-from muster.jobenv import job_environment, job_umask
+from muster.jobenv import STANDBY_GO, gpu_indices, job_environment, job_umask
 from muster.launch.accounts import drop_to, job_identity
 from muster.launch.activity import ActivityStamp
 from muster.launch.base import ExitRecord, OomKill, ProcessIdentity, ReplicaSpec
 from muster.launch.dumps import DumpRequests
 from muster.launch.identity import group_members, own_identity, read_identity, send_signal
 from muster.launch.log_limit import MIN_LOG_LIMIT, LogCap, lost_marker
-from muster.launch.memory import MemoryGuard, MemoryReport, machine_memory, open_memory_guard
+from muster.launch.memory import (
+    CgroupMemory,
+    MemoryGuard,
+    MemoryReport,
+    machine_memory,
+    open_memory_guard,
+    with_child_peak,
+)
 from muster.launch.records import ReplicaSpecJson, exit_record_to_json, spec_from_json
+from muster.launch.resources import GpuMeter, ResourceSampler
 from muster.rundir import RankFiles
 from muster.sizes import format_size
 from muster.states import OomSource
@@ -596,6 +606,7 @@ class Shim:
         self._dumps = DumpRequests(self.files)
         self._pump: LogPump | None = None  # once its output has been drained
         self._next_dump_check = 0.0
+        self._child_env: dict[str, str] = {}  # the training process's, once spawned
 
     def run(self) -> int:
         """Start, pump, stop on request, reap, record. Returns the shim's own exit status."""
@@ -659,6 +670,7 @@ class Shim:
         env = job_environment(os.environ, self.spec.env, self.spec.path)
         if self.spec.account is not None:
             env.update(job_identity(self.spec.account))
+        self._child_env = env
         proc = subprocess.Popen(
             self.spec.argv,
             cwd=self.spec.cwd,
@@ -704,6 +716,8 @@ class Shim:
             raise
         returncode, max_rss = self._reap(proc)
         memory = self._named_by_kernel_log(memory, returncode)
+        if memory is not None:
+            memory = with_child_peak(memory, max_rss)
         if self._memory is not None:  # before the record, which says the shim is done
             self._memory.close()
         # The exit record promises a complete log: its bytes and size must be on disk first.
@@ -727,13 +741,15 @@ class Shim:
         self._write_status(child, started_at)
         if self._memory is not None:
             self._memory.watch(pid)
+        resources = self._resource_sampler(pid)
         index_fd = _open_append(self.files.index)
         try:
             pump = LogPump(read_fd, log_fd, index_fd, self._log_cap(log_fd))
-            ended_at = self._relay(pid, pump, activity)
+            ended_at = self._relay(pid, pump, activity, resources)
         finally:
             os.close(index_fd)
             activity.close()
+            resources.close()
             self._dumps.close()
         memory = self._memory.finish() if self._memory is not None else None
         if memory is not None and memory.oom is not None:
@@ -753,10 +769,27 @@ class Shim:
             return memory
         return dataclasses.replace(memory, oom=OomSource.KMSG)
 
-    def _relay(self, pid: int, pump: LogPump, activity: ActivityStamp) -> float:
+    def _resource_sampler(self, pgid: int) -> ResourceSampler:
+        """The sampler of the replica's resources (`muster.launch.resources`), started: its
+        own GPUs, or those the child was told it may use."""
+        gpus = self.spec.gpus
+        if gpus is None:
+            gpus = gpu_indices(self._child_env) or ()
+        standby_go = self.spec.env.get(STANDBY_GO)  # a warm standby: sampled once promoted
+        cgroup = self._memory.path if isinstance(self._memory, CgroupMemory) else None
+        sampler = ResourceSampler(self.files.system, self.spec.rank,
+                                  self.spec.system_metrics_interval,
+                                  GpuMeter(gpus) if gpus else None,
+                                  after=Path(standby_go) if standby_go else None,
+                                  procs=cgroup / "cgroup.procs" if cgroup else None)
+        sampler.start(pgid)
+        return sampler
+
+    def _relay(self, pid: int, pump: LogPump, activity: ActivityStamp,
+               resources: ResourceSampler) -> float:
         """Copy output until the child exits, end its group, drain; returns when it ended."""
         try:
-            ended_at = self._pump_until_exit(pid, pump, activity)
+            ended_at = self._pump_until_exit(pid, pump, activity, resources)
             self._end_group(pid, pump)
             pump.finish()
             self._pump = pump
@@ -789,12 +822,14 @@ class Shim:
         atomic_write_json(self.files.status, status)
         self._notify()  # the server records RUNNING now, not at its next regular pass
 
-    def _pump_until_exit(self, pid: int, pump: LogPump, activity: ActivityStamp) -> float:
+    def _pump_until_exit(self, pid: int, pump: LogPump, activity: ActivityStamp,
+                         resources: ResourceSampler) -> float:
         """Copy output until the child exits; returns when it ended (Unix time).
 
         WNOWAIT leaves the child a zombie, so its pid and process group stay reserved until
         `_reap`: signalling the group can never hit a process that reused the number. The
-        liveness and activity stamps are kept fresh meanwhile, and evidence requests served.
+        liveness and activity stamps are kept fresh meanwhile, the resources sampled, and
+        evidence requests served.
         """
         pidfd = _pidfd(pid)
         pump.wake_on_exit(pidfd)
@@ -808,6 +843,7 @@ class Shim:
                 if pump.pump_once(POLL_MS):
                     activity.output(time.time())
                 activity.tick(pid)
+                resources.tick(pid)
             return time.time()
         finally:
             alive.close()

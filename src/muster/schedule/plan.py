@@ -13,7 +13,9 @@ The rules:
 - A trial that does not fit waits, and so does every later trial that needs the same kind
   of resource (slots, or GPUs), so that a large trial is not starved by a stream of small
   ones. A trial that could never fit (it needs more than the server has) waits with that
-  reason and holds up nobody; so does one held back by its experiment's `max_slots`.
+  reason and holds up nobody; so does one held back by its experiment's `max_slots`, or by
+  a quota of its owner's (`muster.schedule.quotas`: "alice's quota: 8 of 8 GPUs in use"),
+  counted with what the trials admitted before it in the same plan take.
 - With preemption on, a trial that waits for resources may stop running trials of worse
   priority (a greater number): the worst first, the newest first within a priority, and
   only as many as it needs, and only when stopping them makes it fit. Trials already being
@@ -26,6 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from muster.schedule.quotas import Charge, QuotaBook, Usage
 from muster.states import GpuState
 from muster.words import count
 
@@ -43,6 +46,7 @@ class Demand:
     gpus_per_replica: int = 0
     gpu_type: str | None = None  # lower case; None: any type
     max_slots: int | None = None  # its experiment's cap on replicas running at once
+    charge: Charge | None = None  # what it counts against its owner's quotas; None: nothing
 
     @property
     def gpus(self) -> int:
@@ -60,6 +64,7 @@ class Holding:
     gpus: tuple[int, ...] = ()  # the GPU indices it holds
     stopping: bool = False  # being killed, paused or preempted: its resources come back
     gpus_per_replica: int = 0
+    charge: Charge | None = None  # what it counts against its owner's quotas
 
     @property
     def slots(self) -> int:
@@ -95,14 +100,17 @@ class Plan:
 
 
 def plan(queue: Sequence[Demand], holdings: Sequence[Holding], capacity: Capacity,
-         preemption: bool = False) -> Plan:
-    """Decide which queued trials start now, which wait (and why), whom to preempt."""
+         preemption: bool = False, quotas: QuotaBook | None = None) -> Plan:
+    """Decide which queued trials start now, which wait (and why), whom to preempt; no
+    trial starts past a quota of its owner's in `quotas`."""
     state = _Pool(capacity, holdings)
+    usage = Usage(quotas or QuotaBook(), (h.charge for h in holdings if h.charge is not None))
     result = Plan()
     blocked: dict[str, int] = {}  # kind of resource -> the trial that waits first for it
     position = 0
     for demand in sorted(queue, key=lambda d: (d.priority, d.trial_id)):
-        never = _never_fits(demand, capacity)
+        never = _never_fits(demand, capacity) or (
+            usage.beyond(demand.charge) if demand.charge is not None else None)
         if never is not None:
             result.waiting[demand.trial_id] = never
             continue
@@ -114,6 +122,10 @@ def plan(queue: Sequence[Demand], holdings: Sequence[Holding], capacity: Capacit
                 f"position {position}: its experiment runs {count(running, 'replica')} and "
                 f"resources.max_slots is {demand.max_slots}")
             continue
+        held_back = usage.refusal(demand.charge) if demand.charge is not None else None
+        if held_back is not None:
+            result.waiting[demand.trial_id] = f"position {position}: {held_back}"
+            continue
         if kind in blocked:
             result.waiting[demand.trial_id] = (
                 f"position {position}: waiting behind trial {blocked[kind]} "
@@ -122,6 +134,8 @@ def plan(queue: Sequence[Demand], holdings: Sequence[Holding], capacity: Capacit
         gpus = state.take(demand)
         if gpus is not None:
             result.admit.append(Admit(demand.trial_id, gpus))
+            if demand.charge is not None:
+                usage.add(demand.charge)
             position -= 1  # it no longer waits: positions count the trials still waiting
             continue
         blocked[kind] = demand.trial_id

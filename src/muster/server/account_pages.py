@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
+from fastapi import Path as FastApiPath
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from muster.config.units import parse_duration
@@ -25,9 +26,10 @@ from muster.errors import InvalidRequest, MusterError
 from muster.server.account_routes import NamePath, SessionIdPath, TokenIdPath
 from muster.server.auth import SESSION_COOKIE
 from muster.server.pages import Visitor, check_form_csrf, render, server_state, to_login
-from muster.services import tokens, users
+from muster.services import notifications, quotas, tokens, users
 from muster.services.access import Principal
-from muster.states import Role
+from muster.states import NotificationKind, Role
+from muster.store import MAX_INTEGER
 
 __all__ = ["NOTICES", "account_pages"]
 
@@ -44,7 +46,10 @@ NOTICES = {
     "deactivated": "The user was deactivated: their sessions ended and their tokens stop "
                    "working; their experiments keep running.",
     "activated": "The user can log in again; their tokens that were not revoked work again.",
+    "unsubscribed": "The notification was removed; what it had not delivered yet is not sent.",
 }
+NOTIFICATIONS_SHOWN = 20  # the latest of your notifications the account page lists
+SubscriptionIdPath = Annotated[int, FastApiPath(ge=1, le=MAX_INTEGER)]
 Done = Annotated[str | None, Query(max_length=16)]
 # A form field longer than this is refused before any service sees it (the services bound
 # each field more tightly: a password 1,024 characters, a name 32).
@@ -55,8 +60,10 @@ MAX_FIELD_CHARS = 2048
 
 @account_pages.get("/account", response_class=HTMLResponse)
 def account_page(request: Request, who: Visitor, done: Done = None) -> Response:
-    """Your password, open web sessions and API tokens (`GET /api/v1/sessions` and
-    `/tokens`), each session and token with a button that ends it."""
+    """Your quotas and what is in use of them (`GET /api/v1/quotas/users/{you}`), your
+    password, open web sessions and API tokens (`GET /api/v1/sessions` and `/tokens`), each
+    session and token with a button that ends it, and your notifications with their latest
+    deliveries (`GET /api/v1/notifications` and `/notifications/log`)."""
     if who is None:
         return to_login(request)
     return _account(request, who, notice=NOTICES.get(done or ""))
@@ -64,10 +71,16 @@ def account_page(request: Request, who: Visitor, done: Done = None) -> Response:
 
 def _account(request: Request, who: Principal, status: int = 200, **context: Any
              ) -> HTMLResponse:
-    store = server_state(request).store
+    state = server_state(request)
+    store = state.store
     return render(request, "account.html", who, status=status, nav="account",
+                  quota=quotas.user_quotas(store, state.platform.quotas, who.name),
                   sessions=tokens.list_sessions(store, who),
-                  api_tokens=tokens.list_tokens(store, who), **context)
+                  api_tokens=tokens.list_tokens(store, who),
+                  subscriptions=notifications.list_subscriptions(store, who),
+                  notification_log=notifications.list_notifications(
+                      store, who, state.platform.settings.notifications, NOTIFICATIONS_SHOWN),
+                  notification_kinds=[k.value for k in NotificationKind], **context)
 
 
 @account_pages.post("/account/password", response_class=HTMLResponse)
@@ -106,6 +119,36 @@ async def create_token(request: Request, who: Visitor) -> Response:
         return _account(request, who, status=_client_status(exc), token_problem=str(exc),
                         token_form={"name": name, "expires": expires})
     return _shown_once(_account(request, who, status=201, new_token=made))
+
+
+@account_pages.post("/account/notifications", response_class=HTMLResponse)
+async def add_notification(request: Request, who: Visitor) -> Response:
+    """A new notification subscription of yours (`POST /api/v1/notifications`); a webhook's
+    signing key is shown on the answer this once."""
+    if who is None:
+        return to_login(request)
+    form = await request.form()
+    fields = await _form(request, who)
+    target = fields.get("url", "").strip()
+    chosen = [str(v) for v in form.getlist("events")]
+    state = server_state(request)
+    try:
+        made = await asyncio.to_thread(
+            notifications.add_subscription, state.store, who, target, chosen or None,
+            allowed_hosts=state.platform.settings.notification_hosts)
+    except MusterError as exc:
+        return _account(request, who, status=_client_status(exc), notify_problem=str(exc),
+                        notify_form={"url": target, "events": chosen})
+    return _shown_once(_account(request, who, status=201, new_subscription=made))
+
+
+@account_pages.post("/account/notifications/{subscription_id}/remove")
+async def remove_notification(request: Request, who: Visitor,
+                              subscription_id: SubscriptionIdPath) -> Response:
+    """The "Remove" button of a subscription (`DELETE /api/v1/notifications/{id}`)."""
+    return await _action(request, who, functools.partial(
+        notifications.remove_subscription, server_state(request).store,
+        subscription_id=subscription_id), "/account", "unsubscribed")
 
 
 @account_pages.post("/account/sessions/{session_id}/end")

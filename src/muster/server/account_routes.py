@@ -27,7 +27,7 @@ from muster.server.event_feed import stream_events as event_stream
 from muster.server.follows import FollowStream
 from muster.server.routes import COMMON, PREFIX, Reader, State, _errors, allow, authenticated
 from muster.server.state import ServerState
-from muster.services import audit, tokens, users
+from muster.services import audit, notifications, tokens, users
 from muster.services.access import Action, Principal
 from muster.states import Role
 from muster.store import MAX_INTEGER
@@ -216,6 +216,51 @@ def end_session(state: State, session_id: SessionIdPath, who: Account) -> shapes
     view = tokens.end_session(state.store, who, session_id)
     state.follows.recheck(view["user"])
     return view
+
+
+@router.get("/notifications", response_model=api.many(api.NotificationSubscriptionView))
+def list_notification_subscriptions(
+    state: State, who: Account,
+    everyone: Annotated[bool, Query(alias="all", description=(
+        "an admin lists every user's"))] = False,
+) -> list[shapes.NotificationSubscriptionView]:
+    """Your notification subscriptions (an admin with `all`: everyone's), oldest first;
+    their URLs redacted to scheme and host."""
+    return notifications.list_subscriptions(state.store, who, everyone)
+
+
+@router.post("/notifications", status_code=201, response_model=api.NewNotificationSubscription,
+             responses=_errors(400, 409))
+def add_notification_subscription(state: State, body: api.NotificationRequest, who: Account
+                                  ) -> shapes.NewNotificationSubscription:
+    """Be told of `events` of your own experiments and models (an admin: also the disk guard
+    and quarantined nodes) at `url`: https://… is muster's signed webhook (its signing key
+    is in the answer, this once), anything else an Apprise URL."""
+    return notifications.add_subscription(
+        state.store, who, body.url, body.events,
+        allowed_hosts=state.platform.settings.notification_hosts)
+
+
+@router.delete("/notifications/{subscription_id}",
+               response_model=api.NotificationSubscriptionView, responses=_errors(404))
+def remove_notification_subscription(
+    state: State, who: Account,
+    subscription_id: Annotated[int, InPath(ge=1, le=MAX_INTEGER)],
+) -> shapes.NotificationSubscriptionView:
+    """Remove one of your subscriptions (an admin: anyone's); what it has not delivered yet
+    fails."""
+    return notifications.remove_subscription(state.store, who, subscription_id)
+
+
+@router.get("/notifications/log", response_model=api.many(api.NotificationView))
+def list_notification_log(
+    state: State, who: Account,
+    limit: Annotated[int, Query(ge=1, le=notifications.MAX_LOG)] = notifications.DEFAULT_LOG,
+) -> list[shapes.NotificationView]:
+    """The latest notifications, newest first, and how their delivery went: of your
+    subscriptions (an admin: all, the cluster config's too)."""
+    return notifications.list_notifications(state.store, who,
+                                            state.platform.settings.notifications, limit)
 
 
 @router.get("/events", response_model=api.many(api.AuditEvent), responses=_errors(404))

@@ -15,11 +15,12 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from muster import api as shapes
+from muster.config.quotas import MAX_QUOTA_VALUE
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 from muster.server.shapes import many as many
 from muster.server.shapes import one_or_many as one_or_many
 from muster.server.shapes import shape
-from muster.states import ModelStage
+from muster.states import ModelStage, NotificationKind, QuotaLimit
 
 # -- responses (`muster.api`) --------------------------------------------------------------
 
@@ -68,6 +69,10 @@ GcDecision = shape(shapes.GcDecision)
 GcPlan = shape(shapes.GcPlan)
 DeleteAccepted = shape(shapes.DeleteAccepted)
 Archived = shape(shapes.Archived)
+RetentionRules = shape(shapes.RetentionRules)
+RetentionLine = shape(shapes.RetentionLine)
+RetentionKept = shape(shapes.RetentionKept)
+RetentionPlan = shape(shapes.RetentionPlan)
 LogMatch = shape(shapes.LogMatch)
 LogSearchResult = shape(shapes.LogSearchResult)
 Job = shape(shapes.Job)
@@ -90,6 +95,16 @@ Whoami = shape(shapes.Whoami)
 LoginView = shape(shapes.LoginView)
 AuditEvent = shape(shapes.AuditEvent)
 SessionView = shape(shapes.SessionView)
+QuotaUsage = shape(shapes.QuotaUsage)
+QuotaLimitView = shape(shapes.QuotaLimitView)
+QuotaView = shape(shapes.QuotaView)
+UserQuotas = shape(shapes.UserQuotas)
+GroupView = shape(shapes.GroupView)
+NotificationSubscriptionView = shape(shapes.NotificationSubscriptionView)
+NewNotificationSubscription = shape(shapes.NewNotificationSubscription)
+NotificationView = shape(shapes.NotificationView)
+UsageRow = shape(shapes.UsageRow)
+UsageReport = shape(shapes.UsageReport)
 
 
 # -- request bodies -----------------------------------------------------------------------
@@ -112,6 +127,15 @@ class GcRequest(BaseModel):
     save_trial_latest: int | None = Field(default=None, ge=0, le=1000)
     save_trial_best: int | None = Field(default=None, ge=0, le=1000)
     save_experiment_best: int | None = Field(default=None, ge=0, le=1000)
+
+
+class RetentionRequest(BaseModel):
+    """`POST /retention/runs`: the plan alone (`dry_run`), or the plan carried out. An
+    unknown key is refused: a misspelt `dry_run` must never remove anything."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    dry_run: bool = False
 
 
 ModelName = Annotated[str, Field(min_length=1, max_length=128,
@@ -199,6 +223,53 @@ class TokenCreateRequest(BaseModel):
     user: Annotated[str | None, Field(
         min_length=1, max_length=32, pattern=_USER_NAME,
         description="an admin makes a token for this user (a service account)")] = None
+
+
+class NotificationRequest(BaseModel):
+    """`POST /notifications`: where to send which of your events."""
+
+    model_config = ConfigDict(strict=True)
+
+    url: Annotated[str, Field(min_length=1, max_length=2048, description=(
+        "https://… (muster's signed webhook) or an Apprise URL (slack://…, msteams://…, "
+        "discord://…); an admin may also name env:NAME or file:/path"))]
+    events: Annotated[list[Annotated[str, Field(max_length=32)]] | None, Field(
+        default=None, min_length=1, max_length=len(NotificationKind), description=(
+            "which notifications (experiment-ended, trial-suspect, trial-failed, "
+            "trial-stalled, disk-guard, node-quarantined, model-registered, model-staged); "
+            "none: all of them"))] = None
+
+
+QuotaValue = Annotated[int | None, Field(
+    ge=0, le=MAX_QUOTA_VALUE, description="a count (0 allows none); null: no limit")]
+
+
+class QuotaSetRequest(BaseModel):
+    """`PATCH /quotas/...`: the limits to set at runtime; one left out keeps what it is."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    max_slots: QuotaValue = None
+    max_gpus: QuotaValue = None
+    max_running_trials: QuotaValue = None
+    max_queued_trials: QuotaValue = None
+
+    def named(self) -> dict[QuotaLimit, int | None]:
+        """The limits the body names (null ones too: "no limit" is a value)."""
+        return {QuotaLimit(key): getattr(self, key) for key in self.model_fields_set}
+
+
+class GroupCreateRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    name: UserName
+    description: Annotated[str, Field(max_length=200, pattern=_NO_NUL)] = ""
+
+
+class GroupMembersRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    users: Annotated[list[UserName], Field(min_length=1, max_length=1000)]
 
 
 class LoginRequest(BaseModel):

@@ -30,7 +30,7 @@ from muster.errors import ConfigError, MusterError, StorageError, TooManyRequest
 from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
-from muster.server import account_routes
+from muster.server import account_routes, quota_routes
 from muster.server.account_pages import account_pages
 from muster.server.body_limit import BodyLimit
 from muster.server.compare_pages import compare_pages
@@ -43,6 +43,7 @@ from muster.server.security_headers import HEADERS, SecurityHeaders
 from muster.server.settings import ServerSettings
 from muster.server.state import ServerState
 from muster.server.static_files import Assets
+from muster.server.usage_pages import usage_pages
 from muster.server.wakeups import SAFETY_NET_SECONDS
 from muster.services.users import bootstrap
 
@@ -99,11 +100,13 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(account_routes.public)
     app.include_router(account_routes.router)
+    app.include_router(quota_routes.router)
     app.include_router(scrape)
     app.include_router(pages)
     app.include_router(account_pages)
     app.include_router(compare_pages)
     app.include_router(model_pages)
+    app.include_router(usage_pages)
     app.mount("/static", Assets(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app

@@ -623,7 +623,8 @@ def trial_page(request: Request, who: Visitor, trial_id: int) -> Response:
     context = _trial_context(request, who, trial_id)
     return render(request, "trial.html", who, nav="experiments",
                   stream=f"trial_id={context['trial']['id']}",
-                  early_log=_early_log(request, context["trial"]), **context)
+                  early_log=(None if context["logs_removed"]
+                             else _early_log(request, context["trial"])), **context)
 
 
 EARLY_LOG_LINES = 1000  # as many as log.js's TAIL_LINES
@@ -674,6 +675,7 @@ def _trial_context(request: Request, who: Principal, trial_id: int, snapshot: bo
     checkpoints = retention.trial_checkpoints(store, trial["id"])
     return {"trial": trial, "exp": exp, "can_act": _can_act(who, exp["owner"]),
             "ranks": ranks, "checkpoints": checkpoints,
+            "logs_removed": retention.logs_removed(store, trial["id"]),
             "artifacts": _artifacts_of(store, trial["id"]),
             "at_rest": trial["state"].is_at_rest(),
             "register": register_offer(

@@ -11,8 +11,10 @@ from __future__ import annotations
 from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 
+from muster.atomic import read_json
 from muster.checkpoint_storage.worker import StorageWorker
 from muster.config import ClusterConfig
+from muster.config.quotas import QuotasConfig
 from muster.environments.interpreters import InterpreterError
 from muster.environments.registry import Environments
 from muster.environments.runtime_base import RuntimeBase, check_base_environment
@@ -20,6 +22,14 @@ from muster.errors import ConfigError
 from muster.home import Home
 from muster.launch.accounts import RunAs
 from muster.launch.base import Launcher
+from muster.notifications import (
+    Router,
+    TargetError,
+    check_apprise_url,
+    is_reference,
+    webhook_url,
+)
+from muster.notifier import Notifier
 from muster.schedule.backends import open_placement
 from muster.schedule.placement import Placement
 from muster.server.launchers import open_launcher
@@ -56,6 +66,9 @@ class Platform:
     # The background exports of newly registered versions to the cluster config's MLflow
     # (`mlflow: {export: on_register}`); None: none are made when versions are registered.
     mlflow_exports: ExportQueue | None = None
+    # Delivers the notifications the store's outbox holds (`muster.notifier`); None: a
+    # platform made without one (its outbox rows wait for the next server that has one).
+    notifier: Notifier | None = None
 
     @property
     def priority_floor(self) -> int:
@@ -73,6 +86,11 @@ class Platform:
         """A trial's owner may register it unverified, with a reason (cluster config
         `registry: {owners_accept_unverified: true}`); else only admins."""
         return self.settings.registry.owners_accept_unverified
+
+    @property
+    def quotas(self) -> QuotasConfig:
+        """The cluster config's quotas (admins' runtime limits are in the store)."""
+        return self.settings.quotas
 
     @property
     def runtime(self) -> RuntimeBase:
@@ -98,18 +116,22 @@ class Platform:
 
     def start(self) -> None:
         """Start what works beside the passes: the runtime base's build (what the first
-        trial without an environment needs), the checkpoint storage worker, and the MLflow
-        exports of `on_register`."""
+        trial without an environment needs), the checkpoint storage worker, the MLflow
+        exports of `on_register`, and the notifier."""
         self.envs.runtime.start()
         self.storage.start()
         if self.mlflow_exports is not None:
             self.mlflow_exports.start()
+        if self.notifier is not None:
+            self.notifier.start()
 
     def close(self) -> None:
         """Stop it all; trials run on, for the next server to reattach."""
         self.storage.stop()
         if self.mlflow_exports is not None:
             self.mlflow_exports.stop()
+        if self.notifier is not None:
+            self.notifier.stop()
         self.envs.stop_all()  # a build half done is redone by the next server
         self.store.dispose()
         self.placement.close()
@@ -126,7 +148,11 @@ def open_platform(home: Home, settings: ServerSettings) -> Platform:
     _check_base_environment(cluster.base_environment, run_as is not None)
     launcher, home = open_launcher(cluster, home)
     home.ensure(jobs_enter=run_as is not None)
+    _check_notifications(cluster)
     store = Store(settings.db_url or home.default_db_url)
+    notifier = Notifier(store, cluster.notifications, allowed_hosts=cluster.notification_hosts,
+                        link_base=lambda: cluster.public_url or _server_url(home))
+    Router(cluster.notifications, on_queued=notifier.wake).install(store)
     placement = open_placement(launcher, store, cluster, home, slots=settings.slots)
     envs = Environments(home.envs_dir, shared=run_as is not None,
                         base_environment=cluster.base_environment)
@@ -136,14 +162,40 @@ def open_platform(home: Home, settings: ServerSettings) -> Platform:
         store=store, launcher=launcher, home=home, placement=placement,
         min_free_disk=min_free_disk, preemption=cluster.preemption, run_as=run_as,
         quarantine_after=cluster.node_quarantine.failures, log_limit=cluster.log_limit,
-        environments=envs)
+        system_metrics_interval=cluster.system_metrics_interval,
+        quotas=cluster.quotas, environments=envs)
     return Platform(
         home=home, settings=cluster, store=store, launcher=launcher, placement=placement,
-        envs=envs, storage=StorageWorker(store, home, cluster.checkpoint_storage),
+        envs=envs, storage=StorageWorker(store, home, cluster.checkpoint_storage,
+                                         retention=cluster.retention),
         supervisor=supervisor, run_as=run_as, min_free_disk=min_free_disk,
         allowances=Allowances.of(cluster),
         mlflow_exports=(ExportQueue(store, home, cluster.mlflow) if cluster.mlflow is not None
-                        and cluster.mlflow.export == "on_register" else None))
+                        and cluster.mlflow.export == "on_register" else None),
+        notifier=notifier)
+
+
+def _check_notifications(cluster: ClusterConfig) -> None:
+    """The cluster config's literal Apprise URLs, parsed by Apprise before anything starts
+    (references are resolved, and checked, at each delivery).
+
+    Raises:
+        ConfigError: one Apprise cannot parse.
+    """
+    for number, entry in enumerate(cluster.notifications):
+        if is_reference(entry.url) or webhook_url(entry.url):
+            continue
+        try:
+            check_apprise_url(entry.url)
+        except TargetError as exc:
+            raise ConfigError(f"notifications[{number}] in the cluster config: {exc}") from exc
+
+
+def _server_url(home: Home) -> str:
+    """The address `muster up` wrote it listens on ("" before it did)."""
+    found = read_json(home.server_file)
+    url = found.get("url") if isinstance(found, dict) else None
+    return url if isinstance(url, str) else ""
 
 
 def _check_base_environment(path: str | None, run_as: bool) -> None:

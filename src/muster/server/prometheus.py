@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from muster.services.cluster import ClusterSnapshot, GpuStatus
+from muster.services.resources import ReplicaSample
 from muster.states import TrialState
+from muster.system_metrics import CPU_PERCENT, GPU_MEMORY_BYTES, GPU_UTIL_PERCENT, RSS_BYTES
 
 __all__ = ["CONTENT_TYPE", "Metric", "Sample", "cluster_metrics", "escape_label_value",
            "render"]
@@ -94,7 +96,33 @@ def cluster_metrics(snapshot: ClusterSnapshot) -> list[Metric]:
                "Trials that have ended, by final state (rows are never deleted).",
                tuple(Sample(snapshot.trial_counts[state], (("state", state),))
                      for state in TrialState if state.is_terminal())),
+        *_replica_metrics(snapshot.replicas),
     ]
+
+
+# The `system/` series a replica's gauges show, with their help (`muster.system_metrics`).
+_REPLICA_GAUGES = (
+    ("muster_replica_cpu_percent", CPU_PERCENT,
+     "CPU used by each replica of a RUNNING trial (its process group) over its latest "
+     "sampling interval, per cent of one core."),
+    ("muster_replica_rss_bytes", RSS_BYTES,
+     "Resident memory of each replica's process group, at its latest sample."),
+    ("muster_replica_gpu_utilization_percent", GPU_UTIL_PERCENT,
+     "Mean utilisation of each replica's own GPUs (NVML), at its latest sample."),
+    ("muster_replica_gpu_memory_used_bytes", GPU_MEMORY_BYTES,
+     "Memory in use on each replica's own GPUs (NVML), at its latest sample."),
+)
+
+
+def _replica_metrics(replicas: tuple[ReplicaSample, ...]) -> list[Metric]:
+    """One gauge per resource, a sample per replica of a RUNNING trial: the label sets are
+    bounded by the replicas that run at once (`trial`, `rank`)."""
+    def labels(replica: ReplicaSample) -> Labels:
+        return (("trial", str(replica.trial_id)), ("rank", str(replica.rank)))
+
+    return [_gauge(name, help_text, [Sample(r.values[metric], labels(r)) for r in replicas
+                                     if metric in r.values])
+            for name, metric, help_text in _REPLICA_GAUGES]
 
 
 def _gpu_metrics(gpus: tuple[GpuStatus, ...]) -> list[Metric]:

@@ -59,9 +59,10 @@ from muster.services import (
     snapshots,
     trial_control,
     trials_export,
+    usage,
 )
 from muster.services.access import Action, Principal, authorize
-from muster.states import ExperimentState, LogSearchDirection, MetricKind, TrialState
+from muster.states import ExperimentState, LogSearchDirection, MetricKind, TrialState, UsageBy
 from muster.store import MAX_BIGINT, MAX_INTEGER, MIN_BIGINT
 
 PREFIX = "/api/v1"
@@ -91,11 +92,15 @@ _ERROR_MEANINGS = {
          "reserved for admins, or a web session's request without its CSRF token",
     404: "no such experiment, trial, attempt, user or token",
     409: "the request clashes with the current state (e.g. it has ended)",
+    410: "it was removed on purpose: the cluster config's retention removed the trial's "
+         "logs or run files (the message says when, and by which rule)",
     413: "the request, or the archive it uploads, passes a size, count or time limit",
     422: "an invalid config, request body or parameter (e.g. a number out of range); the "
          "message names the key path or the parameter",
     429: f"too many at once: the caller already holds {MAX_FOLLOWS_PER_TOKEN} log follows, "
-         "or failed to log in too often; retry after Retry-After seconds",
+         "or failed to log in too often (retry after Retry-After seconds); or a create would "
+         "queue more trials than a quota's max_queued_trials allows (QuotaExceeded: the "
+         "message names the quota)",
     503: "the database is unreachable",
     502: "checkpoint storage (a shared directory, an S3 bucket), or the cluster's MLflow "
          "tracking server, failed or refused; the message names its URL",
@@ -213,7 +218,9 @@ async def create_experiment(state: State, request: Request, response: Response,
     by `upload_form`, after the token check and within its limits, not declared as Form
     parameters: FastAPI reads those before any dependency runs. A create with a context
     (an upload, or `context_from`) waits its turn in the fair queue `_UNPACKING`; each user
-    holds at most `_UNPACKING.per_user` creates of any kind at once (429 past it). With an
+    holds at most `_UNPACKING.per_user` creates of any kind at once (429 past it). A create
+    that would take the caller past a `max_queued_trials` quota is a 429 `QuotaExceeded`
+    that names the quota (`muster.schedule.quotas`). With an
     `Idempotency-Key`, a create sent again is answered with the first's experiments
     (`services.idempotency`)."""
     with (_UNPACKING.holding(owner.name),
@@ -326,6 +333,23 @@ def list_jobs(state: State, _: Reader) -> list[shapes.Job]:
     """Trials that run or wait: those holding resources, then the queue in its order (priority,
     then id), then paused ones; each with its resources, GPUs held and `queue_reason`."""
     return jobs.list_jobs(state.store)
+
+
+@router.get("/usage", response_model=api.UsageReport, responses=_errors(400, 404))
+def get_usage(
+    state: State, who: Reader, by: UsageBy = UsageBy.USER,
+    since: Annotated[str, Query(min_length=1, max_length=16, description=(
+        "how far back: 30d, 12h, 90m (at most 400d)"))] = usage.DEFAULT_SINCE,
+    user: Annotated[str | None, Query(min_length=1, max_length=32, pattern=r"^[^\x00]*$",
+                                      description="only this user's experiments")] = None,
+    everyone: Annotated[bool, Query(description="everyone's experiments (a user's default "
+                                                "is its own)")] = False,
+) -> shapes.UsageReport:
+    """Slot-hours and GPU-hours of the last `since`, by user, experiment or label, split into
+    productive, lost, stalled, idle and running, queued hours, and goodput (`muster usage`);
+    each group's definition is in docs/how-to/team.md, "Usage and goodput"."""
+    return usage.usage_report(state.store, who, by=by, since=since, user=user,
+                              everyone=everyone)
 
 
 @router.post("/trials/{trial_id}/priority", response_model=api.TrialDescription,
@@ -555,7 +579,7 @@ _LOG_BYTES: Responses = {200: {
 
 
 @router.get("/trials/{trial_id}/logs", response_class=Response,
-            responses={**_LOG_BYTES, **_errors(400, 404, 429)})
+            responses={**_LOG_BYTES, **_errors(400, 404, 410, 429)})
 async def get_trial_logs(
     request: Request,
     state: State,
@@ -615,7 +639,7 @@ def _log_headers(piece: logs.LogSlice | logs.MergedSlice, rank_named: bool) -> d
 
 
 @router.get("/trials/{trial_id}/logs/search", response_model=api.LogSearchResult,
-            responses=_errors(400, 404, 429))
+            responses=_errors(400, 404, 410, 429))
 async def search_trial_log(
     state: State,
     _: Reader,
@@ -668,7 +692,7 @@ def _file_response(media_type: str, description: str) -> Responses:
             responses={**_file_response("application/octet-stream",
                                         "the replica's whole log as written (secrets masked), "
                                         "its bytes when the request came"),
-                       **_errors(404)})
+                       **_errors(404, 410)})
 async def download_trial_log(
     state: State,
     _: Reader,
@@ -734,9 +758,11 @@ def get_trial_metrics(
     limit: Annotated[int, Query(ge=1, le=metrics.MAX_LIMIT)] = metrics.DEFAULT_LIMIT,
     tail: Annotated[int | None, Query(ge=1, le=metrics.MAX_LIMIT)] = None,
 ) -> list[shapes.MetricReport]:
-    """Reports `{kind, step, time, attempt, rank, metrics}` by step. A page never ends inside
-    a step: pass its last step as `after_step` for the next. `tail=N`: the last N reports.
-    Non-finite values are the JSON strings "NaN", "Infinity" and "-Infinity"."""
+    """Reports `{kind, step, time, attempt, rank, metrics}` by step: training and
+    validation, or only `kind` (`system`: each replica's resource samples, `system/*`,
+    whose step is their time in ms). A page never ends inside a step: pass its last step as
+    `after_step` for the next. `tail=N`: the last N reports. Non-finite values are the
+    JSON strings "NaN", "Infinity" and "-Infinity"."""
     return metrics.list_metrics(state.store, trial_id, kind=kind, after_step=after_step,
                                 limit=limit, tail=tail)
 
@@ -799,7 +825,7 @@ ArtifactPath = Annotated[str, InPath(min_length=1, max_length=4096,
 @router.get("/trials/{trial_id}/artifacts/{path:path}", response_class=Response,
             responses={**_file_response("application/octet-stream",
                                         "the artifact file's bytes as copied"),
-                       **_errors(404, 409)})
+                       **_errors(404, 409, 410)})
 async def download_trial_artifact(state: State, _: Reader, trial_id: TrialId,
                                   path: ArtifactPath) -> Response:
     """One file of the trial's artifact set. 409 while the set is not collected, or when
@@ -1067,6 +1093,19 @@ async def unarchive_experiment(state: State, experiment_id: ExperimentId,
     """Show an archived experiment in the default lists again."""
     return await asyncio.to_thread(retention.set_archived, state.store, who, experiment_id,
                                    False)
+
+
+@router.post("/retention/runs", response_model=api.RetentionPlan, responses=_errors(400))
+async def sweep_retention(state: State, body: api.RetentionRequest,
+                          who: Annotated[Principal, Depends(allow(Action.SWEEP_RETENTION))]
+                          ) -> shapes.RetentionPlan:
+    """What the cluster config's `retention` removes now, with sizes: the logs, run
+    directories, checkpoints not registered and artifacts of experiments that ended long
+    enough ago, and what stays past a rule and why. Unless `dry_run`, the storage worker
+    removes them at once, recording each trial's removal as an event first. Admins only.
+    Without `retention` the plan is empty, `enabled` false, and its message says so."""
+    return await asyncio.to_thread(retention.sweep_runs, state.platform.storage, who,
+                                   body.dry_run)
 
 
 @router.post("/trials/{trial_id}/review", response_model=api.TrialDescription,

@@ -11,6 +11,8 @@ ownership with the row it read (`authorize(..., owner=...)`). The table is the w
 | kill, pause, activate, set priority, review, dump stacks | no | its own | any |
 | own tokens, own password, own display name | yes | yes | yes |
 | prune environments, manage users, others' tokens | no | no | yes |
+| set quotas, manage groups | no | no | yes |
+| run the retention sweep, or see its plan (`muster gc runs`) | no | no | yes |
 
 Priorities better than the cluster config's `priority_floor` are an admin's alone.
 """
@@ -48,6 +50,9 @@ class Action(str, Enum):
     REGISTER_MODEL = "register models"  # a trial's checkpoint as a model version
     MANAGE_MODEL = "manage models"  # a version's stage (production, staging, archived)
     DELETE_MODEL = "delete models"  # versions, then the model
+    MANAGE_QUOTAS = "manage quotas"  # set and clear limits at runtime (`muster quota set`)
+    MANAGE_GROUPS = "manage groups"  # create and delete groups, add and remove members
+    SWEEP_RETENTION = "sweep retention"  # the cluster config's retention, now or planned
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,9 @@ RULES: dict[Action, Rule] = {
     Action.REGISTER_MODEL: Rule(_SUBMITTERS, own_only=True, verb="register a model from"),
     Action.MANAGE_MODEL: Rule(_SUBMITTERS, own_only=True, verb="change the stages of"),
     Action.DELETE_MODEL: Rule(_ADMINS, verb="delete registered models"),
+    Action.MANAGE_QUOTAS: Rule(_ADMINS, verb="set quotas"),
+    Action.MANAGE_GROUPS: Rule(_ADMINS, verb="manage groups"),
+    Action.SWEEP_RETENTION: Rule(_ADMINS, verb="run the retention sweep"),
 }
 
 _ROLE_WORDS = {

@@ -19,8 +19,9 @@ from muster import api
 from muster.atomic import open_regular
 from muster.checkpoint_storage.location import Location, open_backend
 from muster.checkpoint_storage.resume import cache_dir
+from muster.checkpoint_storage.retention import files_gone
 from muster.checkpoint_storage.transfer import fetch_files
-from muster.errors import Conflict, InvalidRequest, NotFound, StorageError
+from muster.errors import Conflict, Gone, InvalidRequest, NotFound, StorageError
 from muster.home import Home
 from muster.services.experiments import trial_or_404
 from muster.states import ArtifactState, CheckpointState
@@ -105,12 +106,16 @@ def open_artifact(store: Store, home: Home, trial_id: int, path: str) -> Artifac
 
     Raises:
         NotFound: no such trial, set, or file in it.
+        Gone: retention removed the trial's run, and its artifacts with it.
         Conflict: the set is not collected, or its copy is neither here nor in storage as
             it was recorded.
     """
     with store.session_scope() as s:
         row = _latest(s, trial_id)
         trial = s.get_one(Trial, trial_id)
+        gone = files_gone(trial_id, trial.files_removed_at, trial.experiment.ended_at)
+        if gone is not None:
+            raise Gone(gone)
         storage = (row.storage if row.storage_state is CheckpointState.STORED else None)
         cached = cache_dir(home, trial.uuid) / f"artifacts-attempt-{row.attempt}"
         uuid = row.uuid

@@ -19,7 +19,7 @@ from muster.checkpoint_files import METADATA_FILE
 from muster.checkpoint_storage.location import Location, open_backend
 from muster.checkpoint_storage.resume import cache_dir
 from muster.checkpoint_storage.transfer import fetch_checkpoint
-from muster.errors import Conflict, NotFound
+from muster.errors import Conflict, Gone, NotFound
 from muster.home import Home
 from muster.services.experiments import trial_or_404
 from muster.services.retention import checkpoint_row
@@ -56,10 +56,12 @@ def open_checkpoint_download(store: Store, trial_id: int, name: str) -> Checkpoi
 
     Raises:
         NotFound: no such trial, or it has no checkpoint of that name.
-        Conflict: the checkpoint was not intact when registered, or has changed since.
+        Conflict: the checkpoint was not intact when registered, was deleted, or has
+            changed since.
+        Gone: retention removed it with its trial's run.
     """
     with store.session_scope() as s:
-        trial_or_404(s, trial_id)
+        trial = trial_or_404(s, trial_id)
         row = s.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial_id,
                                                  Checkpoint.name == name)).one_or_none()
         if row is None:
@@ -68,6 +70,7 @@ def open_checkpoint_download(store: Store, trial_id: int, name: str) -> Checkpoi
         if not row.intact:
             raise Conflict(f"checkpoint {name} of trial {trial_id} is not intact ({row.problem})"
                            "; only an intact checkpoint can be downloaded")
+        _check_not_deleted(row, trial, f"checkpoint {name} of trial {trial_id}")
         path, registered = Path(row.path), Registered(row.file_count, row.size_bytes)
     try:
         return _opened(path, trial_id, name, registered)
@@ -83,6 +86,7 @@ def open_any_download(store: Store, home: Home, checkpoint: str) -> CheckpointDo
     Raises:
         NotFound: no such checkpoint.
         Conflict: it is not intact, deleted, or neither here nor in storage intact.
+        Gone: retention removed it with its trial's run.
     """
     with store.session_scope() as s:
         row = checkpoint_row(s, checkpoint)
@@ -91,8 +95,7 @@ def open_any_download(store: Store, home: Home, checkpoint: str) -> CheckpointDo
         if not row.intact:
             raise Conflict(f"{what} is not intact ({row.problem}); only an intact checkpoint "
                            "can be downloaded")
-        if row.state.is_gone():
-            raise Conflict(f"{what} was deleted ({row.gc_reason})")
+        _check_not_deleted(row, trial, what)
         path, name, trial_id, uuid = Path(row.path), row.name, row.trial_id, row.uuid
         registered = Registered(row.file_count, row.size_bytes)
         storage = row.storage if row.state is CheckpointState.STORED else None
@@ -107,6 +110,14 @@ def open_any_download(store: Store, home: Home, checkpoint: str) -> CheckpointDo
         backend = open_backend(Location.from_json(storage), home.root)
         fetch_checkpoint(backend, uuid, cached, trial_id)
     return _opened(cached, trial_id, name, registered)
+
+
+def _check_not_deleted(row: Checkpoint, trial: Trial, what: str) -> None:
+    """Raise when the checkpoint's deletion has begun: `Gone` when retention removed its
+    trial's run (the reason says when and by which rule), else `Conflict` (GC's reason)."""
+    if row.state.is_gone():
+        refusal = Gone if trial.files_removed_at is not None else Conflict
+        raise refusal(f"{what} was deleted ({row.gc_reason})")
 
 
 def _opened(path: Path, trial_id: int, name: str, registered: Registered) -> CheckpointDownload:

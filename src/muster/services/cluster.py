@@ -20,6 +20,7 @@ from typing import Protocol
 from sqlalchemy import func, select
 
 from muster import api
+from muster.config.quotas import QuotasConfig
 from muster.environments.registry import Environments
 from muster.environments.runtime_base import BaseSummary
 from muster.environments.runtime_plan import TRAINING_PACKAGES
@@ -28,6 +29,8 @@ from muster.home import Home
 from muster.schedule.disk import disk_shortfall, free_bytes
 from muster.schedule.inventory import Gpu, GpuInventory
 from muster.schedule.placement import NodeInfo, Placement
+from muster.services.quotas import list_quotas
+from muster.services.resources import ReplicaSample, running_replicas
 from muster.services.submission import ClusterCapacity
 from muster.sizes import format_size
 from muster.states import AttemptState, EnvironmentState, GpuState, TrialState, values
@@ -61,6 +64,10 @@ class ClusterView(Protocol):
 
     def slots_in_use(self) -> int:
         """One slot per replica without GPUs of every trial that holds its resources."""
+
+    @property
+    def quotas(self) -> QuotasConfig:
+        """The cluster config's quotas (admins' runtime limits are in the store)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,8 @@ class ClusterSnapshot:
     gpu_note: str
     gpu_source: str
     filesystems: tuple[Filesystem, ...]
+    # The latest resource sample of each replica of a RUNNING trial (the `system/` series).
+    replicas: tuple[ReplicaSample, ...] = ()
 
     @property
     def queue_length(self) -> int:
@@ -131,6 +140,7 @@ def read_cluster(view: ClusterView) -> ClusterSnapshot:
         counts = dict(s.execute(select(Trial.state, func.count()).group_by(Trial.state)).all())
         rows = {row.index: (row.state, row.trial_id) for row in s.scalars(
             select(GpuDevice).where(GpuDevice.present.is_(True)))}
+        replicas = tuple(running_replicas(s))
     inventory = view.placement.inventory
     gpus = tuple(_gpu_status(inventory, gpu, *rows.get(gpu.index, (GpuState.FREE, None)))
                  for gpu in inventory.gpus())
@@ -142,6 +152,7 @@ def read_cluster(view: ClusterView) -> ClusterSnapshot:
         gpu_note=inventory.note,
         gpu_source=inventory.source,
         filesystems=tuple(filesystems([home.root, home.runs_dir, home.experiments_dir])),
+        replicas=replicas,
     )
 
 
@@ -203,6 +214,7 @@ def cluster_status(view: ClusterView) -> api.ClusterStatus:
         "environments": _environments_disk(view),
         "runtime_base": runtime_base_view(view.envs.runtime.summary()),
         "nodes": _nodes(view, snapshot),
+        "quotas": list_quotas(view.store, view.quotas),
     }
 
 

@@ -20,20 +20,30 @@ from muster.config import ExperimentConfig
 from muster.config.determined import SlotKind, Translation
 from muster.config.loading import read_experiment_config
 from muster.config.problems import config_error
+from muster.config.quotas import QuotasConfig
 from muster.config.schema import SearcherConfig
 from muster.environments.layout import EnvHome
 from muster.environments.registry import keep_request
 from muster.environments.request import RequestError, build_request
 from muster.environments.runtime_base import RuntimeBase
 from muster.environments.sources import package_source_problems
-from muster.errors import Conflict, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
+from muster.errors import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    QuotaExceeded,
+)
 from muster.git_state import GitState
 from muster.home import Home
 from muster.launch.accounts import Account, RunAs
 from muster.priority import MIN_PRIORITY
+from muster.schedule.quota_book import lock_and_refuse_queued, read_book
 from muster.services import idempotency, listing, progress, views
 from muster.services.access import Action, Principal, authorize, check_priority_floor
 from muster.services.allowances import Allowances, allowance_problems
+from muster.services.resources import replica_resources
 from muster.services.submission import ClusterCapacity, check_submission
 from muster.services.uploads import extract_context
 from muster.services.validation import best_validation
@@ -134,6 +144,10 @@ class Submission(Protocol):
     def sources(self) -> SourceResolver | None:
         """What resolves a config's warm start; None: a warm start is refused."""
 
+    @property
+    def quotas(self) -> QuotasConfig:
+        """The cluster config's quotas (`max_queued_trials` refuses a create)."""
+
 
 def slot_kind(submission: Submission) -> SlotKind:
     """What a Determined config's slots are on this server: GPUs where it schedules any,
@@ -171,6 +185,7 @@ class PlainSubmission:
     priority_floor: int = MIN_PRIORITY
     run_as: RunAs | None = None
     sources: SourceResolver | None = None  # `warm_starts.resolve_source` for warm starts
+    quotas: QuotasConfig = field(default_factory=QuotasConfig)
 
     @property
     def runtime(self) -> RuntimeBase:
@@ -237,7 +252,10 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
     configs) gets its first attempt recorded in that transaction too. A non-admin may ask
     for no priority better than the submission's `priority_floor`, nor make the server act
     on what its `allowances` do not list; under `run_as: owner` the owner's Unix account
-    must exist. With a `claim`, its key is recorded in that transaction too.
+    must exist. With a `claim`, its key is recorded in that transaction too. Each
+    experiment queues a trial (a single one its trial, a search its first draw): a create
+    that would take `owner` or one of their groups past a `max_queued_trials` quota is
+    refused, counted in that transaction under a lock (`muster.schedule.quota_book`).
 
     Raises:
         KeyTaken: (`muster.services.idempotency`) a create with the claim's key was
@@ -248,6 +266,8 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
             outside what the allow-lists let `owner` name, one line per key.
         ConfigError: (422) a config is invalid (its problem names it: `config 3 of 10`),
             or its jobs have no account to run as.
+        QuotaExceeded: (429) it would queue more trials than a quota of `owner`'s allows;
+            the message names the quota.
     """
     authorize(owner, Action.SUBMIT)
     configs = []
@@ -269,6 +289,8 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
             raise config_error(source, problems)
         _check_warm_start(submission, config, source)  # before the snapshot is made
         configs.append((source, text, loaded.translation, config))
+    with submission.store.session_scope() as s:  # before any work; the insert checks again
+        _check_queued(s, submission.quotas, owner, len(configs))
     run_as = submission.run_as
     account = _check_account(submission.store, run_as, owner) if run_as is not None else None
     capacity, runtime = submission.capacity(), submission.runtime
@@ -299,8 +321,7 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
                                                      account, allowed, runtime)
             if new.secrets:
                 job_secrets.save_submitted(home, exp_uuid, new.secrets)
-        return _insert_experiments(submission.store, owner, made, submission.admitting,
-                                   new.claim, submission.sources)
+        return _insert_experiments(submission, owner, made, new.claim)
     except BaseException:
         for prepared in made:
             shutil.rmtree(prepared.context.parent, ignore_errors=True)
@@ -402,19 +423,20 @@ def _keep_environment(home: Home, config: ExperimentConfig, context: Path, sourc
     return None if request is None else keep_request(EnvHome(home.envs_dir), request)
 
 
-def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared],
-                        admitting: Callable[[int], ContextManager[AdmitNew | None]],
-                        claim: idempotency.Claim | None, sources: SourceResolver | None
-                        ) -> list[int]:
+def _insert_experiments(submission: Submission, owner: Principal, made: Sequence[_Prepared],
+                        claim: idempotency.Claim | None) -> list[int]:
     """The experiments, each with its trial unless a searcher draws its trials (the
     orchestrator does, from its next pass on), in one transaction; the trials that may
     start at once (`admitting`) are admitted in it too, and the `claim`'s key recorded
-    (first: a create that lost the race to it stops before inserting anything)."""
+    (first: a create that lost the race to it stops before inserting anything). The
+    owner's queued trials are counted against their quotas in it, under a lock."""
     # The admission's lock is held until the transaction has committed (the inner `with`).
     best = min(prepared.config.resources.priority for prepared in made)
-    with admitting(best) as admit, store.session_scope() as s:
+    with submission.admitting(best) as admit, submission.store.session_scope() as s:
         key = None if claim is None else idempotency.record(s, claim)
-        inserted = [_insert_experiment(s, owner, prepared, sources) for prepared in made]
+        _check_queued(s, submission.quotas, owner, len(made))
+        inserted = [_insert_experiment(s, owner, prepared, submission.sources)
+                    for prepared in made]
         if admit is not None:  # in the queue's order, as the pass would
             trials = [trial for _, trial in inserted if trial is not None]
             for trial in sorted(trials, key=lambda t: (t.priority, t.id)):
@@ -423,6 +445,14 @@ def _insert_experiments(store: Store, owner: Principal, made: Sequence[_Prepared
         if key is not None:
             key.experiment_ids = ids
         return ids
+
+
+def _check_queued(s: Session, quotas: QuotasConfig, owner: Principal, adding: int) -> None:
+    """Raise QuotaExceeded when `adding` more queued trials would pass a `max_queued_trials`
+    of `owner`'s (their own quota's, or a group's); the rows stay locked until `s` ends."""
+    refused = lock_and_refuse_queued(s, read_book(s, quotas), owner.user_id, adding)
+    if refused is not None:
+        raise QuotaExceeded(refused)
 
 
 def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared,
@@ -547,7 +577,8 @@ def experiment_header(store: Store, experiment_id: int) -> ExperimentHeader:
 def describe_trial(store: Store, trial_id: int,
                    part_of: TrialPartOf | None = None) -> api.TrialDescription:
     """The trial, its attempts, `best_validation` and events, its `snapshot` from
-    `part_of` (null without it), and its `progress` while RUNNING."""
+    `part_of` (null without it), its `progress` while RUNNING, and its replicas'
+    `resources` (`muster.services.resources`)."""
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
         goals = views.searcher_goals(experiment_searcher(trial.experiment))
@@ -557,7 +588,8 @@ def describe_trial(store: Store, trial_id: int,
         events = s.scalars(select(Event).where(Event.trial_id == trial_id).order_by(Event.id))
         numbers = {a.id: a.number for a in trial.attempts}
         return api.TrialDescription(**view, events=[views.event_view(e, numbers)
-                                                    for e in events])
+                                                    for e in events],
+                                    resources=replica_resources(s, trial_id))
 
 
 def trial_progress(store: Store, trial_id: int) -> TrialProgressPoll:

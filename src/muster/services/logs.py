@@ -7,6 +7,8 @@ is served merged (`merged_logs`): whole lines in time order, each prefixed `[ran
 a cursor of one offset per rank. Following starts at one attempt and moves on to the next
 attempt of the trial when one ends, so a follower sees every restart. One rank's whole log
 is also served as a file (`open_raw_log`): its bytes as they were when it was opened.
+Logs the cluster config's retention removed are `Gone` (410) with when and by which rule,
+never an empty log.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import BinaryIO, Protocol
 from sqlalchemy import select
 
 from muster import job_secrets
-from muster.errors import Conflict, InvalidRequest, NotFound
+from muster.checkpoint_storage.retention import logs_gone
+from muster.errors import Conflict, Gone, InvalidRequest, NotFound
 from muster.home import Home
 from muster.launch.base import Launcher
 from muster.launch.logs import (
@@ -106,9 +109,18 @@ class TrialLogs:
 
 def locate(store: Store, launcher: Launcher, trial_id: int,
            home: Home | None = None) -> TrialLogs:
-    """Where the trial's logs are; with `home`, read with its secrets masked."""
+    """Where the trial's logs are; with `home`, read with its secrets masked.
+
+    Raises:
+        NotFound: no such trial.
+        Gone: retention removed its logs.
+    """
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
+        gone = logs_gone(trial_id, trial.logs_removed_at, trial.files_removed_at,
+                         trial.experiment.ended_at)
+        if gone is not None:
+            raise Gone(gone)
         ended = trial.state.is_at_rest()
         declared = (trial.experiment.config.get("environment") or {}).get("secrets") or {}
         masks = () if home is None or not declared else tuple(job_secrets.masked_values(

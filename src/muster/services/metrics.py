@@ -8,6 +8,7 @@ from __future__ import annotations
 from sqlalchemy import Select, select
 
 from muster import api
+from muster.metrics_lines import REPORTED_KINDS
 from muster.services import views
 from muster.services.experiments import trial_or_404
 from muster.states import MetricKind
@@ -21,7 +22,9 @@ def list_metrics(
     store: Store, trial_id: int, *, kind: MetricKind | None = None,
     after_step: int | None = None, limit: int = DEFAULT_LIMIT, tail: int | None = None,
 ) -> list[api.MetricReport]:
-    """The trial's reports with a step above `after_step`, by step (then in stored order).
+    """The trial's reports with a step above `after_step`, by step (then in stored order):
+    its training and validation reports, or only those of `kind` (`system`: its replicas'
+    resource samples, which are never among its reports unless asked for).
 
     A page holds `limit` reports, plus the rest of its last step's, so that asking again
     with `after_step` = the last step seen goes on exactly where the page ended. With
@@ -30,9 +33,8 @@ def list_metrics(
     """
     with store.session_scope() as s:
         trial_or_404(s, trial_id)
-        query = select(Metric).where(Metric.trial_id == trial_id)
-        if kind is not None:
-            query = query.where(Metric.kind == kind)
+        query = select(Metric).where(Metric.trial_id == trial_id, Metric.kind.in_(
+            REPORTED_KINDS if kind is None else (kind,)))
         if after_step is not None:
             query = query.where(Metric.step > after_step)
         if tail is not None:

@@ -1,7 +1,12 @@
-"""Checkpoints listed, garbage-collected on demand, experiments archived and deleted.
+"""Checkpoints listed, garbage-collected on demand, experiments archived and deleted, and
+the cluster config's retention planned or applied (`muster gc runs`).
 
 What routes and the CLI call; the storage worker (`muster.checkpoint_storage.worker`) does the
-deleting, in its own thread, from what these record.
+deleting, in its own thread, from what these record. A retention sweep asked for here is
+planned here (a read, with sizes) and carried out there, so it never races the worker's
+own collections; the worker re-plans from what exists, recording each removal first.
+A server without `retention` (or with neither age) answers an empty plan that says so,
+not an error: nothing is past a rule it does not have.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from muster import api
 from muster.checkpoint_storage.location import effective_policy
 from muster.checkpoint_storage.metrics import checkpoint_metrics
 from muster.checkpoint_storage.pins import warm_starts_from
+from muster.checkpoint_storage.retention import Kept, Line, logs_gone
+from muster.checkpoint_storage.retention_sweep import Sweep
 from muster.checkpoint_storage.worker import PlannedCheckpoint, StorageWorker
+from muster.config.units import format_duration
 from muster.errors import Conflict, NotFound
 from muster.services import views
 from muster.services.access import Action, Principal, authorize
@@ -33,7 +41,8 @@ from muster.store.configs import experiment_config
 from muster.store.models import now
 
 __all__ = ["checkpoint_row", "checkpoint_view", "collect", "delete_experiment",
-           "experiment_checkpoints", "set_archived", "trial_checkpoints"]
+           "experiment_checkpoints", "logs_removed", "set_archived", "sweep_runs",
+           "trial_checkpoints"]
 
 
 
@@ -189,3 +198,64 @@ def checkpoint_row(s: Session, checkpoint: str) -> Checkpoint:
                        "TRIAL_ID` shows a trial's")
     return row
 
+
+RETENTION_OFF = ("retention is off: the cluster config has no `retention:` with logs_after or "
+                 "runs_after (docs/how-to/team.md, \"Retention\"), so nothing is removed "
+                 "but by `muster experiment delete`")
+
+
+def sweep_runs(worker: StorageWorker, who: Principal, dry_run: bool) -> api.RetentionPlan:
+    """What the cluster config's retention removes now, with sizes; unless `dry_run`, the
+    storage worker carries it out at once (each trial's removal recorded as an event
+    first, `who` named in it)."""
+    config = worker.retention
+    planned = worker.retention_plan()
+    if config is None or planned is None:
+        return {"enabled": False, "dry_run": dry_run, "rules": None, "lines": [],
+                "total_bytes": 0, "complete": True, "kept": [], "more_kept": 0,
+                "message": RETENTION_OFF}
+    if not dry_run:
+        worker.request_retention(who.name)
+    return {"enabled": True, "dry_run": dry_run,
+            "rules": {"logs_after": _duration(config.logs_after),
+                      "runs_after": _duration(config.runs_after),
+                      "keep_registered": config.keep_registered,
+                      "keep_labels": list(config.keep_labels)},
+            "lines": [_line(line) for line in planned.lines],
+            "total_bytes": planned.total_bytes, "complete": planned.complete,
+            "kept": [_kept(kept) for kept in planned.kept], "more_kept": planned.more_kept,
+            "message": _sweep_message(planned, dry_run)}
+
+
+def _duration(seconds: float | None) -> str | None:
+    return None if seconds is None else format_duration(seconds)
+
+
+def _line(line: Line) -> api.RetentionLine:
+    return {"experiment_id": line.experiment_id, "experiment_name": line.experiment_name,
+            "trial_id": line.trial_id, "what": line.what, "name": line.name,
+            "bytes": line.bytes, "files": line.files, "at_least": line.at_least,
+            "ended_at": line.ended_at, "rule": line.rule}
+
+
+def _kept(kept: Kept) -> api.RetentionKept:
+    return {"experiment_id": kept.experiment_id, "experiment_name": kept.experiment_name,
+            "trial_id": kept.trial_id, "why": kept.why}
+
+
+def _sweep_message(planned: Sweep, dry_run: bool) -> str:
+    if not planned.total_lines:
+        return "nothing is past the retention rules"
+    if dry_run:
+        return "a dry run: nothing was removed; `muster gc runs` removes these"
+    return ("the storage worker removes these now, each trial's removal recorded as an "
+            "event first (`muster events`)")
+
+
+def logs_removed(store: Store, trial_id: int) -> str | None:
+    """Why the trial's logs cannot be shown (retention removed them, alone or with its run),
+    as its page says it; None while they are there."""
+    with store.session_scope() as s:
+        trial = trial_or_404(s, trial_id)
+        return logs_gone(trial.id, trial.logs_removed_at, trial.files_removed_at,
+                         trial.experiment.ended_at)

@@ -67,6 +67,12 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.name!r})"
 
+    @property
+    def session_factory(self) -> sessionmaker[Session]:
+        """What makes this store's sessions: where session events are listened for (the
+        notifications' outbox, `muster.notifications.Router`)."""
+        return self._sessions
+
     @contextmanager
     def session_scope(self) -> Iterator[Session]:
         """A session in one transaction: committed on success, rolled back on any error.

@@ -38,6 +38,8 @@ from muster.states import (
     MetricSource,
     ModelStage,
     OomSource,
+    QuotaLimit,
+    QuotaSubject,
     Reason,
     Role,
     StopIntent,
@@ -306,6 +308,11 @@ class Trial(Base):
     # A metric of this trial has no `MetricSeries` (too many names, or one too long): what
     # is read from the series is read from its reports instead (`muster.store.series`).
     series_partial: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # When the cluster config's `retention` removed its logs, and its whole run (run
+    # directory, checkpoints not registered, artifacts): set with the event that records
+    # it, before a file goes (`muster.checkpoint_storage.retention`, migration 0027).
+    logs_removed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    files_removed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     experiment: Mapped[Experiment] = relationship(back_populates="trials")
     attempts: Mapped[list[Attempt]] = relationship(
@@ -345,6 +352,10 @@ class Attempt(Base):
     # None}; verification counts only files this attempt created or changed
     outputs_before: Mapped[dict[str, list[int] | None] | None] = mapped_column(JSON,
                                                                              nullable=True)
+    # The checkpoint of its trial it was given to resume from (`MUSTER_LATEST_CHECKPOINT`,
+    # its `checkpoints.name`); None: it started afresh, or from a warm start. Usage counts
+    # the work an earlier attempt did up to that checkpoint as kept (migration 0026).
+    resumed_from: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
     trial: Mapped[Trial] = relationship(back_populates="attempts")
     replicas: Mapped[list[Replica]] = relationship(
@@ -388,6 +399,9 @@ class Replica(Base):
     # one line its main thread's stack gives ("waits in all_reduce at train.py:88").
     evidence: Mapped[str | None] = mapped_column(Text, nullable=True)
     stack_summary: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # A STALLED replica's: when its stall began (its last progress or sign of life), from
+    # its stall marker; usage counts from there to its end as stalled (migration 0026).
+    stalled_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
@@ -505,7 +519,7 @@ class IngestCursor(Base):
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int] = mapped_column(Integer)
-    file_kind: Mapped[str] = mapped_column(String(16))  # "metrics" or "log"
+    file_kind: Mapped[str] = mapped_column(String(16))  # "metrics", "system" or "log"
     byte_offset: Mapped[int] = mapped_column(BigInteger, default=0)
     # A rank log's only (`muster.supervise.log_metrics`): the newlines before `byte_offset`
     # and the metric lines recognised there, so line numbers and running steps go on.
@@ -655,5 +669,106 @@ class IdempotencyKey(Base):
     request_sha256: Mapped[str] = mapped_column(String(64))
     experiment_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
     created_at: Mapped[float] = mapped_column(Float, default=now, index=True)
+
+
+
+class NotificationSubscription(Base):
+    """A user's own notification target (`muster notify add`): where to send which events
+    of their experiments (`muster.notifications`). The cluster config's `notifications` are
+    not stored: they are read from the config at each event."""
+
+    __tablename__ = "notification_subscriptions"
+    __table_args__ = NO_ID_REUSE
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    # The URL as given (a secret of its owner's: shown redacted, `muster.notifications`).
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # The signing key of muster's own webhook (`muster.webhooks`), made by the server and
+    # shown once; None for an Apprise URL.
+    secret: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class NotificationOutbox(Base):
+    """One notification to deliver: an event for one target, written in the transaction
+    that appends the event (so it is never lost nor sent for an event rolled back), and
+    delivered at least once by the notifier (`muster.notifications`), with `key` as the
+    receiver's idempotency key."""
+
+    __tablename__ = "notification_outbox"
+    __table_args__ = (UniqueConstraint("event_id", "target"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    event_id: Mapped[int] = mapped_column(Integer, index=True)
+    # "config:<sha256 of the entry, 12 hex>" or "user:<subscription id>".
+    target: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))  # a `NotificationKind`
+    payload: Mapped[dict[str, Any]] = mapped_column(NonFiniteJSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    tries: Mapped[int] = mapped_column(Integer, default=0)
+    next_at: Mapped[float] = mapped_column(Float, default=now, index=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    delivered_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class NotificationDelivery(Base):
+    """The delivery log: one row per try of an outbox row, what the receiver said."""
+
+    __tablename__ = "notification_deliveries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    outbox_id: Mapped[int] = mapped_column(
+        ForeignKey("notification_outbox.id", ondelete="CASCADE"), index=True)
+    at: Mapped[float] = mapped_column(Float, default=now)
+    ok: Mapped[bool] = mapped_column()
+    status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    elapsed_s: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+
+class Group(Base):
+    """A named set of users that admins manage (`muster group`): a quota of a group holds
+    its members together (`muster.schedule.quotas`)."""
+
+    __tablename__ = "groups"
+    __table_args__ = NO_ID_REUSE
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(32), unique=True)
+    description: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class GroupMember(Base):
+    """A user's membership of a group."""
+
+    __tablename__ = "group_members"
+
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), primary_key=True, index=True)
+    added_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class Quota(Base):
+    """One limit an admin set at runtime (`muster quota set`) for a user, a group or every
+    user without one (`subject_id` 0): it wins over the cluster config's `quotas` for that
+    subject and limit (`muster.schedule.quotas`). `value` None: no limit."""
+
+    __tablename__ = "quotas"
+    __table_args__ = (UniqueConstraint("subject", "subject_id", "kind"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    subject: Mapped[QuotaSubject] = mapped_column(EnumText(QuotaSubject, 8))
+    subject_id: Mapped[int] = mapped_column(Integer)  # a user's or a group's id; 0: default
+    kind: Mapped[QuotaLimit] = mapped_column(EnumText(QuotaLimit, 32))
+    value: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    set_by: Mapped[str] = mapped_column(String(32))
+    set_at: Mapped[float] = mapped_column(Float, default=now)
+
 
 coerce_words_on_set(Base)  # a state set as a word reads back as its member at once

@@ -7,6 +7,10 @@ read however many reports it made. What cannot be kept (more than `MAX_SERIES` m
 a kind, a name longer than `SERIES_NAME_LENGTH` or one a database cannot hold as text)
 marks the trial `series_partial`, and its readers fall back to the reports for that trial:
 a value is never missing, only slower.
+
+The shim's resource samples (kind `system`, `muster.system_metrics`) are every replica's,
+so their series are kept per rank: each sample of rank r names the series
+`<metric>/rank-<r>` (`system_metrics.series_name`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from sqlalchemy.orm import Session
 from muster.downsample import Series
 from muster.states import MetricKind, MetricSource
 from muster.store.models import SERIES_NAME_LENGTH, Metric, MetricSeries, Trial
+from muster.system_metrics import series_name
 
 __all__ = ["MAX_SERIES", "MetricRow", "extremes", "finite", "keepable", "names", "record"]
 
@@ -42,18 +47,20 @@ class MetricRow(TypedDict):
 
 
 def record(s: Session, trial_id: int, rows: Iterable[MetricRow]) -> None:
-    """Fold the rank-0 reports among `rows` (`metrics` rows: kind, step, values, rank) into
-    the trial's series, in `s`'s transaction.
+    """Fold the rank-0 reports among `rows` (`metrics` rows: kind, step, values, rank), and
+    the resource samples of every rank, into the trial's series, in `s`'s transaction.
 
     Series rows are made if absent and then locked in one order (kind, name), so two
     ingestions of one trial's files wait for each other instead of losing an update.
     """
     by_kind: dict[MetricKind, dict[str, list[tuple[int, Any]]]] = {}
     for row in rows:
-        if row["rank"] != 0:
+        system = row["kind"] is MetricKind.SYSTEM
+        if row["rank"] != 0 and not system:
             continue
         step, names = row["step"], by_kind.setdefault(row["kind"], {})
-        for name, value in row["values"].items():
+        for reported, value in row["values"].items():
+            name = series_name(reported, row["rank"]) if system else reported
             points = names.get(name)
             if points is None:
                 points = names[name] = []
@@ -105,6 +112,10 @@ def _locked(s: Session, trial_id: int, wanted: set[tuple[MetricKind, str]]
 
 
 def _fold(series: MetricSeries, points: list[tuple[int, Any]]) -> None:
+    if series.kind is MetricKind.SYSTEM:
+        points = _later(points, series.last_step)
+        if not points:
+            return
     kept = [(step, value) for step, value in points
             if type(value) is float and value - value == 0.0]  # finite floats: the usual
     if len(kept) < len(points):  # ints, NaN or ±inf among them: one by one
@@ -120,6 +131,18 @@ def _fold(series: MetricSeries, points: list[tuple[int, Any]]) -> None:
     series.reports += len(points)
     series.last_step = points[-1][0]
     series.curve = curve.to_json()
+
+
+def _later(points: list[tuple[int, Any]], last: int | None) -> list[tuple[int, Any]]:
+    """A resource series' new samples in time order, each later than the one before (and
+    than `last`, the series' latest): its steps are times, and two attempts of one rank
+    (nodes whose clocks differ) must not cut it back as a resumed run's reports do."""
+    later = []
+    for step, value in sorted(points, key=lambda point: point[0]):
+        if last is None or step > last:
+            later.append((step, value))
+            last = step
+    return later
 
 
 def finite(value: Any) -> float | None:

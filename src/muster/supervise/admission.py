@@ -15,6 +15,12 @@ the holdings, the capacity and the environments. Equal, `plan` (pure) would deci
 did, and the pass would change nothing either: it stops there. Queue reasons need no
 comparing: only the supervisor writes them (here; and the data scan, the GPU pool and a
 placement that reserves, for trials that make a pass not quiet).
+
+Quotas (`muster.schedule.quotas`) are read in the transaction that reads the queue and the
+holdings, and handed to `plan` with them: what the running trials hold and what `plan`
+admits are counted from one view, so no pass admits trials that exceed a quota together.
+A changed quota (an admin's `muster quota set`, a new group member) is part of what a
+quiet pass compares.
 """
 
 from __future__ import annotations
@@ -27,9 +33,12 @@ from sqlalchemy import BigInteger, Integer, String, Table, bindparam, case, func
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
+from muster.config.quotas import QuotasConfig
 from muster.priority import MAX_PRIORITY
 from muster.schedule.disk import disk_shortfall
 from muster.schedule.plan import Capacity, Demand, Holding, plan
+from muster.schedule.quota_book import read_book
+from muster.schedule.quotas import Charge, QuotaBook
 from muster.states import EnvironmentState, EventReason, StopIntent, TrialState, values
 from muster.store import Experiment, Trial, record_event
 from muster.store.configs import experiment_config, experiment_resources
@@ -92,6 +101,7 @@ class _Needs:
     environment_key: str | None
     resources: _Resources | None  # None: the config cannot be read (`error` says why)
     error: Exception | None = None
+    owner_id: int | None = None  # whose quotas its trials count against
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,7 @@ class _Seen:
     capacity: Capacity
     preemption: bool
     environments: frozenset[str]  # those the queued trials need (all built, when quiet)
+    quotas: QuotaBook  # what the owners of the queued trials may hold
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,7 @@ class Admission:
     ctx: SupervisorContext
     start: Start
     isolation: Isolation
+    quotas: QuotasConfig = field(default_factory=QuotasConfig)  # the cluster config's
     _disk_warning: str | None = field(default=None, init=False)
     _gate: EnvironmentGate = field(init=False)
     _needs: dict[int, _Needs] = field(default_factory=dict, init=False)  # by experiment id
@@ -154,7 +166,8 @@ class Admission:
         demands = self._start_overflow(queue.demands, slots)
         decided = None
         if demands:
-            decided = plan(demands, queue.seen.holdings, queue.seen.capacity, preemption)
+            decided = plan(demands, queue.seen.holdings, queue.seen.capacity, preemption,
+                           queue.seen.quotas)
             for admit in decided.admit:
                 self.start(admit.trial_id, admit.gpus)
         waiting = {**queue.environments.waiting, **(decided.waiting if decided else {})}
@@ -173,7 +186,8 @@ class Admission:
         single-trial experiment without GPUs, data to scan or an environment still to
         build; no trial waits ahead of it in the queue's order
         (priority, then id: so no preemption has a say, and in a batch each trial sees the
-        ones before it admitted or waiting); and its replicas fit in the slots free now.
+        ones before it admitted or waiting); its owner has no quota that limits what runs
+        (the pass counts those); and its replicas fit in the slots free now.
         Anything else waits for the pass, as every trial did before. The caller holds the
         lock that keeps the pass's admission out meanwhile."""
         experiment = trial.experiment
@@ -189,6 +203,8 @@ class Admission:
         if key is not None and self.ctx.envs.layout.built(key) is None:
             return False
         if _waiting_ahead(s, trial.priority, trial.id):
+            return False
+        if read_book(s, self.quotas).limits_running(experiment.owner_id):
             return False
         holders = _holders(s)
         needs = self._needs_of(s, {h.experiment_id for h in holders})
@@ -241,8 +257,9 @@ class Admission:
                 return False
             holdings = tuple(self._holdings(s, broken))
             capacity = Capacity(slots, self.ctx.placement.pool.slots(s))
+            quotas = read_book(s, self.quotas)
         return not broken and quiet == _Seen(digest, holdings, capacity, preemption,
-                                             quiet.environments)
+                                             quiet.environments, quotas)
 
     def _read(self, slots: int, preemption: bool, broken: list[tuple[int, Exception]]
               ) -> _Queue:
@@ -259,6 +276,7 @@ class Admission:
             demands = self._queued_demands(queued, set(environments.ready), needs, broken)
             holdings = self._holdings(s, broken) if demands else []
             capacity = Capacity(slots, self.ctx.placement.pool.slots(s) if demands else ())
+            quotas = read_book(s, self.quotas) if demands else QuotaBook()
         self._forget_all_but({row.experiment_id for row in rows}
                              | {h.experiment_id for h in holdings})
         wanted = {d.trial_id for d in demands}
@@ -270,7 +288,7 @@ class Admission:
             shown={row.id: row.queue_reason for row in queued
                    if row.id in wanted or row.id in environments.waiting},
             environments=environments,
-            seen=_Seen(digest, tuple(holdings), capacity, preemption, built))
+            seen=_Seen(digest, tuple(holdings), capacity, preemption, built, quotas))
 
     def _queued_demands(self, queued: list[_Waiting], ready: set[int],
                         needs: dict[int, _Needs], broken: list[tuple[int, Exception]]
@@ -283,7 +301,7 @@ class Admission:
             found = known.get(row.id)
             if found is not None and found.priority == row.priority:
                 return found
-            return _demand(row, _resources(needs[row.experiment_id]),
+            return _demand(row, needs[row.experiment_id],
                            by_slot=self.ctx.placement.places_gpus)
 
         demands = _each([row for row in queued if row.id in ready], demand, broken)
@@ -303,11 +321,11 @@ class Admission:
         """Each experiment's needs (and any others known): kept, or read from its config."""
         missing = [i for i in experiment_ids if i not in self._needs]
         for start in range(0, len(missing), _READ_AT_ONCE):
-            for experiment_id, key, uuid, stored in s.execute(
+            for experiment_id, key, uuid, stored, owner_id in s.execute(
                     select(Experiment.id, Experiment.environment_key, Experiment.uuid,
-                           Experiment.config)
+                           Experiment.config, Experiment.owner_id)
                     .where(Experiment.id.in_(missing[start:start + _READ_AT_ONCE]))):
-                self._needs[experiment_id] = _read_needs(key, uuid, stored)
+                self._needs[experiment_id] = _read_needs(key, uuid, stored, owner_id)
         return self._needs
 
     def _forget_all_but(self, experiment_ids: set[int]) -> None:
@@ -372,6 +390,9 @@ class Admission:
 
     def _note_disk(self, shortfall: str | None, tripped: bool) -> None:
         with self.ctx.store.session_scope() as s:
+            if shortfall is not None and tripped:  # the engagement itself, once (notified)
+                record_event(s, entity="cluster", entity_id=0, reason=EventReason.DISK_LOW,
+                             actor=ACTOR, message=f"the disk guard engaged: {shortfall}")
             not_ended = [TrialState.QUEUED, *TrialState.active()]
             for trial in s.scalars(select(Trial).where(Trial.state.in_(values(not_ended)))):
                 if trial.state == TrialState.QUEUED:
@@ -420,15 +441,16 @@ def _holders(s: Session) -> list[_Holder]:
         .where(Trial.state.in_(values(TrialState.active()))).order_by(Trial.id))]
 
 
-def _read_needs(key: str | None, uuid: str, stored: dict[str, object]) -> _Needs:
+def _read_needs(key: str | None, uuid: str, stored: dict[str, object],
+                owner_id: int | None) -> _Needs:
     # Not kept whole (`experiment_resources`): 10,000 queued experiments would push the
     # running ones' configs out, and cost memory; the few fields admission uses are kept.
     try:
         resources = experiment_resources(uuid, stored)
     except Exception as exc:  # noqa: BLE001 - each of its trials is handed to the isolation
-        return _Needs(key, None, exc)
+        return _Needs(key, None, exc, owner_id)
     return _Needs(key, _Resources(resources.replicas, resources.gpus_per_replica,
-                                  resources.gpu_type, resources.max_slots))
+                                  resources.gpu_type, resources.max_slots), owner_id=owner_id)
 
 
 def _resources(needs: _Needs) -> _Resources:
@@ -450,14 +472,23 @@ def _each(rows: Sequence[Row], read: Callable[[Row], Need],
     return found
 
 
-def _demand(row: _Waiting, resources: _Resources, by_slot: bool) -> Demand:
+def _demand(row: _Waiting, needs: _Needs, by_slot: bool) -> Demand:
     # Where the placement places GPUs itself (Ray's placement group waits for them), each
-    # replica takes a slot, one of the cluster's CPUs.
+    # replica takes a slot, one of the cluster's CPUs; its quotas count its GPUs all the same.
+    resources = _resources(needs)
+    charge = _charge(needs.owner_id, resources)
     if by_slot:
         return Demand(row.id, row.experiment_id, row.priority, resources.replicas,
-                      max_slots=resources.max_slots)
+                      max_slots=resources.max_slots, charge=charge)
     return Demand(row.id, row.experiment_id, row.priority, resources.replicas,
-                  resources.gpus_per_replica, resources.gpu_type, resources.max_slots)
+                  resources.gpus_per_replica, resources.gpu_type, resources.max_slots, charge)
+
+
+def _charge(owner_id: int | None, resources: _Resources) -> Charge | None:
+    """What a trial counts against its owner's quotas (one without an owner: nothing)."""
+    if owner_id is None:
+        return None
+    return Charge.of(owner_id, resources.replicas, resources.gpus_per_replica)
 
 
 def _holding(holder: _Holder, needs: _Needs, gpus: tuple[int, ...], by_slot: bool
@@ -468,4 +499,5 @@ def _holding(holder: _Holder, needs: _Needs, gpus: tuple[int, ...], by_slot: boo
     intent = Trial.intent_of(holder.stop_requested, holder.stop_intent)
     return Holding(holder.id, holder.experiment_id, holder.priority, resources.replicas, gpus,
                    stopping=intent is not None,
-                   gpus_per_replica=0 if by_slot else resources.gpus_per_replica)
+                   gpus_per_replica=0 if by_slot else resources.gpus_per_replica,
+                   charge=_charge(needs.owner_id, resources))

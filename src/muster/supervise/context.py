@@ -28,6 +28,7 @@ from muster.store import Attempt, Experiment, Replica, Store, Trial
 from muster.store.actors import SUPERVISOR
 from muster.store.configs import kept_config, stored_config
 from muster.supervise.ingest import Known, known_files
+from muster.system_metrics import DEFAULT_INTERVAL_S
 
 __all__ = ["ACTOR", "LiveAttempt", "ReplicaFacts", "SupervisorContext", "TrialFacts",
            "current_replicas", "read_live_attempts"]
@@ -51,6 +52,8 @@ class SupervisorContext:
     quarantine_after: int = 3
     # The cluster config's `log_limit`, for experiments that set none (None: no limit).
     log_limit: int | None = DEFAULT_LOG_LIMIT
+    # The cluster config's `system_metrics_interval` (`muster.launch.resources`).
+    system_metrics_interval: float = DEFAULT_INTERVAL_S
 
     @property
     def breaker(self) -> int | None:

@@ -45,7 +45,7 @@ from muster.store.configs import experiment_config
 from muster.store.models import now
 from muster.supervise import verification
 from muster.supervise.context import ACTOR, SupervisorContext, current_replicas
-from muster.supervise.heartbeats import checked_in, stall_evidence
+from muster.supervise.heartbeats import checked_in, stall_evidence, stalled_since
 from muster.supervise.ingest import ingest_trial
 from muster.supervise.log_errors import RankScan, scan_log
 from muster.supervise.log_metrics import LogMetricEvidence, log_metric_evidence
@@ -298,9 +298,11 @@ def record_replica_end(replica: Replica, status: ReplicaStatus, verdict: Classif
     replica.message = verdict.message
     replica.log_tail = log_tail
     if verdict.reason is Reason.STALLED:
-        evidence = stall_evidence(AttemptDir(Path(replica.attempt.run_dir)), replica.rank)
+        attempt_dir = AttemptDir(Path(replica.attempt.run_dir))
+        evidence = stall_evidence(attempt_dir, replica.rank)
         if evidence is not None:
             replica.evidence, replica.stack_summary = evidence.bundle, evidence.summary
+        replica.stalled_since = stalled_since(attempt_dir, replica.rank)
     if status.exit is not None:
         replica.max_rss_bytes = status.exit.max_rss_bytes
         replica.log_lost_bytes = status.exit.log_lost_bytes

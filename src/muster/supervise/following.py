@@ -35,6 +35,7 @@ from muster.store import Attempt, Event, Trial, record_event
 from muster.supervise.context import ACTOR, LiveAttempt, SupervisorContext, current_replicas
 from muster.supervise.ending import Ending, mark_started, note_process, started_message
 from muster.supervise.heartbeats import (
+    Stall,
     check_in_overdue,
     checked_in,
     integration_of,
@@ -218,35 +219,37 @@ class Following:
         if isinstance(marker, dict):
             self._stop_with_evidence(live, status, marker)
             return
-        why = self._stall_reason(live, status)
-        if why is None or any(live.dir.rank(other.rank).stalled.exists() for other in statuses
-                              if other.rank != status.rank):
+        stall = self._stall(live, status)
+        if stall is None or any(live.dir.rank(other.rank).stalled.exists() for other in statuses
+                                if other.rank != status.rank):
             return  # (the others are looked at only for a stall: no N² stats per pass)
         ranks = [other.rank for other in statuses if other.phase is ReplicaPhase.RUNNING]
         bundle = request_dump([live.dir.rank(rank) for rank in ranks], EvidenceReason.STALLED)
-        marker = {"reason": why, "time": time.time(), "bundle": bundle, "ranks": ranks}
+        # `since` becomes the replica's `stalled_since` when it ends (`ending`).
+        marker = {"reason": stall.reason, "since": stall.since, "time": time.time(),
+                  "bundle": bundle, "ranks": ranks}
         atomic_write_json(files.stalled, marker)
         with self.ctx.store.session_scope() as s:
             record_event(s, entity="attempt", entity_id=live.id, reason=Reason.STALLED,
-                         actor=ACTOR, message=f"stopping rank {status.rank}: {why}",
+                         actor=ACTOR, message=f"stopping rank {status.rank}: {stall.reason}",
                          experiment_id=live.trial.experiment_id, trial_id=live.trial.id)
         self._stop_with_evidence(live, status, marker)
 
-    def _stall_reason(self, live: LiveAttempt, status: ReplicaStatus) -> str | None:
+    def _stall(self, live: LiveAttempt, status: ReplicaStatus) -> Stall | None:
         rank, attempt_dir = status.rank, live.dir.path
         policy = live.config.failure_policy
         timeout = policy.heartbeat_timeout
         now = time.time()
         if checked_in(attempt_dir, rank):
-            why = stall_reason(attempt_dir, rank, timeout, now)
+            stall = stall_reason(attempt_dir, rank, timeout, now)
         elif live.config.harness and (since := _waiting_since(live.dir, status)) is not None:
-            why = check_in_overdue(since, timeout, now)
+            stall = check_in_overdue(since, timeout, now)
         else:
-            why = None
-        if why is None and policy.silence_timeout is not None \
+            stall = None
+        if stall is None and policy.silence_timeout is not None \
                 and (since := _waiting_since(live.dir, status)) is not None:
-            why = silence_reason(live.dir.rank(rank), since, policy.silence_timeout, now)
-        return why
+            stall = silence_reason(live.dir.rank(rank), since, policy.silence_timeout, now)
+        return stall
 
     def _stop_with_evidence(self, live: LiveAttempt, status: ReplicaStatus,
                             marker: dict[str, object]) -> None:

@@ -11,6 +11,11 @@ Every replica, harness or not, is also judged by its shim's activity stamp
 (`muster.launch.activity`): no output AND no CPU time used by its process group for
 `silence_timeout` is a stall. The heartbeat is the finer signal where there is one (a loop
 that spins without progress still uses CPU); silence catches what never checks in.
+
+Each judgement is a `Stall`: why, and since when (the last progress, check-in start or sign
+of life). The supervisor writes both into the rank's stall marker, and the replica's end
+records the start (`replicas.stalled_since`), so usage counts the stalled time exactly
+(`muster.services.usage`) without reading a sentence.
 """
 
 from __future__ import annotations
@@ -50,7 +55,16 @@ def integration_of(attempt_dir: Path, rank: int = 0) -> Integration | None:
         return None
 
 
-def stall_reason(attempt_dir: Path, rank: int, timeout: float, now: float) -> str | None:
+@dataclass(frozen=True)
+class Stall:
+    """A replica judged stalled: why (one line), and when the stall began (Unix time): its
+    last progress, the start of its wait for a check-in, or its last sign of life."""
+
+    reason: str
+    since: float
+
+
+def stall_reason(attempt_dir: Path, rank: int, timeout: float, now: float) -> Stall | None:
     """Why the replica counts as stalled at `now`, or None while it makes progress."""
     path = RankFiles(attempt_dir, rank).heartbeat
     try:
@@ -65,39 +79,41 @@ def stall_reason(attempt_dir: Path, rank: int, timeout: float, now: float) -> st
     if idle < timeout:
         return None
     step = beat.get("step")
-    since = dt.datetime.fromtimestamp(float(beat["progress_time"])).strftime("%H:%M:%S")
+    progress = float(beat["progress_time"])
     where = f"step {step}" if step is not None else "its check-in"
-    return (f"no progress for {idle:.0f}s (heartbeat_timeout {timeout:g}s); last progress at "
-            f"{where}, {since}")
+    return Stall(f"no progress for {idle:.0f}s (heartbeat_timeout {timeout:g}s); last progress "
+                 f"at {where}, {_clock(progress)}", progress)
 
 
-def check_in_overdue(waiting_since: float, timeout: float, now: float) -> str | None:
+def check_in_overdue(waiting_since: float, timeout: float, now: float) -> Stall | None:
     """Why a replica that should use the harness counts as stalled before its first
     check-in, or None while it may still be starting (imports, data loading)."""
     waited = now - waiting_since
     if waited < timeout:
         return None
-    return (f"no check-in {waited:.0f}s after it started (heartbeat_timeout {timeout:g}s): "
-            "the config sets `harness: true`, but this rank has not called "
-            "muster.harness.init(); call it on every rank, raise "
-            "failure_policy.heartbeat_timeout if start-up takes this long, or set "
-            "`harness: false`")
+    return Stall(f"no check-in {waited:.0f}s after it started (heartbeat_timeout "
+                 f"{timeout:g}s): the config sets `harness: true`, but this rank has not "
+                 "called muster.harness.init(); call it on every rank, raise "
+                 "failure_policy.heartbeat_timeout if start-up takes this long, or set "
+                 "`harness: false`", waiting_since)
 
 
 def silence_reason(files: RankFiles, started_at: float, timeout: float,
-                   now: float) -> str | None:
+                   now: float) -> Stall | None:
     """Why the replica counts as stalled at `now` by its activity stamp: no output and no CPU
     for `timeout` since the later of the two (and of its start), or None while it shows life
     or has no stamp."""
     activity = read_activity(files.active)
     if activity is None:
         return None
-    idle = now - max(activity.last, started_at)
+    last = max(activity.last, started_at)
+    idle = now - last
     if idle < timeout:
         return None
-    return (f"no output and no CPU time used for {_span(idle)} (silence_timeout "
-            f"{_span(timeout)}); last output at {_clock(max(activity.output_at, started_at))}, "
-            f"last CPU use at {_clock(max(activity.cpu_at, started_at))}")
+    return Stall(f"no output and no CPU time used for {_span(idle)} (silence_timeout "
+                 f"{_span(timeout)}); last output at "
+                 f"{_clock(max(activity.output_at, started_at))}, last CPU use at "
+                 f"{_clock(max(activity.cpu_at, started_at))}", last)
 
 
 def _span(seconds: float) -> str:
@@ -138,6 +154,16 @@ def stall_evidence(attempt_dir: AttemptDir, rank: int) -> StallEvidence | None:
     lines = [line for other in sorted(r for r in ranks if isinstance(r, int))
              if (line := _stack_line(directory / f"rank-{other}", other)) is not None]
     return StallEvidence(str(directory.relative_to(attempt_dir.path)), lines)
+
+
+def stalled_since(attempt_dir: AttemptDir, rank: int) -> float | None:
+    """When the replica's stall began, as its stall marker says; None where it has no
+    marker, or one from before markers said it."""
+    marker = read_json(attempt_dir.rank(rank).stalled)
+    since = marker.get("since") if isinstance(marker, dict) else None
+    if isinstance(since, bool) or not isinstance(since, int | float):
+        return None
+    return float(since)
 
 
 def _stack_line(directory: Path, rank: int) -> str | None:

@@ -11,6 +11,12 @@ repeats a line. Only complete lines are read: a torn last line (no "\\n" yet) wa
 next call. A complete line that `muster.metrics_lines.parse` refuses (verification refuses
 the same lines) is skipped, logged and counted; it never stops the lines after it.
 
+Each rank's resource samples (`RankFile.SYSTEM`, written by its shim: `muster.system_metrics`)
+are read the same way, with a cursor of their own, into rows of kind `system` (source
+`shim`). They are counted apart from the run's reports (`IngestReport.system_added`): a
+sample is no new report for the pruner to judge; and after a batch of them the GPU idle
+check runs (`muster.supervise.gpu_idle`).
+
 A checkpoint directory (`RunDir.checkpoints`) is registered once, by name, after each file
 listed in its `metadata.json` has been checked against its sha256; a failed check registers
 it with `intact=False` and the problem in words. Directories still being written
@@ -37,15 +43,17 @@ from muster.checkpoint_files import Inspection
 from muster.checkpoint_storage.metrics import Mark
 from muster.errors import NotFound
 from muster.rundir import AttemptDir, RankFile, RunDir
-from muster.states import MetricKind
+from muster.states import MetricKind, MetricSource
 from muster.store import Attempt, Checkpoint, IngestCursor, Metric, Store, Trial, series
 from muster.store.models import now
 from muster.store.series import MetricRow
+from muster.supervise.gpu_idle import ranks_last_seen_idle, warn_if_gpu_idle
 from muster.supervise.step_scales import warn_if_step_scales_differ
 
 log = logging.getLogger(__name__)
 
 METRICS_CURSOR = "metrics"  # IngestCursor.file_kind of a rank's metrics file
+SYSTEM_CURSOR = "system"  # and of its resource samples
 # Bytes of complete lines per transaction: ~10,000 reports, a short hold of SQLite's lock.
 BATCH_BYTES = 1 << 20
 WARNINGS_PER_FILE = 5  # per call; the rest are counted in one line
@@ -58,10 +66,13 @@ class IngestReport:
 
     trial_id: int
     metrics_added: int = 0
+    system_added: int = 0  # resource samples (`RankFile.SYSTEM`), not the run's reports
     lines_skipped: int = 0
     checkpoints_added: list[str] = field(default_factory=list)
     corrupt_checkpoints: list[str] = field(default_factory=list)
     validations: list[Mark] = field(default_factory=list)  # rank 0's, stored by this call
+    # (attempt, rank) whose latest sample stored by this call shows its GPUs idle
+    idle_gpu_ranks: set[tuple[int, int]] = field(default_factory=set)
 
     @property
     def changed(self) -> bool:
@@ -74,6 +85,11 @@ class MetricsFile:
     rank: int
     path: Path
     size: int
+    system: bool = False  # the shim's resource samples, not the run's own reports
+
+    @property
+    def cursor(self) -> str:
+        return SYSTEM_CURSOR if self.system else METRICS_CURSOR
 
     def describe(self) -> str:
         return f"{self.path.name} of attempt {self.attempt}"
@@ -88,6 +104,7 @@ class Known:
     attempt_dirs: dict[int, Path]
     cursors: dict[tuple[int, int], int]
     checkpoints: frozenset[str]
+    system_cursors: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 def ingest_trial(store: Store, trial_id: int, known: Known | None = None) -> IngestReport:
@@ -111,7 +128,8 @@ def ingest_trial(store: Store, trial_id: int, known: Known | None = None) -> Ing
     if known.run_dir is None:
         return report
     for file in _metrics_files(known.attempt_dirs):
-        offset = known.cursors.get((file.attempt, file.rank), 0)
+        cursors = known.system_cursors if file.system else known.cursors
+        offset = cursors.get((file.attempt, file.rank), 0)
         if file.size == offset:
             continue
         try:
@@ -122,6 +140,8 @@ def ingest_trial(store: Store, trial_id: int, known: Known | None = None) -> Ing
                           known.checkpoints, report)
     warn_if_step_scales_differ(store, trial_id, report.validations,
                                bool(report.checkpoints_added))
+    if report.idle_gpu_ranks:
+        warn_if_gpu_idle(store, trial_id, report.idle_gpu_ranks)
     return report
 
 
@@ -133,32 +153,39 @@ def known_files(s: Session, trial_ids: Collection[int]) -> dict[int, Known]:
     for trial_id, number, run_dir in s.execute(select(
             Attempt.trial_id, Attempt.number, Attempt.run_dir).where(Attempt.trial_id.in_(ids))):
         attempts[trial_id][number] = Path(run_dir)
-    cursors: dict[int, dict[tuple[int, int], int]] = defaultdict(dict)
-    for trial_id, attempt, rank, offset in s.execute(select(
-            IngestCursor.trial_id, IngestCursor.attempt, IngestCursor.rank,
-            IngestCursor.byte_offset).where(IngestCursor.trial_id.in_(ids),
-                                            IngestCursor.file_kind == METRICS_CURSOR)):
-        cursors[trial_id][(attempt, rank)] = offset
+    cursors: dict[str, dict[int, dict[tuple[int, int], int]]] = {
+        METRICS_CURSOR: defaultdict(dict), SYSTEM_CURSOR: defaultdict(dict)}
+    for trial_id, kind, attempt, rank, offset in s.execute(select(
+            IngestCursor.trial_id, IngestCursor.file_kind, IngestCursor.attempt,
+            IngestCursor.rank, IngestCursor.byte_offset).where(
+            IngestCursor.trial_id.in_(ids),
+            IngestCursor.file_kind.in_((METRICS_CURSOR, SYSTEM_CURSOR)))):
+        cursors[kind][trial_id][(attempt, rank)] = offset
     names: dict[int, set[str]] = defaultdict(set)
     for trial_id, name in s.execute(select(Checkpoint.trial_id, Checkpoint.name).where(
             Checkpoint.trial_id.in_(ids))):
         names[trial_id].add(name)
     return {trial_id: Known(
         run_dir=next(iter(dirs.values())).parent if dirs else None, attempt_dirs=dirs,
-        cursors=cursors[trial_id], checkpoints=frozenset(names[trial_id]))
+        cursors=cursors[METRICS_CURSOR][trial_id], checkpoints=frozenset(names[trial_id]),
+        system_cursors=cursors[SYSTEM_CURSOR][trial_id])
         for trial_id, dirs in attempts.items()}
 
 
 def _metrics_files(attempt_dirs: dict[int, Path]) -> Iterator[MetricsFile]:
+    """Every rank's metrics file and resource samples, attempt by attempt."""
     for number, folder in sorted(attempt_dirs.items()):
-        for rank, path in AttemptDir(folder).ranks_with(RankFile.METRICS):
+        for kind, rank, path in AttemptDir(folder).rank_files(_INGESTED):
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
                 # Append-only files do not vanish; one that did has nothing left to read.
                 log.warning("%s was removed while its attempt's files were listed", path)
                 continue
-            yield MetricsFile(number, rank, path, size)
+            yield MetricsFile(number, rank, path, size, system=kind is RankFile.SYSTEM)
+
+
+_INGESTED = (RankFile.METRICS, RankFile.SYSTEM)
 
 
 # -- metrics -------------------------------------------------------------------------------
@@ -183,10 +210,14 @@ def _ingest_metrics_file(
             rows, problems = _parse_lines(data, file, trial_id, offset)
             if not _commit_batch(store, trial_id, file, offset, offset + len(data), rows):
                 return
-            report.metrics_added += len(rows)
-            report.validations.extend(Mark(row["attempt"], row["time"], row["step"])
-                                      for row in rows if row["rank"] == 0
-                                      and row["kind"] == MetricKind.VALIDATION)
+            if file.system:
+                report.system_added += len(rows)
+                report.idle_gpu_ranks.update(ranks_last_seen_idle(rows))
+            else:
+                report.metrics_added += len(rows)
+                report.validations.extend(Mark(row["attempt"], row["time"], row["step"])
+                                          for row in rows if row["rank"] == 0
+                                          and row["kind"] == MetricKind.VALIDATION)
             report.lines_skipped += len(problems)
             warned = _warn_skipped(trial_id, file, problems, warned)
             offset += len(data)
@@ -230,12 +261,16 @@ def _metric_row(line: bytes, file: MetricsFile, trial_id: int) -> MetricRow | No
     Raises:
         metrics_lines.BadLine: the line is not a report in the documented format.
     """
-    report = metrics_lines.parse(line, file.rank)
+    kinds = metrics_lines.SYSTEM_KINDS if file.system else metrics_lines.REPORTED_KINDS
+    report = metrics_lines.parse(line, file.rank, kinds)
     if report is None:
         return None
-    return MetricRow(trial_id=trial_id, attempt=file.attempt, rank=report.rank,
-                     kind=report.kind, step=report.step, time=report.time,
-                     values=report.metrics)
+    row = MetricRow(trial_id=trial_id, attempt=file.attempt, rank=report.rank,
+                    kind=report.kind, step=report.step, time=report.time,
+                    values=report.metrics)
+    if file.system:
+        row["source"] = MetricSource.SHIM
+    return row
 
 
 def _commit_batch(
@@ -248,12 +283,12 @@ def _commit_batch(
     ingestion of the same trial got there first.
     """
     key = (IngestCursor.trial_id == trial_id, IngestCursor.attempt == file.attempt,
-           IngestCursor.rank == file.rank, IngestCursor.file_kind == METRICS_CURSOR)
+           IngestCursor.rank == file.rank, IngestCursor.file_kind == file.cursor)
     with store.session_scope() as s:
         if start == 0:
             s.execute(insert_if_absent(s, IngestCursor, dict(
                 trial_id=trial_id, attempt=file.attempt, rank=file.rank,
-                file_kind=METRICS_CURSOR, byte_offset=0, updated_at=now())))
+                file_kind=file.cursor, byte_offset=0, updated_at=now())))
         cursor = s.scalars(select(IngestCursor).where(*key).with_for_update()).one()
         if cursor.byte_offset != start:
             log.info("trial %d: %s was ingested elsewhere meanwhile (cursor at %d, not %d)",

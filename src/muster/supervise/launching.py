@@ -50,9 +50,10 @@ from muster.supervise.scans import DataScans, ScanFailed
 from muster.supervise.searching import trial_seed
 from muster.supervise.warm_start import Source, copy_source, source_of
 from muster.supervise.workdir import prepare_workdir
+from muster.system_metrics import DEFAULT_INTERVAL_S
 
 __all__ = ["AttemptPlan", "GpuPlan", "Launching", "Prelaunch", "Recorded", "latest_checkpoint",
-           "replica_specs"]
+           "replica_specs", "resumed_from"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ class AttemptPlan:
     # Its experiment's warm start, copied into its run directory at the launch
     # (`warm_start.copy_source`), while it has no checkpoint of its own.
     source: Source | None = None
+    # How often each replica's shim samples its resources (the `system/` series).
+    system_metrics_interval: float = DEFAULT_INTERVAL_S
 
 
 def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
@@ -150,6 +153,8 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             memory_limit=config.resources.memory_limit, log_limit=plan.log_limit,
             path=plan.environment.path if plan.environment is not None else None,
             account=plan.account, distributed=distributed,
+            gpus=tuple(plan.gpus.get(rank, ())) if plan.gpus is not None else None,
+            system_metrics_interval=plan.system_metrics_interval,
         ))
     return specs
 
@@ -176,6 +181,13 @@ def latest_checkpoint(run_dir: RunDir, home: Home) -> Path | None:
     """The checkpoint a new attempt resumes from (`MUSTER_LATEST_CHECKPOINT`): the latest
     intact one in the run directory or fetched back from storage (`checkpoint_storage.resume`)."""
     return resume_point(run_dir.checkpoints, cache_dir(home, run_dir.path.name))
+
+
+def resumed_from(latest: Path | None) -> str | None:
+    """What `Attempt.resumed_from` records of the checkpoint an attempt resumes from: its
+    name, which is its `checkpoints.name` whether it is in the run directory or was fetched
+    back into the cache."""
+    return latest.name if latest is not None else None
 
 
 @dataclass
@@ -209,7 +221,8 @@ class Launching:
             secrets=job_secrets.resolve(config, self.ctx.home, trial.experiment.uuid),
             environment=self.ctx.envs.for_trial(config, trial.experiment.environment_key,
                                                 run_dir.env, account),
-            account=account, log_limit=config.resources.log_limit_bytes(self.ctx.log_limit))
+            account=account, log_limit=config.resources.log_limit_bytes(self.ctx.log_limit),
+            system_metrics_interval=self.ctx.system_metrics_interval)
 
     def specs(self, plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
         return replica_specs(plan, ranks)
@@ -395,6 +408,7 @@ class Launching:
         plan = self.plan(s, trial, len(trial.attempts) + 1, port)  # (raises before writing)
         trial.queue_reason = None  # it waits no more
         attempt = self.new_attempt(s, trial, port=port)
+        attempt.resumed_from = resumed_from(plan.latest_checkpoint)
         world_size = len(attempt.replicas)
         transition(s, trial, TrialState.STARTING, reason=EventReason.LAUNCHING,
                    actor=ACTOR, message=f"starting attempt {attempt.number}"

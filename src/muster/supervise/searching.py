@@ -11,6 +11,10 @@ is topped up, one of `max_trials: 1` too (it has no trial until its draw); an ex
 has no trial and cannot draw one (a single experiment that lost its trial) says so with a
 `search stopped` event, which ends it ERROR: none waits for ever in silence.
 
+A search draws no trial while its owner has as many trials QUEUED as a quota of theirs
+allows (`max_queued_trials`, `muster.schedule.quotas`): it draws again once some have
+started or ended. The count and the draw share a transaction and the lock a create takes.
+
 A search whose first `max(3, max_concurrent_trials)` trials all ended FAILED with
 PERMANENT_ERROR, none succeeding, draws no more (a `search stopped` event with their common
 message; the experiment then ends ERROR once its trials have ended): the same mistake would
@@ -30,15 +34,17 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
 from muster.config import ExperimentConfig
+from muster.config.quotas import QuotasConfig
 from muster.config.schema import SearcherConfig
 from muster.config.space import Scalar
+from muster.schedule.quota_book import lock_and_refuse_queued, read_book
 from muster.search.history import PastTrial
 from muster.search.history import trial_seed as seed_for
 from muster.states import (
@@ -89,6 +95,7 @@ def trial_seed(experiment: Experiment, config: ExperimentConfig, number: int) ->
 class Searching:
     store: Store
     isolation: Isolation
+    quotas: QuotasConfig = field(default_factory=QuotasConfig)  # the cluster config's
 
     def top_up(self) -> None:
         """Draw the next trials of every active search that has room for them."""
@@ -122,7 +129,8 @@ class Searching:
                 unfinished = sum(t.state.is_unfinished() for t in trials)
                 if (len(trials) >= experiment.max_trials
                         or unfinished >= config.searcher.max_concurrent_trials
-                        or _gave_up(s, experiment, trials, config)):
+                        or _gave_up(s, experiment, trials, config)
+                        or self._queue_full(s, experiment.owner_id)):
                     return
                 number = len(trials)
                 searcher = _searcher(experiment, config)
@@ -139,6 +147,12 @@ class Searching:
                              actor=ACTOR, experiment_id=experiment_id, trial_id=trial.id,
                              message=f"trial {number + 1} of {experiment.max_trials} drawn by "
                                      f"{config.searcher.name}: {_shown(params)}")
+
+    def _queue_full(self, s: Session, owner_id: int | None) -> bool:
+        """Whether one more QUEUED trial of the owner's would pass a `max_queued_trials` of
+        theirs (checked under the lock a create takes, until this transaction ends)."""
+        return owner_id is not None and lock_and_refuse_queued(
+            s, read_book(s, self.quotas), owner_id, 1) is not None
 
     def judge(self, trial_id: int) -> bool:
         """Show the pruner the trial's new validation values; mark it for an early stop

@@ -28,6 +28,7 @@ from muster.supervise.launching import (
     latest_checkpoint,
     note_outputs_before,
     prepare_attempt_dir,
+    resumed_from,
 )
 
 __all__ = ["Standby"]
@@ -103,6 +104,7 @@ class Standby:
                 atomic_write_json(attempt_dir.rank(rank).standby_go, go, mode=0o644,
                                   exact_mode=True)
             standby.standby = False
+            standby.resumed_from = resumed_from(latest)
             note_outputs_before(standby)  # as it starts training, not as it began to wait
             standby.trial.queue_reason = None
             transition(s, standby.trial, TrialState.STARTING, reason=EventReason.LAUNCHING,

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from muster.checkpoint_storage.resume import fetch_resume_point
 from muster.config.cluster import DEFAULT_LOG_LIMIT
+from muster.config.quotas import QuotasConfig
 from muster.environments.registry import Environments
 from muster.errors import ConfigError, LaunchError
 from muster.home import Home
@@ -53,6 +54,7 @@ from muster.supervise.placement import Placements
 from muster.supervise.restart_in_place import RestartInPlace
 from muster.supervise.searching import Searching
 from muster.supervise.standby import Standby
+from muster.system_metrics import DEFAULT_INTERVAL_S
 
 __all__ = ["ADMITTED_AT_SUBMISSION", "AdmitNew", "Supervisor"]
 
@@ -86,6 +88,12 @@ class Supervisor:
     # Cluster config `log_limit`: what a replica's log keeps when its experiment does not
     # say (None: no limit).
     log_limit: int | None = DEFAULT_LOG_LIMIT
+    # Cluster config `system_metrics_interval`: how often each replica's resources are
+    # sampled (`muster.launch.resources`).
+    system_metrics_interval: float = DEFAULT_INTERVAL_S
+    # Cluster config `quotas`: what admission and the searcher's draws hold each user to
+    # (with the limits admins set at runtime, read from the store at each pass).
+    quotas: QuotasConfig = field(default_factory=QuotasConfig)
     # The home's environments, where the server's platform made them (None: made here, of
     # `run_as` and `base_environment`); `envs` from then on.
     environments: InitVar[Environments | None] = None
@@ -112,16 +120,17 @@ class Supervisor:
             base_environment=self.base_environment)
         ctx = SupervisorContext(self.store, self.launcher, self.home, self.host,
                                 self.placement, self.envs, self.run_as, self.quarantine_after,
-                                log_limit=self.log_limit)
+                                log_limit=self.log_limit,
+                                system_metrics_interval=self.system_metrics_interval)
         self._placements = Placements(ctx)
         ending = Ending(ctx)
         self._isolation = Isolation(ctx)
-        self._search = Searching(self.store, self._isolation)
+        self._search = Searching(self.store, self._isolation, self.quotas)
         self._launching = Launching(ctx, ending)
         self._standby = Standby(ctx, self._launching)
         restart = RestartInPlace(ctx, self._launching, ending)
         self._following = Following(ctx, self._search, ending, self._standby, restart)
-        self._admission = Admission(ctx, self.start_attempt, self._isolation)
+        self._admission = Admission(ctx, self.start_attempt, self._isolation, self.quotas)
         self._closing = Closing(self.store, self._isolation)
 
     def tick(self) -> None:

@@ -4,7 +4,9 @@
 //   (GET /api/v1/experiments/{id}/curves), the metric against each hyperparameter
 //   (GET /api/v1/experiments/{id}/trials) and the hyperparameters' importance
 //   (GET /api/v1/experiments/{id}/importance), redrawn while the experiment runs;
-// - a trial's page: each metric it reports (GET /api/v1/trials/{id}/series).
+// - a trial's page: each metric it reports (GET /api/v1/trials/{id}/series), and, in a
+//   panel of their own, its replicas' resources (the same answer's `system` series, one
+//   per resource and rank: a chart per resource, a curve per rank, against the clock).
 // uPlot draws the axes, keeps the scales and turns a drag into a zoom on x (a double-click
 // or "Reset zoom" undoes it); the curves and points are drawn by this file in uPlot's draw
 // hook, so that 1,000 trials are two canvas paths rather than 1,000 series, the dimmed
@@ -139,7 +141,7 @@
       height: spec.height,
       legend: {show: false},
       cursor: {drag: {x: true, y: false, setScale: true}, points: {show: false}},
-      scales: {x: {time: false, distr: spec.log ? 3 : 1, log: 10, range: () => spec.xRange},
+      scales: {x: {time: Boolean(spec.time), distr: spec.log ? 3 : 1, log: 10, range: () => spec.xRange},
                y: {range: () => spec.yRange}},
       axes: [Object.assign({}, axis, spec.xAxis), Object.assign({}, axis, {label: spec.yLabel, size: 56})],
       series: [{}, {paths: () => null, points: {show: false}}],
@@ -687,16 +689,18 @@
     }
   }
 
-  // -- a trial's metrics: one small chart per metric and kind --
-  async function trialCharts(box) {
+  // -- a trial's metrics: one small chart per metric and kind; its resources apart --
+  async function trialCharts(box, resources) {
     const trial = Number(box.dataset.trial);
     async function draw() {
       const answer = await getJSON("/api/v1/trials/" + trial + "/series");
+      const reported = answer.series.filter((s) => s.kind !== "system");
+      if (resources) { drawResources(resources, answer.series.filter((s) => s.kind === "system")); }
       box.replaceChildren();
-      if (!answer.series.length) {
+      if (!reported.length) {
         showNote(box, "No metrics reported yet.");
       }
-      answer.series.forEach((s, i) => {
+      reported.forEach((s, i) => {
         const holder = document.createElement("div");
         holder.className = "hp-chart";
         const title = document.createElement("h3");
@@ -713,7 +717,7 @@
           describe: (p) => "step " + p.x + " · " + s.name + " " + number(p.y),
         });
       });
-      box.dataset.curves = String(answer.series.length);
+      box.dataset.curves = String(reported.length);
       box.dataset.drawn = "true";
     }
     const failed = (error) => { box.textContent = "Metrics: " + error.message; };
@@ -724,9 +728,62 @@
     }
   }
 
+  // -- a trial's resources: a chart per resource, a curve per rank, x the clock --
+  // The `system` series are named `<resource>/rank-<r>` (muster.system_metrics); a
+  // sample's step is its time in ms. Memory is drawn in MiB.
+  const RESOURCES = [
+    {name: "system/cpu_percent", title: "CPU (% of one core)", scale: 1},
+    {name: "system/rss_bytes", title: "Memory (RSS, MiB)", scale: 1 / 1048576},
+    {name: "system/gpu_util_percent", title: "GPU utilisation (%)", scale: 1},
+    {name: "system/gpu_memory_bytes", title: "GPU memory (MiB)", scale: 1 / 1048576},
+  ];
+
+  function clock(seconds) { return new Date(seconds * 1000).toLocaleTimeString(); }
+
+  function drawResources(box, series) {
+    box.replaceChildren();
+    let drawn = 0;
+    for (const resource of RESOURCES) {
+      const curves = [];
+      for (const s of series) {
+        const match = /^(.*)\/rank-(\d+)$/.exec(s.name);
+        if (!match || match[1] !== resource.name) { continue; }
+        const rank = Number(match[2]);
+        // A curve's identity (`trial`, which hovering follows) is its rank here.
+        curves.push({trial: rank, rank: rank, xs: s.steps.map((ms) => ms / 1000),
+                     ys: s.values.map((v) => v * resource.scale), dashed: false,
+                     color: PALETTE[rank % PALETTE.length], peak: s.highest});
+      }
+      if (!curves.length) { continue; }
+      curves.sort((a, b) => a.rank - b.rank);
+      drawn += 1;
+      const holder = document.createElement("div");
+      holder.className = "hp-chart";
+      holder.dataset.resource = resource.name;
+      holder.dataset.curves = String(curves.length);
+      const top = curves.reduce((a, b) => (b.peak > a.peak ? b : a));
+      const title = document.createElement("h3");
+      title.textContent = resource.title + " · " + curves.length + (curves.length === 1 ? " rank" : " ranks") +
+        "; peak " + number(top.peak * resource.scale) + " (rank " + top.rank + ")";
+      holder.appendChild(title);
+      box.appendChild(holder);
+      holder.musterPlotted = curves.flatMap((c) => c.xs.map((x, k) => ({trial: c.rank, rank: c.rank, x: x, y: c.ys[k], at: x})));
+      plot(holder, {
+        key: resource.name, width: 360, height: 200, shared: false, link: false, curves: curves,
+        dots: curves.every((c) => c.xs.length < 50), time: true,
+        xRange: bounds(curves.map((c) => c.xs)), yRange: [0, bounds(curves.map((c) => c.ys))[1] || 1],
+        xAxis: {label: "time"}, yLabel: resource.title,
+        describe: (p) => "rank " + p.rank + " · " + clock(p.x) + " · " + number(p.y),
+      });
+    }
+    if (!drawn) { showNote(box, "No resource samples yet: each replica's are taken while it runs."); }
+    box.dataset.resources = String(drawn);
+    box.dataset.drawn = "true";
+  }
+
   loadState();
   const section = document.getElementById("charts");
   if (section && section.dataset.experiment) { experimentCharts(section); }
   const metrics = document.getElementById("metric-charts");
-  if (metrics && metrics.dataset.trial) { trialCharts(metrics); }
+  if (metrics && metrics.dataset.trial) { trialCharts(metrics, document.getElementById("resource-charts")); }
 })();
