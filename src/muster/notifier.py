@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from muster import webhooks
 from muster.config.cluster import NotificationConfig
+from muster.errors import MusterError
 from muster.notifications import (
     TargetError,
     check_host,
@@ -59,9 +60,18 @@ log = logging.getLogger(__name__)
 MAX_TRIES = 12  # about 2.3 hours of backoff (2 s, 4 s, ... capped at an hour)
 SEND_TIMEOUT = 10.0  # seconds a receiver has to answer
 POLL_S = 2.0  # how often due retries are looked for when nothing wakes the notifier
+MAX_BACKOFF_S = 60.0  # between looks while each fails (the database is away)
 BATCH = 20  # rows read per look
 MAX_ERROR = 1000  # characters of an error kept in the log
 MAX_TEXT = 4000  # characters of a notification's text
+
+
+def _log_sparingly(failures: int, message: str, *, with_traceback: bool) -> None:
+    """A failed look at the outbox, logged the 1st, 2nd and 5th time in a row, then every
+    60th (as the storage worker does): not a line every `POLL_S` while the database is away."""
+    if failures in (1, 2, 5) or failures % 60 == 0:
+        log.error("notifications: delivering failed: %s (%d in a row); tried again later",
+                  message, failures, exc_info=with_traceback)
 
 
 def key_of(row: NotificationOutbox) -> str:
@@ -112,15 +122,21 @@ class Notifier:
             self._thread.join(wait)
 
     def _run(self) -> None:
+        failures = 0
         while not self._stop.is_set():
-            self._wake.wait(self.poll_s)
+            self._wake.wait(min(MAX_BACKOFF_S, self.poll_s * 2 ** min(failures, 6)))
             self._wake.clear()
             try:
                 while not self._stop.is_set() and self.deliver_due() == BATCH:
                     pass
-            except Exception:  # the thread must outlive a bad row or a database blip
-                log.exception("the notifier's pass failed; it tries again in %.0f s",
-                              self.poll_s)
+            except MusterError as exc:  # the database is away (StoreError): said, retried
+                failures += 1
+                _log_sparingly(failures, f"{exc}", with_traceback=False)
+            except Exception as exc:  # noqa: BLE001 - logged with its traceback; retried
+                failures += 1
+                _log_sparingly(failures, f"{type(exc).__name__}: {exc}", with_traceback=True)
+            else:
+                failures = 0
 
     def _requeue_interrupted(self) -> None:
         """Rows a previous server was sending when it died: due again now."""
