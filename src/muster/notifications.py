@@ -335,12 +335,19 @@ def check_host(url: str, allowed_hosts: Iterable[str], *, lookup: bool = True) -
 
 
 def _addresses(host: str) -> list[str]:
-    try:
-        return [str(ipaddress.ip_address(host))]
-    except ValueError:
-        pass
+    literal = _ip_literal(host)
+    if literal is not None:
+        return [literal]
     try:
         found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
         return []
     return sorted({str(info[4][0]).split("%", 1)[0] for info in found})
+
+
+def _ip_literal(host: str) -> str | None:
+    """The address `host` spells, or None for a name (to be looked up)."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None
