@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -44,6 +45,7 @@ from muster.store import (
     NotificationDelivery,
     NotificationOutbox,
     NotificationSubscription,
+    RegisteredModel,
     Replica,
     Store,
     Trial,
@@ -345,9 +347,18 @@ def _trial_stalled(s: Session, event: Event) -> Described:
 
 def _plain(title: str) -> Any:
     def describe(_s: Session, event: Event) -> Described:
-        link = (f"/trials/{event.trial_id}" if event.trial_id is not None else
-                f"/models/{event.entity_id}" if event.entity == "model" else None)
+        link = f"/trials/{event.trial_id}" if event.trial_id is not None else None
         return f"muster: {title}", event.message or title, link, {}
+    return describe
+
+
+def _model(title: str) -> Any:
+    """A model's event: linked to its page, which is named by the model's name."""
+    def describe(s: Session, event: Event) -> Described:
+        model = s.get(RegisteredModel, event.entity_id)
+        name = model.name if model is not None else None
+        link = f"/models/{quote(name, safe='')}" if name is not None else None
+        return (f"muster: {title}", event.message or title, link, {"model": name})
     return describe
 
 
@@ -358,6 +369,6 @@ _DESCRIBERS = {
     NotificationKind.TRIAL_STALLED: _trial_stalled,
     NotificationKind.DISK_GUARD: _plain("the disk guard engaged"),
     NotificationKind.NODE_QUARANTINED: _plain("a node was quarantined"),
-    NotificationKind.MODEL_REGISTERED: _plain("a model version was registered"),
-    NotificationKind.MODEL_STAGED: _plain("a model version's stage changed"),
+    NotificationKind.MODEL_REGISTERED: _model("a model version was registered"),
+    NotificationKind.MODEL_STAGED: _model("a model version's stage changed"),
 }

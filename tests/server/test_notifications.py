@@ -198,6 +198,8 @@ def test_registration_is_retried_after_500s_under_one_key(
     assert len({r.body for r in tries}) == 1  # rendered once: every try sends the same body
     staged = _signed(_told(receiver, "/hook", "model-staged"), HOOK_KEY)
     assert staged["event"]["entity"] == "model" and "staging" in staged["text"]
+    assert staged["link"] == "https://muster.test/models/notified"
+    assert staged["details"] == {"model": "notified"}
 
     log = client.notification_log(limit=100)
     [row] = [n for n in log if n["kind"] == "model-registered"
