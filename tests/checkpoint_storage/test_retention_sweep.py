@@ -34,20 +34,8 @@ from tests.supervise.conftest import Rig
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(180)]
 
-SCRIPT = """\
-import os
-from pathlib import Path
-
-import muster.harness as mh
-
-with mh.init() as ctx:
-    for step in (1, 2):
-        print(f"training step {step}", flush=True)
-        ctx.report_validation(step, {"val_loss": 1.0 / step})
-        with ctx.checkpoint.save(step) as path:
-            (path / "weights.bin").write_bytes(os.urandom(30_000))
-    Path("model.pt").write_bytes(os.urandom(10_000))
-"""
+# Two checkpoints and an artifact: every kind of file retention removes.
+SCRIPT = (Path(__file__).resolve().parents[1] / "fixtures" / "checkpointed_run.py").read_text()
 SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
 
 

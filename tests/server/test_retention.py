@@ -31,20 +31,8 @@ from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(300)]
 
-SCRIPT = """\
-import os
-from pathlib import Path
-
-import muster.harness as mh
-
-with mh.init() as ctx:
-    for step in (1, 2):
-        print(f"training step {step}", flush=True)
-        ctx.report_validation(step, {"val_loss": 1.0 / step})
-        with ctx.checkpoint.save(step) as path:
-            (path / "weights.bin").write_bytes(os.urandom(40_000))
-    Path("model.pt").write_bytes(os.urandom(10_000))
-"""
+# Two checkpoints and an artifact: every kind of file retention removes.
+SCRIPT = (Path(__file__).resolve().parents[1] / "fixtures" / "checkpointed_run.py").read_text()
 SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
 RETENTION = {"logs_after": "1s", "runs_after": "2s", "keep_labels": ["keep"]}
 
