@@ -32,7 +32,7 @@ def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
         RankFile.SPEC: "rank-2.spec.json", RankFile.LAUNCH: "rank-2.launch.json",
         RankFile.STATUS: "rank-2.shim.json", RankFile.ALIVE: "rank-2.alive",
         RankFile.ACTIVE: "rank-2.active",
-        RankFile.EXIT: "rank-2.exit.json",
+        RankFile.EXIT: "rank-2.exit.json", RankFile.EXIT_RESERVE: "rank-2.exit.reserve",
         RankFile.STOP: "rank-2.stop", RankFile.SHIM_LOG: "rank-2.shim.log",
         RankFile.STALLED: "rank-2.stalled.json", RankFile.STANDBY_GO: "rank-2.standby-go.json",
         RankFile.HEARTBEAT: "rank-2.heartbeat.json", RankFile.METRICS: "rank-2.metrics.jsonl",
@@ -42,6 +42,7 @@ def test_the_layout_as_docs_run_directory_describes_it(tmp_path: Path) -> None:
         RankFile.PLAN: "rank-2.plan.json", RankFile.SAVE_FAILURES: "rank-2.save-failures.json",
         RankFile.DUMP: "rank-2.dump.json", RankFile.STACK_SIGNAL: "rank-2.stack-signal.json",
         RankFile.FAULTHANDLER: "rank-2.faulthandler.txt",
+        RankFile.DRILL_NAN: "rank-2.drill-nan", RankFile.DRILL_NAN_DONE: "rank-2.drill-nan.done",
     }
     assert (files.log, files.exit, files.metrics) == (
         files.path(RankFile.LOG), files.path(RankFile.EXIT), files.path(RankFile.METRICS))

@@ -19,6 +19,8 @@ from muster.states import (
     Basis,
     CheckpointState,
     DiffGroup,
+    DrillRunState,
+    DrillState,
     EnvironmentState,
     ExperimentState,
     GpuState,
@@ -1019,3 +1021,66 @@ class GroupView(TypedDict):
     description: str
     members: list[str]
     created_at: float
+
+
+class DrillCleanRun(TypedDict):
+    """A drill's clean run: how it ended (each fault's run is judged beside it)."""
+
+    state: str | None  # its trial's state; null until it ended
+    verified: bool | None
+    verdict: str | None
+    seconds: float | None  # from RUNNING to its end
+    experiment_id: int | None
+
+
+# One fault of a drill (`muster drill --json`'s `faults[]`): when it was injected, what
+# muster said (the trial's state, the class and message of the end that named it), whether
+# that caught it, how long that took, and what to change when it did not. `caught` is null
+# for a fault that was skipped or not injected (`skipped` or `message` says why).
+DrillFaultReport = TypedDict("DrillFaultReport", {
+    "name": str,
+    "injected_at": float | None,
+    "state": str | None,
+    "class": str | None,
+    "message": str | None,
+    "caught": bool | None,
+    "detect_seconds": float | None,
+    "advice": str | None,
+    "expected": str,  # "named" (muster must name it) or "survive" (end as the clean run did)
+    "run_state": DrillRunState,
+    "experiment_id": int | None,
+    "injection": str | None,  # what was done, as the drill did it
+    "verdict": str | None,
+    "skipped": str | None,  # why this fault was not run here
+})
+
+
+class DrillView(TypedDict):
+    """A drill (`muster drill`, `GET /drills/{id}`): the contract's `experiment_ids`,
+    `clean` and `faults`, and where it stands."""
+
+    id: int
+    name: str
+    owner: str | None
+    state: DrillState
+    created_at: float
+    ended_at: float | None
+    scale: float
+    at: float
+    scaled: list[str]  # what the drill shortened: "--epochs 15 → 2"
+    experiment_ids: list[int]  # the clean run's first, then each fault's run's
+    clean: DrillCleanRun
+    faults: list[DrillFaultReport]
+    summary: str | None  # "8 of 10 faults caught; `corrupt-data` passed unnoticed: …"
+    source_experiment: int | None  # the experiment it was asked for on (the UI's button)
+
+
+class DrillSummary(TypedDict):
+    """One row of `GET /drills`."""
+
+    id: int
+    name: str
+    owner: str | None
+    state: DrillState
+    created_at: float
+    summary: str | None

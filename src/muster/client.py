@@ -313,6 +313,35 @@ class Client:
         return self._call("POST", "/experiments", _As["list[api.ExperimentDetail]"],
                           **form.request(*batch))
 
+    # -- drills ---------------------------------------------------------------------------
+
+    def create_drill(self, config_text: str, context_dir: Path | None, *,
+                     faults: Sequence[str] = (), scale: float = 0.1, data: str | None = None,
+                     at: float = 0.5, context_from: int | None = None) -> api.DrillView:
+        """Drill a config (`muster drill`): its context uploaded as a create's (or
+        `context_from`'s snapshot); the clean run starts now, each fault's after it."""
+        form = _CreateForm.of(context_dir, None, context_from)
+        params = _params(faults=list(faults) or None, scale=scale, data=data, at=at)
+        return self._call("POST", "/drills", _As["api.DrillView"], params=params,
+                          **form.request(config_text))
+
+    def drill_experiment(self, experiment_id: int, *, faults: Sequence[str] = (),
+                         scale: float = 0.1, data: str | None = None, at: float = 0.5
+                         ) -> api.DrillView:
+        """Drill an experiment as it was submitted ("Run a drill")."""
+        body = {"faults": list(faults) or None, "scale": scale, "data": data, "at": at}
+        return self._call("POST", f"/experiments/{experiment_id}/drills",
+                          _As["api.DrillView"], json=body)
+
+    def get_drill(self, drill_id: int) -> api.DrillView:
+        return self._call("GET", f"/drills/{drill_id}", _As["api.DrillView"])
+
+    def list_drills(self) -> list[api.DrillSummary]:
+        return self._call("GET", "/drills", _As["list[api.DrillSummary]"])
+
+    def cancel_drill(self, drill_id: int) -> api.DrillView:
+        return self._call("POST", f"/drills/{drill_id}/cancel", _As["api.DrillView"])
+
     def cluster_status(self) -> api.ClusterStatus:
         return self._call("GET", "/cluster", _As["api.ClusterStatus"])
 
@@ -920,7 +949,7 @@ def _quota_path(subject: str, name: str | None) -> str:
     return "/quotas/default" if subject == "default" else f"/quotas/{subject}s/{name}"
 
 
-def _params(**values: str | int | None) -> dict[str, str | int]:
+def _params(**values: Any) -> dict[str, Any]:
     """A query or a body of the values given, without those left out (None)."""
     return {k: v for k, v in values.items() if v is not None}
 

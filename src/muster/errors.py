@@ -104,6 +104,11 @@ class LaunchError(MusterError):
         self.rank = rank
 
 
+class InjectionError(MusterError):
+    """A drill's fault could not be injected (`muster.drill.inject`); the message says why and
+    what would allow it."""
+
+
 class GpuError(MusterError):
     """A GPU could not be read (NVML failed, a fake GPU's file is bad); the message names it."""
 

@@ -96,6 +96,11 @@ class RankFile(str, Enum):
     DUMP = "dump.json"  # a request for an evidence bundle: {bundle, reason, requested_at} [server]
     STACK_SIGNAL = "stack-signal.json"  # the signal that makes the rank print its stacks [harness]
     FAULTHANDLER = "faulthandler.txt"  # what it printed on that signal (faulthandler) [harness]
+    # Room the shim keeps for its exit record: on a full disk it is removed, and the
+    # record written in its place [shim]
+    EXIT_RESERVE = "exit.reserve"
+    DRILL_NAN = "drill-nan"  # a drill's request: make the next reported loss NaN [server]
+    DRILL_NAN_DONE = "drill-nan.done"  # the request, once applied: {step, metric, kind} [harness]
 
 
 # An ended incarnation's control files, moved aside before a restart in place; its log and
@@ -273,6 +278,10 @@ class RankFiles:
         return self.path(RankFile.EXIT)
 
     @property
+    def exit_reserve(self) -> Path:
+        return self.path(RankFile.EXIT_RESERVE)
+
+    @property
     def stop(self) -> Path:
         return self.path(RankFile.STOP)
 
@@ -341,6 +350,14 @@ class RankFiles:
     @property
     def faulthandler(self) -> Path:
         return self.path(RankFile.FAULTHANDLER)
+
+    @property
+    def drill_nan(self) -> Path:
+        return self.path(RankFile.DRILL_NAN)
+
+    @property
+    def drill_nan_done(self) -> Path:
+        return self.path(RankFile.DRILL_NAN_DONE)
 
 
 def every_rank_file(runs_dir: Path, kind: RankFile) -> Iterator[Path]:

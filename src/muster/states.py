@@ -599,3 +599,50 @@ class RetentionItem(StrEnum):
     RUN = "run"  # its run directory (logs included), less the lines below, past runs_after
     CHECKPOINT = "checkpoint"  # one checkpoint not registered: storage, run directory, cache
     ARTIFACTS = "artifacts"  # its artifact set: the run directory's copy and storage's
+
+
+class DrillFault(StrEnum):
+    """A fault a drill injects into a run of the user's own script, from outside it
+    (`muster drill --faults`, `muster.drill.faults`); the order is a drill's order."""
+
+    CORRUPT_DATA = "corrupt-data"  # 10% of the data copy's files truncated or garbled
+    DROP_DATA = "drop-data"  # 10% of the files hidden mid-run
+    KILL_RANK = "kill-rank"  # SIGKILL to one rank's training process
+    HANG = "hang"  # SIGSTOP to one rank's process group
+    STRAGGLER = "straggler"  # one rank SIGSTOPped and continued at a 50% duty cycle
+    DISK_FULL = "disk-full"  # the run on a small file system of its own, filled mid-run
+    OOM = "oom"  # the rank's memory cgroup squeezed below its use
+    NAN = "nan"  # the next loss the harness reports made NaN
+    SERVER_RESTART = "server-restart"  # muster's server SIGKILLed and started again
+    NETWORK = "network"  # one Ray node's link cut for 60 s
+
+    @property
+    def must_survive(self) -> bool:
+        """The run should end as the clean run did (a slow rank, a server restart): muster
+        is right when its verdict is the clean run's; every other fault must be named
+        (the run not verified, or an attempt's end blamed on it)."""
+        return self in (DrillFault.STRAGGLER, DrillFault.SERVER_RESTART)
+
+
+class DrillState(StrEnum):
+    """Where a drill is (`drills.state`)."""
+
+    RUNNING = "RUNNING"  # its runs go one after another
+    DONE = "DONE"  # every run ended or was skipped: the report is whole
+    CANCELED = "CANCELED"  # stopped by a person; the runs that ended are reported
+
+    def is_terminal(self) -> bool:
+        return self is not DrillState.RUNNING
+
+
+class DrillRunState(StrEnum):
+    """Where one run of a drill is (`drill_runs.state`): the clean run, or one fault's."""
+
+    PENDING = "PENDING"  # its experiment not created yet
+    RUNNING = "RUNNING"  # its experiment created; the fault not injected yet
+    INJECTED = "INJECTED"  # the fault injected (recorded before it was): waiting for the end
+    ENDED = "ENDED"  # its experiment ended and was judged
+    SKIPPED = "SKIPPED"  # not run here: the reason says why (not root, no Ray, no harness…)
+
+    def is_terminal(self) -> bool:
+        return self in (DrillRunState.ENDED, DrillRunState.SKIPPED)

@@ -412,3 +412,24 @@ def test_an_append_only_log_is_copied_through_the_buffer(tmp_path: Path) -> None
     assert _sha256(files.log.read_bytes()) == _sha256(earlier + payload)
     assert int(files.index.read_text().split(" ", 1)[0]) == len(earlier)
     assert "the log is copied through a buffer, not spliced" in diagnostics
+
+
+def test_a_run_that_fills_its_disk_still_ends_with_its_exit_record(tmp_path: Path) -> None:
+    """The child fills the attempt's file system (a 2 MiB tmpfs): its output is cut, but the
+    shim still writes the exit record, into the room it kept from its start, and leaves none
+    of that room behind."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting the small file system needs root")
+    from muster.launch.small_fs import mount_small_fs, release_small_fs
+
+    attempt_dir = tmp_path / "attempt-1"
+    mount_small_fs(attempt_dir, 2 << 20)
+    try:
+        files = RankFiles(attempt_dir, 0)
+        record, diagnostics = _run_shim(tmp_path, files, _odd_bytes(4 << 20))
+        assert record.returncode == 0, diagnostics
+        assert 0 < record.log_bytes < 4 << 20  # the disk took what it could
+        assert "the exit record goes where room was kept for it" in diagnostics
+        assert not files.exit_reserve.exists()
+    finally:
+        release_small_fs(attempt_dir)

@@ -77,7 +77,8 @@ def test_a_light_system_stays_light_until_dark_is_chosen(browser: WatchedBrowser
 
 
 @pytest.mark.parametrize("path", ["/", "/experiments/{experiment}", "/trials/{trial}",
-                                  "/cluster", "/account", "/new", "/users", "/models"])
+                                  "/cluster", "/account", "/new", "/users", "/models",
+                                  "/drills"])
 def test_no_page_scrolls_sideways_at_400_px(browser: WatchedBrowser, team: Team,
                                             ended: dict[str, Any], path: str) -> None:
     page = _logged_in(browser, team, "admin", viewport={"width": 400, "height": 800})

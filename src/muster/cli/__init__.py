@@ -74,6 +74,8 @@ COMMANDS: dict[str, Entry] = {
     "session": Entry("sessions", "app", "Your web sessions (the web UI's logins)."),
     "notify": Entry("notify", "app",
                     "Be told when your experiments end, fail, stall or await review."),
+    "drill": Entry("drill", "drill", "Drill your training script: run it clean and under "
+                   "each fault, and report what muster caught."),
 }
 
 

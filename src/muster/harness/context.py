@@ -16,6 +16,7 @@ from muster.harness.arguments import check_count
 from muster.harness.background import BackgroundThread, Task, run_warning_on_oserror
 from muster.harness.checkpoints import Checkpoints, SaveFailures, Saver
 from muster.harness.diagnostics import DiagnosticsLog
+from muster.harness.drill_nan import CHECK_INTERVAL_S, NanRequest
 from muster.harness.heartbeat import Heartbeat
 from muster.harness.metrics import MetricsWriter
 from muster.harness.run import Run, read_run
@@ -51,7 +52,9 @@ class Context:
         run_dir = RunDir(env.run_dir)
         files = run_dir.attempt(env.attempt).rank(env.rank)
         files.attempt_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = MetricsWriter(files.metrics, env.rank)
+        # A drill's request for a NaN loss (muster.harness.drill_nan): on the platform only.
+        self._nan = NanRequest(files if env.trial_id is not None else None)
+        self._metrics = MetricsWriter(files.metrics, env.rank, self._nan)
         self.samples = Samples(files.samples, env.rank)
         self._heartbeat = Heartbeat(files.heartbeat, heartbeat_interval,
                                     sources=[self._metrics, self.samples],
@@ -73,6 +76,7 @@ class Context:
             Task(f"writing {files.samples}", FLUSH_INTERVAL_S, self.samples.flush),
             Task(f"writing {files.heartbeat}", heartbeat_interval, self._heartbeat.write),
             Task(f"writing {files.diagnostics}", FLUSH_INTERVAL_S, self._diagnostics.flush),
+            Task(f"reading {files.drill_nan}", CHECK_INTERVAL_S, self._nan.check),
         ])
 
     def _flush_accounting(self) -> None:
@@ -189,6 +193,7 @@ class Context:
             self.checkpoint.close(PENDING_SAVES_TIMEOUT_S)
             self._background.stop(THREAD_STOP_TIMEOUT_S)
             run_warning_on_oserror(f"writing {self._metrics.path}", self._metrics.close)
+            run_warning_on_oserror("recording the drill's NaN loss", self._nan.check)
             run_warning_on_oserror(f"writing {self.samples.path}", self.samples.flush)
             run_warning_on_oserror(f"writing {self._heartbeat.path}", self._heartbeat.write)
             run_warning_on_oserror(f"writing {self._diagnostics.path}", self._diagnostics.flush)

@@ -18,6 +18,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from muster.harness.arguments import check_count
+from muster.harness.drill_nan import NanRequest
 from muster.harness.heartbeat import Progress
 from muster.metrics_lines import exact_template, json_number
 from muster.metrics_lines import template as line_template
@@ -45,9 +46,11 @@ class MetricsWriter:
     readers skip; a failed write is cut back off the file and retried on the next flush.
     """
 
-    def __init__(self, path: Path, rank: int) -> None:
+    def __init__(self, path: Path, rank: int, nan: NanRequest | None = None) -> None:
         self.path = path
         self._rank = rank
+        # A drill's "nan" fault: armed by the background thread, applied by `report`.
+        self._nan = nan or NanRequest(None)
         # deque.append and popleft are atomic: the training loop never waits on a lock.
         self._queue: deque[_Report] = deque()
         self._templates: dict[str, dict[tuple[str, ...], str]] = {kind: {} for kind in MetricKind}
@@ -72,6 +75,8 @@ class MetricsWriter:
             step = check_count(step, f"report_{kind}: step")
         if type(metrics) is not dict:
             metrics = _checked_mapping(metrics)
+        if self._nan.armed:
+            metrics = self._nan.apply(kind, step, metrics)
         names = tuple(metrics)
         template = self._templates[kind].get(names) or self._template(kind, names)
         for value in metrics.values():

@@ -13,6 +13,7 @@ touches the store. The supervisor owns every state change.
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,8 @@ from muster.launch.logs import ReplicaLog, log_size, read_range
 from muster.rundir import RankFiles
 from muster.states import OomSource, ReplicaPhase
 from muster.system_metrics import DEFAULT_INTERVAL_S
+
+log = logging.getLogger(__name__)
 
 # How the shim holds a replica to `ReplicaSpec.memory_limit` (see `muster.launch.memory`):
 # "auto" takes a writable cgroup memory controller where there is one, else the watchdog.
@@ -242,7 +245,11 @@ class Launcher(abc.ABC):
         if not attempt_dir.is_dir():
             return  # nothing was ever launched there
         if not self._stop_recorded(attempt_dir, rank):
-            self._record_stop(attempt_dir, rank, grace)
+            try:
+                self._record_stop(attempt_dir, rank, grace)
+            except OSError as exc:  # a full disk: the signal alone stops what runs now
+                log.warning("could not record the stop of rank %d in %s (%s); stopping it "
+                            "by signal alone", rank, attempt_dir, exc)
         self._deliver_stop(attempt_dir, rank)
 
     def _stop_recorded(self, attempt_dir: Path, rank: int) -> bool:

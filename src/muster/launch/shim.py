@@ -611,6 +611,7 @@ class Shim:
     def run(self) -> int:
         """Start, pump, stop on request, reap, record. Returns the shim's own exit status."""
         self._check_marker()
+        _keep_room(self.files.exit_reserve)
         log_fd = _open_log(self.files.log)
         try:
             if self.stop.requested:
@@ -993,7 +994,17 @@ class Shim:
         )
 
     def _write_exit(self, record: ExitRecord) -> None:
-        atomic_write_json(self.files.exit, exit_record_to_json(record))
+        """The exit record, also on a disk the run filled: the room kept for it at the start
+        (`_keep_room`) is given back, and the record written again."""
+        data = exit_record_to_json(record)
+        try:
+            atomic_write_json(self.files.exit, data)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not _give_back(self.files.exit_reserve):
+                raise
+            log.warning("the disk is full: the exit record goes where room was kept for it")
+            atomic_write_json(self.files.exit, data)
+        _give_back(self.files.exit_reserve)
         self._notify()
 
     def _notify(self) -> None:
@@ -1067,6 +1078,33 @@ def load_spec(path: Path) -> ReplicaSpec:
     return spec_from_json(cast(ReplicaSpecJson, data))  # its reader converts each field
 
 
+EXIT_RESERVE_BYTES = 64 << 10  # room for an exit record (its log tail included), and more
+
+
+def _keep_room(path: Path) -> None:
+    """Hold `EXIT_RESERVE_BYTES` of the run's file system for the exit record, written last:
+    a run that fills its disk still ends with its exit status known. Without the room (the
+    disk is full already) the shim runs on; a record that cannot be written is LOST."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, EXIT_RESERVE_BYTES)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.warning("no room kept for the exit record (%s): a full disk may lose it", exc)
+
+
+def _give_back(path: Path) -> bool:
+    """Remove the room kept for the exit record; True when there was some."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: `python -m muster.launch.shim SPEC_JSON_PATH`."""
     stop = StopFlag()
@@ -1085,3 +1123,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -20,7 +20,7 @@ from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 from muster.server.shapes import many as many
 from muster.server.shapes import one_or_many as one_or_many
 from muster.server.shapes import shape
-from muster.states import ModelStage, NotificationKind, QuotaLimit
+from muster.states import DrillFault, ModelStage, NotificationKind, QuotaLimit
 
 # -- responses (`muster.api`) --------------------------------------------------------------
 
@@ -100,6 +100,8 @@ QuotaLimitView = shape(shapes.QuotaLimitView)
 QuotaView = shape(shapes.QuotaView)
 UserQuotas = shape(shapes.UserQuotas)
 GroupView = shape(shapes.GroupView)
+DrillView = shape(shapes.DrillView)
+DrillSummary = shape(shapes.DrillSummary)
 NotificationSubscriptionView = shape(shapes.NotificationSubscriptionView)
 NewNotificationSubscription = shape(shapes.NewNotificationSubscription)
 NotificationView = shape(shapes.NotificationView)
@@ -278,3 +280,18 @@ class LoginRequest(BaseModel):
     name: Annotated[str | None, Field(min_length=1, max_length=32)] = None
     password: Annotated[str | None, Field(min_length=1, max_length=1024)] = None
     token: Annotated[str | None, Field(min_length=1, max_length=200)] = None
+
+
+class DrillRequest(BaseModel):
+    """`POST /experiments/{id}/drills` ("Run a drill" on an experiment's page): the faults
+    (none: every one), the scale of the planned length, the data directory where the
+    config names none, and when a mid-run fault is injected."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    # Each a fault's word: a JSON string is no enum member, which strict mode refuses.
+    faults: Annotated[list[Annotated[DrillFault, Field(strict=False)]] | None,
+                      Field(max_length=len(DrillFault))] = None
+    scale: Annotated[float, Field(gt=0, le=1)] = 0.1
+    data: Annotated[str | None, Field(min_length=1, max_length=1024)] = None
+    at: Annotated[float, Field(gt=0, lt=1)] = 0.5

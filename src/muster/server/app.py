@@ -30,10 +30,11 @@ from muster.errors import ConfigError, MusterError, StorageError, TooManyRequest
 from muster.home import Home
 from muster.launch.identity import own_identity
 from muster.launch.local import LocalLauncher
-from muster.server import account_routes, quota_routes
+from muster.server import account_routes, drill_routes, quota_routes
 from muster.server.account_pages import account_pages
 from muster.server.body_limit import BodyLimit
 from muster.server.compare_pages import compare_pages
+from muster.server.drill_pages import drill_pages
 from muster.server.model_pages import model_pages
 from muster.server.orchestrator import TICK_SECONDS, Orchestrator
 from muster.server.pages import error_page, pages
@@ -70,6 +71,13 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
         await asyncio.to_thread(store.upgrade)
         admin = await asyncio.to_thread(bootstrap, store, home.token_path)
         log.info("the token in %s is %s's (an admin)", home.token_path, admin)
+        if platform.drills is not None:  # its new experiments wake the passes at once
+            loop = asyncio.get_running_loop()
+
+            def wake_passes() -> None:
+                loop.call_soon_threadsafe(state.orchestrator.wake.set)
+
+            platform.drills.wake_passes = wake_passes
         platform.start()
         if isinstance(platform.launcher, LocalLauncher):
             await asyncio.to_thread(platform.launcher.warm_up)
@@ -89,7 +97,8 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
                   docs_url=None, redoc_url=None)  # see the module's docstring
     app.state.muster = state
     cluster = platform.settings
-    app.add_middleware(BodyLimit, exempt=(("POST", f"{PREFIX}/experiments"),))
+    app.add_middleware(BodyLimit, exempt=(("POST", f"{PREFIX}/experiments"),
+                                          ("POST", f"{PREFIX}/drills")))
     if cluster.trusted_proxies:
         # The client's address (login limits) and scheme (Secure cookies) come from
         # X-Forwarded-For and -Proto only when a trusted proxy sends them.
@@ -101,12 +110,14 @@ def create_app(home: Home, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(account_routes.public)
     app.include_router(account_routes.router)
     app.include_router(quota_routes.router)
+    app.include_router(drill_routes.router)
     app.include_router(scrape)
     app.include_router(pages)
     app.include_router(account_pages)
     app.include_router(compare_pages)
     app.include_router(model_pages)
     app.include_router(usage_pages)
+    app.include_router(drill_pages)
     app.mount("/static", Assets(directory=ui.STATIC), name="static")
     _install_error_handlers(app)
     return app

@@ -48,6 +48,7 @@ from muster.services import (
     artifacts,
     audit,
     cluster,
+    drills,
     environments,
     experiments,
     jobs,
@@ -62,7 +63,7 @@ from muster.services import (
 from muster.services.access import Action, Principal, authorize
 from muster.services.views import ExperimentOverview
 from muster.sizes import format_size
-from muster.states import CheckStatus, ExperimentState, Role, TrialState
+from muster.states import CheckStatus, DrillFault, ExperimentState, Role, TrialState
 from muster.store import MAX_INTEGER, Store
 from muster.verdicts import check_status
 from muster.words import count, progress_line
@@ -86,6 +87,11 @@ TemplateContext = dict[str, Any]
 
 def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else NONE
+
+
+def _clock(ts: float | None) -> str:
+    """The time of day, to the second (a drill's faults come seconds apart)."""
+    return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else NONE
 
 
 def _duration(start: float | None, end: float | None) -> str:
@@ -132,9 +138,10 @@ def _check_status(check: Any) -> str:
 
 
 templates.env.globals["asset"] = asset
-templates.env.filters.update(when=_when, duration=_duration, number=_number, flat=_flat,
-                             size=format_size, count=count, verdict_class=_verdict_class,
-                             check_status=_check_status, progress_line=progress_line,
+templates.env.filters.update(when=_when, clock=_clock, duration=_duration, number=_number,
+                             flat=_flat, size=format_size, count=count,
+                             verdict_class=_verdict_class, check_status=_check_status,
+                             progress_line=progress_line,
                              previewable=lambda path: artifacts.preview_kind(path) is not None)
 
 
@@ -501,7 +508,8 @@ def experiment_page(request: Request, who: Visitor, experiment_id: int,
                    config_defaults=yaml.safe_dump(exp["config"], sort_keys=False),
                    **_events_context(store, exp["id"], exp["state"], events),
                    hparam_types=_hparam_types(exp["config"].get("hyperparameters") or {}),
-                   **_trials_context(store, exp, query))
+                   exp_drills=drills.drills_of_experiment(store, who, exp["id"]),
+                   drill_faults=list(DrillFault), **_trials_context(store, exp, query))
 
 
 @pages.get("/ui/experiments/{experiment_id}/live", response_class=HTMLResponse)

@@ -32,6 +32,7 @@ from muster.notifications import (
 from muster.notifier import Notifier
 from muster.schedule.backends import open_placement
 from muster.schedule.placement import Placement
+from muster.server.drill_runner import DrillRunner
 from muster.server.launchers import open_launcher
 from muster.server.settings import ServerSettings
 from muster.services import warm_starts
@@ -69,6 +70,9 @@ class Platform:
     # Delivers the notifications the store's outbox holds (`muster.notifier`); None: a
     # platform made without one (its outbox rows wait for the next server that has one).
     notifier: Notifier | None = None
+    # Runs drills (`muster.drill.runner`), in its own thread; None: a platform made without
+    # one (its drills wait for the next server that has one).
+    drills: DrillRunner | None = None
 
     @property
     def priority_floor(self) -> int:
@@ -124,6 +128,8 @@ class Platform:
             self.mlflow_exports.start()
         if self.notifier is not None:
             self.notifier.start()
+        if self.drills is not None:
+            self.drills.start()
 
     def close(self) -> None:
         """Stop it all; trials run on, for the next server to reattach."""
@@ -132,6 +138,8 @@ class Platform:
             self.mlflow_exports.stop()
         if self.notifier is not None:
             self.notifier.stop()
+        if self.drills is not None:
+            self.drills.stop()
         self.envs.stop_all()  # a build half done is redone by the next server
         self.store.dispose()
         self.placement.close()
@@ -164,7 +172,7 @@ def open_platform(home: Home, settings: ServerSettings) -> Platform:
         quarantine_after=cluster.node_quarantine.failures, log_limit=cluster.log_limit,
         system_metrics_interval=cluster.system_metrics_interval,
         quotas=cluster.quotas, environments=envs)
-    return Platform(
+    platform = Platform(
         home=home, settings=cluster, store=store, launcher=launcher, placement=placement,
         envs=envs, storage=StorageWorker(store, home, cluster.checkpoint_storage,
                                          retention=cluster.retention),
@@ -173,6 +181,8 @@ def open_platform(home: Home, settings: ServerSettings) -> Platform:
         mlflow_exports=(ExportQueue(store, home, cluster.mlflow) if cluster.mlflow is not None
                         and cluster.mlflow.export == "on_register" else None),
         notifier=notifier)
+    platform.drills = DrillRunner(store, home, platform)
+    return platform
 
 
 def _check_notifications(cluster: ClusterConfig) -> None:

@@ -35,6 +35,11 @@ class ServerState:
     def store(self) -> Store:
         return self.platform.store
 
+    def wake_drills(self) -> None:
+        """A drill was made or changed: the drill thread looks now."""
+        if self.platform.drills is not None:
+            self.platform.drills.wake()
+
     @property
     def home(self) -> Home:
         return self.platform.home

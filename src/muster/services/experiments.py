@@ -170,6 +170,20 @@ class NewExperiments:
     context_from: int | None = None
     git: GitState | None = None
     claim: idempotency.Claim | None = None
+    # A drill's run (`muster.drill`): which drill and run the experiments are, set by the
+    # server alone; and what the drill changes in the snapshot before it is recorded (the
+    # corrupt-data fault's damaged copy of the data).
+    drill: DrillMark | None = None
+    alter_context: Callable[[Path], None] | None = None
+
+
+@dataclass(frozen=True)
+class DrillMark:
+    """An experiment that is one run of a drill (`experiments.drill_*`)."""
+
+    drill_id: int
+    run: str  # "clean" or a `DrillFault`
+    fs_bytes: int | None = None  # disk-full: its trials' run directories' file system
 
 
 @dataclass(frozen=True)
@@ -314,6 +328,8 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
                 context.mkdir(parents=True)
             if new.git is not None and made[0].context is context:
                 git_state.save(home, exp_uuid, new.git)
+            if new.alter_context is not None:
+                new.alter_context(context)
             if made[0].context is context and len(configs) > 1:
                 _check_copies(len(configs), context)
             check_submission(config, context, capacity, source)
@@ -321,7 +337,7 @@ def create_experiments(submission: Submission, owner: Principal, new: NewExperim
                                                      account, allowed, runtime)
             if new.secrets:
                 job_secrets.save_submitted(home, exp_uuid, new.secrets)
-        return _insert_experiments(submission, owner, made, new.claim)
+        return _insert_experiments(submission, owner, made, new.claim, new.drill)
     except BaseException:
         for prepared in made:
             shutil.rmtree(prepared.context.parent, ignore_errors=True)
@@ -424,7 +440,8 @@ def _keep_environment(home: Home, config: ExperimentConfig, context: Path, sourc
 
 
 def _insert_experiments(submission: Submission, owner: Principal, made: Sequence[_Prepared],
-                        claim: idempotency.Claim | None) -> list[int]:
+                        claim: idempotency.Claim | None, drill: DrillMark | None = None
+                        ) -> list[int]:
     """The experiments, each with its trial unless a searcher draws its trials (the
     orchestrator does, from its next pass on), in one transaction; the trials that may
     start at once (`admitting`) are admitted in it too, and the `claim`'s key recorded
@@ -435,7 +452,7 @@ def _insert_experiments(submission: Submission, owner: Principal, made: Sequence
     with submission.admitting(best) as admit, submission.store.session_scope() as s:
         key = None if claim is None else idempotency.record(s, claim)
         _check_queued(s, submission.quotas, owner, len(made))
-        inserted = [_insert_experiment(s, owner, prepared, submission.sources)
+        inserted = [_insert_experiment(s, owner, prepared, submission.sources, drill)
                     for prepared in made]
         if admit is not None:  # in the queue's order, as the pass would
             trials = [trial for _, trial in inserted if trial is not None]
@@ -456,7 +473,8 @@ def _check_queued(s: Session, quotas: QuotasConfig, owner: Principal, adding: in
 
 
 def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared,
-                       sources: SourceResolver | None) -> tuple[int, Trial | None]:
+                       sources: SourceResolver | None, drill: DrillMark | None = None
+                       ) -> tuple[int, Trial | None]:
     config = prepared.config
     exp = Experiment(
         uuid=prepared.uuid, name=config.name, description=config.description,
@@ -465,6 +483,9 @@ def _insert_experiment(s: Session, owner: Principal, prepared: _Prepared,
         priority=config.resources.priority, max_trials=config.trial_count(),
         environment_key=prepared.environment, owner_id=owner.user_id,
     )
+    if drill is not None:
+        exp.drill_id, exp.drill_fault, exp.drill_fs_bytes = (drill.drill_id, drill.run,
+                                                            drill.fs_bytes)
     warm_start = _warm_start(s, sources, config, prepared.source)
     if warm_start is not None:  # resolved in this transaction: GC keeps it from its commit
         exp.source_checkpoint_id, exp.source = warm_start.checkpoint_id, dict(warm_start.view)
@@ -564,6 +585,16 @@ def experiment_overview(store: Store, experiment_id: int) -> views.ExperimentOve
         return views.experiment_overview(exp, best_validation(s, succeeded, goals),
                                          _warnings(s, exp.id),
                                          progress.of_running(s, running), trials)
+
+
+def experiment_config_text(store: Store, experiment_id: int) -> str:
+    """The config an experiment was submitted with, verbatim (a drill runs it again).
+
+    Raises:
+        NotFound: no experiment has that id.
+    """
+    with store.session_scope() as s:
+        return experiment_or_404(s, experiment_id).config_yaml
 
 
 def experiment_header(store: Store, experiment_id: int) -> ExperimentHeader:

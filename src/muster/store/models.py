@@ -31,6 +31,8 @@ from muster.states import (
     ArtifactState,
     AttemptState,
     CheckpointState,
+    DrillRunState,
+    DrillState,
     ExperimentState,
     GpuState,
     Integration,
@@ -238,6 +240,13 @@ class Experiment(Base):
     source_checkpoint_id: Mapped[int | None] = mapped_column(Integer, nullable=True,
                                                              index=True)
     source: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # A run of a drill (`muster.drill`, migration 0028): the drill, which run ("clean" or a
+    # `DrillFault`), and for disk-full the size of the file system its trials' run
+    # directories get (mounted before their first launch). Set by the server, never by a
+    # config.
+    drill_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    drill_fault: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    drill_fs_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     trials: Mapped[list[Trial]] = relationship(
         back_populates="experiment", order_by="Trial.id", cascade="all, delete-orphan"
@@ -772,3 +781,54 @@ class Quota(Base):
 
 
 coerce_words_on_set(Base)  # a state set as a word reads back as its member at once
+
+
+class Drill(Base):
+    """A drill (`muster drill`): the user's experiment run once clean and once per fault,
+    each run an experiment of its own (`DrillRun`), with the report of what muster said."""
+
+    __tablename__ = "drills"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))  # the drilled experiment's name
+    owner_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True,
+                                                 index=True)
+    state: Mapped[DrillState] = mapped_column(EnumText(DrillState, 16), index=True)
+    # How the drill was asked for: faults, scale, data path, when to inject, the experiment
+    # it was made from (`muster.drill.plan.DrillOptions`, as JSON).
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    config_yaml: Mapped[str] = mapped_column(Text)  # the drilled config, as submitted
+    # The experiment it was asked for on ("Run a drill"; `--experiment`), none for an upload.
+    source_experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True,
+                                                             index=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    runs: Mapped[list[DrillRun]] = relationship(
+        back_populates="drill", order_by="DrillRun.position", cascade="all, delete-orphan")
+    owner: Mapped[User | None] = relationship()
+
+
+class DrillRun(Base):
+    """One run of a drill: the clean run (`fault` None) or one fault's, in order."""
+
+    __tablename__ = "drill_runs"
+    __table_args__ = (UniqueConstraint("drill_id", "position"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    drill_id: Mapped[int] = mapped_column(ForeignKey("drills.id", ondelete="CASCADE"),
+                                          index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    fault: Mapped[str | None] = mapped_column(String(32), nullable=True)  # a `DrillFault`
+    state: Mapped[DrillRunState] = mapped_column(EnumText(DrillRunState, 16))
+    # Its experiment (no foreign key: the experiment may be deleted, the report stays).
+    experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # trial RUNNING
+    injected_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    injection: Mapped[str | None] = mapped_column(Text, nullable=True)  # what was done
+    # The judged outcome (`muster.drill.judge.Outcome`, as JSON); None until ENDED.
+    outcome: Mapped[dict[str, Any] | None] = mapped_column(NonFiniteJSON, nullable=True)
+    skip_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    drill: Mapped[Drill] = relationship(back_populates="runs")

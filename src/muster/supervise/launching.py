@@ -10,6 +10,7 @@ ends the attempt INTERNAL, so the policy retries it.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -23,11 +24,12 @@ from muster.atomic import atomic_write_json
 from muster.checkpoint_storage.resume import cache_dir, resumable, resume_point
 from muster.config import ExperimentConfig
 from muster.environments.registry import TrialEnvironment
-from muster.errors import ConfigError, GpuError, LaunchError
+from muster.errors import ConfigError, GpuError, InjectionError, LaunchError
 from muster.home import Home
 from muster.jobenv import Distributed, JobEnvironment, build_env
 from muster.launch.accounts import Account, RunAs
 from muster.launch.base import ProcessIdentity, ReplicaSpec, ReplicaStatus
+from muster.launch.small_fs import mount_small_fs
 from muster.launch.torchrun import free_port, wants_distributed_env
 from muster.rundir import AttemptDir, Hparams, RunDir
 from muster.states import AttemptState, EventReason, Reason, ReplicaPhase, TrialState
@@ -305,6 +307,8 @@ class Launching:
         specs, environment = recorded.specs, recorded.environment
         account = specs[0].account
         try:
+            if recorded.run_fs_bytes is not None:
+                _mount_run_fs(AttemptDir(specs[0].attempt_dir).run.path, recorded.run_fs_bytes)
             prepare_workdir(recorded.context.snapshot, specs[0].cwd, recorded.context.data,
                             link_all=account is not None)
             if environment is not None:
@@ -418,7 +422,8 @@ class Launching:
             trial.environment_key = plan.environment.key
             trial.environment_freeze = plan.environment.freeze()
         return Recorded(attempt.id, trial.id, self.specs(plan), dict(trial.hparams),
-                        context_of(trial), plan.environment, plan.source)
+                        context_of(trial), plan.environment, plan.source,
+                        trial.experiment.drill_fs_bytes)
 
     def _fail_before_launch(self, trial_id: int, message: str,
                             reason: Reason = Reason.PERMANENT_ERROR) -> None:
@@ -450,6 +455,23 @@ class Recorded:
     context: Context
     environment: TrialEnvironment | None
     source: Source | None = None  # the warm start to copy in first
+    # A disk-full drill's run: its run directory is a file system of this size of its own,
+    # mounted before the first launch (`muster.drill.inject.mount_small_fs`).
+    run_fs_bytes: int | None = None
+
+
+def _mount_run_fs(run_dir: Path, size: int) -> None:
+    """A disk-full drill's small file system at the run directory, once.
+
+    Raises:
+        LaunchError: it cannot be mounted.
+    """
+    if os.path.ismount(run_dir):
+        return  # an earlier attempt's
+    try:
+        mount_small_fs(run_dir, size)
+    except InjectionError as exc:
+        raise LaunchError(f"the drill's small file system: {exc}") from exc
 
 
 def context_of(trial: Trial) -> Context:
