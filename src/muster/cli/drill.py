@@ -17,6 +17,7 @@ from muster.errors import InvalidRequest, ServerUnavailable
 from muster.states import DrillFault
 
 POLL_S = 2.0
+WIDE = 160  # columns from which the report is a table
 SHORT_S = 10.0  # a clean run shorter than this may end before a mid-run fault lands
 AWAY_S = 180.0  # how long the server may be away (restarting) before the drill gives up
 _FAULTS = ", ".join(f.value for f in DrillFault)
@@ -125,24 +126,39 @@ def _said(row: Any) -> str:
 
 
 def _print_report(view: Any) -> None:
-    table = Table("fault", "injected", "what muster said", "caught?", "detected in",
-                  "what to change", show_lines=True)
-    for row in view["faults"]:
-        when = ("" if row["injected_at"] is None
-                else time.strftime("%H:%M:%S", time.localtime(row["injected_at"])))
-        said = (f"skipped: {row['skipped']}" if row["skipped"] else
-                " ".join(str(x) for x in (row["state"], row["class"], row["message"]) if x))
-        caught = {True: "yes", False: "NO", None: "—"}[row["caught"]]
-        detect = "" if row["detect_seconds"] is None else f"{row['detect_seconds']:.1f} s"
-        table.add_row(row["name"], when, said, caught, detect, row["advice"] or "")
+    """The report: a table where the terminal is wide enough, else a block per fault."""
     clean = view["clean"]
     render.console.print(f"drill {view['id']}: {view['name']} ({view['state']}); clean run: "
                          f"{clean['verdict'] or clean['state']}", markup=False)
     if view["scaled"]:
         render.console.print("scaled: " + "; ".join(view["scaled"]), markup=False)
-    render.console.print(table)
+    cells = [_cells(row) for row in view["faults"]]
+    if render.console.width >= WIDE:
+        table = Table("fault", "injected", "what muster said", "caught?", "detected in",
+                      "what to change", show_lines=True)
+        for row in cells:
+            table.add_row(*row)
+        render.console.print(table)
+    else:
+        for name, when, said, caught, detect, advice in cells:
+            head = f"{name}: {caught}" + (f" in {detect}" if detect else "")
+            render.console.print(head + (f" (injected {when})" if when else ""), markup=False)
+            render.console.print(f"  muster said: {said}", markup=False)
+            if advice:
+                render.console.print(f"  what to change: {advice}", markup=False)
     if view["summary"]:
         render.console.print(view["summary"], markup=False)
+
+
+def _cells(row: Any) -> tuple[str, str, str, str, str, str]:
+    """One fault's row: name, injected, what muster said, caught?, detected in, advice."""
+    when = ("" if row["injected_at"] is None
+            else time.strftime("%H:%M:%S", time.localtime(row["injected_at"])))
+    said = (f"skipped: {row['skipped']}" if row["skipped"] else
+            " ".join(str(x) for x in (row["state"], row["class"], row["message"]) if x))
+    caught = {True: "caught", False: "NOT CAUGHT", None: "—"}[row["caught"]]
+    detect = "" if row["detect_seconds"] is None else f"{row['detect_seconds']:.1f} s"
+    return row["name"], when, said, caught, detect, row["advice"] or ""
 
 
 def _status(view: Any) -> int:
