@@ -129,6 +129,25 @@ def test_the_digits_example_catches_every_fault_this_machine_allows(
     assert status == 0
 
 
+def test_a_two_rank_ddp_run_is_drilled_on_the_rank_that_runs_not_its_warm_standby(
+        server: RunningServer, digits: Path, tmp_path: Path) -> None:
+    """examples/digits/ddp.yaml (2 ranks, a warm standby): the faults land on the running
+    attempt's last rank, and the standby let go at the end names nothing."""
+    context = context_of("digits", digits, tmp_path)
+    config = longer(context / "ddp.yaml", "5", "300")
+    status, report = drill(server, config, context, "--faults", "kill-rank,straggler,oom",
+                           "--scale", "0.1")
+    found = rows(report)
+    assert report["clean"]["verified"] is True, report["clean"]
+    assert found["kill-rank"]["caught"] is True, found["kill-rank"]
+    assert "rank 1" in found["kill-rank"]["injection"]
+    assert found["kill-rank"]["class"] == "INFRA" and "worker-1" in found["kill-rank"]["message"]
+    assert found["straggler"]["caught"] is True and found["straggler"]["state"] == "SUCCEEDED"
+    if os.geteuid() == 0:
+        assert found["oom"]["class"] == "OOM", found["oom"]
+    assert status == 0
+
+
 def test_a_plain_script_s_report_names_what_it_misses_and_the_advice_catches_it(
         server: RunningServer, digits: Path, tmp_path: Path) -> None:
     context = context_of("plain-digits", digits, tmp_path)

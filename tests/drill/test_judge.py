@@ -134,3 +134,11 @@ def test_faults_missed_for_one_reason_share_its_advice_in_the_summary() -> None:
             for n in ("corrupt-data", "drop-data")]
     assert summary(rows, []) == ("0 of 2 faults caught; `corrupt-data` and `drop-data` "
                                  "passed unnoticed: count samples")
+
+
+def test_a_warm_standby_let_go_or_a_requested_stop_does_not_name_a_fault() -> None:
+    standby = {**attempt(2, 1010.0, "standby", "the warm standby was not needed"),
+               "standby": True}
+    ran = trial("SUCCEEDED", True, [attempt(1, 1010.0, "OK"), standby,
+                                    attempt(3, 1020.0, "STOPPED")])
+    assert judge(DrillFault.KILL_RANK, ran, INJECTED, CLEAN)["caught"] is False

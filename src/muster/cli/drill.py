@@ -156,7 +156,9 @@ def _cells(row: Any) -> tuple[str, str, str, str, str, str]:
             else time.strftime("%H:%M:%S", time.localtime(row["injected_at"])))
     said = (f"skipped: {row['skipped']}" if row["skipped"] else
             " ".join(str(x) for x in (row["state"], row["class"], row["message"]) if x))
-    caught = {True: "caught", False: "NOT CAUGHT", None: "—"}[row["caught"]]
+    words = ({True: "survived", False: "NOT SURVIVED"} if row["expected"] == "survive"
+             else {True: "caught", False: "NOT CAUGHT"})
+    caught = words.get(row["caught"], "—")
     detect = "" if row["detect_seconds"] is None else f"{row['detect_seconds']:.1f} s"
     return row["name"], when, said, caught, detect, row["advice"] or ""
 

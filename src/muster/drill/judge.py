@@ -101,6 +101,11 @@ def judge(fault: DrillFault, trial: api.TrialDetail | None, injected_at: float,
             "advice": None if caught else advice(fault, clean.checks, timeout=timeout)}
 
 
+# The ends that name a fault: a failure muster classified. Not OK, not a stop it was asked
+# for (the drill's own kill at its deadline), not a warm standby let go.
+_NAMING = frozenset(str(r) for r in Reason) - {str(Reason.OK), str(Reason.STOPPED)}
+
+
 def _samples_passed(trial: api.TrialDetail) -> bool:
     checks = _checks(trial)
     return CheckStatus.PASSED in (checks.get("samples"), checks.get("samples_from_log"))
@@ -110,7 +115,8 @@ def _named_after(trial: api.TrialDetail, injected_at: float) -> api.AttemptView 
     """The first attempt that ended in a failure after the fault, if any."""
     for attempt in trial["attempts"]:
         ended, reason = attempt["ended_at"], attempt["reason"]
-        if ended is not None and ended >= injected_at and reason not in (None, Reason.OK):
+        if (ended is not None and ended >= injected_at and not attempt["standby"]
+                and reason in _NAMING):
             return attempt
     return None
 

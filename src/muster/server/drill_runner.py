@@ -287,7 +287,7 @@ class DrillRunner:
         self._set(step.run_id, state=DrillRunState.INJECTED, injected_at=at,
                   injection="being injected",
                   outcome={"written_at_injection": self._written(trial),
-                           "attempt_at_injection": trial["attempts"][-1]["number"]})
+                           "attempt_at_injection": _running(trial)["number"]})
         try:
             done = self._act(step, trial)
         except InjectionError as exc:
@@ -300,7 +300,7 @@ class DrillRunner:
     def _act(self, step: Step, trial: api.TrialDetail) -> str:
         fault = step.fault
         attempt = self._attempt_dir(trial)
-        rank = max(0, len(trial["attempts"][-1]["replicas"]) - 1)
+        rank = max(0, len(_running(trial)["replicas"]) - 1)
         if fault is DrillFault.DROP_DATA:
             data = data_path(self._plan(step), step.options)
             run = self.home.run_dir(trial["uuid"])
@@ -382,9 +382,9 @@ class DrillRunner:
 
     def _written(self, trial: api.TrialDetail) -> int:
         """What rank 0 of the latest attempt wrote: its log and its metrics file."""
-        number = trial["attempts"][-1]["number"] if trial["attempts"] else None
-        if number is None:
+        if not trial["attempts"]:
             return 0
+        number = _running(trial)["number"]
         files = self.home.run_dir(trial["uuid"]).attempt(number).rank(0)
         return _log_bytes(trial) + _size(files.metrics)
 
@@ -392,7 +392,7 @@ class DrillRunner:
         """A mid-run fault after which the attempt it hit wrote nothing more: it may have
         come after the work was done (corrupt-data records no log size: never late)."""
         before = outcome.get("written_at_injection")
-        same = outcome.get("attempt_at_injection") == trial["attempts"][-1]["number"]
+        same = outcome.get("attempt_at_injection") == _running(trial)["number"]
         return before is not None and same and self._written(trial) <= before
 
     def _deadline(self, step: Step) -> float:
@@ -424,7 +424,7 @@ class DrillRunner:
         if step.fault is DrillFault.HANG:
             for number in self.home.run_dir(trial["uuid"]).attempt_numbers():
                 attempt = self.home.run_dir(trial["uuid"]).attempt(number).path
-                for rank in range(len(trial["attempts"][-1]["replicas"])):
+                for rank in range(len(_running(trial)["replicas"])):
                     inject.resume_rank(attempt, rank)
         if step.fault is DrillFault.DISK_FULL:
             inject.release_small_fs(self.home.run_dir(trial["uuid"]).path)
@@ -456,7 +456,7 @@ class DrillRunner:
             return exp is None or exp.state.is_terminal()
 
     def _attempt_dir(self, trial: api.TrialDetail) -> Path:
-        number = trial["attempts"][-1]["number"]
+        number = _running(trial)["number"]
         return self.home.run_dir(trial["uuid"]).attempt(number).path
 
     def _kill(self, step: Step) -> None:
@@ -485,8 +485,7 @@ class DrillRunner:
 
 def _log_bytes(trial: api.TrialDetail) -> int:
     """The size of rank 0's log in the trial's latest attempt (0: none yet)."""
-    attempts = trial["attempts"]
-    replicas = attempts[-1]["replicas"] if attempts else []
+    replicas = _running(trial)["replicas"] if trial["attempts"] else []
     for replica in replicas:
         if replica["rank"] == 0:
             try:
@@ -501,3 +500,10 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def _running(trial: api.TrialDetail) -> api.AttemptView:
+    """The trial's latest attempt that is not a warm standby waiting to be promoted: the one
+    that runs (a fault is injected into it, and its output read), or ran last."""
+    attempts = trial["attempts"]
+    return next((a for a in reversed(attempts) if not a["standby"]), attempts[-1])
