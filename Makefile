@@ -14,7 +14,7 @@ BROWSER := $(VENV)/.browser
 MLFLOW_VENV := .venv-mlflow
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit quick docs bench bench-ray bench-harness screenshots clean
+.PHONY: install demo test lint typecheck unit quick docs bench bench-ray bench-harness soak screenshots clean
 
 install: $(STAMP) $(ASSETS) $(BROWSER) $(MLFLOW_STAMP)
 
@@ -95,6 +95,15 @@ bench-harness: install
 	test -x $(BENCH_HARNESS)/bin/python || $(PYTHON) -m venv $(BENCH_HARNESS)
 	$(BENCH_HARNESS)/bin/python -m pip install --quiet -e '.[examples]' 'mlflow-skinny==3.18.0' 'tensorboard==2.21.0' pytest
 	$(BENCH_HARNESS)/bin/python benchmarks/run.py --only harness_overhead
+
+# The chaos soak (benchmarks/soak.py, issue 37): real experiments while a seeded schedule of
+# faults fires, then every invariant checked; exits 1 if one fails. Root: it mounts a tmpfs.
+# `make soak MINUTES=60 STORE=postgres` (the cluster on 127.0.0.1:5432 is restarted).
+MINUTES ?= 5
+STORE ?= sqlite
+SEED ?= 1
+soak: install
+	$(BIN)/python benchmarks/soak.py --minutes $(MINUTES) --seed $(SEED) --store $(STORE)
 
 screenshots: install  # docs/ui/*.png, from a real server running a real search
 	$(BIN)/python scripts/screenshots.py

@@ -220,7 +220,7 @@ class AttemptDir:
         return [(kind, rank, path) for (_, kind), rank, path in sorted(found)]
 
 
-@functools.lru_cache(maxsize=16384)
+@functools.lru_cache(maxsize=4096)  # a pass's live ranks' files, many times over
 def _rank_path(attempt_dir: Path, rank: int, kind: RankFile) -> Path:
     """A rank's file, made once: a pass asks for each live replica's files every time, and
     joining a path costs more than finding it again (pathlib parses every join)."""

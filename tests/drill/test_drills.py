@@ -165,7 +165,7 @@ def test_a_plain_script_s_report_names_what_it_misses_and_the_advice_catches_it(
     assert found["kill-rank"]["caught"] is True
     assert found["nan"]["caught"] is None and found["nan"]["message"].startswith(
         "not injected")
-    assert "`corrupt-data` passed unnoticed" in report["summary"]
+    assert "`corrupt-data` and `drop-data` passed unnoticed" in report["summary"]
     assert status == 1
 
     status, report = drill(server, longer(context / "experiment-counted.yaml", "100", "3000"),

@@ -347,3 +347,31 @@ def test_an_unenforced_limit_is_an_internal_failure() -> None:
         "The replica worker-0 (rank 0) was stopped by muster: its memory limit of 150 MiB "
         "could not be enforced (the RSS watchdog could not sample the process group), and "
         "it must not run without it")
+
+
+def test_the_cgroups_of_killed_shims_are_removed_and_no_other(tmp_path: Path) -> None:
+    """A SIGKILLed shim leaves its replica cgroup behind; the supervisor's sweep removes it
+    (`remove_orphaned_cgroups`), but never the cgroup of a shim that lives, nor one that
+    still holds a process."""
+    from muster.launch.memory import open_cgroup, remove_orphaned_cgroups
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        orphan = open_cgroup(None, f"muster-t-a1-r0-{gone.pid}")
+    except LaunchError as exc:
+        pytest.skip(f"no memory cgroup can be made here: {exc}")
+    living = open_cgroup(None, f"muster-t-a1-r1-{os.getpid()}")
+    busy_gone = subprocess.Popen(["true"])
+    busy_gone.wait()
+    busy = open_cgroup(None, f"muster-t-a1-r2-{busy_gone.pid}")
+    holder = subprocess.Popen(["sleep", "60"], preexec_fn=busy.child_setup())
+    try:
+        removed = remove_orphaned_cgroups()
+        assert orphan.path in removed and not orphan.path.exists()
+        assert living.path.exists() and busy.path.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        for guard in (living, busy):
+            guard.close()

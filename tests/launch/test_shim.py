@@ -415,9 +415,10 @@ def test_an_append_only_log_is_copied_through_the_buffer(tmp_path: Path) -> None
 
 
 def test_a_run_that_fills_its_disk_still_ends_with_its_exit_record(tmp_path: Path) -> None:
-    """The child fills the attempt's file system (a 2 MiB tmpfs): its output is cut, but the
-    shim still writes the exit record, into the room it kept from its start, and leaves none
-    of that room behind."""
+    """The child fills the attempt's file system (a 2 MiB tmpfs) and the disk stays full to
+    its end: its output is cut, but in the room the shim kept from its start the log still
+    ends with the marker line that says what was lost, and the exit record is written and
+    counts it; none of that room is left behind."""
     if os.geteuid() != 0:
         pytest.skip("mounting the small file system needs root")
     from muster.launch.small_fs import mount_small_fs, release_small_fs
@@ -429,7 +430,9 @@ def test_a_run_that_fills_its_disk_still_ends_with_its_exit_record(tmp_path: Pat
         record, diagnostics = _run_shim(tmp_path, files, _odd_bytes(4 << 20))
         assert record.returncode == 0, diagnostics
         assert 0 < record.log_bytes < 4 << 20  # the disk took what it could
-        assert "the exit record goes where room was kept for it" in diagnostics
+        assert record.log_lost_bytes > 0, diagnostics
+        tail = files.log.read_bytes()[-200:]
+        assert b"of output lost here" in tail and tail.endswith(b"\n"), tail
         assert not files.exit_reserve.exists()
     finally:
         release_small_fs(attempt_dir)

@@ -252,6 +252,11 @@ class Launcher(abc.ABC):
                             "by signal alone", rank, attempt_dir, exc)
         self._deliver_stop(attempt_dir, rank)
 
+    def collect_leftovers(self) -> list[str]:
+        """Remove what replicas whose shims were killed left on this machine (their memory
+        cgroups); what was removed. Nothing, for a backend that leaves nothing here."""
+        return []
+
     def _stop_recorded(self, attempt_dir: Path, rank: int) -> bool:
         """Whether a stop was requested for the replica already (its stop marker)."""
         return RankFiles(attempt_dir, rank).stop.exists()

@@ -29,6 +29,7 @@ from muster.launch.base import (
 )
 from muster.launch.forkserver import ForkServerError
 from muster.launch.identity import group_members, is_alive, read_identity, send_signal
+from muster.launch.memory import remove_orphaned_cgroups
 from muster.launch.shim_launcher import (
     ShimFiles,
     ShimLauncher,
@@ -78,6 +79,10 @@ class LocalLauncher(ShimLauncher):
         except OSError as exc:
             raise LaunchError(f"Could not launch {where} in {spec.attempt_dir}: {exc}") from exc
         return self._record_launch(shim, files, where)
+
+    def collect_leftovers(self) -> list[str]:
+        """The memory cgroups of shims that were killed (`remove_orphaned_cgroups`)."""
+        return [f"memory cgroup {path.name}" for path in remove_orphaned_cgroups()]
 
     def warm_up(self) -> None:
         """Start the shim fork server ahead of the first launch (where it is on)."""

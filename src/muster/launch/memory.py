@@ -75,6 +75,7 @@ __all__ = [
     "machine_memory",
     "open_cgroup",
     "open_memory_guard",
+    "remove_orphaned_cgroups",
     "rss_bytes",
     "sample_group",
     "with_child_peak",
@@ -521,6 +522,30 @@ def open_cgroup(limit_bytes: int | None, name: str) -> CgroupMemory:
             problems.append(f"{layout.version} at {parent}: {exc.strerror or exc}")
     reason = "; ".join(problems) or "no cgroup memory controller is mounted"
     raise LaunchError(f"Cannot make a memory cgroup: {reason}.")
+
+
+# A replica's cgroup, as the shim names it: `muster-<trial>-a<attempt>-r<rank>-<shim pid>`.
+_REPLICA_CGROUP = re.compile(r"muster-.+-a[0-9]+-r[0-9]+-([0-9]+)")
+
+
+def remove_orphaned_cgroups() -> list[Path]:
+    """Remove the replica cgroups under this process's own whose shim is gone: a shim
+    SIGKILLed (or killed with its machine's power) leaves its cgroup behind, empty once its
+    group has died. One whose shim's pid lives is left alone (it may be starting), and the
+    kernel refuses to remove one that still holds a process. Returns those removed."""
+    removed = []
+    for _, parent in _own_memory_cgroups():
+        with contextlib.suppress(OSError):
+            for child in parent.iterdir():
+                found = _REPLICA_CGROUP.fullmatch(child.name)
+                if found is None or os.path.exists(f"/proc/{found[1]}"):
+                    continue
+                try:
+                    child.rmdir()
+                except OSError:
+                    continue  # its last processes are still exiting: the next sweep's
+                removed.append(child)
+    return removed
 
 
 def _own_memory_cgroups() -> Iterator[tuple[_CgroupLayout, Path]]:

@@ -265,6 +265,11 @@ class LogPump:
             time.sleep(COALESCE_S)
         return n
 
+    @property
+    def unmarked(self) -> int:
+        """Output lost that no marker line in the log tells of yet (a disk still full)."""
+        return self._unmarked
+
     def finish(self) -> None:
         """At the end, before the exit record: the output the cap held in memory, and the
         marker line for output lost at the end, where they can be written now."""
@@ -792,6 +797,8 @@ class Shim:
         try:
             ended_at = self._pump_until_exit(pid, pump, activity, resources)
             self._end_group(pid, pump)
+            if pump.unmarked:  # a disk still full: the kept room takes the marker line too
+                _give_back(self.files.exit_reserve)
             pump.finish()
             self._pump = pump
         finally:
@@ -995,7 +1002,8 @@ class Shim:
 
     def _write_exit(self, record: ExitRecord) -> None:
         """The exit record, also on a disk the run filled: the room kept for it at the start
-        (`_keep_room`) is given back, and the record written again."""
+        (`_keep_room`) is given back, and the record written again (or was given back for
+        the log's marker line just before, and has room for both)."""
         data = exit_record_to_json(record)
         try:
             atomic_write_json(self.files.exit, data)
@@ -1082,8 +1090,9 @@ EXIT_RESERVE_BYTES = 64 << 10  # room for an exit record (its log tail included)
 
 
 def _keep_room(path: Path) -> None:
-    """Hold `EXIT_RESERVE_BYTES` of the run's file system for the exit record, written last:
-    a run that fills its disk still ends with its exit status known. Without the room (the
+    """Hold `EXIT_RESERVE_BYTES` of the run's file system for the log's last marker line and
+    the exit record, written last: a run that fills its disk still ends with its exit status
+    known, and its log says what it lost. Without the room (the
     disk is full already) the shim runs on; a record that cannot be written is LOST."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -113,15 +113,19 @@ class Placements:
                                f"{failures} waits of {timeout:g} s: {reason}")
 
     def sweep(self, force: bool = False) -> None:
-        """Every SWEEP_EVERY_S (and at start): remove the reservations and replica owners
-        of attempts that are not live and not about to start; apply the quarantine. With
-        nothing reserved and no node to keep out (one machine): no query on the pass."""
+        """Every SWEEP_EVERY_S (and at start): remove what killed shims left on this machine
+        (`Launcher.collect_leftovers`), and the reservations and replica owners of attempts
+        that are not live and not about to start; apply the quarantine. With nothing
+        reserved and no node to keep out (one machine): no query on the pass."""
         self._exclude_quarantined()
-        if not self.ctx.placement.reserves:
-            return
         if not force and time.monotonic() - self._swept_at < SWEEP_EVERY_S:
             return
         self._swept_at = time.monotonic()
+        left = self.ctx.launcher.collect_leftovers()
+        if left:
+            log.info("removed what killed shims left: %s", ", ".join(left))
+        if not self.ctx.placement.reserves:
+            return
         with self.ctx.store.session_scope() as s:
             keep = {(uuid, number) for uuid, number in s.execute(
                 select(Trial.uuid, Attempt.number).join(Attempt.trial)
