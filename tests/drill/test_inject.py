@@ -435,3 +435,23 @@ def test_the_small_fs_needs_an_empty_directory_and_fill_a_tmpfs(small_fs: Path) 
         fill(small_fs)
     release_small_fs(small_fs)  # nothing mounted: nothing to do
     assert (small_fs / "already.txt").read_text() == "here"
+
+
+def test_a_data_directory_that_links_out_of_the_context_is_never_damaged(
+        tmp_path: Path) -> None:
+    """A context whose `data` is a link to a directory elsewhere (the shared data, or
+    anything): the data faults refuse it rather than replace or hide files out there."""
+    from muster.drill.inject import data_dir_in
+
+    outside = tmp_path / "shared"
+    outside.mkdir()
+    (outside / "a.png").write_bytes(b"keep me")
+    context = tmp_path / "context"
+    (context / "real").mkdir(parents=True)
+    (context / "data").symlink_to(outside)
+    with pytest.raises(InjectionError, match="leads outside"):
+        data_dir_in(context, "data")
+    with pytest.raises(InjectionError, match="not a directory"):
+        data_dir_in(context, "missing")
+    assert data_dir_in(context, "real") == (context / "real").resolve()
+    assert (outside / "a.png").read_bytes() == b"keep me"

@@ -64,6 +64,7 @@ __all__ = [
     "BALLAST",
     "Throttle",
     "corrupt_files",
+    "data_dir_in",
     "fill",
     "hang_rank",
     "hide_files",
@@ -431,6 +432,24 @@ def corrupt_files(data_dir: Path, fraction: float = 0.1, seed: int = 0) -> list[
     for rel in chosen[half:]:
         _replace(data_dir / rel, _garbled(data_dir / rel, random.Random(f"{seed}:{rel}")))
     return sorted(chosen)
+
+
+def data_dir_in(root: Path, relative: str) -> Path:
+    """`root/relative`, the data directory a data fault damages, where it resolves inside
+    `root` (the run's copy of the context): a link out of it (to the shared data, or
+    anywhere) is never followed into files the drill must not touch.
+
+    Raises:
+        InjectionError: it leads outside `root`, or is no directory.
+    """
+    found = (root / relative).resolve()
+    if not found.is_relative_to(root.resolve()):
+        raise InjectionError(f"the data directory {relative!r} leads outside the run's copy "
+                             "of the context (a link): a drill damages only that copy")
+    if not found.is_dir():
+        raise InjectionError(f"the data directory {relative!r} is not a directory in the "
+                             "context")
+    return found
 
 
 def hide_files(data_dir: Path, holding: Path, fraction: float = 0.1, seed: int = 0) -> list[str]:

@@ -208,7 +208,8 @@ class DrillRunner:
         alter = None
         if fault is DrillFault.CORRUPT_DATA and data is not None:
             def alter(context: Path) -> None:
-                inject.corrupt_files(context / data, 0.1, seed=step.drill_id)
+                inject.corrupt_files(inject.data_dir_in(context, data), 0.1,
+                                     seed=step.drill_id)
         fs_bytes = self._fs_bytes(step) if fault is DrillFault.DISK_FULL else None
         new = NewExperiments([plan.run_config(step.drill_id, str(fault))],
                              context_from=step.clean_experiment,
@@ -304,8 +305,8 @@ class DrillRunner:
         if fault is DrillFault.DROP_DATA:
             data = data_path(self._plan(step), step.options)
             run = self.home.run_dir(trial["uuid"])
-            hidden = inject.hide_files(run.workdir / str(data), run.path / "drill-hidden",
-                                       0.1, seed=step.drill_id)
+            hidden = inject.hide_files(inject.data_dir_in(run.workdir, str(data)),
+                                       run.path / "drill-hidden", 0.1, seed=step.drill_id)
             return f"{len(hidden)} of the data's files hidden mid-run"
         if fault is DrillFault.KILL_RANK:
             return inject.kill_rank(attempt, rank)
