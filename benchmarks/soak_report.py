@@ -166,6 +166,16 @@ def figure_table(record: Record, checked: Checked) -> Table:
 RSS_RULE_MINUTES = 30.0
 
 
+def rss_target(growth: Growth, minutes: float) -> Target:
+    """The RSS rule's line: judged on a window of `RSS_RULE_MINUTES` or more, else reported."""
+    judged = minutes >= RSS_RULE_MINUTES
+    said = f"{(growth.rss_ratio - 1) * 100:+.1f}%" + (
+        "" if judged else f" (reported, not judged: runs of {RSS_RULE_MINUTES:g} minutes "
+        "and more judge it)")
+    return Target("server RSS within 10% of warm-up", said,
+                  growth.rss_ratio <= growth.limit or not judged)
+
+
 def targets(checked: Checked, minutes: float = RSS_RULE_MINUTES) -> list[Target]:
     logs, served, machine, growth = (checked.logs, checked.served, checked.machine,
                                      checked.growth)
@@ -194,12 +204,7 @@ def targets(checked: Checked, minutes: float = RSS_RULE_MINUTES) -> list[Target]
         found.append(Target("server RSS and descriptors within 10% of warm-up",
                             "not measured: no sample after the last start's warm-up", False))
     else:
-        judged = minutes >= RSS_RULE_MINUTES
-        found.append(Target("server RSS within 10% of warm-up",
-                            f"{(growth.rss_ratio - 1) * 100:+.1f}%" + (
-                                "" if judged else f" (reported, not judged: runs of "
-                                f"{RSS_RULE_MINUTES:g} minutes and more judge it)"),
-                            growth.rss_ratio <= growth.limit or not judged))
+        found.append(rss_target(growth, minutes))
         found.append(Target("server open descriptors within 10% of warm-up (the "
                             "database's pool apart)",
                             f"{growth.warm.own_fds} → {growth.end.own_fds}",

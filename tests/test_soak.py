@@ -192,6 +192,18 @@ def test_growth_is_the_last_start_from_its_warm_up_to_its_end() -> None:
     assert checks.check_growth(samples[:3], warm_from=230) is None
 
 
+def test_rss_growth_is_judged_on_windows_of_30_minutes_and_reported_on_shorter_ones() -> None:
+    from soak_report import rss_target
+
+    grown = checks.check_growth([Sample(0, 0, 100, 10), Sample(60, 0, 100, 10),
+                                 Sample(300, 0, 115, 10)], warm_from=60)
+    assert grown is not None and not grown.holds
+    judged = rss_target(grown, 60)
+    assert (judged.met, judged.measured) == (False, "+15.0%")
+    reported = rss_target(grown, 5)
+    assert reported.met and reported.measured.startswith("+15.0% (reported, not judged")
+
+
 # -- the state machine ----------------------------------------------------------------------
 
 
