@@ -338,6 +338,7 @@ class DrillRunner:
             return
         outcome = step.outcome or {}
         if not trial["state"].is_at_rest():
+            self._keep_throttling(step, trial)
             if "timed_out" not in outcome and "not_injected" not in outcome \
                     and time.time() > step.injected_at + self._deadline(step):
                 self._set(step.run_id, outcome={**outcome, "timed_out": self._deadline(step)})
@@ -395,6 +396,22 @@ class DrillRunner:
         before = outcome.get("written_at_injection")
         same = outcome.get("attempt_at_injection") == _running(trial)["number"]
         return before is not None and same and self._written(trial) <= before
+
+    def _keep_throttling(self, step: Step, trial: api.TrialDetail) -> None:
+        """A straggler's throttle lives in this server's memory: a server started again
+        mid-run (or a restart of the rank's attempt) throttles the rank that runs now."""
+        if step.fault is not DrillFault.STRAGGLER or trial["state"] != TrialState.RUNNING:
+            return
+        throttle = self._throttles.get(step.run_id)
+        attempt = self._attempt_dir(trial)
+        if throttle is not None and throttle.attempt_dir == attempt:
+            return
+        if throttle is not None:
+            throttle.stop()
+        rank = max(0, len(_running(trial)["replicas"]) - 1)
+        self._throttles[step.run_id] = fresh = inject.Throttle(attempt, rank)
+        with contextlib.suppress(InjectionError):  # it ended meanwhile: nothing to slow
+            fresh.start()
 
     def _deadline(self, step: Step) -> float:
         clean = step.clean.seconds if step.clean and step.clean.seconds else 30.0
