@@ -112,11 +112,13 @@ class LogReport:
     lost_markers: int = 0  # the shim's "output lost here" lines
     gaps_at_markers: int = 0  # records missing where a marker says output was lost
     lost_with_shim: int = 0  # records a process wrote that died with its SIGKILLed shim
+    lost_whole: int = 0  # processes whose every byte its exit record counts as lost
     problems: list[str] = field(default_factory=list)
 
     def add(self, other: LogReport) -> None:
         for name in ("logs", "bytes", "record_bytes", "records", "processes", "cut_tails",
-                     "cut_records", "lost_markers", "gaps_at_markers", "lost_with_shim"):
+                     "cut_records", "lost_markers", "gaps_at_markers", "lost_with_shim",
+                     "lost_whole"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.ended |= other.ended
         self.problems += other.problems
@@ -262,12 +264,16 @@ def _close(name: str, streams: dict[str, _Stream], markers: int,
                                    f"after record {stream.expected - 1}, before its end "
                                    "record")
     for token, end in ends.items():
-        if token not in streams and end.returncode == 0:
-            report.problems.append(f"{name}: process {token} exited 0 and left no record")
-        elif end.lost_bytes and not markers:
+        if end.lost_bytes and not markers:
             report.problems.append(f"{name}: process {token}: its exit record counts "
                                    f"{end.lost_bytes:,} bytes of output lost, and no marker "
                                    "line in the log says so")
+        elif token in streams or end.returncode != 0:
+            continue
+        elif end.lost_bytes:  # it ran its whole short life on a full disk
+            report.lost_whole += 1
+        else:
+            report.problems.append(f"{name}: process {token} exited 0 and left no record")
 
 
 # -- 2. no false success --------------------------------------------------------------------

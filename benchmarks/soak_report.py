@@ -124,6 +124,8 @@ def figure_table(record: Record, checked: Checked) -> Table:
         ["lost-output markers (full disk)", f"{logs.lost_markers:,}"],
         ["records missing where a marker says so", f"{logs.gaps_at_markers:,}"],
         ["records lost in the pipe of a SIGKILLed shim", f"{logs.lost_with_shim:,}"],
+        ["processes that ran wholly on a full disk (all output lost, counted)",
+         f"{logs.lost_whole:,}"],
         ["logs served by the API = their files",
          f"{served.logs - len(served.differ):,} of {served.logs:,} "
          f"({served.bytes:,} bytes)"],

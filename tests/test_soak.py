@@ -94,6 +94,17 @@ def test_an_exit_0_needs_its_end_record_unless_output_was_lost_after_it() -> Non
     assert any("left no record" in p for p in nothing)
 
 
+def test_an_exit_0_with_no_record_is_explained_only_by_output_its_exit_record_counts_lost() -> None:
+    """A short process that ran wholly while the disk was full: every record lost, its exit
+    record counts the bytes, and the shim's marker is in the log."""
+    report = checks.check_log("log", MARKER, [ProcessEnd(A, 0, lost_bytes=4096)])
+    assert (report.problems, report.lost_whole) == ([], 1)
+    unmarked = checks.check_log("log", b"", [ProcessEnd(A, 0, lost_bytes=4096)]).problems
+    assert any("no marker" in p for p in unmarked)
+    uncounted = checks.check_log("log", MARKER, [ProcessEnd(A, 0)]).problems
+    assert any("left no record" in p for p in uncounted)
+
+
 def test_output_an_exit_record_counts_as_lost_needs_a_marker_in_the_log() -> None:
     data = records(A, range(3))
     unmarked = checks.check_log("log", data, [ProcessEnd(A, 1, lost_bytes=2355)]).problems
