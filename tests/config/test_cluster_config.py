@@ -100,6 +100,12 @@ def test_no_free_disk_guard(tmp_path: Path) -> None:
         ("{launcher: ray, ray: {storage_path: /s, placement_strategy: STRICT_PACK}}",
          "ray.placement_strategy: must be 'PACK', 'SPREAD' or 'STRICT_SPREAD', "
          "got 'STRICT_PACK'"),
+        ("{launcher: ray, ray: {storage_path: /s, drill_network: {cut: [], restore: [x]}}}",
+         "ray.drill_network.cut: must not be empty"),
+        ("{launcher: ray, ray: {storage_path: /s, drill_network: {cut: [x], restore: [y], "
+         "down_for: 0.5s}}}", "ray.drill_network.down_for: must be >= 1.0, got 0.5"),
+        ("{launcher: ray, ray: {storage_path: /s, drill_network: {cut: [x]}}}",
+         "ray.drill_network.restore: required key is missing"),
         ("{launcher: ray, ray: {storage_path: /s}, run_as: owner}",
          "(top level): run_as is not supported with launcher: ray yet (jobs run as the Ray "
          "worker's user); remove run_as"),

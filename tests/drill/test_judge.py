@@ -142,3 +142,26 @@ def test_a_warm_standby_let_go_or_a_requested_stop_does_not_name_a_fault() -> No
     ran = trial("SUCCEEDED", True, [attempt(1, 1010.0, "OK"), standby,
                                     attempt(3, 1020.0, "STOPPED")])
     assert judge(DrillFault.KILL_RANK, ran, INJECTED, CLEAN)["caught"] is False
+
+
+def test_a_cut_link_is_caught_when_named_or_survived_and_missed_when_the_end_differs() -> None:
+    named = trial("SUCCEEDED", True, [attempt(1, 1031.0, "INFRA", "rank 1: its node is gone"),
+                                     attempt(2, 1080.0, "OK")])
+    row = judge(DrillFault.NETWORK, named, INJECTED, CLEAN)
+    assert (row["caught"], row["detect_seconds"], row["class"]) == (True, 31.0, "INFRA")
+    survived = judge(DrillFault.NETWORK, trial("SUCCEEDED", True, [attempt(1, 1060.0, "OK")]),
+                     INJECTED, CLEAN)
+    assert survived["caught"] is True and survived["message"].startswith("survived")
+    assert survived["detect_seconds"] is None
+    hung = judge(DrillFault.NETWORK, trial("CANCELED", False, [attempt(1, 1400.0, "STOPPED")]),
+                 INJECTED, CLEAN, timed_out=300.0, timeout=120.0)
+    assert hung["caught"] is False and "init_process_group(timeout" in hung["advice"]
+
+
+def test_the_network_fault_needs_ray_and_the_admin_s_link_commands() -> None:
+    on_ray = Situation(data_path=None, reports_metrics=True, replicas=2, root=True,
+                       admin=False, ray=True)
+    assert "ray.drill_network" in str(skip_reason(DrillFault.NETWORK, on_ray))
+    ready = Situation(data_path=None, reports_metrics=True, replicas=2, root=True,
+                      admin=False, ray=True, link_commands=True)
+    assert skip_reason(DrillFault.NETWORK, ready) is None

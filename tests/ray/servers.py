@@ -38,6 +38,7 @@ class RayServer(RunningServer):
     shared: Path
     placement_strategy: str = "PACK"
     extra: dict[str, Any] = field(default_factory=dict)  # more of the cluster config
+    ray_extra: dict[str, Any] = field(default_factory=dict)  # more of its `ray:` section
 
     def env_for_ray(self) -> dict[str, str]:
         return {**os.environ, **self.cluster.env, "RAY_ADDRESS": self.cluster.address}
@@ -49,7 +50,7 @@ class RayServer(RunningServer):
             "launcher": "ray", "min_free_disk": 0,
             "ray": {"address": self.cluster.address, "namespace": "muster",
                     "storage_path": str(self.shared),
-                    "placement_strategy": self.placement_strategy},
+                    "placement_strategy": self.placement_strategy, **self.ray_extra},
             **self.extra}))
         argv = [sys.executable, "-m", "muster", "up", "--home", str(self.home),
                 "--port", str(self.port), "--db", self.db_url,
@@ -74,11 +75,12 @@ class RayServer(RunningServer):
     def log(self) -> str:
         return (self.home / "server.log").read_text(errors="replace")
 
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def cli(self, *args: str, check: bool = True, timeout: float = CLI_TIMEOUT_S
+            ) -> subprocess.CompletedProcess[str]:
         """`muster ARGS` in the namespace, against this server."""
         done = subprocess.run(self.cluster.command(
             [sys.executable, "-m", "muster", *args, "--home", str(self.home)]),
-            capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=self.env_for_ray())
+            capture_output=True, text=True, timeout=timeout, env=self.env_for_ray())
         if check:
             assert done.returncode == 0, (args, done.stdout[-3000:], done.stderr[-3000:])
         return done

@@ -19,7 +19,9 @@ checkpoint_storage:      # every experiment's default (an experiment's own `type
    save_trial_latest: 1, save_trial_best: 1, save_experiment_best: 0}
 launcher: local          # or `ray`: replicas run on the nodes of a Ray cluster (docs/ray.md)
 ray: {address: auto, namespace: muster, storage_path: /shared/muster-runs,
-      placement_strategy: PACK}
+      placement_strategy: PACK,
+      drill_network: {cut: [/usr/local/sbin/cut-link, "{node_ip}"],   # drills' `network`
+                      restore: [/usr/local/sbin/restore-link, "{node_ip}"], down_for: 60s}}
 node_quarantine: {failures: 3}   # Ray nodes: pulled out after 3 infra failures in a row
 # What a user who is not an admin may make the server act on (docs/users.md, "What a user
 # can and cannot make the server do"); admins may name anything. Each list is empty by default.
@@ -70,7 +72,7 @@ from muster.states import NotificationKind
 from muster.system_metrics import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
 
 __all__ = ["ClusterConfig", "FakeGpuConfig", "GpuReleaseConfig", "MlflowConfig",
-           "NodeQuarantineConfig", "NotificationConfig",
+           "NetworkDrillConfig", "NodeQuarantineConfig", "NotificationConfig",
            "RayConfig", "RetentionConfig", "RunAsAccount", "gpu_type_from_name",
            "load_cluster_config"]
 
@@ -127,6 +129,35 @@ class GpuReleaseConfig(_Section):
         return parse_duration(value)
 
 
+_Argv = list[Annotated[str, Field(min_length=1, max_length=4096)]]
+
+
+class NetworkDrillConfig(_Section):
+    """`ray.drill_network`: how the `network` fault of a drill (`muster drill`) cuts one Ray
+    node's link and restores it, as admin commands the server runs as itself. `{node_ip}`,
+    `{node_id}` and `{hostname}` in an argument become the node's, from the rank's launch
+    record; `down_for` is how long the link stays cut (default 60 s).
+
+    ```yaml
+    ray:
+      address: head:6379
+      storage_path: /shared/muster-runs
+      drill_network:
+        cut: [ssh, "{node_ip}", sudo, ip, link, set, eth1, down]
+        restore: [ssh, "{node_ip}", sudo, ip, link, set, eth1, up]
+    ```
+    """
+
+    cut: _Argv = Field(min_length=1, max_length=64)
+    restore: _Argv = Field(min_length=1, max_length=64)
+    down_for: float = Field(default=60.0, ge=1.0, le=3600.0)
+
+    @field_validator("down_for", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> float:
+        return parse_duration(value)
+
+
 class RayConfig(_Section):
     """`ray:`: the Ray cluster `launcher: ray` runs replicas on (docs/ray.md).
 
@@ -143,6 +174,7 @@ class RayConfig(_Section):
                            pattern=r"^[A-Za-z0-9_.-]+$")
     storage_path: Path
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
+    drill_network: NetworkDrillConfig | None = None  # None: drills skip `network`
 
     @field_validator("address")
     @classmethod

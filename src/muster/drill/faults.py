@@ -33,6 +33,7 @@ class Situation:
     root: bool  # the server may mount a file system (disk-full)
     admin: bool  # the drill's owner may restart the server (server-restart)
     ray: bool  # trials run on Ray nodes (network)
+    link_commands: bool = False  # the cluster config names how to cut a node's link
 
 
 def skip_reason(fault: DrillFault, situation: Situation) -> str | None:
@@ -49,8 +50,11 @@ def skip_reason(fault: DrillFault, situation: Situation) -> str | None:
     if fault is DrillFault.SERVER_RESTART and not situation.admin:
         return "restarting the server stops it for everyone: an admin's drill only"
     if fault is DrillFault.NETWORK and not situation.ray:
-        return ("cutting a node's link needs trials on Ray nodes in network namespaces "
-                "(`launcher: ray`); this server runs trials on its own machine")
+        return ("cutting a node's link needs trials on Ray nodes (`launcher: ray`); this "
+                "server runs trials on its own machine")
+    if fault is DrillFault.NETWORK and not situation.link_commands:
+        return ("the cluster config does not say how to cut a node's link: an admin names "
+                "the commands in `ray.drill_network: {cut: [...], restore: [...]}`")
     return None
 
 
@@ -77,6 +81,12 @@ def advice(fault: DrillFault, clean_checks: Mapping[str, CheckStatus], *,
     if fault is DrillFault.NAN:
         return ("a NaN loss went unnoticed: keep `verify.finite_metrics: true` and report "
                 "the loss every step (ctx.report_training), not only at the end")
+    if fault is DrillFault.NETWORK:
+        waited = "" if timeout is None else f" (it waits {span(timeout)})"
+        return ("a rank cut off from its peers waited for them unnoticed: give the "
+                "collectives a timeout shorter than the run's "
+                "(`init_process_group(timeout=...)`), and lower failure_policy."
+                f"heartbeat_timeout or silence_timeout{waited} so a stuck rank is ended")
     if fault in (DrillFault.KILL_RANK, DrillFault.OOM):
         return ("the run ended verified although a rank was killed: declare its planned "
                 "length (`verify.expected_length`, ctx.plan()) so a run cut short fails "

@@ -5,7 +5,8 @@ SUCCEEDED, or no longer verified), or one of its attempts ended in a failure aft
 fault was injected (muster saw it, and restarted the run). Hiding files a script had
 already read is harmless, and muster can show it: where the run's sample count still passed,
 the data fault is caught as harmless. A slow rank and a server restart must be
-*survived*: muster is right when the run ends as the clean run did. The time to detect is
+*survived*: muster is right when the run ends as the clean run did. A node's link cut for a
+while is either named (Ray gave the node up, a peer timed out) or survived. The time to detect is
 from the injection to the first thing muster recorded about it (an attempt's end, or the
 trial's).
 """
@@ -92,6 +93,10 @@ def judge(fault: DrillFault, trial: api.TrialDetail | None, injected_at: float,
     as_clean = str(trial["state"]) == clean.state and trial["verified"] == clean.verified
     when = named["ended_at"] if named else (None if as_clean else trial["ended_at"])
     caught = when is not None
+    if not caught and fault is DrillFault.NETWORK and as_clean:
+        row["message"] = ("survived: the run ended as the clean run did (the link came back "
+                          "before a peer or Ray gave the node up)")
+        return {**row, "caught": True, "detect_seconds": None, "advice": None}
     if not caught and fault is DrillFault.DROP_DATA and _samples_passed(trial):
         row["message"] = ("harmless here: every sample was counted (the script had read "
                           "the files before they were hidden)")

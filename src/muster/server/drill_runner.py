@@ -32,16 +32,18 @@ from typing import Any
 from sqlalchemy import select
 
 from muster import api
-from muster.drill import inject
+from muster.drill import inject, link
 from muster.drill.judge import CleanRun, clean_run, judge
 from muster.drill.plan import DrillOptions, DrillPlan, plan_drill
 from muster.drill.restarter import restart_server
 from muster.errors import Conflict, InjectionError, MusterError
 from muster.home import Home
+from muster.launch.base import ProcessIdentity
+from muster.launch.identity import is_alive
 from muster.services import experiments
 from muster.services.access import Principal
-from muster.services.drills import data_path, finish_drill
-from muster.services.experiments import DrillMark, NewExperiments, Submission
+from muster.services.drills import DrillServer, data_path, finish_drill, network_drill
+from muster.services.experiments import DrillMark, NewExperiments
 from muster.states import DrillFault, DrillRunState, DrillState, TrialState
 from muster.store import Store
 from muster.store.models import Drill, DrillRun, Experiment, User
@@ -82,10 +84,12 @@ class Step:
 class DrillRunner:
     """Advances every RUNNING drill, in a thread of its own beside the passes."""
 
-    def __init__(self, store: Store, home: Home, submission: Submission,
+    def __init__(self, store: Store, home: Home, submission: DrillServer,
                  wake_passes: Callable[[], None] = lambda: None, tick_s: float = TICK_S
                  ) -> None:
         self.store, self.home, self.submission = store, home, submission
+        # How the cluster config cuts a Ray node's link (the network fault), if it says.
+        self.network = network_drill(submission.settings)
         self.wake_passes = wake_passes  # new experiments: the orchestrator looks now
         self.tick_s = tick_s
         self._plans: dict[int, DrillPlan] = {}
@@ -285,20 +289,22 @@ class DrillRunner:
     def _inject(self, step: Step, trial: api.TrialDetail) -> None:
         assert step.fault is not None
         at = time.time()
+        outcome: dict[str, Any] = {"written_at_injection": self._written(trial),
+                                   "attempt_at_injection": _running(trial)["number"]}
         self._set(step.run_id, state=DrillRunState.INJECTED, injected_at=at,
-                  injection="being injected",
-                  outcome={"written_at_injection": self._written(trial),
-                           "attempt_at_injection": _running(trial)["number"]})
+                  injection="being injected", outcome=outcome)
         try:
-            done = self._act(step, trial)
+            done = self._act(step, trial, outcome)
         except InjectionError as exc:
             self._set(step.run_id, injection=f"not injected: {exc}",
-                      outcome={**(step.outcome or {}), "not_injected": str(exc)})
+                      outcome={**outcome, "not_injected": str(exc)})
             self._kill(step)
             return
-        self._set(step.run_id, injection=done)
+        self._set(step.run_id, injection=done, outcome=outcome)
 
-    def _act(self, step: Step, trial: api.TrialDetail) -> str:
+    def _act(self, step: Step, trial: api.TrialDetail, outcome: dict[str, Any]) -> str:
+        """Inject the step's fault; returns what was done (`outcome` may gain what the
+        watch needs later)."""
         fault = step.fault
         attempt = self._attempt_dir(trial)
         rank = max(0, len(_running(trial)["replicas"]) - 1)
@@ -326,6 +332,11 @@ class DrillRunner:
         if fault is DrillFault.SERVER_RESTART:
             self._set(step.run_id, injection="SIGKILL to the server, started again")
             return restart_server(self.home.root / "server.log")
+        if fault is DrillFault.NETWORK and self.network is not None:
+            cut = link.cut_link(attempt, rank, self.network, self.home.root / "server.log")
+            outcome["link_helper"] = [cut.helper.pid, cut.helper.start_ticks]
+            outcome["link_restored_by"] = cut.back_by
+            return cut.said
         raise InjectionError(f"{fault} cannot be injected on this server")
 
     # -- INJECTED: wait for the end, judge it --------------------------------------------
@@ -344,6 +355,8 @@ class DrillRunner:
                 self._set(step.run_id, outcome={**outcome, "timed_out": self._deadline(step)})
                 self._kill(step)
             return
+        if self._link_still_cut(outcome):
+            return  # the next run starts once the cut link is back
         self._clean_up(step, trial)
         clean = step.clean or CleanRun("UNKNOWN", None, None, {})
         if "not_injected" not in outcome and self._too_late(outcome, trial) and (
@@ -363,6 +376,13 @@ class DrillRunner:
                         timed_out=outcome.get("timed_out"), timeout=self._timeout(step))
         self._end(step, row)
         self._settle_suspect(step, trial)
+
+    @staticmethod
+    def _link_still_cut(outcome: dict[str, Any]) -> bool:
+        """A network fault's helper has not restored the link yet (nor given up)."""
+        helper = outcome.get("link_helper")
+        return (helper is not None and time.time() < outcome.get("link_restored_by", 0.0)
+                and is_alive(ProcessIdentity(int(helper[0]), int(helper[1]))))
 
     def _settle_suspect(self, step: Step, trial: api.TrialDetail) -> None:
         """A fault's run that ended SUSPECT, as its fault should make it, is rejected in the
@@ -415,8 +435,10 @@ class DrillRunner:
 
     def _deadline(self, step: Step) -> float:
         clean = step.clean.seconds if step.clean and step.clean.seconds else 30.0
-        return max(MIN_DEADLINE_S, 3 * clean) + min(self._timeout(step) or 0.0,
-                                                     MAX_TIMEOUT_WAIT_S)
+        down = self.network.down_for if step.fault is DrillFault.NETWORK and self.network \
+            else 0.0
+        return max(MIN_DEADLINE_S, 3 * clean) + down + min(self._timeout(step) or 0.0,
+                                                            MAX_TIMEOUT_WAIT_S)
 
     def _timeout(self, step: Step) -> float | None:
         """What muster waits on before it calls a silent run stuck."""

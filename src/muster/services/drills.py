@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from sqlalchemy import select
 
 from muster import api
+from muster.config.cluster import ClusterConfig, NetworkDrillConfig
 from muster.drill.faults import Situation, skip_reason
 from muster.drill.judge import summary
 from muster.drill.plan import MAX_DRILL_FAULTS, DrillOptions, DrillPlan, plan_drill
@@ -36,7 +37,7 @@ from muster.store.models import Drill, DrillRun, Experiment
 
 __all__ = ["DrillServer", "ExperimentDrills", "cancel_drill", "create_drill", "data_path",
            "describe_drill", "drills_of_experiment", "finish_drill", "inside_context",
-           "list_drills"]
+           "list_drills", "network_drill"]
 
 MAX_LISTED = 200
 
@@ -46,6 +47,9 @@ class DrillServer(Submission, Protocol):
 
     @property
     def launcher(self) -> Launcher: ...
+
+    @property
+    def settings(self) -> ClusterConfig: ...
 
 
 def create_drill(platform: DrillServer, owner: Principal, config_text: str,
@@ -91,7 +95,15 @@ def _situation(platform: DrillServer, plan: DrillPlan, options: DrillOptions,
         data_path=data_path(plan, options), replicas=config.resources.replicas,
         reports_metrics=config.harness or config.integrations != "off",
         root=os.geteuid() == 0, admin=owner.is_admin,
-        ray=not platform.launcher.capabilities.watchable_files)
+        ray=not platform.launcher.capabilities.watchable_files,
+        link_commands=network_drill(platform.settings) is not None)
+
+
+def network_drill(settings: ClusterConfig) -> NetworkDrillConfig | None:
+    """How the cluster config cuts a Ray node's link (the `network` fault), if it says."""
+    if settings.launcher != "ray" or settings.ray is None:
+        return None
+    return settings.ray.drill_network
 
 
 def _record(store: Store, owner: Principal, plan: DrillPlan, options: DrillOptions,
@@ -107,8 +119,6 @@ def _record(store: Store, owner: Principal, plan: DrillPlan, options: DrillOptio
             if why is None and situation.ray and fault is not DrillFault.NETWORK:
                 why = ("muster injects this fault into processes on its own machine; "
                        "this server runs trials on Ray nodes")
-            if why is None and fault is DrillFault.NETWORK:
-                why = "cutting a Ray node's link is not built yet"
             drill.runs.append(DrillRun(
                 position=position, fault=str(fault), skip_reason=why,
                 state=DrillRunState.SKIPPED if why else DrillRunState.PENDING))
