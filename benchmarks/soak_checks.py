@@ -415,11 +415,15 @@ def find_orphans(processes: Iterable[ProcessInfo], sessions: Mapping[int, int],
                  trial_uuids: Iterable[str]) -> list[ProcessInfo]:
     """The processes left of muster's: in the session of a shim or server the soak saw
     (`sessions`: session leader pid → its start ticks; a member must have started no
-    earlier, so a recycled pid's new session is not taken for it), or in a replica cgroup
+    earlier, and a session whose leader lives with other start ticks is a recycled pid's
+    new session, not the shim's: a restarted PostgreSQL's, say), or in a replica cgroup
     of one of its trials (`muster-<trial uuid>-a<n>-r<r>-<pid>`)."""
+    processes = list(processes)
     marks = tuple(f"/muster-{uuid}-" for uuid in trial_uuids)
+    leaders = {p.pid: p.start_ticks for p in processes if p.pid == p.session}
     return [p for p in processes
-            if (p.session in sessions and p.start_ticks >= sessions[p.session])
+            if (p.session in sessions and p.start_ticks >= sessions[p.session]
+                and leaders.get(p.session, sessions[p.session]) == sessions[p.session])
             or any(mark in path for path in p.cgroups for mark in marks)]
 
 

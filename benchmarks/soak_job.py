@@ -153,6 +153,13 @@ def train_harness(args: argparse.Namespace, records: Records) -> None:
                     ctx.report_training(step, {"loss": scale() / (step + 1)})
                 step += 1
                 time.sleep(args.pause)
+            # Every rank's counts on disk before rank 0's checkpoint says the epoch is done
+            # (as muster.harness.torch.save does): a rank killed just after it would leave
+            # the epoch short for good (docs/how-to/ddp.md).
+            try:
+                ctx.samples.flush()
+            except OSError as exc:  # a full disk: the harness's thread tries again
+                records.say(f"samples not flushed yet: {exc}")
             meet(f"epoch-{epoch}", args, records)
             if rank == 0:
                 ctx.report_validation(step - 1, {"loss": scale() / step})

@@ -183,9 +183,13 @@ def test_orphans_are_found_by_session_and_by_replica_cgroup() -> None:
         ProcessInfo(21, 20, 100, ("/",), "sleep 1"),  # session 20 began before shim 20
         ProcessInfo(31, 30, 900, (f"/x/muster-{uuid}-a1-r0-77",), "python soak_job.py"),
         ProcessInfo(41, 40, 900, ("/x/muster-other-a1-r0-77",), "bash"),
+        # pid 50 was a shim (ticks 200), then a daemon's session leader: not the shim's
+        ProcessInfo(50, 50, 600, ("/",), "postgres"),
+        ProcessInfo(51, 50, 700, ("/",), "postgres: idle"),
+        ProcessInfo(61, 60, 800, ("/",), "python soak_job.py"),  # shim 60 is gone
     ]
-    found = checks.find_orphans(processes, {10: 400, 20: 300}, [uuid])
-    assert [p.pid for p in found] == [11, 31]
+    found = checks.find_orphans(processes, {10: 400, 20: 300, 50: 200, 60: 700}, [uuid])
+    assert [p.pid for p in found] == [11, 31, 61]
 
 
 # -- the server's growth --------------------------------------------------------------------
