@@ -6,6 +6,7 @@ of which one stops calling all_reduce."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import yaml
 from sqlalchemy import select
 
 from muster.launch.activity import read_activity
+from muster.launch.small_fs import BALLAST, fill, mount_small_fs, release_small_fs
 from muster.services.experiments import create_experiment, kill_experiment
 from muster.states import TrialState
 from muster.store import Replica, Trial
@@ -123,3 +125,38 @@ def test_a_rank_that_stops_calling_all_reduce_stalls_with_both_stacks(rig: Rig) 
     bundle = trial.attempts[0].run_dir / (stalled[0].evidence or "")
     assert sorted(p.name for p in bundle.iterdir()) == ["rank-0", "rank-1"]
     assert str(FIXTURES / "ddp_rank_stops.py") in (bundle / "rank-1" / "stacks.txt").read_text()
+
+
+def test_a_stall_found_while_the_disk_is_full_is_stopped_stalled_once_there_is_room(
+        rig: Rig) -> None:
+    """The run directory is a small tmpfs filled while the script hangs: the stall cannot
+    be marked (nor evidence asked for) while it is full, which is said once as an event;
+    once there is room the replica is stopped and ends STALLED, not the trial INTERNAL."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting the small file system needs root")
+    job = rig.submit(fixture_entrypoint("hang_on_lock.py"), silence_timeout=f"{SILENCE}s",
+                     **NO_RETRIES)
+    with rig.store.session_scope() as s:
+        uuid = s.get_one(Trial, job.trial_id).uuid
+    run_dir = rig.home.run_dir(uuid).path
+    mount_small_fs(run_dir, 8 << 20)
+    try:
+        attempt_dir = rig.until_trial(job, TrialState.RUNNING).attempts[0].run_dir
+        rig.tick_until(lambda: "loading batches" in (attempt_dir / "rank-0.log").read_text(),
+                       what="the script to reach its hang", timeout=30)
+        ballast = fill(run_dir)
+        assert ballast > 0
+        rig.tick_until(lambda: any("no room to record it" in (e.message or "")
+                                   for e in rig.trial(job.trial_id).events),
+                       what="the stall to be found on the full disk", timeout=60)
+        assert rig.trial(job.trial_id).state == "RUNNING"  # not INTERNAL, and not stopped yet
+        assert not (attempt_dir / "rank-0.stalled.json").exists()
+        (run_dir / BALLAST).unlink()  # room again
+        trial = rig.run_to_end(job)
+    finally:
+        release_small_fs(run_dir)
+    assert (trial.state, trial.reason) == ("FAILED", "STALLED"), trial.message
+    [replica] = replicas(rig, job.trial_id)
+    assert replica.reason == "STALLED"
+    unmarked = [e for e in trial.events if "no room to record it" in (e.message or "")]
+    assert len(unmarked) == 1, unmarked  # said once, for all the passes that tried

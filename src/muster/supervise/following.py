@@ -79,6 +79,9 @@ class Following:
     _integrations: set[int] = field(default_factory=set, init=False)
     # Live attempts' last scan of their logs for metrics (time.monotonic()).
     _log_scanned: dict[int, float] = field(default_factory=dict, init=False)
+    # (attempt, rank) of stalls found that could not be marked yet (a full run directory):
+    # said once, as an event; the stall is marked and stopped once there is room.
+    _unmarked: set[tuple[int, int]] = field(default_factory=set, init=False)
 
     def forget_all_but(self, live: Sequence[LiveAttempt]) -> None:
         """Keep notes only on attempts that are still live."""
@@ -87,6 +90,7 @@ class Following:
         self._compared.intersection_update(ids)
         self._integrations.intersection_update(ids)
         self._log_scanned = {k: v for k, v in self._log_scanned.items() if k in ids}
+        self._unmarked = {key for key in self._unmarked if key[0] in ids}
 
     def reconcile(self, live: LiveAttempt) -> None:
         """Record whatever has happened to the attempt's replicas.
@@ -224,16 +228,39 @@ class Following:
                                 if other.rank != status.rank):
             return  # (the others are looked at only for a stall: no N² stats per pass)
         ranks = [other.rank for other in statuses if other.phase is ReplicaPhase.RUNNING]
-        bundle = request_dump([live.dir.rank(rank) for rank in ranks], EvidenceReason.STALLED)
+        try:
+            bundle: str | None = request_dump([live.dir.rank(rank) for rank in ranks],
+                                              EvidenceReason.STALLED)
+        except OSError as exc:  # no room for the request: stopped without evidence
+            log.warning("trial %s attempt %s: no evidence for rank %s's stall: %s",
+                        live.trial.id, live.number, status.rank, exc)
+            bundle = None
         # `since` becomes the replica's `stalled_since` when it ends (`ending`).
         marker = {"reason": stall.reason, "since": stall.since, "time": time.time(),
                   "bundle": bundle, "ranks": ranks}
-        atomic_write_json(files.stalled, marker)
+        try:
+            atomic_write_json(files.stalled, marker)
+        except OSError as exc:  # a full run directory: its end could not say STALLED
+            self._say_unmarked(live, status.rank, stall.reason, exc)
+            return
         with self.ctx.store.session_scope() as s:
             record_event(s, entity="attempt", entity_id=live.id, reason=Reason.STALLED,
                          actor=ACTOR, message=f"stopping rank {status.rank}: {stall.reason}",
                          experiment_id=live.trial.experiment_id, trial_id=live.trial.id)
         self._stop_with_evidence(live, status, marker)
+
+    def _say_unmarked(self, live: LiveAttempt, rank: int, reason: str, exc: OSError) -> None:
+        """A stall found while its marker cannot be written: the replica is stopped once
+        it can be (the next passes try again), so that its end says STALLED; said once."""
+        if (live.id, rank) in self._unmarked:
+            return
+        self._unmarked.add((live.id, rank))
+        with self.ctx.store.session_scope() as s:
+            record_event(s, entity="attempt", entity_id=live.id, reason=Reason.STALLED,
+                         actor=ACTOR, message=f"rank {rank} is stalled ({reason}), but its "
+                         f"run directory has no room to record it ({exc.strerror or exc}): "
+                         "it is stopped once there is room",
+                         experiment_id=live.trial.experiment_id, trial_id=live.trial.id)
 
     def _stall(self, live: LiveAttempt, status: ReplicaStatus) -> Stall | None:
         rank, attempt_dir = status.rank, live.dir.path
@@ -260,9 +287,10 @@ class Following:
             return
         bundle, asked, ranks = marker.get("bundle"), marker.get("time"), marker.get("ranks")
         waited = time.time() - asked if isinstance(asked, int | float) else EVIDENCE_WAIT_S
-        collected = (isinstance(bundle, str) and isinstance(ranks, list)
-                     and all(_bundle_complete(live.dir, bundle, rank) for rank in ranks
-                             if isinstance(rank, int)))
+        collected = bundle is None or (  # None: none could be asked for (a full disk)
+            isinstance(bundle, str) and isinstance(ranks, list)
+            and all(_bundle_complete(live.dir, bundle, rank) for rank in ranks
+                    if isinstance(rank, int)))
         if collected or waited >= EVIDENCE_WAIT_S:
             self.ctx.launcher.cancel(live.dir.path, status.rank)
 
