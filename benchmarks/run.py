@@ -17,6 +17,7 @@ from pathlib import Path
 
 import auth
 import cli_startup
+import describe_pages
 import diagnostics_overhead
 import evidence
 import first_log
@@ -75,6 +76,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "diagnostics_overhead": diagnostics_overhead.run,
     "integrations_overhead": integrations_overhead.run,
     "scale": scale.run,
+    "describe_pages": describe_pages.run,
     "wakeups": wakeups.run,
     "replica_cgroup": replica_cgroup.run,
     "ray_launcher": ray_launcher.run,  # skipped without ray[default,train]: `make bench-ray`

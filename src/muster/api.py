@@ -423,7 +423,13 @@ class ExperimentSummary(TypedDict):
 class ExperimentDetail(ExperimentSummary):
     config: Config
     config_yaml: str  # the config as it was submitted (secrets are never in it)
+    # A page of its trials, by id: the first 1,000 unless asked (`offset` and `limit`, at
+    # most 1,000, on `GET /experiments/{id}`; `muster experiment describe --trials-offset`).
+    # Every other field counts all of them.
     trials: list[TrialDetail]
+    trials_total: int  # its trials, all of them (also the answer's X-Total-Count)
+    trials_offset: int  # where `trials` starts
+    trials_next_offset: int | None  # the offset of the next page; null: `trials` ends the list
     search: SearchProgress
     warnings: list[str]  # e.g. no ended trial reported the searcher's metric
     source: WarmStartView | None  # the checkpoint its trials start from; null: afresh

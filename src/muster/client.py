@@ -402,8 +402,22 @@ class Client:
                          archived="true" if archived else None)
         return self._call("GET", "/experiments", _As["list[api.ExperimentSummary]"], params=params)
 
-    def get_experiment(self, experiment_id: int) -> api.ExperimentDetail:
-        return self._call("GET", f"/experiments/{experiment_id}", _As["api.ExperimentDetail"])
+    def get_experiment(self, experiment_id: int, offset: int | None = None,
+                       limit: int | None = None) -> api.ExperimentDetail:
+        """The experiment and a page of its trials: `limit` (the server's default and most:
+        1,000) from `offset`; `trials_next_offset` says where the next page starts."""
+        return self._call("GET", f"/experiments/{experiment_id}", _As["api.ExperimentDetail"],
+                          params=_params(offset=offset, limit=limit))
+
+    def get_experiment_whole(self, experiment_id: int) -> api.ExperimentDetail:
+        """`get_experiment` with every trial, a page at a time (a search holds at most
+        10,000: ten requests)."""
+        exp = self.get_experiment(experiment_id)
+        while (at := exp["trials_next_offset"]) is not None:
+            page = self.get_experiment(experiment_id, offset=at)  # new trials come last
+            exp["trials"].extend(page["trials"])
+            exp["trials_next_offset"] = page["trials_next_offset"]
+        return exp
 
     def best_trial(self, experiment_id: int) -> api.TrialDetail:
         """The SUCCEEDED trial with the best value of the searcher's metric so far, as
@@ -930,7 +944,7 @@ def at_rest(exp: api.ExperimentDetail) -> bool:
     has ended, the experiment's own end follows within a supervisor pass: wait for it.)"""
     if ExperimentState(exp["state"]).is_terminal():
         return True
-    states = [TrialState(t["state"]) for t in exp.get("trials", [])]
+    states = [TrialState(state) for state in exp["trial_states"]]  # all, not one page's
     return (all(state.is_at_rest() for state in states)
             and any(state is TrialState.SUSPECT for state in states))
 

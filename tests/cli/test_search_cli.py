@@ -12,7 +12,13 @@ import pytest
 
 from muster.client import Client
 from tests.cli.test_cli import assert_clean_failure, on
-from tests.server.test_search_views import add_experiment, add_trial, losses, search_config
+from tests.server.test_search_views import (
+    add_experiment,
+    add_many_trials,
+    add_trial,
+    losses,
+    search_config,
+)
 from tests.servers import RunningServer
 
 pytestmark = pytest.mark.lifecycle  # starts real processes
@@ -116,3 +122,24 @@ def test_trial_list_by_an_unknown_metric_is_one_line(server: RunningServer) -> N
     stderr = assert_clean_failure(on(server, "trial", "list", str(stored["id"]),
                                      "--sort", "accuracy"))
     assert "sort by one of its validation metrics: val_acc, val_loss" in stderr
+
+
+def test_describe_pages_the_trials_and_says_how_to_see_the_rest(server: RunningServer) -> None:
+    with server.store() as store, store.session_scope() as s:
+        exp = add_experiment(s, search_config(max_trials=1_200), state="COMPLETED",
+                             max_trials=1_200)
+        ids = add_many_trials(s, exp, 1_200, best_at=1_150)
+    done = on(server, "experiment", "describe", str(exp.id), "--trials-offset", "1190",
+              "--trials-limit", "5")
+    assert done.returncode == 0, done.stderr
+    assert (f"trials 1,191 to 1,195 of 1,200 shown; the next: muster experiment describe "
+            f"{exp.id} --trials-offset 1195") in done.stdout
+    assert f"Best so far: trial {ids[1_150]} (number 1150)" in done.stdout
+    shown = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("Trial ")}
+    assert shown == {str(trial_id) for trial_id in ids[1_190:1_195]}
+    as_json = json.loads(on(server, "experiment", "describe", str(exp.id), "--json").stdout)
+    assert (len(as_json["trials"]), as_json["trials_total"], as_json["trials_next_offset"]) == (
+        1_000, 1_200, 1_000)
+    refused = on(server, "experiment", "describe", str(exp.id), "--trials-limit", "1001")
+    assert (refused.returncode, "Traceback" in refused.stderr) == (2, False)
+    assert "--trials-limit" in refused.stderr and "1<=x<=1000" in refused.stderr

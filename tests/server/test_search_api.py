@@ -14,9 +14,15 @@ from typing import Any
 import httpx
 import pytest
 
-from muster.client import Client
+from muster.client import Client, at_rest
 from muster.errors import Conflict, InvalidRequest, NotFound
-from tests.server.test_search_views import add_experiment, add_trial, losses, search_config
+from tests.server.test_search_views import (
+    add_experiment,
+    add_many_trials,
+    add_trial,
+    losses,
+    search_config,
+)
 from tests.servers import RunningServer, shared_server
 
 pytestmark = pytest.mark.lifecycle  # starts real processes
@@ -128,3 +134,25 @@ def test_errors_say_what_to_do(server: RunningServer, client: Client) -> None:
     for call in (client.best_trial, client.list_trials):
         with pytest.raises(NotFound, match="experiment 999999 does not exist"):
             call(999_999)
+
+
+def test_describe_pages_a_search_of_thousands(server: RunningServer, client: Client) -> None:
+    """2,500 trials: a page of 1,000 at most, `X-Total-Count` and `trials_next_offset`; the
+    SDK reads them all a page at a time, and waits on the states of all, not of a page."""
+    with server.store() as store, store.session_scope() as s:
+        exp = add_experiment(s, search_config(max_trials=2_500), state="ACTIVE",
+                             max_trials=2_500)
+        ids = add_many_trials(s, exp, 2_500, best_at=2_499)
+    first = raw(server, f"/experiments/{exp.id}")
+    assert (first.status_code, first.headers["X-Total-Count"]) == (200, "2500")
+    assert [t["id"] for t in first.json()["trials"]] == ids[:1_000]
+    page = raw(server, f"/experiments/{exp.id}", offset="2400", limit="50").json()
+    assert ([t["id"] for t in page["trials"]], page["trials_next_offset"]) == (
+        ids[2_400:2_450], 2_450)
+    for bad in ({"limit": "1001"}, {"limit": "0"}, {"offset": "-1"}, {"offset": "x"}):
+        refused = raw(server, f"/experiments/{exp.id}", **bad)
+        assert refused.status_code == 422, (bad, refused.text)
+    whole = client.get_experiment_whole(exp.id)
+    assert [t["id"] for t in whole["trials"]] == ids
+    assert whole["trials_next_offset"] is None
+    assert not at_rest(whole)  # its last trial is RUNNING, on no page of the first 1,000

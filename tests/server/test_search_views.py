@@ -16,16 +16,16 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, insert
 from sqlalchemy.orm import Session
 
 from muster.config import load_config
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.services import views
-from muster.services.experiments import describe_experiment
+from muster.services.experiments import DESCRIBE_TRIALS, TrialWindow, describe_experiment
 from muster.services.search import best_trial, list_trials
 from muster.services.validation import best_validation
-from muster.store import Experiment, Store, Trial
+from muster.store import Attempt, Experiment, Metric, Replica, Store, Trial, series
 from tests.store.rows import add_metric
 
 
@@ -93,6 +93,30 @@ def add_trial(
     for step, values in enumerate(validation, start=1):
         report(s, trial, step, values)
     return trial
+
+
+def add_many_trials(s: Session, exp: Experiment, count: int, best_at: int) -> list[int]:
+    """`count` trials in one flush: SUCCEEDED, each with one attempt of one replica and one
+    validation report (val_loss 0.5; trial number `best_at`'s is 0.1, the best); the last one
+    RUNNING. Their ids, by number."""
+    trials = [Trial(experiment=exp, number=n, state="SUCCEEDED" if n < count - 1 else "RUNNING",
+                    hparams={"lr": 0.001 * (n + 1), "model": {"hidden": 64}})
+              for n in range(count)]
+    s.add_all(trials)
+    s.flush()
+    attempts = [Attempt(trial=t, number=1, state="SUCCEEDED", run_dir=f"/nonexistent/{t.id}")
+                for t in trials]
+    s.add_all(attempts)
+    s.flush()
+    s.add_all(Replica(attempt=a, rank=0, host="localhost", log_path="rank-0.log", exit_code=0)
+              for a in attempts)
+    rows = [{"trial_id": t.id, "attempt": 1, "rank": 0, "kind": "validation", "step": 1,
+             "time": 1.0, "values": {"val_loss": 0.1 if t.number == best_at else 0.5}}
+            for t in trials]
+    s.execute(insert(Metric), rows)
+    for row in rows:
+        series.record(s, row["trial_id"], [row])
+    return [t.id for t in trials]
 
 
 def report(s: Session, trial: Trial, step: int, values: dict[str, float], *, rank: int = 0,
@@ -304,6 +328,39 @@ def test_the_search_block_counts_trials_by_stage(shared_store: Store) -> None:
         "remaining": 3}
     assert [t["number"] for t in view["trials"]] == list(range(len(states)))
     assert all(t["early_stop"] is None and t["best_validation"] == {} for t in view["trials"])
+
+
+def test_describe_pages_the_trials_and_counts_them_all(shared_store: Store) -> None:
+    """A search of 2,345 trials: the description holds the first 1,000 whole, says how
+    many there are and where the next page starts; every count, the best trial and the
+    states are of all of them; a later page's trials have their attempts and values."""
+    with shared_store.session_scope() as s:
+        exp = add_experiment(s, search_config(max_trials=2_345), max_trials=2_345)
+        ids = add_many_trials(s, exp, 2_345, best_at=2_100)
+    with queries(shared_store) as seen:
+        first = describe_experiment(shared_store, exp.id)
+    assert len(seen) <= 20, "\n\n".join(q[:150] for q in seen)  # not one per trial
+    assert [t["id"] for t in first["trials"]] == ids[:DESCRIBE_TRIALS]
+    assert (first["trials_total"], first["trials_offset"], first["trials_next_offset"]) == (
+        2_345, 0, 1_000)
+    assert len(first["trial_states"]) == 2_345 and first["trial_states"][-1] == "RUNNING"
+    assert first["search"]["best"]["trial_id"] == ids[2_100]  # beyond the page
+    assert (first["search"]["ended"], first["search"]["running"]) == (2_344, 1)
+
+    last = describe_experiment(shared_store, exp.id, window=TrialWindow(2_000, 1_000))
+    assert [t["id"] for t in last["trials"]] == ids[2_000:]
+    assert (last["trials_offset"], last["trials_next_offset"]) == (2_000, None)
+    assert last["trials"][100]["best_validation"] == {"val_loss": 0.1}
+    assert last["trials"][100]["attempts"][0]["replicas"][0]["exit_code"] == 0
+    assert {key: last[key] for key in ("search", "trial_states", "verdicts")} == {
+        key: first[key] for key in ("search", "trial_states", "verdicts")}
+
+    small = describe_experiment(shared_store, exp.id, window=TrialWindow(1_990, 10))
+    assert ([t["number"] for t in small["trials"]], small["trials_next_offset"]) == (
+        list(range(1_990, 2_000)), 2_000)
+    beyond = describe_experiment(shared_store, exp.id, window=TrialWindow(9_999, 10))
+    assert (beyond["trials"], beyond["trials_total"], beyond["trials_next_offset"]) == (
+        [], 2_345, None)
 
 
 def test_best_validation_takes_one_query(shared_store: Store) -> None:

@@ -216,12 +216,18 @@ def list_(
 
 @app.command()
 def describe(
-    experiment_id: int, as_json: JsonOption = False, home: HomeOption = None,
-    url: UrlOption = None,
+    experiment_id: int,
+    trials_offset: Annotated[int | None, typer.Option(
+        min=0, help="show its trials from this one (by id, from 0)")] = None,
+    trials_limit: Annotated[int | None, typer.Option(
+        min=1, max=1000, help="show at most this many trials (default and most: 1,000)")
+    ] = None,
+    as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
-    """Show an experiment, its trials and how every process ended."""
+    """Show an experiment, its trials and how every process ended: 1,000 trials at a time
+    (--trials-offset, --trials-limit)."""
     with client(home, url) as c:
-        exp = c.get_experiment(experiment_id)
+        exp = c.get_experiment(experiment_id, offset=trials_offset, limit=trials_limit)
     if as_json:
         render.print_json(exp)
         return
@@ -245,6 +251,8 @@ def describe(
             render.console.print(render.attempts_table(trial))
             for line in render.ended_replicas(trial):
                 render.console.print(f"  {line}", markup=False)
+    if paging := render.trials_page_line(exp):
+        render.console.print(paging, markup=False)
 
 
 @app.command()

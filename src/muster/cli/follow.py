@@ -211,7 +211,7 @@ def follow_experiment(client: Client, experiment: api.ExperimentDetail, output: 
     followers: dict[int, threading.Thread] = {}
     announced: set[int] = set()
     while True:
-        exp = client.get_experiment(experiment["id"])
+        exp = client.get_experiment_whole(experiment["id"])
         for trial in exp["trials"]:
             if trial["id"] not in followers and attempts_of(trial):
                 followers[trial["id"]] = _start(connect, trial, output, lock)

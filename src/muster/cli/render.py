@@ -58,6 +58,20 @@ def experiments_table(rows: list[api.ExperimentSummary]) -> Table:
     return table
 
 
+def trials_page_line(exp: api.ExperimentDetail) -> str | None:
+    """Which of the experiment's trials a description showed and how to see the others;
+    None where it showed them all."""
+    shown, total, first = len(exp["trials"]), exp["trials_total"], exp["trials_offset"]
+    if shown == total:
+        return None
+    line = (f"trials {first + 1:,} to {first + shown:,} of {total:,} shown" if shown
+            else f"no trials from {first:,}: it has {total:,}")
+    if (at := exp["trials_next_offset"]) is not None:
+        line += (f"; the next: muster experiment describe {exp['id']} --trials-offset {at}"
+                 " (or `muster trial list` / the experiment's page for a table of all)")
+    return line
+
+
 def trials_table(trials: list[api.TrialDetail]) -> Table:
     table = Table("Trial", "State", "Verdict", "Reason", "Restarts", "Started", "Ended")
     for trial in trials:

@@ -791,7 +791,7 @@ def again_page(request: Request, who: Visitor, experiment_id: int) -> Response:
     if who is None:
         return to_login(request)
     authorize(who, Action.SUBMIT)
-    exp = experiments.describe_experiment(server_state(request).store,
+    exp = experiments.experiment_overview(server_state(request).store,
                                           _bounded(experiment_id, "experiment"))
     return render(request, "new.html", who, nav="new", source=exp,
                    config_text=exp["config_yaml"])

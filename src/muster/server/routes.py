@@ -418,11 +418,21 @@ def list_experiments(
 
 @router.get("/experiments/{experiment_id}", response_model=api.ExperimentDetail,
             responses=_errors(404))
-def get_experiment(state: State, _: Reader, experiment_id: ExperimentId) -> shapes.ExperimentDetail:
-    """The experiment, its trials (attempts, replicas, how each ended, the trial part of
-    each one's snapshot) and its search."""
-    return experiments.describe_experiment(state.store, experiment_id,
-                                           snapshots.TrialParts(state.home))
+def get_experiment(
+    state: State, _: Reader, response: Response, experiment_id: ExperimentId,
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    limit: Annotated[int, Query(ge=1, le=experiments.DESCRIBE_TRIALS)
+                     ] = experiments.DESCRIBE_TRIALS,
+) -> shapes.ExperimentDetail:
+    """The experiment, its search, and a page of its trials by id (attempts, replicas, how
+    each ended, the trial part of each one's snapshot): `limit` (at most 1,000, the default)
+    from `offset`, with the count of all its trials in `X-Total-Count` and where the next
+    page starts in `trials_next_offset`."""
+    exp = experiments.describe_experiment(state.store, experiment_id,
+                                          snapshots.TrialParts(state.home),
+                                          experiments.TrialWindow(offset, limit))
+    response.headers["X-Total-Count"] = str(exp["trials_total"])
+    return exp
 
 
 @router.get("/experiments/{experiment_id}/best", response_model=api.TrialDetail,

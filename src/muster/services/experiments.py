@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NamedTuple, Protocol, TypedDict
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from muster import api, git_state, job_secrets
 from muster.config import ExperimentConfig
@@ -48,7 +48,16 @@ from muster.services.submission import ClusterCapacity, check_submission
 from muster.services.uploads import extract_context
 from muster.services.validation import best_validation
 from muster.states import EventReason, ExperimentState, StopIntent, TrialState
-from muster.store import Event, Experiment, Store, Trial, User, record_event, transition
+from muster.store import (
+    Attempt,
+    Event,
+    Experiment,
+    Store,
+    Trial,
+    User,
+    record_event,
+    transition,
+)
 from muster.store.configs import experiment_searcher
 from muster.words import count
 
@@ -67,6 +76,20 @@ MAX_ENTRIES_PER_CREATE = 200_000
 # snapshot (`snapshots.TrialParts`, handed in by the caller: that module reads trials
 # through this one, and only reads, not actions, pay for reading the home).
 TrialPartOf = Callable[[Trial], api.JsonObject]
+
+DESCRIBE_TRIALS = 1_000  # trials in one page of an experiment's description: the default
+
+
+@dataclass(frozen=True)
+class TrialWindow:
+    """Which of an experiment's trials its description holds whole: `limit` (at most
+    `DESCRIBE_TRIALS`) from `offset`, by id."""
+
+    offset: int = 0
+    limit: int = DESCRIBE_TRIALS
+
+
+FIRST_TRIALS = TrialWindow()
 
 
 class ExperimentHeader(TypedDict):
@@ -553,11 +576,12 @@ def list_experiments(store: Store, owner: str | None = None
 
 
 def describe_experiment(store: Store, experiment_id: int,
-                        part_of: TrialPartOf | None = None) -> api.ExperimentDetail:
-    """The experiment with every trial (`experiment_view`), each with its `snapshot` from
-    `part_of` (null without it)."""
+                        part_of: TrialPartOf | None = None,
+                        window: TrialWindow = FIRST_TRIALS) -> api.ExperimentDetail:
+    """The experiment with a page of its trials (`experiment_view`: by default the first
+    `DESCRIBE_TRIALS`), each with its `snapshot` from `part_of` (null without it)."""
     with store.session_scope() as s:
-        return experiment_view(s, experiment_or_404(s, experiment_id), part_of)
+        return experiment_view(s, experiment_or_404(s, experiment_id), part_of, window)
 
 
 def describe_experiments(store: Store, experiment_ids: Sequence[int]
@@ -573,18 +597,24 @@ def experiment_overview(store: Store, experiment_id: int) -> views.ExperimentOve
     warnings, read without any trial's attempts (a page of a search of thousands of
     trials shows those a page at a time, `search.trial_page`)."""
     with store.session_scope() as s:
-        exp = experiment_or_404(s, experiment_id)
-        # Its trials as the columns the summary reads, not as ORM rows (the page polls this
-        # for searches of thousands of trials); its RUNNING ones whole, for their progress.
-        trials = list(s.execute(select(*views.SUMMARY_COLUMNS).where(
-            Trial.experiment_id == exp.id).order_by(Trial.id)).all())
-        running = s.scalars(select(Trial).where(Trial.experiment_id == exp.id,
-                                                Trial.state == TrialState.RUNNING)).all()
-        succeeded = [t.id for t in trials if t.state is TrialState.SUCCEEDED]
-        goals = views.searcher_goals(experiment_searcher(exp))
-        return views.experiment_overview(exp, best_validation(s, succeeded, goals),
-                                         _warnings(s, exp.id),
-                                         progress.of_running(s, running), trials)
+        return _overview(s, experiment_or_404(s, experiment_id))[0]
+
+
+def _overview(s: Session, exp: Experiment
+              ) -> tuple[views.ExperimentOverview, dict[int, api.TrialProgress]]:
+    """`experiment_overview` in `s`, and its RUNNING trials' progress by id."""
+    # Its trials as the few columns the summary reads, not as ORM rows (the page polls this
+    # for searches of thousands of trials); its RUNNING ones whole, for their progress.
+    trials = views.tally(s, exp.id)
+    running = s.scalars(select(Trial).where(Trial.experiment_id == exp.id,
+                                            Trial.state == TrialState.RUNNING)).all()
+    searcher = experiment_searcher(exp)
+    best = best_validation(s, [t.id for t in trials if t.state is TrialState.SUCCEEDED],
+                           views.searcher_goals(searcher))
+    views.with_hparams(s, views.best_trial_of(trials, best, searcher))
+    measured = progress.of_running(s, running)
+    return views.experiment_overview(exp, best, _warnings(s, exp.id), measured,
+                                     trials), measured
 
 
 def experiment_config_text(store: Store, experiment_id: int) -> str:
@@ -782,17 +812,22 @@ def stop_trial(s: Session, trial: Trial, actor: str) -> None:
                    message=f"killed {words}")
 
 
-def experiment_view(s: Session, exp: Experiment, part_of: TrialPartOf | None = None
-                    ) -> api.ExperimentDetail:
-    """`views.experiment_detail`, with its trials' `best_validation` read from the store,
-    their snapshots from `part_of` (at most `schema.MAX_TRIALS`: a search's bound), and
-    the warnings the supervisor recorded (`warnings`: a metric no trial reports, a search
-    that stopped drawing)."""
+def experiment_view(s: Session, exp: Experiment, part_of: TrialPartOf | None = None,
+                    window: TrialWindow = FIRST_TRIALS) -> api.ExperimentDetail:
+    """`views.experiment_detail`: the overview (read from every trial's summary columns) and
+    the trials in `window` whole, with their `best_validation` read from the store, their
+    snapshots from `part_of` (at most `DESCRIBE_TRIALS`), and the warnings the supervisor
+    recorded (`warnings`: a metric no trial reports, a search that stopped drawing)."""
+    overview, measured = _overview(s, exp)
     goals = views.searcher_goals(experiment_searcher(exp))
-    parts = {} if part_of is None else {t.id: part_of(t) for t in exp.trials}
-    return views.experiment_detail(exp, best_validation(s, [t.id for t in exp.trials], goals),
-                                   _warnings(s, exp.id), parts,
-                                   progress.of_running(s, exp.trials))
+    page = list(s.scalars(
+        select(Trial).where(Trial.experiment_id == exp.id).order_by(Trial.id)
+        .offset(window.offset).limit(window.limit)
+        .options(selectinload(Trial.attempts).selectinload(Attempt.replicas))))
+    parts = {} if part_of is None else {t.id: part_of(t) for t in page}
+    return views.experiment_detail(
+        overview, page, best_validation(s, [t.id for t in page], goals), parts, measured,
+        offset=window.offset)
 
 
 def _warnings(s: Session, experiment_id: int) -> list[str]:

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
+
+from sqlalchemy import JSON, select, type_coerce
+from sqlalchemy.orm import Session
 
 from muster import api
 from muster.checkpoint_storage.location import Location
@@ -34,8 +38,8 @@ BestValues = Mapping[int, Mapping[str, float]]
 
 
 class TrialFacts(Protocol):
-    """What an experiment's summary reads of each of its trials (`SUMMARY_COLUMNS`): a
-    `Trial`, or a row of those columns alone (thousands of trials, no ORM objects)."""
+    """What an experiment's summary reads of each of its trials: a `Trial`, or a `TrialTally`
+    (thousands of trials, no ORM objects)."""
 
     @property
     def id(self) -> int: ...
@@ -57,8 +61,41 @@ class TrialFacts(Protocol):
 
 _Facts = TypeVar("_Facts", bound=TrialFacts)
 
-SUMMARY_COLUMNS = (Trial.id, Trial.number, Trial.state, Trial.hparams, Trial.verification,
-                   Trial.early_stopped, Trial.reason, Trial.message)
+@dataclass
+class TrialTally:
+    """A `TrialFacts` read light, for an experiment's summary over thousands of trials: its
+    verification as its `verified` flag alone (what the counts read: `verdict_of` a SUCCEEDED
+    trial looks no further), no message, and its hyperparameters only where `tally` was
+    asked for them (the best trial's)."""
+
+    id: int
+    number: int
+    state: TrialState
+    early_stopped: bool
+    reason: str | None
+    verified: bool | None
+    hparams: api.JsonObject = field(default_factory=dict)
+    message: str | None = None
+
+    @property
+    def verification(self) -> api.JsonObject | None:
+        return None if self.verified is None else {"verified": self.verified}
+
+
+def tally(s: Session, experiment_id: int) -> list[TrialTally]:
+    """The experiment's trials, by id, as `TrialTally` rows: one query, no JSON decoded in
+    Python (the verified flag is read by the database)."""
+    flag = type_coerce(Trial.verification, JSON)["verified"].as_boolean()
+    rows = s.execute(select(Trial.id, Trial.number, Trial.state, Trial.early_stopped,
+                            Trial.reason, flag).where(Trial.experiment_id == experiment_id)
+                     .order_by(Trial.id))
+    return [TrialTally(*row) for row in rows]
+
+
+def with_hparams(s: Session, trial: TrialTally | None) -> None:
+    """Read `trial`'s hyperparameters into it (the one a summary shows: the best)."""
+    if trial is not None:
+        trial.hparams = s.scalar(select(Trial.hparams).where(Trial.id == trial.id)) or {}
 
 
 class ExperimentOverview(api.ExperimentSummary):
@@ -131,19 +168,22 @@ def progress_view(max_trials: int, states: Sequence[TrialState]) -> api.Progress
             "total": max(max_trials, len(states))}
 
 
-def experiment_detail(exp: Experiment, best: BestValues, warnings: Sequence[str],
-                      snapshots: Mapping[int, api.JsonObject] | None = None,
-                      progress: Mapping[int, api.TrialProgress] | None = None
-                      ) -> api.ExperimentDetail:
-    """The experiment, every trial with its `best_validation` (`best`, by trial id), its
-    snapshot's trial part (`snapshots`, by trial id; null where not given) and its
-    `progress` (by trial id: the RUNNING ones), the search's progress and the `warnings`
-    the supervisor recorded."""
-    overview = experiment_overview(exp, best, warnings, progress)
-    parts, measured = snapshots or {}, progress or {}
-    trials = [trial_detail(t, best.get(t.id, {}), parts.get(t.id), measured.get(t.id))
-              for t in exp.trials]
-    return api.ExperimentDetail(**overview, trials=trials)
+def experiment_detail(overview: ExperimentOverview, page: Sequence[Trial], best: BestValues,
+                      snapshots: Mapping[int, api.JsonObject], progress: Mapping[int,
+                                                                             api.TrialProgress],
+                      offset: int) -> api.ExperimentDetail:
+    """The experiment's `overview` and a page of its trials (`page`, those from `offset` by
+    id), each with its `best_validation` (`best`, by trial id), its snapshot's trial part
+    (`snapshots`, by trial id; null where not given) and its `progress` (by trial id: the
+    RUNNING ones). `trials_next_offset` says where the next page starts, null after the
+    last."""
+    trials = [trial_detail(t, best.get(t.id, {}), snapshots.get(t.id), progress.get(t.id))
+              for t in page]
+    total = len(overview["trial_states"])
+    after = offset + len(trials)
+    return api.ExperimentDetail(**overview, trials=trials, trials_total=total,
+                                trials_offset=offset,
+                                trials_next_offset=after if trials and after < total else None)
 
 
 def experiment_overview(exp: Experiment, best: BestValues, warnings: Sequence[str],
@@ -152,7 +192,7 @@ def experiment_overview(exp: Experiment, best: BestValues, warnings: Sequence[st
     """`experiment_detail` without its trials: the summary (with its RUNNING trials'
     `progress`, by trial id), the config, the search's progress and the `warnings` (what a
     page shows above its trials table, read without each trial's attempts). `trials`:
-    its trials (default `exp.trials`), as `SUMMARY_COLUMNS` rows will do."""
+    its trials (default `exp.trials`), as `TrialTally` rows will do."""
     trials = exp.trials if trials is None else trials
     searcher = experiment_searcher(exp)
     search = search_view(exp, searcher, best, trials)
