@@ -34,7 +34,7 @@ MAX_SERIES = 1000  # metrics of one kind kept per trial
 
 
 class MetricRow(TypedDict):
-    """A `metrics` row as ingestion inserts it (Core executemany: no ORM objects)."""
+    """A `metrics` row as ingestion inserts it (`COPY` or a DBAPI executemany: no ORM objects)."""
 
     trial_id: int
     attempt: int
@@ -55,16 +55,19 @@ def record(s: Session, trial_id: int, rows: Iterable[MetricRow]) -> None:
     """
     by_kind: dict[MetricKind, dict[str, list[tuple[int, Any]]]] = {}
     for row in rows:
-        system = row["kind"] is MetricKind.SYSTEM
-        if row["rank"] != 0 and not system:
+        kind, rank = row["kind"], row["rank"]
+        system = kind is MetricKind.SYSTEM
+        if rank != 0 and not system:
             continue
-        step, names = row["step"], by_kind.setdefault(row["kind"], {})
+        step, names = row["step"], by_kind.get(kind)
+        if names is None:
+            names = by_kind[kind] = {}
         for reported, value in row["values"].items():
-            name = series_name(reported, row["rank"]) if system else reported
-            points = names.get(name)
-            if points is None:
-                points = names[name] = []
-            points.append((step, value))
+            name = series_name(reported, rank) if system else reported
+            try:
+                names[name].append((step, value))
+            except KeyError:
+                names[name] = [(step, value)]
     reports = {(kind, name): points for kind, names in by_kind.items()
                for name, points in names.items()}
     if not reports:
