@@ -141,7 +141,8 @@ SPACE = "hyperparameters: {lr: {type: double, minval: 0, maxval: 1}}\n"
                "digits and _ . / : @ + -, the first a letter, a digit or _; got 'a b'; name "
                "the validation metric as the script reports it"]),
     ("searcher: {name: asha, metric: l, max_trials: 4, max_length: 9, mode: aggressive}\n"
-     + SPACE, ["searcher.mode: only the adaptive_asha searcher uses it, not asha; remove it"]),
+     + SPACE, ["searcher.mode: only the adaptive_asha and bohb searchers use it, not asha; "
+               "remove it"]),
     ("searcher: {name: grid, metric: l, max_trials: 3}\n"
      "hyperparameters: {a: {type: int, minval: 1, maxval: 3}}\n",
      ["searcher.max_trials: a grid runs one trial per point (the product of the counts); "
@@ -162,11 +163,11 @@ SPACE = "hyperparameters: {lr: {type: double, minval: 0, maxval: 1}}\n"
       "range: make it a constant, or search it, e.g. with `searcher: {name: random, "
       "max_trials: 1, metric: ...}`"]),
     ("searcher: {name: single, max_trials: 2}\n",
-     ["searcher.max_trials: the single searcher runs one trial; choose random, tpe, asha or "
-      "adaptive_asha to run more"]),
+     ["searcher.max_trials: the single searcher runs one trial; choose random, tpe, asha, "
+      "adaptive_asha or bohb to run more"]),
     ("searcher: {name: bayes}\n",
-     ["searcher.name: must be 'single', 'grid', 'random', 'tpe', 'asha' or 'adaptive_asha', "
-      "got 'bayes'"]),
+     ["searcher.name: must be 'single', 'grid', 'random', 'tpe', 'asha', 'adaptive_asha' or "
+      "'bohb', got 'bayes'"]),
     ("reproducibility: {experiment_seed: -1}\n",
      ["reproducibility.experiment_seed: must be >= 0, got -1"]),
 ])

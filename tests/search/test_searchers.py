@@ -72,9 +72,11 @@ def test_a_random_draw_depends_on_the_seed_and_number_alone() -> None:
     assert alone == after_results
 
 
-def test_tpe_learns_from_results() -> None:
-    """After its random start, TPE draws near the best values more often than random does."""
-    conf = "{{name: {}, metric: loss, max_trials: 40}}"
+@pytest.mark.parametrize("learner", ["tpe", "bohb"])
+def test_tpe_learns_from_results(learner: str) -> None:
+    """After its random start, TPE (alone, or drawing for BOHB's brackets) draws near the
+    best values more often than random does."""
+    conf = "{{name: {}, metric: loss, max_trials: 40, max_length: 16}}"
     space = "hyperparameters: {x: {type: double, minval: 0, maxval: 1}}\n"
 
     def loss(params: dict[str, Any]) -> float:
@@ -84,7 +86,7 @@ def test_tpe_learns_from_results() -> None:
         draws = draw(searcher_for(config(conf.format(name), space), seed=1), 40, loss)
         return sum(abs(p["x"] - 0.8) < 0.1 for p in draws[20:])
 
-    assert near("tpe") > near("random")
+    assert near(learner) > near("random")
 
 
 def test_a_grid_enumerates_its_product_once_whatever_ends_when() -> None:
@@ -170,12 +172,31 @@ def test_adaptive_asha_makes_the_brackets_its_mode_asks_for(
     assert math.floor(math.log(high / low, divisor)) + 1 == brackets
 
 
+@pytest.mark.parametrize("mode", ["aggressive", "standard"])
+def test_bohb_is_adaptive_ashas_brackets_with_tpes_draws(mode: str) -> None:
+    """The same pruner as adaptive_asha's at the same settings (so the same early stops on
+    the same reports), and TPE's sampler in place of random draws."""
+    settings = f"metric: loss, max_trials: 20, max_length: 64, divisor: 2, mode: {mode}"
+    bohb = searcher_for(config(f"{{name: bohb, {settings}}}", X), seed=1)
+    asha = searcher_for(config(f"{{name: adaptive_asha, {settings}}}", X), seed=1)
+    assert isinstance(bohb, AdaptiveAsha) and bohb.prunes
+    assert type(bohb.sampler(3)).__name__ == "TPESampler"
+    assert type(asha.sampler(3)).__name__ == "RandomSampler"
+    assert (bohb.pruner()._min_resource, bohb.pruner()._max_resource, bohb.brackets()) == (
+        asha.pruner()._min_resource, asha.pruner()._max_resource, asha.brackets())
+    earlier = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1]
+    for judged in (0.55, 0.95):
+        history = asha_history(earlier, judged, step=4)
+        assert bohb.judge(history, 7).prune == asha.judge(history, 7).prune
+
+
 @pytest.mark.parametrize("searcher", [
     "{name: random, metric: loss, max_trials: 2}",
     "{name: tpe, metric: loss, max_trials: 2}",
     "{name: grid, metric: loss}",
     "{name: asha, metric: loss, max_trials: 2, max_length: 8}",
     "{name: adaptive_asha, metric: loss, max_trials: 2, max_length: 8}",
+    "{name: bohb, metric: loss, max_trials: 2, max_length: 8}",
 ])
 def test_the_config_knows_which_searchers_prune(searcher: str) -> None:
     """The supervisor asks the config (no Optuna import) whether a pruner may stop a trial;

@@ -134,6 +134,33 @@ def test_asha_stops_poor_trials_early_and_they_end_succeeded(sqlite_rig: Rig) ->
             assert stop["value"] > best
 
 
+def test_bohb_stops_poor_trials_early_and_every_trial_ends_succeeded(sqlite_rig: Rig) -> None:
+    """BOHB-style search with real trials: Hyperband's brackets stop the trials that fall
+    behind at a rung (one bracket: plain successive halving, so the earliest trial meets
+    no one), TPE draws each trial's x, and the search completes with all of them."""
+    experiment_id = submit_search(
+        sqlite_rig, {"name": "bohb", "max_trials": 6, "max_concurrent_trials": 1,
+                     "max_length": 8, "divisor": 2, "max_rungs": 4, "mode": "aggressive",
+                     **LOSS},
+        {"x": {"type": "double", "minval": 0, "maxval": 1}}, pause=0.4)
+    assert run_search(sqlite_rig, experiment_id) is ExperimentState.COMPLETED
+    trials = trials_of(sqlite_rig.store, experiment_id)
+    assert len(trials) == 6 and {t.state for t in trials} == {TrialState.SUCCEEDED.value}
+    assert len({t.hparams["x"] for t in trials}) == 6
+    stopped = [t for t in trials if t.early_stopped]
+    assert stopped, "with six sequential trials some must fall behind the best at a rung"
+    assert not trials[0].early_stopped
+    with sqlite_rig.store.session_scope() as s:
+        for trial in stopped:
+            stop = (trial.search_state or {})["early_stop"]
+            assert stop["step"] in (1, 2, 4)  # a rung: 8 / 2**k
+            earlier = [_value_at(s, t.id, stop["step"]) for t in trials
+                       if t.number < trial.number]
+            assert stop["value"] > min(value for value in earlier if value is not None)
+    full = [t for t in trials if not t.early_stopped]
+    assert all((t.verification or {}).get("verified") is True for t in full)
+
+
 def test_asha_with_a_time_metric_counts_its_rungs_and_length_in_the_metrics_values(
         sqlite_rig: Rig) -> None:
     """Determined's time_metric: the script reports validation at steps 10, 20, ... with

@@ -44,7 +44,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], int]] = [
     *[(f"{name}-{n}", {"name": name, "max_trials": n, **LOSS}, {"x": X}, n)
       for name in ("random", "tpe") for n in (1, 2)],
     *[(f"{name}-{n}", {"name": name, "max_trials": n, "max_length": 4, **LOSS}, {"x": X}, n)
-      for name in ("asha", "adaptive_asha") for n in (1, 2)],
+      for name in ("asha", "adaptive_asha", "bohb") for n in (1, 2)],
 ]
 QUIET_PASSES = 30  # passes with no trial left to run after which a search is stuck
 

@@ -551,8 +551,8 @@ def _log_metric_problem(name: str, pattern: str) -> str | None:
 
 
 LENGTH_UNITS = ("batches", "epochs", "records")
-SEARCHERS = ("single", "grid", "random", "tpe", "asha", "adaptive_asha")
-PRUNING_SEARCHERS = frozenset({"asha", "adaptive_asha"})  # they stop trials early
+SEARCHERS = ("single", "grid", "random", "tpe", "asha", "adaptive_asha", "bohb")
+PRUNING_SEARCHERS = frozenset({"asha", "adaptive_asha", "bohb"})  # they stop trials early
 MAX_TRIALS = 10_000
 # The keys of a warm start (`SearcherConfig.warm_start`): each names the checkpoint the
 # trials start from, at most one is set.
@@ -562,9 +562,9 @@ MAX_ID = 2**31 - 1  # the largest id the store holds (an INTEGER column)
 # Settings that only some searchers read: which, so that a setting a searcher would ignore
 # is an error rather than a silent no-op.
 _ONLY_FOR = {
-    "mode": ("adaptive_asha",),
-    "divisor": ("asha", "adaptive_asha"),
-    "max_rungs": ("asha", "adaptive_asha"),
+    "mode": ("adaptive_asha", "bohb"),
+    "divisor": ("asha", "adaptive_asha", "bohb"),
+    "max_rungs": ("asha", "adaptive_asha", "bohb"),
 }
 
 
@@ -585,7 +585,7 @@ class SearcherConfig(_Section):
                     "values when time_metric is set)",
     }
 
-    name: Literal["single", "grid", "random", "tpe", "asha", "adaptive_asha"] = "single"
+    name: Literal["single", "grid", "random", "tpe", "asha", "adaptive_asha", "bohb"] = "single"
     metric: str | None = Field(default=None, min_length=1)
     smaller_is_better: bool = True
     max_trials: int | None = Field(default=None, ge=1, le=MAX_TRIALS)
@@ -678,14 +678,14 @@ def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
                                    "report_validation, e.g. `metric: val_loss`"))
     if name == "single" and config.max_trials not in (None, 1):
         problems.append(("max_trials", "the single searcher runs one trial; choose random, "
-                                       "tpe, asha or adaptive_asha to run more"))
+                                       "tpe, asha, adaptive_asha or bohb to run more"))
     if name == "grid" and config.max_trials is not None:
         problems.append(("max_trials", "a grid runs one trial per point (the product of the "
                                        "counts); remove max_trials"))
-    if name in ("random", "tpe", "asha", "adaptive_asha") and config.max_trials is None:
+    if name in ("random", "tpe", *PRUNING_SEARCHERS) and config.max_trials is None:
         problems.append(("max_trials", f"required by the {name} searcher: how many trials to "
                                        "run in all"))
-    if name in ("asha", "adaptive_asha") and config.max_length is None:
+    if name in PRUNING_SEARCHERS and config.max_length is None:
         problems.append(("max_length", f"required by {name}, whose rungs are fractions of it "
                                        "(in the steps the script reports validation with)"))
     if config.time_metric is not None and config.max_length is None:

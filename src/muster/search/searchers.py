@@ -6,6 +6,7 @@ from muster.config.schema import ExperimentConfig
 from muster.search.adaptive_asha import AdaptiveAsha
 from muster.search.asha import Asha
 from muster.search.base import Searcher
+from muster.search.bohb import Bohb
 from muster.search.grid import Grid
 from muster.search.random import Random
 from muster.search.single import Single
@@ -14,7 +15,7 @@ from muster.search.tpe import Tpe
 __all__ = ["searcher_for"]
 
 _SEARCHERS: dict[str, type[Searcher]] = {
-    cls.name: cls for cls in (Single, Grid, Random, Tpe, Asha, AdaptiveAsha)
+    cls.name: cls for cls in (Single, Grid, Random, Tpe, Asha, AdaptiveAsha, Bohb)
 }
 
 
