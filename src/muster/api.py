@@ -379,7 +379,36 @@ class SearchProgress(TypedDict):
     running: int  # STARTING, RUNNING and RESTARTING
     queued: int  # QUEUED and PAUSED
     remaining: int  # still to be made
-    best: BestSoFar | None
+    best: BestSoFar | None  # by `metric` (a multi-objective search's first objective)
+    # What the search compares trials by: `searcher.metrics` (several: a multi-objective
+    # search, whose results are its Pareto front, `GET /experiments/{id}/front`), or the
+    # one metric; empty when none.
+    objectives: list[Objective]
+
+
+class Objective(TypedDict):
+    name: str  # a validation metric
+    smaller_is_better: bool
+
+
+class FrontPoint(TypedDict):
+    trial_id: int
+    number: int
+    hparams: Hparams
+    values: dict[str, float]  # each objective's value in the last report that held it
+    on_front: bool  # no other trial is at least as good on every objective and better on one
+
+
+class ParetoFront(TypedDict):
+    """A search's trials by its objectives (`GET /experiments/{id}/front`): the SUCCEEDED
+    trials that reported a finite value of each, those on the Pareto front first (by the
+    first objective, best first), then the others (dominated) in the same order."""
+
+    experiment_id: int
+    objectives: list[Objective]
+    points: list[FrontPoint]
+    front: int  # how many of `points` are on the front (the first ones)
+    without_values: int  # SUCCEEDED trials left out: an objective missing, NaN or infinite
 
 
 class Progress(TypedDict):

@@ -429,6 +429,11 @@ class Client:
         Conflict while it cannot be told."""
         return self._call("GET", f"/experiments/{experiment_id}/importance", _As["api.Importance"])
 
+    def pareto_front(self, experiment_id: int) -> api.ParetoFront:
+        """The experiment's trials by its searcher's objectives, the Pareto front first.
+        Raises Conflict when the searcher names no metric."""
+        return self._call("GET", f"/experiments/{experiment_id}/front", _As["api.ParetoFront"])
+
     def list_trials(self, experiment_id: int, sort: str | None = None) -> list[api.TrialSummary]:
         """The experiment's trials: by number, or with `sort` by that validation metric (the
         searcher's best first, any other smallest first)."""

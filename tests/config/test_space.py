@@ -166,10 +166,25 @@ SPACE = "hyperparameters: {lr: {type: double, minval: 0, maxval: 1}}\n"
      ["searcher.max_trials: the single searcher runs one trial; choose random, tpe, asha, "
       "adaptive_asha or bohb to run more"]),
     ("searcher: {name: bayes}\n",
-     ["searcher.name: must be 'single', 'grid', 'random', 'tpe', 'asha', 'adaptive_asha' or "
-      "'bohb', got 'bayes'"]),
+     ["searcher.name: must be 'single', 'grid', 'random', 'tpe', 'asha', 'adaptive_asha', "
+      "'bohb' or 'nsga2', got 'bayes'"]),
     ("reproducibility: {experiment_seed: -1}\n",
      ["reproducibility.experiment_seed: must be >= 0, got -1"]),
+    ("searcher: {name: bohb, max_trials: 4, max_length: 9, metrics: [{name: a}, {name: b}]}\n"
+     + SPACE,
+     ["searcher.metrics: the bohb searcher compares trials by one metric (a pruner judges "
+      "one); search several objectives with grid, random, tpe or nsga2, or keep one metric"]),
+    ("searcher: {name: nsga2, max_trials: 4, metrics: [{name: a}, {name: a}]}\n" + SPACE,
+     ["searcher.metrics: names an objective twice (a, a); each metric once"]),
+    ("searcher: {name: tpe, max_trials: 4, metric: b, metrics: [{name: a}, {name: b}]}\n"
+     + SPACE,
+     ["searcher.metric: with searcher.metrics the first objective (a) is the metric; remove "
+      "metric and smaller_is_better, or make them the first objective's"]),
+    ("searcher: {name: nsga2, max_trials: 4, metrics: [{name: a}]}\n" + SPACE,
+     ["searcher.metrics: must have at least 2 items"]),
+    ("searcher: {name: nsga2, metrics: [{name: a}, {name: b, smaller: no}]}\n" + SPACE,
+     ["searcher.metrics[1].smaller: unknown key; the keys allowed here are name, "
+      "smaller_is_better"]),
 ])
 def test_invalid_searchers_say_what_to_change(text: str, expected: list[str]) -> None:
     assert problems(text) == expected

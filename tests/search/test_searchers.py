@@ -204,3 +204,44 @@ def test_the_config_knows_which_searchers_prune(searcher: str) -> None:
     space = "hyperparameters:\n  lr: {type: categorical, vals: [0.1, 0.2]}\n"
     chosen = config(searcher, space)
     assert chosen.searcher.prunes() == searcher_for(chosen, seed=1).prunes
+
+
+# -- several objectives (searcher.metrics) --------------------------------------------------
+
+TWO = "metrics: [{name: a}, {name: b}]"
+XY = "hyperparameters: {x: {type: double, minval: 0, maxval: 1}, y: {type: double, " \
+     "minval: 0, maxval: 1}}\n"
+
+
+def draw_multi(searcher: Searcher, count: int) -> list[dict[str, Any]]:
+    """`count` draws, each ending COMPLETE with the objectives a = (x - 0.2)² + y and
+    b = (x - 0.4)² + y: they disagree on x, and both want y = 0 (the front is y = 0,
+    0.2 ≤ x ≤ 0.4)."""
+    history: list[PastTrial] = []
+    for number in range(count):
+        params, attrs = searcher.ask(history, number)
+        a = (params["x"] - 0.2) ** 2 + params["y"]
+        b = (params["x"] - 0.4) ** 2 + params["y"]
+        history.append(PastTrial(number, SearchOutcome.COMPLETE, params, a, {}, attrs, (a, b)))
+    return [dict(p.params) for p in history]
+
+
+@pytest.mark.parametrize("name", ["tpe", "nsga2"])
+def test_a_multi_objective_search_learns_where_the_front_is(name: str) -> None:
+    """TPE (MOTPE) and NSGA-II, given both objectives of each trial, draw near the front
+    (small y) more often than random draws do, and the same seed draws the same trials."""
+    def near(searcher: str) -> int:
+        conf = config(f"{{name: {searcher}, max_trials: 60, {TWO}}}", XY)
+        draws = draw_multi(searcher_for(conf, seed=2), 60)
+        return sum(p["y"] < 0.15 for p in draws[30:])
+
+    assert near(name) > near("random")
+    conf = config(f"{{name: {name}, max_trials: 12, {TWO}}}", XY)
+    assert draw_multi(searcher_for(conf, seed=4), 12) == draw_multi(searcher_for(conf, seed=4), 12)
+
+
+def test_nsga2_breeds_generations_of_a_quarter_of_max_trials() -> None:
+    sizes = {trials: searcher_for(config(f"{{name: nsga2, max_trials: {trials}, {TWO}}}", XY),
+                                  seed=1).population_size()  # type: ignore[attr-defined]
+             for trials in (8, 40, 1000)}
+    assert sizes == {8: 4, 40: 10, 1000: 50}

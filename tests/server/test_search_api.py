@@ -66,7 +66,8 @@ def test_describe_shows_the_search_and_each_trials_place_in_it(
         "max_length_unit": "steps", "time_metric": None, "ended": 2, "running": 1, "queued": 1,
         "remaining": 2,
         "best": {"trial_id": t1, "number": 1, "hparams": {"lr": 0.002, "model": {"hidden": 64}},
-                 "metric": "val_loss", "value": 0.2, "early_stopped": True}}
+                 "metric": "val_loss", "value": 0.2, "early_stopped": True},
+        "objectives": [{"name": "val_loss", "smaller_is_better": True}]}
     trials = exp["trials"]
     assert [t["number"] for t in trials] == [0, 1, 2, 3]
     assert [t["best_validation"] for t in trials] == [

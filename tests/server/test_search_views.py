@@ -23,7 +23,7 @@ from muster.config import load_config
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.services import views
 from muster.services.experiments import DESCRIBE_TRIALS, TrialWindow, describe_experiment
-from muster.services.search import best_trial, list_trials
+from muster.services.search import best_trial, list_trials, pareto_front
 from muster.services.validation import best_validation
 from muster.store import Attempt, Experiment, Metric, Replica, Store, Trial, series
 from tests.store.rows import add_metric
@@ -37,7 +37,7 @@ def store(shared_store: Store) -> Store:
 _names = itertools.count(1)
 SEARCH_KEYS = {"searcher", "metric", "smaller_is_better", "max_trials", "max_concurrent_trials",
                "max_length", "max_length_unit", "time_metric", "ended", "running", "queued",
-               "remaining", "best"}
+               "remaining", "best", "objectives"}
 SUMMARY_KEYS = {"id", "number", "state", "hparams", "early_stopped", "best_validation",
                 "restarts", "started_at", "ended_at", "verified", "verdict", "early_stop",
                 "progress"}
@@ -285,7 +285,8 @@ def test_without_a_searcher_metric_there_is_no_best(shared_store: Store) -> None
     assert view["search"] == {
         "searcher": "single", "metric": None, "smaller_is_better": True, "max_trials": 1,
         "max_concurrent_trials": 16, "max_length": None, "max_length_unit": "steps",
-        "time_metric": None, "ended": 1, "running": 0, "queued": 0, "remaining": 0, "best": None}
+        "time_metric": None, "ended": 1, "running": 0, "queued": 0, "remaining": 0, "best": None,
+        "objectives": []}
     assert view["trials"][0]["best_validation"] == {}
     assert view["trials"][0]["number"] == 0
 
@@ -443,3 +444,50 @@ def test_the_searchers_metric_sorts_before_any_report(shared_store: Store) -> No
     assert numbers(list_trials(shared_store, exp.id, sort="val_loss")) == [0]
     with pytest.raises(InvalidRequest, match=r"validation metrics: val_loss$"):
         list_trials(shared_store, exp.id, sort="val_acc")
+
+
+# -- several objectives: the Pareto front --------------------------------------------------
+
+
+def test_the_pareto_front_keeps_the_trials_no_other_beats(shared_store: Store) -> None:
+    """Two objectives, accuracy up and latency down, each trial's last report of each: the
+    front is best-first by the first objective; a beaten trial, one that ended on NaN and
+    one missing an objective are not on it, and only SUCCEEDED trials count."""
+    two = [{"name": "val_acc", "smaller_is_better": False}, {"name": "latency"}]
+    with shared_store.session_scope() as s:
+        exp = add_experiment(s, search_config("nsga2", metric=None, metrics=two))
+        def trial(number: int, *reports: dict[str, float], state: str = "SUCCEEDED") -> int:
+            return add_trial(s, exp, number, state, validation=reports).id
+        fast = trial(0, {"val_acc": 0.9, "latency": 9.0}, {"val_acc": 0.7, "latency": 2.0})
+        accurate = trial(1, {"val_acc": 0.95, "latency": 5.0})
+        beaten = trial(2, {"val_acc": 0.6, "latency": 6.0})
+        tie = trial(3, {"val_acc": 0.95, "latency": 5.0})
+        trial(4, {"val_acc": math.nan, "latency": 1.0})
+        trial(5, {"val_acc": 0.99})
+        trial(6, {"val_acc": 0.99, "latency": 0.5}, state="FAILED")
+        late = trial(7, {"val_acc": 0.5, "latency": 9.0}, {"latency": 1.5})
+    front = pareto_front(shared_store, exp.id)
+    assert front["objectives"] == [{"name": "val_acc", "smaller_is_better": False},
+                                   {"name": "latency", "smaller_is_better": True}]
+    assert [(p["trial_id"], p["on_front"]) for p in front["points"]] == [
+        (accurate, True), (tie, True), (fast, True), (late, True), (beaten, False)]
+    assert (front["front"], front["without_values"]) == (4, 2)
+    assert front["points"][2]["values"] == {"val_acc": 0.7, "latency": 2.0}  # as it ended
+    assert front["points"][3]["values"] == {"val_acc": 0.5, "latency": 1.5}
+    view = describe_experiment(shared_store, exp.id)["search"]
+    assert (view["metric"], view["smaller_is_better"]) == ("val_acc", False)
+    assert [o["name"] for o in view["objectives"]] == ["val_acc", "latency"]
+
+
+def test_a_front_needs_a_metric_and_of_one_is_its_best(shared_store: Store) -> None:
+    with shared_store.session_scope() as s:
+        none = add_experiment(s, search_config("single", metric=None), max_trials=1)
+        one = add_experiment(s, search_config())
+        worse = add_trial(s, one, 0, validation=losses(0.3))
+        best = add_trial(s, one, 1, validation=losses(0.5, 0.2))
+    with pytest.raises(Conflict, match="no searcher metric"):
+        pareto_front(shared_store, none.id)
+    front = pareto_front(shared_store, one.id)
+    assert [(p["trial_id"], p["on_front"]) for p in front["points"]] == [
+        (best.id, True), (worse.id, False)]
+    assert front["front"] == 1

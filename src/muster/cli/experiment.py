@@ -261,9 +261,23 @@ def best(
     url: UrlOption = None,
 ) -> None:
     """Show the best trial so far: the SUCCEEDED one (stopped early or not) with the best
-    value of the searcher's metric, and its hyperparameters."""
+    value of the searcher's metric, and its hyperparameters; for a search of several
+    objectives (`searcher.metrics`), its Pareto front: the trials no other beats on all."""
     with client(home, url) as c:
-        trial = c.best_trial(experiment_id)
+        objectives = c.get_experiment(experiment_id, limit=1)["search"]["objectives"]
+        if len(objectives) > 1:
+            front = c.pareto_front(experiment_id)
+        else:
+            trial = c.best_trial(experiment_id)
+    if len(objectives) > 1:
+        on_front = [point for point in front["points"] if point["on_front"]]
+        if as_json:
+            render.print_json(on_front)
+            return
+        for line in render.front_lines(front):
+            render.console.print(line, markup=False)
+        render.console.print(render.front_table(front["objectives"], on_front))
+        return
     if as_json:
         render.print_json(trial)
         return

@@ -270,6 +270,30 @@ def best_trial_lines(trial: api.TrialDetail) -> list[str]:
             f"state: {trial['state']}{_stopped_early(trial)}"]
 
 
+def front_lines(front: api.ParetoFront) -> list[str]:
+    """What a multi-objective search's Pareto front is made of, in words."""
+    wanted = ", ".join(f"{o['name']} ({'smaller' if o['smaller_is_better'] else 'larger'} "
+                       "is better)" for o in front["objectives"])
+    lines = [f"Pareto front of experiment {front['experiment_id']}: "
+             f"{count(front['front'], 'trial')} no other beats on every objective: {wanted}"]
+    dominated = len(front["points"]) - front["front"]
+    if dominated or front["without_values"]:
+        lines.append(f"beaten: {count(dominated, 'trial')}; without a finite value of every "
+                     f"objective: {count(front['without_values'], 'trial')}")
+    return lines
+
+
+def front_table(objectives: list[api.Objective], points: list[api.FrontPoint]) -> Table:
+    """The trials of a Pareto front: each objective's value (as it ended), hparams."""
+    names = [o["name"] for o in objectives]
+    table = Table("Trial", "Number", *map(escape, names), "Hyperparameters")
+    for point in points:
+        table.add_row(str(point["trial_id"]), str(point["number"]),
+                      *(number(point["values"][name]) for name in names),
+                      escape(hparams_text(point["hparams"])))
+    return table
+
+
 def _stopped_early(trial: api.TrialDetail) -> str:
     stop = trial.get("early_stop")
     if stop:

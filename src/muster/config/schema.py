@@ -551,7 +551,11 @@ def _log_metric_problem(name: str, pattern: str) -> str | None:
 
 
 LENGTH_UNITS = ("batches", "epochs", "records")
-SEARCHERS = ("single", "grid", "random", "tpe", "asha", "adaptive_asha", "bohb")
+SEARCHERS = ("single", "grid", "random", "tpe", "asha", "adaptive_asha", "bohb", "nsga2")
+# Those that can search several objectives at once (`searcher.metrics`): the samplers that
+# compare trials by Pareto dominance; a pruner judges one metric, so no pruning searcher.
+MULTI_OBJECTIVE_SEARCHERS = ("grid", "random", "tpe", "nsga2")
+MAX_OBJECTIVES = 4
 PRUNING_SEARCHERS = frozenset({"asha", "adaptive_asha", "bohb"})  # they stop trials early
 MAX_TRIALS = 10_000
 # The keys of a warm start (`SearcherConfig.warm_start`): each names the checkpoint the
@@ -566,6 +570,21 @@ _ONLY_FOR = {
     "divisor": ("asha", "adaptive_asha", "bohb"),
     "max_rungs": ("asha", "adaptive_asha", "bohb"),
 }
+
+
+class Objective(_Section):
+    """One objective of a multi-objective search (`searcher.metrics`)."""
+
+    name: str = Field(min_length=1)  # a validation metric the script reports
+    smaller_is_better: bool = True
+
+    @field_validator("name")
+    @classmethod
+    def _metric_name(cls, value: str, info: ValidationInfo) -> str:
+        problem = name_problem(value) if _submitted(info) else None
+        if problem is not None:
+            raise ValueError(f"{problem}; name the validation metric as the script reports it")
+        return value
 
 
 class SearcherConfig(_Section):
@@ -585,9 +604,15 @@ class SearcherConfig(_Section):
                     "values when time_metric is set)",
     }
 
-    name: Literal["single", "grid", "random", "tpe", "asha", "adaptive_asha", "bohb"] = "single"
+    name: Literal["single", "grid", "random", "tpe", "asha", "adaptive_asha", "bohb",
+                  "nsga2"] = "single"
     metric: str | None = Field(default=None, min_length=1)
     smaller_is_better: bool = True
+    # Several objectives at once (multi-objective search): the first is also `metric` and
+    # `smaller_is_better` (what lists sort by, the "best" of one metric); the search keeps the
+    # trials no other beats on every objective (the Pareto front).
+    metrics: list[Objective] | None = Field(default=None, min_length=2,
+                                            max_length=MAX_OBJECTIVES)
     max_trials: int | None = Field(default=None, ge=1, le=MAX_TRIALS)
     max_concurrent_trials: int = Field(default=16, ge=1)
     max_length: int | None = Field(default=None, ge=1)  # in report_validation's step units
@@ -619,6 +644,30 @@ class SearcherConfig(_Section):
         if problem is not None:
             raise ValueError(f"{problem}; name the validation metric as the script reports it")
         return value
+
+    def objectives(self) -> list[Objective]:
+        """What the search compares trials by: `metrics`, or `metric` alone (empty when it
+        compares none)."""
+        if self.metrics is not None:
+            return list(self.metrics)
+        return [] if self.metric is None else [Objective(name=self.metric,
+                                                         smaller_is_better=self.smaller_is_better)]
+
+    def multi_objective(self) -> bool:
+        return self.metrics is not None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_objective_is_the_metric(cls, data: object) -> object:
+        """`metrics: [{name: a, ...}, ...]` without `metric`: `metric` (and its direction)
+        is the first objective."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("metrics"), list):
+            return data
+        first = data["metrics"][0] if data["metrics"] else None
+        if not isinstance(first, Mapping) or "metric" in data:
+            return data
+        return {**data, "metric": first.get("name"),
+                "smaller_is_better": first.get("smaller_is_better", True)}
 
     @field_validator("source_checkpoint")
     @classmethod
@@ -662,6 +711,28 @@ class SearcherConfig(_Section):
         return self
 
 
+def _objective_problems(config: SearcherConfig) -> list[tuple[str, str]]:
+    """What is wrong with `metrics` (several objectives) for this searcher."""
+    if config.metrics is None:
+        return []
+    names = [objective.name for objective in config.metrics]
+    problems = []
+    if len(set(names)) < len(names):
+        problems.append(("metrics", f"names an objective twice ({', '.join(names)}); each "
+                                    "metric once"))
+    if config.name not in MULTI_OBJECTIVE_SEARCHERS:
+        problems.append(("metrics", f"the {config.name} searcher compares trials by one metric "
+                                    "(a pruner judges one); search several objectives with "
+                                    f"{', '.join(MULTI_OBJECTIVE_SEARCHERS[:-1])} or "
+                                    f"{MULTI_OBJECTIVE_SEARCHERS[-1]}, or keep one metric"))
+    first = config.metrics[0]
+    if (config.metric, config.smaller_is_better) != (first.name, first.smaller_is_better):
+        problems.append(("metric", f"with searcher.metrics the first objective "
+                                   f"({first.name}) is the metric; remove metric and "
+                                   "smaller_is_better, or make them the first objective's"))
+    return problems
+
+
 def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
     name = config.name
     # A stored config holds every default, so only a value other than the default is one
@@ -672,6 +743,7 @@ def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
                 for key, searchers in _ONLY_FOR.items()
                 if name not in searchers
                 and getattr(config, key) != SearcherConfig.model_fields[key].default]
+    problems += _objective_problems(config)
     if name != "single" and config.metric is None:
         problems.append(("metric", f"required by the {name} searcher, which compares trials by "
                                    "a validation metric: name one the script reports with "
@@ -682,7 +754,7 @@ def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
     if name == "grid" and config.max_trials is not None:
         problems.append(("max_trials", "a grid runs one trial per point (the product of the "
                                        "counts); remove max_trials"))
-    if name in ("random", "tpe", *PRUNING_SEARCHERS) and config.max_trials is None:
+    if name in ("random", "tpe", "nsga2", *PRUNING_SEARCHERS) and config.max_trials is None:
         problems.append(("max_trials", f"required by the {name} searcher: how many trials to "
                                        "run in all"))
     if name in PRUNING_SEARCHERS and config.max_length is None:

@@ -103,20 +103,27 @@ class Searcher:
     # -- the study ---------------------------------------------------------------------
 
     def _study(self, history: Sequence[PastTrial], sampler: BaseSampler) -> optuna.Study:
-        direction = (StudyDirection.MINIMIZE if self.config.smaller_is_better
-                     else StudyDirection.MAXIMIZE)
+        """An in-memory study of `history`: one direction per objective (`searcher.metrics`,
+        or the one metric), each COMPLETE trial with its value(s)."""
+        smaller = ([o.smaller_is_better for o in self.config.objectives()]
+                   or [self.config.smaller_is_better])
+        directions = [StudyDirection.MINIMIZE if each else StudyDirection.MAXIMIZE
+                      for each in smaller]
         study = optuna.create_study(storage=optuna.storages.InMemoryStorage(),
                                     sampler=sampler, pruner=self.pruner(),
-                                    study_name=STUDY_NAME, direction=direction)
+                                    study_name=STUDY_NAME, directions=directions)
         distributions = self.distributions()
         for past in sorted(history, key=lambda p: p.number):
             known = {k: v for k, v in past.params.items() if k in distributions}
+            complete = past.outcome is SearchOutcome.COMPLETE
+            values = (list(past.values) if past.values is not None
+                      else None if past.value is None else [past.value])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Optuna's notes on added trials
                 study.add_trial(optuna.trial.create_trial(
                     state=_OPTUNA_STATE[past.outcome], params=known,
                     distributions={k: distributions[k] for k in known},
-                    value=past.value if past.outcome is SearchOutcome.COMPLETE else None,
+                    values=values if complete else None,
                     intermediate_values=dict(past.intermediate),
                     system_attrs=dict(past.attrs)))
         return study

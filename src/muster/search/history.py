@@ -27,6 +27,9 @@ class PastTrial:
     value: float | None = None  # the metric it ended with (COMPLETE only)
     intermediate: Mapping[int, float] = field(default_factory=dict)  # step -> metric
     attrs: Mapping[str, Any] = field(default_factory=dict)  # Optuna's system attributes
+    # Each objective's value it ended with, in `searcher.metrics`' order (COMPLETE, and a
+    # multi-objective search, only); `value` is the first.
+    values: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -444,6 +444,16 @@ def get_best_trial(state: State, _: Reader, experiment_id: ExperimentId) -> shap
     return search.best_trial(state.store, experiment_id, snapshots.TrialParts(state.home))
 
 
+@router.get("/experiments/{experiment_id}/front", response_model=api.ParetoFront,
+            responses=_errors(404, 409))
+def get_pareto_front(state: State, _: Reader, experiment_id: ExperimentId) -> shapes.ParetoFront:
+    """The SUCCEEDED trials by the searcher's objectives (`searcher.metrics`, or its one
+    metric): each one's value in the last report that held it, those on the Pareto front
+    (no other trial as good on every objective and better on one) first; 409 when the
+    searcher names no metric."""
+    return search.pareto_front(state.store, experiment_id)
+
+
 @router.get("/experiments/{experiment_id}/importance", response_model=api.Importance,
             responses=_errors(404, 409))
 def get_importance(state: State, _: Reader, experiment_id: ExperimentId) -> shapes.Importance:

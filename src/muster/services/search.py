@@ -26,7 +26,7 @@ from muster.store import Attempt, Store, Trial, series
 from muster.store.configs import experiment_searcher
 
 __all__ = ["MAX_RANGES", "ORDERS", "TrialPage", "TrialQuery", "ValueRange", "best_trial",
-           "list_trials", "sort_goals", "trial_page"]
+           "list_trials", "pareto_front", "sort_goals", "trial_page"]
 
 
 def best_trial(store: Store, experiment_id: int, part_of: TrialPartOf | None = None
@@ -59,6 +59,48 @@ def best_trial(store: Store, experiment_id: int, part_of: TrialPartOf | None = N
                            "shows how its trials are doing")
         snapshot = None if part_of is None else part_of(winner)
         return views.trial_detail(winner, best[winner.id], snapshot)
+
+
+def pareto_front(store: Store, experiment_id: int) -> api.ParetoFront:
+    """The experiment's SUCCEEDED trials by the searcher's objectives (each one's value in
+    the last report that held it, as the search compared them): those on the Pareto front,
+    then the rest. A search of one objective has the trials of its best value as its front.
+
+    Raises:
+        NotFound: no such experiment.
+        Conflict: the experiment's searcher names no metric to compare trials by.
+    """
+    with store.session_scope() as s:
+        exp = experiment_or_404(s, experiment_id)
+        searcher = experiment_searcher(exp)
+        objectives = searcher.objectives()
+        if not objectives:
+            raise Conflict(f"experiment {experiment_id} has no searcher metric, so no trial "
+                           "beats another; name them in the config's `searcher.metrics` (or "
+                           "`searcher.metric`) next time")
+        trials = s.execute(select(Trial.id, Trial.number, Trial.hparams).where(
+            Trial.experiment_id == experiment_id, Trial.state == TrialState.SUCCEEDED)
+            .order_by(Trial.number, Trial.id)).all()
+        names = [o.name for o in objectives]
+        ended = series.final_values(s, [t.id for t in trials], names)
+    points: list[api.FrontPoint] = []
+    without = 0
+    for trial_id, number, hparams in trials:
+        values = ended.get(trial_id, {})
+        if not all(math.isfinite(values.get(name, math.nan)) for name in names):
+            without += 1
+            continue
+        points.append({"trial_id": trial_id, "number": number, "hparams": hparams,
+                       "values": {name: values[name] for name in names}, "on_front": False})
+    signs = [1.0 if o.smaller_is_better else -1.0 for o in objectives]
+    front, others = views.pareto_split(points, lambda point: tuple(
+        sign * point["values"][name] for sign, name in zip(signs, names, strict=True)))
+    for point in front:
+        point["on_front"] = True
+    return {"experiment_id": experiment_id,
+            "objectives": [views.objective_view(o.name, o.smaller_is_better)
+                           for o in objectives],
+            "points": front + others, "front": len(front), "without_values": without}
 
 
 def list_trials(store: Store, experiment_id: int, sort: str | None = None

@@ -9,7 +9,7 @@ contract"): extend, never rename.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -238,7 +238,13 @@ def search_view(exp: Experiment, searcher: SearcherConfig, best: BestValues,
         "queued": sum(states[s] for s in QUEUED_STATES),
         "remaining": max(0, exp.max_trials - len(trials)),
         "best": best_view(trials, best, searcher),
+        "objectives": [objective_view(o.name, o.smaller_is_better)
+                       for o in searcher.objectives()],
     }
+
+
+def objective_view(name: str, smaller_is_better: bool) -> api.Objective:
+    return {"name": name, "smaller_is_better": smaller_is_better}
 
 
 def best_view(trials: Iterable[TrialFacts], best: BestValues, searcher: SearcherConfig
@@ -456,6 +462,32 @@ def checkpoint_view(checkpoint: Checkpoint, metric: float | None = None,
 def searcher_goals(searcher: SearcherConfig) -> dict[str, bool]:
     """The searcher's metric and its direction; empty when it compares no metric."""
     return {} if searcher.metric is None else {searcher.metric: searcher.smaller_is_better}
+
+
+_Item = TypeVar("_Item")
+
+
+def pareto_split(items: Sequence[_Item], costs: Callable[[_Item], tuple[float, ...]]
+                 ) -> tuple[list[_Item], list[_Item]]:
+    """`items` on the Pareto front of `costs` (each smaller is better: negate one to
+    maximise it) and the others, each list in the order of the costs (the first cost
+    first). An item is on the front when no other costs at most as much on every count and
+    less on one; items of equal costs are both on it.
+
+    In that order, whatever dominates an item comes before it, and whatever dominates a
+    dominated item also dominates what it dominates: so comparing each item with the
+    front found so far is enough (time: items times front size)."""
+    ordered = sorted(((costs(item), index, item) for index, item in enumerate(items)),
+                     key=lambda entry: (entry[0], entry[1]))
+    front: list[tuple[tuple[float, ...], _Item]] = []
+    others: list[_Item] = []
+    for cost, _, item in ordered:
+        if any(all(a <= b for a, b in zip(kept, cost, strict=True)) and kept != cost
+               for kept, _ in front):
+            others.append(item)
+        else:
+            front.append((cost, item))
+    return [item for _, item in front], others
 
 
 def metric_order(value: float | None, smaller_is_better: bool) -> tuple[bool, float]:

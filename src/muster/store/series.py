@@ -16,7 +16,7 @@ so their series are kept per rank: each sample of rank r names the series
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, NotRequired, TypedDict
 
 from sqlalchemy import Insert, select, update
@@ -168,6 +168,30 @@ def _insert_if_absent(s: Session, trial_id: int, kind: str, name: str) -> Insert
     statement: Insert = dialect.insert(MetricSeries).values(
         trial_id=trial_id, kind=kind, name=name, reports=0, curve={}).on_conflict_do_nothing()
     return statement
+
+
+def final_values(s: Session, trial_ids: Iterable[int], names: Sequence[str]
+                 ) -> dict[int, dict[str, float]]:
+    """Per trial, the value of each of `names` in rank 0's last validation report that
+    holds it (a later attempt's report is later: the resumed run is what continued): what a
+    multi-objective search and its Pareto front compare. NaN and ±inf are kept (a trial
+    that ended on one has no place on the front); a value that is not a number is none."""
+    ids = list(trial_ids)
+    if not ids or not names:
+        return {}
+    rows = s.execute(select(Metric.trial_id, Metric.values)
+                     .where(Metric.trial_id.in_(ids), Metric.kind == MetricKind.VALIDATION,
+                            Metric.rank == 0)
+                     .order_by(Metric.attempt, Metric.step, Metric.id))
+    found: dict[int, dict[str, float]] = {}
+    for trial_id, values in rows:
+        if not isinstance(values, dict):
+            continue
+        for name in names:
+            value = values.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                found.setdefault(trial_id, {})[name] = float(value)
+    return found
 
 
 def extremes(

@@ -56,7 +56,7 @@ from muster.states import (
     StopIntent,
     TrialState,
 )
-from muster.store import Event, Experiment, Metric, Store, Trial, record_event
+from muster.store import Event, Experiment, Metric, Store, Trial, record_event, series
 from muster.store.actors import SEARCHER
 from muster.store.configs import experiment_config
 from muster.supervise.isolation import Isolation
@@ -318,17 +318,33 @@ def _searcher(experiment: Experiment, config: ExperimentConfig) -> Searcher:
 
 def _history(s: Session, trials: Sequence[Trial], config: ExperimentConfig) -> list[PastTrial]:
     """The experiment's trials as the searcher sees them (by number)."""
-    values = _validation(s, [t.id for t in trials], config.searcher)
-    return [_past(t, values.get(t.id, {})) for t in sorted(trials, key=lambda t: t.number)]
+    ids = [t.id for t in trials]
+    values = _validation(s, ids, config.searcher)
+    ended = (series.final_values(s, ids, [o.name for o in config.searcher.objectives()])
+             if config.searcher.multi_objective() else None)
+    return [_past(t, values.get(t.id, {}), None if ended is None else ended.get(t.id, {}),
+                  [o.name for o in config.searcher.objectives()])
+            for t in sorted(trials, key=lambda t: t.number)]
 
 
-def _past(trial: Trial, values: dict[int, float]) -> PastTrial:
+def _past(trial: Trial, values: dict[int, float], ended: dict[str, float] | None = None,
+          objectives: Sequence[str] = ()) -> PastTrial:
+    """The trial as the searcher sees it: `values`, its metric's by step; `ended`, in a
+    multi-objective search, each objective's value it ended with (by name)."""
     state = trial.search_state or {}
     finite = {step: v for step, v in values.items() if math.isfinite(v)}
     outcome = SearchOutcome.RUNNING
-    value = None
+    value, all_values = None, None
     if trial.state is TrialState.SUCCEEDED and trial.early_stopped:
         outcome = SearchOutcome.PRUNED
+    elif trial.state is TrialState.SUCCEEDED and ended is not None:
+        # Every objective, each finite, or the trial teaches the search nothing.
+        found = [ended.get(name) for name in objectives]
+        numbers = [v for v in found if v is not None and math.isfinite(v)]
+        if len(numbers) == len(objectives):
+            outcome, all_values, value = SearchOutcome.COMPLETE, tuple(numbers), numbers[0]
+        else:
+            outcome = SearchOutcome.FAILED
     elif trial.state is TrialState.SUCCEEDED and values:
         value = values[max(values)]  # the value it ended with
         outcome = SearchOutcome.COMPLETE if math.isfinite(value) else SearchOutcome.FAILED
@@ -338,7 +354,7 @@ def _past(trial: Trial, values: dict[int, float]) -> PastTrial:
         outcome = SearchOutcome.FAILED  # (a success without the metric teaches the search nothing)
     return PastTrial(trial.number, outcome, state.get("params", {}),
                      value if outcome is SearchOutcome.COMPLETE else None, finite,
-                     state.get("attrs", {}))
+                     state.get("attrs", {}), all_values)
 
 
 def _validation(s: Session, trial_ids: Iterable[int], searcher: SearcherConfig

@@ -309,7 +309,10 @@
     const ctx = u.ctx;
     const ratio = uPlot.pxRatio || 1;
     const layers = {plain: [], off: [], on: [], best: [], hovered: []};
-    for (const p of spec.points) { layers[emphasis(p.trial, p.text)].push(p); }
+    for (const p of spec.points) {
+      const how = emphasis(p.trial, p.text);  // a Pareto chart draws its front as the best
+      layers[how === "plain" && spec.front && spec.front.has(p.trial) ? "best" : how].push(p);
+    }
     for (const how of ["off", "plain", "on", "best", "hovered"]) {
       const dot = DOT[how];
       const groups = dot.fill ? [[dot.fill, layers[how]]] : layers[how].map((p) => [colorOf(p.trial), [p]]);
@@ -630,6 +633,68 @@
     box.dataset.drawn = "true";
   }
 
+  // -- a multi-objective search's Pareto front: its first two objectives against each
+  // other, every trial that has both, the front in the best trial's ink; a list of the
+  // front's trials with each objective's value under it --
+  async function drawPareto(box, note, experiment) {
+    let answer;
+    try {
+      answer = await getJSON("/api/v1/experiments/" + experiment + "/front");
+    } catch (error) {
+      note.textContent = "Pareto front: " + error.message;
+      box.dataset.drawn = "true";
+      return;
+    }
+    box.replaceChildren();
+    const [ox, oy] = answer.objectives;
+    const front = answer.points.filter((p) => p.on_front);
+    box.dataset.front = front.map((p) => p.trial_id).join(",");
+    box.dataset.points = String(answer.points.length);
+    const direction = (o) => o.name + (o.smaller_is_better ? " (smaller is better)" : " (larger is better)");
+    note.textContent = front.length + (front.length === 1 ? " trial is" : " trials are") +
+      " on the front (no other is as good on every objective and better on one), " +
+      (answer.points.length - front.length) + " beaten, " + answer.without_values +
+      " without a finite value of every objective. x: " + direction(ox) + "; y: " + direction(oy) + ".";
+    if (answer.points.length) {
+      const holder = document.createElement("div");
+      holder.className = "hp-chart pareto-chart";
+      box.appendChild(holder);
+      holder.musterPlotted = answer.points.map((p) => ({
+        trial: p.trial_id, number: p.number, x: p.values[ox.name], y: p.values[oy.name],
+        at: p.values[ox.name], front: p.on_front,
+        text: searchText({trial_id: p.trial_id, number: p.number, state: "SUCCEEDED", hparams: p.hparams})}));
+      plot(holder, {
+        key: "pareto", width: width(box), height: 320, shared: true, link: true,
+        points: holder.musterPlotted, front: new Set(front.map((p) => p.trial_id)),
+        xRange: bounds([holder.musterPlotted.map((p) => p.x)]),
+        yRange: bounds([holder.musterPlotted.map((p) => p.y)]), log: false,
+        xAxis: {label: ox.name}, yLabel: oy.name,
+        describe: (p) => "trial " + p.trial + " (#" + p.number + ")" + (p.front ? " · on the front" : "") +
+          " · " + ox.name + " " + number(p.x) + " · " + oy.name + " " + number(p.y),
+      });
+    }
+    const list = document.createElement("table");
+    list.className = "pareto-list";
+    const head = list.createTHead().insertRow();
+    for (const text of ["Trial", "Number", ...answer.objectives.map((o) => o.name)]) {
+      const cell = document.createElement("th");
+      cell.textContent = text;
+      head.appendChild(cell);
+    }
+    const body = list.createTBody();
+    for (const p of front) {
+      const row = body.insertRow();
+      const link = document.createElement("a");
+      link.href = "/trials/" + p.trial_id;
+      link.textContent = String(p.trial_id);
+      row.insertCell().appendChild(link);
+      row.insertCell().textContent = String(p.number);
+      for (const o of answer.objectives) { row.insertCell().textContent = number(p.values[o.name]); }
+    }
+    box.appendChild(list);
+    box.dataset.drawn = "true";
+  }
+
   async function experimentCharts(section) {
     const experiment = section.dataset.experiment;
     const metric = section.dataset.metric;
@@ -642,8 +707,10 @@
     note.after(key);
     const hp = document.getElementById("hp-charts");
     const importance = document.getElementById("importance");
+    const pareto = document.getElementById("pareto");
     async function draw() {
       view.charts.clear();
+      if (pareto) { await drawPareto(pareto, document.getElementById("pareto-note"), experiment); }
       try {
         const answer = await getJSON("/api/v1/experiments/" + experiment + "/curves");
         // 404: no SUCCEEDED trial with a value yet, so no best to mark; anything else shows.
