@@ -14,7 +14,7 @@ BROWSER := $(VENV)/.browser
 MLFLOW_VENV := .venv-mlflow
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit quick docs bench bench-ray bench-harness soak screenshots clean
+.PHONY: install demo test lint typecheck unit quick docs bench bench-ray bench-tune bench-harness soak screenshots clean
 
 install: $(STAMP) $(ASSETS) $(BROWSER) $(MLFLOW_STAMP)
 
@@ -87,6 +87,12 @@ bench-ray: install
 	test -x $(BENCH_RAY)/bin/python || $(PYTHON) -m venv $(BENCH_RAY)
 	$(BENCH_RAY)/bin/python -m pip install --quiet -e '.[examples]' 'ray[default,train]==2.60.0' pytest
 	$(BENCH_RAY)/bin/python benchmarks/ray_launcher.py
+
+# Trial throughput against Ray Tune (benchmarks/tune_peer.py), from the same venv. Root.
+bench-tune: install
+	test -x $(BENCH_RAY)/bin/python || $(PYTHON) -m venv $(BENCH_RAY)
+	$(BENCH_RAY)/bin/python -m pip install --quiet -e '.[examples]' 'ray[default,train]==2.60.0' pytest
+	$(BENCH_RAY)/bin/python benchmarks/tune_peer.py
 
 # The harness against MLflow's log_metric and TensorBoard's add_scalar
 # (benchmarks/harness_overhead.py): both kept out of the test venv, in one of their own.

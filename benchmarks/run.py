@@ -38,6 +38,7 @@ import scale
 import silence
 import tail
 import throughput
+import tune_peer
 import ui_budget
 import wakeups
 from report import Outcome, describe_machine, render_markdown, write_json
@@ -80,6 +81,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "wakeups": wakeups.run,
     "replica_cgroup": replica_cgroup.run,
     "ray_launcher": ray_launcher.run,  # skipped without ray[default,train]: `make bench-ray`
+    "tune_peer": tune_peer.run,  # skipped without ray[tune]: `make bench-tune`
 }
 
 
