@@ -89,7 +89,7 @@ class Progress:
 
 
 def progress(exp: api.ExperimentDetail, now: float | None = None) -> Progress:
-    """The experiment's progress (as `Client.get_experiment` gives it)."""
+    """The experiment's progress (as `Client.get_experiment_whole` gives it: every trial)."""
     search = exp["search"]
     metric = search.get("metric")
     trials = sorted(exp["trials"], key=lambda t: (t["number"], t["id"]))
@@ -186,7 +186,7 @@ def watch(client: Client, experiment_id: int, console: Console | None = None,
     """Show the experiment's progress until it has ended (see `Progress.finished`), live on
     a terminal, else one line per change; return the experiment as last fetched."""
     console = console or render.console
-    fetch = functools.partial(client.get_experiment, experiment_id)
+    fetch = functools.partial(client.get_experiment_whole, experiment_id)  # all its trials
     if not console.is_terminal:
         return poll(fetch, LinePrinter(console), poll_s)
     with Live(console=console, auto_refresh=False) as live:
