@@ -80,3 +80,22 @@ def test_the_helper_tries_the_restore_again_and_says_each_failure(
     said = capsys.readouterr().out
     assert said.count("could not restore the link") == 2 and "link restored" in said
     assert link.main(["--after", "0"]) == 2
+
+
+def test_the_rank_cut_is_the_last_one_off_the_servers_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cutting the server's own node would cut it from the cluster: the drill takes the last
+    rank elsewhere, and refuses when every rank shares the server's node."""
+    def on(attempt: Path, rank: int, node: str) -> None:
+        launched_on(attempt, rank, "10.9.9.9")
+        path = attempt / f"rank-{rank}.launch.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "node_id": node}))
+
+    for rank, node in enumerate(["worker", "head", "head"]):
+        on(tmp_path / "mixed", rank, node)
+        on(tmp_path / "all-on-head", rank, "head")
+    assert link.rank_to_cut(tmp_path / "mixed", 3) == 2  # outside Ray: no server node
+    monkeypatch.setattr(link, "_server_node_id", lambda: "head")
+    assert link.rank_to_cut(tmp_path / "mixed", 3) == 0
+    with pytest.raises(InjectionError, match="every rank runs on the server's own Ray node"):
+        link.rank_to_cut(tmp_path / "all-on-head", 3)

@@ -58,6 +58,32 @@ def node_of(attempt_dir: Path, rank: int) -> dict[str, str]:
     return {name: str(record.get(name) or "") for name in _PLACEHOLDERS}
 
 
+def rank_to_cut(attempt_dir: Path, ranks: int) -> int:
+    """The last rank whose node is not the server's own: cutting the link of the node the
+    server (the Ray driver) runs on would cut it from every node, not a node from the run.
+
+    Raises:
+        InjectionError: a rank has no launch record, or every rank runs on the server's node.
+    """
+    server = _server_node_id()
+    for rank in reversed(range(ranks)):
+        if node_of(attempt_dir, rank)["node_id"] != server:
+            return rank
+    raise InjectionError("every rank runs on the server's own Ray node: cutting its link "
+                         "would cut the server from the cluster, not a node from the run")
+
+
+def _server_node_id() -> str | None:
+    """The Ray node this process (the server, Ray's driver) runs on; None outside Ray."""
+    try:
+        import ray  # the network fault is offered on Ray only (`drill.faults`)
+    except ImportError:
+        return None
+    if not ray.is_initialized():
+        return None
+    return str(ray.get_runtime_context().get_node_id())
+
+
 def with_node(argv: Sequence[str], node: Mapping[str, str]) -> list[str]:
     """`argv` with `{node_ip}`, `{node_id}` and `{hostname}` filled in; other braces stay."""
     filled = []
