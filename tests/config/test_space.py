@@ -163,8 +163,8 @@ SPACE = "hyperparameters: {lr: {type: double, minval: 0, maxval: 1}}\n"
       "range: make it a constant, or search it, e.g. with `searcher: {name: random, "
       "max_trials: 1, metric: ...}`"]),
     ("searcher: {name: single, max_trials: 2}\n",
-     ["searcher.max_trials: the single searcher runs one trial; choose random, tpe, asha, "
-      "adaptive_asha or bohb to run more"]),
+     ["searcher.max_trials: the single searcher runs one trial; choose random, tpe, nsga2, "
+      "asha, adaptive_asha or bohb to run more"]),
     ("searcher: {name: bayes}\n",
      ["searcher.name: must be 'single', 'grid', 'random', 'tpe', 'asha', 'adaptive_asha', "
       "'bohb' or 'nsga2', got 'bayes'"]),

@@ -572,6 +572,14 @@ _ONLY_FOR = {
 }
 
 
+def _validation_metric(value: str, info: ValidationInfo) -> str:
+    """A validation metric's name as a submitted config gives it, checked (`NAME_RULE`)."""
+    problem = name_problem(value) if _submitted(info) else None
+    if problem is not None:
+        raise ValueError(f"{problem}; name the validation metric as the script reports it")
+    return value
+
+
 class Objective(_Section):
     """One objective of a multi-objective search (`searcher.metrics`)."""
 
@@ -581,10 +589,7 @@ class Objective(_Section):
     @field_validator("name")
     @classmethod
     def _metric_name(cls, value: str, info: ValidationInfo) -> str:
-        problem = name_problem(value) if _submitted(info) else None
-        if problem is not None:
-            raise ValueError(f"{problem}; name the validation metric as the script reports it")
-        return value
+        return _validation_metric(value, info)
 
 
 class SearcherConfig(_Section):
@@ -640,10 +645,7 @@ class SearcherConfig(_Section):
     @field_validator("metric", "time_metric")
     @classmethod
     def _metric_name(cls, value: str | None, info: ValidationInfo) -> str | None:
-        problem = name_problem(value) if value is not None and _submitted(info) else None
-        if problem is not None:
-            raise ValueError(f"{problem}; name the validation metric as the script reports it")
-        return value
+        return None if value is None else _validation_metric(value, info)
 
     def objectives(self) -> list[Objective]:
         """What the search compares trials by: `metrics`, or `metric` alone (empty when it
@@ -750,7 +752,7 @@ def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
                                    "report_validation, e.g. `metric: val_loss`"))
     if name == "single" and config.max_trials not in (None, 1):
         problems.append(("max_trials", "the single searcher runs one trial; choose random, "
-                                       "tpe, asha, adaptive_asha or bohb to run more"))
+                                       "tpe, nsga2, asha, adaptive_asha or bohb to run more"))
     if name == "grid" and config.max_trials is not None:
         problems.append(("max_trials", "a grid runs one trial per point (the product of the "
                                        "counts); remove max_trials"))

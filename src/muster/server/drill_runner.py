@@ -333,7 +333,7 @@ class DrillRunner:
             self._set(step.run_id, injection="SIGKILL to the server, started again")
             return restart_server(self.home.root / "server.log")
         if fault is DrillFault.NETWORK and self.network is not None:
-            rank = link.rank_to_cut(attempt, rank + 1)
+            rank = link.rank_to_cut(attempt, len(_running(trial)["replicas"]))
             cut = link.cut_link(attempt, rank, self.network, self.home.root / "server.log")
             outcome["link_helper"] = [cut.helper.pid, cut.helper.start_ticks]
             outcome["link_restored_by"] = cut.back_by

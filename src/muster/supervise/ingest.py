@@ -296,21 +296,22 @@ def _commit_batch(
                      trial_id, file.describe(), cursor.byte_offset, start)
             return False
         if rows:
-            _insert_metrics(s, rows)
+            insert_metrics(s, rows)
             series.record(s, trial_id, rows)
         cursor.byte_offset, cursor.updated_at = end, now()
     return True
 
 
-def _insert_metrics(s: Session, rows: list[MetricRow]) -> None:
+def insert_metrics(s: Session, rows: list[MetricRow]) -> None:
     """`rows` into `metrics` in `s`'s transaction, each value as its column's type binds it
     (`NonFiniteJSON`'s encoding, the enums' words) but without SQLAlchemy's per-row work,
     which cost more than the database's own: on PostgreSQL one `COPY`, on SQLite one
     executemany."""
-    harness = MetricSource.HARNESS.value
-    values = [(row["trial_id"], row["attempt"], row["rank"], row["kind"].value, row["step"],
+    # A member or its word (log reports give words), as `EnumText` took them; another word
+    # is a KeyError, not a row.
+    values = [(row["trial_id"], row["attempt"], row["rank"], _KINDS[row["kind"]], row["step"],
                row["time"], _ENCODE(encode_non_finite(row["values"])),
-               source.value if (source := row.get("source")) is not None else harness)
+               _SOURCES[row.get("source", MetricSource.HARNESS)])
               for row in rows]
     connection = s.connection()
     columns = ", ".join(_METRIC_COLUMNS)
@@ -329,6 +330,8 @@ def _insert_metrics(s: Session, rows: list[MetricRow]) -> None:
 
 _METRIC_COLUMNS = ("trial_id", "attempt", "rank", "kind", "step", "time", '"values"', "source")
 _ENCODE = json.JSONEncoder().encode  # as the JSON column's serializer writes (json.dumps)
+_KINDS = {str(kind): str(kind) for kind in MetricKind}  # a StrEnum member is its word's key
+_SOURCES = {str(source): str(source) for source in MetricSource}
 
 
 def _warn_skipped(

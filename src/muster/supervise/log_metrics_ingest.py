@@ -20,18 +20,18 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-from sqlalchemy import Table, insert, select
+from sqlalchemy import select
 
 from muster.launch.log_index import IndexWalker
 from muster.launch.logs import LogPart, ReplicaLog
 from muster.rundir import AttemptDir, RankFile
 from muster.states import MetricSource
-from muster.store import IngestCursor, Metric, Store, series
+from muster.store import IngestCursor, Store, series
 from muster.store.models import now
 from muster.store.series import MetricRow
-from muster.supervise.ingest import insert_if_absent
+from muster.supervise.ingest import insert_if_absent, insert_metrics
 from muster.supervise.log_metrics import (
     LogReport,
     Position,
@@ -54,7 +54,6 @@ LOG_CURSOR = "log"  # IngestCursor.file_kind of a rank's log
 SCAN_BYTES = 16 << 20  # a scan's bytes: a second or two of a child's time
 FINAL_SCAN_BYTES = 256 << 20  # what the end of an attempt reads at most, per rank
 SCAN_TIMEOUT_S = 30.0
-METRICS_TABLE = cast(Table, Metric.__table__)
 
 
 def wrote_metrics_files(attempt_dir: Path) -> bool:
@@ -142,7 +141,7 @@ def _commit(store: Store, trial_id: int, attempt: int, replica_log: ReplicaLog,
                      trial_id, rank, attempt)
             return False
         if rows:
-            s.execute(insert(METRICS_TABLE), rows)
+            insert_metrics(s, rows)
             series.record(s, trial_id, rows)
         cursor.byte_offset, cursor.lines = result.end.offset, result.end.lines
         cursor.reports, cursor.updated_at = result.end.reports, now()
