@@ -212,6 +212,28 @@ class WarmStartView(TypedDict):
     version: int | None  # and its version
 
 
+class TrialLineage(TypedDict):
+    """Where a trial of population-based training (`searcher.name: pbt`) comes from: its
+    generation and, after the first, the trial of the generation before whose checkpoint it
+    started from, and why."""
+
+    generation: int  # from 0
+    # "continue": its parent did well, and it goes on from the parent's checkpoint with the
+    # same hyperparameters; "exploit": it replaces a member that did poorly, copying a
+    # better one's checkpoint and changing its hyperparameters (`changed`); null in
+    # generation 0, which starts afresh.
+    action: Literal["continue", "exploit"] | None
+    parent_trial_id: int | None
+    parent_number: int | None
+    replaces_trial_id: int | None  # exploit: the member it replaces
+    # The parent's checkpoint it started from, as it was when the trial was drawn.
+    checkpoint_uuid: str | None
+    checkpoint: str | None  # its name
+    step: int | None
+    # Each hyperparameter it changed (exploit): [the parent's value, its own].
+    changed: dict[str, list[Any]]
+
+
 class TrialDetail(TypedDict):
     id: int
     uuid: str
@@ -249,6 +271,8 @@ class TrialDetail(TypedDict):
     # Its experiment's warm start: the checkpoint its first attempt started from, while it
     # had none of its own; null for a trial that started afresh.
     source: WarmStartView | None
+    # Population-based training: its generation and parent; null for any other searcher.
+    lineage: TrialLineage | None
 
 
 class ResourceReading(TypedDict):

@@ -220,6 +220,22 @@ def test_each_searcher(searcher: str, expected: tuple[object, ...]) -> None:
             got.time_metric) == expected
 
 
+def test_determineds_pbt_is_musters() -> None:
+    """Determined's PBT (retired in its 0.38) keeps its keys (`muster.search.pbt`)."""
+    text = SPACE + ("searcher: {name: pbt, metric: loss, population_size: 6, num_rounds: 4, "
+                    "length_per_round: {batches: 100}, replace_function: "
+                    "{truncate_fraction: 0.5}, explore_function: {resample_probability: 0.1, "
+                    "perturb_factor: 0.3}}\n")
+    config = read(text).config
+    got = config.searcher
+    assert (got.name, got.population_size, got.num_rounds, got.length_per_round,
+            got.max_length_unit, config.trial_count()) == ("pbt", 6, 4, 100, "batches", 24)
+    assert got.replace_function.truncate_fraction == 0.5
+    assert (got.explore_function.resample_probability,
+            got.explore_function.perturb_factor) == (0.1, 0.3)
+    assert line(text, "searcher.name") == "pbt → the same"
+
+
 def test_max_time_is_counted_in_the_time_metric_as_on_determined() -> None:
     text = SPACE + ("searcher: {name: adaptive_asha, metric: loss, max_trials: 8, max_time: 20, "
                     "time_metric: epochs}\n")

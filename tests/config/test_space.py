@@ -164,10 +164,39 @@ SPACE = "hyperparameters: {lr: {type: double, minval: 0, maxval: 1}}\n"
       "max_trials: 1, metric: ...}`"]),
     ("searcher: {name: single, max_trials: 2}\n",
      ["searcher.max_trials: the single searcher runs one trial; choose random, tpe, nsga2, "
-      "asha, adaptive_asha or bohb to run more"]),
+      "asha, adaptive_asha, bohb or pbt to run more"]),
     ("searcher: {name: bayes}\n",
      ["searcher.name: must be 'single', 'grid', 'random', 'tpe', 'asha', 'adaptive_asha', "
-      "'bohb' or 'nsga2', got 'bayes'"]),
+      "'bohb', 'nsga2' or 'pbt', got 'bayes'"]),
+    ("searcher: {name: pbt, metric: l}\n" + SPACE,
+     ["searcher.population_size: required by the pbt searcher: how many trials train side "
+      "by side in each round",
+      "searcher.num_rounds: required by the pbt searcher: how many rounds (generations) the "
+      "population trains",
+      "searcher.length_per_round: required by the pbt searcher: how far each round trains, "
+      "in the steps the script reports validation with (or {batches: N}, {epochs: N})"]),
+    ("searcher: {name: pbt, metric: l, population_size: 4, num_rounds: 3, "
+     "length_per_round: 5, max_trials: 12, max_length: 15}\n" + SPACE,
+     ["searcher.max_trials: pbt runs population_size * num_rounds trials (one per member and "
+      "round); remove max_trials",
+      "searcher.max_length: pbt trains each round length_per_round further (num_rounds * "
+      "length_per_round in all); remove max_length"]),
+    ("searcher: {name: pbt, metric: l, population_size: 1000, num_rounds: 11, "
+     "length_per_round: 5}\n" + SPACE,
+     ["searcher.num_rounds: population_size * num_rounds is 11,000 trials, over the 10,000 "
+      "a search may run"]),
+    ("searcher: {name: pbt, metric: l, population_size: 4, num_rounds: 2, "
+     "length_per_round: 5, replace_function: {truncate_fraction: 0.8}, "
+     "explore_function: {perturb_factor: 1.5}}\n" + SPACE,
+     ["searcher.replace_function.truncate_fraction: must be <= 0.5, got 0.8",
+      "searcher.explore_function.perturb_factor: must be < 1.0, got 1.5"]),
+    ("searcher: {name: random, metric: l, max_trials: 3, population_size: 4}\n" + SPACE,
+     ["searcher.population_size: only the pbt searcher uses it, not random; remove it"]),
+    ("searcher: {name: pbt, population_size: 4, num_rounds: 2, length_per_round: 5, "
+     "metrics: [{name: a}, {name: b}]}\n" + SPACE,
+     ["searcher.metrics: the pbt searcher compares trials by one metric (it ranks each "
+      "generation by one); search several objectives with grid, random, tpe or nsga2, or "
+      "keep one metric"]),
     ("reproducibility: {experiment_seed: -1}\n",
      ["reproducibility.experiment_seed: must be >= 0, got -1"]),
     ("searcher: {name: bohb, max_trials: 4, max_length: 9, metrics: [{name: a}, {name: b}]}\n"
@@ -198,5 +227,11 @@ def test_trial_counts_and_a_stored_config_reads_back() -> None:
     asha = load_config(BASE + "searcher: {name: adaptive_asha, metric: l, max_trials: 20, "
                        "max_length: 16, mode: aggressive}\n" + SPACE)
     assert asha.trial_count() == 20
+    pbt = load_config(BASE + "searcher: {name: pbt, metric: l, population_size: 6, "
+                      "num_rounds: 4, length_per_round: {epochs: 2}}\n" + SPACE)
+    assert pbt.trial_count() == 24
+    assert pbt.searcher.max_length_unit == "epochs"
+    assert [pbt.searcher.length_of(g) for g in (None, 0, 3)] == [None, 2, 8]
+    assert pbt.searcher.replace_function.truncate_fraction == 0.25
     assert type(asha).from_json_dict(asha.to_json_dict()) == asha
     assert load_config(BASE).trial_count() == 1

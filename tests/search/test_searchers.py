@@ -245,3 +245,77 @@ def test_nsga2_breeds_generations_of_a_quarter_of_max_trials() -> None:
                                   seed=1).population_size()  # type: ignore[attr-defined]
              for trials in (8, 40, 1000)}
     assert sizes == {8: 4, 40: 10, 1000: 50}
+
+
+PBT = ("{name: pbt, metric: loss, population_size: 4, num_rounds: 3, length_per_round: 5, "
+       "explore_function: {resample_probability: 0.0, perturb_factor: 0.5}}")
+
+
+def ended(number: int, params: dict[str, Any], value: float | None,
+          checkpoint: int | None = 100, outcome: SearchOutcome = SearchOutcome.COMPLETE,
+          ) -> PastTrial:
+    return PastTrial(number, outcome, params, value, {5: value} if value is not None else {},
+                     checkpoint=None if checkpoint is None else checkpoint + number)
+
+
+def test_pbt_copies_the_best_in_place_of_the_worst_and_continues_the_rest() -> None:
+    from muster.search.history import NothingToDraw
+
+    pbt = searcher_for(config(PBT), seed=4)
+    first = draw(pbt, 4)  # generation 0: random draws
+    assert all(in_bounds(p) for p in first) and [pbt.draw([], 0).lineage.generation] == [0]
+    assert list(pbt.must_end_first(3)) == [] and list(pbt.must_end_first(5)) == [0, 1, 2, 3]
+    # loss: trial 2 best, trial 0 worst
+    history = [ended(n, p, v) for n, (p, v) in enumerate(zip(first, [0.9, 0.5, 0.1, 0.3],
+                                                             strict=True))]
+    lineages = [pbt.draw(history, 4 + i).lineage for i in range(4)]
+    assert [(x.action, x.parent, x.replaces) for x in lineages] == [
+        ("exploit", 2, 0), ("continue", 1, None), ("continue", 2, None), ("continue", 3, None)]
+    assert [x.checkpoint for x in lineages] == [102, 101, 102, 103]
+    assert {x.generation for x in lineages} == {1}
+    copy = pbt.draw(history, 4)
+    assert copy.params != first[2] and in_bounds(copy.params)
+    assert copy.params["layers"] in (1, 2, 3, 4) and copy.params["width"] in (64, 128, 256)
+    assert copy.lineage.changed == {k: [first[2][k], v] for k, v in copy.params.items()
+                                    if first[2][k] != v}
+    assert pbt.draw(history, 4) == copy  # seeded by the experiment's seed and the number
+    assert pbt.draw(history, 5).params == first[1]  # continued: the same values
+    # A member that failed, or left no checkpoint, is replaced; the best go on twice.
+    history[1] = ended(1, first[1], None, outcome=SearchOutcome.FAILED)
+    history[3] = ended(3, first[3], 0.3, checkpoint=None)
+    lineages = [pbt.draw(history, 4 + i).lineage for i in range(4)]
+    assert [(x.action, x.parent, x.replaces) for x in lineages] == [
+        ("continue", 0, None), ("exploit", 2, 1), ("continue", 2, None), ("exploit", 2, 3)]
+    # Maximised: the highest value is the best.
+    higher = searcher_for(config(PBT.replace("metric: loss", "metric: acc, "
+                                             "smaller_is_better: false")), seed=4)
+    healthy = [ended(n, p, v) for n, (p, v) in enumerate(zip(first, [0.9, 0.5, 0.1, 0.3],
+                                                             strict=True))]
+    assert (higher.draw(healthy, 6).lineage.action, higher.draw(healthy, 6).lineage.parent) \
+        == ("exploit", 0)
+    # Nothing to continue from: the search says why it stops.
+    failed = [ended(n, p, None, outcome=SearchOutcome.FAILED) for n, p in enumerate(first)]
+    with pytest.raises(NothingToDraw, match=r"no trial of generation 0 \(trials 1 to 4\)"):
+        pbt.draw(failed, 4)
+
+
+def test_pbt_explores_within_each_range() -> None:
+    import random
+
+    from muster.search.pbt import Pbt
+
+    pbt = searcher_for(config(PBT.replace("perturb_factor: 0.5", "perturb_factor: 0.9")),
+                       seed=1)
+    assert isinstance(pbt, Pbt)
+    edge = {"lr": 1e-1, "width": 256, "dropout": 0.5, "layers": 4}
+    low = {"lr": 1e-4, "width": 64, "dropout": 0.0, "layers": 1}
+    rng = random.Random(0)
+    seen = [pbt.explore(start, rng) for start in (edge, low) for _ in range(50)]
+    assert all(in_bounds(p) for p in seen)
+    assert {p["width"] for p in seen} == {64, 128, 256}  # neighbours, from either end
+    assert {p["layers"] for p in seen} >= {1, 2, 3, 4} - {3}  # an int moves by one at least
+    resampled = searcher_for(config(PBT.replace("resample_probability: 0.0",
+                                                "resample_probability: 1.0")), seed=1)
+    assert isinstance(resampled, Pbt)
+    draws = [resampled.explore(edge, rng) for _ in range(30)]
+    assert all(in_bounds(p) for p in draws) and len({p["lr"] for p in draws}) == 30

@@ -1,12 +1,13 @@
 """What holds a checkpoint against garbage collection and deletion, and why.
 
-Two things do: a model version that registered it (for as long as the version exists), and
-an experiment that warm-starts from it (`Experiment.source_checkpoint_id`,
-`muster.services.warm_starts`) while that experiment, or one of its trials, has not ended:
-a trial it has yet to start, or one that has to start over before it saved a checkpoint of
-its own, copies it then. GC keeps every checkpoint held (`held`, in the plan and again as
-the plan is recorded), and `experiment delete` refuses an experiment whose checkpoints
-something holds (`warm_starts_from`; the registry's check is
+Three things do: a model version that registered it (for as long as the version exists), a
+trial that has not ended and starts from it (a PBT member, from its parent's checkpoint:
+`Trial.source_checkpoint_id`), and an experiment that warm-starts from it
+(`Experiment.source_checkpoint_id`, `muster.services.warm_starts`) while that experiment,
+or one of its trials, has not ended: a trial it has yet to start, or one that has to start
+over before it saved a checkpoint of its own, copies it then. GC keeps every checkpoint
+held (`held`, in the plan and again as the plan is recorded), and `experiment delete`
+refuses an experiment whose checkpoints something holds (`warm_starts_from`; the registry's check is
 `muster.services.retention.registered_versions`). The cluster config's `retention` keeps
 the run of a trial whose checkpoint something holds (`muster.checkpoint_storage.retention`).
 """
@@ -31,7 +32,7 @@ def held(s: Session, checkpoint_ids: Sequence[int], registered: bool = True
     Without `registered`, only warm starts hold (retention's `keep_registered: false`)."""
     reasons: dict[int, list[str]] = {}
     holders = (_registered(s, checkpoint_ids) if registered else {},
-               _warm_starts(s, checkpoint_ids))
+               _warm_starts(s, checkpoint_ids), _parents(s, checkpoint_ids))
     for found in holders:
         for checkpoint_id, why in found.items():
             reasons.setdefault(checkpoint_id, []).append(why)
@@ -75,6 +76,23 @@ def _warm_starts(s: Session, checkpoint_ids: Sequence[int]) -> dict[int, str]:
     return {cid: (f"experiment {holders[0]} starts its trials from it and has not ended"
                   if len(holders) == 1 else f"experiments {', '.join(holders)} start their "
                                             "trials from it and have not ended")
+            for cid, holders in found.items()}
+
+
+def _parents(s: Session, checkpoint_ids: Sequence[int]) -> dict[int, str]:
+    """Which of these checkpoints unfinished trials start from (a PBT member's parent's,
+    `Trial.source_checkpoint_id`): it is copied in at each launch until the trial has saved
+    a checkpoint of its own."""
+    found: dict[int, list[str]] = {}
+    for checkpoint_id, holder in s.execute(
+            select(Trial.source_checkpoint_id, Trial.id)
+            .where(Trial.source_checkpoint_id.in_(checkpoint_ids),
+                   Trial.state.in_(values(TrialState.unfinished())))
+            .order_by(Trial.id)):
+        if checkpoint_id is not None:  # (always: the query asks for these ids)
+            found.setdefault(checkpoint_id, []).append(str(holder))
+    return {cid: (f"trial {holders[0]} starts from it and has not ended" if len(holders) == 1
+                  else f"trials {', '.join(holders)} start from it and have not ended")
             for cid, holders in found.items()}
 
 

@@ -467,6 +467,23 @@ def warm_start_line(source: api.WarmStartView) -> str:
             f"{source['named']}")
 
 
+def lineage_line(lineage: api.TrialLineage) -> str:
+    """A PBT trial's lineage: `generation 2, exploit: copied trial 7's checkpoint step-… (step
+    20), replacing trial 9; lr 0.01 -> 0.012`."""
+    head = f"generation {lineage['generation']}"
+    if lineage["parent_trial_id"] is None:
+        return f"{head}, drawn afresh (population-based training)"
+    checkpoint = (f"checkpoint {lineage['checkpoint']} (step {lineage['step']})"
+                  if lineage["checkpoint"] is not None else "its checkpoint")
+    if lineage["action"] == "continue":
+        return (f"{head}, continue: goes on from trial {lineage['parent_trial_id']}'s "
+                f"{checkpoint} with the same hyperparameters")
+    changed = "; ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in
+                        lineage["changed"].items()) or "no value changed"
+    return (f"{head}, exploit: copied trial {lineage['parent_trial_id']}'s {checkpoint}, "
+            f"replacing trial {lineage['replaces_trial_id']}; explored: {changed}")
+
+
 def diff_lines(found: api.TrialDiff) -> list[str]:
     """A snapshot diff (`differences` and their `lines`) as `muster trial diff` prints it:
     each group's name, then its lines, most result-relevant first."""

@@ -70,8 +70,11 @@ def describe(
     if integration := trial.get("integration"):
         render.console.print(f"connected through: {_CONNECTED.get(integration, integration)}",
                              markup=False)
-    if source := trial.get("source"):
+    lineage = trial.get("lineage")
+    if (source := trial.get("source")) and (lineage is None or lineage["parent_trial_id"] is None):
         render.console.print(f"warm start: {render.warm_start_line(source)}", markup=False)
+    if lineage is not None:
+        render.console.print(f"lineage: {render.lineage_line(lineage)}", markup=False)
     if progress := trial.get("progress"):
         render.console.print(f"progress: {progress_line(progress)}", markup=False)
     render.console.print(render.attempts_table(trial))

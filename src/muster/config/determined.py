@@ -69,7 +69,8 @@ DETERMINED_KEYS: dict[str, frozenset[str]] = {
         "name", "metric", "smaller_is_better", "max_trials", "max_concurrent_trials",
         "max_length", "max_time", "time_metric", "max_rungs", "divisor", "mode",
         "bracket_rungs", "stop_once", "num_rungs", "source_trial_id",
-        "source_checkpoint_uuid", "budget", "train_stragglers", "unit"}),
+        "source_checkpoint_uuid", "budget", "train_stragglers", "unit", "population_size",
+        "num_rounds", "length_per_round", "replace_function", "explore_function"}),
     "checkpoint_storage": frozenset({
         "type", "save_experiment_best", "save_trial_best", "save_trial_latest", "host_path",
         "storage_path", "propagation", "container_path", "checkpoint_path",
@@ -82,8 +83,8 @@ _MUSTER_SECTIONS: dict[str, type[BaseModel]] = {
     "searcher": SearcherConfig, "checkpoint_storage": CheckpointStorageConfig,
     "reproducibility": ReproducibilityConfig,
 }
-_OWN_SEARCHERS = frozenset({"single", "grid", "random", "adaptive_asha", "asha"})
-_RETIRED_SEARCHERS = frozenset({"custom", "adaptive", "adaptive_simple", "sync_halving", "pbt"})
+_OWN_SEARCHERS = frozenset({"single", "grid", "random", "adaptive_asha", "asha", "pbt"})
+_RETIRED_SEARCHERS = frozenset({"custom", "adaptive", "adaptive_simple", "sync_halving"})
 _TRIAL_CLASS = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # model_def:MNistTrial
 _PYTHON = re.compile(r"python[0-9.]*")
 # What makes `sh -c` read a line otherwise than shlex.split: operators, expansions, globs,
@@ -171,6 +172,9 @@ _SAME = frozenset({
     "name", "description", "searcher.metric", "searcher.smaller_is_better",
     "searcher.max_trials", "searcher.mode", "searcher.max_rungs", "resources.priority",
     "searcher.source_trial_id", "searcher.source_checkpoint_uuid",  # warm starts
+    # Determined's PBT (retired in its 0.38), under the same names (`muster.search.pbt`).
+    "searcher.population_size", "searcher.num_rounds", "searcher.length_per_round",
+    "searcher.replace_function", "searcher.explore_function",
     "reproducibility.experiment_seed", "checkpoint_storage.save_experiment_best",
     "checkpoint_storage.save_trial_best", "checkpoint_storage.save_trial_latest",
 })
@@ -572,7 +576,7 @@ def _searcher_name(t: _Translating, path: str, value: Any) -> None:
         t.refuse(path, f"must be a searcher's name, got {_shown(value)}")
     elif value in _RETIRED_SEARCHERS:
         t.refuse(path, f"{value!r} is one of Determined's retired searchers; use single, grid, "
-                       "random, async_halving or adaptive_asha")
+                       "random, async_halving, adaptive_asha or pbt")
     elif value == "async_halving":
         t.put(path, "asha")
         t.map(path, value, "searcher.name: asha")
@@ -589,7 +593,8 @@ def _searcher_name(t: _Translating, path: str, value: Any) -> None:
     elif value in _OWN_SEARCHERS:
         t.same(path, value)
     else:
-        t.refuse(path, f"must be one of single, grid, random, async_halving, adaptive_asha; "
+        t.refuse(path, f"must be one of single, grid, random, async_halving, adaptive_asha, "
+                       f"pbt; "
                        f"got {_shown(value)}")
 
 

@@ -551,7 +551,7 @@ def _log_metric_problem(name: str, pattern: str) -> str | None:
 
 
 LENGTH_UNITS = ("batches", "epochs", "records")
-SEARCHERS = ("single", "grid", "random", "tpe", "asha", "adaptive_asha", "bohb", "nsga2")
+SEARCHERS = ("single", "grid", "random", "tpe", "asha", "adaptive_asha", "bohb", "nsga2", "pbt")
 # Those that can search several objectives at once (`searcher.metrics`): the samplers that
 # compare trials by Pareto dominance; a pruner judges one metric, so no pruning searcher.
 MULTI_OBJECTIVE_SEARCHERS = ("grid", "random", "tpe", "nsga2")
@@ -569,7 +569,13 @@ _ONLY_FOR = {
     "mode": ("adaptive_asha", "bohb"),
     "divisor": ("asha", "adaptive_asha", "bohb"),
     "max_rungs": ("asha", "adaptive_asha", "bohb"),
+    "population_size": ("pbt",),
+    "num_rounds": ("pbt",),
+    "length_per_round": ("pbt",),
+    "replace_function": ("pbt",),
+    "explore_function": ("pbt",),
 }
+MAX_POPULATION = 1000  # searcher.population_size (pbt)
 
 
 def _validation_metric(value: str, info: ValidationInfo) -> str:
@@ -592,6 +598,24 @@ class Objective(_Section):
         return _validation_metric(value, info)
 
 
+class ReplaceFunction(_Section):
+    """Which members of a PBT generation are replaced (Determined's `replace_function`):
+    the worst `truncate_fraction` of the population, by the searcher's metric, continue from
+    a copy of one of the best as many instead of from their own checkpoint."""
+
+    truncate_fraction: float = Field(default=0.25, ge=0.0, le=0.5)
+
+
+class ExploreFunction(_Section):
+    """How a replaced member's hyperparameters are changed from its parent's (Determined's
+    `explore_function`): each searched one is drawn again with `resample_probability`,
+    else multiplied by 1 - `perturb_factor` or 1 + `perturb_factor` (a categorical one moves
+    to a neighbouring value), within its range."""
+
+    resample_probability: float = Field(default=0.2, ge=0.0, le=1.0)
+    perturb_factor: float = Field(default=0.2, gt=0.0, lt=1.0)
+
+
 class SearcherConfig(_Section):
     """How the experiment's trials are chosen (Determined's `searcher` block): `single` runs
     one trial; the others sample `hyperparameters` (Optuna samplers and pruners).
@@ -610,7 +634,7 @@ class SearcherConfig(_Section):
     }
 
     name: Literal["single", "grid", "random", "tpe", "asha", "adaptive_asha", "bohb",
-                  "nsga2"] = "single"
+                  "nsga2", "pbt"] = "single"
     metric: str | None = Field(default=None, min_length=1)
     smaller_is_better: bool = True
     # Several objectives at once (multi-objective search): the first is also `metric` and
@@ -637,6 +661,21 @@ class SearcherConfig(_Section):
     # Which of source_trial_id's checkpoints: "latest" (Determined's, the default) or "best"
     # by the searcher metric of the source trial's experiment.
     source_checkpoint: str | None = None
+    # Population-based training (`pbt`, `muster.search.pbt`): `num_rounds` generations of
+    # `population_size` trials, each trained `length_per_round` further than its parent.
+    population_size: int | None = Field(default=None, ge=2, le=MAX_POPULATION)
+    num_rounds: int | None = Field(default=None, ge=1, le=MAX_TRIALS)
+    length_per_round: int | None = Field(default=None, ge=1)  # in max_length's units
+    replace_function: ReplaceFunction = Field(default_factory=ReplaceFunction)
+    explore_function: ExploreFunction = Field(default_factory=ExploreFunction)
+
+    def length_of(self, generation: int | None) -> int | None:
+        """How far a trial trains in all (its planned length, MUSTER_MAX_LENGTH):
+        `max_length`, or for a trial of PBT generation g, (g + 1) * `length_per_round`
+        (it continues from its parent's checkpoint at g * `length_per_round`)."""
+        if self.name != "pbt" or generation is None or self.length_per_round is None:
+            return self.max_length
+        return (generation + 1) * self.length_per_round
 
     def prunes(self) -> bool:
         """Whether this searcher stops poor trials early (its pruner judges validation)."""
@@ -692,18 +731,23 @@ class SearcherConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _length_with_a_unit(cls, data: object) -> object:
-        """Determined's `max_length: {batches: 100}` -> max_length 100, unit "batches"."""
-        if not isinstance(data, Mapping) or not isinstance(data.get("max_length"), Mapping):
+        """Determined's `max_length: {batches: 100}` -> max_length 100, unit "batches"
+        (and `length_per_round: {batches: 100}` the same way)."""
+        if not isinstance(data, Mapping):
             return data
-        length = dict(data["max_length"])
-        if len(length) != 1 or next(iter(length)) not in LENGTH_UNITS:
-            raise KeyedProblems([("max_length", "must be a number of steps, or one unit and "
-                                  "its count: {batches: N}, {epochs: N} or {records: N}")])
-        [(unit, value)] = length.items()
-        if "max_length_unit" in data and data["max_length_unit"] != unit:
-            raise KeyedProblems([("max_length_unit", f"says {data['max_length_unit']!r}, "
-                                  f"but max_length is in {unit}; keep one")])
-        return {**data, "max_length": value, "max_length_unit": unit}
+        for key in ("max_length", "length_per_round"):
+            if not isinstance(data.get(key), Mapping):
+                continue
+            length = dict(data[key])
+            if len(length) != 1 or next(iter(length)) not in LENGTH_UNITS:
+                raise KeyedProblems([(key, "must be a number of steps, or one unit and its "
+                                      "count: {batches: N}, {epochs: N} or {records: N}")])
+            [(unit, value)] = length.items()
+            if "max_length_unit" in data and data["max_length_unit"] != unit:
+                raise KeyedProblems([("max_length_unit", f"says {data['max_length_unit']!r}, "
+                                      f"but {key} is in {unit}; keep one")])
+            data = {**data, key: value, "max_length_unit": unit}
+        return data
 
     @model_validator(mode="after")
     def _complete(self) -> SearcherConfig:
@@ -723,8 +767,10 @@ def _objective_problems(config: SearcherConfig) -> list[tuple[str, str]]:
         problems.append(("metrics", f"names an objective twice ({', '.join(names)}); each "
                                     "metric once"))
     if config.name not in MULTI_OBJECTIVE_SEARCHERS:
+        why = ("it ranks each generation by one" if config.name == "pbt"
+               else "a pruner judges one")
         problems.append(("metrics", f"the {config.name} searcher compares trials by one metric "
-                                    "(a pruner judges one); search several objectives with "
+                                    f"({why}); search several objectives with "
                                     f"{', '.join(MULTI_OBJECTIVE_SEARCHERS[:-1])} or "
                                     f"{MULTI_OBJECTIVE_SEARCHERS[-1]}, or keep one metric"))
     first = config.metrics[0]
@@ -744,7 +790,8 @@ def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
                       + f" it, not {name}; remove it")
                 for key, searchers in _ONLY_FOR.items()
                 if name not in searchers
-                and getattr(config, key) != SearcherConfig.model_fields[key].default]
+                and getattr(config, key) != SearcherConfig.model_fields[key].get_default(
+                    call_default_factory=True)]
     problems += _objective_problems(config)
     if name != "single" and config.metric is None:
         problems.append(("metric", f"required by the {name} searcher, which compares trials by "
@@ -752,17 +799,18 @@ def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
                                    "report_validation, e.g. `metric: val_loss`"))
     if name == "single" and config.max_trials not in (None, 1):
         problems.append(("max_trials", "the single searcher runs one trial; choose random, "
-                                       "tpe, nsga2, asha, adaptive_asha or bohb to run more"))
+                                       "tpe, nsga2, asha, adaptive_asha, bohb or pbt to run more"))
     if name == "grid" and config.max_trials is not None:
         problems.append(("max_trials", "a grid runs one trial per point (the product of the "
                                        "counts); remove max_trials"))
+    problems += _pbt_problems(config)
     if name in ("random", "tpe", "nsga2", *PRUNING_SEARCHERS) and config.max_trials is None:
         problems.append(("max_trials", f"required by the {name} searcher: how many trials to "
                                        "run in all"))
     if name in PRUNING_SEARCHERS and config.max_length is None:
         problems.append(("max_length", f"required by {name}, whose rungs are fractions of it "
                                        "(in the steps the script reports validation with)"))
-    if config.time_metric is not None and config.max_length is None:
+    if config.time_metric is not None and config.max_length is None and name != "pbt":
         problems.append(("time_metric", "counts max_length in that metric's values: set "
                                         "searcher.max_length too"))
     named = [key for key in SOURCE_KEYS if getattr(config, key) is not None]
@@ -776,6 +824,31 @@ def _searcher_problems(config: SearcherConfig) -> list[tuple[str, str]]:
         problems.append(("max_length_unit", f"max_length is counted in time_metric "
                                             f"{config.time_metric!r}'s values, not in "
                                             f"{config.max_length_unit}; remove one of them"))
+    return problems
+
+
+def _pbt_problems(config: SearcherConfig) -> list[tuple[str, str]]:
+    """What PBT needs: a population, its rounds and their length, and no other count."""
+    if config.name != "pbt":
+        return []
+    problems = [(key, f"required by the pbt searcher: {why}") for key, why in (
+        ("population_size", "how many trials train side by side in each round"),
+        ("num_rounds", "how many rounds (generations) the population trains"),
+        ("length_per_round", "how far each round trains, in the steps the script reports "
+                             "validation with (or {batches: N}, {epochs: N})"))
+        if getattr(config, key) is None]
+    if config.max_trials is not None:
+        problems.append(("max_trials", "pbt runs population_size * num_rounds trials (one "
+                                       "per member and round); remove max_trials"))
+    if config.max_length is not None:
+        problems.append(("max_length", "pbt trains each round length_per_round further "
+                                       "(num_rounds * length_per_round in all); remove "
+                                       "max_length"))
+    if (config.population_size is not None and config.num_rounds is not None
+            and config.population_size * config.num_rounds > MAX_TRIALS):
+        problems.append(("num_rounds", f"population_size * num_rounds is "
+                                       f"{config.population_size * config.num_rounds:,} "
+                                       f"trials, over the {MAX_TRIALS:,} a search may run"))
     return problems
 
 
@@ -1110,6 +1183,9 @@ class ExperimentConfig(_Section):
             return 1
         if self.searcher.name == "grid":
             return self.space().grid_size()
+        if self.searcher.name == "pbt":
+            assert self.searcher.population_size and self.searcher.num_rounds, "checked"
+            return self.searcher.population_size * self.searcher.num_rounds
         assert self.searcher.max_trials is not None, "checked by SearcherConfig"
         return self.searcher.max_trials
 

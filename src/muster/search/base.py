@@ -32,7 +32,7 @@ from optuna.trial import TrialState as OptunaState
 
 from muster.config.schema import SearcherConfig
 from muster.config.space import Categorical, Double, Int, Log, Scalar, Searched, SearchSpace
-from muster.search.history import Attrs, Judgement, PastTrial, trial_seed
+from muster.search.history import Attrs, Draw, Judgement, PastTrial, trial_seed
 from muster.states import SearchOutcome
 
 __all__ = ["Judgement", "PastTrial", "Searcher"]
@@ -55,6 +55,9 @@ class Searcher:
 
     name: ClassVar[str]
     prunes: ClassVar[bool] = False
+    # Whether its trials continue from other trials' checkpoints (PBT): the history then
+    # holds each trial's latest intact checkpoint.
+    continues: ClassVar[bool] = False
 
     def __init__(self, config: SearcherConfig, space: SearchSpace, seed: int) -> None:
         self.config = config
@@ -73,6 +76,20 @@ class Searcher:
         return {name: _distribution(param) for name, param in self.space.searched().items()}
 
     # -- what the supervisor calls -----------------------------------------------------
+
+    def must_end_first(self, number: int) -> range:
+        """The trials that must be at rest before trial `number` is drawn (PBT's previous
+        generation); none by default."""
+        return range(0)
+
+    def draw(self, history: Sequence[PastTrial], number: int) -> Draw:
+        """Trial `number`: its values and what the searcher notes on it (`ask`).
+
+        Raises:
+            NothingToDraw: the search can go no further, with why.
+        """
+        params, attrs = self.ask(history, number)
+        return Draw(params, attrs)
 
     def ask(self, history: Sequence[PastTrial], number: int) -> tuple[dict[str, Scalar],
                                                                       Attrs]:

@@ -10,7 +10,8 @@ from typing import Any
 
 from muster.states import SearchOutcome
 
-__all__ = ["Attrs", "Judgement", "PastTrial", "trial_seed"]
+__all__ = ["Attrs", "Draw", "Judgement", "Lineage", "NothingToDraw", "PastTrial",
+           "generation_of", "trial_seed"]
 
 # What Optuna's sampler and pruner noted on a trial (its system attributes: a grid's id,
 # Hyperband's bracket...): free JSON, theirs, kept and handed back to them unread.
@@ -30,6 +31,44 @@ class PastTrial:
     # Each objective's value it ended with, in `searcher.metrics`' order (COMPLETE, and a
     # multi-objective search, only); `value` is the first.
     values: tuple[float, ...] | None = None
+    # Its latest intact checkpoint's id (for a searcher that continues from checkpoints,
+    # `Searcher.continues`; else None).
+    checkpoint: int | None = None
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Where a trial of population-based training comes from: the trial of the generation
+    before whose checkpoint it starts from, and why (`search_state["pbt"]`)."""
+
+    generation: int  # from 0
+    parent: int | None = None  # the parent trial's number (None in generation 0)
+    checkpoint: int | None = None  # the parent's checkpoint it starts from (its id)
+    # "continue": the parent did well and its line goes on with the same hyperparameters;
+    # "exploit": the member it replaces did poorly, so it copies a better one's checkpoint
+    # and explores (`changed` holds each hyperparameter changed: [parent's, its own]).
+    action: str | None = None
+    replaces: int | None = None  # exploit: the number of the member it replaces
+    changed: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"generation": self.generation, "parent": self.parent,
+                "checkpoint": self.checkpoint, "action": self.action,
+                "replaces": self.replaces, "changed": dict(self.changed)}
+
+
+@dataclass(frozen=True)
+class Draw:
+    """A searcher's next trial: its values, the attributes the sampler noted, and (PBT) its
+    lineage."""
+
+    params: dict[str, Any]
+    attrs: Attrs
+    lineage: Lineage | None = None
+
+
+class NothingToDraw(Exception):
+    """The searcher can draw no more trials, and why (a `search stopped` event says it)."""
 
 
 @dataclass(frozen=True)
@@ -43,3 +82,10 @@ def trial_seed(experiment_seed: int, number: int) -> int:
     """The seed of trial `number`'s draw: from the experiment's seed and the number alone."""
     digest = hashlib.sha256(f"{experiment_seed}/{number}".encode()).digest()
     return int.from_bytes(digest[:4], "big") % _SEED_SPACE
+
+
+def generation_of(search_state: Mapping[str, Any] | None) -> int | None:
+    """A PBT trial's generation, as its `search_state` records it; None for any other."""
+    lineage = (search_state or {}).get("pbt")
+    generation = lineage.get("generation") if isinstance(lineage, Mapping) else None
+    return generation if isinstance(generation, int) and generation >= 0 else None

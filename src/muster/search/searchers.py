@@ -9,6 +9,7 @@ from muster.search.base import Searcher
 from muster.search.bohb import Bohb
 from muster.search.grid import Grid
 from muster.search.nsga2 import Nsga2
+from muster.search.pbt import Pbt
 from muster.search.random import Random
 from muster.search.single import Single
 from muster.search.tpe import Tpe
@@ -16,7 +17,8 @@ from muster.search.tpe import Tpe
 __all__ = ["searcher_for"]
 
 _SEARCHERS: dict[str, type[Searcher]] = {
-    cls.name: cls for cls in (Single, Grid, Random, Tpe, Asha, AdaptiveAsha, Bohb, Nsga2)
+    cls.name: cls for cls in (Single, Grid, Random, Tpe, Asha, AdaptiveAsha, Bohb, Nsga2,
+                                   Pbt)
 }
 
 

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from muster import api
 from muster.atomic import read_json
 from muster.rundir import AttemptDir, RankFile, RankFiles, RunDir
+from muster.search.history import generation_of
 from muster.states import MetricKind, TrialState
 from muster.store import Attempt, Metric, Trial
 from muster.store.configs import experiment_config
@@ -118,7 +119,8 @@ def progress_of(s: Session, trial: Trial) -> api.TrialProgress | None:
     plan = (None if config.verify.expected_length is not None
             else verification.read_plan(run_dir, numbers))
     planned = verification.planned_length(
-        config.verify, plan, verification.searcher_length(config.searcher))
+        config.verify, plan, verification.searcher_length(
+            config.searcher, config.searcher.length_of(generation_of(trial.search_state))))
     manifest = (trial.manifest or {}).get("file_count")
     return estimate(planned, measure(s, trial.id, planned, attempts[-1], run_dir, numbers,
                                      epoch_size=manifest if isinstance(manifest, int) else None,

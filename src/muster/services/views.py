@@ -293,7 +293,36 @@ def trial_detail(trial: Trial, best: Mapping[str, float],
         "progress": progress,
         "integration": trial.integration,
         "source": warm_start_view(trial.experiment),
+        "lineage": lineage_view(trial),
     }
+
+
+def lineage_view(trial: Trial) -> api.TrialLineage | None:
+    """A PBT trial's lineage, as its draw recorded it (`search_state["pbt"]`); else None."""
+    found = (trial.search_state or {}).get("pbt")
+    if not isinstance(found, dict) or not isinstance(found.get("generation"), int):
+        return None
+    action = found.get("action")
+    changed = found.get("changed")
+    return api.TrialLineage(
+        generation=found["generation"],
+        action=action if action in ("continue", "exploit") else None,
+        parent_trial_id=_int_or_none(found.get("parent_trial_id")),
+        parent_number=_int_or_none(found.get("parent")),
+        replaces_trial_id=_int_or_none(found.get("replaces_trial_id")),
+        checkpoint_uuid=_str_or_none(found.get("checkpoint_uuid")),
+        checkpoint=_str_or_none(found.get("checkpoint_name")),
+        step=_int_or_none(found.get("checkpoint_step")),
+        changed={str(k): list(v) for k, v in changed.items() if isinstance(v, list)}
+        if isinstance(changed, dict) else {})
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def environment_view(trial: Trial) -> api.TrialEnvironmentView:

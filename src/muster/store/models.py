@@ -322,6 +322,11 @@ class Trial(Base):
     # it, before a file goes (`muster.checkpoint_storage.retention`, migration 0027).
     logs_removed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     files_removed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The checkpoint it starts from while it has none of its own, when that is not its
+    # experiment's warm start: a PBT member's parent's (`muster.search.pbt`, migration
+    # 0029), held against GC until the trial is at rest (`checkpoint_storage.pins`).
+    source_checkpoint_id: Mapped[int | None] = mapped_column(Integer, nullable=True,
+                                                             index=True)
 
     experiment: Mapped[Experiment] = relationship(back_populates="trials")
     attempts: Mapped[list[Attempt]] = relationship(

@@ -23,6 +23,7 @@ from muster.launch.base import ReplicaStatus
 from muster.launch.exits import Classification, ExitObservation, classify_exit, replica_name
 from muster.launch.logs import masked, tail_text
 from muster.rundir import AttemptDir
+from muster.search.history import generation_of
 from muster.states import (
     AttemptState,
     EventReason,
@@ -390,14 +391,15 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
         outputs_before=final.outputs_before, saves=saves,
         log_scans=scans.ranks if scans is not None else None, log_metrics=log_metrics,
         primary_ended_at=scans.primary_ended_at if scans is not None else None,
-        log_lost=_log_lost(final), warm_start=_warm_start(trial))
+        log_lost=_log_lost(final), warm_start=_warm_start(s, trial))
     result = verification.verify(
         evidence,
         checks,
         manifest_count,
         harness_ranks=config.resources.replicas if config.harness else None,
         diagnostics=diagnostics,
-        searcher_length=verification.searcher_length(config.searcher),
+        searcher_length=verification.searcher_length(
+            config.searcher, config.searcher.length_of(generation_of(trial.search_state))),
         early_stopped=move.early_stopped,
     )
     trial.verification = result.to_json()
@@ -413,9 +415,14 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
                actor=ACTOR, message=f"{move.message}, but verification failed: {failed}")
 
 
-def _warm_start(trial: Trial) -> verification.WarmStartFrom | None:
-    """The checkpoint the trial began from, as its experiment recorded it at submission
-    (`api.WarmStartView`); None without a warm start."""
+def _warm_start(s: Session, trial: Trial) -> verification.WarmStartFrom | None:
+    """The checkpoint the trial began from: its own source (a PBT parent's checkpoint), else
+    its experiment's warm start as recorded at submission (`api.WarmStartView`); None
+    without either."""
+    if trial.source_checkpoint_id is not None:
+        row = s.get(Checkpoint, trial.source_checkpoint_id)
+        return None if row is None else verification.WarmStartFrom(
+            row.step, f"checkpoint {row.name} of trial {row.trial_id} (its parent)")
     source = trial.experiment.source
     if trial.experiment.source_checkpoint_id is None or not source:
         return None

@@ -32,6 +32,7 @@ from muster.launch.base import ProcessIdentity, ReplicaSpec, ReplicaStatus
 from muster.launch.small_fs import mount_small_fs
 from muster.launch.torchrun import free_port, wants_distributed_env
 from muster.rundir import AttemptDir, Hparams, RunDir
+from muster.search.history import generation_of
 from muster.states import AttemptState, EventReason, Reason, ReplicaPhase, TrialState
 from muster.store import (
     Attempt,
@@ -50,7 +51,7 @@ from muster.supervise.manifest import empty_data_problem
 from muster.supervise.ownership import grant_attempt, grant_trial
 from muster.supervise.scans import DataScans, ScanFailed
 from muster.supervise.searching import trial_seed
-from muster.supervise.warm_start import Source, copy_source, source_of
+from muster.supervise.warm_start import Source, copy_source, source_of_trial
 from muster.supervise.workdir import prepare_workdir
 from muster.system_metrics import DEFAULT_INTERVAL_S
 
@@ -112,6 +113,9 @@ class AttemptPlan:
     source: Source | None = None
     # How often each replica's shim samples its resources (the `system/` series).
     system_metrics_interval: float = DEFAULT_INTERVAL_S
+    # How far the searcher lets it train (MUSTER_MAX_LENGTH): `searcher.max_length`, or a
+    # PBT member's own (`SearcherConfig.length_of`).
+    max_length: int | None = None
 
 
 def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
@@ -136,7 +140,8 @@ def replica_specs(plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list
             latest_checkpoint=plan.latest_checkpoint,
             source_checkpoint=plan.source.copy_in(plan.dir.run) if plan.source else None,
             heartbeat_timeout=config.failure_policy.heartbeat_timeout,
-            max_length=config.searcher.max_length, seed=plan.seed,
+            max_length=(plan.max_length if plan.max_length is not None
+                        else config.searcher.max_length), seed=plan.seed,
             deterministic=config.reproducibility.deterministic,
             diagnostics_interval=(config.diagnostics.interval if config.diagnostics.record
                                   else None),
@@ -224,7 +229,8 @@ class Launching:
             environment=self.ctx.envs.for_trial(config, trial.experiment.environment_key,
                                                 run_dir.env, account),
             account=account, log_limit=config.resources.log_limit_bytes(self.ctx.log_limit),
-            system_metrics_interval=self.ctx.system_metrics_interval)
+            system_metrics_interval=self.ctx.system_metrics_interval,
+            max_length=config.searcher.length_of(generation_of(trial.search_state)))
 
     def specs(self, plan: AttemptPlan, ranks: Iterable[int] | None = None) -> list[ReplicaSpec]:
         return replica_specs(plan, ranks)
@@ -232,11 +238,13 @@ class Launching:
     @staticmethod
     def warm_start_of(s: Session, trial: Trial) -> Source | None:
         """The checkpoint the trial's next attempt starts from when it has none of its own
-        (not even one only storage holds): its experiment's warm start, if any."""
-        if trial.experiment.source_checkpoint_id is None or s.scalar(
-                select(Checkpoint.id).where(*resumable(trial.id)).limit(1)) is not None:
+        (not even one only storage holds): its own source (a PBT parent's), else its
+        experiment's warm start, if any."""
+        if trial.source_checkpoint_id is None and trial.experiment.source_checkpoint_id is None:
             return None
-        return source_of(s, trial.experiment)
+        if s.scalar(select(Checkpoint.id).where(*resumable(trial.id)).limit(1)) is not None:
+            return None
+        return source_of_trial(s, trial)
 
     def prelaunch(self, trial_id: int) -> Prelaunch:
         with self.ctx.store.session_scope() as s:

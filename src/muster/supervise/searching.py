@@ -34,7 +34,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
@@ -45,9 +45,10 @@ from muster.config.quotas import QuotasConfig
 from muster.config.schema import SearcherConfig
 from muster.config.space import Scalar
 from muster.schedule.quota_book import lock_and_refuse_queued, read_book
-from muster.search.history import PastTrial
+from muster.search.history import Lineage, NothingToDraw, PastTrial
 from muster.search.history import trial_seed as seed_for
 from muster.states import (
+    CheckpointState,
     EventReason,
     ExperimentState,
     MetricKind,
@@ -56,7 +57,16 @@ from muster.states import (
     StopIntent,
     TrialState,
 )
-from muster.store import Event, Experiment, Metric, Store, Trial, record_event, series
+from muster.store import (
+    Checkpoint,
+    Event,
+    Experiment,
+    Metric,
+    Store,
+    Trial,
+    record_event,
+    series,
+)
 from muster.store.actors import SEARCHER
 from muster.store.configs import experiment_config
 from muster.supervise.isolation import Isolation
@@ -134,19 +144,31 @@ class Searching:
                     return
                 number = len(trials)
                 searcher = _searcher(experiment, config)
-                history = _history(s, trials, config)
+                if any(not trials[n].state.is_at_rest() for n in searcher.must_end_first(number)):
+                    return  # (PBT: the generation before has not ended yet)
+                history = _history(s, trials, config, searcher.continues)
                 warn_if_metric_missing(s, experiment, trials, config, history)
-                params, attrs = searcher.ask(history, number)
+                try:
+                    draw = searcher.draw(history, number)
+                except NothingToDraw as exc:
+                    _stop_drawing(s, experiment, str(exc))
+                    return
+                state: dict[str, Any] = {"params": draw.params, "attrs": draw.attrs}
+                if draw.lineage is not None:
+                    state["pbt"] = _lineage_record(s, draw.lineage, trials)
                 trial = Trial(experiment=experiment, number=number,
                               state=TrialState.QUEUED, priority=experiment.priority,
-                              hparams=searcher.space.hparams(params),
-                              search_state={"params": params, "attrs": attrs})
+                              hparams=searcher.space.hparams(draw.params),
+                              search_state=state,
+                              source_checkpoint_id=(draw.lineage.checkpoint
+                                                    if draw.lineage is not None else None))
                 s.add(trial)
                 s.flush()
                 record_event(s, entity="trial", entity_id=trial.id, reason=EventReason.CREATED,
                              actor=ACTOR, experiment_id=experiment_id, trial_id=trial.id,
                              message=f"trial {number + 1} of {experiment.max_trials} drawn by "
-                                     f"{config.searcher.name}: {_shown(params)}")
+                                     f"{config.searcher.name}: {_shown(draw.params)}"
+                                     + _lineage_note(draw.lineage, trials))
 
     def _queue_full(self, s: Session, owner_id: int | None) -> bool:
         """Whether one more QUEUED trial of the owner's would pass a `max_queued_trials` of
@@ -222,6 +244,48 @@ def _gave_up(s: Session, experiment: Experiment, trials: Sequence[Trial],
                  message=f"the first {len(first)} trials all failed with PERMANENT_ERROR and "
                          f"none succeeded, so the search draws no more; {common}")
     return True
+
+
+def _stop_drawing(s: Session, experiment: Experiment, why: str) -> None:
+    """The searcher can draw no more (`NothingToDraw`): say why once, which ends the
+    experiment ERROR once its trials have ended (`experiments.Closing`)."""
+    if stopped_drawing(s, experiment.id) is None:
+        record_event(s, entity="experiment", entity_id=experiment.id,
+                     reason=EventReason.SEARCH_STOPPED, actor=ACTOR,
+                     experiment_id=experiment.id, message=f"the search draws no more: {why}")
+
+
+def _lineage_record(s: Session, lineage: Lineage, trials: Sequence[Trial]) -> dict[str, Any]:
+    """A PBT trial's lineage as its `search_state` keeps it (`views.lineage_view` reads it):
+    the searcher's, with the ids of the trials it names and its parent's checkpoint as it is
+    now (GC may remove that checkpoint once this trial has saved its own)."""
+    record = lineage.to_json()
+    if lineage.parent is not None:
+        record["parent_trial_id"] = trials[lineage.parent].id
+    if lineage.replaces is not None:
+        record["replaces_trial_id"] = trials[lineage.replaces].id
+    row = s.get(Checkpoint, lineage.checkpoint) if lineage.checkpoint is not None else None
+    if row is not None:
+        record.update(checkpoint_uuid=row.uuid, checkpoint_name=row.name,
+                      checkpoint_step=row.step)
+    return record
+
+
+def _lineage_note(lineage: Lineage | None, trials: Sequence[Trial]) -> str:
+    """What a PBT trial's creation adds: its generation, and whose checkpoint it starts from."""
+    if lineage is None:
+        return ""
+    if lineage.parent is None:
+        return f"; generation {lineage.generation}"
+    parent = trials[lineage.parent]
+    if lineage.action == "continue":
+        return (f"; generation {lineage.generation}, continues trial {parent.id} "
+                f"(number {parent.number}) from its checkpoint")
+    assert lineage.replaces is not None
+    changed = ", ".join(f"{key} {_short(old)} -> {_short(new)}"
+                        for key, (old, new) in lineage.changed.items()) or "no value changed"
+    return (f"; generation {lineage.generation}, replaces trial {trials[lineage.replaces].id} "
+            f"and copies trial {parent.id}'s checkpoint (exploit), explored: {changed}")
 
 
 def _nothing_to_draw(s: Session, experiment: Experiment) -> None:
@@ -316,15 +380,35 @@ def _searcher(experiment: Experiment, config: ExperimentConfig) -> Searcher:
     return searcher_for(config, experiment_seed(experiment, config))
 
 
-def _history(s: Session, trials: Sequence[Trial], config: ExperimentConfig) -> list[PastTrial]:
-    """The experiment's trials as the searcher sees them (by number)."""
+def _history(s: Session, trials: Sequence[Trial], config: ExperimentConfig,
+             checkpoints: bool = False) -> list[PastTrial]:
+    """The experiment's trials as the searcher sees them (by number); with `checkpoints`,
+    each with its latest intact checkpoint (a searcher that `continues` from them)."""
     ids = [t.id for t in trials]
     values = _validation(s, ids, config.searcher)
     ended = (series.final_values(s, ids, [o.name for o in config.searcher.objectives()])
              if config.searcher.multi_objective() else None)
-    return [_past(t, values.get(t.id, {}), None if ended is None else ended.get(t.id, {}),
-                  [o.name for o in config.searcher.objectives()])
+    latest = _latest_checkpoints(s, ids) if checkpoints else {}
+    return [replace(_past(t, values.get(t.id, {}),
+                          None if ended is None else ended.get(t.id, {}),
+                          [o.name for o in config.searcher.objectives()]),
+                    checkpoint=latest.get(t.id))
             for t in sorted(trials, key=lambda t: t.number)]
+
+
+def _latest_checkpoints(s: Session, trial_ids: Sequence[int]) -> dict[int, int]:
+    """Each trial's latest intact checkpoint that is still there (by step, then as saved):
+    trial id -> checkpoint id."""
+    latest: dict[int, int] = {}
+    if not trial_ids:
+        return latest
+    rows = s.execute(select(Checkpoint.trial_id, Checkpoint.id)
+                     .where(Checkpoint.trial_id.in_(trial_ids), Checkpoint.intact.is_(True),
+                            Checkpoint.state.not_in(CheckpointState.gone()))
+                     .order_by(Checkpoint.step, Checkpoint.id))
+    for trial_id, checkpoint_id in rows:
+        latest[trial_id] = checkpoint_id
+    return latest
 
 
 def _past(trial: Trial, values: dict[int, float], ended: dict[str, float] | None = None,

@@ -381,16 +381,19 @@ def planned_length(config: VerifyConfig, plan: Planned | None,
     return plan or searcher
 
 
-def searcher_length(searcher: SearcherConfig) -> Planned | None:
+def searcher_length(searcher: SearcherConfig, length: int | None = None) -> Planned | None:
     """The searcher's max_length as a planned length (it counts validation's steps, or the
-    value of its time metric)."""
-    if searcher.max_length is None:
+    value of its time metric); `length`, the trial's own where the searcher gives each
+    trial one (a PBT member: `SearcherConfig.length_of`)."""
+    by_round = searcher.name == "pbt" and length is not None
+    source = "searcher.length_per_round" if by_round else "searcher.max_length"
+    length = searcher.max_length if length is None else length
+    if length is None:
         return None
     if searcher.time_metric is not None:
-        return Planned(searcher.time_metric, searcher.max_length, "searcher.max_length",
+        return Planned(searcher.time_metric, length, source,
                        validation_steps=True, metric=searcher.time_metric)
-    return Planned(searcher.max_length_unit, searcher.max_length, "searcher.max_length",
-                   validation_steps=True)
+    return Planned(searcher.max_length_unit, length, source, validation_steps=True)
 
 
 # --- completion ---------------------------------------------------------------------------

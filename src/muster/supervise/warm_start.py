@@ -1,7 +1,8 @@
 """A warm start's checkpoint, copied into a trial's run directory before its launch.
 
 While a warm-started trial (its experiment's `searcher.source_*`, resolved to one checkpoint
-at submission: `muster.services.warm_starts`) has no checkpoint of its own, its launch plan
+at submission: `muster.services.warm_starts`; or a PBT member, from its parent's checkpoint,
+`Trial.source_checkpoint_id`) has no checkpoint of its own, its launch plan
 names `source/<name>/` in its run directory as MUSTER_SOURCE_CHECKPOINT, and the launch
 puts the checkpoint there first (`copy_source`): from the run directory of the trial that
 saved it, held open and read without following links, every file checked against its
@@ -35,9 +36,9 @@ from muster.checkpoint_storage.transfer import fetch_checkpoint
 from muster.errors import Conflict, LaunchError, MusterError
 from muster.home import Home
 from muster.rundir import RunDir
-from muster.store import Checkpoint, Experiment
+from muster.store import Checkpoint, Experiment, Trial
 
-__all__ = ["Source", "copy_source", "source_of"]
+__all__ = ["Source", "copy_source", "source_of", "source_of_trial"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,20 @@ def source_of(s: Session, experiment: Experiment) -> Source | None:
     model = (experiment.source or {}).get("model")
     named_by = (f" (model {model} v{(experiment.source or {}).get('version')})"
                 if model else "")
+    return _source(row, named_by)
+
+
+def source_of_trial(s: Session, trial: Trial) -> Source | None:
+    """The checkpoint the trial starts from while it has none of its own: its own source (a
+    PBT member's parent's, `Trial.source_checkpoint_id`), else its experiment's warm start;
+    None without either (or when the row is gone)."""
+    if trial.source_checkpoint_id is None:
+        return source_of(s, trial.experiment)
+    row = s.get(Checkpoint, trial.source_checkpoint_id)
+    return None if row is None else _source(row, " (its parent in the population)")
+
+
+def _source(row: Checkpoint, named_by: str) -> Source:
     return Source(uuid=row.uuid, name=row.name, trial_id=row.trial_id, path=Path(row.path),
                   registered=Registered(row.file_count, row.size_bytes),
                   storage=row.storage if row.state.is_stored() else None,

@@ -1,0 +1,143 @@
+"""Population-based training with real trial processes: each generation is drawn only once
+the one before has ended; every member of a later generation starts from its parent's
+checkpoint (the weight it trained on goes on, and its line of trial ids with it), the worst
+members are replaced by copies of the best with changed hyperparameters, a member that fails
+is replaced too, and each trial is verified on its own round. A generation none of whose
+members left a result stops the search with why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy import select
+
+from muster.services.experiments import create_experiment
+from muster.states import EventReason, ExperimentState, TrialState
+from muster.store import Checkpoint, Event, Trial
+from tests.supervise.conftest import Rig, fixture_entrypoint
+from tests.supervise.test_search import run_search, trials_of
+
+pytestmark = [pytest.mark.lifecycle, pytest.mark.timeout(240)]
+POPULATION, ROUNDS, LENGTH = 4, 3, 3
+
+
+def submit_pbt(rig: Rig, fail_above: float | None = None, **searcher: Any) -> int:
+    config: dict[str, Any] = {
+        "name": "pbt-test",
+        "entrypoint": fixture_entrypoint("pbt_job.py"),
+        "harness": True,
+        "environment": {"variables": {} if fail_above is None
+                        else {"FAIL_ABOVE": str(fail_above)}},
+        "hyperparameters": {"lr": {"type": "double", "minval": 0.05, "maxval": 0.9},
+                            "width": 8},
+        "searcher": {"name": "pbt", "metric": "loss", "smaller_is_better": True,
+                     "population_size": POPULATION, "num_rounds": ROUNDS,
+                     "length_per_round": LENGTH, "max_concurrent_trials": 2,
+                     "replace_function": {"truncate_fraction": 0.25},
+                     "explore_function": {"resample_probability": 0.0,
+                                          "perturb_factor": 0.2}} | searcher,
+        "failure_policy": {"trial_retries": 0},
+        "reproducibility": {"experiment_seed": 11},
+    }
+    return create_experiment(rig.store, rig.home, rig.admin, yaml.safe_dump(config),
+                             archive=None)
+
+
+def final_state(rig: Rig, trial: Trial) -> dict[str, Any]:
+    """What the trial's own last checkpoint holds (state.json)."""
+    with rig.store.session_scope() as s:
+        row = s.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial.id)
+                        .order_by(Checkpoint.step.desc())).first()
+        assert row is not None, f"trial {trial.id} saved no checkpoint"
+        found: dict[str, Any] = json.loads((Path(row.path) / "state.json").read_text())
+        return found
+
+
+def test_each_generation_continues_or_copies_the_best_of_the_one_before(
+        sqlite_rig: Rig) -> None:
+    experiment_id = submit_pbt(sqlite_rig)
+    assert run_search(sqlite_rig, experiment_id) is ExperimentState.COMPLETED
+    trials = trials_of(sqlite_rig.store, experiment_id)
+    assert len(trials) == POPULATION * ROUNDS
+    assert {t.state for t in trials} == {TrialState.SUCCEEDED.value}
+    assert all((t.verification or {}).get("verified") is True for t in trials), [
+        t.verification for t in trials if not (t.verification or {}).get("verified")]
+    states = {t.number: final_state(sqlite_rig, t) for t in trials}
+    losses = {n: (state["w"] - 1) ** 2 for n, state in states.items()}
+    for trial in trials:
+        lineage = (trial.search_state or {})["pbt"]
+        generation = trial.number // POPULATION
+        assert lineage["generation"] == generation
+        state = states[trial.number]
+        assert state["from"] == generation * LENGTH  # its parent's step ...
+        if generation == 0:
+            assert lineage["parent"] is None and trial.source_checkpoint_id is None
+            assert state["line"] == [trial.id]
+            continue
+        # ... on its parent's weight: the line of trials it went through is the parent's.
+        parent = trials[lineage["parent"]]
+        assert parent.number // POPULATION == generation - 1
+        assert state["line"] == [*states[parent.number]["line"], trial.id]
+        with sqlite_rig.store.session_scope() as s:
+            source = s.get_one(Checkpoint, trial.source_checkpoint_id)
+            assert (source.trial_id, source.step) == (parent.id, generation * LENGTH)
+            assert lineage["checkpoint_uuid"] == source.uuid
+        assert lineage["parent_trial_id"] == parent.id
+        # The previous generation started after its own, and this one after it ended.
+        before = trials[(generation - 1) * POPULATION:generation * POPULATION]
+        assert trial.created_at >= max(t.ended_at or 0 for t in before)
+    for generation in range(1, ROUNDS):
+        members = trials[generation * POPULATION:(generation + 1) * POPULATION]
+        before = trials[(generation - 1) * POPULATION:generation * POPULATION]
+        ranked = sorted(before, key=lambda t: (losses[t.number], t.number))
+        actions = [(t.search_state or {})["pbt"]["action"] for t in members]
+        assert actions.count("exploit") == 1, actions  # a quarter of four
+        [copy] = [t for t in members if t.search_state["pbt"]["action"] == "exploit"]
+        lineage = copy.search_state["pbt"]
+        assert lineage["parent"] == ranked[0].number  # the best goes on twice ...
+        assert lineage["replaces"] == ranked[-1].number  # ... in the worst one's place
+        assert copy.number % POPULATION == ranked[-1].number % POPULATION
+        assert copy.hparams["lr"] != ranked[0].hparams["lr"]  # explored: ±20%
+        assert copy.hparams["lr"] == pytest.approx(ranked[0].hparams["lr"] * 0.8) or \
+            copy.hparams["lr"] == pytest.approx(min(0.9, ranked[0].hparams["lr"] * 1.2))
+        assert lineage["changed"] == {"lr": [ranked[0].hparams["lr"], copy.hparams["lr"]]}
+        assert copy.hparams["width"] == 8  # a constant stays
+        for member in members:
+            if member is not copy:
+                previous = before[member.number % POPULATION]
+                assert member.search_state["pbt"]["parent"] == previous.number
+                assert member.hparams == previous.hparams  # continued as it was
+
+
+def test_a_member_that_failed_is_replaced_and_a_generation_without_results_stops(
+        sqlite_rig: Rig) -> None:
+    """With learning rates over 0.6 failing, generation 0's failed members are replaced by
+    copies of those that succeeded; when none succeeds, the search says why it stops."""
+    experiment_id = submit_pbt(sqlite_rig, fail_above=0.6, num_rounds=2)
+    state = run_search(sqlite_rig, experiment_id)
+    trials = trials_of(sqlite_rig.store, experiment_id)
+    first = trials[:POPULATION]
+    failed = [t for t in first if t.state == TrialState.FAILED.value]
+    assert failed and len(failed) < POPULATION, [t.hparams for t in first]
+    assert state is ExperimentState.COMPLETED and len(trials) == 2 * POPULATION
+    for member in trials[POPULATION:]:
+        lineage = member.search_state["pbt"]
+        replaced = first[member.number % POPULATION]
+        parent = trials[lineage["parent"]]
+        assert parent.state == TrialState.SUCCEEDED.value
+        if replaced in failed:
+            assert lineage["action"] == "exploit" and lineage["replaces"] == replaced.number
+
+    stopped = submit_pbt(sqlite_rig, fail_above=0.01, num_rounds=2)
+    assert run_search(sqlite_rig, stopped) is ExperimentState.ERROR
+    trials = trials_of(sqlite_rig.store, stopped)
+    assert len(trials) == POPULATION
+    with sqlite_rig.store.session_scope() as s:
+        [why] = s.scalars(select(Event.message).where(
+            Event.experiment_id == stopped, Event.reason == EventReason.SEARCH_STOPPED))
+    assert "no trial of generation 0 (trials 1 to 4) ended SUCCEEDED with the metric 'loss' " \
+           "and an intact checkpoint" in why
