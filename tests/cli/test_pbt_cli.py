@@ -5,10 +5,12 @@ trials' lineage in the API and on the command line (`muster trial describe`)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from muster.client import Client
@@ -105,3 +107,23 @@ def test_a_child_trained_on_from_its_parents_weight(server: RunningServer,
             state = json.loads((Path(latest["path"]) / "state.json").read_text())
             parent = trials[trial["lineage"]["parent_number"]]
             assert state["line"] == [parent["id"], trial["id"]] and state["from"] == 2
+
+
+def test_the_trial_page_links_the_parent(server: RunningServer,
+                                         finished: dict[str, Any]) -> None:
+    trials = finished["trials"]
+    [copy] = [t for t in trials.values() if (t["lineage"] or {}).get("action") == "exploit"]
+    lineage = copy["lineage"]
+    page = httpx.get(f"{server.url}/trials/{copy['id']}", timeout=30,
+                     headers={"Authorization": f"Bearer {server.token}"})
+    assert page.status_code == 200
+    [line] = re.findall(r'<p id="lineage">(.*?)</p>', page.text, re.S)
+    old, new = lineage["changed"]["lr"]
+    parent, replaced = lineage["parent_trial_id"], lineage["replaces_trial_id"]
+    assert line == (f'Population-based training, generation 1: copied <a href="/trials/'
+                    f'{parent}">trial {parent}</a>' f"'s checkpoint {lineage['checkpoint']} "
+                    f'(step 2), replacing <a href="/trials/{replaced}">trial {replaced}</a>; '
+                    f"explored: lr {old} → {new}")
+    plain = httpx.get(f"{server.url}/trials/{trials[1]['id']}", timeout=30,
+                      headers={"Authorization": f"Bearer {server.token}"})
+    assert "generation 0: drawn afresh</p>" in plain.text
