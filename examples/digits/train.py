@@ -157,6 +157,8 @@ def main() -> int:
             state = torch.load(latest.path / "state.pt")
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
+            for group in optimizer.param_groups:  # this trial's rate: a PBT member that
+                group["lr"] = run.lr  # copied another's checkpoint explores its own
             start, step = state["epoch"] + 1, state.get("step", latest.step)
             print(f"resumed from {latest.path.name} (epoch {state['epoch']})", flush=True)
         print(f"training on {len(x_train)} samples, validating on {len(x_val)}", flush=True)

@@ -190,6 +190,12 @@ SPACE = "hyperparameters: {lr: {type: double, minval: 0, maxval: 1}}\n"
      "explore_function: {perturb_factor: 1.5}}\n" + SPACE,
      ["searcher.replace_function.truncate_fraction: must be <= 0.5, got 0.8",
       "searcher.explore_function.perturb_factor: must be < 1.0, got 1.5"]),
+    ("searcher: {name: pbt, metric: l, population_size: 4, num_rounds: 2, "
+     "length_per_round: 5, explore_function: {hyperparameters: [lr, batch, nope]}}\n" + SPACE,
+     ["searcher.explore_function.hyperparameters: names 'batch', which is not a searched "
+      "hyperparameter (searched: lr); name the key paths to explore",
+      "searcher.explore_function.hyperparameters: names 'nope', which is not a searched "
+      "hyperparameter (searched: lr); name the key paths to explore"]),
     ("searcher: {name: random, metric: l, max_trials: 3, population_size: 4}\n" + SPACE,
      ["searcher.population_size: only the pbt searcher uses it, not random; remove it"]),
     ("searcher: {name: pbt, population_size: 4, num_rounds: 2, length_per_round: 5, "

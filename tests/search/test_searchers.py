@@ -319,3 +319,10 @@ def test_pbt_explores_within_each_range() -> None:
     assert isinstance(resampled, Pbt)
     draws = [resampled.explore(edge, rng) for _ in range(30)]
     assert all(in_bounds(p) for p in draws) and len({p["lr"] for p in draws}) == 30
+    # Only those named change (a width shapes the model: it cannot change mid-training).
+    some = searcher_for(config(PBT.replace("perturb_factor: 0.5", "perturb_factor: 0.5, "
+                                           "hyperparameters: [lr, dropout]")), seed=1)
+    assert isinstance(some, Pbt)
+    draws = [some.explore(low, rng) for _ in range(30)]
+    assert {(p["width"], p["layers"]) for p in draws} == {(64, 1)}
+    assert len({p["lr"] for p in draws}) > 1 and all(in_bounds(p) for p in draws)

@@ -726,6 +726,26 @@ def test_a_warm_starts_epochs_are_its_own_samples() -> None:
     assert (check.status, check.detail) == ("passed", "reached epoch 2 of 2 (ctx.plan())")
 
 
+@pytest.mark.parametrize(("samples", "passed", "detail"), [
+    # a PBT member (or a script that keeps the source's epoch counter): epochs 3 and 4 here
+    ({3: 50, 4: 50}, True, "reached epoch 4 of 4 (ctx.plan())"),
+    # its last epoch cut short, or a gap: only the whole ones count
+    ({3: 50, 4: 20}, False, "stopped at epoch 3 of 4"),
+    ({2: 50, 4: 50}, False, "stopped at epoch 2 of 4"),
+])
+def test_a_warm_start_that_goes_on_counting_the_sources_epochs(
+        samples: dict[int, int], passed: bool, detail: str) -> None:
+    evidence = Evidence(samples_by_epoch=samples, warm_start=WARM_40,
+                        progress=progress(validation=(3, 4), steps=frozenset(samples)))
+    check = check_of(verify(evidence, NO_CHECKS, None,
+                            searcher_length=Planned("epochs", 4, "ctx.plan()")), "completed")
+    assert check.passed is passed and check.detail.startswith(detail), check.detail
+    # without a warm start, epochs 3 and 4 are two epochs
+    cold = check_of(verify(Evidence(samples_by_epoch={3: 50, 4: 50}), NO_CHECKS, None,
+                           searcher_length=Planned("epochs", 4, "ctx.plan()")), "completed")
+    assert not cold.passed
+
+
 def test_the_steps_kept_come_from_the_metrics_files_and_the_logs(tmp_path: Path) -> None:
     write_metrics(tmp_path, 1, 0, "".join(metric_line(s, {"loss": 1.0}) for s in (7, 7, 9)))
     evidence = gather_evidence(tmp_path, [1], log_metrics=LogMetricEvidence(

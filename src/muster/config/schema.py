@@ -610,10 +610,14 @@ class ExploreFunction(_Section):
     """How a replaced member's hyperparameters are changed from its parent's (Determined's
     `explore_function`): each searched one is drawn again with `resample_probability`,
     else multiplied by 1 - `perturb_factor` or 1 + `perturb_factor` (a categorical one moves
-    to a neighbouring value), within its range."""
+    to a neighbouring value), within its range. `hyperparameters` (Ray Tune's
+    `hyperparam_mutations`) limits it to those named: one that shapes the model (a layer's
+    width) cannot change while the weights go on; the others stay as the parent's."""
 
     resample_probability: float = Field(default=0.2, ge=0.0, le=1.0)
     perturb_factor: float = Field(default=0.2, gt=0.0, lt=1.0)
+    hyperparameters: list[Annotated[str, Field(min_length=1, max_length=500)]] | None = Field(
+        default=None, min_length=1, max_length=1000)
 
 
 class SearcherConfig(_Section):
@@ -1168,8 +1172,14 @@ class ExperimentConfig(_Section):
                 "hyperparameter to choose (int, double, log or categorical) under "
                 "`hyperparameters`; with only constants use `name: single`")])
         problems = parsed.grid_problems(MAX_TRIALS) if searcher.name == "grid" else []
+        explored = searcher.explore_function.hyperparameters or []
+        problems += [("searcher.explore_function.hyperparameters",
+                      f"names {name!r}, which is not a searched hyperparameter (searched: "
+                      f"{', '.join(searched) or 'none'}); name the key paths to explore")
+                     for name in explored if name not in searched]
         if problems:
-            raise KeyedProblems([(f"hyperparameters.{path}", problem)
+            raise KeyedProblems([(path if path.startswith("searcher.")
+                                  else f"hyperparameters.{path}", problem)
                                  for path, problem in problems])
         return self
 

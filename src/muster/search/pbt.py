@@ -131,12 +131,14 @@ class Pbt(Searcher):
         return plan
 
     def explore(self, params: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
-        """The parent's values, each searched one drawn again (`resample_probability`) or
-        perturbed (`perturb_factor`), within its range."""
+        """The parent's values, each searched one (of `explore_function.hyperparameters`,
+        when it names them) drawn again (`resample_probability`) or perturbed
+        (`perturb_factor`), within its range."""
         explore = self.config.explore_function
+        only = explore.hyperparameters
         found = dict(params)
         for key, param in self.space.searched().items():
-            if key not in params:
+            if key not in params or (only is not None and key not in only):
                 continue
             if rng.random() < explore.resample_probability:
                 found[key] = _resample(param, rng)

@@ -479,6 +479,8 @@ def _progress_in(evidence: Evidence, unit: str, expected: int | None,
             return None
         if unit == "records":
             return sum(by_epoch.values())
+        if evidence.warm_start is not None:
+            return _whole_epochs_after(by_epoch, tolerance)
         return whole_epochs(by_epoch, tolerance)
     progress = evidence.progress
     for kind in step_kinds(validation_steps):
@@ -504,6 +506,18 @@ def whole_epochs(by_epoch: Mapping[int, int], tolerance: float) -> int:
     epoch is the samples check's to fail, not `completed`'s."""
     whole = max(by_epoch.values(), default=0)
     return sum(1 for seen in by_epoch.values() if seen >= whole * (1 - tolerance))
+
+
+def _whole_epochs_after(by_epoch: Mapping[int, int], tolerance: float) -> int:
+    """A warm-started run's epochs (a PBT member's, or a fine-tune that keeps the source's
+    epoch counter): when its whole epochs run without a gap, the highest one's number (its
+    source trained those before the first), else as `whole_epochs`. A run that numbers
+    from 0 or 1 again counts as any other."""
+    whole = max(by_epoch.values(), default=0)
+    numbers = sorted(e for e, seen in by_epoch.items() if seen >= whole * (1 - tolerance))
+    if numbers and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return max(len(numbers), numbers[-1])
+    return len(numbers)
 
 
 def _check_resume_accounting(epochs_by_attempt: Mapping[int, tuple[int, ...]]) -> Check:
