@@ -70,6 +70,14 @@ TIMEOUT_PER_TRIAL_S = 60.0
 SLOTS = 2
 ARMS = ("random", "adaptive_asha")
 ASHA_ONLY = ("mode", "divisor", "max_rungs")  # settings the random searcher refuses
+ASHAS = ("asha", "adaptive_asha")  # random draws: trial N as random search's trial N
+# `--searcher`: the other searchers an arm may run (issue 38's "every searcher").
+OTHER_SEARCHERS = ("tpe", "asha", "bohb", "nsga2", "pbt")
+# A PBT arm's budget: up to 4 rounds of max_length / rounds, as many members as that leaves
+# of max_trials, at least 4 (a quarter of fewer would replace none).
+PBT_ROUNDS, PBT_MIN_POPULATION = 4, 4
+# What a PBT member explores: `hidden` is the layer's width, which copied weights fix.
+PBT_EXPLORED = ["lr", "dropout", "batch_size"]
 # What a config must set for an ASHA search (and the metric's direction): a searcher block
 # of these alone leaves every other setting at muster's default.
 REQUIRED = ("name", "metric", "smaller_is_better", "max_trials", "max_length")
@@ -125,6 +133,9 @@ class SearchRun:
     early_stopped: int
     stop_steps: dict[int, int]  # by trial number: the step at which the searcher stopped it
     verified: int  # trials whose verification was recorded and passed
+    # by trial number: the epochs it started from, trained by another trial (a PBT
+    # member's parent's: its first report's step - 1); none for any other searcher
+    starts: dict[int, int] = field(default_factory=dict)
 
     def overshoot(self) -> list[int]:
         """Per early-stopped trial, the epochs it trained after the searcher's decision."""
@@ -139,12 +150,13 @@ def best_accuracy(reports: Iterable[Report]) -> float:
     return max(r.accuracy for r in reports)
 
 
-def steps_spent(reports: Iterable[Report]) -> int:
-    """Epochs trained in all: each trial's highest validation step, summed."""
+def steps_spent(reports: Iterable[Report], starts: Mapping[int, int] | None = None) -> int:
+    """Epochs trained in all: each trial's highest validation step, summed, less the epochs
+    it started from (`starts`: a PBT member's are its parent's, by trial number)."""
     highest: dict[int, int] = {}
     for r in reports:
         highest[r.trial] = max(highest.get(r.trial, 0), r.step)
-    return sum(highest.values())
+    return sum(step - (starts or {}).get(trial, 0) for trial, step in highest.items())
 
 
 def stopped_at_decision(reports: Iterable[Report], stop_steps: Mapping[int, int]
@@ -160,14 +172,17 @@ class Reached:
     epochs: int  # epochs all trials had completed by then
 
 
-def first_reaching(reports: Iterable[Report], target: float) -> Reached | None:
+def first_reaching(reports: Iterable[Report], target: float,
+                   starts: Mapping[int, int] | None = None) -> Reached | None:
     """The first report (by time) with an accuracy of at least `target`, and the epochs all
-    trials had completed by then; None if no report reached it."""
+    trials had completed by then (less `starts`, as `steps_spent`); None if no report
+    reached it."""
     highest: dict[int, int] = {}
     for r in sorted(reports, key=lambda r: (r.time, r.trial, r.step)):
         highest[r.trial] = max(highest.get(r.trial, 0), r.step)
         if r.accuracy >= target:
-            return Reached(r, sum(highest.values()))
+            return Reached(r, sum(step - (starts or {}).get(trial, 0)
+                                  for trial, step in highest.items()))
     return None
 
 
@@ -200,16 +215,19 @@ class SeedResult:
 
 
 def compare(seed: int, random_reports: Sequence[Report], asha_reports: Sequence[Report],
-            asha_stop_steps: Mapping[int, int]) -> SeedResult:
-    """The two arms of one seed, by the measure in the module's docstring."""
+            asha_stop_steps: Mapping[int, int], asha_starts: Mapping[int, int] | None = None
+            ) -> SeedResult:
+    """The two arms of one seed, by the measure in the module's docstring (`asha_starts`:
+    the epochs each of the other arm's trials started from, a PBT member's parent's)."""
     target = best_accuracy(random_reports) - WITHIN
     cut = stopped_at_decision(asha_reports, asha_stop_steps)
-    return SeedResult(seed, target, _arm(random_reports, target), _arm(asha_reports, target),
-                      _arm(cut, target))
+    return SeedResult(seed, target, _arm(random_reports, target),
+                      _arm(asha_reports, target, asha_starts), _arm(cut, target, asha_starts))
 
 
-def _arm(reports: Sequence[Report], target: float) -> Arm:
-    return Arm(first_reaching(reports, target), steps_spent(reports))
+def _arm(reports: Sequence[Report], target: float,
+         starts: Mapping[int, int] | None = None) -> Arm:
+    return Arm(first_reaching(reports, target, starts), steps_spent(reports, starts))
 
 
 # -- the runs ----------------------------------------------------------------------------------
@@ -258,12 +276,18 @@ def _config(base: dict[str, Any], searcher: str, seed: int, size: Size,
     config = {**base, "name": f"bench-search-{slug}-seed-{seed}"}
     block = {k: v for k, v in base["searcher"].items() if not size.defaults or k in REQUIRED}
     block = {**block, "name": searcher, **settings}
-    if searcher == "random":
+    if searcher not in (*ASHAS, "bohb"):
         block = {k: v for k, v in block.items() if k not in ASHA_ONLY}
     if size.max_trials is not None:
         block["max_trials"] = size.max_trials
     if size.max_length is not None:
         block["max_length"] = size.max_length
+    if searcher == "pbt":  # the same budget: max_trials rounds of max_length in all
+        trials, length = block.pop("max_trials"), block.pop("max_length")
+        rounds = max(1, min(PBT_ROUNDS, trials // PBT_MIN_POPULATION))
+        block |= {"population_size": max(2, trials // rounds), "num_rounds": rounds,
+                  "length_per_round": max(1, length // rounds),
+                  "explore_function": {"hyperparameters": PBT_EXPLORED}}
     config["searcher"] = block
     config["reproducibility"] = {**base.get("reproducibility", {}), "experiment_seed": seed}
     return yaml.safe_dump(config, sort_keys=False)
@@ -274,16 +298,15 @@ def _search(client: Client, context: Path, config: str) -> SearchRun:
     loaded = yaml.safe_load(config)
     print(f"  {loaded['name']}", file=sys.stderr, flush=True)
     exp = client.create_experiment(config, context)
-    deadline = time.monotonic() + max(TIMEOUT_S,
-                                      TIMEOUT_PER_TRIAL_S * loaded["searcher"]["max_trials"])
+    planned = load_config(config).trial_count()
+    deadline = time.monotonic() + max(TIMEOUT_S, TIMEOUT_PER_TRIAL_S * planned)
     while exp["state"] in ("ACTIVE", "PAUSED"):
         expect(time.monotonic() < deadline, f"experiment {exp['id']} did not end")
         time.sleep(POLL_S)
         exp = client.get_experiment(exp["id"])
     expect(exp["state"] == "COMPLETED", f"experiment {exp['id']} ended {exp['state']}")
     trials = exp["trials"]
-    expect(len(trials) == loaded["searcher"]["max_trials"],
-           f"experiment {exp['id']} ran {len(trials)} trials")
+    expect(len(trials) == planned, f"experiment {exp['id']} ran {len(trials)} trials")
     for trial in trials:
         expect(trial["state"] == "SUCCEEDED",
                f"trial {trial['id']} ended {trial['state']}: {trial['message']}")
@@ -300,6 +323,8 @@ def _search(client: Client, context: Path, config: str) -> SearchRun:
         stop_steps={t["number"]: int(t["early_stop"]["step"]) for t in trials
                     if t["early_stopped"] and t["early_stop"]},
         verified=sum(bool((t.get("verification") or {}).get("passed")) for t in trials),
+        starts=({number: min(r.step for r in rows) - 1 for number, rows in reports.items()}
+                if loaded["searcher"]["name"] == "pbt" else {}),
     )
 
 
@@ -322,15 +347,19 @@ def _outcome(size: Size, configs: Mapping[str, str], runs: dict[int, dict[str, S
         random = arms["random"]
         for label in ashas:
             asha = arms[label]
-            expect(random.hparams == asha.hparams, f"seed {seed}: {label} drew different "
-                   "hyperparameters than random for the same trials")
-            results[label].append(compare(seed, random.reports, asha.reports, asha.stop_steps))
+            expect(asha.searcher not in ASHAS or random.hparams == asha.hparams,
+                   f"seed {seed}: {label} drew different hyperparameters than random for the "
+                   "same trials")
+            results[label].append(compare(seed, random.reports, asha.reports, asha.stop_steps,
+                                          asha.starts))
     main = results["adaptive_asha"]
     ratio = median([r.until_ratio(r.asha) for r in main])
     tables = []
     for label in ashas:
         named = "" if len(ashas) == 1 else f": {label}"
-        tables += [_until_table(results[label], named), _spent_table(results[label], named)]
+        arm = "adaptive ASHA" if label == "adaptive_asha" else label
+        tables += [_until_table(results[label], named, arm),
+                   _spent_table(results[label], named, arm)]
     tables += [_summary_table(results, runs), _runs_table(runs)]
     target = Target(f"(s) epochs until a trial is within {WITHIN * 100:.1f} pp of random "
                     f"search's best {METRIC}: adaptive ASHA / random ≤ {TARGET_RATIO:.2f} "
@@ -341,6 +370,10 @@ def _outcome(size: Size, configs: Mapping[str, str], runs: dict[int, dict[str, S
              f"and seed, {searcher.max_concurrent_trials} at once ({where}) on a server with "
              f"{slots} slots.",
              *(f"{label}: {_schedule(configs[label])}" for label in ashas),
+             "Only the asha arms draw trial N as random search does; tpe, bohb and nsga2 "
+             "learn from the results, and pbt draws its first generation as random's first "
+             "trials and then continues and copies members, an epoch of a member counted "
+             "once (its parent's epochs are its parent's).",
              "An epoch is counted once a trial reported validation for it; reports are "
              "ordered by the time the harness stamped them. \"at decision\": ASHA's reports "
              "cut at the step where the searcher decided each early stop, as if the stop took "
@@ -360,7 +393,14 @@ def _schedule(config: str) -> str:
     ceil(B * divisor**s / (s + 1)), s = B - 1 - bracket)."""
     loaded = load_config(config)
     searcher, settings = searcher_for(loaded, 0), loaded.searcher
-    assert isinstance(searcher, Asha) and settings.max_length is not None
+    if settings.name == "pbt":
+        return (f"pbt, {settings.population_size} members, {settings.num_rounds} rounds of "
+                f"{settings.length_per_round} epochs, the worst "
+                f"{settings.replace_function.truncate_fraction:g} replaced, exploring "
+                f"{', '.join(settings.explore_function.hyperparameters or ['every one'])}.")
+    if not isinstance(searcher, Asha):
+        return f"{settings.name}, {settings.max_trials} trials of {settings.max_length} epochs."
+    assert settings.max_length is not None
     low, divisor = searcher.min_resource(), settings.divisor
     count = searcher.brackets() if isinstance(searcher, AdaptiveAsha) else 1
     weights = [math.ceil(count * divisor ** (count - 1 - b) / (count - b)) for b in range(count)]
@@ -378,7 +418,8 @@ def _schedule(config: str) -> str:
             f"({'; '.join(brackets)}).")
 
 
-def _until_table(results: list[SeedResult], named: str = "") -> Table:
+def _until_table(results: list[SeedResult], named: str = "", arm: str = "adaptive ASHA"
+                 ) -> Table:
     ratio = median([r.until_ratio(r.asha) for r in results])
     rows = [[str(r.seed), f"{r.target + WITHIN:.4f}", _reached(r.random), _reached(r.asha),
              f"{r.until_ratio(r.asha):.2f}", _reached(r.asha_at_decision),
@@ -387,19 +428,20 @@ def _until_table(results: list[SeedResult], named: str = "") -> Table:
                  f"{median([r.until_ratio(r.asha_at_decision) for r in results]):.2f}"])
     return Table(f"(s) epochs until a trial is within {WITHIN * 100:.1f} pp of random search's "
                  f"best {METRIC} (the trial #number and its epoch){named}",
-                 ["seed", f"random's best {METRIC}", "random", "adaptive ASHA",
-                  "ASHA / random", "ASHA at decision", "at decision / random"], rows)
+                 ["seed", f"random's best {METRIC}", "random", arm,
+                  f"{arm} / random", f"{arm} at decision", "at decision / random"], rows)
 
 
-def _spent_table(results: list[SeedResult], named: str = "") -> Table:
+def _spent_table(results: list[SeedResult], named: str = "", arm: str = "adaptive ASHA"
+                 ) -> Table:
     rows = [[str(r.seed), str(r.random.spent), str(r.asha.spent),
              f"{r.spent_ratio(r.asha):.2f}", str(r.asha_at_decision.spent),
              f"{r.spent_ratio(r.asha_at_decision):.2f}"] for r in results]
     spent = median([r.spent_ratio(r.asha) for r in results])
     rows.append(["**median**", "", "", f"**{spent:.2f}**", "",
                  f"{median([r.spent_ratio(r.asha_at_decision) for r in results]):.2f}"])
-    return Table(f"(s) epochs trained in all{named}", ["seed", "random", "adaptive ASHA",
-                                                       "ASHA / random", "ASHA at decision",
+    return Table(f"(s) epochs trained in all{named}", ["seed", "random", arm,
+                                                       f"{arm} / random", f"{arm} at decision",
                                                        "at decision / random"], rows)
 
 
@@ -452,8 +494,8 @@ def _identical(runs: dict[int, dict[str, SearchRun]]) -> str:
     same = total = 0
     for arms in runs.values():
         random = {(r.trial, r.step): r.accuracy for r in arms["random"].reports}
-        for label, run in arms.items():
-            for r in run.reports if label != "random" else ():
+        for run in arms.values():
+            for r in run.reports if run.searcher in ASHAS else ():
                 if (r.trial, r.step) in random:
                     total += 1
                     same += random[(r.trial, r.step)] == r.accuracy
@@ -476,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE,...",
                         help="an extra adaptive_asha arm with these searcher settings, e.g. "
                              "divisor=3 or max_rungs=3,mode=conservative (repeatable)")
+    parser.add_argument("--searcher", action="append", default=[], choices=OTHER_SEARCHERS,
+                        help="an extra arm of this searcher over the same block and budget "
+                             "(pbt: up to 4 rounds of max_length / rounds, max_trials / rounds "
+                             "members, at least 4; repeatable)")
     parser.add_argument("--from", dest="sources", nargs="+", type=Path, metavar="JSON",
                         help="show the seeds of these results files (benchmarks/out/search/) "
                              "together instead of running")
@@ -491,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     size = replace(size, seeds=tuple(args.seeds or size.seeds),
                    max_trials=args.trials or size.max_trials,
                    max_length=args.max_length or size.max_length)
-    variants = [ArmSpec("adaptive_asha", _settings(text)) for text in args.variant]
+    variants = [ArmSpec(name) for name in args.searcher]
+    variants += [ArmSpec("adaptive_asha", _settings(text)) for text in args.variant]
     machine = describe_machine()
     started, load_before = time.monotonic(), os.getloadavg()[0]
     outcome = study(size, variants, args.slots)
@@ -558,7 +605,8 @@ def _run_from(data: Mapping[str, Any]) -> SearchRun:
         hparams={int(k): v for k, v in data["hparams"].items()},
         early_stopped=data["early_stopped"],
         stop_steps={int(k): v for k, v in data["stop_steps"].items()},
-        verified=data["verified"])
+        verified=data["verified"],
+        starts={int(k): v for k, v in data.get("starts", {}).items()})
 
 
 if __name__ == "__main__":

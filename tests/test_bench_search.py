@@ -56,6 +56,15 @@ def test_steps_spent_sums_each_trials_highest_step() -> None:
     assert bench.steps_spent(reports((0, 3, 1.0, 0.5), (0, 1, 0.5, 0.4))) == 3
 
 
+def test_a_pbt_members_epochs_are_its_own() -> None:
+    """A member that started from its parent's epoch 3 trained epochs 4 and 5: 2, not 5."""
+    rows = reports((0, 3, 1.0, 0.5), (1, 4, 2.0, 0.6), (1, 5, 3.0, 0.9))
+    assert bench.steps_spent(rows) == 8 and bench.steps_spent(rows, {1: 3}) == 5
+    assert bench.first_reaching(rows, 0.9, {1: 3}) == bench.Reached(rows[2], 5)
+    result = bench.compare(1, RANDOM, rows, {}, {1: 3})
+    assert result.asha.spent == 5
+
+
 def epochs_until(rows: list[object], target: float) -> int | None:
     reached = bench.first_reaching(rows, target)
     return None if reached is None else reached.epochs
@@ -124,3 +133,15 @@ def test_the_config_of_each_arm() -> None:
     asha = yaml.safe_load(bench._config(base, "adaptive_asha", 3, bench.FULL))
     assert asha["searcher"] == base["searcher"]
     assert asha["name"] == "bench-search-adaptive_asha-seed-3"
+    pbt = yaml.safe_load(bench._config(base, "pbt", 3, bench.STUDY))
+    assert pbt["searcher"] == {"name": "pbt", "metric": "val_accuracy",
+                               "smaller_is_better": False, "population_size": 16,
+                               "num_rounds": 4, "length_per_round": 16,
+                               "explore_function": {"hyperparameters": ["lr", "dropout",
+                                                                        "batch_size"]}}
+    tpe = yaml.safe_load(bench._config(base, "tpe", 3, bench.STUDY_QUICK))["searcher"]
+    assert (tpe["name"], tpe["max_trials"], tpe["max_length"]) == ("tpe", 8, 16)
+    assert "divisor" not in tpe
+    small = yaml.safe_load(bench._config(base, "pbt", 3, bench.STUDY_QUICK))["searcher"]
+    assert (small["population_size"], small["num_rounds"], small["length_per_round"]) == (
+        4, 2, 8)
