@@ -17,6 +17,7 @@ from pathlib import Path
 
 import auth
 import cli_startup
+import curves_coarse
 import describe_pages
 import diagnostics_overhead
 import evidence
@@ -78,6 +79,7 @@ BENCHMARKS: dict[str, Callable[[bool], Outcome]] = {
     "integrations_overhead": integrations_overhead.run,
     "scale": scale.run,
     "describe_pages": describe_pages.run,
+    "curves_coarse": curves_coarse.run,
     "wakeups": wakeups.run,
     "replica_cgroup": replica_cgroup.run,
     "ray_launcher": ray_launcher.run,  # skipped without ray[default,train]: `make bench-ray`

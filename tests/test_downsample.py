@@ -10,6 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from muster.downsample import (
+    COARSE_BUCKETS,
+    COARSE_POINTS,
     MAX_BUCKETS,
     MAX_POINTS,
     Series,
@@ -125,3 +127,21 @@ def test_the_last_point_of_a_stored_series_is_its_last_point(
     series.extend(reports)
     steps, values = series.points(MAX_POINTS)
     assert stored_last(series.to_json()) == ((steps[-1], values[-1]) if steps else None)
+
+
+def test_a_coarse_copy_keeps_the_count_the_ends_and_the_extremes() -> None:
+    series = Series()
+    points = [(step, math.sin(step / 50) + (3.0 if step == 4321 else 0.0))
+              for step in range(10_000)]
+    series.extend(points)
+    coarse = series.coarse()
+    assert len(coarse["buckets"]) <= COARSE_BUCKETS < len(series.buckets)
+    copy = Series.from_json(coarse)
+    assert copy.count == series.count == 10_000
+    steps, values = copy.points(COARSE_POINTS)
+    assert (steps[0], steps[-1]) == (0, 9999)
+    assert max(values) == max(v for _, v in points) and 4321 in steps
+    assert min(values) == min(v for _, v in points)
+    short = Series()
+    short.extend(points[:10])
+    assert short.coarse() == short.to_json()  # a series of few buckets is its own copy

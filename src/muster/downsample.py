@@ -25,11 +25,15 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, TypedDict
 
-__all__ = ["MAX_BUCKETS", "MAX_POINTS", "Bucket", "Series", "SeriesJson", "points_of",
-           "stored_last", "stored_points"]
+__all__ = ["COARSE_BUCKETS", "COARSE_POINTS", "MAX_BUCKETS", "MAX_POINTS", "Bucket", "Series",
+           "SeriesJson", "points_of", "stored_last", "stored_points"]
 
 MAX_BUCKETS = 250  # kept per series
 MAX_POINTS = 4 * MAX_BUCKETS  # what `Series.points` gives at most: 1,000
+# A series' coarse copy (`Series.coarse`): what a chart of many curves at a few points each
+# reads instead of the whole one (an experiment's learning curves of hundreds of trials).
+COARSE_BUCKETS = 32
+COARSE_POINTS = 4 * COARSE_BUCKETS
 _value = itemgetter(1)
 
 
@@ -153,6 +157,14 @@ class Series:
 
     def to_json(self) -> SeriesJson:
         return SeriesJson(width=self.width, buckets=[b.to_json() for b in self.buckets])
+
+    def coarse(self) -> SeriesJson:
+        """The series in at most `COARSE_BUCKETS` buckets, as the store keeps it: neighbours
+        merged as `points` merges them, so drawing it at `COARSE_POINTS` points or fewer
+        draws the same ranges of reports as the whole series would in as many."""
+        group = max(1, math.ceil(len(self.buckets) / COARSE_BUCKETS))
+        buckets = _merged(self.buckets, group) if group > 1 else self.buckets
+        return SeriesJson(width=self.width * group, buckets=[b.to_json() for b in buckets])
 
     @classmethod
     def from_json(cls, data: Any) -> Series:

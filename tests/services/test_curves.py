@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from muster.downsample import MAX_POINTS
+from muster.downsample import COARSE_POINTS, MAX_POINTS
 from muster.errors import Conflict, InvalidRequest
 from muster.services import curves, search
 from muster.services.search import TrialQuery
@@ -58,6 +58,50 @@ def test_a_long_search_shares_a_point_budget(shared_store: Store,
     assert (first["steps"][0], first["steps"][-1]) == (0, 598)  # the whole run, both ends
     fewer = curves.experiment_curves(shared_store, exp_id, points=10)
     assert all(len(t["steps"]) <= 10 for t in fewer["trials"])
+
+
+def test_many_curves_at_few_points_are_drawn_from_their_coarse_copies(
+        shared_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 40 points a curve, the coarse copies (32 buckets) are read, not the curves (250):
+    each curve keeps both ends, its lowest and its highest value; a row from before the
+    copies existed is drawn from its curve; more points a curve read the whole curves."""
+    monkeypatch.setattr(curves, "CURVES_BUDGET", 1_200)  # 30 trials: 40 points each
+    with shared_store.session_scope() as s:
+        exp = add_experiment(s, search_config(max_trials=30), max_trials=30)
+        trials = [add_trial(s, exp, number) for number in range(30)]
+        for number, trial in enumerate(trials):
+            add_reports(s, trial, [(step, {"val_loss": 1 / (step + 1) + number / 100
+                                           + (5.0 if step == 777 else 0.0)})
+                                   for step in range(1000)])
+        exp_id, old_id = exp.id, trials[0].id
+    with shared_store.session_scope() as s:  # as a row from before migration 0030
+        s.query(MetricSeries).filter(MetricSeries.trial_id == old_id).update(
+            {MetricSeries.coarse: None})
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        statements.append(statement)
+
+    engine = shared_store.engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        answer = curves.experiment_curves(shared_store, exp_id)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert answer["points_per_trial"] == 40
+    series_reads = [x for x in statements if "FROM metric_series" in x]
+    assert len(series_reads) == 2, series_reads  # the copies, then trial 0's curve alone
+    assert "metric_series.coarse" in series_reads[0] and "metric_series.curve" not in \
+        series_reads[0]
+    for trial in answer["trials"]:
+        steps, values = trial["steps"], trial["values"]
+        assert 0 < len(steps) <= 40 and (steps[0], steps[-1]) == (0, 999)
+        offset = trial["number"] / 100
+        assert min(values) == pytest.approx(1 / 1000 + offset)
+        assert max(values) == pytest.approx(1 / 778 + offset + 5.0)  # the spike is kept
+        assert 777 in steps
+    whole = curves.experiment_curves(shared_store, exp_id, points=400)
+    assert all(COARSE_POINTS < len(t["steps"]) <= 400 for t in whole["trials"])  # whole
 
 
 def test_another_metric_and_bad_requests(shared_store: Store) -> None:

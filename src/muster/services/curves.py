@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from muster import api
-from muster.downsample import MAX_POINTS, Series, stored_points
+from muster.downsample import COARSE_POINTS, MAX_POINTS, Series, stored_points
 from muster.errors import Conflict, InvalidRequest
 from muster.services import views
 from muster.services.experiments import experiment_or_404, trial_or_404
@@ -58,9 +58,16 @@ def experiment_curves(store: Store, experiment_id: int, metric: str | None = Non
             metric = searcher.metric
         trials = s.scalars(select(Trial).where(Trial.experiment_id == experiment_id)
                            .order_by(Trial.number, Trial.id)).all()
-        curves = {trial_id: curve for trial_id, curve in _curves(s, trials, kind, metric).items()
-                  if curve.get("buckets")}
+        # Many trials at a few points each: their coarse copies draw the same (a curve has
+        # one iff it has buckets); the whole curves only where a curve gets more points.
+        fewest = points or max(MIN_POINTS, CURVES_BUDGET // max(1, len(trials)))
+        coarse = fewest <= COARSE_POINTS
+        curves = {trial_id: curve for trial_id, curve
+                  in _curves(s, trials, kind, metric, coarse).items() if curve.get("buckets")}
         each = points or min(MAX_POINTS, max(MIN_POINTS, CURVES_BUDGET // max(1, len(curves))))
+        if coarse and each > COARSE_POINTS:
+            curves = {trial_id: curve for trial_id, curve
+                      in _curves(s, trials, kind, metric).items() if curve.get("buckets")}
         rows: list[api.CurveView] = []
         for trial in trials:
             curve = curves.get(trial.id)
@@ -115,15 +122,24 @@ def _check(kind: str, points: int | None) -> None:
         raise InvalidRequest(f"points must be 4 to {MAX_POINTS}, got {points}")
 
 
-def _curves(s: Session, trials: Collection[Trial], kind: str, metric: str
-            ) -> dict[int, Any]:
+def _curves(s: Session, trials: Collection[Trial], kind: str, metric: str,
+            coarse: bool = False) -> dict[int, Any]:
     """The trials' curves of `metric` as stored (`Series.to_json`), by trial id: from their
-    series, or made from the reports of those whose series are partial."""
+    series (with `coarse`, their coarse copies where kept: `Series.coarse`), or made from
+    the reports of those whose series are partial."""
     partial = [t.id for t in trials if t.series_partial]
     whole = [t.id for t in trials if not t.series_partial]
-    curves = dict(s.execute(select(MetricSeries.trial_id, MetricSeries.curve).where(
-        MetricSeries.trial_id.in_(whole), MetricSeries.kind == kind,
-        MetricSeries.name == metric)).all()) if whole and series.keepable(metric) else {}
+    if not whole or not series.keepable(metric):
+        curves: dict[int, Any] = {}
+    else:
+        of = (MetricSeries.trial_id.in_(whole), MetricSeries.kind == kind,
+              MetricSeries.name == metric)
+        curves = (dict(s.execute(select(MetricSeries.trial_id, MetricSeries.coarse)
+                                 .where(*of)).all()) if coarse else {})
+        older = [trial_id for trial_id in whole if curves.get(trial_id, 0) is None]
+        if not coarse or older:  # (rows from before migration 0030 keep no coarse copy)
+            curves |= dict(s.execute(select(MetricSeries.trial_id, MetricSeries.curve).where(
+                *of[1:], MetricSeries.trial_id.in_(whole if not coarse else older))).all())
     for (trial_id, _, _), curve in _from_reports(s, partial, kind, metric).items():
         curves[trial_id] = curve.to_json()
     return curves

@@ -517,6 +517,10 @@ class MetricSeries(Base):
     highest: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     curve: Mapped[SeriesJson] = mapped_column(JSON, default=dict)
+    # The curve in at most `downsample.COARSE_BUCKETS` buckets (`Series.coarse`), written
+    # with it: an experiment's learning curves of many trials read these (migration 0030;
+    # null in rows from before it and for resource series, whose `curve` is read instead).
+    coarse: Mapped[SeriesJson | None] = mapped_column(JSON, nullable=True)
 
 
 class IngestCursor(Base):

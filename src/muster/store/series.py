@@ -134,6 +134,8 @@ def _fold(series: MetricSeries, points: list[tuple[int, Any]]) -> None:
     series.reports += len(points)
     series.last_step = points[-1][0]
     series.curve = curve.to_json()
+    if series.kind is not MetricKind.SYSTEM:  # (no chart draws many resource series)
+        series.coarse = curve.coarse()
 
 
 def _later(points: list[tuple[int, Any]], last: int | None) -> list[tuple[int, Any]]:
