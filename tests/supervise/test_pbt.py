@@ -141,3 +141,34 @@ def test_a_member_that_failed_is_replaced_and_a_generation_without_results_stops
             Event.experiment_id == stopped, Event.reason == EventReason.SEARCH_STOPPED))
     assert "no trial of generation 0 (trials 1 to 4) ended SUCCEEDED with the metric 'loss' " \
            "and an intact checkpoint" in why
+
+
+def test_a_parents_checkpoint_is_held_while_a_member_that_starts_from_it_runs(
+        sqlite_rig: Rig) -> None:
+    """GC and retention keep a PBT parent's checkpoint until every trial that starts from
+    it has ended (`checkpoint_storage.pins`): a member that restarts before its first save
+    copies it again."""
+    from muster.checkpoint_storage.pins import held
+    from tests.store.rows import add_experiment, add_trial
+
+    with sqlite_rig.store.session_scope() as s:
+        exp = add_experiment(s)
+        parent, child, other = (add_trial(s, exp, "SUCCEEDED"), add_trial(s, exp),
+                                add_trial(s, exp))
+        row = Checkpoint(trial_id=parent.id, name="step-000000000003-0a1b2c3d",
+                         path="/nonexistent", step=3, size_bytes=1, file_count=1, intact=True)
+        s.add(row)
+        s.flush()
+        child.source_checkpoint_id = other.source_checkpoint_id = row.id
+        ids = (row.id, child.id, other.id)
+    with sqlite_rig.store.session_scope() as s:
+        assert held(s, [ids[0]]) == {ids[0]: f"trials {ids[1]}, {ids[2]} start from it and "
+                                              "have not ended"}
+        s.get_one(Trial, ids[1]).state = TrialState.RUNNING.value
+        s.get_one(Trial, ids[2]).state = TrialState.SUCCEEDED.value
+    with sqlite_rig.store.session_scope() as s:
+        assert held(s, [ids[0]]) == {ids[0]: f"trial {ids[1]} starts from it and has not "
+                                              "ended"}
+        s.get_one(Trial, ids[1]).state = TrialState.FAILED.value
+    with sqlite_rig.store.session_scope() as s:
+        assert held(s, [ids[0]]) == {}
