@@ -8,11 +8,15 @@ their medians.
 from __future__ import annotations
 
 import hashlib
+import resource
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from report import REPO
 
 HASH_CHUNK_BYTES = 8 << 20
 
@@ -64,3 +68,20 @@ def sha256_of(path: Path) -> str:
         while chunk := file.read(HASH_CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of this process's reaped children: around one command run
+    at a time, the difference is that command's (a server child is reaped only at the end)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def exported_src(commit: str, root: Path) -> str:
+    """`src/` of `commit`, exported from git under `root/before`: its path, for `PYTHONPATH`."""
+    target = root / "before"
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "src"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return str(target / "src")

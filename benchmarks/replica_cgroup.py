@@ -25,7 +25,6 @@ which a replica without a cgroup pays every 0.5 s.
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -33,8 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from measure import expect, interleave, median, ms
-from report import REPO, Outcome, Table, Target
+from measure import children_cpu, expect, exported_src, interleave, median, ms
+from report import Outcome, Table, Target
 
 from muster.atomic import atomic_write_json, read_json
 from muster.errors import LaunchError
@@ -107,14 +106,14 @@ def shim_run(root: Path, counter: list[int], enforcement: MemoryEnforcement,
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
-    cpu_before = _children_cpu()
+    cpu_before = children_cpu()
     started = time.perf_counter()
     with files.shim_log.open("ab") as shim_log:
         code = subprocess.run([sys.executable, "-P", "-m", "muster.launch.shim",
                                str(files.spec)], cwd=attempt_dir, env=env, check=False,
                               stdin=subprocess.DEVNULL, stderr=shim_log).returncode
     elapsed = time.perf_counter() - started
-    cpu = _children_cpu() - cpu_before
+    cpu = children_cpu() - cpu_before
     record = read_json(files.exit)
     expect(code == 0 and isinstance(record, dict) and record.get("returncode") == 0,
            f"the shim ({enforcement}, {pythonpath or 'this tree'}) failed: {code} {record}")
@@ -122,23 +121,6 @@ def shim_run(root: Path, counter: list[int], enforcement: MemoryEnforcement,
     expect(pythonpath is not None or record.get("peak_rss_bytes") is not None,
            f"the shim ({enforcement}) recorded no peak: {record}")
     return elapsed, cpu
-
-
-def _children_cpu() -> float:
-    """User + system CPU seconds of this process's reaped children (the shims run one at a
-    time, so a difference is one shim and its child)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _old_tree(root: Path) -> str:
-    """`src/` of the commit before this change, exported under `root`; its path."""
-    target = root / "before"
-    target.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", BEFORE, "src"],
-                             check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
-    return str(target / "src")
 
 
 def run(quick: bool) -> Outcome:
@@ -150,7 +132,7 @@ def run(quick: bool) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="muster-bench-cgroup-") as tmp:
         root = Path(tmp)
         counter = [0]
-        before = _old_tree(root)
+        before = exported_src(BEFORE, root)
         alone = interleave({
             "cgroup made + removed": lambda: cgroup_alone(root, counter),
             "plain mkdir + rmdir": lambda: plain_directory(root, counter),

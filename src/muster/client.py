@@ -22,10 +22,9 @@ from __future__ import annotations
 import io
 import json
 import os
-import tarfile
 import threading
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -37,12 +36,13 @@ from muster.atomic import read_json
 from muster.credentials import Credentials
 from muster.home import Home
 from muster.http_transport import BrokenOff, File, Response, Transport, TransportError, encode_body
-from muster.rundir import LOCAL_RUN_DIR
 from muster.states import ExperimentState, TrialState
 
 # What only downloads, streams and submissions need is imported by them (httpx,
-# checkpoint_archive, git_state): a one-call CLI command starts without it.
+# checkpoint_archive, git_state, tarfile, rundir): a one-call CLI command starts without it.
 if TYPE_CHECKING:
+    import tarfile
+
     import httpx
     from typing_extensions import Unpack
 
@@ -51,13 +51,15 @@ if TYPE_CHECKING:
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 API = "/api/v1"
-CONTEXT_EXCLUDES = frozenset({".git", "__pycache__", ".venv", LOCAL_RUN_DIR, ".mypy_cache"})
+# Never packed, nor is the local run directory (muster.rundir.LOCAL_RUN_DIR: see pack_context).
+CONTEXT_EXCLUDES = frozenset({".git", "__pycache__", ".venv", ".mypy_cache"})
 MAX_CONTEXT_BYTES = 256 * 1024**2
 MAX_CONTEXT_MEMBERS = 10_000  # the server's muster.services.uploads.MAX_MEMBERS
 MAX_BATCH = 1000  # configs in one create request: the server's upload_form.MAX_BATCH
 MAX_BATCH_CONFIG_BYTES = 16 * 1024**2  # and their bytes: upload_form.MAX_BATCH_CONFIG_BYTES
 EXPORT_WAIT = 1800.0  # seconds an export to MLflow may take on the server (files and all)
 Shape = TypeVar("Shape")  # a `muster.api` shape, or a list of one
+Row = TypeVar("Row")  # a `muster.api` shape, a row of a list
 
 _BY_STATUS: dict[int, type[errors.MusterError]] = {
     400: errors.InvalidRequest,
@@ -86,6 +88,23 @@ class LogChunk:
     attempt: int
     next_offset: int | None
     next_cursor: str | None = None
+
+
+class Paged(list[Row]):
+    """A list the server serves a page at a time: these rows, from `offset`, of `total` in
+    all (its `X-Total-Count`). A method that returns one reads every page, unless given an
+    `offset` or a `limit`: then that page alone."""
+
+    def __init__(self, rows: Iterable[Row], offset: int, total: int) -> None:
+        super().__init__(rows)
+        self.offset = offset
+        self.total = total
+
+    @property
+    def next_offset(self) -> int | None:
+        """Where the next page starts; None after the last."""
+        end = self.offset + len(self)
+        return end if self and end < self.total else None
 
 
 def resolve_url(home: Home, url: str | None = None) -> str:
@@ -350,9 +369,11 @@ class Client:
         path = f"/cluster/nodes/{quote(node_id, safe='')}/release"
         return self._call("POST", path, _As["api.NodeReleaseView"])
 
-    def list_environments(self) -> list[api.EnvironmentView]:
-        """Every environment, with the trials that need it or ran in it."""
-        return self._call("GET", "/environments", _As["list[api.EnvironmentView]"])
+    def list_environments(self, offset: int | None = None, limit: int | None = None
+                          ) -> Paged[api.EnvironmentView]:
+        """The environments by hash, each with the trials that need it or ran in it: every
+        one, or (`offset`, `limit`) a page of at most 1,000."""
+        return self._listed("/environments", _As["list[api.EnvironmentView]"], offset, limit)
 
     def environment_log(self, prefix: str, offset: int = 0) -> tuple[str, bytes]:
         """(the full hash, up to 1 MiB of its build log from `offset`)."""
@@ -364,10 +385,12 @@ class Client:
         body = {"older_than": older_than}
         return self._call("POST", "/environments/prune", _As["api.PruneResultView"], json=body)
 
-    def list_jobs(self) -> list[api.Job]:
+    def list_jobs(self, offset: int | None = None, limit: int | None = None
+                  ) -> Paged[api.Job]:
         """Trials that run or wait: those holding resources, then the queue in its order,
-        then paused ones, each with why it waits or how far it has come."""
-        return self._call("GET", "/jobs", _As["list[api.Job]"])
+        then paused ones, each with why it waits or how far it has come; every one, or
+        (`offset`, `limit`) a page of at most 1,000."""
+        return self._listed("/jobs", _As["list[api.Job]"], offset, limit)
 
     def usage(self, by: str = "user", since: str = "30d", user: str | None = None,
               everyone: bool = False) -> api.UsageReport:
@@ -434,11 +457,14 @@ class Client:
         Raises Conflict when the searcher names no metric."""
         return self._call("GET", f"/experiments/{experiment_id}/front", _As["api.ParetoFront"])
 
-    def list_trials(self, experiment_id: int, sort: str | None = None) -> list[api.TrialSummary]:
+    def list_trials(self, experiment_id: int, sort: str | None = None, *,
+                    offset: int | None = None, limit: int | None = None
+                    ) -> Paged[api.TrialSummary]:
         """The experiment's trials: by number, or with `sort` by that validation metric (the
-        searcher's best first, any other smallest first)."""
-        return self._call("GET", f"/experiments/{experiment_id}/trials",
-                          _As["list[api.TrialSummary]"], params=_params(sort=sort))
+        searcher's best first, any other smallest first); every one, or (`offset`, `limit`)
+        a page of at most 10,000."""
+        return self._listed(f"/experiments/{experiment_id}/trials",
+                            _As["list[api.TrialSummary]"], offset, limit, sort=sort)
 
     def kill_experiment(self, experiment_id: int) -> api.ExperimentDetail:
         return self._call("POST", f"/experiments/{experiment_id}/kill", _As["api.ExperimentDetail"])
@@ -569,9 +595,12 @@ class Client:
             after_step = page[-1]["step"]
         return reports
 
-    def list_checkpoints(self, trial_id: int) -> list[api.CheckpointView]:
-        """The trial's checkpoints by step, each with whether it is intact and why not."""
-        return self._call("GET", f"/trials/{trial_id}/checkpoints", _As["list[api.CheckpointView]"])
+    def list_checkpoints(self, trial_id: int, offset: int | None = None,
+                         limit: int | None = None) -> Paged[api.CheckpointView]:
+        """The trial's checkpoints by step, each with whether it is intact and why not: every
+        one, or (`offset`, `limit`) a page of at most 1,000."""
+        return self._listed(f"/trials/{trial_id}/checkpoints", _As["list[api.CheckpointView]"],
+                            offset, limit)
 
     def stream_checkpoint(self, trial_id: int, name: str) -> Generator[bytes, None, None]:
         """An intact checkpoint as a tar (`muster.checkpoint_archive`), as it arrives.
@@ -618,8 +647,18 @@ class Client:
         return self._call("POST", f"/models/{quote(name, safe='')}/versions",
                           _As["api.ModelVersionView"], json=body)
 
-    def list_models(self) -> list[api.RegisteredModelView]:
-        return self._call("GET", "/models", _As["list[api.RegisteredModelView]"])
+    def list_models(self, offset: int | None = None, limit: int | None = None
+                    ) -> Paged[api.RegisteredModelView]:
+        """The models by name, each with its versions: every one, or (`offset`, `limit`) a
+        page of at most 1,000."""
+        return self._listed("/models", _As["list[api.RegisteredModelView]"], offset, limit)
+
+    def list_model_versions(self, name: str, offset: int | None = None,
+                            limit: int | None = None) -> Paged[api.ModelVersionView]:
+        """A model's versions, oldest first: every one, or (`offset`, `limit`) a page of at
+        most 1,000."""
+        return self._listed(f"/models/{quote(name, safe='')}/versions",
+                            _As["list[api.ModelVersionView]"], offset, limit)
 
     def get_model(self, name: str) -> api.RegisteredModelView:
         """A model with its versions, oldest first."""
@@ -757,9 +796,12 @@ class Client:
         with closing(self._stream_archive(path, f"checkpoint {checkpoint}")) as chunks:
             return view, unpack_checkpoint(chunks, dest, view["name"], view["trial_id"])
 
-    def list_experiment_checkpoints(self, experiment_id: int) -> list[api.CheckpointView]:
-        return self._call("GET", f"/experiments/{experiment_id}/checkpoints",
-                          _As["list[api.CheckpointView]"])
+    def list_experiment_checkpoints(self, experiment_id: int, offset: int | None = None,
+                                    limit: int | None = None) -> Paged[api.CheckpointView]:
+        """The checkpoints of the experiment's trials, by trial number and step: every one,
+        or (`offset`, `limit`) a page of at most 1,000."""
+        return self._listed(f"/experiments/{experiment_id}/checkpoints",
+                            _As["list[api.CheckpointView]"], offset, limit)
 
     def collect_checkpoints(self, experiment_id: int, dry_run: bool,
                             counts: dict[str, int]) -> api.GcPlan:
@@ -936,6 +978,28 @@ class Client:
         that, not checked again: the server's response model checked it on the way out."""
         return cast(Shape, self._request(method, path, auth=auth, **request).json())
 
+    def _listed(self, path: str, shape: type[_As[list[Row]]], offset: int | None,
+                limit: int | None, **params: object) -> Paged[Row]:
+        """A list the server pages (`shape`, as `_call` takes it): the page of `limit` from
+        `offset` where either is given, else every row, a page at a time until
+        `X-Total-Count`."""
+        if offset is not None or limit is not None:
+            return self._page(path, offset or 0, limit, params)
+        page = self._page(path, 0, None, params)
+        rows = list(page)
+        while (at := page.next_offset) is not None:
+            page = self._page(path, at, None, params)
+            rows += page
+        return Paged(rows, 0, len(rows))
+
+    def _page(self, path: str, offset: int, limit: int | None,
+              params: Mapping[str, object]) -> Paged[Any]:
+        response = self._request("GET", path, params=_params(**params, offset=offset or None,
+                                                             limit=limit))
+        rows = response.json()
+        total = response.headers.get("X-Total-Count")  # (a server before paging sends none)
+        return Paged(rows, offset, int(total) if total is not None else offset + len(rows))
+
 
 class _As(Generic[Shape]):
     """`_As["api.TrialDescription"]`: what `Client._call` reads an answer as. The shape is
@@ -1081,8 +1145,12 @@ def pack_context(directory: Path, max_bytes: int = MAX_CONTEXT_BYTES) -> bytes:
     """The directory as an in-memory tar.gz, without VCS and cache folders."""
     if not directory.is_dir():
         raise errors.InvalidRequest(f"context directory {directory} does not exist")
+    import tarfile
+
+    from muster.rundir import LOCAL_RUN_DIR
+
     buffer = io.BytesIO()
-    members = _Members(directory)
+    members = _Members(directory, CONTEXT_EXCLUDES | {LOCAL_RUN_DIR})
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
         tar.add(directory, arcname=".", filter=members.admit)
     if buffer.tell() > max_bytes:
@@ -1099,11 +1167,12 @@ class _Members:
     (`muster.services.uploads`), so a context it would refuse is not uploaded first."""
 
     directory: Path
+    excluded: frozenset[str]
     count: int = 0
 
     def admit(self, info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         parts = Path(info.name).parts
-        if any(p in CONTEXT_EXCLUDES for p in parts):
+        if any(p in self.excluded for p in parts):
             return None
         self.count += 1
         if self.count > MAX_CONTEXT_MEMBERS:

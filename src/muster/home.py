@@ -13,8 +13,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from muster.rundir import RunDir
+# run_dir() imports RunDir: a CLI command that only calls the server reads the home for its
+# URL and token, never a run directory.
+if TYPE_CHECKING:
+    from muster.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -146,4 +150,6 @@ class Home:
         return self.experiments_dir / experiment_uuid / "git.diff"
 
     def run_dir(self, trial_uuid: str) -> RunDir:
+        from muster.rundir import RunDir
+
         return RunDir(self.runs_dir / trial_uuid)

@@ -177,7 +177,7 @@ def test_per_epoch_validation_and_per_step_checkpoints_get_the_value_each_was_sa
     assert sqlite_rig.run_to_end_of(experiment_id, trial_id).state == "SUCCEEDED"
 
     shown = {c["step"]: (c["metric"], c["metric_step"])
-             for c in trial_checkpoints(sqlite_rig.store, trial_id)}
+             for c in trial_checkpoints(sqlite_rig.store, trial_id).rows}
     assert shown == {5: (None, None), 10: (0.5, 1), 20: (0.2, 2), 30: (0.4, 3), 40: (0.3, 4)}
 
     with sqlite_rig.store.session_scope() as s:
@@ -191,7 +191,7 @@ def test_per_epoch_validation_and_per_step_checkpoints_get_the_value_each_was_sa
     worker = StorageWorker(sqlite_rig.store, sqlite_rig.home)
     worker.recover()
     _drain(worker)
-    after = {c["step"]: c for c in trial_checkpoints(sqlite_rig.store, trial_id)}
+    after = {c["step"]: c for c in trial_checkpoints(sqlite_rig.store, trial_id).rows}
     assert {step for step, c in after.items() if c["state"] != "deleted"} == {20, 40}
     assert "best 1 (metric 0.2 at step 2)" in after[20]["kept_because"]
     assert "latest 1" in after[40]["kept_because"]

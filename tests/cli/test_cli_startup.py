@@ -1,21 +1,27 @@
 """The CLI starts light: a command imports its own module only, a command that only
-calls the server builds no config schema, and one that makes plain calls (no stream, no
-upload) imports no httpx. (Times are measured in benchmarks/cli_startup.py, never asserted
-here; what is imported is exact.)"""
+calls the server builds no config schema, one that makes plain calls (no stream, no
+upload) imports no httpx, and listing experiments imports nothing it does not use. (Times
+are measured in benchmarks/cli_startup.py, never asserted here; what is imported is
+exact.)"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 import typer
+from typer.core import TyperGroup
 
 import muster
 from muster.cli import COMMANDS, load
+from muster.client import Client
+from tests.server.experiments import make_context, submit
 from tests.servers import RunningServer
 
 PROBE = """
@@ -94,6 +100,51 @@ def test_the_api_shapes_cost_a_command_nothing(server: RunningServer,
     assert not {m for m in modules if m.startswith(("muster.server", "muster.services"))}
 
 
+# What listing experiments never needs, each a package or module with what is under it: the
+# server's stack and store, the config schema and its YAML, the searchers, the launchers,
+# what only a submission packs with (tarfile, the run-directory layout), httpx (streams
+# only), and rich's table of emoji codes (consoles print text as written).
+NOT_FOR_A_LISTING = (
+    "sqlalchemy", "alembic", "psycopg", "fastapi", "starlette", "uvicorn", "pydantic",
+    "pydantic_core", "optuna", "yaml", "jinja2", "boto3", "psutil", "httpx", "tarfile",
+    "muster.server", "muster.services", "muster.store", "muster.config", "muster.search",
+    "muster.supervise", "muster.launch", "muster.api", "muster.rundir", "rich._emoji_codes",
+)
+
+
+def _not_for_a_listing(modules: set[str]) -> set[str]:
+    return {m for m in modules
+            if any(m == heavy or m.startswith(f"{heavy}.") for heavy in NOT_FOR_A_LISTING)}
+
+
+def test_listing_experiments_imports_nothing_it_does_not_use(
+    server: RunningServer, client: Client, tmp_path: Path
+) -> None:
+    """The table of a server's experiments, times of day and all, is drawn from typer, rich,
+    http.client and muster's own light modules (benchmarks/cli_startup.py times it)."""
+    submit(client, make_context(tmp_path, "exit0.sh", name="listed-light"))
+    modules, out = _imported("experiment", "list", "--url", server.url,
+                             "--home", str(server.home))
+    assert "listed-light" in out
+    assert not _not_for_a_listing(modules)
+
+
+def test_help_imports_nothing_it_does_not_use() -> None:
+    modules, out = _imported("--help")
+    assert "Usage: muster" in out
+    assert not _not_for_a_listing(modules)
+    assert not {m for m in modules if m.split(".")[0] in ("rich", "http")}
+
+
+def test_a_name_with_an_emoji_code_is_listed_as_written(
+    server: RunningServer, client: Client, tmp_path: Path
+) -> None:
+    submit(client, make_context(tmp_path, "exit0.sh", name="smile:smile:"))
+    _, out = _imported("experiment", "list", "--name", "smile", "--url", server.url,
+                       "--home", str(server.home))
+    assert "smile:smile:" in out
+
+
 def test_version() -> None:
     modules, out = _imported("--version")
     assert out.strip() == f"muster {version('muster')}" == f"muster {muster.__version__}"
@@ -132,3 +183,22 @@ def test_every_command_of_the_app_is_reachable() -> None:
     assert group.list_commands(ctx) == list(COMMANDS)
     for name in COMMANDS:
         assert group.get_command(ctx, name) is not None
+
+
+@pytest.mark.parametrize("name", [name for name, entry in COMMANDS.items()
+                                  if entry.attribute == "app" and not entry.hidden])
+def test_a_group_makes_the_subcommands_typer_would(name: str) -> None:
+    """A group makes each subcommand when it is looked up (typer reads all of a function's
+    parameters to make it): the same commands, in the same order, as typer's all at once."""
+    made = load(name)
+    whole = typer.main.get_command(
+        importlib.import_module(f"muster.cli.{COMMANDS[name].module}").app)
+    assert isinstance(made, TyperGroup) and isinstance(whole, TyperGroup)
+    ctx = typer.Context(made)
+    assert made.list_commands(ctx) == whole.list_commands(typer.Context(whole))
+    for sub, expected in whole.commands.items():
+        command = made.get_command(ctx, sub)
+        assert command is not None
+        assert (command.name, command.help, command.hidden) == (
+            expected.name, expected.help, expected.hidden)
+        assert [p.opts for p in command.params] == [p.opts for p in expected.params]

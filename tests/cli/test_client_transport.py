@@ -333,9 +333,9 @@ def test_an_http_proxy_is_sent_the_whole_url_and_its_user(
     proxy = scripted(always_ok)
     no_proxies.setenv("HTTP_PROXY", proxy.url.replace("//", "//ann:s%40cret@"))
     with Client(url="http://muster.invalid:8080", token="t", home=Home(tmp_path)) as client:
-        assert client.list_jobs() == {"ok": True}
+        assert client.get_trial(7) == {"ok": True}
     [seen] = proxy.seen
-    assert seen.target == "http://muster.invalid:8080/api/v1/jobs"
+    assert seen.target == "http://muster.invalid:8080/api/v1/trials/7"
     assert seen.headers["proxy-authorization"] == "Basic YW5uOnNAY3JldA=="  # ann:s@cret
 
 

@@ -85,7 +85,7 @@ def test_the_kept_best_checkpoint_of_the_best_trial_scores_the_metric_muster_sho
     _drain(worker)
 
     best = experiment["search"]["best"]
-    rows = trial_checkpoints(sqlite_rig.store, best["trial_id"])
+    rows = trial_checkpoints(sqlite_rig.store, best["trial_id"]).rows
     kept_best = [c for c in rows if c["state"] != "deleted"
                  and "best 1" in (c["kept_because"] or "")]
     assert len(kept_best) == 1, rows
@@ -98,7 +98,7 @@ def test_the_kept_best_checkpoint_of_the_best_trial_scores_the_metric_muster_sho
     assert math.isclose(scored, kept["metric"], abs_tol=1e-6), (scored, kept)
 
     for trial in experiment["trials"]:
-        listed = trial_checkpoints(sqlite_rig.store, trial["id"])
+        listed = trial_checkpoints(sqlite_rig.store, trial["id"]).rows
         best_kept = [c["metric"] for c in listed if c["state"] != "deleted"
                      and "best 1" in (c["kept_because"] or "")]
         deleted = [c["metric"] for c in listed if c["state"] == "deleted"]

@@ -62,7 +62,7 @@ def test_list_jobs_shows_only_trials_that_run_or_wait_in_order(store: Store) -> 
     with store.session_scope() as s:
         s.add(GpuDevice(index=3, name="Fake-A100", type="a100", memory_total=1,
                         state="allocated", trial_id=running, rank=0))
-    listed = jobs.list_jobs(store)
+    listed = jobs.list_jobs(store).rows
     assert [job["trial_id"] for job in listed] == [running, early, late, paused]
     first, second = listed[0], listed[1]
     assert first["gpus"] == [3] and first["gpus_per_replica"] == 1

@@ -74,4 +74,4 @@ def test_a_submission_through_the_platform_is_admitted_and_the_cluster_view_coun
     assert state == "STARTING"  # a slot was free and nothing waited: admitted at once
     after = cluster_status(platform)
     assert (after["slots_in_use"], after["queued"]) == (1, 0)
-    assert [job["experiment_id"] for job in list_jobs(platform.store)] == [experiment_id]
+    assert [job["experiment_id"] for job in list_jobs(platform.store).rows] == [experiment_id]

@@ -216,7 +216,7 @@ def test_harness_steps_against_ctx_plan(rig: Rig, tmp_path: Path) -> None:
     # The same view wherever a running trial is shown.
     [row] = trial_page(rig.store, job.experiment_id, TrialQuery()).rows
     [listed] = [e for e in list_page(rig.store).rows if e["id"] == job.experiment_id]
-    [job_row] = [j for j in jobs.list_jobs(rig.store) if j["trial_id"] == job.trial_id]
+    [job_row] = [j for j in jobs.list_jobs(rig.store).rows if j["trial_id"] == job.trial_id]
     detail = describe_experiment(rig.store, job.experiment_id)
     for seen in (row["progress"], listed["trial_progress"][0]["progress"],
                  job_row["progress"], detail["trials"][0]["progress"],

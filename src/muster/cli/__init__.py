@@ -3,21 +3,24 @@
 Start-up is part of the interface: `muster --help` must answer in well under a second on a
 slow machine, so no subcommand's module is imported until that subcommand runs. The
 top-level group lists its commands from `COMMANDS` below (name, module, short help) and
-imports a module the first time `click` asks for one of its commands. Help is plain
-text (Typer's rich formatting imports rich's Markdown for every `--help`).
+imports a module the first time `click` asks for one of its commands; a command group makes
+each of its subcommands only when it is looked up. Help is plain text (Typer's rich
+formatting imports rich's Markdown for every `--help`).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import sys
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, cast
 
 import typer
 from typer.core import TyperGroup
+from typer.models import CommandInfo
 
 from muster.errors import MusterError
 
@@ -84,7 +87,7 @@ def load(name: str) -> Any:
     entry = COMMANDS[name]
     target = getattr(importlib.import_module(f"muster.cli.{entry.module}"), entry.attribute)
     if isinstance(target, typer.Typer):
-        command = typer.main.get_command(target)
+        command = _group(target) if _is_group(target) else typer.main.get_command(target)
     else:
         single = typer.Typer(rich_markup_mode=None, add_completion=False)
         single.command(name)(target)
@@ -94,31 +97,69 @@ def load(name: str) -> Any:
     return command
 
 
-class _LoadedOnUse(MutableMapping[str, Any]):
-    """A group's `commands` mapping whose entries import their module when first read:
-    click's lookups, typo suggestions and completion all see every name."""
+def _is_group(app: typer.Typer) -> bool:
+    """Whether typer makes `app` a group (else its one command stands alone)."""
+    return bool(app.registered_callback or app.info.callback or app.registered_groups
+                or len(app.registered_commands) > 1)
 
-    def __init__(self) -> None:
-        self._loaded: dict[str, Any] = {}
+
+def _group(app: typer.Typer) -> TyperGroup:
+    """`app`'s group, as typer makes it, but each of its commands made from its function
+    when first looked up: typer reads every parameter of a command to make it (~1 ms each),
+    and `muster experiment list` runs one of experiment's 14."""
+    bare = copy.copy(app)
+    bare.registered_commands = []  # its callback and sub-groups are made now, as typer does
+    group = typer.main.get_group(bare)
+    infos = {_command_name(info): info for info in app.registered_commands}
+
+    def make(name: str) -> Any:
+        return typer.main.get_command_from_info(
+            infos[name], pretty_exceptions_short=app.pretty_exceptions_short,
+            rich_markup_mode=app.rich_markup_mode)
+
+    group.commands = _LoadedOnUse([*infos, *group.commands], make, dict(group.commands))
+    return group
+
+
+def _command_name(info: CommandInfo) -> str:
+    """The name typer gives a command: the one it was given, else its function's, dashed."""
+    if info.name:
+        return info.name
+    if info.callback is None:
+        raise TypeError("a typer command has no function")
+    return typer.main.get_command_name(info.callback.__name__)
+
+
+class _LoadedOnUse(MutableMapping[str, Any]):
+    """A group's `commands` mapping whose entries are made when first read (a top-level
+    command's module imported, a subcommand made from its function): click's lookups, typo
+    suggestions and completion all see every name."""
+
+    def __init__(self, names: Iterable[str], make: Callable[[str], Any],
+                 made: dict[str, Any] | None = None) -> None:
+        self._names = dict.fromkeys(names)  # in the order `--help` lists them
+        self._make = make
+        self._made = made or {}
 
     def __getitem__(self, name: str) -> Any:
-        if name not in self._loaded:
-            if name not in COMMANDS:
+        if name not in self._made:
+            if name not in self._names:
                 raise KeyError(name)
-            self._loaded[name] = load(name)
-        return self._loaded[name]
+            self._made[name] = self._make(name)
+        return self._made[name]
 
     def __setitem__(self, name: str, command: Any) -> None:
-        raise TypeError(f"muster's top-level commands are listed in COMMANDS, not added ({name})")
+        raise TypeError(f"muster's commands are made from where they are defined, not added "
+                        f"({name})")
 
     def __delitem__(self, name: str) -> None:
-        raise TypeError(f"muster's top-level commands cannot be removed ({name})")
+        raise TypeError(f"muster's commands cannot be removed ({name})")
 
     def __iter__(self) -> Iterator[str]:
-        return iter(COMMANDS)
+        return iter(self._names)
 
     def __len__(self) -> int:
-        return len(COMMANDS)
+        return len(self._names)
 
 
 class MusterGroup(TyperGroup):
@@ -126,7 +167,7 @@ class MusterGroup(TyperGroup):
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
-        self.commands = _LoadedOnUse()
+        self.commands = _LoadedOnUse(COMMANDS, load)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         """List the commands from their short help in `COMMANDS`: `--help` imports none."""

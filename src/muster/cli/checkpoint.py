@@ -9,7 +9,14 @@ import typer
 
 from muster.checkpoint_files import NAME, Inspection
 from muster.cli import render
-from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+from muster.cli.options import (
+    HomeOption,
+    JsonOption,
+    LimitOption,
+    OffsetOption,
+    UrlOption,
+    client,
+)
 
 app = typer.Typer(help="List, download and garbage-collect checkpoints.",
                   no_args_is_help=True,
@@ -21,19 +28,25 @@ def list_(
     trial_id: Annotated[int | None, typer.Argument(help="a trial's checkpoints")] = None,
     experiment: Annotated[int | None, typer.Option(
         "--experiment", "-e", help="every checkpoint of this experiment's trials")] = None,
+    offset: OffsetOption = 0, limit: LimitOption = None,
     as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None,
 ) -> None:
-    """List checkpoints: step, size, state (local, uploading, stored, upload_failed,
-    deleting, deleted), the searcher's metric, where it is stored, and why it is kept."""
+    """List checkpoints, 1,000 at a time (--offset, --limit): step, size, state (local,
+    uploading, stored, upload_failed, deleting, deleted), the searcher's metric, where it is
+    stored, and why it is kept."""
     if (trial_id is None) == (experiment is None):
         raise typer.BadParameter("give a TRIAL_ID or --experiment ID (one of them)")
     with client(home, url) as c:
-        rows = (c.list_checkpoints(trial_id) if trial_id is not None
-                else c.list_experiment_checkpoints(experiment or 0))
+        rows = (c.list_checkpoints(trial_id, offset, limit) if trial_id is not None
+                else c.list_experiment_checkpoints(experiment or 0, offset, limit))
+    command = ("muster checkpoint list " + (str(trial_id) if trial_id is not None
+                                            else f"--experiment {experiment}")
+               + (f" --limit {limit}" if limit else ""))
     if as_json:
         render.print_json(rows)
     else:
         render.console.print(render.checkpoints_table(rows))
+    render.print_page_line("checkpoints", rows, command, as_json=as_json)
 
 
 @app.command()

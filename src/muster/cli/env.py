@@ -11,7 +11,14 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from muster.cli import render
-from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+from muster.cli.options import (
+    HomeOption,
+    JsonOption,
+    LimitOption,
+    OffsetOption,
+    UrlOption,
+    client,
+)
 from muster.sizes import format_size
 
 app = typer.Typer(help="Python environments built for trials.", no_args_is_help=True,
@@ -21,14 +28,18 @@ _SHOWN_PACKAGES = 4
 
 
 @app.command("list")
-def list_(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
-    """Show every environment: hash, base interpreter, packages, size, last use, trials."""
+def list_(offset: OffsetOption = 0, limit: LimitOption = None, as_json: JsonOption = False,
+          home: HomeOption = None, url: UrlOption = None) -> None:
+    """Show the environments by hash, 1,000 at a time (--offset, --limit): hash, base
+    interpreter, packages, size, last use, trials."""
     with client(home, url) as c:
-        found = c.list_environments()
+        found = c.list_environments(offset=offset, limit=limit)
+    command = "muster env list" + (f" --limit {limit}" if limit else "")
     if as_json:
         render.print_json(found)
+        render.print_page_line("environments", found, command, as_json=True)
         return
-    if not found:
+    if not found.total:
         render.console.print("no environments (an experiment with environment.pip, "
                              "requirements or setup gets one)", markup=False)
         return
@@ -43,10 +54,12 @@ def list_(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption =
             escape(", ".join(packages) + (f", +{more}" if more > 0 else "")) or "-",
             format_size(env["size_bytes"]) if env["size_bytes"] is not None else "-",
             _ago(env["last_used"]), _trials(env["trials"]))
-    render.console.print(table)
+    if found:
+        render.console.print(table)
     for env in found:
         if env["message"]:
             render.console.print(f"{env['hash']}: {env['message']}", markup=False)
+    render.print_page_line("environments", found, command, as_json=False)
 
 
 @app.command()

@@ -9,7 +9,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from muster.cli import render
-from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+from muster.cli.options import (
+    HomeOption,
+    JsonOption,
+    LimitOption,
+    OffsetOption,
+    UrlOption,
+    client,
+)
 from muster.cli.quota import holder
 from muster.priority import MAX_PRIORITY, MIN_PRIORITY
 from muster.words import progress_line
@@ -23,21 +30,26 @@ app = typer.Typer(help="The queue and what runs; move trials in the queue.",
 
 
 @app.command("list")
-def list_jobs(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
+def list_jobs(offset: OffsetOption = 0, limit: LimitOption = None, as_json: JsonOption = False,
+              home: HomeOption = None, url: UrlOption = None) -> None:
     """Show the trials that run or wait: those holding resources, then the queue in its
     order (priority, then id), then paused ones, with why each queued one waits and how far
-    each RUNNING one has come (and its ETA, where its planned length is known); then the
-    quotas of the users and groups, and what is in use of each."""
+    each RUNNING one has come (and its ETA, where its planned length is known), 1,000 at a
+    time (--offset, --limit); then the quotas of the users and groups, and what is in use
+    of each."""
     with client(home, url) as c:
-        jobs = c.list_jobs()
+        jobs = c.list_jobs(offset=offset, limit=limit)
         quotas = [] if as_json else c.list_quotas()
+    command = "muster job list" + (f" --limit {limit}" if limit else "")
     if as_json:
         render.print_json(jobs)
+        render.print_page_line("jobs", jobs, command, as_json=True)
         return
-    if not jobs:
-        render.err_console.print("no trial runs or waits")
-    else:
+    if jobs:
         render.console.print(jobs_table(jobs))
+    elif not jobs.total:
+        render.err_console.print("no trial runs or waits")
+    render.print_page_line("jobs", jobs, command, as_json=False)
     for view in quotas:
         if view["subject"] != "default":
             render.console.print(f"{holder(view)}: {view['summary']}", markup=False)

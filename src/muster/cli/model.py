@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from muster.cli import render
-from muster.cli.options import HomeOption, JsonOption, UrlOption, client
+from muster.cli.options import (
+    HomeOption,
+    JsonOption,
+    LimitOption,
+    OffsetOption,
+    UrlOption,
+    client,
+)
 from muster.states import ModelStage
 from muster.words import count
 
@@ -68,18 +75,23 @@ def register(
 
 
 @app.command("list")
-def list_(as_json: JsonOption = False, home: HomeOption = None, url: UrlOption = None) -> None:
-    """Every model: its latest version and how many it has."""
+def list_(offset: OffsetOption = 0, limit: LimitOption = None, as_json: JsonOption = False,
+          home: HomeOption = None, url: UrlOption = None) -> None:
+    """The models by name, 1,000 at a time (--offset, --limit): each one's latest version
+    and how many it has."""
     with client(home, url) as c:
-        models = c.list_models()
+        models = c.list_models(offset=offset, limit=limit)
+    command = "muster model list" + (f" --limit {limit}" if limit else "")
     if as_json:
         render.print_json(models)
+        render.print_page_line("models", models, command, as_json=True)
         return
     for model in models:
         latest = model["versions"][-1] if model["versions"] else None
         render.console.print(f"{model['name']}: {len(model['versions'])} versions"
                              + (f", latest {_version_line(latest)}" if latest else ""),
                              markup=False, soft_wrap=True)
+    render.print_page_line("models", models, command, as_json=False)
 
 
 @app.command()
@@ -99,15 +111,19 @@ def describe(name: str, as_json: JsonOption = False, home: HomeOption = None,
 
 
 @app.command()
-def versions(name: str, as_json: JsonOption = False, home: HomeOption = None,
+def versions(name: str, offset: OffsetOption = 0, limit: LimitOption = None,
+             as_json: JsonOption = False, home: HomeOption = None,
              url: UrlOption = None) -> None:
-    """A model's versions, oldest first: stage, trial, checkpoint, verdict, metrics."""
+    """A model's versions, oldest first, 1,000 at a time (--offset, --limit): stage, trial,
+    checkpoint, verdict, metrics."""
     with client(home, url) as c:
-        found = c.get_model(name)["versions"]
+        found = c.list_model_versions(name, offset=offset, limit=limit)
+    command = f"muster model versions {name}" + (f" --limit {limit}" if limit else "")
     if as_json:
         render.print_json(found)
+        render.print_page_line("versions", found, command, as_json=True)
         return
-    if not found:
+    if not found.total:
         render.console.print(f"model {name} has no version yet; `muster model register {name} "
                              "--trial ID` makes v1", markup=False)
     for version in found:
@@ -116,6 +132,7 @@ def versions(name: str, as_json: JsonOption = False, home: HomeOption = None,
                             if isinstance(value, int | float))
         render.console.print(_version_line(version) + (f"; {metrics}" if metrics else ""),
                              markup=False, soft_wrap=True)
+    render.print_page_line("versions", found, command, as_json=False)
 
 
 @app.command()

@@ -20,6 +20,10 @@ UrlOption = Annotated[
     str | None, typer.Option("--url", envvar="MUSTER_URL", help="server URL")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="machine-readable JSON output")]
+# A list the server pages: the page these show, and the line after it says how to see more.
+OffsetOption = Annotated[int, typer.Option(min=0, help="show the list from this row (from 0)")]
+LimitOption = Annotated[int | None, typer.Option(
+    min=1, max=1000, help="show at most this many rows (default and most: 1,000)")]
 
 
 def client(home: str | None, url: str | None) -> Client:

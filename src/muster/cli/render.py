@@ -21,9 +21,12 @@ from muster.words import count
 
 if TYPE_CHECKING:
     from muster import api
+    from muster.client import Paged
 
-console = Console()
-err_console = Console(stderr=True)
+# No emoji codes: a user's `a:fire:b` is shown as written, and a line with colons (every
+# time of day) no longer loads rich's table of 3,600 emoji codes to look them up.
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 STATE_STYLE = {
     "SUCCEEDED": "green", "COMPLETED": "green", "FAILED": "red", "ERROR": "red",
@@ -70,6 +73,26 @@ def trials_page_line(exp: api.ExperimentDetail) -> str | None:
         line += (f"; the next: muster experiment describe {exp['id']} --trials-offset {at}"
                  " (or `muster trial list` / the experiment's page for a table of all)")
     return line
+
+
+def page_line(what: str, page: Paged[Any], next_command: str) -> str | None:
+    """Which rows of a paged list (`what`: "jobs") a command showed and the command that
+    shows the next ones (`next_command`, given `--offset`); None where it showed them all."""
+    shown, total, first = len(page), page.total, page.offset
+    if first == 0 and shown == total:
+        return None
+    line = (f"{what} {first + 1:,} to {first + shown:,} of {total:,} shown" if shown
+            else f"no {what} from {first:,}: there are {total:,}")
+    if (at := page.next_offset) is not None:
+        line += f"; the next: {next_command} --offset {at}"
+    return line
+
+
+def print_page_line(what: str, page: Paged[Any], next_command: str, *, as_json: bool) -> None:
+    """`page_line`, where the list was cut: after a table, or on stderr beside `--json` (so
+    that stdout stays JSON)."""
+    if line := page_line(what, page, next_command):
+        (err_console if as_json else console).print(line, markup=False, soft_wrap=True)
 
 
 def trials_table(trials: list[api.TrialDetail]) -> Table:

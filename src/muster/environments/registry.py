@@ -369,24 +369,25 @@ class Environments:
 
     # -- listing, logs, pruning ------------------------------------------------------
     def summaries(self) -> list[EnvSummary]:
-        found = []
-        for key in self.layout.hashes():
-            request = read_json(self.layout.request(key)) or {}
-            built = self.layout.built(key)
-            record = read_json(built / RECORD / "env.json") if built is not None else None
-            state = self.state(key)
-            base = request.get("base") or {}
-            found.append(EnvSummary(
-                hash=key, python=str((record or {}).get("python") or base.get("path", "?")),
-                inherit=bool((record or request).get("inherit", True)),
-                packages=list((record or {}).get("packages") or [
-                    x for x in request.get("requirements", []) if not x.startswith("-")]),
-                setup=list((record or request).get("setup", [])), state=state.state,
-                size_bytes=None if record is None else int(record.get("size_bytes", 0)),
-                built_at=None if record is None else float(record["built_at"]),
-                last_used=_mtime(built / RECORD / "last_used") if built else None,
-                message=state.message))
-        return found
+        return [self.summary(key) for key in self.layout.hashes()]
+
+    def summary(self, key: str) -> EnvSummary:
+        """The environment `key` as its request, its record and its state say."""
+        request = read_json(self.layout.request(key)) or {}
+        built = self.layout.built(key)
+        record = read_json(built / RECORD / "env.json") if built is not None else None
+        state = self.state(key)
+        base = request.get("base") or {}
+        return EnvSummary(
+            hash=key, python=str((record or {}).get("python") or base.get("path", "?")),
+            inherit=bool((record or request).get("inherit", True)),
+            packages=list((record or {}).get("packages") or [
+                x for x in request.get("requirements", []) if not x.startswith("-")]),
+            setup=list((record or request).get("setup", [])), state=state.state,
+            size_bytes=None if record is None else int(record.get("size_bytes", 0)),
+            built_at=None if record is None else float(record["built_at"]),
+            last_used=_mtime(built / RECORD / "last_used") if built else None,
+            message=state.message)
 
     def resolve(self, prefix: str) -> str:
         """The hash `prefix` starts (at least 4 hex digits, unambiguous).

@@ -1,8 +1,9 @@
 """The web UI's model registry: `/models` and `/models/{name}`.
 
-`/models` lists every model (`GET /api/v1/models`) with its latest version, and offers the
-users who may submit a "New model" form (`POST /api/v1/models`, sent by the page with the
-session's CSRF token, as every action of the UI: `static/muster.js`'s `data-act`).
+`/models` lists the models (`GET /api/v1/models`), `MODEL_ROWS` a page, each with its latest
+version, and offers the users who may submit a "New model" form (`POST /api/v1/models`,
+sent by the page with the session's CSRF token, as every action of the UI:
+`static/muster.js`'s `data-act`).
 `/models/{name}` (`GET /api/v1/models/{name}`) shows each version with its stage, its
 verification (verified, or the "unverified: reason, by whom" mark), who registered it and
 when, its metrics at the checkpoint, links to its trial, its experiment and the snapshot
@@ -15,15 +16,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from muster.server.pages import Visitor, render, server_state, to_login
 from muster.services import registry
+from muster.store import MAX_INTEGER
 
 __all__ = ["model_pages"]
 
 model_pages = APIRouter(include_in_schema=False)
+MODEL_ROWS = 100  # models per page of the list
 
 # As the API's `{name}`: a name that cannot be a model's is a 404 page.
 ModelName = Annotated[str, Path(min_length=1, max_length=128,
@@ -31,12 +34,13 @@ ModelName = Annotated[str, Path(min_length=1, max_length=128,
 
 
 @model_pages.get("/models", response_class=HTMLResponse)
-def models_page(request: Request, who: Visitor) -> Response:
-    """Every model, by name, with its latest version; the New model form."""
+def models_page(request: Request, who: Visitor,
+                offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0) -> Response:
+    """A page of the models, by name, each with its latest version; the New model form."""
     if who is None:
         return to_login(request)
     return render(request, "models.html", who, nav="models",
-                  models=registry.list_models(server_state(request).store))
+                  page=registry.list_models(server_state(request).store, offset, MODEL_ROWS))
 
 
 @model_pages.get("/models/{name}", response_class=HTMLResponse)

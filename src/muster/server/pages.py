@@ -680,9 +680,10 @@ def _trial_context(request: Request, who: Principal, trial_id: int, snapshot: bo
                                        snapshots.TrialParts(state.home) if snapshot else None)
     exp = experiments.experiment_header(store, trial["experiment_id"])
     ranks = sorted({r["rank"] for a in trial["attempts"] for r in a["replicas"]})
-    checkpoints = retention.trial_checkpoints(store, trial["id"])
+    listed = retention.trial_checkpoints(store, trial["id"])  # the first page, bounded
+    checkpoints = listed.rows
     return {"trial": trial, "exp": exp, "can_act": _can_act(who, exp["owner"]),
-            "ranks": ranks, "checkpoints": checkpoints,
+            "ranks": ranks, "checkpoints": checkpoints, "checkpoints_total": listed.total,
             "logs_removed": retention.logs_removed(store, trial["id"]),
             "artifacts": _artifacts_of(store, trial["id"]),
             "at_rest": trial["state"].is_at_rest(),
@@ -805,20 +806,47 @@ failure_policy: {trial_retries: 3}
 """
 
 
+CLUSTER_ROWS = 100  # jobs, and environments, per page of the cluster page
+_HOLDING = (TrialState.STARTING, TrialState.RUNNING, TrialState.RESTARTING)  # jobs listed first
+
+
+@dataclass(frozen=True)
+class ClusterQuery:
+    """The cluster page's query string: where its jobs' page and its environments' start."""
+
+    jobs_offset: int = 0
+    envs_offset: int = 0
+
+    @property
+    def params(self) -> str:
+        return urlencode({k: v for k, v in vars(self).items() if v})
+
+    def at(self, **offsets: int) -> str:
+        return replace(self, **{k: max(0, v) for k, v in offsets.items()}).params
+
+
 @pages.get("/cluster", response_class=HTMLResponse)
 @pages.get("/ui/cluster", response_class=HTMLResponse)
-def cluster_page(request: Request, who: Visitor) -> Response:
+def cluster_page(
+    request: Request, who: Visitor,
+    jobs_offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    envs_offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+) -> Response:
     """Slots, GPUs, the queue, the disk and the environments (`GET /api/v1/cluster`, `/jobs`
-    and `/environments`); its part
-    `#cluster` is polled by the page."""
+    and `/environments`), `CLUSTER_ROWS` jobs and environments a page; its part `#cluster`
+    is polled by the page."""
     if who is None:
         return to_login(request)
     state = server_state(request)
-    return render(request, "cluster.html", who, nav="cluster", stream="",
-                   cluster=cluster.cluster_status(state.platform),
-                   jobs=jobs.list_jobs(state.store),
-                   envs=environments.list_environments(state.store, state.platform.envs, who,
-                                                       state.platform.build_logs_open))
+    status = cluster.cluster_status(state.platform)
+    holding = sum(status["trial_counts"].get(s, 0) for s in _HOLDING)
+    return render(request, "cluster.html", who, nav="cluster", stream="", cluster=status,
+                   query=ClusterQuery(jobs_offset, envs_offset),
+                   jobs=jobs.list_jobs(state.store, jobs_offset, CLUSTER_ROWS),
+                   queued_before=max(0, jobs_offset - holding),  # the page's first position
+                   envs=environments.list_environments(
+                       state.store, state.platform.envs, who, state.platform.build_logs_open,
+                       envs_offset, CLUSTER_ROWS))
 
 
 def _can_act(who: Principal, owner: str | None) -> bool:

@@ -84,6 +84,13 @@ def _errors(*statuses: int) -> Responses:
             for status in statuses}
 
 
+def _total_count(what: str) -> Responses:
+    """The `X-Total-Count` header of a paged list, documented: how many `what` in all."""
+    return {200: {"headers": {"X-Total-Count": {
+        "description": f"how many {what} in all (for paging)",
+        "schema": {"type": "integer"}}}}}
+
+
 _ERROR_MEANINGS = {
     400: "a malformed request (a body that is not JSON, a bad parameter, cursor or upload)",
     401: "a missing, unknown, revoked or expired token (or web session), or a deactivated "
@@ -266,13 +273,21 @@ def release_node(state: State, node_id: Annotated[str, InPath(min_length=1, max_
     return cluster.release_quarantined(state.store, node_id, who.name)
 
 
-@router.get("/environments", response_model=api.many(api.EnvironmentView))
-def list_environments(state: State, who: Reader) -> list[shapes.EnvironmentView]:
-    """Every environment muster was asked to build: its state, packages, size, last use and
-    the trials that need it or ran in it (`muster env list`); why a build failed only to
-    those who may read its log."""
-    return environments.list_environments(state.store, state.platform.envs, who,
-                                          state.platform.build_logs_open)
+@router.get("/environments", response_model=api.many(api.EnvironmentView),
+            responses=_total_count("environments"))
+def list_environments(
+    state: State, who: Reader, response: Response,
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    limit: Annotated[int, Query(ge=1, le=environments.MAX_PAGE)] = environments.MAX_PAGE,
+) -> list[shapes.EnvironmentView]:
+    """The environments muster was asked to build, by hash: their state, packages, size,
+    last use and the trials that need each or ran in it (`muster env list`); why a build
+    failed only to those who may read its log. A page of `limit` (at most 1,000, the
+    default) from `offset`, with the count of all in `X-Total-Count`."""
+    page = environments.list_environments(state.store, state.platform.envs, who,
+                                          state.platform.build_logs_open, offset, limit)
+    response.headers["X-Total-Count"] = str(page.total)
+    return page.rows
 
 
 _BUILD_LOG: Responses = {200: {
@@ -328,11 +343,20 @@ scrape.add_api_route("/metrics", get_prometheus_metrics, methods=["GET"],
                      response_class=Response, include_in_schema=False)
 
 
-@router.get("/jobs", response_model=api.many(api.Job))
-def list_jobs(state: State, _: Reader) -> list[shapes.Job]:
+@router.get("/jobs", response_model=api.many(api.Job),
+            responses=_total_count("jobs"))
+def list_jobs(
+    state: State, _: Reader, response: Response,
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    limit: Annotated[int, Query(ge=1, le=jobs.MAX_PAGE)] = jobs.MAX_PAGE,
+) -> list[shapes.Job]:
     """Trials that run or wait: those holding resources, then the queue in its order (priority,
-    then id), then paused ones; each with its resources, GPUs held and `queue_reason`."""
-    return jobs.list_jobs(state.store)
+    then id), then paused ones; each with its resources, GPUs held and `queue_reason`. A
+    page of `limit` (at most 1,000, the default) from `offset`, with the count of all in
+    `X-Total-Count`."""
+    page = jobs.list_jobs(state.store, offset, limit)
+    response.headers["X-Total-Count"] = str(page.total)
+    return page.rows
 
 
 @router.get("/usage", response_model=api.UsageReport, responses=_errors(400, 404))
@@ -380,9 +404,7 @@ async def set_experiment_priority(
     return view
 
 
-_TOTAL_COUNT: Responses = {200: {"headers": {"X-Total-Count": {
-    "description": "how many experiments the filter matches in all (for paging)",
-    "schema": {"type": "integer"}}}}}
+_TOTAL_COUNT = _total_count("experiments the filter matches")
 
 
 @router.get("/experiments", response_model=api.many(api.ExperimentSummary),
@@ -481,7 +503,7 @@ def _trial_query(
         "it): hparam:NAME:LOW:HIGH or metric:NAME:LOW:HIGH (its best value), an end may "
         "be empty")] = None,
     offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
-    limit: Annotated[int | None, Query(ge=1, le=search.MAX_TRIAL_PAGE)] = None,
+    limit: Annotated[int, Query(ge=1, le=search.MAX_TRIAL_PAGE)] = search.MAX_TRIAL_PAGE,
 ) -> search.TrialQuery:
     return search.TrialQuery(sort=sort, order_by=order_by, descending=order == "desc",
                              states=frozenset(trial_state or ()), offset=offset, limit=limit,
@@ -492,15 +514,15 @@ TrialsAsked = Annotated[search.TrialQuery, Depends(_trial_query)]
 
 
 @router.get("/experiments/{experiment_id}/trials", response_model=api.many(api.TrialSummary),
-            responses=_errors(400, 404))
+            responses={**_total_count("trials the filter matches"), **_errors(400, 404)})
 def list_experiment_trials(state: State, _: Reader, response: Response,
                            experiment_id: ExperimentId, query: TrialsAsked
                            ) -> list[shapes.TrialSummary]:
     """The experiment's trials `{id, number, state, hparams, early_stopped, early_stop,
     best_validation, restarts, started_at, ended_at, verified}`, by number, by `sort` or by
-    `order_by`, filtered by `state` and `where`, a page of `limit` from `offset` (every one
-    without), with the count of all matches in `X-Total-Count`; 400 for a metric no trial
-    reported or a malformed range."""
+    `order_by`, filtered by `state` and `where`, a page of `limit` (at most 10,000, the
+    default: a search's most trials) from `offset`, with the count of all matches in
+    `X-Total-Count`; 400 for a metric no trial reported or a malformed range."""
     page = search.trial_page(state.store, experiment_id, query)
     response.headers["X-Total-Count"] = str(page.total)
     return page.rows
@@ -801,11 +823,18 @@ def get_trial_series(
 
 
 @router.get("/trials/{trial_id}/checkpoints", response_model=api.many(api.CheckpointView),
-            responses=_errors(404))
-def get_trial_checkpoints(state: State, _: Reader, trial_id: TrialId
-                          ) -> list[shapes.CheckpointView]:
-    """Registered checkpoints by step, each with `intact` and, if not, the `problem`."""
-    return retention.trial_checkpoints(state.store, trial_id)
+            responses={**_total_count("checkpoints of the trial"), **_errors(404)})
+def get_trial_checkpoints(
+    state: State, _: Reader, response: Response, trial_id: TrialId,
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    limit: Annotated[int, Query(ge=1, le=retention.MAX_CHECKPOINTS)] = retention.MAX_CHECKPOINTS,
+) -> list[shapes.CheckpointView]:
+    """Registered checkpoints by step, each with `intact` and, if not, the `problem`: a page
+    of `limit` (at most 1,000, the default) from `offset`, with the count of all in
+    `X-Total-Count`."""
+    page = retention.trial_checkpoints(state.store, trial_id, offset, limit)
+    response.headers["X-Total-Count"] = str(page.total)
+    return page.rows
 
 
 CheckpointName = Annotated[str, InPath(min_length=1, max_length=255, pattern=r"^[^/\x00]+$",
@@ -862,10 +891,18 @@ ModelName = Annotated[str, InPath(min_length=1, max_length=128,
                                   description="a registered model's name")]
 
 
-@router.get("/models", response_model=api.many(api.RegisteredModelView))
-def get_models(state: State, _: Reader) -> list[shapes.RegisteredModelView]:
-    """Every registered model, by name, with its versions."""
-    return registry.list_models(state.store)
+@router.get("/models", response_model=api.many(api.RegisteredModelView),
+            responses=_total_count("models"))
+def get_models(
+    state: State, _: Reader, response: Response,
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    limit: Annotated[int, Query(ge=1, le=registry.MAX_PAGE)] = registry.MAX_PAGE,
+) -> list[shapes.RegisteredModelView]:
+    """Registered models by name, each with its versions: a page of `limit` (at most 1,000,
+    the default) from `offset`, with the count of all in `X-Total-Count`."""
+    page = registry.list_models(state.store, offset, limit)
+    response.headers["X-Total-Count"] = str(page.total)
+    return page.rows
 
 
 @router.post("/models", response_model=api.RegisteredModelView, status_code=201,
@@ -885,11 +922,17 @@ def get_model(state: State, _: Reader, name: ModelName) -> shapes.RegisteredMode
 
 
 @router.get("/models/{name}/versions", response_model=api.many(api.ModelVersionView),
-            responses=_errors(404))
-def get_model_versions(state: State, _: Reader, name: ModelName
-                       ) -> list[shapes.ModelVersionView]:
-    """A model's versions, oldest first."""
-    return registry.describe_model(state.store, name)["versions"]
+            responses={**_total_count("versions of the model"), **_errors(404)})
+def get_model_versions(
+    state: State, _: Reader, response: Response, name: ModelName,
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    limit: Annotated[int, Query(ge=1, le=registry.MAX_PAGE)] = registry.MAX_PAGE,
+) -> list[shapes.ModelVersionView]:
+    """A model's versions, oldest first: a page of `limit` (at most 1,000, the default) from
+    `offset`, with the count of all in `X-Total-Count`."""
+    page = registry.list_versions(state.store, name, offset, limit)
+    response.headers["X-Total-Count"] = str(page.total)
+    return page.rows
 
 
 @router.post("/models/{name}/versions", response_model=api.ModelVersionView, status_code=201,
@@ -1064,11 +1107,19 @@ async def download_checkpoint(state: State, _: Reader, checkpoint: CheckpointRef
 
 
 @router.get("/experiments/{experiment_id}/checkpoints",
-            response_model=api.many(api.CheckpointView), responses=_errors(404))
-def get_experiment_checkpoints(state: State, _: Reader, experiment_id: ExperimentId
-                               ) -> list[shapes.CheckpointView]:
-    """Every checkpoint of the experiment's trials (deleted ones too), by trial and step."""
-    return retention.experiment_checkpoints(state.store, experiment_id)
+            response_model=api.many(api.CheckpointView),
+            responses={**_total_count("checkpoints of the experiment"), **_errors(404)})
+def get_experiment_checkpoints(
+    state: State, _: Reader, response: Response, experiment_id: ExperimentId,
+    offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
+    limit: Annotated[int, Query(ge=1, le=retention.MAX_CHECKPOINTS)] = retention.MAX_CHECKPOINTS,
+) -> list[shapes.CheckpointView]:
+    """The checkpoints of the experiment's trials (deleted ones too), by trial number and
+    step: a page of `limit` (at most 1,000, the default) from `offset`, with the count of
+    all in `X-Total-Count`."""
+    page = retention.experiment_checkpoints(state.store, experiment_id, offset, limit)
+    response.headers["X-Total-Count"] = str(page.total)
+    return page.rows
 
 
 @router.post("/experiments/{experiment_id}/checkpoints/gc", response_model=api.GcPlan,

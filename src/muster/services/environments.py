@@ -18,23 +18,37 @@ from muster.environments.registry import Environments, EnvSummary
 from muster.errors import Forbidden, InvalidRequest
 from muster.launch.logs import MAX_OFFSET
 from muster.services.access import Principal
+from muster.services.listing import Page, check_window
 from muster.states import ExperimentState, TrialState, values
 from muster.store import Experiment, Store, Trial
 
-__all__ = ["LOG_CHUNK_BYTES", "environment_log", "list_environments", "prune_environments"]
+__all__ = ["LOG_CHUNK_BYTES", "MAX_PAGE", "environment_log", "list_environments",
+           "prune_environments"]
 
 LOG_CHUNK_BYTES = 1 << 20
+MAX_PAGE = 1000  # environments in one page of the list: the default and the most
 
 
 def list_environments(store: Store, envs: Environments, who: Principal,
-                      logs_open: bool = False) -> list[api.EnvironmentView]:
-    """Every environment, with the trials that use it (those of experiments that need it
-    and those that ran in it); why a build failed only where `who` may read its log."""
-    trials = _trials_by_key(store)
+                      logs_open: bool = False, offset: int = 0, limit: int = MAX_PAGE
+                      ) -> Page[api.EnvironmentView]:
+    """A page of the environments by hash, `limit` (at most `MAX_PAGE`, the default) from
+    `offset`, with the trials that use each (those of experiments that need it and those
+    that ran in it); why a build failed only where `who` may read its log. (An environment
+    is a directory, not a row: the page is of their sorted names, and only its own are
+    read.)
+
+    Raises:
+        InvalidRequest: a negative `offset`, or a `limit` not 1 to `MAX_PAGE`.
+    """
+    check_window(offset, limit, MAX_PAGE)
+    every = envs.layout.hashes()
+    keys = every[offset:offset + limit]
+    trials = _trials_by_key(store, keys)
     readable = None if logs_open or who.is_admin else _owned_keys(store, who)
-    return [_environment_view(summary, sorted(trials.get(summary.hash, set())),
-                              why_failed=readable is None or summary.hash in readable)
-            for summary in envs.summaries()]
+    rows = [_environment_view(envs.summary(key), sorted(trials.get(key, set())),
+                              why_failed=readable is None or key in readable) for key in keys]
+    return Page(rows, len(every), offset, limit)
 
 
 def _environment_view(summary: EnvSummary, trials: list[int], *, why_failed: bool
@@ -97,13 +111,16 @@ def _owned_keys(store: Store, who: Principal) -> set[str]:
     return {key for row in rows for key in row if key}
 
 
-def _trials_by_key(store: Store) -> dict[str, set[int]]:
+def _trials_by_key(store: Store, keys: list[str]) -> dict[str, set[int]]:
+    """The trials that use each of `keys`."""
     found: dict[str, set[int]] = defaultdict(set)
+    if not keys:
+        return found
     with store.session_scope() as s:
         rows = s.execute(select(Trial.id, Trial.environment_key, Experiment.environment_key)
                          .join(Experiment, Trial.experiment_id == Experiment.id)
-                         .where(or_(Trial.environment_key.is_not(None),
-                                    Experiment.environment_key.is_not(None)))).all()
+                         .where(or_(Trial.environment_key.in_(keys),
+                                    Experiment.environment_key.in_(keys)))).all()
     for trial_id, own, wanted in rows:
         for key in {own, wanted}:
             if key is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sqlalchemy import select
+from sqlalchemy import case, select
 from sqlalchemy.orm import Session, selectinload
 
 from muster import api
@@ -25,16 +25,21 @@ from muster.services.experiments import (
     experiment_view,
     trial_or_404,
 )
+from muster.services.listing import Page, check_window, window
 from muster.states import EventReason, GpuState, TrialState, values
 from muster.store import Experiment, GpuDevice, Store, Trial, record_event
 from muster.store.configs import experiment_resources
 
-__all__ = ["check_priority", "job_order", "list_jobs",
+__all__ = ["MAX_PAGE", "check_priority", "job_order", "list_jobs",
            "set_experiment_priority", "set_trial_priority"]
 
+MAX_PAGE = 1000  # jobs in one page: the default and the most
 T = TrialState
 # Listed in three groups: what holds resources, then the queue, then paused trials.
 _GROUP = {T.STARTING: 0, T.RUNNING: 0, T.RESTARTING: 0, T.QUEUED: 1, T.PAUSED: 2}
+# `job_order` in SQL.
+_JOB_ORDER = (case({state.value: group for state, group in _GROUP.items()}, value=Trial.state),
+              Trial.priority, Trial.id)
 
 
 def job_order(state: TrialState, priority: int, trial_id: int) -> tuple[int, int, int]:
@@ -43,24 +48,31 @@ def job_order(state: TrialState, priority: int, trial_id: int) -> tuple[int, int
     return _GROUP[state], priority, trial_id
 
 
-def list_jobs(store: Store) -> list[api.Job]:
-    """Every job, in `job_order`, with what it needs, the GPUs it holds and, RUNNING, its
-    `progress` (the running trials are as many as the slots: each is measured cheaply)."""
+def list_jobs(store: Store, offset: int = 0, limit: int = MAX_PAGE) -> Page[api.Job]:
+    """A page of the jobs in `job_order`, `limit` (at most `MAX_PAGE`, the default) from
+    `offset`: each with what it needs, the GPUs it holds and, RUNNING, its `progress` (the
+    running trials are as many as the slots: each is measured cheaply).
+
+    Raises:
+        InvalidRequest: a negative `offset`, or a `limit` not 1 to `MAX_PAGE`.
+    """
+    check_window(offset, limit, MAX_PAGE)
     with store.session_scope() as s:
-        trials = s.scalars(select(Trial).where(Trial.state.in_(values(TrialState.unfinished())))
-                           .options(selectinload(Trial.experiment)
-                                    .selectinload(Experiment.owner))).all()
+        query = (select(Trial).where(Trial.state.in_(values(TrialState.unfinished())))
+                 .options(selectinload(Trial.experiment).selectinload(Experiment.owner))
+                 .order_by(*_JOB_ORDER))
+        trials, total = window(s, query, offset, limit)
         held = _held_gpus(s)
         resources: dict[int, ResourcesConfig] = {}
         measured = progress.of_running(s, trials)
         jobs = []
-        for trial in sorted(trials, key=lambda t: job_order(t.state, t.priority, t.id)):
+        for trial in trials:
             exp = trial.experiment
             if exp.id not in resources:
                 resources[exp.id] = experiment_resources(exp.uuid, exp.config)
             jobs.append(_job_view(trial, resources[exp.id], held.get(trial.id, []),
                                   measured.get(trial.id)))
-        return jobs
+        return Page(jobs, total, offset, limit)
 
 
 def _held_gpus(s: Session) -> dict[int, list[int]]:

@@ -4,6 +4,10 @@ What the web UI's list page and `GET /api/v1/experiments` show; neither ever loa
 experiment or every trial. A page's rows are read in a handful of queries whatever its
 size: the experiments (with their owners), their trials' states, their SUCCEEDED trials,
 and those trials' rank-0 validation values of the searcher's metric (the best so far).
+
+Every other list of the API is paged the same way, with this module's `Page`,
+`check_window` and `window` (one COUNT, one LIMIT/OFFSET, an order that ends on a unique
+column).
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-from sqlalchemy import ColumnElement, String, cast, func, select
+from sqlalchemy import ColumnElement, Select, String, cast, func, select
 from sqlalchemy.orm import Session, defer, joinedload, selectinload
 
 from muster import api
@@ -25,7 +30,10 @@ from muster.states import ExperimentState, TrialState
 from muster.store import Experiment, Store, Trial, User
 from muster.store.configs import stored_searcher
 
-__all__ = ["MAX_PAGE", "SORTS", "ExperimentFilter", "Page", "list_page"]
+__all__ = ["MAX_PAGE", "SORTS", "ExperimentFilter", "Page", "check_window", "list_page",
+           "window"]
+
+Row = TypeVar("Row")
 
 MAX_PAGE = 500  # rows at most in one page
 # What a summary never shows of a trial: not read (the manifest and the freeze can be large).
@@ -81,15 +89,36 @@ class ExperimentFilter:
 
 
 @dataclass(frozen=True)
-class Page:
-    rows: list[api.ExperimentSummary]
-    total: int  # how many experiments the filter matches in all
+class Page(Generic[Row]):
+    """One page of a list: `limit` rows at most from `offset`, of `total`."""
+
+    rows: list[Row]
+    total: int  # how many rows the filter matches in all
     offset: int
     limit: int | None
 
 
+def check_window(offset: int, limit: int | None, most: int) -> None:
+    """Raises InvalidRequest, naming the parameter, unless `offset` and `limit` (1 to
+    `most`; None: the list's default) make a page."""
+    if offset < 0:
+        raise InvalidRequest(f"offset must be 0 or more, got {offset}")
+    if limit is not None and not 1 <= limit <= most:
+        raise InvalidRequest(f"limit must be 1 to {most}, got {limit}; read the rest a page "
+                             "at a time with offset")
+
+
+def window(s: Session, query: Select[Row], offset: int, limit: int | None
+           ) -> tuple[list[Row], int]:
+    """The rows of `query` (ordered to a unique column, so that pages neither overlap nor
+    skip) `limit` from `offset`, read in the database, and a count of all that it matches."""
+    total = s.scalar(select(func.count()).select_from(query.order_by(None).subquery())) or 0
+    return list(s.scalars(query.offset(offset).limit(limit))), total
+
+
 def list_page(store: Store, where: ExperimentFilter | None = None, *, sort: str = "id",
-              descending: bool = False, offset: int = 0, limit: int | None = None) -> Page:
+              descending: bool = False, offset: int = 0, limit: int | None = None
+              ) -> Page[api.ExperimentSummary]:
     """One page of experiment summaries (`views.experiment_summary`, with their progress,
     their trials' verdict counts and best trial), by `sort` (ties: id).
 
@@ -100,8 +129,7 @@ def list_page(store: Store, where: ExperimentFilter | None = None, *, sort: str 
     column = SORTS.get(sort)
     if column is None:
         raise InvalidRequest(f"sort must be one of {', '.join(SORTS)}, got {sort!r}")
-    if limit is not None and not 1 <= limit <= MAX_PAGE:
-        raise InvalidRequest(f"limit must be 1 to {MAX_PAGE}, got {limit}")
+    check_window(offset, limit, MAX_PAGE)
     where = where or ExperimentFilter()
     with store.session_scope() as s:
         conditions = where.conditions(s)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from muster import api
 from muster.diagnostics.code_tree import tree_of
@@ -31,6 +31,7 @@ from muster.home import Home
 from muster.services.access import Action, Principal, authorize
 from muster.services.checkpoints import CheckpointDownload, open_any_download
 from muster.services.experiments import trial_or_404
+from muster.services.listing import Page, check_window, window
 from muster.services.views import trial_verdict
 from muster.states import CheckpointState, EventReason, MetricKind, ModelStage, TrialState
 from muster.store import (
@@ -46,15 +47,17 @@ from muster.store import (
 from muster.store.configs import experiment_config
 from muster.store.models import now
 
-__all__ = ["CHECKPOINT_CHOICES", "STAGES", "VersionRef", "create_model", "delete_model",
-           "delete_version", "describe_model", "describe_version", "list_models", "model_names",
-           "open_version_download", "register_version", "resolve_version", "set_stage"]
+__all__ = ["CHECKPOINT_CHOICES", "MAX_PAGE", "STAGES", "VersionRef", "create_model",
+           "delete_model", "delete_version", "describe_model", "describe_version", "list_models",
+           "list_versions", "model_names", "open_version_download", "register_version",
+           "resolve_version", "set_stage"]
 
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_DESCRIPTION = 4096
 MAX_LABELS = 32
 MAX_LABEL = 64
 MAX_REASON = 1000
+MAX_PAGE = 1000  # models, or versions of one, in one page of a list: the default and the most
 CHECKPOINT_CHOICES = ("latest", "best")  # `register --latest` / `--best`
 # The stages one version at a time holds (`NAME@production`): moving another version there
 # archives the one that was.
@@ -178,11 +181,36 @@ def register_version(store: Store, home: Home, who: Principal, name: str, trial_
         return _version_view(version, name)
 
 
-def list_models(store: Store) -> list[api.RegisteredModelView]:
-    """Every model, by name, with its versions."""
+def list_models(store: Store, offset: int = 0, limit: int = MAX_PAGE
+                ) -> Page[api.RegisteredModelView]:
+    """A page of the models by name, each with its versions: `limit` (at most `MAX_PAGE`,
+    the default) from `offset`.
+
+    Raises:
+        InvalidRequest: a negative `offset`, or a `limit` not 1 to `MAX_PAGE`.
+    """
+    check_window(offset, limit, MAX_PAGE)
     with store.session_scope() as s:
-        return [_model_view(s, model) for model in s.scalars(
-            select(RegisteredModel).order_by(RegisteredModel.name))]
+        models, total = window(s, select(RegisteredModel).order_by(RegisteredModel.name)
+                               .options(selectinload(RegisteredModel.versions)), offset, limit)
+        return Page([_model_view(s, model) for model in models], total, offset, limit)
+
+
+def list_versions(store: Store, name: str, offset: int = 0, limit: int = MAX_PAGE
+                  ) -> Page[api.ModelVersionView]:
+    """A page of the model's versions, oldest first: `limit` (at most `MAX_PAGE`, the
+    default) from `offset`.
+
+    Raises:
+        NotFound: no such model.
+        InvalidRequest: a negative `offset`, or a `limit` not 1 to `MAX_PAGE`.
+    """
+    check_window(offset, limit, MAX_PAGE)
+    with store.session_scope() as s:
+        model = _model_or_404(s, name)
+        versions, total = window(s, select(ModelVersion).where(ModelVersion.model_id == model.id)
+                                 .order_by(ModelVersion.version), offset, limit)
+        return Page([_version_view(v, model.name) for v in versions], total, offset, limit)
 
 
 def model_names(store: Store) -> list[str]:

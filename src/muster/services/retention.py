@@ -28,6 +28,7 @@ from muster.errors import Conflict, NotFound
 from muster.services import views
 from muster.services.access import Action, Principal, authorize
 from muster.services.experiments import experiment_or_404, trial_or_404
+from muster.services.listing import Page, check_window, window
 from muster.states import EventReason
 from muster.store import (
     Checkpoint,
@@ -40,29 +41,51 @@ from muster.store import (
 from muster.store.configs import experiment_config
 from muster.store.models import now
 
-__all__ = ["checkpoint_row", "checkpoint_view", "collect", "delete_experiment",
-           "experiment_checkpoints", "logs_removed", "set_archived", "sweep_runs",
-           "trial_checkpoints"]
+__all__ = ["MAX_CHECKPOINTS", "checkpoint_row", "checkpoint_view", "collect",
+           "delete_experiment", "experiment_checkpoints", "logs_removed", "set_archived",
+           "sweep_runs", "trial_checkpoints"]
+
+MAX_CHECKPOINTS = 1000  # checkpoints in one page of a list: the default and the most
 
 
+def trial_checkpoints(store: Store, trial_id: int, offset: int = 0,
+                      limit: int = MAX_CHECKPOINTS) -> Page[api.CheckpointView]:
+    """A page of the trial's checkpoints by step, deleted ones included (with why): `limit`
+    (at most `MAX_CHECKPOINTS`, the default) from `offset`.
 
-def trial_checkpoints(store: Store, trial_id: int) -> list[api.CheckpointView]:
-    """The trial's checkpoints by step, deleted ones included (with why)."""
+    Raises:
+        NotFound: no such trial.
+        InvalidRequest: a negative `offset`, or a `limit` not 1 to `MAX_CHECKPOINTS`.
+    """
+    check_window(offset, limit, MAX_CHECKPOINTS)
     with store.session_scope() as s:
         trial = trial_or_404(s, trial_id)
-        rows = list(s.scalars(select(Checkpoint).where(Checkpoint.trial_id == trial_id)
-                              .order_by(Checkpoint.step, Checkpoint.name)))
-        return _views(s, rows, experiment_config(trial.experiment).searcher.metric)
+        rows, total = window(s, select(Checkpoint).where(Checkpoint.trial_id == trial_id)
+                             .order_by(Checkpoint.step, Checkpoint.name),
+                             offset, limit)
+        metric = experiment_config(trial.experiment).searcher.metric
+        return Page(_views(s, rows, metric), total, offset, limit)
 
 
-def experiment_checkpoints(store: Store, experiment_id: int) -> list[api.CheckpointView]:
-    """Every checkpoint of the experiment's trials, by trial and step."""
+def experiment_checkpoints(store: Store, experiment_id: int, offset: int = 0,
+                           limit: int = MAX_CHECKPOINTS) -> Page[api.CheckpointView]:
+    """A page of the checkpoints of the experiment's trials, by trial number and step:
+    `limit` (at most `MAX_CHECKPOINTS`, the default) from `offset`.
+
+    Raises:
+        NotFound: no such experiment.
+        InvalidRequest: a negative `offset`, or a `limit` not 1 to `MAX_CHECKPOINTS`.
+    """
+    check_window(offset, limit, MAX_CHECKPOINTS)
     with store.session_scope() as s:
         experiment = experiment_or_404(s, experiment_id)
-        rows = list(s.scalars(select(Checkpoint).join(Trial, Trial.id == Checkpoint.trial_id)
-                              .where(Trial.experiment_id == experiment_id)
-                              .order_by(Trial.number, Checkpoint.step, Checkpoint.name)))
-        return _views(s, rows, experiment_config(experiment).searcher.metric)
+        rows, total = window(s, select(Checkpoint).join(Trial, Trial.id == Checkpoint.trial_id)
+                             .where(Trial.experiment_id == experiment_id)
+                             .order_by(Trial.number, Trial.id, Checkpoint.step,
+                                       Checkpoint.name),
+                             offset, limit)
+        metric = experiment_config(experiment).searcher.metric
+        return Page(_views(s, rows, metric), total, offset, limit)
 
 
 def checkpoint_view(store: Store, checkpoint: str) -> api.CheckpointView:

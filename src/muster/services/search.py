@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import selectinload
+from sqlalchemy.orm import Session, selectinload
 
 from muster import api
-from muster.config.schema import SearcherConfig
+from muster.config.schema import MAX_TRIALS, SearcherConfig
 from muster.errors import Conflict, InvalidRequest, NotFound
 from muster.services import progress, views
 from muster.services.experiments import TrialPartOf, experiment_or_404
+from muster.services.listing import check_window, window
 from muster.services.validation import best_validation
 from muster.states import MetricKind, TrialState, values
 from muster.store import Attempt, Store, Trial, series
@@ -206,7 +207,7 @@ class TrialQuery:
 
 
 ORDERS = ("number", "state", "restarts", "started", "ended")
-MAX_TRIAL_PAGE = 1000
+MAX_TRIAL_PAGE = MAX_TRIALS  # trials in one page: a search's most, so that one holds all
 
 
 @dataclass(frozen=True)
@@ -230,35 +231,58 @@ def trial_page(store: Store, experiment_id: int, query: TrialQuery) -> TrialPage
     with store.session_scope() as s:
         exp = experiment_or_404(s, experiment_id)
         searcher = experiment_searcher(exp)
-        # Every trial as the columns its filters and orders read (a search has thousands;
-        # loading each as a row with its attempts cost ~0.2 ms a trial), the page's alone
-        # in whole below.
-        columns = _ORDER_COLUMNS + ((_ATTEMPTS,) if query.order_by == "restarts" else ())
-        select_trials = select(*columns).where(
-            Trial.experiment_id == experiment_id).order_by(Trial.number, Trial.id)
-        if query.states:
-            select_trials = select_trials.where(Trial.state.in_(values(query.states)))
-        trials: list[_Ordered] = list(s.execute(select_trials).all())
-        goals = sort_goals(searcher, query.sort)
-        ranged = [r.metric for r in query.ranges if r.metric is not None]
-        goals |= {name: True for name in ranged if name not in goals}
-        best = best_validation(s, [t.id for t in trials], goals)
-        if query.sort is not None or ranged:
-            reported = series.names(s, [t.id for t in trials], MetricKind.VALIDATION)
-            for metric, use in [(query.sort, "sort"), *((name, "filter") for name in ranged)]:
-                if metric is not None:
-                    _check_sort_metric(experiment_id, metric, searcher, reported, use)
-        trials = [t for t in trials if _in_ranges(t, best.get(t.id, {}), query.ranges)]
-        _order(trials, query, best, goals)
-        end = None if query.limit is None else query.offset + query.limit
-        page_ids = [t.id for t in trials[query.offset:end]]
+        if query.sort is None and not query.ranges and query.order_by in (None, "number"):
+            page_ids, total = _numbered_page(s, experiment_id, query)
+            best = best_validation(s, page_ids, sort_goals(searcher, None))
+        else:
+            page_ids, total, best = _computed_page(s, experiment_id, searcher, query)
         whole = {t.id: t for t in s.scalars(select(Trial).where(Trial.id.in_(page_ids))
                                             .options(selectinload(Trial.attempts)))}
         # (A trial deleted between the two reads, with its experiment, is left out.)
         shown = [whole[trial_id] for trial_id in page_ids if trial_id in whole]
         measured = progress.of_running(s, shown)  # the page's RUNNING trials alone
         rows = [views.trial_summary(t, best.get(t.id, {}), measured.get(t.id)) for t in shown]
-        return TrialPage(rows, len(trials))
+        return TrialPage(rows, total)
+
+
+def _numbered_page(s: Session, experiment_id: int, query: TrialQuery) -> tuple[list[int], int]:
+    """The ids of the page's trials by number (the default order), paged and counted in the
+    database, and how many match in all."""
+    order = ((Trial.number.desc(), Trial.id.desc()) if query.descending
+             else (Trial.number, Trial.id))
+    select_ids = select(Trial.id).where(Trial.experiment_id == experiment_id).order_by(*order)
+    if query.states:
+        select_ids = select_ids.where(Trial.state.in_(values(query.states)))
+    return window(s, select_ids, query.offset, query.limit)
+
+
+def _computed_page(s: Session, experiment_id: int, searcher: SearcherConfig,
+                   query: TrialQuery) -> tuple[list[int], int, dict[int, dict[str, float]]]:
+    """The ids of the page's trials in an order or a filter of values the database does not
+    hold as columns (a metric's best, a hyperparameter), how many match in all, and the best
+    values of every trial that matches."""
+    # Every trial as the columns its filters and orders read (a search has thousands;
+    # loading each as a row with its attempts cost ~0.2 ms a trial), the page's alone
+    # in whole by the caller.
+    columns = _ORDER_COLUMNS + ((_ATTEMPTS,) if query.order_by == "restarts" else ())
+    select_trials = select(*columns).where(
+        Trial.experiment_id == experiment_id).order_by(Trial.number, Trial.id)
+    if query.states:
+        select_trials = select_trials.where(Trial.state.in_(values(query.states)))
+    trials: list[_Ordered] = list(s.execute(select_trials).all())
+    goals = sort_goals(searcher, query.sort)
+    ranged = [r.metric for r in query.ranges if r.metric is not None]
+    goals |= {name: True for name in ranged if name not in goals}
+    best = best_validation(s, [t.id for t in trials], goals)
+    if query.sort is not None or ranged:
+        reported = series.names(s, [t.id for t in trials], MetricKind.VALIDATION)
+        for metric, use in [(query.sort, "sort"), *((name, "filter") for name in ranged)]:
+            if metric is not None:
+                _check_sort_metric(experiment_id, metric, searcher, reported, use)
+    trials = [t for t in trials if _in_ranges(t, best.get(t.id, {}), query.ranges)]
+    _order(trials, query, best, goals)
+    end = None if query.limit is None else query.offset + query.limit
+    return [t.id for t in trials[query.offset:end]], len(trials), best
 
 
 class _Ordered(Protocol):
@@ -288,8 +312,7 @@ def _check_query(query: TrialQuery) -> None:
             query.order_by.startswith(HPARAM_ORDER) and len(query.order_by) > len(HPARAM_ORDER)):
         raise InvalidRequest(f"order_by must be one of {', '.join(ORDERS)} or hparam:NAME "
                              f"(a hyperparameter's dotted name), got {query.order_by!r}")
-    if query.limit is not None and not 1 <= query.limit <= MAX_TRIAL_PAGE:
-        raise InvalidRequest(f"limit must be 1 to {MAX_TRIAL_PAGE}, got {query.limit}")
+    check_window(query.offset, query.limit, MAX_TRIAL_PAGE)
     if len(query.ranges) > MAX_RANGES:
         raise InvalidRequest(f"filter by at most {MAX_RANGES} ranges, got "
                              f"{len(query.ranges)}")

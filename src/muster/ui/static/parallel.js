@@ -8,7 +8,7 @@
 (function () {
   "use strict";
 
-  const PAGE = 1000;  // search.MAX_TRIAL_PAGE
+  const PAGE = 1000;  // trials a request (search.MAX_TRIAL_PAGE allows 10,000)
   const MAX_TRIALS = 10000;  // an experiment's trials at most
   const REFRESH_MS = 10000;  // as the charts (charts.js)
 
