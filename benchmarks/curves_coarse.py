@@ -15,16 +15,15 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from describe_pages import Size, _search_size
 from measure import expect, interleave, median, ms
 from muster_server import ServerProcess
 from report import Outcome, Table, Target
 from sqlalchemy import select, update
-from ui_budget import Size as SearchSize
 from ui_budget import _admin_id, checkpoint_wal, seed_search
 
 from muster.home import Home
@@ -33,21 +32,8 @@ from muster.store import MetricSeries, Store, Trial
 TARGET_RATIO = 0.5  # the copies at least halve the read
 
 
-@dataclass(frozen=True)
-class Size:
-    trials: int
-    points: int
-    repetitions: int
-
-
 FULL = Size(trials=1_000, points=500, repetitions=15)
 QUICK = Size(trials=300, points=500, repetitions=5)
-
-
-def _search_size(size: Size) -> SearchSize:
-    return SearchSize(experiments=0, more_experiments=None, trials=size.trials,
-                      points=size.points, log_mb=0, repetitions=size.repetitions, visits=0,
-                      ticks=0, chatty_lines=0)
 
 
 def _get(http: httpx.Client, path: str, bodies: dict[str, Any]) -> Callable[[], float]:
