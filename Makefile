@@ -14,7 +14,7 @@ BROWSER := $(VENV)/.browser
 MLFLOW_VENV := .venv-mlflow
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit quick docs bench bench-ray bench-tune bench-harness soak screenshots clean
+.PHONY: install demo test lint typecheck unit quick docs bench bench-ray bench-tune bench-tune-search bench-harness soak screenshots clean
 
 install: $(STAMP) $(ASSETS) $(BROWSER) $(MLFLOW_STAMP)
 
@@ -93,6 +93,15 @@ bench-tune: install
 	test -x $(BENCH_RAY)/bin/python || $(PYTHON) -m venv $(BENCH_RAY)
 	$(BENCH_RAY)/bin/python -m pip install --quiet -e '.[examples]' 'ray[default,train]==2.60.0' pytest
 	$(BENCH_RAY)/bin/python benchmarks/tune_peer.py
+
+# The search study against Ray Tune's ASHA, BOHB and random search (benchmarks/tune_search.py),
+# from the same venv, with hpbandster for TuneBOHB. Root. It runs muster's arms first (seed 1,
+# 32 trials of up to 32 epochs); MUSTER_RESULTS=benchmarks/out/search/results-....json reads
+# them from a `benchmarks/search.py --study ... --searcher asha --searcher bohb` run instead.
+bench-tune-search: install
+	test -x $(BENCH_RAY)/bin/python || $(PYTHON) -m venv $(BENCH_RAY)
+	$(BENCH_RAY)/bin/python -m pip install --quiet -e '.[examples]' 'ray[default,train]==2.60.0' pytest 'hpbandster==0.7.4' 'ConfigSpace==1.2.2'
+	$(BENCH_RAY)/bin/python benchmarks/tune_search.py $(if $(MUSTER_RESULTS),--muster-results $(MUSTER_RESULTS),--run-muster)
 
 # The harness against MLflow's log_metric and TensorBoard's add_scalar
 # (benchmarks/harness_overhead.py): both kept out of the test venv, in one of their own.

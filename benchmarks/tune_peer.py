@@ -20,11 +20,13 @@ from the Ray bench venv (.venv-bench-ray). `--quick`: 20 trials, 1 repetition.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +76,18 @@ def tune_missing() -> str | None:
     if subprocess.run(["ip", "netns", "list"], capture_output=True, check=False).returncode:
         return "cannot make a network namespace (needs root and iproute2)"
     return None
+
+
+@contextlib.contextmanager
+def loopback_namespace(name: str = NAMESPACE) -> Iterator[str]:
+    """A network namespace whose only link is `lo`, up, for a local Ray to run in (outside
+    one it picks the machine's external address); deleted on the way out."""
+    subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False)
+    subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
 
 
 class TuneArm:
@@ -147,16 +161,12 @@ def run(quick: bool) -> Outcome:
     missing = tune_missing()
     if missing is not None:
         return Outcome("tune_peer", [], [], [f"skipped: {missing}"], {"skipped": missing})
-    subprocess.run(["ip", "netns", "add", NAMESPACE], capture_output=True, check=False)
-    subprocess.run(["ip", "-n", NAMESPACE, "link", "set", "lo", "up"], check=True)
-    try:
+    with loopback_namespace():
         tune = TuneArm(size.trials, reuse=False)
         arms = {"xargs": lambda: xargs_run(size.trials), "muster": MusterArm(size.trials),
                 "ray_tune": tune, "ray_tune_reuse": TuneArm(size.trials, reuse=True)}
         xargs_run(10)  # the interpreter's files in the page cache
         times = interleave(arms, size.repetitions)
-    finally:
-        subprocess.run(["ip", "netns", "delete", NAMESPACE], capture_output=True, check=False)
     return _outcome(size, times, tune.init_s)
 
 
