@@ -185,7 +185,10 @@ def test_a_create_past_max_queued_trials_is_a_429_that_names_the_quota(
             made = dave.create_experiment((ctx / "experiment.yaml").read_text(), ctx)
         with pytest.raises(QuotaExceeded) as refused:
             dave.create_experiment((ctx / "experiment.yaml").read_text(), ctx)
-        reason = dave.get_trial(made["trials"][0]["id"])["queue_reason"]
+        # The reason is the scheduler's, written on its next pass after the create.
+        reason = wait_until(
+            lambda: dave.get_trial(made["trials"][0]["id"])["queue_reason"],
+            what="the queued trial's reason")
     assert str(refused.value).startswith(
         "dave's quota: 2 of 2 queued trials, and this submission queues 1 more; wait for "
         "some to start or end, kill some (muster job list), or ask an admin to raise it "

@@ -172,3 +172,58 @@ def test_a_parents_checkpoint_is_held_while_a_member_that_starts_from_it_runs(
         s.get_one(Trial, ids[1]).state = TrialState.FAILED.value
     with sqlite_rig.store.session_scope() as s:
         assert held(s, [ids[0]]) == {}
+
+
+def submit_epochs(rig: Rig, skip_to: int | None = None) -> int:
+    """Two members, three rounds of two epochs, of tests/fixtures/pbt_epochs_job.py."""
+    config: dict[str, Any] = {
+        "name": "pbt-epochs",
+        "entrypoint": fixture_entrypoint("pbt_epochs_job.py"),
+        "harness": True,
+        "environment": {"variables": {} if skip_to is None else {"SKIP_TO": str(skip_to)}},
+        "hyperparameters": {"lr": {"type": "double", "minval": 0.1, "maxval": 0.9}},
+        "searcher": {"name": "pbt", "metric": "loss", "smaller_is_better": True,
+                     "population_size": 2, "num_rounds": 3 if skip_to is None else 2,
+                     "length_per_round": {"epochs": 2}, "max_concurrent_trials": 2},
+        "verify": {"expected_samples": 40},
+        "failure_policy": {"trial_retries": 0},
+        "reproducibility": {"experiment_seed": 5},
+    }
+    return create_experiment(rig.store, rig.home, rig.admin, yaml.safe_dump(config),
+                             archive=None)
+
+
+def completed_of(trial: Trial) -> str:
+    return next(c["detail"] for c in (trial.verification or {})["checks"]
+                if c["name"] == "completed")
+
+
+def test_a_members_epochs_go_on_from_its_parents_and_an_epoch_number_is_not_training(
+        sqlite_rig: Rig) -> None:
+    """A member counted in epochs reaches its round's end with its parent's epochs and its
+    own, down a line of three generations (each verdict keeps what it counted for the next);
+    a member whose script numbers one epoch as its round's last has trained one epoch, not
+    its round, and is not verified."""
+    experiment_id = submit_epochs(sqlite_rig)
+    assert run_search(sqlite_rig, experiment_id) is ExperimentState.COMPLETED
+    trials = trials_of(sqlite_rig.store, experiment_id)
+    assert all((t.verification or {}).get("verified") is True for t in trials), [
+        t.verification for t in trials]
+    for trial in trials:
+        generation = trial.number // 2
+        reached = 2 * (generation + 1)
+        assert completed_of(trial) == (f"reached epoch {reached} of {reached} "
+                                       "(searcher.length_per_round)")
+        assert trial.verification["epochs"] == {"whole": reached, "last": reached}
+
+    skipped = submit_epochs(sqlite_rig, skip_to=4)
+    # A SUSPECT trial waits for a review, and its experiment with it: wait for the four.
+    sqlite_rig.tick_until(
+        lambda: len(found := trials_of(sqlite_rig.store, skipped)) == 4 and all(
+            TrialState(t.state).is_at_rest() for t in found),
+        what="both generations to come to rest", timeout=150)
+    trials = trials_of(sqlite_rig.store, skipped)
+    assert [t.state for t in trials[:2]] == [TrialState.SUCCEEDED.value] * 2
+    for member in trials[2:]:
+        assert member.state == TrialState.SUSPECT.value, member.verification
+        assert completed_of(member).startswith("stopped at epoch 1 of 4 (25%")

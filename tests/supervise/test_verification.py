@@ -6,6 +6,7 @@ so each test controls every byte (a torn line, a flipped byte in a checkpoint).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -28,6 +29,7 @@ from muster.supervise.verification import (
     Planned,
     Progress,
     SaveFailure,
+    SourceEpochs,
     Verdict,
     VerifyConfig,
     WarmStartFrom,
@@ -299,6 +301,7 @@ def test_verdict_to_json() -> None:
             {"name": "metrics_readable", "passed": True, "status": "not_run",
              "detail": "not run: no metric line was written"},
         ],
+        "epochs": {"whole": 1, "last": 0},  # what a run that starts from it goes on from
     }
     json.dumps(verdict.to_json())
 
@@ -726,24 +729,61 @@ def test_a_warm_starts_epochs_are_its_own_samples() -> None:
     assert (check.status, check.detail) == ("passed", "reached epoch 2 of 2 (ctx.plan())")
 
 
-@pytest.mark.parametrize(("samples", "passed", "detail"), [
-    # a PBT member (or a script that keeps the source's epoch counter): epochs 3 and 4 here
-    ({3: 50, 4: 50}, True, "reached epoch 4 of 4 (ctx.plan())"),
+PARENT_AT_2 = WarmStartFrom(40, "checkpoint step-000000000040-0a1b2c3d of trial 3 (its parent)",
+                            SourceEpochs(whole=2, last=2))
+
+
+@pytest.mark.parametrize(("samples", "source", "plan", "passed", "detail"), [
+    # a PBT member (or a script that keeps the source's epoch counter): its parent trained
+    # epochs 1 and 2 to the checkpoint it starts from, it trains 3 and 4
+    ({3: 50, 4: 50}, PARENT_AT_2, 4, True, "reached epoch 4 of 4 (ctx.plan())"),
+    # the parent numbered from 0 (epochs 0 and 1): its member goes on at 2
+    ({2: 50, 3: 50}, dataclasses.replace(PARENT_AT_2, epochs=SourceEpochs(2, 1)), 4, True,
+     "reached epoch 4 of 4 (ctx.plan())"),
     # its last epoch cut short, or a gap: only the whole ones count
-    ({3: 50, 4: 20}, False, "stopped at epoch 3 of 4"),
-    ({2: 50, 4: 50}, False, "stopped at epoch 2 of 4"),
+    ({3: 50, 4: 20}, PARENT_AT_2, 4, False, "stopped at epoch 3 of 4"),
+    ({3: 50, 5: 50}, PARENT_AT_2, 5, False, "stopped at epoch 2 of 5"),
+    # numbered from past the parent's last epoch, or from its own arbitrary start: only the
+    # epochs it shows are its own, never the numbers it skipped
+    ({4: 50, 5: 50}, PARENT_AT_2, 5, False, "stopped at epoch 2 of 5"),
+    ({9: 50, 10: 50}, PARENT_AT_2, 10, False, "stopped at epoch 2 of 10"),
+    # redoing the parent's last epoch is not going on from it
+    ({2: 50, 3: 50, 4: 50}, PARENT_AT_2, 5, False, "stopped at epoch 3 of 5"),
+    # what the source trained is unknown (a checkpoint before its last, an old verdict)
+    ({3: 50, 4: 50}, WARM_40, 4, False, "stopped at epoch 2 of 4"),
 ])
 def test_a_warm_start_that_goes_on_counting_the_sources_epochs(
-        samples: dict[int, int], passed: bool, detail: str) -> None:
-    evidence = Evidence(samples_by_epoch=samples, warm_start=WARM_40,
+        samples: dict[int, int], source: WarmStartFrom, plan: int, passed: bool,
+        detail: str) -> None:
+    """A warm-started run's epochs count its source's only where they go on from the
+    epochs its source's verdict counted: a script that starts at a high epoch number has
+    trained the epochs it shows, no more."""
+    evidence = Evidence(samples_by_epoch=samples, warm_start=source,
                         progress=progress(validation=(3, 4), steps=frozenset(samples)))
-    check = check_of(verify(evidence, NO_CHECKS, None,
-                            searcher_length=Planned("epochs", 4, "ctx.plan()")), "completed")
+    verdict = verify(evidence, NO_CHECKS, None,
+                     searcher_length=Planned("epochs", plan, "ctx.plan()"))
+    check = check_of(verdict, "completed")
     assert check.passed is passed and check.detail.startswith(detail), check.detail
+    # the verdict keeps what it counted, for a member that starts from this one
+    assert verdict.epochs is not None and f"epoch {verdict.epochs.whole} of" in check.detail
+    assert verdict.to_json()["epochs"] == verdict.epochs.to_json()
     # without a warm start, epochs 3 and 4 are two epochs
     cold = check_of(verify(Evidence(samples_by_epoch={3: 50, 4: 50}), NO_CHECKS, None,
                            searcher_length=Planned("epochs", 4, "ctx.plan()")), "completed")
     assert not cold.passed
+
+
+@pytest.mark.parametrize("raw", [None, [], {}, {"whole": 2}, {"whole": "2", "last": 2},
+                                 {"whole": 0, "last": 0}, {"whole": True, "last": 1}])
+def test_a_verdicts_epochs_that_are_missing_or_malformed_credit_nothing(raw: object) -> None:
+    assert SourceEpochs.from_json(raw) is None
+    assert SourceEpochs.from_json({"whole": 4, "last": 3}) == SourceEpochs(4, 3)
+
+
+def test_a_verdict_without_epochs_keeps_none() -> None:
+    verdict = verify(Evidence(progress=progress(training=(1, 10), steps=frozenset({1, 10}))),
+                     NO_CHECKS, None, searcher_length=Planned("steps", 10, "ctx.plan()"))
+    assert verdict.epochs is None and "epochs" not in verdict.to_json()
 
 
 def test_the_steps_kept_come_from_the_metrics_files_and_the_logs(tmp_path: Path) -> None:

@@ -418,16 +418,33 @@ def verify_success(s: Session, trial: Trial, move: Move, counts: LogCounts | Non
 def _warm_start(s: Session, trial: Trial) -> verification.WarmStartFrom | None:
     """The checkpoint the trial began from: its own source (a PBT parent's checkpoint), else
     its experiment's warm start as recorded at submission (`api.WarmStartView`); None
-    without either."""
+    without either. With it, the epochs its trial had trained there (`_source_epochs`)."""
     if trial.source_checkpoint_id is not None:
         row = s.get(Checkpoint, trial.source_checkpoint_id)
         return None if row is None else verification.WarmStartFrom(
-            row.step, f"checkpoint {row.name} of trial {row.trial_id} (its parent)")
+            row.step, f"checkpoint {row.name} of trial {row.trial_id} (its parent)",
+            _source_epochs(s, row.trial_id, row.id))
     source = trial.experiment.source
     if trial.experiment.source_checkpoint_id is None or not source:
         return None
     return verification.WarmStartFrom(
-        int(source["step"]), f"checkpoint {source['checkpoint']} of trial {source['trial_id']}")
+        int(source["step"]), f"checkpoint {source['checkpoint']} of trial {source['trial_id']}",
+        _source_epochs(s, int(source["trial_id"]), trial.experiment.source_checkpoint_id))
+
+
+def _source_epochs(s: Session, trial_id: int,
+                   checkpoint_id: int) -> verification.SourceEpochs | None:
+    """The whole epochs trial `trial_id` had trained at checkpoint `checkpoint_id`: what its
+    verdict counted, when that checkpoint is the newest it saved (saved at its end); None
+    otherwise, and a trial that starts from it counts its own epochs alone."""
+    source = s.get(Trial, trial_id)
+    if source is None or not isinstance(source.verification, dict):
+        return None
+    newest = s.scalar(select(Checkpoint.id).where(Checkpoint.trial_id == trial_id)
+                      .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))
+    if newest != checkpoint_id:
+        return None
+    return verification.SourceEpochs.from_json(source.verification.get("epochs"))
 
 
 def _log_lost(attempt: Attempt) -> dict[int, int]:

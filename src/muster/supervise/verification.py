@@ -46,6 +46,7 @@ __all__ = [
     "Planned",
     "Progress",
     "SaveFailure",
+    "SourceEpochs",
     "Verdict",
     "VerifyConfig",
     "WarmStartFrom",
@@ -149,6 +150,34 @@ class WarmStartFrom:
 
     step: int
     shown: str  # "checkpoint step-40-… of trial 3"
+    # What the source trial trained to that checkpoint, where its verdict counted it and the
+    # checkpoint is its last (`SourceEpochs`); None when unknown: this trial's epochs then
+    # count as its own alone.
+    epochs: SourceEpochs | None = None
+
+
+@dataclass(frozen=True)
+class SourceEpochs:
+    """A finished trial's whole epochs as its `completed` check counted them (`whole`, its
+    source's included) and the highest one's number (`last`): what a trial warm-started
+    from its last checkpoint goes on from (a PBT member's parent)."""
+
+    whole: int
+    last: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"whole": self.whole, "last": self.last}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> SourceEpochs | None:
+        """The verdict's `epochs`, or None where it has none (a verdict from before it was
+        kept, a run counted in steps) or it is malformed."""
+        if not isinstance(raw, dict):
+            return None
+        whole, last = raw.get("whole"), raw.get("last")
+        if type(whole) is not int or type(last) is not int or whole < 1:
+            return None
+        return cls(whole, last)
 
 
 @dataclass(frozen=True)
@@ -277,6 +306,9 @@ RESULT_CHECKS = frozenset({"samples", "checkpoint", "require_metrics", "outputs"
 class Verdict:
     passed: bool
     checks: list[Check]
+    # The whole epochs `completed` counted, where the run counted epochs: what a trial that
+    # starts from this one's last checkpoint goes on from.
+    epochs: SourceEpochs | None = None
 
     @property
     def verified(self) -> bool:
@@ -308,6 +340,7 @@ class Verdict:
             "why_not_verified": self.why_not_verified() or None,
             "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail,
                         "status": c.status} for c in self.checks],
+            **({"epochs": self.epochs.to_json()} if self.epochs is not None else {}),
         }
 
 
@@ -366,7 +399,8 @@ def verify(
     ]
     kept = [c for c in checks if c is not None]
     kept += _diagnostics_checks(evidence, diagnostics or DiagnosticsConfig())
-    return Verdict(passed=all(c.passed for c in kept), checks=kept)
+    return Verdict(passed=all(c.passed for c in kept), checks=kept,
+                   epochs=_epochs_counted(evidence, config.samples_tolerance))
 
 
 def planned_length(config: VerifyConfig, plan: Planned | None,
@@ -479,9 +513,8 @@ def _progress_in(evidence: Evidence, unit: str, expected: int | None,
             return None
         if unit == "records":
             return sum(by_epoch.values())
-        if evidence.warm_start is not None:
-            return _whole_epochs_after(by_epoch, tolerance)
-        return whole_epochs(by_epoch, tolerance)
+        counted = _whole_epochs_after(by_epoch, tolerance, evidence.warm_start)
+        return None if counted is None else counted.whole
     progress = evidence.progress
     for kind in step_kinds(validation_steps):
         if kind in progress.highest:
@@ -508,16 +541,30 @@ def whole_epochs(by_epoch: Mapping[int, int], tolerance: float) -> int:
     return sum(1 for seen in by_epoch.values() if seen >= whole * (1 - tolerance))
 
 
-def _whole_epochs_after(by_epoch: Mapping[int, int], tolerance: float) -> int:
-    """A warm-started run's epochs (a PBT member's, or a fine-tune that keeps the source's
-    epoch counter): when its whole epochs run without a gap, the highest one's number (its
-    source trained those before the first), else as `whole_epochs`. A run that numbers
-    from 0 or 1 again counts as any other."""
+def _whole_epochs_after(by_epoch: Mapping[int, int], tolerance: float,
+                        source: WarmStartFrom | None) -> SourceEpochs | None:
+    """The run's whole epochs (`whole_epochs`) and the highest one's number; for a run
+    warm-started from a trial's last checkpoint that goes on numbering its epochs from that
+    trial's (a PBT member, a fine-tune that keeps the epoch counter), the source's whole
+    epochs as well, when this run's whole epochs follow the source's last without a gap.
+    Epochs numbered from anywhere else are this run's alone: a script that starts at epoch
+    9 has trained the epochs it shows, not 8 more."""
     whole = max(by_epoch.values(), default=0)
     numbers = sorted(e for e, seen in by_epoch.items() if seen >= whole * (1 - tolerance))
-    if numbers and numbers == list(range(numbers[0], numbers[-1] + 1)):
-        return max(len(numbers), numbers[-1])
-    return len(numbers)
+    if not numbers:
+        return None
+    before = source.epochs if source is not None else None
+    if (before is not None and numbers[0] == before.last + 1
+            and numbers == list(range(numbers[0], numbers[-1] + 1))):
+        return SourceEpochs(before.whole + len(numbers), numbers[-1])
+    return SourceEpochs(len(numbers), numbers[-1])
+
+
+def _epochs_counted(evidence: Evidence, tolerance: float) -> SourceEpochs | None:
+    """The whole epochs the run counted (the harness's samples, else the log's), for the
+    verdict to keep: None when it counted none."""
+    by_epoch = evidence.samples_by_epoch or evidence.log_counts.by_epoch
+    return _whole_epochs_after(by_epoch, tolerance, evidence.warm_start) if by_epoch else None
 
 
 def _check_resume_accounting(epochs_by_attempt: Mapping[int, tuple[int, ...]]) -> Check:
