@@ -34,7 +34,13 @@ def test_sigquit_dumps_every_thread_and_the_server_goes_on(tmp_path: Path) -> No
             running.proc.send_signal(signal.SIGQUIT)
             return False
 
-        dump = wait_until(dumped, what="the stacks in server.log", interval=1.0)
+        try:
+            dump = wait_until(dumped, what="the stacks in server.log", interval=1.0)
+        except AssertionError as exc:
+            status = Path(f"/proc/{running.proc.pid}/status").read_text()
+            masks = [line for line in status.splitlines() if line.startswith("Sig")]
+            raise AssertionError(f"{exc}; the server's {masks}; its log ends: "
+                                 f"{log.read_text()[-2000:]!r}") from None
         # The event loop's thread, waiting in its selector, and the other threads.
         assert "in run_forever" in dump
         assert dump.count("Thread 0x") >= 1

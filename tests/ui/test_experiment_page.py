@@ -14,6 +14,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.ui.conftest import Team
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.lifecycle  # a real server, a real trial, a real browser
 
@@ -35,6 +36,9 @@ def busy(team: Team, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
         exp = alice.create_experiment(CONFIG, context)
         for n in range(PRIORITIES):
             alice.set_experiment_priority(exp["id"], 10 + n)
+        # Its launch's events written ("started" with RUNNING) before a test counts them.
+        wait_until(lambda: alice.get_trial(exp["trials"][0]["id"])["state"] == "RUNNING",
+                   what="the trial to run")
         yield exp
         alice.kill_experiment(exp["id"])
 

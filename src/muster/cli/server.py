@@ -108,6 +108,10 @@ def _serve(home: Home, host: str, port: int, settings: ServerSettings) -> None:
     # uvicorn re-raises the SIGTERM it caught once it has shut down; exit through Python
     # then, not the default action, so the `finally` below still removes server.json.
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    # A process inherits its starter's blocked signals (a supervisor's, a test runner's
+    # thread that blocked them around a fork): unblocked here, before any thread is made,
+    # or `muster down`, Ctrl-C and the stack dump below would wait on a mask forever.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
     # `kill -QUIT PID`: every thread's stack into the server log, and the server goes on
     # (where a server hangs, say in its shutdown, this says where).
     faulthandler.register(signal.SIGQUIT, all_threads=True, chain=False)

@@ -260,8 +260,14 @@ class _MemoryCgroup:
     def limit(self) -> str:
         return (self.path / self.layout.limit).read_text().strip()
 
-    def oom_kills(self) -> int:
-        match = _OOM_KILL.search((self.path / self.layout.events).read_text())
+    def oom_kills(self) -> int | None:
+        """The OOM kills the cgroup counted; None once it is gone (its shim removes it as
+        the rank ends)."""
+        try:
+            text = (self.path / self.layout.events).read_text()
+        except FileNotFoundError:
+            return None
+        match = _OOM_KILL.search(text)
         return int(match[1]) if match else 0
 
     def set_limit(self, value: str) -> None:
@@ -337,10 +343,13 @@ def squeeze_memory(attempt_dir: Path, rank: int) -> str:
             with contextlib.suppress(InjectionError):  # that matters is the one raised
                 _set_oom_score_adj(child, adj)
         raise
-    how = "OOM-killed" if cgroup.oom_kills() > kills else "ended"
+    after = cgroup.oom_kills()
+    how = "OOM-killed" if after is not None and after > (kills or 0) else "ended"
+    gone = ("; its cgroup was removed with it before the OOM count could be read again (its "
+            "exit record says how it ended)" if after is None else "")
     return (f"lowered rank {rank}'s memory limit to {format_size(limit)} "
             f"({cgroup.layout.version}; it used {format_size(usage)}): the kernel {how} "
-            f"its training process (pid {child.pid})")
+            f"its training process (pid {child.pid}){gone}")
 
 
 def _lower_limit(cgroup: _MemoryCgroup, rank: int) -> int:
