@@ -137,6 +137,19 @@ class SearchRun:
     # member's parent's: its first report's step - 1); none for any other searcher
     starts: dict[int, int] = field(default_factory=dict)
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SearchRun:
+        """A SearchRun from its JSON (a study's saved file, whose mappings have string
+        keys)."""
+        return cls(
+            searcher=data["searcher"], seed=data["seed"], wall_s=data["wall_s"],
+            reports=[Report(**r) for r in data["reports"]],
+            hparams={int(k): v for k, v in data["hparams"].items()},
+            early_stopped=data["early_stopped"],
+            stop_steps={int(k): v for k, v in data["stop_steps"].items()},
+            verified=data["verified"],
+            starts={int(k): v for k, v in data.get("starts", {}).items()})
+
     def overshoot(self) -> list[int]:
         """Per early-stopped trial, the epochs it trained after the searcher's decision."""
         return [steps_spent([r for r in self.reports if r.trial == number]) - step
@@ -579,7 +592,7 @@ def merged(paths: Sequence[Path]) -> tuple[dict[str, Any], Outcome]:
                f"{path} ran other arms than {paths[0]}")
         for seed, arms in data["runs"].items():
             expect(int(seed) not in runs, f"seed {seed} is in two of the files")
-            runs[int(seed)] = {label: _run_from(run) for label, run in arms.items()}
+            runs[int(seed)] = {label: SearchRun.from_json(run) for label, run in arms.items()}
         load, wall = data.get("load_average", [math.nan] * 2), data.get("wall_s")
         notes.append(f"{path.name}: seed{'s' if len(data['runs']) > 1 else ''} "
                      f"{', '.join(data['runs'])}, commit {document['machine']['git_commit']}"
@@ -595,18 +608,6 @@ def merged(paths: Sequence[Path]) -> tuple[dict[str, Any], Outcome]:
 
 def _blocks(configs: Mapping[str, str]) -> dict[str, Any]:
     return {label: yaml.safe_load(config)["searcher"] for label, config in configs.items()}
-
-
-def _run_from(data: Mapping[str, Any]) -> SearchRun:
-    """A SearchRun from its JSON (whose mappings have string keys)."""
-    return SearchRun(
-        searcher=data["searcher"], seed=data["seed"], wall_s=data["wall_s"],
-        reports=[Report(**r) for r in data["reports"]],
-        hparams={int(k): v for k, v in data["hparams"].items()},
-        early_stopped=data["early_stopped"],
-        stop_steps={int(k): v for k, v in data["stop_steps"].items()},
-        verified=data["verified"],
-        starts={int(k): v for k, v in data.get("starts", {}).items()})
 
 
 if __name__ == "__main__":

@@ -70,7 +70,6 @@ from search import (
     Report,
     SearchRun,
     Size,
-    _run_from,
     best_accuracy,
     compare,
     merged,
@@ -420,7 +419,7 @@ def muster_run_here(size: Size) -> MusterSide:
 
 
 def _side(data: Mapping[str, Any], notes: list[str]) -> MusterSide:
-    runs = {int(seed): {label: _run_from(run) for label, run in arms.items()}
+    runs = {int(seed): {label: SearchRun.from_json(run) for label, run in arms.items()}
             for seed, arms in data["runs"].items()}
     return MusterSide(dict(data["configs"]), runs, notes)
 
