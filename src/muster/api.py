@@ -559,7 +559,10 @@ class RegisteredModelView(TypedDict):
     description: str
     labels: list[str]
     created_at: float
-    versions: list[ModelVersionView]  # oldest first
+    versions: list[ModelVersionView]  # the newest MAX_NESTED (100), oldest first
+    # all of them; `versions` holds the newest MAX_NESTED (`GET /models/{name}/versions`
+    # pages through every one)
+    versions_total: int
 
 
 class MlflowExport(TypedDict):
@@ -872,7 +875,9 @@ class EnvironmentView(TypedDict):
     built_at: float | None
     last_used: float | None
     message: str | None  # why its build failed
-    trials: list[int]  # the trials that need it or ran in it
+    # the trials that need it or ran in it: the newest MAX_NESTED (100), ascending
+    trials: list[int]
+    trials_total: int  # all of them; `trials` holds the newest MAX_NESTED
 
 
 class PruneResultView(TypedDict):

@@ -371,8 +371,9 @@ class Client:
 
     def list_environments(self, offset: int | None = None, limit: int | None = None
                           ) -> Paged[api.EnvironmentView]:
-        """The environments by hash, each with the trials that need it or ran in it: every
-        one, or (`offset`, `limit`) a page of at most 1,000."""
+        """The environments by hash, each with the newest 100 trials that need it or ran in
+        it and the count of all (`trials_total`): every one, or (`offset`, `limit`) a page of
+        at most 1,000."""
         return self._listed("/environments", _As["list[api.EnvironmentView]"], offset, limit)
 
     def environment_log(self, prefix: str, offset: int = 0) -> tuple[str, bytes]:
@@ -649,8 +650,8 @@ class Client:
 
     def list_models(self, offset: int | None = None, limit: int | None = None
                     ) -> Paged[api.RegisteredModelView]:
-        """The models by name, each with its versions: every one, or (`offset`, `limit`) a
-        page of at most 1,000."""
+        """The models by name, each with its newest 100 versions and the count of all
+        (`versions_total`): every one, or (`offset`, `limit`) a page of at most 1,000."""
         return self._listed("/models", _As["list[api.RegisteredModelView]"], offset, limit)
 
     def list_model_versions(self, name: str, offset: int | None = None,
@@ -661,7 +662,8 @@ class Client:
                             _As["list[api.ModelVersionView]"], offset, limit)
 
     def get_model(self, name: str) -> api.RegisteredModelView:
-        """A model with its versions, oldest first."""
+        """A model with its newest 100 versions, oldest first, and the count of all
+        (`versions_total`); `list_model_versions` reads every one."""
         return self._call("GET", f"/models/{quote(name, safe='')}",
                           _As["api.RegisteredModelView"])
 

@@ -25,6 +25,7 @@ from sqlalchemy import insert, select
 
 from muster.client import Client
 from muster.home import Home
+from muster.services.listing import MAX_NESTED
 from muster.store import Checkpoint, ModelVersion, RegisteredModel, Trial
 from tests.cli.test_cli import on
 from tests.conftest import BACKENDS, _fresh_pg_database
@@ -153,6 +154,10 @@ def test_models_and_versions_are_paged(server: RunningServer, stored: Stored) ->
     assert_paged(server, "/models", stored.models, lambda m: m["name"])
     assert_paged(server, f"/models/{stored.models[0]}/versions", stored.versions,
                  lambda v: v["version"])
+    # Each model of the list holds its newest versions alone, and counts all.
+    first = raw(server, "/api/v1/models", limit=1).json()[0]
+    assert first["versions_total"] == ROWS
+    assert [v["version"] for v in first["versions"]] == stored.versions[-MAX_NESTED:]
 
 
 def test_environments_are_paged_by_hash(server: RunningServer, stored: Stored) -> None:

@@ -53,7 +53,7 @@ def list_(offset: OffsetOption = 0, limit: LimitOption = None, as_json: JsonOpti
             escape(env["python"]) + ("" if env["inherit"] else " (clean)"),
             escape(", ".join(packages) + (f", +{more}" if more > 0 else "")) or "-",
             format_size(env["size_bytes"]) if env["size_bytes"] is not None else "-",
-            _ago(env["last_used"]), _trials(env["trials"]))
+            _ago(env["last_used"]), _trials(env["trials"], env["trials_total"]))
     if found:
         render.console.print(table)
     for env in found:
@@ -107,6 +107,9 @@ def _ago(at: float | None) -> str:
     return f"{seconds:.0f}s ago"
 
 
-def _trials(ids: list[Any]) -> str:
-    shown = ", ".join(map(str, ids[:6]))
-    return shown + (f", +{len(ids) - 6}" if len(ids) > 6 else "") or "-"
+def _trials(ids: list[Any], total: int) -> str:
+    """The first six of the trials listed (the server lists the newest 100), and how many
+    others use the environment (`total`: all of them)."""
+    shown = ids[:6]
+    return ", ".join(map(str, shown)) + (f", +{total - len(shown)}" if total > len(shown)
+                                         else "") or "-"

@@ -88,7 +88,7 @@ def list_(offset: OffsetOption = 0, limit: LimitOption = None, as_json: JsonOpti
         return
     for model in models:
         latest = model["versions"][-1] if model["versions"] else None
-        render.console.print(f"{model['name']}: {len(model['versions'])} versions"
+        render.console.print(f"{model['name']}: {model['versions_total']} versions"
                              + (f", latest {_version_line(latest)}" if latest else ""),
                              markup=False, soft_wrap=True)
     render.print_page_line("models", models, command, as_json=False)
@@ -97,17 +97,21 @@ def list_(offset: OffsetOption = 0, limit: LimitOption = None, as_json: JsonOpti
 @app.command()
 def describe(name: str, as_json: JsonOption = False, home: HomeOption = None,
              url: UrlOption = None) -> None:
-    """A model and each version: its trial, checkpoint, verdict and who registered it."""
+    """A model and its newest 100 versions: each one's trial, checkpoint, verdict and who
+    registered it (`muster model versions NAME` lists every one)."""
     with client(home, url) as c:
         model = c.get_model(name)
     if as_json:
         render.print_json(model)
-        return
-    render.console.print(f"{model['name']}: {model['description'] or '(no description)'}"
-                         + (f" [{', '.join(model['labels'])}]" if model["labels"] else ""),
-                         markup=False, soft_wrap=True)
-    for version in model["versions"]:
-        render.console.print(f"  {_version_line(version)}", markup=False, soft_wrap=True)
+    else:
+        render.console.print(f"{model['name']}: {model['description'] or '(no description)'}"
+                             + (f" [{', '.join(model['labels'])}]" if model["labels"] else ""),
+                             markup=False, soft_wrap=True)
+        for version in model["versions"]:
+            render.console.print(f"  {_version_line(version)}", markup=False, soft_wrap=True)
+    if line := _older_versions_line(model):
+        (render.err_console if as_json else render.console).print(line, markup=False,
+                                                                  soft_wrap=True)
 
 
 @app.command()
@@ -196,6 +200,16 @@ def delete(
         render.print_json(gone)
     else:
         render.console.print(f"{what} deleted", markup=False)
+
+
+def _older_versions_line(model: api.RegisteredModelView) -> str | None:
+    """Which of the model's versions a description showed (the newest) and the command that
+    lists them all; None where it showed every one."""
+    shown, total = len(model["versions"]), model["versions_total"]
+    if shown == total:
+        return None
+    return (f"showing the newest {shown:,} of {total:,} versions; every one: muster model "
+            f"versions {model['name']} (1,000 a page: --offset)")
 
 
 def _verdict(version: api.ModelVersionView) -> str:

@@ -4,7 +4,8 @@
 version, and offers the users who may submit a "New model" form (`POST /api/v1/models`,
 sent by the page with the session's CSRF token, as every action of the UI:
 `static/muster.js`'s `data-act`).
-`/models/{name}` (`GET /api/v1/models/{name}`) shows each version with its stage, its
+`/models/{name}` (`GET /api/v1/models/{name}`) shows the newest 100 versions (and how many
+more there are, with the command that lists them all), each with its stage, its
 verification (verified, or the "unverified: reason, by whom" mark), who registered it and
 when, its metrics at the checkpoint, links to its trial, its experiment and the snapshot
 diff against the version before it, its download
@@ -45,7 +46,7 @@ def models_page(request: Request, who: Visitor,
 
 @model_pages.get("/models/{name}", response_class=HTMLResponse)
 def model_page(request: Request, who: Visitor, name: ModelName) -> Response:
-    """A model's versions, oldest first, each with its lineage."""
+    """A model's newest 100 versions, oldest first, each with its lineage."""
     if who is None:
         return to_login(request)
     return render(request, "model.html", who, nav="models",

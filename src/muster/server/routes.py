@@ -281,9 +281,10 @@ def list_environments(
     limit: Annotated[int, Query(ge=1, le=environments.MAX_PAGE)] = environments.MAX_PAGE,
 ) -> list[shapes.EnvironmentView]:
     """The environments muster was asked to build, by hash: their state, packages, size,
-    last use and the trials that need each or ran in it (`muster env list`); why a build
-    failed only to those who may read its log. A page of `limit` (at most 1,000, the
-    default) from `offset`, with the count of all in `X-Total-Count`."""
+    last use and the newest 100 trials that need each or ran in it, with `trials_total`
+    (`muster env list`); why a build failed only to those who may read its log. A page of
+    `limit` (at most 1,000, the default) from `offset`, with the count of all in
+    `X-Total-Count`."""
     page = environments.list_environments(state.store, state.platform.envs, who,
                                           state.platform.build_logs_open, offset, limit)
     response.headers["X-Total-Count"] = str(page.total)
@@ -898,8 +899,9 @@ def get_models(
     offset: Annotated[int, Query(ge=0, le=MAX_INTEGER)] = 0,
     limit: Annotated[int, Query(ge=1, le=registry.MAX_PAGE)] = registry.MAX_PAGE,
 ) -> list[shapes.RegisteredModelView]:
-    """Registered models by name, each with its versions: a page of `limit` (at most 1,000,
-    the default) from `offset`, with the count of all in `X-Total-Count`."""
+    """Registered models by name, each with its newest 100 versions and `versions_total`: a
+    page of `limit` (at most 1,000, the default) from `offset`, with the count of all in
+    `X-Total-Count`."""
     page = registry.list_models(state.store, offset, limit)
     response.headers["X-Total-Count"] = str(page.total)
     return page.rows
@@ -917,7 +919,8 @@ async def create_model(state: State, body: api.ModelCreateRequest,
 
 @router.get("/models/{name}", response_model=api.RegisteredModelView, responses=_errors(404))
 def get_model(state: State, _: Reader, name: ModelName) -> shapes.RegisteredModelView:
-    """A model and its versions, oldest first, each with its lineage."""
+    """A model and its newest 100 versions, oldest first, each with its lineage, and
+    `versions_total` (`GET /models/{name}/versions` pages through every one)."""
     return registry.describe_model(state.store, name)
 
 

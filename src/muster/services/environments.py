@@ -9,16 +9,14 @@ the list shows others an environment's state, not why its build failed.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from sqlalchemy import or_, select
+from sqlalchemy import func, select, union
 
 from muster import api
 from muster.environments.registry import Environments, EnvSummary
 from muster.errors import Forbidden, InvalidRequest
 from muster.launch.logs import MAX_OFFSET
 from muster.services.access import Principal
-from muster.services.listing import Page, check_window
+from muster.services.listing import MAX_NESTED, Page, check_window, newest_place
 from muster.states import ExperimentState, TrialState, values
 from muster.store import Experiment, Store, Trial
 
@@ -33,10 +31,10 @@ def list_environments(store: Store, envs: Environments, who: Principal,
                       logs_open: bool = False, offset: int = 0, limit: int = MAX_PAGE
                       ) -> Page[api.EnvironmentView]:
     """A page of the environments by hash, `limit` (at most `MAX_PAGE`, the default) from
-    `offset`, with the trials that use each (those of experiments that need it and those
-    that ran in it); why a build failed only where `who` may read its log. (An environment
-    is a directory, not a row: the page is of their sorted names, and only its own are
-    read.)
+    `offset`, with the newest `MAX_NESTED` trials that use each (those of experiments that
+    need it and those that ran in it) and the count of all; why a build failed only where
+    `who` may read its log. (An environment is a directory, not a row: the page is of their
+    sorted names, and only its own are read.)
 
     Raises:
         InvalidRequest: a negative `offset`, or a `limit` not 1 to `MAX_PAGE`.
@@ -44,20 +42,21 @@ def list_environments(store: Store, envs: Environments, who: Principal,
     check_window(offset, limit, MAX_PAGE)
     every = envs.layout.hashes()
     keys = every[offset:offset + limit]
-    trials = _trials_by_key(store, keys)
+    trials, totals = _trials_by_key(store, keys)
     readable = None if logs_open or who.is_admin else _owned_keys(store, who)
-    rows = [_environment_view(envs.summary(key), sorted(trials.get(key, set())),
+    rows = [_environment_view(envs.summary(key), trials.get(key, []), totals.get(key, 0),
                               why_failed=readable is None or key in readable) for key in keys]
     return Page(rows, len(every), offset, limit)
 
 
-def _environment_view(summary: EnvSummary, trials: list[int], *, why_failed: bool
-                      ) -> api.EnvironmentView:
+def _environment_view(summary: EnvSummary, trials: list[int], trials_total: int, *,
+                      why_failed: bool) -> api.EnvironmentView:
     return {"hash": summary.hash, "python": summary.python, "inherit": summary.inherit,
             "packages": list(summary.packages), "setup": [list(s) for s in summary.setup],
             "state": summary.state, "size_bytes": summary.size_bytes,
             "built_at": summary.built_at, "last_used": summary.last_used,
-            "message": summary.message if why_failed else None, "trials": trials}
+            "message": summary.message if why_failed else None, "trials": trials,
+            "trials_total": trials_total}
 
 
 def environment_log(store: Store, envs: Environments, prefix: str, who: Principal,
@@ -111,18 +110,28 @@ def _owned_keys(store: Store, who: Principal) -> set[str]:
     return {key for row in rows for key in row if key}
 
 
-def _trials_by_key(store: Store, keys: list[str]) -> dict[str, set[int]]:
-    """The trials that use each of `keys`."""
-    found: dict[str, set[int]] = defaultdict(set)
+def _trials_by_key(store: Store, keys: list[str]
+                   ) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """The newest `MAX_NESTED` trials that use each of `keys`, ascending, and how many do,
+    by key: counted and picked in the database, never read whole."""
     if not keys:
-        return found
+        return {}, {}
+    # (key, trial) once each: a trial that ran in the environment its experiment needs
+    # is one use.
+    uses = union(
+        select(Trial.environment_key.label("key"), Trial.id.label("trial_id"))
+        .where(Trial.environment_key.in_(keys)),
+        select(Experiment.environment_key, Trial.id)
+        .join(Trial, Trial.experiment_id == Experiment.id)
+        .where(Experiment.environment_key.in_(keys))).subquery()
+    ranked = select(uses.c.key, uses.c.trial_id, newest_place(uses.c.key, uses.c.trial_id)
+                    ).subquery()
+    newest: dict[str, list[int]] = {}
     with store.session_scope() as s:
-        rows = s.execute(select(Trial.id, Trial.environment_key, Experiment.environment_key)
-                         .join(Experiment, Trial.experiment_id == Experiment.id)
-                         .where(or_(Trial.environment_key.in_(keys),
-                                    Experiment.environment_key.in_(keys)))).all()
-    for trial_id, own, wanted in rows:
-        for key in {own, wanted}:
-            if key is not None:
-                found[key].add(trial_id)
-    return found
+        totals = {key: n for key, n in s.execute(
+            select(uses.c.key, func.count()).group_by(uses.c.key))}
+        for key, trial_id in s.execute(select(ranked.c.key, ranked.c.trial_id)
+                                       .where(ranked.c.place <= MAX_NESTED)
+                                       .order_by(ranked.c.key, ranked.c.trial_id)):
+            newest.setdefault(key, []).append(trial_id)
+    return newest, totals

@@ -7,7 +7,9 @@ and those trials' rank-0 validation values of the searcher's metric (the best so
 
 Every other list of the API is paged the same way, with this module's `Page`,
 `check_window` and `window` (one COUNT, one LIMIT/OFFSET, an order that ends on a unique
-column).
+column). A list inside a row (a model's versions, an environment's trials) holds its newest
+`MAX_NESTED` beside a count of all: `newest_place` picks them for every row of a page in one
+query.
 """
 
 from __future__ import annotations
@@ -16,9 +18,19 @@ import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from sqlalchemy import ColumnElement, Select, String, cast, func, select
+from sqlalchemy import (
+    ColumnElement,
+    ColumnExpressionArgument,
+    Label,
+    Select,
+    String,
+    cast,
+    desc,
+    func,
+    select,
+)
 from sqlalchemy.orm import Session, defer, joinedload, selectinload
 
 from muster import api
@@ -30,12 +42,15 @@ from muster.states import ExperimentState, TrialState
 from muster.store import Experiment, Store, Trial, User
 from muster.store.configs import stored_searcher
 
-__all__ = ["MAX_PAGE", "SORTS", "ExperimentFilter", "Page", "check_window", "list_page",
-           "window"]
+__all__ = ["MAX_NESTED", "MAX_PAGE", "SORTS", "ExperimentFilter", "Page", "check_window",
+           "list_page", "newest_place", "window"]
 
 Row = TypeVar("Row")
 
 MAX_PAGE = 500  # rows at most in one page
+# Rows at most of a list inside a row (`RegisteredModelView.versions`,
+# `EnvironmentView.trials`): its newest, beside a count of all (`versions_total`, ...).
+MAX_NESTED = 100
 # What a summary never shows of a trial: not read (the manifest and the freeze can be large).
 _UNLISTED = (defer(Trial.manifest), defer(Trial.search_state), defer(Trial.environment_freeze))
 # What a list may be sorted by: the API's `sort` words.
@@ -114,6 +129,14 @@ def window(s: Session, query: Select[Row], offset: int, limit: int | None
     skip) `limit` from `offset`, read in the database, and a count of all that it matches."""
     total = s.scalar(select(func.count()).select_from(query.order_by(None).subquery())) or 0
     return list(s.scalars(query.offset(offset).limit(limit))), total
+
+
+def newest_place(key: ColumnExpressionArgument[Any], order: ColumnExpressionArgument[Any]
+                 ) -> Label[int]:
+    """Each row's place among the rows of its `key`, highest `order` first (1, 2, ...): a
+    nested list keeps the rows placed up to `MAX_NESTED`. A window function, alike on SQLite
+    and PostgreSQL, so that a page's nested lists are one query however long they are."""
+    return func.row_number().over(partition_by=key, order_by=desc(order)).label("place")
 
 
 def list_page(store: Store, where: ExperimentFilter | None = None, *, sort: str = "id",

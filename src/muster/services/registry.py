@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from muster import api
 from muster.diagnostics.code_tree import tree_of
@@ -31,7 +31,7 @@ from muster.home import Home
 from muster.services.access import Action, Principal, authorize
 from muster.services.checkpoints import CheckpointDownload, open_any_download
 from muster.services.experiments import trial_or_404
-from muster.services.listing import Page, check_window, window
+from muster.services.listing import MAX_NESTED, Page, check_window, newest_place, window
 from muster.services.views import trial_verdict
 from muster.states import CheckpointState, EventReason, MetricKind, ModelStage, TrialState
 from muster.store import (
@@ -183,17 +183,17 @@ def register_version(store: Store, home: Home, who: Principal, name: str, trial_
 
 def list_models(store: Store, offset: int = 0, limit: int = MAX_PAGE
                 ) -> Page[api.RegisteredModelView]:
-    """A page of the models by name, each with its versions: `limit` (at most `MAX_PAGE`,
-    the default) from `offset`.
+    """A page of the models by name, each with its newest `MAX_NESTED` versions and the
+    count of all: `limit` (at most `MAX_PAGE`, the default) from `offset`.
 
     Raises:
         InvalidRequest: a negative `offset`, or a `limit` not 1 to `MAX_PAGE`.
     """
     check_window(offset, limit, MAX_PAGE)
     with store.session_scope() as s:
-        models, total = window(s, select(RegisteredModel).order_by(RegisteredModel.name)
-                               .options(selectinload(RegisteredModel.versions)), offset, limit)
-        return Page([_model_view(s, model) for model in models], total, offset, limit)
+        models, total = window(s, select(RegisteredModel).order_by(RegisteredModel.name),
+                               offset, limit)
+        return Page(_model_views(s, models), total, offset, limit)
 
 
 def list_versions(store: Store, name: str, offset: int = 0, limit: int = MAX_PAGE
@@ -220,7 +220,8 @@ def model_names(store: Store) -> list[str]:
 
 
 def describe_model(store: Store, name: str) -> api.RegisteredModelView:
-    """A model and every version of it, oldest first.
+    """A model with its newest `MAX_NESTED` versions, oldest first, and the count of all
+    (`list_versions` pages through every one).
 
     Raises:
         NotFound: no such model.
@@ -498,10 +499,38 @@ def _model_or_404(s: Session, name: str) -> RegisteredModel:
 
 
 def _model_view(s: Session, model: RegisteredModel) -> api.RegisteredModelView:
-    return api.RegisteredModelView(
+    return _model_views(s, [model])[0]
+
+
+def _model_views(s: Session, models: Sequence[RegisteredModel]
+                 ) -> list[api.RegisteredModelView]:
+    """The views of `models`, their versions read in two queries whatever their number."""
+    newest, totals = _newest_versions(s, [model.id for model in models])
+    return [api.RegisteredModelView(
         name=model.name, description=model.description, labels=list(model.labels),
         created_at=model.created_at,
-        versions=[_version_view(v, model.name) for v in model.versions])
+        versions=[_version_view(v, model.name) for v in newest.get(model.id, [])],
+        versions_total=totals.get(model.id, 0)) for model in models]
+
+
+def _newest_versions(s: Session, model_ids: Sequence[int]
+                     ) -> tuple[dict[int, list[ModelVersion]], dict[int, int]]:
+    """The newest `MAX_NESTED` versions of each model, oldest first, and how many each has,
+    by model id."""
+    if not model_ids:
+        return {}, {}
+    mine = ModelVersion.model_id.in_(model_ids)
+    totals = {model_id: n for model_id, n in s.execute(
+        select(ModelVersion.model_id, func.count()).where(mine)
+        .group_by(ModelVersion.model_id))}
+    ranked = select(ModelVersion.id, newest_place(ModelVersion.model_id, ModelVersion.version)
+                    ).where(mine).subquery()
+    newest: dict[int, list[ModelVersion]] = {}
+    for version in s.scalars(select(ModelVersion).join(ranked, ranked.c.id == ModelVersion.id)
+                             .where(ranked.c.place <= MAX_NESTED)
+                             .order_by(ModelVersion.model_id, ModelVersion.version)):
+        newest.setdefault(version.model_id, []).append(version)
+    return newest, totals
 
 
 def _version_view(version: ModelVersion, name: str) -> api.ModelVersionView:
