@@ -22,6 +22,7 @@ from sqlalchemy import event, insert
 
 from muster.client import Client
 from muster.environments.registry import Environments
+from muster.errors import Conflict, NotFound
 from muster.home import Home
 from muster.services import environments, registry
 from muster.services.access import Principal
@@ -202,3 +203,33 @@ def _statements(store: Store, call: Any) -> int:
     finally:
         event.remove(store.engine, "before_cursor_execute", count)
     return len(sent)
+
+
+def test_a_version_is_found_and_a_refused_delete_names_ten_in_a_query_or_two(
+        server: RunningServer, stored: Stored) -> None:
+    """A version is looked up by its number, stage or newest in the database, not among every
+    version read; a model delete refused for the versions left names ten and counts the rest."""
+    with server.store() as store:
+        registry.describe_version(store, registry.VersionRef.parse("big@7"))  # connected
+        # The model, the version, and its view's model (however many versions there are).
+        assert _statements(store, lambda: registry.describe_version(
+            store, registry.VersionRef.parse("big@7"))) == 3
+        assert registry.describe_version(store, registry.VersionRef.parse("big"))[
+            "version"] == MANY
+        with store.session_scope() as s:
+            assert registry.resolve_version(s, registry.VersionRef.parse("big@7")).version == 7
+            with pytest.raises(NotFound, match=r"model big has no version big@production; "
+                                               r"`muster model versions big` lists them"):
+                registry.resolve_version(s, registry.VersionRef.parse("big@production"))
+            with pytest.raises(NotFound, match=r"model empty has no version yet; `muster "
+                                               r"model register empty --trial ID` makes v1"):
+                registry.resolve_version(s, registry.VersionRef.parse("empty@3"))
+        with pytest.raises(Conflict) as refused:
+            registry.delete_model(store, ADMIN, "big")
+        ten = ", ".join(f"big@{n}" for n in range(1, 11))
+        assert str(refused.value) == (
+            f"model big still has {MANY} versions ({ten} and {MANY - 10} more); delete each "
+            "first (`muster model delete big@N`), then the model")
+        with pytest.raises(Conflict, match=r"model small still has 3 versions \(small@1, "
+                                           r"small@2, small@3\); delete each first"):
+            registry.delete_model(store, ADMIN, "small")

@@ -57,6 +57,7 @@ MAX_DESCRIPTION = 4096
 MAX_LABELS = 32
 MAX_LABEL = 64
 MAX_REASON = 1000
+SHOWN_LEFT = 10  # versions a refused model delete names (and how many more)
 MAX_PAGE = 1000  # models, or versions of one, in one page of a list: the default and the most
 CHECKPOINT_CHOICES = ("latest", "best")  # `register --latest` / `--best`
 # The stages one version at a time holds (`NAME@production`): moving another version there
@@ -237,19 +238,20 @@ def resolve_version(s: Session, ref: VersionRef) -> ModelVersion:
         NotFound: no such model, or no version of it is that one.
     """
     model = _model_or_404(s, ref.name)
-    if not model.versions:
+    mine = select(ModelVersion).where(ModelVersion.model_id == model.id)
+    if ref.number is not None:
+        mine = mine.where(ModelVersion.version == ref.number)
+    elif ref.stage is not None:
+        mine = mine.where(ModelVersion.stage == ref.stage)
+    found = s.scalars(mine.order_by(ModelVersion.version.desc()).limit(1)).first()
+    if found is not None:
+        return found
+    if s.scalar(select(ModelVersion.id).where(ModelVersion.model_id == model.id).limit(1)) \
+            is None:
         raise NotFound(f"model {ref.name} has no version yet; `muster model register "
                        f"{ref.name} --trial ID` makes v1")
-    if ref.number is not None:
-        found = [v for v in model.versions if v.version == ref.number]
-    elif ref.stage is not None:
-        found = [v for v in model.versions if v.stage is ref.stage]
-    else:
-        found = model.versions[-1:]
-    if not found:
-        raise NotFound(f"model {ref.name} has no version {ref}; `muster model versions "
-                       f"{ref.name}` lists them")
-    return found[-1]
+    raise NotFound(f"model {ref.name} has no version {ref}; `muster model versions "
+                   f"{ref.name}` lists them")
 
 
 def describe_version(store: Store, ref: VersionRef) -> api.ModelVersionView:
@@ -329,9 +331,15 @@ def delete_model(store: Store, who: Principal, name: str) -> api.RegisteredModel
     authorize(who, Action.DELETE_MODEL, subject=f"model {name}")
     with store.session_scope() as s:
         model = _model_or_404(s, name)
-        if model.versions:
-            numbers = ", ".join(f"{name}@{v.version}" for v in model.versions)
-            raise Conflict(f"model {name} still has versions ({numbers}); delete each first "
+        left = s.scalar(select(func.count()).where(ModelVersion.model_id == model.id)) or 0
+        if left:
+            shown = list(s.scalars(select(ModelVersion.version)
+                                   .where(ModelVersion.model_id == model.id)
+                                   .order_by(ModelVersion.version).limit(SHOWN_LEFT)))
+            numbers = ", ".join(f"{name}@{n}" for n in shown) + (
+                f" and {left - len(shown):,} more" if left > len(shown) else "")
+            raise Conflict(f"model {name} still has {left:,} version"
+                           f"{'' if left == 1 else 's'} ({numbers}); delete each first "
                            f"(`muster model delete {name}@N`), then the model")
         view = _model_view(s, model)
         record_event(s, entity="model", entity_id=model.id, reason=EventReason.MODEL_DELETED,
