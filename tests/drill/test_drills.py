@@ -101,8 +101,12 @@ def test_the_digits_example_catches_every_fault_this_machine_allows(
         server: RunningServer, digits: Path, tmp_path: Path) -> None:
     context = context_of("digits", digits, tmp_path)
     # The example as it is, trained longer: its 15 epochs take a second, too short for a
-    # fault to land mid-run at any scale.
+    # fault to land mid-run at any scale. Its heartbeat timeout, 120 s, is what the hang's
+    # run waits out before it is STALLED: 30 s here (heartbeats come every 10 s).
     config = longer(context / "experiment.yaml", "15", "3000")
+    config.write_text(config.read_text().replace("heartbeat_timeout: 120s",
+                                                 "heartbeat_timeout: 30s"))
+    assert "heartbeat_timeout: 30s" in config.read_text()
     status, report = drill(server, config, context, "--scale", "0.1")
     assert report["state"] == "DONE"
     assert report["clean"]["state"] == "SUCCEEDED" and report["clean"]["verified"] is True
