@@ -176,10 +176,12 @@ def cancel_drill(store: Store, principal: Principal, drill_id: int) -> api.Drill
             if not run.state.is_terminal():
                 run.state = DrillRunState.SKIPPED
                 run.skip_reason = f"canceled by {principal.name}"
+        # In the same transaction: the drill thread, seeing every run ended, would
+        # otherwise end it DONE first.
+        _end(drill, DrillState.CANCELED)
     for experiment_id in running:
         with contextlib.suppress(Conflict):  # it ended meanwhile
             experiments.kill_experiment(store, principal, experiment_id)
-    finish_drill(store, drill_id, DrillState.CANCELED)
     return describe_drill(store, principal, drill_id)
 
 
@@ -262,15 +264,18 @@ def finish_drill(store: Store, drill_id: int, state: DrillState,
     """End a drill: its summary ("8 of 10 faults caught; …") as its message."""
     with store.session_scope() as s:
         drill = s.get_one(Drill, drill_id)
-        if drill.state.is_terminal():
-            return
-        rows = [r.outcome for r in drill.runs[1:] if r.state == DrillRunState.ENDED and r.outcome]
-        skipped = [(str(r.fault), r.skip_reason or "") for r in drill.runs[1:]
-                   if r.state == DrillRunState.SKIPPED]
-        drill.state, drill.ended_at = state, time.time()
-        said = summary(rows, skipped)
-        drill.message = message or (f"canceled; {said}" if state is DrillState.CANCELED
-                                    else said)
+        if not drill.state.is_terminal():
+            _end(drill, state, message)
+
+
+def _end(drill: Drill, state: DrillState, message: str | None = None) -> None:
+    rows = [r.outcome for r in drill.runs[1:] if r.state == DrillRunState.ENDED and r.outcome]
+    skipped = [(str(r.fault), r.skip_reason or "") for r in drill.runs[1:]
+               if r.state == DrillRunState.SKIPPED]
+    drill.state, drill.ended_at = state, time.time()
+    said = summary(rows, skipped)
+    drill.message = message or (f"canceled; {said}" if state is DrillState.CANCELED
+                                else said)
 
 
 def data_path(plan: DrillPlan, options: DrillOptions) -> str | None:
