@@ -506,13 +506,20 @@ def _runs_table(runs: dict[int, dict[str, SearchRun]]) -> Table:
 def _identical(runs: dict[int, dict[str, SearchRun]]) -> str:
     same = total = 0
     for arms in runs.values():
-        random = {(r.trial, r.step): r.accuracy for r in arms["random"].reports}
         for run in arms.values():
-            for r in run.reports if run.searcher in ASHAS else ():
-                if (r.trial, r.step) in random:
-                    total += 1
-                    same += random[(r.trial, r.step)] == r.accuracy
+            if run.searcher in ASHAS:
+                agreed, shared = agreeing(arms["random"].reports, run.reports)
+                same, total = same + agreed, total + shared
     return f"{same:,} of {total:,}"
+
+
+def agreeing(random: Iterable[Report], reports: Iterable[Report]) -> tuple[int, int]:
+    """Of `reports`, how many have the same accuracy as random search's report of the same
+    trial and step, and how many such reports there are: arms that share trials and data
+    differ only by their searcher when every shared report agrees."""
+    by_step = {(r.trial, r.step): r.accuracy for r in random}
+    shared = [r for r in reports if (r.trial, r.step) in by_step]
+    return sum(by_step[(r.trial, r.step)] == r.accuracy for r in shared), len(shared)
 
 
 # -- the study, from the command line -----------------------------------------------------------

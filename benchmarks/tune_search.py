@@ -70,6 +70,7 @@ from search import (
     Report,
     SearchRun,
     Size,
+    agreeing,
     best_accuracy,
     compare,
     merged,
@@ -591,11 +592,9 @@ def _identical(runs: Mapping[str, Mapping[int, Run]]) -> str:
         if not label.startswith("tune ") or "muster random" not in runs:
             continue
         for seed, run in by_seed.items():
-            random = {(r.trial, r.step): r.accuracy for r in runs["muster random"][seed].reports}
-            for r in run.reports if label != "tune bohb" else ():
-                if (r.trial, r.step) in random:
-                    total += 1
-                    same += random[(r.trial, r.step)] == r.accuracy
+            if label != "tune bohb":
+                agreed, shared = agreeing(runs["muster random"][seed].reports, run.reports)
+                same, total = same + agreed, total + shared
     return f"{same:,} of {total:,}"
 
 

@@ -145,3 +145,10 @@ def test_the_config_of_each_arm() -> None:
     small = yaml.safe_load(bench._config(base, "pbt", 3, bench.STUDY_QUICK))["searcher"]
     assert (small["population_size"], small["num_rounds"], small["length_per_round"]) == (
         4, 2, 8)
+
+
+def test_reports_agree_where_trial_step_and_accuracy_match() -> None:
+    random = reports((0, 1, 1.0, 0.5), (0, 2, 2.0, 0.6), (1, 1, 1.0, 0.7))
+    other = reports((0, 1, 9.0, 0.5), (0, 2, 9.0, 0.61), (2, 1, 9.0, 0.7))
+    assert bench.agreeing(random, other) == (1, 2)  # trial 2 has no counterpart
+    assert bench.agreeing(random, random) == (3, 3)
