@@ -227,3 +227,29 @@ def test_a_members_epochs_go_on_from_its_parents_and_an_epoch_number_is_not_trai
     for member in trials[2:]:
         assert member.state == TrialState.SUSPECT.value, member.verification
         assert completed_of(member).startswith("stopped at epoch 1 of 4 (25%")
+
+
+def test_a_source_is_credited_from_its_passing_verdict_at_its_newest_checkpoint(
+        sqlite_rig: Rig) -> None:
+    """What a warm-started trial is credited: its source's counted epochs, only from a
+    verdict that passed and only at the newest checkpoint the source saved."""
+    from muster.supervise.ending import _source_epochs
+    from muster.supervise.verification import SourceEpochs
+    from tests.store.rows import add_experiment, add_trial
+
+    counted = {"passed": True, "verified": True, "checks": [],
+               "epochs": {"whole": 4, "last": 4}}
+    with sqlite_rig.store.session_scope() as s:
+        source = add_trial(s, add_experiment(s), "SUCCEEDED")
+        source.verification = counted
+        older, newest = (Checkpoint(trial_id=source.id, name=f"step-{step}", path="/nonexistent",
+                                    step=step, size_bytes=1, file_count=1, intact=True)
+                         for step in (2, 4))
+        s.add_all([older, newest])
+        s.flush()
+        assert _source_epochs(s, source.id, newest.id) == SourceEpochs(4, 4)
+        assert _source_epochs(s, source.id, older.id) is None  # trained past it
+        source.verification = {**counted, "passed": False}  # SUSPECT: no evidence
+        assert _source_epochs(s, source.id, newest.id) is None
+        source.verification = {k: v for k, v in counted.items() if k != "epochs"}
+        assert _source_epochs(s, source.id, newest.id) is None  # counted steps, or older

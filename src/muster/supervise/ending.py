@@ -435,10 +435,12 @@ def _warm_start(s: Session, trial: Trial) -> verification.WarmStartFrom | None:
 def _source_epochs(s: Session, trial_id: int,
                    checkpoint_id: int) -> verification.SourceEpochs | None:
     """The whole epochs trial `trial_id` had trained at checkpoint `checkpoint_id`: what its
-    verdict counted, when that checkpoint is the newest it saved (saved at its end); None
-    otherwise, and a trial that starts from it counts its own epochs alone."""
+    passing verdict counted, when that checkpoint is the newest it saved (saved at its end);
+    None otherwise (a SUSPECT source's epochs are not evidence), and a trial that starts
+    from it counts its own epochs alone."""
     source = s.get(Trial, trial_id)
-    if source is None or not isinstance(source.verification, dict):
+    if (source is None or not isinstance(source.verification, dict)
+            or source.verification.get("passed") is not True):
         return None
     newest = s.scalar(select(Checkpoint.id).where(Checkpoint.trial_id == trial_id)
                       .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))

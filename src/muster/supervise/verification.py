@@ -513,7 +513,7 @@ def _progress_in(evidence: Evidence, unit: str, expected: int | None,
             return None
         if unit == "records":
             return sum(by_epoch.values())
-        counted = _whole_epochs_after(by_epoch, tolerance, evidence.warm_start)
+        counted = _epochs_done(by_epoch, tolerance, evidence.warm_start)
         return None if counted is None else counted.whole
     progress = evidence.progress
     for kind in step_kinds(validation_steps):
@@ -541,7 +541,7 @@ def whole_epochs(by_epoch: Mapping[int, int], tolerance: float) -> int:
     return sum(1 for seen in by_epoch.values() if seen >= whole * (1 - tolerance))
 
 
-def _whole_epochs_after(by_epoch: Mapping[int, int], tolerance: float,
+def _epochs_done(by_epoch: Mapping[int, int], tolerance: float,
                         source: WarmStartFrom | None) -> SourceEpochs | None:
     """The run's whole epochs (`whole_epochs`) and the highest one's number; for a run
     warm-started from a trial's last checkpoint that goes on numbering its epochs from that
@@ -564,7 +564,7 @@ def _epochs_counted(evidence: Evidence, tolerance: float) -> SourceEpochs | None
     """The whole epochs the run counted (the harness's samples, else the log's), for the
     verdict to keep: None when it counted none."""
     by_epoch = evidence.samples_by_epoch or evidence.log_counts.by_epoch
-    return _whole_epochs_after(by_epoch, tolerance, evidence.warm_start) if by_epoch else None
+    return _epochs_done(by_epoch, tolerance, evidence.warm_start) if by_epoch else None
 
 
 def _check_resume_accounting(epochs_by_attempt: Mapping[int, tuple[int, ...]]) -> Check:
